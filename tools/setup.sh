@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs what moeserve needs to build and test on Debian (run as root, or with sudo on PATH).
+# Idempotent: packages already present are not reinstalled.
+set -euo pipefail
+
+APT_PACKAGES=(build-essential cmake pkg-config libjansson-dev libpcre2-dev libopenblas-dev
+              libuv1-dev libmicrohttpd-dev python3 python3-pip curl)
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+    dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "setup: installing ${missing[*]}"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi

@@ -1,0 +1,41 @@
+/* Small things every engine module shares: the error-message convention and bf16/f16
+ * conversion. Library functions report failure by returning a negative value and writing a
+ * one-line, human-readable reason into a caller-owned buffer `err` of `errlen` bytes (the
+ * reason names the file and tensor where there is one). They never exit or abort on bad input. */
+#ifndef MOESERVE_COMMON_H
+#define MOESERVE_COMMON_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#define MS_ERR_LEN 512
+
+/* Writes a formatted reason into err (if non-NULL) and returns -1, so that callers can write
+ * `return ms_errf(err, errlen, "...", ...);`. */
+int ms_errf(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+static inline float ms_bf16_to_f32(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* Round-to-nearest-even, NaN kept quiet. */
+static inline uint16_t ms_f32_to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+float ms_f16_to_f32(uint16_t h);
+
+/* Monotonic clock in seconds. */
+double ms_now(void);
+
+#endif

@@ -1,0 +1,49 @@
+/* Sampler: turns one row of logits into the next token for one sequence, with the OpenAI/vLLM
+ * knobs: greedy, temperature, top-k, top-p, min-p, presence/frequency/repetition penalties, a
+ * per-sequence seed, and log-probabilities of the chosen token and the top-N alternatives.
+ *
+ * Ownership: smp_create allocates the per-sequence scratch (vocab-sized) once; smp_sample never
+ * allocates. smp_free releases it. A sampler is owned by one sequence and not shared. */
+#ifndef MOESERVE_SAMPLER_H
+#define MOESERVE_SAMPLER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#define SMP_MAX_LOGPROBS 20
+
+struct smp_params {
+    float temperature;        /* 0 = greedy */
+    float top_p;              /* 1 = off */
+    int top_k;                /* 0 or <0 = off */
+    float min_p;              /* 0 = off */
+    float presence_penalty;   /* OpenAI semantics, on generated tokens */
+    float frequency_penalty;  /* OpenAI semantics, on generated tokens */
+    float repetition_penalty; /* 1 = off; HF/vLLM semantics, on prompt and generated tokens */
+    uint64_t seed;
+    bool has_seed;            /* without a seed, the sampler seeds itself from the clock */
+    int n_logprobs;           /* top alternatives to report, 0..SMP_MAX_LOGPROBS */
+};
+
+void smp_params_default(struct smp_params *p);
+
+struct smp_logprobs {
+    int32_t token;   /* the chosen token */
+    float logprob;   /* its log-probability under the model's distribution (raw logits, after
+                        penalties, before temperature/top-k/top-p filtering, as vLLM reports) */
+    int n_top;
+    int32_t top_token[SMP_MAX_LOGPROBS];
+    float top_logprob[SMP_MAX_LOGPROBS];
+};
+
+struct sampler;
+
+/* Returns NULL on allocation failure or vocab <= 0. */
+struct sampler *smp_create(int vocab, const struct smp_params *p);
+void smp_free(struct sampler *s);
+/* Records a prompt token (repetition penalty) or generated token (all penalties). */
+void smp_accept(struct sampler *s, int32_t token, bool generated);
+/* Picks the next token from `logits` (vocab floats, modified in place). Fills `lp` if non-NULL. */
+int32_t smp_sample(struct sampler *s, float *logits, struct smp_logprobs *lp);
+
+#endif

@@ -1,0 +1,291 @@
+/* make_synthetic_model: writes a Mixtral-shaped model folder with random weights (config.json,
+ * generation_config.json, model.safetensors; no tokenizer) of about a requested parameter
+ * count, for benchmarks and load tests at sizes no fixture has. Shapes: the hidden size and
+ * layer count come from a ladder by target size, 64-wide heads with half as many KV heads, and
+ * the expert width is solved so that the total lands near the target. Weights are uniform with
+ * std 1/sqrt(fan_in) from a per-tensor seeded xoshiro256** (so a tensor's values do not depend
+ * on write order), norms are 1. Tensors are streamed to disk in chunks through stw_begin /
+ * stw_write_tensor, so memory stays at one chunk whatever the model size.
+ *
+ * usage: make_synthetic_model OUT_DIR [--params 100M] [--dtype f32|bf16] [--experts 8]
+ *                             [--top-k 2] [--seed S] [--vocab 32000] */
+#include "common.h"
+#include "st_writer.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#define CHUNK (1u << 20) /* elements generated per write */
+
+struct rng {
+    uint64_t s[4];
+};
+
+static uint64_t splitmix(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static void rng_seed(struct rng *r, uint64_t seed, const char *name)
+{
+    uint64_t x = seed;
+    for (const char *p = name; *p; p++)
+        x = (x ^ (unsigned char)*p) * 0x100000001b3ull;
+    for (int i = 0; i < 4; i++)
+        r->s[i] = splitmix(&x);
+}
+
+static uint64_t rng_next(struct rng *r)
+{
+    uint64_t *s = r->s;
+    uint64_t res = ((s[1] * 5) << 7 | (s[1] * 5) >> 57) * 9;
+    uint64_t t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = s[3] << 45 | s[3] >> 19;
+    return res;
+}
+
+/* Uniform in [-1, 1). */
+static float rng_unit(struct rng *r)
+{
+    return (float)((double)(rng_next(r) >> 40) * 0x1p-23 - 1.0);
+}
+
+struct shapes {
+    int d, layers, heads, kv, ff, experts, top_k, vocab;
+};
+
+static size_t total_params(const struct shapes *s)
+{
+    size_t d = (size_t)s->d, hd = 64;
+    size_t attn = 2 * d * (size_t)s->heads * hd + 2 * d * (size_t)s->kv * hd;
+    size_t layer =
+        2 * d + attn + (size_t)s->experts * d + (size_t)s->experts * 3 * d * (size_t)s->ff;
+    return 2 * (size_t)s->vocab * d + d + (size_t)s->layers * layer;
+}
+
+static void pick_shapes(double target, struct shapes *s)
+{
+    static const struct {
+        double upto;
+        int d, layers;
+    } ladder[] = {
+        {30e6, 256, 4}, {300e6, 512, 8}, {1.5e9, 1024, 16}, {8e9, 2048, 24}, {1e30, 4096, 32}};
+    int i = 0;
+    while (target > ladder[i].upto)
+        i++;
+    s->d = ladder[i].d;
+    s->layers = ladder[i].layers;
+    s->heads = s->d / 64;
+    s->kv = s->heads / 2 > 0 ? s->heads / 2 : 1;
+    s->ff = 64;
+    double rest = target - (double)total_params(s);
+    double per_ff = (double)s->layers * s->experts * 3.0 * s->d;
+    if (rest > 0) s->ff = 64 * (int)fmax(1.0, floor((64.0 + rest / per_ff) / 64.0 + 0.5));
+}
+
+static int parse_count(const char *s, double *out)
+{
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s || v <= 0) return -1;
+    if (*end == 'K' || *end == 'k')
+        v *= 1e3, end++;
+    else if (*end == 'M' || *end == 'm')
+        v *= 1e6, end++;
+    else if (*end == 'B' || *end == 'b' || *end == 'G' || *end == 'g')
+        v *= 1e9, end++;
+    if (*end) return -1;
+    *out = v;
+    return 0;
+}
+
+static int write_configs(const char *dir, const struct shapes *s, const char *dtype)
+{
+    char path[4096];
+    json_t *cfg =
+        json_pack("{s:[s], s:s, s:i, s:i, s:i, s:i, s:i, s:n, s:i, s:i, s:i, s:i, s:i, s:f, s:s, "
+                  "s:{s:f, s:s}, s:n, s:b, s:i, s:i, s:s}",
+                  "architectures", "MixtralForCausalLM", "model_type", "mixtral", "hidden_size",
+                  s->d, "num_hidden_layers", s->layers, "num_attention_heads", s->heads,
+                  "num_key_value_heads", s->kv, "intermediate_size", s->ff, "head_dim",
+                  "num_local_experts", s->experts, "num_experts_per_tok", s->top_k, "vocab_size",
+                  s->vocab, "max_position_embeddings", 4096, "bos_token_id", 1, "rms_norm_eps",
+                  1e-5, "hidden_act", "silu", "rope_parameters", "rope_theta", 1e6, "rope_type",
+                  "default", "sliding_window", "tie_word_embeddings", 0, "eos_token_id", 2,
+                  "pad_token_id", 0, "dtype", strcmp(dtype, "bf16") == 0 ? "bfloat16" : "float32");
+    json_t *gen = json_pack("{s:i, s:i}", "bos_token_id", 1, "eos_token_id", 2);
+    int rc = -1;
+    if (!cfg || !gen) goto out;
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if (json_dump_file(cfg, path, JSON_INDENT(2) | JSON_SORT_KEYS) != 0) goto out;
+    snprintf(path, sizeof path, "%s/generation_config.json", dir);
+    if (json_dump_file(gen, path, JSON_INDENT(2)) != 0) goto out;
+    rc = 0;
+out:
+    if (rc != 0) fprintf(stderr, "make_synthetic_model: cannot write %s/config.json\n", dir);
+    json_decref(cfg);
+    json_decref(gen);
+    return rc;
+}
+
+/* Fills tensor `idx` (rows x cols; cols == 0 for a norm vector of ones) chunk by chunk. */
+static int stream_tensor(struct stw *w, int idx, const char *name, int64_t rows, int64_t cols,
+                         bool bf16, uint64_t seed, void *buf, char *err, size_t errlen)
+{
+    struct rng r;
+    rng_seed(&r, seed, name);
+    size_t n = (size_t)rows * (size_t)(cols ? cols : 1);
+    float scale = cols ? sqrtf(3.0f / (float)cols) : 0.0f; /* uniform(-a, a) has std a/sqrt(3) */
+    size_t esz = bf16 ? 2 : 4;
+    for (size_t off = 0; off < n; off += CHUNK) {
+        size_t k = n - off < CHUNK ? n - off : CHUNK;
+        for (size_t i = 0; i < k; i++) {
+            float v = cols ? scale * rng_unit(&r) : 1.0f;
+            if (bf16)
+                ((uint16_t *)buf)[i] = ms_f32_to_bf16(v);
+            else
+                ((float *)buf)[i] = v;
+        }
+        if (stw_write_tensor(w, idx, off * esz, buf, k * esz, err, errlen) != 0) return -1;
+    }
+    return 0;
+}
+
+struct decl {
+    char name[128];
+    int64_t rows, cols;
+};
+
+int main(int argc, char **argv)
+{
+    if (argc < 2 || argv[1][0] == '-') {
+        fprintf(stderr,
+                "usage: %s OUT_DIR [--params 100M] [--dtype f32|bf16] [--experts 8] "
+                "[--top-k 2] [--seed S] [--vocab 32000]\n",
+                argv[0]);
+        return 2;
+    }
+    const char *dir = argv[1], *dtype = "f32";
+    double target = 100e6;
+    struct shapes s = {.experts = 8, .top_k = 2, .vocab = 32000};
+    uint64_t seed = 1234;
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        bool bad = v == NULL;
+        if (!bad && strcmp(a, "--params") == 0)
+            bad = parse_count(v, &target) != 0;
+        else if (!bad && strcmp(a, "--dtype") == 0) {
+            dtype = v;
+            bad = strcmp(v, "f32") != 0 && strcmp(v, "bf16") != 0;
+        } else if (!bad && strcmp(a, "--experts") == 0)
+            bad = (s.experts = atoi(v)) <= 0 || s.experts > 512;
+        else if (!bad && strcmp(a, "--top-k") == 0)
+            bad = (s.top_k = atoi(v)) <= 0;
+        else if (!bad && strcmp(a, "--seed") == 0)
+            seed = strtoull(v, NULL, 0);
+        else if (!bad && strcmp(a, "--vocab") == 0)
+            bad = (s.vocab = atoi(v)) <= 0;
+        else
+            bad = true;
+        if (bad) {
+            fprintf(stderr, "make_synthetic_model: bad option %s %s\n", a, v ? v : "");
+            return 2;
+        }
+        i++;
+    }
+    if (s.top_k > s.experts) {
+        fprintf(stderr, "make_synthetic_model: --top-k %d exceeds --experts %d\n", s.top_k,
+                s.experts);
+        return 2;
+    }
+    pick_shapes(target, &s);
+    size_t total = total_params(&s);
+    printf("mixtral-shaped: hidden %d, layers %d, heads %d (kv %d, head_dim 64), experts %d "
+           "(top-%d) of width %d, vocab %d\n",
+           s.d, s.layers, s.heads, s.kv, s.experts, s.top_k, s.ff, s.vocab);
+    printf("parameters: %.1fM (target %.1fM)%s, dtype %s\n", (double)total / 1e6, target / 1e6,
+           (double)total > 1.5 * target ? " - target too small for this vocab" : "", dtype);
+
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+        fprintf(stderr, "make_synthetic_model: cannot create %s: %s\n", dir, strerror(errno));
+        return 1;
+    }
+    if (write_configs(dir, &s, dtype) != 0) return 1;
+
+    /* Declarations first: the header needs every shape before any data. */
+    size_t nd = 3 + (size_t)s.layers * (8 + 3 * (size_t)s.experts);
+    struct decl *decls = calloc(nd, sizeof *decls);
+    void *buf = malloc(CHUNK * sizeof(float));
+    struct stw *w = stw_new();
+    char err[MS_ERR_LEN], path[4096];
+    int rc = 1, n = 0;
+    if (!decls || !buf || !w) {
+        fprintf(stderr, "make_synthetic_model: out of memory\n");
+        goto out;
+    }
+#define DECL(r, c, ...)                                                                            \
+    do {                                                                                           \
+        snprintf(decls[n].name, sizeof decls[n].name, __VA_ARGS__);                                \
+        decls[n].rows = (r);                                                                       \
+        decls[n++].cols = (c);                                                                     \
+    } while (0)
+    int q = s.heads * 64, kv = s.kv * 64;
+    DECL(s.vocab, s.d, "model.embed_tokens.weight");
+    DECL(s.d, 0, "model.norm.weight");
+    DECL(s.vocab, s.d, "lm_head.weight");
+    for (int l = 0; l < s.layers; l++) {
+        DECL(s.d, 0, "model.layers.%d.input_layernorm.weight", l);
+        DECL(s.d, 0, "model.layers.%d.post_attention_layernorm.weight", l);
+        DECL(q, s.d, "model.layers.%d.self_attn.q_proj.weight", l);
+        DECL(kv, s.d, "model.layers.%d.self_attn.k_proj.weight", l);
+        DECL(kv, s.d, "model.layers.%d.self_attn.v_proj.weight", l);
+        DECL(s.d, q, "model.layers.%d.self_attn.o_proj.weight", l);
+        DECL(s.experts, s.d, "model.layers.%d.block_sparse_moe.gate.weight", l);
+        for (int e = 0; e < s.experts; e++) {
+            DECL(s.ff, s.d, "model.layers.%d.block_sparse_moe.experts.%d.w1.weight", l, e);
+            DECL(s.d, s.ff, "model.layers.%d.block_sparse_moe.experts.%d.w2.weight", l, e);
+            DECL(s.ff, s.d, "model.layers.%d.block_sparse_moe.experts.%d.w3.weight", l, e);
+        }
+    }
+#undef DECL
+    bool bf16 = strcmp(dtype, "bf16") == 0;
+    for (int i = 0; i < n; i++) {
+        int64_t shape[2] = {decls[i].rows, decls[i].cols};
+        if (stw_add(w, decls[i].name, bf16 ? ST_DTYPE_BF16 : ST_DTYPE_F32, decls[i].cols ? 2 : 1,
+                    shape, NULL, err, sizeof err) < 0)
+            goto fail;
+    }
+    if (stw_set_metadata(w, "format", "pt", err, sizeof err) != 0) goto fail;
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    if (stw_begin(w, path, err, sizeof err) != 0) goto fail;
+    double t0 = ms_now();
+    for (int i = 0; i < n; i++)
+        if (stream_tensor(w, i, decls[i].name, decls[i].rows, decls[i].cols, bf16, seed, buf, err,
+                          sizeof err) != 0)
+            goto fail;
+    if (stw_end(w, err, sizeof err) != 0) goto fail;
+    printf("wrote %s (%d tensors) in %.1f s\n", path, n, ms_now() - t0);
+    rc = 0;
+    goto out;
+fail:
+    fprintf(stderr, "make_synthetic_model: %s\n", err);
+out:
+    stw_free(w);
+    free(buf);
+    free(decls);
+    return rc;
+}

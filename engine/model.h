@@ -1,0 +1,170 @@
+/* Model: one description (struct model_desc) that covers every supported MoE architecture, and
+ * the weights bound to it. The forward pass (forward.c) reads only the description and never
+ * the architecture name, so adding an architecture means teaching model_config.c to fill the
+ * description and model_load.c where its tensors live, not writing another forward pass.
+ *
+ * Weights are f32 in memory on the CPU backend: f32 tensors are borrowed from the safetensors
+ * mapping (zero copy), bf16/f16 tensors are converted once at load into one block owned by the
+ * model. Every pointer below stays valid until model_free.
+ *
+ * Ownership: model_load returns a model the caller frees with model_free. A model is read-only
+ * after loading and is shared by every device thread. */
+#ifndef MOESERVE_MODEL_H
+#define MOESERVE_MODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "safetensors.h"
+#include "tokenizer.h"
+
+enum attn_kind {
+    ATTN_KIND_GQA, /* multi/grouped-query attention with RoPE (MHA when n_kv_head == n_head) */
+    ATTN_KIND_MLA, /* DeepSeek multi-head latent attention (not implemented yet) */
+};
+
+enum qk_norm_kind {
+    QK_NORM_NONE,
+    QK_NORM_HEAD, /* RMSNorm over each head's head_dim (qwen3_moe); weight (head_dim) */
+    QK_NORM_FULL, /* RMSNorm over the whole q (n_head*head_dim) / k (n_kv_head*head_dim) (olmoe) */
+};
+
+enum router_kind {
+    ROUTER_KIND_SOFTMAX_TOPK,  /* softmax over experts, top-k; renormalize if norm_topk_prob */
+    ROUTER_KIND_SIGMOID_GROUP, /* DeepSeek-V3: sigmoid + bias, group-limited (not implemented yet) */
+    ROUTER_KIND_MOHGE,         /* two-level: sigmoid group router, softmax inside groups */
+};
+
+enum shared_gate_kind {
+    SHARED_GATE_NONE,    /* shared experts always added with weight 1 */
+    SHARED_GATE_SIGMOID, /* qwen2_moe: sigmoid(x . w_gate) scales the shared expert */
+};
+
+#define MODEL_MAX_EXPERTS 512
+#define MODEL_MAX_GROUPS 64
+#define MODEL_MAX_EOS 8
+
+struct model_desc {
+    char model_type[32];
+    int n_layer;
+    int d_model;
+    int vocab;
+    int n_head;
+    int n_kv_head;
+    int head_dim;
+    int max_pos;          /* max_position_embeddings */
+    float rms_eps;
+    float rope_theta;
+    int sliding_window;   /* 0 = full attention */
+    enum attn_kind attn;
+    enum qk_norm_kind qk_norm;
+    bool qkv_bias;
+    float clip_qkv;       /* olmoe: clamp q/k/v projections to [-clip, clip]; 0 = off */
+    bool tie_embeddings;
+
+    /* MoE. Layer l is an MoE layer when layer_is_moe[l]; otherwise it has a dense SwiGLU FFN
+     * of width dense_d_ff. */
+    bool *layer_is_moe;   /* (n_layer) */
+    int dense_d_ff;
+    int n_expert;
+    int top_k;            /* default experts per token; a sequence may ask for fewer */
+    bool norm_topk_prob;
+    enum router_kind router;
+    int *expert_d_ff;     /* (n_expert) FFN width of each routed expert */
+    int n_group;          /* MoHGE / DeepSeek groups (0 = none) */
+    int topk_group;       /* groups kept per token */
+    int *expert_group;    /* (n_expert) group of each expert, or NULL */
+    int n_shared;         /* always-on shared experts */
+    int shared_d_ff;      /* width of each shared expert */
+    enum shared_gate_kind shared_gate;
+
+    int32_t bos_id;                /* -1 when none */
+    int32_t eos_ids[MODEL_MAX_EOS];/* from generation_config.json / config.json */
+    int n_eos;
+};
+
+/* One SwiGLU FFN: down(silu(gate x) * up x). */
+struct ffn_w {
+    int d_ff;
+    const float *gate; /* (d_ff, d_model) */
+    const float *up;   /* (d_ff, d_model) */
+    const float *down; /* (d_model, d_ff) */
+};
+
+struct layer_w {
+    const float *attn_norm; /* (d_model) */
+    const float *wq;        /* (n_head*head_dim, d_model) */
+    const float *wk;        /* (n_kv_head*head_dim, d_model) */
+    const float *wv;        /* (n_kv_head*head_dim, d_model) */
+    const float *wo;        /* (d_model, n_head*head_dim) */
+    const float *bq;        /* (n_head*head_dim) or NULL */
+    const float *bk;        /* (n_kv_head*head_dim) or NULL */
+    const float *bv;        /* (n_kv_head*head_dim) or NULL */
+    const float *q_norm;    /* (head_dim) or (n_head*head_dim), per qk_norm; or NULL */
+    const float *k_norm;    /* (head_dim) or (n_kv_head*head_dim), per qk_norm; or NULL */
+    const float *ffn_norm;  /* (d_model) */
+
+    const float *router;       /* (n_expert, d_model) */
+    const float *group_router; /* (n_group, d_model), MoHGE only */
+    struct ffn_w *experts;     /* (n_expert) */
+    struct ffn_w *shared;      /* (n_shared) */
+    const float *shared_gate;  /* (1, d_model), SHARED_GATE_SIGMOID only */
+    struct ffn_w dense;        /* dense layers only */
+};
+
+struct model {
+    struct model_desc desc;
+    const float *embed;   /* (vocab, d_model) */
+    const float *norm;    /* (d_model) final norm */
+    const float *lm_head; /* (vocab, d_model); == embed when tied */
+    struct layer_w *layers; /* (n_layer) */
+
+    struct tokenizer *tok;  /* NULL only when the folder has no tokenizer.json and the caller
+                               allowed it (model_load_opts.require_tokenizer = false) */
+    char *chat_template;    /* from tokenizer_config.json, or NULL */
+    char *dir;
+
+    /* owned storage */
+    struct st_archive *st;
+    float *converted;        /* one block for every tensor converted from bf16/f16 */
+    size_t converted_floats;
+    void *arena;             /* layers, experts, desc arrays */
+    size_t n_params;         /* parameters in the checkpoint that the model uses */
+};
+
+struct model_load_opts {
+    bool require_tokenizer; /* default true */
+    /* Called while weights are converted/checked with done/total in [0, 1]; may be NULL. */
+    void (*progress)(void *ctx, double fraction);
+    void *progress_ctx;
+};
+
+void model_load_opts_default(struct model_load_opts *o);
+
+/* Loads a Hugging Face model folder: config.json (architecture), safetensors weights (single
+ * file or sharded with an index), tokenizer.json + tokenizer_config.json, generation_config.json.
+ * Errors name the file and tensor: missing file, unknown model_type, missing tensor, wrong shape
+ * ("expected (64, 128), found (64, 96)"), unsupported dtype, corrupt safetensors. */
+int model_load(const char *dir, const struct model_load_opts *opts, struct model **out, char *err,
+               size_t errlen);
+void model_free(struct model *m);
+
+/* Parses a config.json document (already read into memory) into desc. Fills everything that
+ * does not need the weights. Exposed for tests. desc arrays are allocated with malloc and
+ * released by model_desc_free. */
+int model_desc_parse(const char *json_text, size_t len, const char *path, struct model_desc *desc,
+                     char *err, size_t errlen);
+void model_desc_free(struct model_desc *desc);
+/* Overrides desc's bos_id / eos_ids with those of a generation_config.json document where it
+ * sets them (eos_token_id: an integer or a list). desc is unchanged on failure. */
+int model_desc_apply_generation_config(struct model_desc *desc, const char *json_text, size_t len,
+                                       const char *path, char *err, size_t errlen);
+
+/* Active parameters per token at top-k `k` (for FLOP and bandwidth accounting): attention,
+ * norms, routers, shared/dense FFNs, the k widest routed experts of each MoE layer, the final
+ * norm and lm_head; the embedding table is left out (one row is read per token). k is clamped
+ * to [0, n_expert]. */
+size_t model_active_params(const struct model *m, int k);
+
+#endif

@@ -1,0 +1,586 @@
+/* Model loading: config.json (model_config.c) gives the description; this file works out which
+ * tensors that description needs and under which Hugging Face names, checks each one's dtype
+ * and shape, and binds the f32 pointers of struct model to them. Binding is a plan of requests
+ * run in two passes: the first finds and checks every tensor and counts the floats that need
+ * converting (bf16/f16, or f32 not 4-byte aligned in the mapping), the second fills one block
+ * allocated in between, so a model costs one allocation for converted weights and aligned f32
+ * weights are used straight from the read-only mapping. Experts stored fused as 3D tensors
+ * (experts.gate_up_proj (E, 2*ff, d), experts.down_proj (E, d, ff)) are bound by pointing each
+ * expert into the block. Then the tokenizer and chat template are read. */
+#include "model.h"
+
+#include "common.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+enum bind_kind {
+    BIND_PLAIN,
+    BIND_FUSED_GATE_UP, /* (E, 2*ff, d): expert e's gate = rows [0, ff), up = rows [ff, 2ff) */
+    BIND_FUSED_DOWN,    /* (E, d, ff) */
+};
+
+struct bind {
+    char name[128];
+    int ndim;
+    int64_t shape[3];
+    enum bind_kind kind;
+    const float **dst;         /* BIND_PLAIN */
+    struct ffn_w *experts;     /* fused kinds: (n_expert) */
+    const struct st_tensor *t; /* found in pass 1 */
+    size_t conv_off;           /* offset in the converted block, or SIZE_MAX when borrowed */
+};
+
+struct plan {
+    struct bind *b; /* (n) */
+    int n, cap;
+    int oom;
+};
+
+static struct bind *plan_add(struct plan *p, enum bind_kind kind, int ndim, int64_t s0, int64_t s1,
+                             int64_t s2, const char *fmt, ...)
+    __attribute__((format(printf, 7, 8)));
+
+static struct bind *plan_add(struct plan *p, enum bind_kind kind, int ndim, int64_t s0, int64_t s1,
+                             int64_t s2, const char *fmt, ...)
+{
+    if (p->n == p->cap) {
+        int cap = p->cap ? 2 * p->cap : 256;
+        struct bind *nb = realloc(p->b, (size_t)cap * sizeof *nb);
+        if (!nb) {
+            p->oom = 1;
+            return NULL;
+        }
+        p->b = nb;
+        p->cap = cap;
+    }
+    struct bind *b = &p->b[p->n++];
+    memset(b, 0, sizeof *b);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(b->name, sizeof b->name, fmt, ap);
+    va_end(ap);
+    b->kind = kind;
+    b->ndim = ndim;
+    b->shape[0] = s0;
+    b->shape[1] = s1;
+    b->shape[2] = s2;
+    return b;
+}
+
+static void plan_vec(struct plan *p, const float **dst, int64_t n, const char *fmt, const char *pre)
+{
+    struct bind *b = plan_add(p, BIND_PLAIN, 1, n, 0, 0, fmt, pre);
+    if (b) b->dst = dst;
+}
+
+static void plan_mat(struct plan *p, const float **dst, int64_t rows, int64_t cols, const char *fmt,
+                     const char *pre)
+{
+    struct bind *b = plan_add(p, BIND_PLAIN, 2, rows, cols, 0, fmt, pre);
+    if (b) b->dst = dst;
+}
+
+static void plan_ffn(struct plan *p, struct ffn_w *f, int d_ff, int d, const char *pre,
+                     const char *gate, const char *up, const char *down)
+{
+    f->d_ff = d_ff;
+    char fmt[96];
+    snprintf(fmt, sizeof fmt, "%%s%s.weight", gate);
+    plan_mat(p, &f->gate, d_ff, d, fmt, pre);
+    snprintf(fmt, sizeof fmt, "%%s%s.weight", up);
+    plan_mat(p, &f->up, d_ff, d, fmt, pre);
+    snprintf(fmt, sizeof fmt, "%%s%s.weight", down);
+    plan_mat(p, &f->down, d, d_ff, fmt, pre);
+}
+
+/* Routed experts of one layer under `moe` ("model.layers.3.mlp."), per-expert or fused. */
+static int plan_experts(struct plan *p, const struct st_archive *st, struct layer_w *lw,
+                        const struct model_desc *d, const char *moe, bool mixtral_names)
+{
+    char name[160];
+    snprintf(name, sizeof name, "%sexperts.0.%s.weight", moe, mixtral_names ? "w1" : "gate_proj");
+    char fused[160];
+    snprintf(fused, sizeof fused, "%sexperts.gate_up_proj", moe);
+    if (!st_find(st, name) && st_find(st, fused)) {
+        int ff = d->expert_d_ff[0];
+        for (int e = 1; e < d->n_expert; e++)
+            if (d->expert_d_ff[e] != ff) return -1; /* fused storage implies one width */
+        for (int e = 0; e < d->n_expert; e++)
+            lw->experts[e].d_ff = ff;
+        struct bind *b = plan_add(p, BIND_FUSED_GATE_UP, 3, d->n_expert, 2 * (int64_t)ff,
+                                  d->d_model, "%s", fused);
+        if (b) b->experts = lw->experts;
+        b = plan_add(p, BIND_FUSED_DOWN, 3, d->n_expert, d->d_model, ff, "%sexperts.down_proj",
+                     moe);
+        if (b) b->experts = lw->experts;
+        return 0;
+    }
+    for (int e = 0; e < d->n_expert; e++) {
+        snprintf(name, sizeof name, "%sexperts.%d.", moe, e);
+        if (mixtral_names)
+            plan_ffn(p, &lw->experts[e], d->expert_d_ff[e], d->d_model, name, "w1", "w3", "w2");
+        else
+            plan_ffn(p, &lw->experts[e], d->expert_d_ff[e], d->d_model, name, "gate_proj",
+                     "up_proj", "down_proj");
+    }
+    return 0;
+}
+
+/* Every tensor the description needs, with the pointer it binds. */
+static int plan_model(struct plan *p, struct model *m, const char *wname, char *err, size_t errlen)
+{
+    const struct model_desc *d = &m->desc;
+    const int64_t D = d->d_model, q_dim = (int64_t)d->n_head * d->head_dim,
+                  kv_dim = (int64_t)d->n_kv_head * d->head_dim;
+    bool mixtral = strcmp(d->model_type, "mixtral") == 0;
+    plan_mat(p, &m->embed, d->vocab, D, "%s", "model.embed_tokens.weight");
+    plan_vec(p, &m->norm, D, "%s", "model.norm.weight");
+    if (!d->tie_embeddings) plan_mat(p, &m->lm_head, d->vocab, D, "%s", "lm_head.weight");
+    for (int l = 0; l < d->n_layer; l++) {
+        struct layer_w *lw = &m->layers[l];
+        char pre[64], moe[96];
+        snprintf(pre, sizeof pre, "model.layers.%d.", l);
+        plan_vec(p, &lw->attn_norm, D, "%sinput_layernorm.weight", pre);
+        plan_vec(p, &lw->ffn_norm, D, "%spost_attention_layernorm.weight", pre);
+        plan_mat(p, &lw->wq, q_dim, D, "%sself_attn.q_proj.weight", pre);
+        plan_mat(p, &lw->wk, kv_dim, D, "%sself_attn.k_proj.weight", pre);
+        plan_mat(p, &lw->wv, kv_dim, D, "%sself_attn.v_proj.weight", pre);
+        plan_mat(p, &lw->wo, D, q_dim, "%sself_attn.o_proj.weight", pre);
+        if (d->qkv_bias) {
+            plan_vec(p, &lw->bq, q_dim, "%sself_attn.q_proj.bias", pre);
+            plan_vec(p, &lw->bk, kv_dim, "%sself_attn.k_proj.bias", pre);
+            plan_vec(p, &lw->bv, kv_dim, "%sself_attn.v_proj.bias", pre);
+        }
+        if (d->qk_norm != QK_NORM_NONE) {
+            bool full = d->qk_norm == QK_NORM_FULL;
+            plan_vec(p, &lw->q_norm, full ? q_dim : d->head_dim, "%sself_attn.q_norm.weight", pre);
+            plan_vec(p, &lw->k_norm, full ? kv_dim : d->head_dim, "%sself_attn.k_norm.weight", pre);
+        }
+        if (!d->layer_is_moe[l]) {
+            snprintf(moe, sizeof moe, "%smlp.", pre);
+            plan_ffn(p, &lw->dense, d->dense_d_ff, d->d_model, moe, "gate_proj", "up_proj",
+                     "down_proj");
+            continue;
+        }
+        /* transformers 5 may save Mixtral's block under its in-memory name "mlp." */
+        snprintf(moe, sizeof moe, "%smlp.gate.weight", pre);
+        bool legacy = mixtral && !st_find(m->st, moe);
+        snprintf(moe, sizeof moe, "%s%s", pre, legacy ? "block_sparse_moe." : "mlp.");
+        plan_mat(p, &lw->router, d->n_expert, D, "%sgate.weight", moe);
+        if (plan_experts(p, m->st, lw, d, moe, mixtral) != 0)
+            return ms_errf(
+                err, errlen,
+                "%s: layer %d stores fused experts but config gives them different widths", wname,
+                l);
+        for (int s = 0; s < d->n_shared; s++) {
+            char sp[128];
+            if (d->n_shared == 1)
+                snprintf(sp, sizeof sp, "%sshared_expert.", moe);
+            else
+                snprintf(sp, sizeof sp, "%sshared_experts.%d.", moe, s);
+            plan_ffn(p, &lw->shared[s], d->shared_d_ff, d->d_model, sp, "gate_proj", "up_proj",
+                     "down_proj");
+        }
+        if (d->shared_gate == SHARED_GATE_SIGMOID)
+            plan_mat(p, &lw->shared_gate, 1, D, "%sshared_expert_gate.weight", moe);
+    }
+    if (p->oom) return ms_errf(err, errlen, "%s: out of memory", wname);
+    return 0;
+}
+
+static const char *shape_str(const int64_t *s, int n, char *buf, size_t cap)
+{
+    size_t k = (size_t)snprintf(buf, cap, "(");
+    for (int i = 0; i < n && k < cap; i++)
+        k += (size_t)snprintf(buf + k, cap - k, "%s%lld", i ? ", " : "", (long long)s[i]);
+    if (k < cap) snprintf(buf + k, cap - k, ")");
+    return buf;
+}
+
+static size_t bind_numel(const struct bind *b)
+{
+    size_t n = 1;
+    for (int i = 0; i < b->ndim; i++)
+        n *= (size_t)b->shape[i];
+    return n;
+}
+
+/* Pass 1: find and check every tensor; returns the floats to convert in *conv. */
+static int bind_check(struct plan *p, const struct st_archive *st, const char *wname, size_t *conv,
+                      size_t *params, char *err, size_t errlen)
+{
+    *conv = 0;
+    *params = 0;
+    for (int i = 0; i < p->n; i++) {
+        struct bind *b = &p->b[i];
+        const struct st_tensor *t = st_find(st, b->name);
+        if (!t) return ms_errf(err, errlen, "%s: missing tensor '%s'", wname, b->name);
+        if (t->dtype != ST_DTYPE_F32 && t->dtype != ST_DTYPE_BF16 && t->dtype != ST_DTYPE_F16)
+            return ms_errf(err, errlen,
+                           "%s: tensor '%s': dtype %s not supported (expected F32, F16 or BF16)",
+                           t->file, b->name, st_dtype_name(t->dtype));
+        bool same = t->ndim == b->ndim;
+        for (int k = 0; same && k < b->ndim; k++)
+            same = t->shape[k] == b->shape[k];
+        if (!same) {
+            char e1[96], e2[160];
+            return ms_errf(err, errlen, "%s: tensor '%s': expected shape %s, found %s", t->file,
+                           b->name, shape_str(b->shape, b->ndim, e1, sizeof e1),
+                           shape_str(t->shape, t->ndim, e2, sizeof e2));
+        }
+        b->t = t;
+        b->conv_off = SIZE_MAX;
+        if (t->dtype != ST_DTYPE_F32 || ((uintptr_t)t->data & 3u) != 0) {
+            b->conv_off = *conv;
+            *conv += bind_numel(b);
+        }
+        *params += bind_numel(b);
+    }
+    return 0;
+}
+
+/* Pass 2: convert into `block` and set every pointer. */
+static void bind_apply(struct plan *p, float *block, size_t total,
+                       const struct model_load_opts *opts)
+{
+    size_t done = 0;
+    for (int i = 0; i < p->n; i++) {
+        struct bind *b = &p->b[i];
+        const struct st_tensor *t = b->t;
+        size_t n = bind_numel(b);
+        const float *base;
+        if (b->conv_off == SIZE_MAX) {
+            base = t->data;
+        } else {
+            float *dst = block + b->conv_off;
+            if (t->dtype == ST_DTYPE_F32) {
+                memcpy(dst, t->data, n * sizeof(float));
+            } else {
+                const unsigned char *src = t->data; /* may be odd-aligned: read bytewise */
+                for (size_t k = 0; k < n; k++) {
+                    uint16_t h = (uint16_t)(src[2 * k] | (src[2 * k + 1] << 8));
+                    dst[k] = t->dtype == ST_DTYPE_BF16 ? ms_bf16_to_f32(h) : ms_f16_to_f32(h);
+                }
+            }
+            base = dst;
+            done += n;
+            if (opts->progress && total)
+                opts->progress(opts->progress_ctx, (double)done / (double)total);
+        }
+        if (b->kind == BIND_PLAIN) {
+            *b->dst = base;
+        } else if (b->kind == BIND_FUSED_GATE_UP) {
+            size_t ff = (size_t)b->shape[1] / 2, dm = (size_t)b->shape[2];
+            for (int64_t e = 0; e < b->shape[0]; e++) {
+                b->experts[e].gate = base + (size_t)e * 2 * ff * dm;
+                b->experts[e].up = b->experts[e].gate + ff * dm;
+            }
+        } else {
+            size_t per = (size_t)b->shape[1] * (size_t)b->shape[2];
+            for (int64_t e = 0; e < b->shape[0]; e++)
+                b->experts[e].down = base + (size_t)e * per;
+        }
+    }
+    if (opts->progress) opts->progress(opts->progress_ctx, 1.0);
+}
+
+/* Reads a whole file. Returns -1 with errno set (ENOENT for a missing file). */
+static int read_text(const char *path, char **out, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return -1;
+    char *buf = NULL;
+    size_t n = 0, cap = 0;
+    for (;;) {
+        if (cap - n < 4096) {
+            cap = cap ? 2 * cap : 16384;
+            char *nb = realloc(buf, cap + 1);
+            if (!nb) {
+                free(buf);
+                fclose(f);
+                errno = ENOMEM;
+                return -1;
+            }
+            buf = nb;
+        }
+        size_t k = fread(buf + n, 1, cap - n, f);
+        n += k;
+        if (k == 0) break;
+    }
+    int bad = ferror(f);
+    fclose(f);
+    if (bad) {
+        free(buf);
+        errno = EIO;
+        return -1;
+    }
+    buf[n] = '\0';
+    *out = buf;
+    *len = n;
+    return 0;
+}
+
+static char *join(const char *dir, const char *name)
+{
+    size_t n = strlen(dir) + strlen(name) + 2;
+    char *p = malloc(n);
+    if (p) snprintf(p, n, "%s/%s", dir, name);
+    return p;
+}
+
+/* chat_template.jinja if present, else tokenizer_config.json's "chat_template" (a string, or
+ * the older list of {name, template} where "default" wins). NULL without error when none. */
+static int load_chat_template(const char *dir, char **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    char *path = join(dir, "chat_template.jinja");
+    char *text = NULL;
+    size_t len;
+    if (!path) return ms_errf(err, errlen, "%s: out of memory", dir);
+    if (read_text(path, &text, &len) == 0) {
+        free(path);
+        *out = text;
+        return 0;
+    }
+    free(path);
+    path = join(dir, "tokenizer_config.json");
+    if (!path) return ms_errf(err, errlen, "%s: out of memory", dir);
+    if (read_text(path, &text, &len) != 0) {
+        int rc = errno == ENOENT
+                     ? 0
+                     : ms_errf(err, errlen, "%s: cannot read: %s", path, strerror(errno));
+        free(path);
+        return rc;
+    }
+    json_error_t jerr;
+    /* transformers writes model_max_length as 1e30, past any JSON integer jansson holds */
+    json_t *root = json_loadb(text, len, JSON_DECODE_INT_AS_REAL, &jerr);
+    free(text);
+    int rc = 0;
+    if (!json_is_object(root)) {
+        rc = ms_errf(err, errlen, "%s: not a JSON object%s%s", path, root ? "" : ": ",
+                     root ? "" : jerr.text);
+        goto out;
+    }
+    json_t *ct = json_object_get(root, "chat_template");
+    const char *s = NULL;
+    if (json_is_string(ct)) {
+        s = json_string_value(ct);
+    } else if (json_is_array(ct)) {
+        size_t i;
+        json_t *x;
+        json_array_foreach(ct, i, x)
+        {
+            const char *tpl = json_string_value(json_object_get(x, "template"));
+            const char *nm = json_string_value(json_object_get(x, "name"));
+            if (tpl && (!s || (nm && strcmp(nm, "default") == 0))) s = tpl;
+        }
+    }
+    if (s && !(*out = strdup(s))) rc = ms_errf(err, errlen, "%s: out of memory", path);
+out:
+    json_decref(root);
+    free(path);
+    return rc;
+}
+
+void model_load_opts_default(struct model_load_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->require_tokenizer = true;
+}
+
+void model_free(struct model *m)
+{
+    if (!m) return;
+    if (m->tok) tok_free(m->tok);
+    free(m->chat_template);
+    free(m->dir);
+    st_close(m->st);
+    free(m->converted);
+    free(m->arena);
+    model_desc_free(&m->desc);
+    free(m);
+}
+
+/* Layers, then every layer's experts and shared experts, in one block. */
+static int alloc_arena(struct model *m, char *err, size_t errlen)
+{
+    const struct model_desc *d = &m->desc;
+    size_t nl = (size_t)d->n_layer;
+    size_t n_ffn = 0;
+    for (int l = 0; l < d->n_layer; l++)
+        if (d->layer_is_moe[l]) n_ffn += (size_t)d->n_expert + (size_t)d->n_shared;
+    m->arena = calloc(1, nl * sizeof(struct layer_w) + n_ffn * sizeof(struct ffn_w));
+    if (!m->arena) return ms_errf(err, errlen, "%s: out of memory", m->dir);
+    m->layers = m->arena;
+    struct ffn_w *f = (struct ffn_w *)(m->layers + nl);
+    for (int l = 0; l < d->n_layer; l++) {
+        if (!d->layer_is_moe[l]) continue;
+        m->layers[l].experts = f;
+        f += d->n_expert;
+        m->layers[l].shared = d->n_shared ? f : NULL;
+        f += d->n_shared;
+    }
+    return 0;
+}
+
+static int load_config(struct model *m, char *err, size_t errlen)
+{
+    char *path = join(m->dir, "config.json"), *text = NULL;
+    size_t len;
+    int rc = -1;
+    if (!path) return ms_errf(err, errlen, "%s: out of memory", m->dir);
+    if (read_text(path, &text, &len) != 0) {
+        ms_errf(err, errlen, "%s: cannot read: %s", path, strerror(errno));
+        goto out;
+    }
+    if (model_desc_parse(text, len, path, &m->desc, err, errlen) != 0) goto out;
+    free(path);
+    free(text);
+    text = NULL;
+    path = join(m->dir, "generation_config.json");
+    if (!path) {
+        ms_errf(err, errlen, "%s: out of memory", m->dir);
+        goto out;
+    }
+    if (read_text(path, &text, &len) == 0) {
+        if (model_desc_apply_generation_config(&m->desc, text, len, path, err, errlen) != 0)
+            goto out;
+    } else if (errno != ENOENT) {
+        ms_errf(err, errlen, "%s: cannot read: %s", path, strerror(errno));
+        goto out;
+    }
+    rc = 0;
+out:
+    free(path);
+    free(text);
+    return rc;
+}
+
+static int load_tokenizer(struct model *m, const struct model_load_opts *opts, char *err,
+                          size_t errlen)
+{
+    char *tj = join(m->dir, "tokenizer.json"), *tc = join(m->dir, "tokenizer_config.json");
+    int rc = -1;
+    if (!tj || !tc) {
+        ms_errf(err, errlen, "%s: out of memory", m->dir);
+        goto out;
+    }
+    if (access(tj, F_OK) != 0) {
+        if (opts->require_tokenizer)
+            ms_errf(err, errlen, "%s: missing (a model folder needs its tokenizer)", tj);
+        else
+            rc = 0;
+        goto out;
+    }
+    if (tok_load(tj, tc, &m->tok, err, errlen) != 0) goto out;
+    /* An id past the embedding table would read outside it in the forward pass. */
+    if (tok_vocab_size(m->tok) > m->desc.vocab) {
+        ms_errf(err, errlen, "%s: %d tokens but config.json vocab_size is %d", tj,
+                tok_vocab_size(m->tok), m->desc.vocab);
+        goto out;
+    }
+    rc = load_chat_template(m->dir, &m->chat_template, err, errlen);
+out:
+    free(tj);
+    free(tc);
+    return rc;
+}
+
+int model_load(const char *dir, const struct model_load_opts *opts, struct model **out, char *err,
+               size_t errlen)
+{
+    struct model_load_opts defaults;
+    if (!opts) {
+        model_load_opts_default(&defaults);
+        opts = &defaults;
+    }
+    *out = NULL;
+    struct plan plan = {0};
+    char *wname = NULL;
+    struct model *m = calloc(1, sizeof *m);
+    if (!m || !(m->dir = strdup(dir))) {
+        ms_errf(err, errlen, "%s: out of memory", dir);
+        goto fail;
+    }
+    if (load_config(m, err, errlen) != 0 || alloc_arena(m, err, errlen) != 0) goto fail;
+    if (st_open_dir(dir, &m->st, err, errlen) != 0) goto fail;
+    wname = join(dir, "model.safetensors.index.json");
+    if (!wname) {
+        ms_errf(err, errlen, "%s: out of memory", dir);
+        goto fail;
+    }
+    if (access(wname, F_OK) != 0) {
+        free(wname);
+        if (!(wname = join(dir, "model.safetensors"))) {
+            ms_errf(err, errlen, "%s: out of memory", dir);
+            goto fail;
+        }
+    }
+    if (plan_model(&plan, m, wname, err, errlen) != 0) goto fail;
+    size_t conv, params;
+    if (bind_check(&plan, m->st, wname, &conv, &params, err, errlen) != 0) goto fail;
+    if (conv) {
+        m->converted = malloc(conv * sizeof(float));
+        if (!m->converted) {
+            ms_errf(err, errlen, "%s: out of memory converting %zu weights to f32", wname, conv);
+            goto fail;
+        }
+    }
+    m->converted_floats = conv;
+    m->n_params = params;
+    bind_apply(&plan, m->converted, conv, opts);
+    if (m->desc.tie_embeddings) m->lm_head = m->embed;
+    if (load_tokenizer(m, opts, err, errlen) != 0) goto fail;
+    free(plan.b);
+    free(wname);
+    *out = m;
+    return 0;
+fail:
+    free(plan.b);
+    free(wname);
+    model_free(m);
+    return -1;
+}
+
+size_t model_active_params(const struct model *m, int k)
+{
+    const struct model_desc *d = &m->desc;
+    size_t D = (size_t)d->d_model, q = (size_t)d->n_head * (size_t)d->head_dim,
+           kv = (size_t)d->n_kv_head * (size_t)d->head_dim;
+    if (k < 0) k = 0;
+    if (k > d->n_expert) k = d->n_expert;
+    size_t routed_width = 0; /* sum of the k widest experts: an upper bound for mixed widths */
+    if (d->n_expert > 0 && k > 0) {
+        int taken[MODEL_MAX_EXPERTS] = {0};
+        for (int j = 0; j < k; j++) {
+            int best = -1;
+            for (int e = 0; e < d->n_expert; e++)
+                if (!taken[e] && (best < 0 || d->expert_d_ff[e] > d->expert_d_ff[best])) best = e;
+            taken[best] = 1;
+            routed_width += (size_t)d->expert_d_ff[best];
+        }
+    }
+    /* The embedding is a row lookup: only lm_head and the final norm count outside layers. */
+    size_t n = (size_t)d->vocab * D + D;
+    for (int l = 0; l < d->n_layer; l++) {
+        n += 2 * D + 2 * q * D + 2 * kv * D;
+        if (d->qkv_bias) n += q + 2 * kv;
+        if (d->qk_norm == QK_NORM_HEAD) n += 2 * (size_t)d->head_dim;
+        if (d->qk_norm == QK_NORM_FULL) n += q + kv;
+        if (!d->layer_is_moe[l]) {
+            n += 3 * D * (size_t)d->dense_d_ff;
+            continue;
+        }
+        n += (size_t)d->n_expert * D + (size_t)d->n_group * D;
+        n += 3 * D * routed_width + 3 * D * (size_t)d->shared_d_ff * (size_t)d->n_shared;
+        if (d->shared_gate == SHARED_GATE_SIGMOID) n += D;
+    }
+    return n;
+}

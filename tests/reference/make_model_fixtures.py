@@ -1,0 +1,510 @@
+#!/usr/bin/env python3
+"""Builds moeserve's golden model fixtures from Hugging Face transformers.
+
+The C engine is correct when it reproduces what `transformers` computes, so this script makes
+tiny random checkpoints of every MoE architecture we load (mixtral, qwen2_moe, qwen3_moe, olmoe)
+with transformers' own model classes, saves them with save_pretrained exactly as users have
+them (f32, bf16, and one sharded f32 copy), trains one tiny byte-level BPE tokenizer that every
+folder shares, and records reference outputs (ids, full-forward logits, greedy continuations)
+in reference.safetensors next to each checkpoint. It also writes tests/reference/TENSORS.md,
+the tensor-name/shape listing the loader is written against. Output is deterministic: run it
+twice and the files are byte-identical. CI does not run it (no torch there); the generated
+files under tests/fixtures/models/ are committed. See tests/reference/README.md.
+"""
+
+import argparse
+import hashlib
+import json
+import math
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers.utils import logging as hf_logging
+from transformers import (
+    AutoModelForCausalLM,
+    GenerationConfig,
+    MixtralConfig,
+    MixtralForCausalLM,
+    OlmoeConfig,
+    OlmoeForCausalLM,
+    PreTrainedTokenizerFast,
+    Qwen2MoeConfig,
+    Qwen2MoeForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_DATA = REPO.parent / "shared" / "data" / "tinyshakespeare.txt"
+DEFAULT_OUT = REPO / "tests" / "fixtures" / "models"
+TENSORS_MD = REPO / "tests" / "reference" / "TENSORS.md"
+
+SEED = 1234
+VOCAB = 512
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+EOS = "<|endoftext|>"
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+# Prompt 3 is a single token (see prompt_ids); the others are ~5, ~17 and ~40 tokens.
+PROMPT_TEXTS = [
+    "First Citizen:\n",  # 5 tokens
+    "ROMEO:\nBut soft, what light?",  # 17 tokens
+    # 41 tokens; digits and a 2-byte UTF-8 character split over two byte-level tokens
+    "Now is the winter of our discontent\nMade glorious summer by this sun; caf\u00e9 42!",
+]
+GREEDY_TOKENS = 32
+# Attention/expert kernels used for every reference: the plain PyTorch paths, whose math is
+# the easiest to follow and which agree with sdpa to ~1e-6 in f32.
+IMPL = {"attn_implementation": "eager", "experts_implementation": "eager"}
+
+COMMON = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    bos_token_id=None,
+    eos_token_id=0,  # id of <|endoftext|>, asserted after tokenizer training
+    pad_token_id=None,
+    tie_word_embeddings=False,
+)
+
+# name -> (model class, config). Widths: experts 32, dense/shared FFNs 64-128.
+ARCHS = {
+    "mixtral": (
+        MixtralForCausalLM,
+        MixtralConfig(
+            **COMMON,
+            num_hidden_layers=2,
+            intermediate_size=32,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+        ),
+    ),
+    "qwen2_moe": (
+        Qwen2MoeForCausalLM,
+        Qwen2MoeConfig(
+            **COMMON,
+            num_hidden_layers=3,
+            mlp_only_layers=[1],
+            intermediate_size=128,  # dense MLP of layer 1
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=64,
+            num_experts=4,
+            num_experts_per_tok=2,
+            norm_topk_prob=False,
+            qkv_bias=True,
+        ),
+    ),
+    "qwen3_moe": (
+        Qwen3MoeForCausalLM,
+        Qwen3MoeConfig(
+            **COMMON,
+            num_hidden_layers=3,
+            mlp_only_layers=[1],
+            head_dim=32,  # != hidden/heads = 16
+            intermediate_size=128,
+            moe_intermediate_size=32,
+            num_experts=8,
+            num_experts_per_tok=2,
+            norm_topk_prob=True,
+        ),
+    ),
+    "olmoe": (
+        OlmoeForCausalLM,
+        OlmoeConfig(
+            **{**COMMON, "num_key_value_heads": 4},  # MHA
+            num_hidden_layers=2,
+            intermediate_size=32,
+            num_experts=4,
+            num_experts_per_tok=2,
+        ),
+    ),
+}
+
+
+# Per-architecture weight seed offsets, picked (by trying a few) so that no token's k-th and
+# (k+1)-th router logits are within ROUTER_GAP_MIN of each other on the reference sequences:
+# a near tie would make expert choice, and so the expected logits, hinge on rounding.
+SEED_OFFSET = {"qwen3_moe": 1}
+ROUTER_GAP_MIN = 1e-3
+
+
+def train_tokenizer(data_path):
+    """Byte-level BPE, vocab 512, on the first 200 KB of tinyshakespeare (deterministic)."""
+    raw = Path(data_path).read_bytes()[:200_000]
+    text = raw.decode("utf-8", errors="strict")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB,
+        special_tokens=SPECIAL,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    # One sequence in, one thread's worth of counting: the merge order cannot depend on
+    # how the input was split into batches.
+    tok.train_from_iterator([text], trainer)
+    assert tok.get_vocab_size() == VOCAB, tok.get_vocab_size()
+    assert tok.token_to_id(EOS) == COMMON["eos_token_id"]
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token=None, eos_token=EOS, chat_template=CHAT_TEMPLATE
+    )
+
+
+def prompt_ids(tokenizer):
+    ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in PROMPT_TEXTS]
+    ids.append(tokenizer("The", add_special_tokens=False)["input_ids"][:1])
+    return ids
+
+
+def make_weights_nondegenerate(model, seed):
+    """Overwrite transformers' init (std 0.02: flat logits, tied routing) with a scale that
+    gives logits spread over several units and clearly separated router scores."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():  # fixed order: deterministic
+            r = torch.randn(tuple(p.shape), generator=g, dtype=torch.float32)
+            fan_in = p.shape[-1]
+            if name.endswith("norm.weight"):
+                v = 1.0 + 0.1 * r  # a wrong or missing norm is visible
+            elif name.endswith(".bias"):
+                v = 0.2 * r
+            elif "embed_tokens" in name:
+                v = 0.5 * r
+            elif name.endswith("mlp.gate.weight"):  # router (n_experts, hidden)
+                v = 0.4 * r
+            elif "shared_expert_gate" in name:
+                v = 0.5 * r
+            elif name.startswith("lm_head"):
+                v = 2.0 * r / math.sqrt(fan_in)
+            else:  # projections and stacked experts (..., out, in)
+                v = r / math.sqrt(fan_in)
+            p.copy_(v.to(p.dtype))
+
+
+def save_checkpoint(model, tokenizer, out_dir, **save_kwargs):
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.generation_config = GenerationConfig(
+        eos_token_id=COMMON["eos_token_id"], bos_token_id=None, pad_token_id=None
+    )
+    model.save_pretrained(out_dir, **save_kwargs)
+    tokenizer.save_pretrained(out_dir, save_jinja_files=False)
+
+
+def load(out_dir, dtype):
+    m = AutoModelForCausalLM.from_pretrained(out_dir, dtype=dtype, **IMPL)
+    return m.eval()
+
+
+@torch.no_grad()
+def full_logits(model, ids):
+    x = torch.tensor([ids], dtype=torch.long)
+    return model(input_ids=x).logits[0].to(torch.float32).contiguous()  # (n, vocab)
+
+
+@torch.no_grad()
+def greedy(model, ids):
+    """32 greedy tokens and the top1-top2 gap at each step.
+
+    eos_token_id=None makes every step a plain argmax over the raw logits: EOS neither stops
+    generation nor is masked out (min_new_tokens would mask it, which an engine's "ignore EOS"
+    does not do), so an engine reproduces this with argmax alone."""
+    x = torch.tensor([ids], dtype=torch.long)
+    out = model.generate(
+        input_ids=x,
+        attention_mask=torch.ones_like(x),
+        do_sample=False,
+        max_new_tokens=GREEDY_TOKENS,
+        min_new_tokens=GREEDY_TOKENS,
+        output_scores=True,
+        output_logits=True,
+        return_dict_in_generate=True,
+        pad_token_id=COMMON["eos_token_id"],
+        eos_token_id=None,
+    )
+    new = out.sequences[0, len(ids):]
+    assert new.numel() == GREEDY_TOKENS
+    margins = torch.empty(GREEDY_TOKENS, dtype=torch.float32)  # top1 - top2 at each step
+    eos_top = 0
+    for step, (s, raw) in enumerate(zip(out.scores, out.logits)):
+        assert torch.equal(s, raw), "a logits processor changed the greedy scores"
+        top2 = torch.topk(raw[0].float(), 2).values
+        margins[step] = top2[0] - top2[1]
+        if int(raw[0].argmax()) == COMMON["eos_token_id"]:
+            eos_top += 1
+    # The cached decode must agree with one uncached forward over prompt + continuation.
+    seq = out.sequences[0].tolist()
+    lg = full_logits(model, seq[:-1])
+    recomputed = lg[len(ids) - 1:].argmax(-1)
+    mismatch = int((recomputed != new).sum())
+    return new.to(torch.int32), margins, eos_top, mismatch
+
+
+@torch.no_grad()
+def min_router_gap(model, sequences):
+    """Smallest gap between the k-th and (k+1)-th router logit over all MoE layers/tokens."""
+    k = model.config.num_experts_per_tok
+    gap = math.inf
+    for seq in sequences:
+        out = model(input_ids=torch.tensor([seq], dtype=torch.long), output_router_logits=True)
+        for rl in out.router_logits or ():
+            if rl is not None:
+                top = torch.topk(rl.float(), k + 1, dim=-1).values
+                gap = min(gap, float((top[:, k - 1] - top[:, k]).min()))
+    return gap
+
+
+@torch.no_grad()
+def route_sets(model, ids):
+    """(n_moe_layers, n, k) chosen experts per token, sorted, from the router logits."""
+    k = model.config.num_experts_per_tok
+    out = model(input_ids=torch.tensor([ids], dtype=torch.long), output_router_logits=True)
+    sets = [torch.topk(rl.float(), k, dim=-1).indices.sort(-1).values
+            for rl in (out.router_logits or ()) if rl is not None]
+    return torch.stack(sets)
+
+
+def check_logits(name, lg):
+    assert torch.isfinite(lg).all(), f"{name}: non-finite logits"
+    spread = (lg.max(-1).values - lg.min(-1).values).min().item()
+    assert spread > 1.0, f"{name}: logits nearly flat (min spread {spread:.3f})"
+    return spread
+
+
+def write_reference(model_dir, prompts, f32_model, bf16_model=None):
+    """reference.safetensors: see README.md for the tensor list."""
+    tensors = {}
+    margins = []
+    notes = []
+    spread = math.inf
+    worst_bf16 = 0.0
+    for i, ids in enumerate(prompts):
+        tensors[f"prompt{i}.ids"] = torch.tensor(ids, dtype=torch.int32)
+        if bf16_model is None:
+            lg = full_logits(f32_model, ids)
+            spread = min(spread, check_logits(f"{model_dir.name}/prompt{i}", lg))
+            tensors[f"prompt{i}.logits"] = lg
+            toks, step_margins, eos_top, mismatch = greedy(f32_model, ids)
+            tensors[f"prompt{i}.greedy"] = toks
+            tensors[f"prompt{i}.greedy_margin"] = step_margins
+            margins.append(float(step_margins.min()))
+            if eos_top:
+                notes.append(f"prompt{i}: greedy emits EOS at {eos_top} step(s) and continues")
+            if mismatch:
+                notes.append(f"prompt{i}: {mismatch} greedy step(s) differ from uncached argmax")
+        else:
+            lg = full_logits(bf16_model, ids)
+            spread = min(spread, check_logits(f"{model_dir.name}/prompt{i}", lg))
+            tensors[f"prompt{i}.logits"] = lg
+            lf = full_logits(f32_model, ids)
+            tensors[f"prompt{i}.logits_f32compute"] = lf
+            worst_bf16 = max(worst_bf16, float((lg - lf).abs().max()))
+            # Positions where transformers' bf16 run picks the same experts as its f32 run of the
+            # same weights in every layer: only there does the bf16 comparison measure precision
+            # (a flipped expert is a different computation, not a rounding error).
+            agree = (route_sets(bf16_model, ids) == route_sets(f32_model, ids)).all(-1).all(0)
+            tensors[f"prompt{i}.bf16_route_agrees"] = agree.to(torch.int32)
+            if not bool(agree.all()):
+                notes.append(f"prompt{i}: bf16 routes {int((~agree).sum())} position(s) differently")
+    if bf16_model is not None:
+        notes.append(f"max|bf16 compute - f32 compute| = {worst_bf16:.3f}")
+    if margins:
+        fragile = sum(int((tensors[f"prompt{i}.greedy_margin"] < 1e-2).sum()) for i in range(len(prompts)))
+        notes.append("per-prompt min margin " + " ".join(f"{m:.3g}" for m in margins)
+                     + f"; {fragile} step(s) < 0.01")
+        tensors["meta.margin"] = torch.tensor(margins, dtype=torch.float32)
+    save_file(tensors, str(model_dir / "reference.safetensors"), metadata={"format": "pt"})
+    if bf16_model is None:
+        seqs = [ids + tensors[f"prompt{i}.greedy"].tolist() for i, ids in enumerate(prompts)]
+    else:
+        seqs = prompts  # the f32-compute references of the bf16 weights
+    gap = min_router_gap(f32_model, seqs)  # f32 compute: what a CPU engine must reproduce
+    notes.append(f"min router gap {gap:.4f}")
+    if gap < ROUTER_GAP_MIN:
+        notes.append("WARNING: near-tie routing, change SEED_OFFSET")
+    return (min(margins) if margins else None), spread, notes
+
+
+def tensor_table(model_dir):
+    """(name, dtype, shape) of every tensor in a checkpoint folder, shards included."""
+    files = sorted(model_dir.glob("model*.safetensors"))
+    rows = []
+    for f in files:
+        with safe_open(str(f), "pt") as sf:
+            for k in sf.keys():
+                rows.append((k, str(sf.get_slice(k).get_dtype()), sf.get_slice(k).get_shape()))
+    return sorted(rows)
+
+
+def write_tensors_md(out_root, names):
+    lines = [
+        "# Tensor names and shapes of the fixture checkpoints",
+        "",
+        "Generated by `tests/reference/make_model_fixtures.py` from the saved f32 checkpoints in",
+        "`tests/fixtures/models/<arch>/` (do not edit by hand). Shapes are as stored, row-major,",
+        "PyTorch `nn.Linear` layout `(out_features, in_features)`. save_pretrained writes the",
+        "per-expert legacy names (transformers 5 stacks experts in memory but converts back on",
+        "save). The `_bf16` folders hold the same names with dtype BF16; `mixtral_sharded/` the",
+        "same tensors as `mixtral/` split over shards listed in `model.safetensors.index.json`.",
+        "",
+        "Listed: every tensor outside `model.layers.*`, all of layer 0, and every layer whose",
+        "MLP differs from layer 0 (the dense layer 1 of qwen2_moe/qwen3_moe).",
+        "",
+        "Config spellings a loader must accept (these files use the transformers 5.24 ones;",
+        "checkpoints on the Hub often use the older ones):",
+        "",
+        "- RoPE base: `rope_parameters.rope_theta` here; older files have top-level `rope_theta`.",
+        "- Expert count: mixtral `num_local_experts`; qwen2_moe and olmoe `num_experts`;",
+        "  qwen3_moe is written as `num_local_experts` by 5.24 but Hub Qwen3-MoE files say",
+        "  `num_experts` (accept both for every architecture).",
+        "- `head_dim`: null for mixtral (= hidden_size / num_attention_heads); absent for",
+        "  qwen2_moe and olmoe; explicit 32 for qwen3_moe (q_proj out = heads * head_dim = 128,",
+        "  not hidden_size).",
+        "- qwen2_moe `qkv_bias` is new in 5.x; when absent the q/k/v biases are present (true).",
+        "- Dense layers: a layer is dense (plain `mlp.gate_proj/up_proj/down_proj` of width",
+        "  `intermediate_size`) when its index is in `mlp_only_layers` or",
+        "  `(i + 1) % decoder_sparse_step != 0`; otherwise MoE with experts of width",
+        "  `moe_intermediate_size`.",
+        "- Sliding window: off everywhere (`sliding_window` null, or 0 with",
+        "  `use_sliding_window: false` for qwen2_moe).",
+        "- `dtype` (formerly `torch_dtype`) says float32 or bfloat16; trust the safetensors",
+        "  header dtype, not this key.",
+        "- olmoe q_norm/k_norm act on the whole projection (width heads*head_dim and",
+        "  kv_heads*head_dim), qwen3_moe's on each head (width head_dim).",
+        "",
+    ]
+    for name in names:
+        d = out_root / name
+        rows = tensor_table(d)
+        cfg = json.loads((d / "config.json").read_text())
+        dense = set(cfg.get("mlp_only_layers") or [])
+        lines += [f"## {name}", "", "```"]
+        for k, dt, shape in rows:
+            parts = k.split(".")
+            if k.startswith("model.layers."):
+                layer = int(parts[2])
+                if layer != 0 and layer not in dense:
+                    continue
+            lines.append(f"{k:60s} {dt:8s} {list(shape)}")
+        lines += ["```", "", "config.json:", "", "```json", (d / "config.json").read_text().rstrip(), "```", ""]
+        gen = (d / "generation_config.json").read_text().rstrip()
+        lines += ["generation_config.json:", "", "```json", gen, "```", ""]
+    TENSORS_MD.write_text("\n".join(lines))
+
+
+def dir_size(d):
+    return sum(f.stat().st_size for f in d.iterdir() if f.is_file())
+
+
+def sha_tree(root):
+    h = {}
+    for f in sorted(root.rglob("*")):
+        if f.is_file():
+            h[str(f.relative_to(root))] = hashlib.sha256(f.read_bytes()).hexdigest()
+    return h
+
+
+def build(out_root, data_path, write_md):
+    hf_logging.disable_progress_bar()
+    torch.manual_seed(SEED)
+    torch.use_deterministic_algorithms(True)
+    torch.set_num_threads(1)  # reduction order independent of the machine's core count
+    tokenizer = train_tokenizer(data_path)
+    prompts = prompt_ids(tokenizer)
+    print("prompt lengths:", [len(p) for p in prompts])
+
+    summary = []
+    for name, (cls, cfg) in ARCHS.items():
+        torch.manual_seed(SEED)
+        model = cls(cfg).eval()
+        make_weights_nondegenerate(model, SEED + SEED_OFFSET.get(name, 0))
+        n_params = sum(p.numel() for p in model.parameters())
+
+        d32 = out_root / name
+        save_checkpoint(model, tokenizer, d32)
+        m32 = load(d32, torch.float32)
+        sd0, sd1 = model.state_dict(), m32.state_dict()
+        assert all(torch.equal(sd0[k], sd1[k]) for k in sd0), f"{name}: reload differs"
+        margin, spread, notes = write_reference(d32, prompts, m32)
+        summary.append((name, n_params, dir_size(d32), margin, spread, notes))
+
+        if name == "mixtral":
+            ds = out_root / "mixtral_sharded"
+            save_checkpoint(model, tokenizer, ds, max_shard_size="320KB")
+            n_shards = len(list(ds.glob("model-*.safetensors")))
+            assert 2 <= n_shards <= 3 and (ds / "model.safetensors.index.json").exists(), n_shards
+            ms = load(ds, torch.float32)
+            assert all(torch.equal(sd0[k], v) for k, v in ms.state_dict().items())
+            # Same weights, same outputs: an identical file (git stores it once).
+            shutil.copyfile(d32 / "reference.safetensors", ds / "reference.safetensors")
+            summary.append(("mixtral_sharded", n_params, dir_size(ds), margin, spread,
+                            [f"{n_shards} shards"]))
+
+        db = out_root / f"{name}_bf16"
+        save_checkpoint(model.to(torch.bfloat16), tokenizer, db)
+        mb = load(db, torch.bfloat16)
+        mbf = load(db, torch.float32)  # the bf16 weights upcast, computed in f32
+        _, spread_b, notes_b = write_reference(db, prompts, mbf, bf16_model=mb)
+        summary.append((f"{name}_bf16", n_params, dir_size(db), None, spread_b, notes_b))
+
+    if write_md:
+        write_tensors_md(out_root, list(ARCHS))
+
+    print()
+    print(f"{'model':18s} {'params':>8s} {'bytes':>9s} {'min margin':>10s} {'min spread':>10s}  notes")
+    for name, n, size, margin, spread, notes in summary:
+        m = f"{margin:10.3f}" if margin is not None else f"{'-':>10s}"
+        print(f"{name:18s} {n:8d} {size:9d} {m} {spread:10.2f}  {'; '.join(notes)}")
+    total = sum(f.stat().st_size for f in out_root.rglob("*") if f.is_file())
+    uniq = {}
+    for f in out_root.rglob("*"):
+        if f.is_file():
+            uniq[hashlib.sha256(f.read_bytes()).hexdigest()] = f.stat().st_size
+    print(f"\ntotal {total} bytes ({total / 2**20:.2f} MiB); distinct file contents "
+          f"{sum(uniq.values()) / 2**20:.2f} MiB (what git stores)")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--data", default=str(DEFAULT_DATA), help="tinyshakespeare.txt")
+    ap.add_argument("--out", default=str(DEFAULT_OUT), help="fixture root (default: %(default)s)")
+    ap.add_argument("--check-determinism", action="store_true",
+                    help="also build into a temporary folder and compare every file byte for byte")
+    args = ap.parse_args()
+
+    out_root = Path(args.out)
+    targets = [n for a in ARCHS for n in (a, f"{a}_bf16")] + ["mixtral_sharded"]
+    for n in targets:  # only the folders this script owns
+        if (out_root / n).exists():
+            shutil.rmtree(out_root / n)
+    out_root.mkdir(parents=True, exist_ok=True)
+    build(out_root, args.data, write_md=out_root.resolve() == DEFAULT_OUT.resolve())
+
+    if args.check_determinism:
+        with tempfile.TemporaryDirectory() as tmp:
+            build(Path(tmp), args.data, write_md=False)
+            a, b = sha_tree(out_root), sha_tree(Path(tmp))
+            a = {k: v for k, v in a.items() if k.split("/")[0] in targets}
+            diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+            if diff:
+                print("NOT deterministic:", diff)
+                return 1
+            print(f"deterministic: {len(a)} files identical across two runs")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

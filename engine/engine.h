@@ -1,0 +1,81 @@
+/* Engine: runs forward steps of a loaded model over a device set. One step takes a batch of
+ * sequences at different positions — prefill chunks and single decode tokens mixed — and
+ * returns the logits each sequence asked for.
+ *
+ * Devices: N CPU virtual devices (threads). Attention is data-parallel: each device takes a
+ * contiguous slice of the batch's sequences. The MoE layer is route -> dispatch (all-to-all to
+ * the devices that own the chosen experts, per the placement map) -> expert compute on the owner
+ * -> combine (all-to-all back, weighted sum in top-k slot order). Rows reach an expert in global
+ * token order whatever N is, so results do not depend on the device count.
+ *
+ * Ownership and threads: engine_create borrows the model (it must outlive the engine) and
+ * allocates every buffer a step needs, sized by engine_params; engine_step allocates nothing.
+ * engine_step is called from one thread at a time (the scheduler's); it uses that thread as
+ * device 0 and N-1 worker threads it owns. The KV cache belongs to the engine; sequences'
+ * block tables (struct kv_seq) belong to the caller, which creates them with engine_seq_init and
+ * frees them with engine_seq_free. */
+#ifndef MOESERVE_ENGINE_H
+#define MOESERVE_ENGINE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kv_cache.h"
+#include "model.h"
+
+struct engine_params {
+    int n_devices;          /* CPU virtual devices (threads), >= 1 */
+    int max_batch_tokens;   /* tokens in one step, all sequences together */
+    int max_seqs;           /* sequences in one step */
+    int max_model_len;      /* positions per sequence; 0 = min(max_position_embeddings, 4096) */
+    int kv_block_size;      /* tokens per KV block */
+    size_t kv_cache_bytes;  /* memory for KV blocks; 0 = enough for max_seqs full sequences */
+    const int *placement;   /* (n_expert) device owning each expert, or NULL: contiguous blocks */
+};
+
+void engine_params_default(struct engine_params *p);
+
+/* One sequence's part of a step. */
+struct engine_item {
+    struct kv_seq *kv;      /* the sequence's block table; blocks are reserved by engine_step */
+    const int32_t *tokens;  /* (n_tokens) */
+    int n_tokens;
+    int pos;                /* position of tokens[0]; positions [0, pos) are already cached */
+    int moe_top_k;          /* experts per token for this sequence; 0 = the model's default */
+    int n_logits;           /* logits wanted for the last n_logits tokens (0, 1 .. n_tokens) */
+    float *logits;          /* OUT: (n_logits, vocab), caller-owned */
+};
+
+/* Per-device and per-expert counters, accumulated over steps (read by metrics). */
+struct engine_stats {
+    uint64_t steps;
+    uint64_t tokens;
+    uint64_t *dev_routed_rows;  /* (n_devices) token-expert rows computed on each device */
+    double *dev_expert_flops;   /* (n_devices) */
+    double *dev_busy_s;         /* (n_devices) time in expert compute */
+    uint64_t *expert_rows;      /* (n_layer, n_expert) */
+};
+
+struct engine;
+
+int engine_create(const struct model *m, const struct engine_params *p, struct engine **out,
+                  char *err, size_t errlen);
+void engine_free(struct engine *e);
+
+/* Runs one forward step over items (each a different sequence). Reserves KV blocks for the new
+ * positions; on failure (-1: bad token id, position past max_model_len, out of KV blocks, too
+ * many tokens or sequences) nothing has been computed and the reason is in err. */
+int engine_step(struct engine *e, struct engine_item *items, int n_items, char *err,
+                size_t errlen);
+
+int engine_seq_init(struct engine *e, struct kv_seq *s);
+void engine_seq_free(struct engine *e, struct kv_seq *s);
+
+const struct model *engine_model(const struct engine *e);
+const struct engine_params *engine_get_params(const struct engine *e);
+struct kv_cache *engine_kv(struct engine *e);
+const struct engine_stats *engine_get_stats(const struct engine *e);
+int engine_expert_owner(const struct engine *e, int expert);
+
+#endif

@@ -1,0 +1,314 @@
+/* `moeserve generate`: loads a model folder, runs one prompt (chunked prefill, then decode one
+ * token per step) and streams the continuation to stdout; prefill and decode speeds go to
+ * stderr. It drives the same engine_step the server's scheduler uses. */
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "common.h"
+#include "engine.h"
+#include "model.h"
+#include "sampler.h"
+#include "tokenizer.h"
+
+void cli_progress(void *ctx, double fraction)
+{
+    static int last = -1;
+    int pct = (int)(fraction * 100.0 + 0.5);
+    if (pct == last || !isatty(STDERR_FILENO)) return;
+    last = pct;
+    int width = 30, fill = pct * width / 100;
+    fprintf(stderr, "\r%s [", ctx ? (const char *)ctx : "loading");
+    for (int i = 0; i < width; i++) fputc(i < fill ? '#' : ' ', stderr);
+    fprintf(stderr, "] %3d%%%s", pct, pct >= 100 ? "\n" : "");
+    fflush(stderr);
+}
+
+static void generate_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: moeserve generate --model DIR --prompt TEXT [options]\n"
+            "\n"
+            "  -m, --model DIR          Hugging Face model folder (config.json, safetensors,\n"
+            "                           tokenizer.json)\n"
+            "  -p, --prompt TEXT        prompt text\n"
+            "  -n, --max-tokens N       tokens to generate (default 64)\n"
+            "      --temperature T      0 = greedy (default 0)\n"
+            "      --top-p P            nucleus sampling mass (default 1)\n"
+            "      --top-k K            keep the K most likely tokens (default 0 = off)\n"
+            "      --min-p P            drop tokens below P x the top probability (default 0)\n"
+            "      --repetition-penalty R  (default 1 = off)\n"
+            "      --seed S             sampling seed (same seed, same output)\n"
+            "      --devices N          CPU virtual devices the experts are spread over (default 1)\n"
+            "      --moe-top-k K        experts per token, at most the model's (default: model)\n"
+            "      --max-batch-tokens N prefill chunk size (default 512)\n"
+            "      --ignore-eos         keep generating past the end-of-sequence token\n"
+            "      --no-special         do not add the tokenizer's special tokens (BOS)\n"
+            "  -h, --help               this text\n");
+}
+
+static int parse_int(const char *name, const char *s, long lo, long hi, int *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) {
+        fprintf(stderr, "moeserve generate: %s must be an integer in [%ld, %ld], got '%s'\n", name,
+                lo, hi, s);
+        return -1;
+    }
+    *out = (int)v;
+    return 0;
+}
+
+static int parse_float(const char *name, const char *s, double lo, double hi, float *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !(v >= lo && v <= hi)) {
+        fprintf(stderr, "moeserve generate: %s must be a number in [%g, %g], got '%s'\n", name,
+                lo, hi, s);
+        return -1;
+    }
+    *out = (float)v;
+    return 0;
+}
+
+struct gen_opts {
+    const char *model;
+    const char *prompt;
+    int n;
+    int devices;
+    int moe_top_k;
+    int max_batch;
+    bool ignore_eos;
+    bool add_special;
+    struct smp_params sp;
+};
+
+static int parse_args(int argc, char **argv, struct gen_opts *o)
+{
+    enum {
+        OPT_TEMP = 256, OPT_TOPP, OPT_TOPK, OPT_MINP, OPT_REP, OPT_SEED, OPT_DEV, OPT_MOEK,
+        OPT_BATCH, OPT_IGNORE_EOS, OPT_NO_SPECIAL,
+    };
+    static const struct option longopts[] = {
+        {"model", required_argument, 0, 'm'},
+        {"prompt", required_argument, 0, 'p'},
+        {"max-tokens", required_argument, 0, 'n'},
+        {"temperature", required_argument, 0, OPT_TEMP},
+        {"top-p", required_argument, 0, OPT_TOPP},
+        {"top-k", required_argument, 0, OPT_TOPK},
+        {"min-p", required_argument, 0, OPT_MINP},
+        {"repetition-penalty", required_argument, 0, OPT_REP},
+        {"seed", required_argument, 0, OPT_SEED},
+        {"devices", required_argument, 0, OPT_DEV},
+        {"moe-top-k", required_argument, 0, OPT_MOEK},
+        {"max-batch-tokens", required_argument, 0, OPT_BATCH},
+        {"ignore-eos", no_argument, 0, OPT_IGNORE_EOS},
+        {"no-special", no_argument, 0, OPT_NO_SPECIAL},
+        {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
+    };
+    memset(o, 0, sizeof *o);
+    o->n = 64;
+    o->devices = 1;
+    o->max_batch = 512;
+    o->add_special = true;
+    smp_params_default(&o->sp);
+    optind = 1;
+    int c, seed;
+    while ((c = getopt_long(argc, argv, "m:p:n:h", longopts, NULL)) != -1) {
+        int rc = 0;
+        switch (c) {
+        case 'm': o->model = optarg; break;
+        case 'p': o->prompt = optarg; break;
+        case 'n': rc = parse_int("--max-tokens", optarg, 0, 1 << 20, &o->n); break;
+        case OPT_TEMP: rc = parse_float("--temperature", optarg, 0, 100, &o->sp.temperature); break;
+        case OPT_TOPP: rc = parse_float("--top-p", optarg, 0, 1, &o->sp.top_p); break;
+        case OPT_TOPK: rc = parse_int("--top-k", optarg, 0, 1 << 24, &o->sp.top_k); break;
+        case OPT_MINP: rc = parse_float("--min-p", optarg, 0, 1, &o->sp.min_p); break;
+        case OPT_REP:
+            rc = parse_float("--repetition-penalty", optarg, 0.01, 100,
+                             &o->sp.repetition_penalty);
+            break;
+        case OPT_SEED:
+            rc = parse_int("--seed", optarg, 0, 0x7fffffff, &seed);
+            o->sp.seed = (uint64_t)seed;
+            o->sp.has_seed = true;
+            break;
+        case OPT_DEV: rc = parse_int("--devices", optarg, 1, 64, &o->devices); break;
+        case OPT_MOEK: rc = parse_int("--moe-top-k", optarg, 1, 512, &o->moe_top_k); break;
+        case OPT_BATCH: rc = parse_int("--max-batch-tokens", optarg, 1, 1 << 20, &o->max_batch); break;
+        case OPT_IGNORE_EOS: o->ignore_eos = true; break;
+        case OPT_NO_SPECIAL: o->add_special = false; break;
+        case 'h': generate_usage(stdout); exit(0);
+        default: generate_usage(stderr); return -1;
+        }
+        if (rc) return -1;
+    }
+    if (optind < argc) {
+        fprintf(stderr, "moeserve generate: unexpected argument '%s'\n", argv[optind]);
+        return -1;
+    }
+    if (!o->model || !o->prompt) {
+        fprintf(stderr, "moeserve generate: --model and --prompt are required\n");
+        generate_usage(stderr);
+        return -1;
+    }
+    return 0;
+}
+
+static bool is_eos(const struct model *m, int32_t tok)
+{
+    for (int i = 0; i < m->desc.n_eos; i++)
+        if (m->desc.eos_ids[i] == tok) return true;
+    return false;
+}
+
+int cli_generate(int argc, char **argv)
+{
+    struct gen_opts o;
+    if (parse_args(argc, argv, &o) != 0) return 2;
+
+    char err[MS_ERR_LEN];
+    struct model *m = NULL;
+    struct engine *e = NULL;
+    struct sampler *smp = NULL;
+    int32_t *ids = NULL;
+    float *logits = NULL;
+    struct kv_seq seq = {0};
+    int status = 1;
+
+    struct model_load_opts lo;
+    model_load_opts_default(&lo);
+    lo.progress = cli_progress;
+    lo.progress_ctx = "loading weights";
+    if (model_load(o.model, &lo, &m, err, sizeof err) != 0) {
+        fprintf(stderr, "moeserve generate: %s\n", err);
+        return 1;
+    }
+    const struct model_desc *md = &m->desc;
+    if (o.moe_top_k > md->top_k && md->n_expert > 0) {
+        fprintf(stderr, "moeserve generate: --moe-top-k %d exceeds the model's top-k %d\n",
+                o.moe_top_k, md->top_k);
+        goto out;
+    }
+
+    size_t plen = strlen(o.prompt);
+    int cap = (int)plen + 8;
+    ids = malloc(sizeof(int32_t) * (size_t)cap);
+    if (!ids) goto oom;
+    int n_prompt = tok_encode(m->tok, o.prompt, plen, o.add_special, ids, cap);
+    if (n_prompt < 0) {
+        fprintf(stderr, "moeserve generate: cannot tokenize the prompt\n");
+        goto out;
+    }
+    if (n_prompt > cap) {
+        int32_t *bigger = realloc(ids, sizeof(int32_t) * (size_t)n_prompt);
+        if (!bigger) goto oom;
+        ids = bigger;
+        cap = n_prompt;
+        n_prompt = tok_encode(m->tok, o.prompt, plen, o.add_special, ids, cap);
+    }
+    if (n_prompt == 0) {
+        fprintf(stderr, "moeserve generate: the prompt is empty after tokenization\n");
+        goto out;
+    }
+
+    struct engine_params ep;
+    engine_params_default(&ep);
+    ep.n_devices = o.devices;
+    ep.max_seqs = 1;
+    ep.max_batch_tokens = o.max_batch;
+    int need = n_prompt + o.n;
+    int limit = md->max_pos > 0 ? md->max_pos : need;
+    if (need > limit) {
+        fprintf(stderr,
+                "moeserve generate: prompt (%d tokens) + %d new tokens exceed the model's %d "
+                "positions\n",
+                n_prompt, o.n, limit);
+        goto out;
+    }
+    ep.max_model_len = need;
+    if (engine_create(m, &ep, &e, err, sizeof err) != 0) {
+        fprintf(stderr, "moeserve generate: %s\n", err);
+        goto out;
+    }
+    if (engine_seq_init(e, &seq) != 0) goto oom;
+    logits = malloc(sizeof(float) * (size_t)md->vocab);
+    smp = smp_create(md->vocab, &o.sp);
+    if (!logits || !smp) goto oom;
+    for (int i = 0; i < n_prompt; i++) smp_accept(smp, ids[i], false);
+
+    /* Prefill in chunks of max_batch_tokens; logits only for the last prompt token. */
+    double t0 = ms_now();
+    for (int done = 0; done < n_prompt;) {
+        int chunk = n_prompt - done < o.max_batch ? n_prompt - done : o.max_batch;
+        struct engine_item it = {
+            .kv = &seq, .tokens = ids + done, .n_tokens = chunk, .pos = done,
+            .moe_top_k = o.moe_top_k, .n_logits = done + chunk == n_prompt ? 1 : 0,
+            .logits = logits,
+        };
+        if (engine_step(e, &it, 1, err, sizeof err) != 0) {
+            fprintf(stderr, "moeserve generate: %s\n", err);
+            goto out;
+        }
+        done += chunk;
+    }
+    double t1 = ms_now();
+
+    struct tok_stream ts;
+    tok_stream_init(&ts, true);
+    char piece[256];
+    int n_gen = 0;
+    for (int i = 0; i < o.n; i++) {
+        int32_t tok = smp_sample(smp, logits, NULL);
+        smp_accept(smp, tok, true);
+        n_gen++;
+        if (!o.ignore_eos && is_eos(m, tok)) break;
+        int w = tok_stream_push(m->tok, &ts, tok, piece, sizeof piece);
+        if (w > 0) {
+            fwrite(piece, 1, (size_t)w, stdout);
+            fflush(stdout);
+        }
+        if (i + 1 == o.n) break;
+        struct engine_item it = {
+            .kv = &seq, .tokens = &tok, .n_tokens = 1, .pos = n_prompt + i,
+            .moe_top_k = o.moe_top_k, .n_logits = 1, .logits = logits,
+        };
+        if (engine_step(e, &it, 1, err, sizeof err) != 0) {
+            fprintf(stderr, "\nmoeserve generate: %s\n", err);
+            goto out;
+        }
+    }
+    int w = tok_stream_flush(m->tok, &ts, piece, sizeof piece);
+    if (w > 0) fwrite(piece, 1, (size_t)w, stdout);
+    fputc('\n', stdout);
+    double t2 = ms_now();
+    /* The last sampled token needs no forward pass; decode speed counts the steps run. */
+    int decode_steps = n_gen > 0 ? n_gen - 1 : 0;
+    fprintf(stderr, "prefill: %d tokens in %.3f s (%.1f tokens/s)\n", n_prompt, t1 - t0,
+            n_prompt / (t1 - t0));
+    fprintf(stderr, "decode: %d tokens in %.3f s (%.1f tokens/s)\n", n_gen, t2 - t1,
+            decode_steps > 0 ? decode_steps / (t2 - t1) : 0.0);
+    status = 0;
+    goto out;
+
+oom:
+    fprintf(stderr, "moeserve generate: out of memory\n");
+out:
+    if (e) engine_seq_free(e, &seq);
+    smp_free(smp);
+    free(logits);
+    free(ids);
+    engine_free(e);
+    model_free(m);
+    return status;
+}

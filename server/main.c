@@ -1,0 +1,32 @@
+/* moeserve entry point: dispatches to a subcommand (generate; serve comes with the HTTP
+ * server). */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: moeserve <command> [options]\n"
+               "\n"
+               "commands:\n"
+               "  generate   run a prompt through a model and print the continuation\n"
+               "\n"
+               "`moeserve <command> --help` lists a command's options.\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (strcmp(argv[1], "generate") == 0) return cli_generate(argc - 1, argv + 1);
+    if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
+        usage(stdout);
+        return 0;
+    }
+    fprintf(stderr, "moeserve: unknown command '%s'\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

@@ -4,8 +4,7 @@
  * Replace), split out added tokens declared `normalized`, pre-tokenize (regex Split steps
  * through PCRE2 with UTF+UCP, ByteLevel), then run BPE on each word: merges are applied by rank
  * with a binary heap over a linked list of symbols, so a word of n characters costs
- * O(n log n). Decoding supports the ByteLevel decoder and the SentencePiece-style chain
- * (Replace, ByteFallback, Fuse, Strip); streaming decode holds back incomplete UTF-8.
+ * O(n log n). Decoding lives in tok_decode.c; the shared structure is in tok_internal.h.
  *
  * Everything the tokenizer needs is copied out of the JSON at load time into flat arrays and
  * open-addressing hash tables (vocab string -> id, merge pair -> rank/new id); after loading
@@ -18,97 +17,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define PCRE2_CODE_UNIT_WIDTH 8
-#include <pcre2.h>
-
 #include "common.h"
+#include "tok_internal.h"
 #include "unicode.h"
-
-#define MAX_PRE_STEPS 8
-#define MAX_NORM_STEPS 8
-#define MAX_POST_IDS 8
-
-enum split_behavior { SPLIT_REMOVED, SPLIT_ISOLATED, SPLIT_MERGED_PREV, SPLIT_MERGED_NEXT, SPLIT_CONTIGUOUS };
-enum pre_kind { PRE_SPLIT, PRE_BYTELEVEL };
-enum norm_kind { NORM_NFC, NORM_PREPEND, NORM_REPLACE };
-enum dec_kind { DEC_JOIN, DEC_BYTELEVEL, DEC_PIECES };
-
-struct pre_step {
-    enum pre_kind kind;
-    pcre2_code *re;                /* PRE_SPLIT, and PRE_BYTELEVEL with use_regex */
-    enum split_behavior behavior;
-    bool invert;
-};
-
-struct norm_step {
-    enum norm_kind kind;
-    char *from; /* NORM_PREPEND: the prefix; NORM_REPLACE: the pattern */
-    char *to;   /* NORM_REPLACE: the replacement */
-};
-
-struct added_token {
-    int32_t id;
-    char *content;
-    size_t len;
-    bool special, lstrip, rstrip, single_word, normalized;
-};
-
-/* Byte trie over added-token contents (first-child / next-sibling lists). */
-struct trie_node {
-    int32_t child, sibling;
-    int32_t added; /* index into tok->added, or -1 */
-    unsigned char byte;
-};
-struct trie {
-    struct trie_node *nodes; /* nodes[0] is the root */
-    int n, cap;
-};
-
-struct tokenizer {
-    int n_ids;           /* ids are 0..n_ids-1 */
-    char *arena;         /* every token string, NUL-separated */
-    size_t arena_len, arena_cap;
-    uint32_t *str_off;   /* (n_ids) offset in arena, UINT32_MAX for an unused id */
-    uint32_t *str_len;   /* (n_ids) */
-    uint8_t *special;    /* (n_ids) 1 for special added tokens */
-
-    int32_t *vocab_slot; /* (vocab_mask+1) model vocab: string -> id, -1 empty */
-    uint32_t vocab_mask;
-
-    uint64_t *merge_key; /* (merge_mask+1) (left id << 32 | right id) */
-    int32_t *merge_rank; /* (merge_mask+1) -1 empty */
-    int32_t *merge_new;  /* (merge_mask+1) id of the merged token */
-    uint32_t merge_mask;
-
-    bool ignore_merges, byte_fallback, fuse_unk;
-    int32_t unk_id;
-    int32_t byte_tok[256]; /* id of "<0xNN>" for byte fallback, -1 if absent */
-
-    struct norm_step norm[MAX_NORM_STEPS];
-    int n_norm;
-    struct pre_step pre[MAX_PRE_STEPS];
-    int n_pre;
-    bool byte_level; /* words are mapped through the GPT-2 byte-to-unicode table */
-
-    struct added_token *added;
-    int n_added;
-    struct trie trie_raw, trie_norm; /* tokens matched before / after normalization */
-
-    int32_t post_pre[MAX_POST_IDS], post_suf[MAX_POST_IDS];
-    int n_post_pre, n_post_suf;
-
-    enum dec_kind dec;
-    char *dec_from, *dec_to; /* Replace step of a DEC_PIECES decoder, NULL if none */
-    bool dec_byte_fallback, dec_fuse;
-    uint32_t strip_ch;
-    int strip_start, strip_stop;
-
-    int32_t bos, eos;
-
-    char bl_utf8[256][2]; /* byte -> its stand-in character, UTF-8 (1 or 2 bytes) */
-    uint8_t bl_len[256];
-    int16_t bl_inv[0x144]; /* stand-in code point -> byte, -1 if none */
-};
 
 /* ---------------------------------------------------------------------------------------- */
 /* Small helpers                                                                            */
@@ -151,13 +62,6 @@ static char *dup_str(const char *s)
     char *d = malloc(n + 1);
     if (d) memcpy(d, s, n + 1);
     return d;
-}
-
-static const char *tok_str(const struct tokenizer *t, int32_t id, size_t *len)
-{
-    if (id < 0 || id >= t->n_ids || t->str_off[id] == UINT32_MAX) return NULL;
-    *len = t->str_len[id];
-    return t->arena + t->str_off[id];
 }
 
 static int32_t vocab_find(const struct tokenizer *t, const char *s, size_t n)
@@ -268,7 +172,7 @@ static char *rewrite_whitespace(const char *pat)
         char c = pat[i];
         if (c == '\\' && i + 1 < n) {
             char d = pat[i + 1];
-            if (d == 'Q') { /* quoted literal: copy through \\E untouched */
+            if (d == 'Q') { /* a quoted literal is copied as is */
                 const char *e = strstr(pat + i + 2, "\\E");
                 size_t end = e ? (size_t)(e - pat) + 2 : n;
                 memcpy(out + w, pat + i, end - i);
@@ -1265,332 +1169,6 @@ out:
 }
 
 /* ---------------------------------------------------------------------------------------- */
-/* Decoding                                                                                 */
-
-/* Growable (or, with `fixed`, bounded) byte buffer; `failed` records out-of-memory or
- * overflow and makes further writes no-ops. Keeps a NUL after the data. */
-struct buf {
-    char *p;
-    size_t len, cap;
-    bool fixed, failed;
-};
-
-static void buf_put(struct buf *b, const char *s, size_t n)
-{
-    if (b->failed) return;
-    if (b->len + n + 1 > b->cap) {
-        if (b->fixed) {
-            b->failed = true;
-            return;
-        }
-        size_t c = b->cap ? b->cap : 256;
-        while (c < b->len + n + 1) c *= 2;
-        char *q = realloc(b->p, c);
-        if (!q) {
-            b->failed = true;
-            return;
-        }
-        b->p = q;
-        b->cap = c;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = '\0';
-}
-
-static void buf_fffd(struct buf *b, size_t count)
-{
-    for (size_t i = 0; i < count; i++) buf_put(b, "\xEF\xBF\xBD", 3);
-}
-
-/* Byte value of a "<0xNN>" token, or -1. */
-static int byte_token_value(const char *s, size_t n)
-{
-    if (n != 6 || memcmp(s, "<0x", 3) != 0 || s[5] != '>') return -1;
-    int v = 0;
-    for (int i = 3; i < 5; i++) {
-        char c = s[i];
-        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10 : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-        if (d < 0) return -1;
-        v = v * 16 + d;
-    }
-    return v;
-}
-
-/* True when every character of the token has a byte in the ByteLevel table; the decoder then
- * emits those bytes, otherwise the token's own UTF-8. */
-static bool byte_level_mappable(const struct tokenizer *t, const char *s, size_t n)
-{
-    for (size_t i = 0; i < n;) {
-        uint32_t cp;
-        int k = uni_utf8_next((const unsigned char *)s + i, n - i, &cp);
-        if (k <= 0 || cp >= 0x144 || t->bl_inv[cp] < 0) return false;
-        i += (size_t)k;
-    }
-    return true;
-}
-
-/* Converts mappable token text to bytes, at most `room` of them; *used: input bytes consumed. */
-static size_t byte_level_chunk(const struct tokenizer *t, const char *s, size_t n, size_t *used, char *dst, size_t room)
-{
-    size_t i = 0, w = 0;
-    while (i < n && w < room) {
-        uint32_t cp = 0;
-        int k = uni_utf8_next((const unsigned char *)s + i, n - i, &cp);
-        dst[w++] = (char)t->bl_inv[cp];
-        i += (size_t)k;
-    }
-    *used = i;
-    return w;
-}
-
-/* Appends token text with the decoder's Replace applied. */
-static void put_replaced(const struct tokenizer *t, struct buf *o, const char *s, size_t n)
-{
-    if (!t->dec_from) {
-        buf_put(o, s, n);
-        return;
-    }
-    size_t fl = strlen(t->dec_from), tl = strlen(t->dec_to);
-    size_t i = 0, from = 0;
-    while (i + fl <= n) {
-        if (memcmp(s + i, t->dec_from, fl) == 0) {
-            buf_put(o, s + from, i - from);
-            buf_put(o, t->dec_to, tl);
-            i += fl;
-            from = i;
-        } else {
-            i++;
-        }
-    }
-    buf_put(o, s + from, n - from);
-}
-
-/* Ends a byte-fallback group that started at `start` in o: kept if valid UTF-8, else replaced
- * by one U+FFFD per byte token (what the ByteFallback decoder does). */
-static void end_byte_group(struct buf *o, size_t start, size_t *count)
-{
-    if (*count && !o->failed && !uni_utf8_valid(o->p + start, o->len - start)) {
-        o->len = start;
-        buf_fffd(o, *count);
-    }
-    *count = 0;
-}
-
-static size_t strip_len(const struct tokenizer *t, const char *s, size_t n)
-{
-    if (t->strip_start <= 0 || n == 0) return 0;
-    uint32_t cp;
-    int k = uni_utf8_next((const unsigned char *)s, n, &cp);
-    return k > 0 && cp == t->strip_ch ? (size_t)k : 0;
-}
-
-long tok_decode(const struct tokenizer *t, const int32_t *ids, int n, bool skip_special, char *out, size_t cap)
-{
-    for (int i = 0; i < n; i++)
-        if (ids[i] < 0 || ids[i] >= t->n_ids) return -1;
-    struct buf b = {0};
-    size_t group_start = 0, group_n = 0;
-    bool first = true;
-    buf_put(&b, "", 0);
-    for (int i = 0; i < n; i++) {
-        size_t len;
-        const char *s = tok_str(t, ids[i], &len);
-        if (!s || (skip_special && t->special[ids[i]])) continue;
-        if (t->dec == DEC_BYTELEVEL) {
-            if (!byte_level_mappable(t, s, len)) {
-                buf_put(&b, s, len);
-                continue;
-            }
-            while (len) {
-                char tmp[256];
-                size_t used, k = byte_level_chunk(t, s, len, &used, tmp, sizeof tmp);
-                buf_put(&b, tmp, k);
-                s += used;
-                len -= used;
-            }
-        } else if (t->dec == DEC_JOIN) {
-            if (!first) buf_put(&b, " ", 1);
-            buf_put(&b, s, len);
-        } else {
-            int bv = t->dec_byte_fallback ? byte_token_value(s, len) : -1;
-            if (bv >= 0) {
-                char c = (char)bv;
-                if (group_n++ == 0) group_start = b.len;
-                buf_put(&b, &c, 1);
-            } else {
-                end_byte_group(&b, group_start, &group_n);
-                put_replaced(t, &b, s, len);
-            }
-        }
-        first = false;
-    }
-    end_byte_group(&b, group_start, &group_n);
-    if (b.failed) {
-        free(b.p);
-        return -1;
-    }
-    const char *res = b.p;
-    size_t rlen = b.len;
-    char *fixed = NULL;
-    if (t->dec == DEC_BYTELEVEL) {
-        long r = uni_utf8_repair(b.p, b.len, &fixed);
-        if (r < 0) {
-            free(b.p);
-            return -1;
-        }
-        res = fixed;
-        rlen = (size_t)r;
-    } else if (t->dec == DEC_PIECES) {
-        size_t k = strip_len(t, res, rlen);
-        res += k;
-        rlen -= k;
-    }
-    if (cap > 0) {
-        size_t c = rlen < cap - 1 ? rlen : cap - 1;
-        memcpy(out, res, c);
-        out[c] = '\0';
-    }
-    free(b.p);
-    free(fixed);
-    return (long)rlen;
-}
-
-void tok_stream_init(struct tok_stream *s, bool skip_special)
-{
-    memset(s, 0, sizeof *s);
-    s->skip_special = skip_special;
-}
-
-/* Writes stream output, applying the decoder's leading Strip to the very start of the text. */
-static void sput(const struct tokenizer *t, struct tok_stream *st, struct buf *o, const char *s, size_t n)
-{
-    if (n == 0) return;
-    if (!st->started && t->dec == DEC_PIECES) {
-        size_t k = strip_len(t, s, n);
-        s += k;
-        n -= k;
-    }
-    st->started = true;
-    buf_put(o, s, n);
-}
-
-static void sput_fffd(const struct tokenizer *t, struct tok_stream *st, struct buf *o, int count)
-{
-    for (int i = 0; i < count; i++) sput(t, st, o, "\xEF\xBF\xBD", 3);
-}
-
-/* ByteLevel: runs bytes through the pending buffer, writing whole characters and one U+FFFD
- * per maximal invalid sequence, as a lossy decode of the whole concatenation would. */
-static void stream_bytes(const struct tokenizer *t, struct tok_stream *st, struct buf *o, const char *b, size_t n)
-{
-    while (n > 0) {
-        unsigned char tmp[256 + sizeof st->pending];
-        size_t c = n < 256 ? n : 256, m = (size_t)st->n_pending;
-        memcpy(tmp, st->pending, m);
-        memcpy(tmp + m, b, c);
-        m += c;
-        b += c;
-        n -= c;
-        st->n_pending = 0;
-        size_t i = 0;
-        while (i < m) {
-            uint32_t cp;
-            int k = uni_utf8_next(tmp + i, m - i, &cp);
-            if (k > 0) {
-                sput(t, st, o, (const char *)tmp + i, (size_t)k);
-                i += (size_t)k;
-            } else if (k == 0) { /* an incomplete character: hold it (at most 3 bytes) */
-                memcpy(st->pending, tmp + i, m - i);
-                st->n_pending = (int)(m - i);
-                break;
-            } else {
-                sput_fffd(t, st, o, 1);
-                i += (size_t)-k;
-            }
-        }
-    }
-}
-
-/* SentencePiece byte fallback: a run of byte tokens is written as soon as it forms whole
- * characters; bytes that cannot form one become one U+FFFD per byte. Unlike a full decode,
- * characters already written stay written if a later byte of the same run is invalid (which
- * ids produced by encoding never contain). */
-static void stream_byte_token(const struct tokenizer *t, struct tok_stream *st, struct buf *o, unsigned char b)
-{
-    st->pending[st->n_pending++] = b;
-    uint32_t cp;
-    int k = uni_utf8_next(st->pending, (size_t)st->n_pending, &cp);
-    if (k == 0) return;
-    if (k > 0 && k == st->n_pending) sput(t, st, o, (const char *)st->pending, (size_t)k);
-    else sput_fffd(t, st, o, st->n_pending);
-    st->n_pending = 0;
-}
-
-int tok_stream_push(const struct tokenizer *t, struct tok_stream *st, int32_t id, char *out, size_t cap)
-{
-    if (id < 0 || id >= t->n_ids || cap == 0) return -1;
-    struct tok_stream saved = *st;
-    struct buf o = {out, 0, cap, true, false};
-    out[0] = '\0';
-    size_t len;
-    const char *s = tok_str(t, id, &len);
-    if (!s || (st->skip_special && t->special[id])) return 0;
-    if (t->dec == DEC_BYTELEVEL) {
-        if (!byte_level_mappable(t, s, len)) {
-            stream_bytes(t, st, &o, s, len);
-        } else {
-            while (len) {
-                char tmp[256];
-                size_t used, k = byte_level_chunk(t, s, len, &used, tmp, sizeof tmp);
-                stream_bytes(t, st, &o, tmp, k);
-                s += used;
-                len -= used;
-            }
-        }
-    } else if (t->dec == DEC_JOIN) {
-        if (st->n_prev++ > 0) sput(t, st, &o, " ", 1);
-        sput(t, st, &o, s, len);
-    } else {
-        int bv = t->dec_byte_fallback ? byte_token_value(s, len) : -1;
-        if (bv >= 0) {
-            stream_byte_token(t, st, &o, (unsigned char)bv);
-        } else {
-            if (st->n_pending) {
-                sput_fffd(t, st, &o, st->n_pending);
-                st->n_pending = 0;
-            }
-            char tmp[1024];
-            struct buf r = {tmp, 0, sizeof tmp, true, false};
-            put_replaced(t, &r, s, len);
-            if (r.failed) o.failed = true;
-            else sput(t, st, &o, tmp, r.len);
-        }
-    }
-    if (o.failed) {
-        *st = saved;
-        out[0] = '\0';
-        return -1;
-    }
-    return (int)o.len;
-}
-
-int tok_stream_flush(const struct tokenizer *t, struct tok_stream *st, char *out, size_t cap)
-{
-    if (cap == 0) return -1;
-    struct buf o = {out, 0, cap, true, false};
-    out[0] = '\0';
-    /* ByteLevel: a truncated character is one error; byte fallback: one per byte token. */
-    if (st->n_pending) sput_fffd(t, st, &o, t->dec == DEC_BYTELEVEL ? 1 : st->n_pending);
-    if (o.failed) {
-        out[0] = '\0';
-        return -1;
-    }
-    st->n_pending = 0;
-    return (int)o.len;
-}
-
-/* ---------------------------------------------------------------------------------------- */
 /* Lookups                                                                                  */
 
 int tok_vocab_size(const struct tokenizer *t) { return t->n_ids; }
@@ -1606,7 +1184,7 @@ int32_t tok_token_id(const struct tokenizer *t, const char *token)
 const char *tok_token_str(const struct tokenizer *t, int32_t id)
 {
     size_t len;
-    return tok_str(t, id, &len);
+    return tok_entry(t, id, &len);
 }
 
 bool tok_is_special(const struct tokenizer *t, int32_t id)

@@ -110,12 +110,13 @@ static void check_streaming(const struct tokenizer *tok, const char *name, size_
     free(all);
 }
 
-static void run_tokenizer(const char *tests_dir, const struct tok_expect *x)
+/* tokenizer.json files are committed as .gz and unpacked by the build into unpacked_dir. */
+static void run_tokenizer(const char *tests_dir, const char *unpacked_dir,
+                          const struct tok_expect *x)
 {
     char rel[256], err[MS_ERR_LEN];
-    snprintf(rel, sizeof rel, "fixtures/tokenizers/%s/tokenizer.json", x->name);
     char tj[4096], cj[4096];
-    snprintf(tj, sizeof tj, "%s", test_path(tests_dir, rel));
+    snprintf(tj, sizeof tj, "%s/tokenizers/%s/tokenizer.json", unpacked_dir, x->name);
     snprintf(rel, sizeof rel, "fixtures/tokenizers/%s/tokenizer_config.json", x->name);
     snprintf(cj, sizeof cj, "%s", test_path(tests_dir, rel));
     struct tokenizer *tok = NULL;
@@ -225,13 +226,14 @@ static void run_tokenizer(const char *tests_dir, const struct tok_expect *x)
 int main(int argc, char **argv)
 {
     const char *dir = argc > 1 ? argv[1] : "tests";
+    const char *unpacked = argc > 2 ? argv[2] : "build/fixtures";
     static const struct tok_expect all[] = {
         {"qwen3", -1, 151645, "<|im_start|>"},
         {"deepseek_v3", 0, 1, "<｜begin▁of▁sentence｜>"},
         {"llama2", 1, 2, "<s>"},
         {"gptoss", 199998, 200002, "<|start|>"},
     };
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) run_tokenizer(dir, &all[i]);
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) run_tokenizer(dir, unpacked, &all[i]);
 
     /* Load errors come back as -1 with a reason naming the file. */
     struct tokenizer *tok = (struct tokenizer *)1;

@@ -5,11 +5,16 @@ cases.json there (a list of {text_b64, ids, ids_special, decoded}). Inputs are r
 that are not valid UTF-8 are decoded the way a caller would (errors="replace") before encoding,
 which is the behaviour the C tokenizer must reproduce.
 
+The tokenizer.json files are committed gzip-compressed (tokenizer.json.gz, 47 MB -> 9 MB); the
+build unpacks them into the build folder for the C test. This script reads the .gz too.
+
 Run from the repository root:  python3 tests/reference/make_tokenizer_fixtures.py
 """
 import base64
+import gzip
 import json
 import os
+import random
 import sys
 
 from tokenizers import Tokenizer
@@ -48,7 +53,29 @@ COMMON = [
     "CamelCaseIdentifier snake_case_name SCREAMING_CASE mIxEd",
     "Ｆｕｌｌｗｉｄｔｈ ｔｅｘｔ ①②③ ½ ²",
     "tab\tseparated\tvalues\n",
+    "a \u180e b\u180e\u180ec \u0085 d\u2028e",
+    "x" * 300 + " " * 40 + "\n" * 5 + "9" * 50,
 ]
+
+# Short random mixtures of the kinds of characters above (fixed seed): the pre-tokenizer
+# regexes, whitespace rules and normalization meet in ways hand-written cases miss.
+POOLS = [
+    "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ", "0123456789", " ", "  \t\n\r\x0b\x0c",
+    "'\"!?.,;:-_()[]{}<>/\\|@#$%^&*+=~`", "中文字日本語の漢字ひらがなカタカナ한국어", "éèêëàâäôöûüçñÉÀßøåæœ",
+    "\u0301\u0300\u0308\u0303\u0327\u0323\u0345\u05bc\u0651", "😀👍🏽👨‍👩‍👧❤️🇫🇷",
+    "\u00a0\u2003\u200b\u3000\u0085\u180e\u2028\u202f\ufeff", "αβγδΑΒΓΔабвгдАБВГД", "مرحباשלום",
+    "ǅǈǋᾈᾉ", "①½²ⅣⅫ٣٤۵", "'s'S'll'LL'RE'd", "\ud7a3\u1100\u1161\u11a8\uac00",
+]
+
+
+def random_texts(count: int) -> list:
+    rng = random.Random(1234)
+    out = []
+    for _ in range(count):
+        n = rng.randint(1, 40)
+        out.append("".join(rng.choice(rng.choice(POOLS)) for _ in range(n)))
+    return out
+
 
 # Raw byte inputs that are not valid UTF-8.
 INVALID = [
@@ -76,8 +103,9 @@ def main() -> int:
     with open(os.path.join(FIX, "shakespeare_4k.txt"), "rb") as f:
         shakespeare = f.read()
     for name in NAMES:
-        tok = Tokenizer.from_file(os.path.join(FIX, name, "tokenizer.json"))
-        inputs = [t.encode("utf-8") for t in COMMON + SPECIAL[name]] + INVALID + [shakespeare]
+        with gzip.open(os.path.join(FIX, name, "tokenizer.json.gz"), "rt", encoding="utf-8") as f:
+            tok = Tokenizer.from_str(f.read())
+        inputs = [t.encode("utf-8") for t in COMMON + SPECIAL[name] + random_texts(30)] + INVALID + [shakespeare]
         cases = []
         for raw in inputs:
             text = raw.decode("utf-8", errors="replace")

@@ -10,6 +10,7 @@
  * usage: make_synthetic_model OUT_DIR [--params 100M] [--dtype f32|bf16] [--experts 8]
  *                             [--top-k 2] [--seed S] [--vocab 32000] */
 #include "common.h"
+#include "rng.h"
 #include "st_writer.h"
 
 #include <errno.h>
@@ -23,45 +24,18 @@
 
 #define CHUNK (1u << 20) /* elements generated per write */
 
-struct rng {
-    uint64_t s[4];
-};
-
-static uint64_t splitmix(uint64_t *x)
+static void rng_seed(struct ms_rng *r, uint64_t seed, const char *name)
 {
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static void rng_seed(struct rng *r, uint64_t seed, const char *name)
-{
+    /* One stream per tensor: the seed mixed with the tensor's name (FNV-1a). */
     uint64_t x = seed;
-    for (const char *p = name; *p; p++)
-        x = (x ^ (unsigned char)*p) * 0x100000001b3ull;
-    for (int i = 0; i < 4; i++)
-        r->s[i] = splitmix(&x);
-}
-
-static uint64_t rng_next(struct rng *r)
-{
-    uint64_t *s = r->s;
-    uint64_t res = ((s[1] * 5) << 7 | (s[1] * 5) >> 57) * 9;
-    uint64_t t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = s[3] << 45 | s[3] >> 19;
-    return res;
+    for (const char *p = name; *p; p++) x = (x ^ (unsigned char)*p) * 0x100000001b3ull;
+    ms_rng_seed(r, x);
 }
 
 /* Uniform in [-1, 1). */
-static float rng_unit(struct rng *r)
+static float rng_unit(struct ms_rng *r)
 {
-    return (float)((double)(rng_next(r) >> 40) * 0x1p-23 - 1.0);
+    return (float)((double)(ms_rng_next(r) >> 40) * 0x1p-23 - 1.0);
 }
 
 struct shapes {
@@ -146,7 +120,7 @@ out:
 static int stream_tensor(struct stw *w, int idx, const char *name, int64_t rows, int64_t cols,
                          bool bf16, uint64_t seed, void *buf, char *err, size_t errlen)
 {
-    struct rng r;
+    struct ms_rng r;
     rng_seed(&r, seed, name);
     size_t n = (size_t)rows * (size_t)(cols ? cols : 1);
     float scale = cols ? sqrtf(3.0f / (float)cols) : 0.0f; /* uniform(-a, a) has std a/sqrt(3) */

@@ -8,6 +8,7 @@
  * expected time, and penalties only visit the distinct tokens seen so far. Ties between equal
  * probabilities are broken by the lower token id everywhere, so results are reproducible. */
 #include "sampler.h"
+#include "rng.h"
 
 #include <float.h>
 #include <math.h>
@@ -25,7 +26,7 @@ struct smp_cand {
 struct sampler {
     int vocab;
     struct smp_params p;  /* sanitized copy of the creation parameters */
-    uint64_t rng[4];      /* xoshiro256** state, never all zero */
+    struct ms_rng rng;    /* xoshiro256** state */
     int32_t *count;       /* (vocab) times each token was generated */
     uint8_t *prompt_seen; /* (vocab / 8 rounded up) bit per token seen in the prompt */
     int32_t *seen;        /* (vocab) distinct ids seen in prompt or output, first n_seen valid */
@@ -43,47 +44,7 @@ void smp_params_default(struct smp_params *p)
     p->repetition_penalty = 1.0f;
 }
 
-/* ---- random numbers: splitmix64 to expand the seed, xoshiro256** to draw ---------------- */
-
-static uint64_t splitmix64(uint64_t *x)
-{
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static uint64_t rotl64(uint64_t x, int k)
-{
-    return (x << k) | (x >> (64 - k));
-}
-
-static uint64_t rng_next(uint64_t s[4])
-{
-    uint64_t out = rotl64(s[1] * 5, 7) * 9;
-    uint64_t t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = rotl64(s[3], 45);
-    return out;
-}
-
-/* Uniform in [0, 1) with 53 random bits. */
-static double rng_uniform(uint64_t s[4])
-{
-    return (double)(rng_next(s) >> 11) * 0x1.0p-53;
-}
-
-static void rng_seed(uint64_t s[4], uint64_t seed)
-{
-    uint64_t x = seed;
-    for (int i = 0; i < 4; i++)
-        s[i] = splitmix64(&x);
-    if (!(s[0] | s[1] | s[2] | s[3])) s[0] = 1; /* splitmix64 cannot do this; belt and braces */
-}
+/* ---- random numbers: engine/rng.h; a clock seed when the request has none ------------- */
 
 /* A seed for samplers created without one: wall clock, monotonic clock, a process-wide counter
  * (two samplers created in the same nanosecond still differ) and the sampler's address. */
@@ -94,10 +55,10 @@ static uint64_t clock_seed(const void *self)
     clock_gettime(CLOCK_REALTIME, &rt);
     clock_gettime(CLOCK_MONOTONIC, &mono);
     uint64_t x = (uint64_t)rt.tv_sec * 1000000000ull + (uint64_t)rt.tv_nsec;
-    x ^= rotl64((uint64_t)mono.tv_nsec + (uint64_t)mono.tv_sec * 1000000000ull, 29);
-    x ^= rotl64(atomic_fetch_add(&counter, 1) * 0x9e3779b97f4a7c15ull, 17);
+    x ^= ms_rotl64((uint64_t)mono.tv_nsec + (uint64_t)mono.tv_sec * 1000000000ull, 29);
+    x ^= ms_rotl64(atomic_fetch_add(&counter, 1) * 0x9e3779b97f4a7c15ull, 17);
     x ^= (uint64_t)(uintptr_t)self;
-    return splitmix64(&x);
+    return ms_splitmix64(&x);
 }
 
 /* ---- lifetime --------------------------------------------------------------------------- */
@@ -135,7 +96,7 @@ struct sampler *smp_create(int vocab, const struct smp_params *p)
     if (s->p.n_logprobs < 0) s->p.n_logprobs = 0;
     if (s->p.n_logprobs > SMP_MAX_LOGPROBS) s->p.n_logprobs = SMP_MAX_LOGPROBS;
 
-    rng_seed(s->rng, s->p.has_seed ? s->p.seed : clock_seed(s));
+    ms_rng_seed(&s->rng, s->p.has_seed ? s->p.seed : clock_seed(s));
     return s;
 }
 
@@ -478,7 +439,7 @@ static int32_t draw(struct sampler *s, const float *logits, float max, double *l
     double total = 0.0;
     for (int j = 0; j < n; j++)
         total += c[j].w;
-    double u = rng_uniform(s->rng) * total, acc = 0.0;
+    double u = ms_rng_uniform(&s->rng) * total, acc = 0.0;
     for (int j = 0; j < n; j++) {
         acc += c[j].w;
         if (u < acc) return c[j].id;

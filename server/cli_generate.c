@@ -122,6 +122,7 @@ static int parse_args(int argc, char **argv, struct gen_opts *o)
     o->max_batch = 512;
     o->add_special = true;
     smp_params_default(&o->sp);
+    o->sp.temperature = 0.0f; /* the CLI is greedy unless asked otherwise */
     optind = 1;
     int c, seed;
     while ((c = getopt_long(argc, argv, "m:p:n:h", longopts, NULL)) != -1) {

@@ -9,6 +9,10 @@
 #include <stdint.h>
 #include <string.h>
 
+#ifdef __cplusplus
+extern "C" { /* also included by the CUDA backend (.cu files are C++) */
+#endif
+
 #define MS_ERR_LEN 512
 
 /* Writes a formatted reason into err (if non-NULL) and returns -1, so that callers can write
@@ -37,5 +41,9 @@ float ms_f16_to_f32(uint16_t h);
 
 /* Monotonic clock in seconds. */
 double ms_now(void);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

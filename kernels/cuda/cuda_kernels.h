@@ -1,0 +1,89 @@
+/* Launchers of the CUDA backend's kernels, one .cu per op family (elementwise.cu, norm_rope.cu,
+ * rows.cu, attention.cu). Each launcher issues its kernel on `stream`, checks the launch, and
+ * returns 0, or -1 with the reason in err. Arguments follow the matching op of
+ * kernels/backend.h (device pointers throughout); sizes are validated by the caller
+ * (backend_cuda.cu) except where a launcher names its own limit. Internal to kernels/cuda. */
+#ifndef MOESERVE_CUDA_KERNELS_H
+#define MOESERVE_CUDA_KERNELS_H
+
+#include <cuda_runtime.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Blocks for a grid-stride loop over `total` items, `threads` per block: enough to fill any
+ * current GPU, capped so the count fits gridDim.x. */
+static inline unsigned cuk_blocks(size_t total, int threads)
+{
+    size_t b = (total + (size_t)threads - 1) / (size_t)threads;
+    if (b > 65536) b = 65536;
+    return b ? (unsigned)b : 1u;
+}
+
+#ifdef __CUDACC__
+/* Block-wide reductions for kernels whose blockDim.x is a multiple of 32 (<= 1024): every thread
+ * passes its value and gets the block's result. `red` is 32 floats of shared memory; the calls
+ * contain __syncthreads(), so all threads of the block must make them. */
+__device__ static inline float cuk_block_sum(float v, float *red)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, n_warp = blockDim.x >> 5;
+    __syncthreads(); /* red may still be read by a previous call */
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    v = lane < n_warp ? red[lane] : 0.0f;
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ static inline float cuk_block_max(float v, float *red)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, n_warp = blockDim.x >> 5;
+    __syncthreads();
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    v = lane < n_warp ? red[lane] : -INFINITY;
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+#endif
+
+/* elementwise.cu */
+int cuk_add_bias(cudaStream_t st, float *y, const float *bias, int n, int m, char *err,
+                 size_t errlen); /* y (n, m) += bias (m) */
+int cuk_add(cudaStream_t st, float *y, const float *x, size_t total, char *err, size_t errlen);
+int cuk_clamp(cudaStream_t st, float *x, size_t total, float c, char *err, size_t errlen);
+int cuk_swiglu(cudaStream_t st, float *out, const float *gate, const float *up, size_t total,
+               char *err, size_t errlen);
+int cuk_add_scaled_rows(cudaStream_t st, float *y, const float *x, const float *s, int n, int d,
+                        int sigmoid, char *err, size_t errlen);
+
+/* norm_rope.cu */
+int cuk_rmsnorm(cudaStream_t st, float *y, const float *x, const float *w, int n, int d, float eps,
+                char *err, size_t errlen);
+int cuk_rope(cudaStream_t st, float *x, const int32_t *pos, int n, int n_head, int head_dim,
+             const float *cos_sin, char *err, size_t errlen);
+
+/* rows.cu */
+int cuk_gather_rows(cudaStream_t st, float *dst, const float *src, const int32_t *idx, int n, int d,
+                    char *err, size_t errlen);
+int cuk_scatter_rows(cudaStream_t st, float *dst, const float *src, const int32_t *idx, int n,
+                     int d, char *err, size_t errlen);
+int cuk_moe_combine(cudaStream_t st, float *out, const float *rows, const int32_t *idx,
+                    const float *w, int n, int k, int d, char *err, size_t errlen);
+int cuk_kv_write(cudaStream_t st, float *k_cache, float *v_cache, const float *k, const float *v,
+                 const int32_t *block_table, int block_size, int pos0, int n, int row, char *err,
+                 size_t errlen);
+
+/* attention.cu; head_dim <= CUK_ATTN_MAX_HEAD_DIM. */
+#define CUK_ATTN_MAX_HEAD_DIM 512
+int cuk_attention(cudaStream_t st, float *out, const float *q, const float *k_cache,
+                  const float *v_cache, const int32_t *block_table, int block_size, int pos0, int n,
+                  int n_head, int n_kv_head, int head_dim, int window, float scale, char *err,
+                  size_t errlen);
+
+#endif

@@ -1,0 +1,100 @@
+/* Row-moving kernels of the CUDA backend: gather (embedding lookup and MoE permute), scatter
+ * (unpermute), the MoE combine (weighted sum of each token's expert rows in slot order, the
+ * CPU's order, so results do not depend on where rows were computed) and the paged KV write.
+ * One block per row, threads across the row so each row is read and written coalesced. */
+#include "cuda_check.h"
+#include "cuda_kernels.h"
+
+#define RW_THREADS 256
+
+/* dst (n, d): dst[i] = src[idx[i]]; grid = n. */
+static __global__ void rw_gather_kernel(float *dst, const float *src, const int32_t *idx, int d)
+{
+    size_t i = blockIdx.x;
+    const float *s = src + (size_t)idx[i] * (size_t)d;
+    float *o = dst + i * (size_t)d;
+    for (int c = threadIdx.x; c < d; c += blockDim.x)
+        o[c] = s[c];
+}
+
+/* dst[idx[i]] = src[i] (n, d); grid = n. */
+static __global__ void rw_scatter_kernel(float *dst, const float *src, const int32_t *idx, int d)
+{
+    size_t i = blockIdx.x;
+    const float *s = src + i * (size_t)d;
+    float *o = dst + (size_t)idx[i] * (size_t)d;
+    for (int c = threadIdx.x; c < d; c += blockDim.x)
+        o[c] = s[c];
+}
+
+/* out (n, d) = sum_j w[i*k+j] * rows[idx[i*k+j]] over idx >= 0, j ascending; grid = n. */
+static __global__ void rw_moe_combine_kernel(float *out, const float *rows, const int32_t *idx,
+                                             const float *w, int k, int d)
+{
+    size_t i = blockIdx.x;
+    const int32_t *ii = idx + i * (size_t)k;
+    const float *wi = w + i * (size_t)k;
+    float *o = out + i * (size_t)d;
+    for (int c = threadIdx.x; c < d; c += blockDim.x) {
+        float acc = 0.0f;
+        for (int j = 0; j < k; j++) {
+            int32_t r = ii[j];
+            if (r < 0) continue;
+            acc += wi[j] * rows[(size_t)r * (size_t)d + c];
+        }
+        o[c] = acc;
+    }
+}
+
+/* Rows (n, row) of k and v to positions pos0.. of the paged caches
+ * (n_blocks, block_size, row); grid = n. */
+static __global__ void rw_kv_write_kernel(float *k_cache, float *v_cache, const float *k,
+                                          const float *v, const int32_t *block_table,
+                                          int block_size, int pos0, int row)
+{
+    int i = blockIdx.x;
+    int p = pos0 + i;
+    size_t off =
+        ((size_t)block_table[p / block_size] * (size_t)block_size + (size_t)(p % block_size)) *
+        (size_t)row;
+    const float *ki = k + (size_t)i * (size_t)row;
+    const float *vi = v + (size_t)i * (size_t)row;
+    for (int c = threadIdx.x; c < row; c += blockDim.x) {
+        k_cache[off + c] = ki[c];
+        v_cache[off + c] = vi[c];
+    }
+}
+
+int cuk_gather_rows(cudaStream_t st, float *dst, const float *src, const int32_t *idx, int n, int d,
+                    char *err, size_t errlen)
+{
+    if (n <= 0 || d <= 0) return 0;
+    rw_gather_kernel<<<(unsigned)n, RW_THREADS, 0, st>>>(dst, src, idx, d);
+    return CUDA_LAUNCH_CHECK("rw_gather_kernel", err, errlen);
+}
+
+int cuk_scatter_rows(cudaStream_t st, float *dst, const float *src, const int32_t *idx, int n,
+                     int d, char *err, size_t errlen)
+{
+    if (n <= 0 || d <= 0) return 0;
+    rw_scatter_kernel<<<(unsigned)n, RW_THREADS, 0, st>>>(dst, src, idx, d);
+    return CUDA_LAUNCH_CHECK("rw_scatter_kernel", err, errlen);
+}
+
+int cuk_moe_combine(cudaStream_t st, float *out, const float *rows, const int32_t *idx,
+                    const float *w, int n, int k, int d, char *err, size_t errlen)
+{
+    if (n <= 0 || d <= 0) return 0;
+    rw_moe_combine_kernel<<<(unsigned)n, RW_THREADS, 0, st>>>(out, rows, idx, w, k < 0 ? 0 : k, d);
+    return CUDA_LAUNCH_CHECK("rw_moe_combine_kernel", err, errlen);
+}
+
+int cuk_kv_write(cudaStream_t st, float *k_cache, float *v_cache, const float *k, const float *v,
+                 const int32_t *block_table, int block_size, int pos0, int n, int row, char *err,
+                 size_t errlen)
+{
+    if (n <= 0 || row <= 0) return 0;
+    rw_kv_write_kernel<<<(unsigned)n, RW_THREADS, 0, st>>>(k_cache, v_cache, k, v, block_table,
+                                                           block_size, pos0, row);
+    return CUDA_LAUNCH_CHECK("rw_kv_write_kernel", err, errlen);
+}

@@ -1,0 +1,539 @@
+/* Cross-checks every op of the CUDA backend against the CPU reference backend
+ * (kernels/cpu/backend_cpu.c), llama.cpp test-backend-ops style: for each op and a few shapes,
+ * fresh random inputs go to both backends, outputs are poisoned with NaN before the op runs,
+ * and the relative L2 error ||gpu - cpu|| / ||cpu|| must be <= 1e-4 (f32 everywhere, including
+ * the cuBLAS GEMM) with no NaN left behind. Prints one table row per check. Also exchanges
+ * rows through the NCCL communicator with one rank when NCCL is built in.
+ *
+ * Without a CUDA device (or a build without MOESERVE_HAVE_CUDA) it prints "SKIP: no CUDA
+ * device" and exits with 77 (CTest's SKIP_RETURN_CODE). `test_backend_ops <tests-dir>
+ * --cpu-self-check` runs the same harness with a second CPU backend in place of the GPU, so the
+ * harness itself can be checked (and sanitized) on machines without one. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "test.h"
+#ifdef MOESERVE_HAVE_CUDA
+#include "cuda/backend_cuda.h"
+#include "cuda/comm_nccl.h"
+#endif
+
+#define OPS_TOL      1e-4
+#define OPS_MAX_BUFS 64
+
+/* One check's backends and the buffers it allocated (freed by ops_release after each op). */
+struct ops_ctx {
+    struct backend *ref, *dut;
+    uint64_t rng;
+    void *dev[OPS_MAX_BUFS];
+    struct backend *dev_owner[OPS_MAX_BUFS];
+    int n_dev;
+    void *host[OPS_MAX_BUFS];
+    int n_host;
+    int oom;
+};
+
+static float ops_uniform(struct ops_ctx *t, float lo, float hi)
+{
+    t->rng ^= t->rng >> 12;
+    t->rng ^= t->rng << 25;
+    t->rng ^= t->rng >> 27;
+    uint64_t r = t->rng * 2685821657736338717ull;
+    return lo + (hi - lo) * (float)((double)(r >> 40) / (double)(1ull << 24));
+}
+
+static int ops_int(struct ops_ctx *t, int lo, int hi) /* [lo, hi) */
+{
+    int v = lo + (int)(ops_uniform(t, 0.0f, 1.0f) * (float)(hi - lo));
+    return v >= hi ? hi - 1 : v;
+}
+
+static void *ops_host(struct ops_ctx *t, size_t bytes)
+{
+    void *p = calloc(1, bytes ? bytes : 1);
+    if (!p || t->n_host == OPS_MAX_BUFS) {
+        free(p);
+        t->oom = 1;
+        return NULL;
+    }
+    t->host[t->n_host++] = p;
+    return p;
+}
+
+static float *ops_rand(struct ops_ctx *t, size_t n, float lo, float hi)
+{
+    float *p = ops_host(t, sizeof(float) * n);
+    if (p)
+        for (size_t i = 0; i < n; i++)
+            p[i] = ops_uniform(t, lo, hi);
+    return p;
+}
+
+/* A backend buffer holding a copy of host data (or NaN when h is NULL and it holds floats). */
+static void *ops_put(struct ops_ctx *t, struct backend *be, const void *h, size_t bytes)
+{
+    if (t->oom || t->n_dev == OPS_MAX_BUFS) {
+        t->oom = 1;
+        return NULL;
+    }
+    void *d = be->ops->alloc(be, bytes);
+    if (!d) {
+        t->oom = 1;
+        return NULL;
+    }
+    t->dev[t->n_dev] = d;
+    t->dev_owner[t->n_dev++] = be;
+    if (h) {
+        be->ops->upload(be, d, h, bytes);
+    } else {
+        size_t n = bytes / sizeof(float);
+        float *nan_buf = malloc(bytes ? bytes : 1);
+        if (!nan_buf) {
+            t->oom = 1;
+            return d;
+        }
+        for (size_t i = 0; i < n; i++)
+            nan_buf[i] = NAN;
+        be->ops->upload(be, d, nan_buf, bytes);
+        free(nan_buf);
+    }
+    return d;
+}
+
+static void ops_release(struct ops_ctx *t)
+{
+    for (int i = 0; i < t->n_dev; i++)
+        t->dev_owner[i]->ops->free(t->dev_owner[i], t->dev[i]);
+    for (int i = 0; i < t->n_host; i++)
+        free(t->host[i]);
+    t->n_dev = t->n_host = 0;
+}
+
+/* Downloads both outputs of `count` floats and compares; one table row. */
+static void ops_compare(struct ops_ctx *t, const char *op, const char *shape, const float *r_dev,
+                        const float *d_dev, size_t count)
+{
+    if (t->oom) {
+        CHECKF(0, "%s %s: out of memory setting up the check", op, shape);
+        printf("%-16s %-34s %10s %10s  %s\n", op, shape, "-", "-", "OOM");
+        return;
+    }
+    float *r = malloc(sizeof(float) * (count ? count : 1));
+    float *d = malloc(sizeof(float) * (count ? count : 1));
+    if (!r || !d) {
+        free(r);
+        free(d);
+        CHECKF(0, "%s %s: out of memory comparing", op, shape);
+        return;
+    }
+    t->ref->ops->download(t->ref, r, r_dev, sizeof(float) * count);
+    t->dut->ops->download(t->dut, d, d_dev, sizeof(float) * count);
+    double num = 0.0, den = 0.0, max_abs = 0.0;
+    size_t bad = 0;
+    for (size_t i = 0; i < count; i++) {
+        if (!isfinite(d[i]) || !isfinite(r[i])) {
+            bad++;
+            continue;
+        }
+        double e = (double)d[i] - (double)r[i];
+        num += e * e;
+        den += (double)r[i] * r[i];
+        if (fabs(e) > max_abs) max_abs = fabs(e);
+    }
+    double rel = den > 0.0 ? sqrt(num / den) : sqrt(num);
+    int ok = bad == 0 && rel <= OPS_TOL;
+    printf("%-16s %-34s %10.2e %10.2e  %s", op, shape, rel, max_abs, ok ? "ok" : "FAIL");
+    if (bad) printf(" (%zu non-finite of %zu)", bad, count);
+    printf("\n");
+    CHECKF(ok, "%s %s: rel err %.3e (tol %.0e), %zu non-finite", op, shape, rel, OPS_TOL, bad);
+    free(r);
+    free(d);
+}
+
+/* Host data to both backends: *r on the reference, *d on the device under test. */
+static void ops_both(struct ops_ctx *t, const void *h, size_t bytes, void **r, void **d)
+{
+    *r = ops_put(t, t->ref, h, bytes);
+    *d = ops_put(t, t->dut, h, bytes);
+}
+
+#define BOTH(h, bytes, rv, dv)                                                                     \
+    do {                                                                                           \
+        void *r_, *d_;                                                                             \
+        ops_both(t, (h), (bytes), &r_, &d_);                                                       \
+        (rv) = r_;                                                                                 \
+        (dv) = d_;                                                                                 \
+    } while (0)
+
+/* Either backend's op runs only when setup succeeded. */
+#define RUN2(call_ref, call_dut)                                                                   \
+    do {                                                                                           \
+        if (!t->oom) {                                                                             \
+            call_ref;                                                                              \
+            call_dut;                                                                              \
+        }                                                                                          \
+    } while (0)
+
+static void check_matmul(struct ops_ctx *t, int n, int k, int m, int with_bias)
+{
+    char shape[64];
+    snprintf(shape, sizeof shape, "n=%d k=%d m=%d%s", n, k, m, with_bias ? " bias" : "");
+    float *x = ops_rand(t, (size_t)n * k, -1, 1), *w = ops_rand(t, (size_t)m * k, -1, 1);
+    float *bias = ops_rand(t, (size_t)m, -1, 1);
+    float *rx, *dx, *rw, *dw, *rb = NULL, *db = NULL, *ry, *dy;
+    BOTH(x, sizeof(float) * n * k, rx, dx);
+    BOTH(w, sizeof(float) * m * k, rw, dw);
+    if (with_bias) BOTH(bias, sizeof(float) * m, rb, db);
+    BOTH(NULL, sizeof(float) * n * m, ry, dy);
+    RUN2(t->ref->ops->matmul(t->ref, ry, rx, rw, rb, n, k, m),
+         t->dut->ops->matmul(t->dut, dy, dx, dw, db, n, k, m));
+    ops_compare(t, "matmul", shape, ry, dy, (size_t)n * m);
+    ops_release(t);
+}
+
+static void check_rmsnorm(struct ops_ctx *t, int n, int d, int in_place)
+{
+    char shape[64];
+    snprintf(shape, sizeof shape, "n=%d d=%d%s", n, d, in_place ? " in place" : "");
+    float *x = ops_rand(t, (size_t)n * d, -2, 2), *w = ops_rand(t, (size_t)d, 0.5f, 1.5f);
+    float *rx, *dx, *rw, *dw, *ry, *dy;
+    BOTH(x, sizeof(float) * n * d, rx, dx);
+    BOTH(w, sizeof(float) * d, rw, dw);
+    if (in_place) {
+        ry = rx;
+        dy = dx;
+    } else {
+        BOTH(NULL, sizeof(float) * n * d, ry, dy);
+    }
+    RUN2(t->ref->ops->rmsnorm(t->ref, ry, rx, rw, n, d, 1e-5f),
+         t->dut->ops->rmsnorm(t->dut, dy, dx, dw, n, d, 1e-5f));
+    ops_compare(t, "rmsnorm", shape, ry, dy, (size_t)n * d);
+    ops_release(t);
+}
+
+static void check_rope(struct ops_ctx *t, int n, int n_head, int head_dim, int max_pos)
+{
+    char shape[64];
+    snprintf(shape, sizeof shape, "n=%d heads=%d hd=%d", n, n_head, head_dim);
+    int half = head_dim / 2;
+    size_t nx = (size_t)n * n_head * head_dim;
+    float *x = ops_rand(t, nx, -1, 1);
+    float *cs = ops_host(t, sizeof(float) * max_pos * half * 2);
+    int32_t *pos = ops_host(t, sizeof(int32_t) * n);
+    if (cs && pos) {
+        for (int p = 0; p < max_pos; p++)
+            for (int j = 0; j < half; j++) {
+                float a = ops_uniform(t, -3.14159f, 3.14159f);
+                cs[((size_t)p * half + j) * 2] = cosf(a);
+                cs[((size_t)p * half + j) * 2 + 1] = sinf(a);
+            }
+        for (int i = 0; i < n; i++)
+            pos[i] = ops_int(t, 0, max_pos);
+    }
+    float *rx, *dx, *rcs, *dcs;
+    int32_t *rp, *dp;
+    BOTH(x, sizeof(float) * nx, rx, dx);
+    BOTH(cs, sizeof(float) * max_pos * half * 2, rcs, dcs);
+    BOTH(pos, sizeof(int32_t) * n, rp, dp);
+    RUN2(t->ref->ops->rope(t->ref, rx, rp, n, n_head, head_dim, rcs),
+         t->dut->ops->rope(t->dut, dx, dp, n, n_head, head_dim, dcs));
+    ops_compare(t, "rope", shape, rx, dx, nx);
+    ops_release(t);
+}
+
+static void check_elementwise(struct ops_ctx *t, int n, int d)
+{
+    char shape[64];
+    size_t nd = (size_t)n * d;
+    snprintf(shape, sizeof shape, "n=%d d=%d", n, d);
+    float *rx, *dx, *ry, *dy, *rg, *dg, *ru, *du, *ro, *dout, *rs, *ds;
+
+    /* add */
+    BOTH(ops_rand(t, nd, -1, 1), sizeof(float) * nd, ry, dy);
+    BOTH(ops_rand(t, nd, -1, 1), sizeof(float) * nd, rx, dx);
+    RUN2(t->ref->ops->add(t->ref, ry, rx, n, d), t->dut->ops->add(t->dut, dy, dx, n, d));
+    ops_compare(t, "add", shape, ry, dy, nd);
+    ops_release(t);
+
+    /* clamp */
+    BOTH(ops_rand(t, nd, -3, 3), sizeof(float) * nd, rx, dx);
+    RUN2(t->ref->ops->clamp(t->ref, rx, n, d, 1.5f), t->dut->ops->clamp(t->dut, dx, n, d, 1.5f));
+    ops_compare(t, "clamp", shape, rx, dx, nd);
+    ops_release(t);
+
+    /* swiglu */
+    BOTH(ops_rand(t, nd, -6, 6), sizeof(float) * nd, rg, dg);
+    BOTH(ops_rand(t, nd, -2, 2), sizeof(float) * nd, ru, du);
+    BOTH(NULL, sizeof(float) * nd, ro, dout);
+    RUN2(t->ref->ops->swiglu(t->ref, ro, rg, ru, n, d),
+         t->dut->ops->swiglu(t->dut, dout, dg, du, n, d));
+    ops_compare(t, "swiglu", shape, ro, dout, nd);
+    ops_release(t);
+
+    /* add_scaled_rows, identity and sigmoid */
+    for (int sig = 0; sig <= 1; sig++) {
+        char s2[80];
+        snprintf(s2, sizeof s2, "%s%s", shape, sig ? " sigmoid" : "");
+        BOTH(ops_rand(t, nd, -1, 1), sizeof(float) * nd, ry, dy);
+        BOTH(ops_rand(t, nd, -1, 1), sizeof(float) * nd, rx, dx);
+        BOTH(ops_rand(t, (size_t)n, -4, 4), sizeof(float) * n, rs, ds);
+        RUN2(t->ref->ops->add_scaled_rows(t->ref, ry, rx, rs, n, d, sig),
+             t->dut->ops->add_scaled_rows(t->dut, dy, dx, ds, n, d, sig));
+        ops_compare(t, "add_scaled_rows", s2, ry, dy, nd);
+        ops_release(t);
+    }
+}
+
+static void check_rows(struct ops_ctx *t, int n_src, int n, int d)
+{
+    char shape[64];
+    snprintf(shape, sizeof shape, "src=%d n=%d d=%d", n_src, n, d);
+    size_t src_n = (size_t)n_src * d, out_n = (size_t)n * d;
+    float *rs, *ds, *ro, *dout;
+    int32_t *ri, *di;
+
+    /* embed and gather_rows: random ids with repeats */
+    for (int which = 0; which < 2; which++) {
+        int32_t *ids = ops_host(t, sizeof(int32_t) * n);
+        if (ids)
+            for (int i = 0; i < n; i++)
+                ids[i] = ops_int(t, 0, n_src);
+        BOTH(ops_rand(t, src_n, -1, 1), sizeof(float) * src_n, rs, ds);
+        BOTH(ids, sizeof(int32_t) * n, ri, di);
+        BOTH(NULL, sizeof(float) * out_n, ro, dout);
+        if (which == 0)
+            RUN2(t->ref->ops->embed(t->ref, ro, rs, ri, n, d),
+                 t->dut->ops->embed(t->dut, dout, ds, di, n, d));
+        else
+            RUN2(t->ref->ops->gather_rows(t->ref, ro, rs, ri, n, d),
+                 t->dut->ops->gather_rows(t->dut, dout, ds, di, n, d));
+        ops_compare(t, which == 0 ? "embed" : "gather_rows", shape, ro, dout, out_n);
+        ops_release(t);
+    }
+
+    /* scatter_rows: distinct targets (a prefix of a permutation) into a filled dst */
+    int32_t *perm = ops_host(t, sizeof(int32_t) * n_src);
+    if (perm) {
+        for (int i = 0; i < n_src; i++)
+            perm[i] = i;
+        for (int i = n_src - 1; i > 0; i--) {
+            int j = ops_int(t, 0, i + 1);
+            int32_t tmp = perm[i];
+            perm[i] = perm[j];
+            perm[j] = tmp;
+        }
+    }
+    BOTH(ops_rand(t, out_n, -1, 1), sizeof(float) * out_n, rs, ds);
+    BOTH(perm, sizeof(int32_t) * n, ri, di);
+    BOTH(ops_rand(t, src_n, -1, 1), sizeof(float) * src_n, ro, dout);
+    RUN2(t->ref->ops->scatter_rows(t->ref, ro, rs, ri, n, d),
+         t->dut->ops->scatter_rows(t->dut, dout, ds, di, n, d));
+    ops_compare(t, "scatter_rows", shape, ro, dout, src_n);
+    ops_release(t);
+}
+
+static void check_moe_combine(struct ops_ctx *t, int n, int k, int n_rows, int d)
+{
+    char shape[64];
+    snprintf(shape, sizeof shape, "n=%d k=%d rows=%d d=%d", n, k, n_rows, d);
+    int32_t *idx = ops_host(t, sizeof(int32_t) * n * k);
+    if (idx)
+        for (int i = 0; i < n * k; i++)
+            idx[i] = ops_int(t, -1, n_rows); /* some -1 slots */
+    float *rr, *dr, *rw, *dw, *ro, *dout;
+    int32_t *ri, *di;
+    BOTH(ops_rand(t, (size_t)n_rows * d, -1, 1), sizeof(float) * n_rows * d, rr, dr);
+    BOTH(idx, sizeof(int32_t) * n * k, ri, di);
+    BOTH(ops_rand(t, (size_t)n * k, 0, 1), sizeof(float) * n * k, rw, dw);
+    BOTH(NULL, sizeof(float) * n * d, ro, dout);
+    RUN2(t->ref->ops->moe_combine(t->ref, ro, rr, ri, rw, n, k, d),
+         t->dut->ops->moe_combine(t->dut, dout, dr, di, dw, n, k, d));
+    ops_compare(t, "moe_combine", shape, ro, dout, (size_t)n * d);
+    ops_release(t);
+}
+
+/* A block table for `n_pos` positions: distinct physical blocks in random order out of
+ * n_blocks (>= needed). */
+static int32_t *ops_block_table(struct ops_ctx *t, int needed, int n_blocks)
+{
+    int32_t *all = ops_host(t, sizeof(int32_t) * n_blocks);
+    if (!all) return NULL;
+    for (int i = 0; i < n_blocks; i++)
+        all[i] = i;
+    for (int i = n_blocks - 1; i > 0; i--) {
+        int j = ops_int(t, 0, i + 1);
+        int32_t tmp = all[i];
+        all[i] = all[j];
+        all[j] = tmp;
+    }
+    (void)needed;
+    return all;
+}
+
+static void check_kv_write(struct ops_ctx *t, int block_size, int n_kv_head, int head_dim, int pos0,
+                           int n)
+{
+    char shape[64];
+    snprintf(shape, sizeof shape, "bs=%d kvh=%d hd=%d pos0=%d n=%d", block_size, n_kv_head,
+             head_dim, pos0, n);
+    int row = n_kv_head * head_dim;
+    int needed = (pos0 + n + block_size - 1) / block_size, n_blocks = needed + 3;
+    size_t cache_n = (size_t)n_blocks * block_size * row;
+    int32_t *bt = ops_block_table(t, needed, n_blocks);
+    float *rk, *dk, *rv, *dv, *rkc, *dkc, *rvc, *dvc;
+    int32_t *rb, *db;
+    BOTH(ops_rand(t, (size_t)n * row, -1, 1), sizeof(float) * n * row, rk, dk);
+    BOTH(ops_rand(t, (size_t)n * row, -1, 1), sizeof(float) * n * row, rv, dv);
+    BOTH(ops_rand(t, cache_n, -1, 1), sizeof(float) * cache_n, rkc, dkc);
+    BOTH(ops_rand(t, cache_n, -1, 1), sizeof(float) * cache_n, rvc, dvc);
+    BOTH(bt, sizeof(int32_t) * n_blocks, rb, db);
+    RUN2(t->ref->ops->kv_write(t->ref, rkc, rvc, rk, rv, rb, block_size, pos0, n, row),
+         t->dut->ops->kv_write(t->dut, dkc, dvc, dk, dv, db, block_size, pos0, n, row));
+    ops_compare(t, "kv_write (k)", shape, rkc, dkc, cache_n);
+    ops_compare(t, "kv_write (v)", shape, rvc, dvc, cache_n);
+    ops_release(t);
+}
+
+static void check_attention(struct ops_ctx *t, int pos0, int n, int n_head, int n_kv_head,
+                            int head_dim, int block_size, int window, float scale)
+{
+    char shape[64];
+    snprintf(shape, sizeof shape, "p0=%d n=%d h=%d/%d hd=%d bs=%d w=%d", pos0, n, n_head, n_kv_head,
+             head_dim, block_size, window);
+    int row = n_kv_head * head_dim;
+    int needed = (pos0 + n + block_size - 1) / block_size, n_blocks = needed + 2;
+    size_t cache_n = (size_t)n_blocks * block_size * row, qn = (size_t)n * n_head * head_dim;
+    int32_t *bt = ops_block_table(t, needed, n_blocks);
+    float *rq, *dq, *rkc, *dkc, *rvc, *dvc, *ro, *dout, *rsc, *dsc;
+    int32_t *rb, *db;
+    BOTH(ops_rand(t, qn, -1, 1), sizeof(float) * qn, rq, dq);
+    BOTH(ops_rand(t, cache_n, -1, 1), sizeof(float) * cache_n, rkc, dkc);
+    BOTH(ops_rand(t, cache_n, -1, 1), sizeof(float) * cache_n, rvc, dvc);
+    BOTH(bt, sizeof(int32_t) * n_blocks, rb, db);
+    BOTH(NULL, sizeof(float) * qn, ro, dout);
+    BOTH(NULL, sizeof(float) * (pos0 + n), rsc, dsc);
+    RUN2(t->ref->ops->attention(t->ref, ro, rq, rkc, rvc, rb, block_size, pos0, n, n_head,
+                                n_kv_head, head_dim, window, scale, rsc),
+         t->dut->ops->attention(t->dut, dout, dq, dkc, dvc, db, block_size, pos0, n, n_head,
+                                n_kv_head, head_dim, window, scale, dsc));
+    ops_compare(t, "attention", shape, ro, dout, qn);
+    ops_release(t);
+}
+
+static void check_all_ops(struct ops_ctx *t)
+{
+    printf("%-16s %-34s %10s %10s  %s\n", "op", "shape", "rel_err", "max_abs", "result");
+    check_matmul(t, 1, 256, 384, 0);
+    check_matmul(t, 7, 130, 65, 1);
+    check_matmul(t, 64, 512, 1024, 1);
+    check_rmsnorm(t, 5, 1000, 0);
+    check_rmsnorm(t, 132, 128, 1);
+    check_rope(t, 6, 5, 64, 100);
+    check_rope(t, 3, 2, 128, 4096);
+    check_elementwise(t, 9, 777);
+    check_elementwise(t, 1, 4096);
+    check_rows(t, 40, 25, 129);
+    check_rows(t, 1000, 7, 2048);
+    check_moe_combine(t, 10, 4, 30, 200);
+    check_moe_combine(t, 3, 8, 24, 1024);
+    check_kv_write(t, 16, 2, 64, 21, 30);
+    check_kv_write(t, 8, 1, 128, 0, 1);
+    check_attention(t, 37, 1, 8, 2, 64, 16, 0, 0.125f);    /* decode, GQA */
+    check_attention(t, 0, 19, 4, 4, 256, 8, 0, 0.0625f);   /* prefill, 2 dims per thread */
+    check_attention(t, 50, 12, 6, 2, 96, 16, 20, 0.1f);    /* prefill chunk, window */
+    check_attention(t, 3000, 2, 4, 1, 128, 32, 0, 1.0f);   /* 3 score chunks, MQA */
+    check_attention(t, 2500, 1, 2, 2, 64, 16, 1500, 0.5f); /* long window */
+}
+
+#ifdef MOESERVE_HAVE_NCCL
+/* One rank exchanging rows with itself through NCCL: counts and bytes come back intact. */
+static void check_nccl_self(struct backend *be)
+{
+    char err[512] = "";
+    int dev = backend_cuda_device(be);
+    struct comm *c = comm_nccl_create(1, &dev, err, sizeof err);
+    CHECKF(c != NULL, "comm_nccl_create: %s", err);
+    if (!c) return;
+    enum { ROWS = 5, ROW_BYTES = 24 };
+    unsigned char h[ROWS * ROW_BYTES], back[ROWS * ROW_BYTES];
+    for (int i = 0; i < ROWS * ROW_BYTES; i++)
+        h[i] = (unsigned char)(i * 7 + 3);
+    void *send = be->ops->alloc(be, sizeof h), *recv = be->ops->alloc(be, sizeof h);
+    if (send && recv) {
+        int send_counts[1] = {ROWS}, recv_counts[1] = {-1};
+        be->ops->upload(be, send, h, sizeof h);
+        be->ops->synchronize(be);
+        int rc = c->ops->all_to_all_v(c, 0, send, send_counts, recv, recv_counts, ROW_BYTES);
+        if (rc < 0) comm_nccl_error(c, 0, err, sizeof err);
+        CHECKF(rc == 0, "nccl all_to_all_v: %s", err);
+        CHECK(recv_counts[0] == ROWS);
+        be->ops->download(be, back, recv, sizeof back);
+        int same = memcmp(h, back, sizeof h) == 0;
+        CHECK(same);
+        c->ops->barrier(c, 0);
+        printf("%-16s %-34s %10s %10s  %s\n", "nccl a2a (self)", "5 rows x 24 B", "-", "-",
+               rc == 0 && same && recv_counts[0] == ROWS ? "ok" : "FAIL");
+    }
+    if (send) be->ops->free(be, send);
+    if (recv) be->ops->free(be, recv);
+    c->ops->destroy(c);
+}
+#endif
+
+int main(int argc, char **argv)
+{
+    int self_check = argc > 2 && strcmp(argv[2], "--cpu-self-check") == 0;
+    struct ops_ctx t = {0};
+    t.rng = 0x9e3779b97f4a7c15ull;
+    t.ref = backend_cpu_create(1);
+    CHECK(t.ref != NULL);
+    if (!t.ref) return test_done("test_backend_ops");
+
+    if (self_check) {
+        printf("self-check: CPU backend vs a second CPU backend (harness only, no GPU)\n");
+        t.dut = backend_cpu_create(1);
+        CHECK(t.dut != NULL);
+        if (t.dut) {
+            check_all_ops(&t);
+            t.dut->ops->destroy(t.dut);
+        }
+        t.ref->ops->destroy(t.ref);
+        return test_done("test_backend_ops");
+    }
+
+#ifdef MOESERVE_HAVE_CUDA
+    if (backend_cuda_device_count() == 0) {
+        char err[512] = "";
+        struct backend *none = backend_cuda_create(0, err, sizeof err);
+        CHECK(none == NULL); /* and it must not crash */
+        printf("SKIP: no CUDA device\n(backend_cuda_create: %s)\n", err);
+        t.ref->ops->destroy(t.ref);
+        return 77;
+    }
+    char err[512] = "";
+    t.dut = backend_cuda_create(0, err, sizeof err);
+    CHECKF(t.dut != NULL, "backend_cuda_create: %s", err);
+    if (t.dut) {
+        printf("CUDA backend on device 0 vs CPU reference (f32, tolerance %.0e)\n", OPS_TOL);
+        check_all_ops(&t);
+        t.dut->ops->synchronize(t.dut);
+        int rc = backend_cuda_error(t.dut, err, sizeof err);
+        CHECKF(rc == 0, "CUDA backend recorded an error: %s", err);
+#ifdef MOESERVE_HAVE_NCCL
+        check_nccl_self(t.dut);
+#endif
+        t.dut->ops->destroy(t.dut);
+    }
+    t.ref->ops->destroy(t.ref);
+    return test_done("test_backend_ops");
+#else
+    (void)argv;
+    printf("SKIP: no CUDA device (built without MOESERVE_HAVE_CUDA)\n");
+    t.ref->ops->destroy(t.ref);
+    return 77;
+#endif
+}

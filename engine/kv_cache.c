@@ -1,7 +1,10 @@
-/* Paged KV cache: block pool with reference counts and per-sequence block tables. */
+/* Paged KV cache: block pool with reference counts, per-sequence block tables, and the prefix
+ * cache (chain-hash table of full blocks plus an LRU list of evictable cached blocks). All
+ * bookkeeping arrays are sized at kv_create; see kv_cache.h for the rules. */
 #include "kv_cache.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "common.h"
 
@@ -14,22 +17,49 @@ int kv_create(struct kv_cache *kv, struct backend *be, int n_layer, int n_kv_hea
               int block_size, int n_blocks, char *err, size_t errlen)
 {
     memset(kv, 0, sizeof *kv);
+    if (n_blocks < 1 || block_size < 1 || n_blocks > (1 << 30))
+        return ms_errf(err, errlen, "KV cache: bad geometry (%d blocks of %d tokens)", n_blocks,
+                       block_size);
     kv->n_layer = n_layer;
     kv->n_kv_head = n_kv_head;
     kv->head_dim = head_dim;
     kv->block_size = block_size;
     kv->n_blocks = n_blocks;
     kv->be = be;
-    size_t per_layer = (size_t)n_blocks * block_size * n_kv_head * head_dim * sizeof(float);
+    kv->lru_head = kv->lru_tail = -1;
+    uint32_t n_buckets = 1;
+    while (n_buckets < (uint32_t)n_blocks) n_buckets <<= 1;
+    kv->bucket_mask = n_buckets - 1;
+    size_t nb = (size_t)n_blocks;
+    size_t per_layer = nb * block_size * n_kv_head * head_dim * sizeof(float);
     kv->k = calloc((size_t)n_layer, sizeof *kv->k);
     kv->v = calloc((size_t)n_layer, sizeof *kv->v);
-    kv->free_list = malloc(sizeof(int32_t) * (size_t)n_blocks);
-    kv->refcount = calloc((size_t)n_blocks, sizeof(int32_t));
-    if (!kv->k || !kv->v || !kv->free_list || !kv->refcount) goto oom;
+    kv->free_list = malloc(sizeof(int32_t) * nb);
+    kv->refcount = calloc(nb, sizeof(int32_t));
+    kv->hash = calloc(nb, sizeof *kv->hash);
+    kv->key = calloc(nb, sizeof *kv->key);
+    kv->parent = calloc(nb, sizeof *kv->parent);
+    kv->parent_gen = calloc(nb, sizeof *kv->parent_gen);
+    kv->gen = calloc(nb, sizeof *kv->gen);
+    kv->registered = calloc(nb, sizeof *kv->registered);
+    kv->tokens = malloc(sizeof(int32_t) * nb * (size_t)block_size);
+    kv->buckets = malloc(sizeof(int32_t) * n_buckets);
+    kv->hnext = malloc(sizeof(int32_t) * nb);
+    kv->lru_prev = malloc(sizeof(int32_t) * nb);
+    kv->lru_next = malloc(sizeof(int32_t) * nb);
+    if (!kv->k || !kv->v || !kv->free_list || !kv->refcount || !kv->hash || !kv->key ||
+        !kv->parent || !kv->parent_gen || !kv->gen || !kv->registered || !kv->tokens ||
+        !kv->buckets || !kv->hnext || !kv->lru_prev || !kv->lru_next)
+        goto oom;
     for (int l = 0; l < n_layer; l++) {
         kv->k[l] = be->ops->alloc(be, per_layer);
         kv->v[l] = be->ops->alloc(be, per_layer);
         if (!kv->k[l] || !kv->v[l]) goto oom;
+    }
+    for (uint32_t i = 0; i < n_buckets; i++) kv->buckets[i] = -1;
+    for (int i = 0; i < n_blocks; i++) {
+        kv->hnext[i] = kv->lru_prev[i] = kv->lru_next[i] = -1;
+        kv->parent[i] = -1;
     }
     /* Hand out low block ids first. */
     for (int i = 0; i < n_blocks; i++) kv->free_list[i] = n_blocks - 1 - i;
@@ -55,15 +85,106 @@ void kv_destroy(struct kv_cache *kv)
     free(kv->v);
     free(kv->free_list);
     free(kv->refcount);
+    free(kv->hash);
+    free(kv->key);
+    free(kv->parent);
+    free(kv->parent_gen);
+    free(kv->gen);
+    free(kv->registered);
+    free(kv->tokens);
+    free(kv->buckets);
+    free(kv->hnext);
+    free(kv->lru_prev);
+    free(kv->lru_next);
     memset(kv, 0, sizeof *kv);
 }
 
+/* --- hash table and LRU list --------------------------------------------------------------- */
+
+static uint64_t mix64(uint64_t x)
+{
+    x ^= x >> 30;
+    x *= UINT64_C(0xbf58476d1ce4e5b9);
+    x ^= x >> 27;
+    x *= UINT64_C(0x94d049bb133111eb);
+    x ^= x >> 31;
+    return x;
+}
+
+uint64_t kv_block_hash(uint64_t parent_hash, uint64_t key, const int32_t *tokens, int n)
+{
+    uint64_t h = mix64(parent_hash ^ mix64(key + UINT64_C(0x9e3779b97f4a7c15)));
+    for (int i = 0; i < n; i++)
+        h = mix64(h ^ ((uint64_t)(uint32_t)tokens[i] + ((uint64_t)i << 32)));
+    return mix64(h ^ (uint64_t)n);
+}
+
+static void lru_unlink(struct kv_cache *kv, int32_t b)
+{
+    int32_t p = kv->lru_prev[b], n = kv->lru_next[b];
+    if (p >= 0) kv->lru_next[p] = n;
+    else kv->lru_head = n;
+    if (n >= 0) kv->lru_prev[n] = p;
+    else kv->lru_tail = p;
+    kv->lru_prev[b] = kv->lru_next[b] = -1;
+    kv->n_evictable--;
+}
+
+static void lru_push_tail(struct kv_cache *kv, int32_t b)
+{
+    kv->lru_prev[b] = kv->lru_tail;
+    kv->lru_next[b] = -1;
+    if (kv->lru_tail >= 0) kv->lru_next[kv->lru_tail] = b;
+    else kv->lru_head = b;
+    kv->lru_tail = b;
+    kv->n_evictable++;
+}
+
+static void hash_remove(struct kv_cache *kv, int32_t b)
+{
+    int32_t *link = &kv->buckets[kv->hash[b] & kv->bucket_mask];
+    while (*link >= 0 && *link != b) link = &kv->hnext[*link];
+    if (*link == b) *link = kv->hnext[b];
+    kv->hnext[b] = -1;
+    kv->registered[b] = false;
+    kv->n_registered--;
+}
+
+/* A block for a new use: a free one, else the least recently released cached one. */
+static int32_t take_block(struct kv_cache *kv)
+{
+    if (kv->n_free > 0) return kv->free_list[--kv->n_free];
+    int32_t b = kv->lru_head;
+    if (b < 0) return -1;
+    lru_unlink(kv, b);
+    hash_remove(kv, b);
+    kv->n_evictions++;
+    return b;
+}
+
+static void put_block(struct kv_cache *kv, int32_t b)
+{
+    if (--kv->refcount[b] > 0) return;
+    if (kv->registered[b]) lru_push_tail(kv, b);
+    else kv->free_list[kv->n_free++] = b;
+}
+
+/* --- sequences ----------------------------------------------------------------------------- */
+
 int kv_seq_init(struct kv_seq *s, int max_tokens, int block_size)
 {
+    memset(s, 0, sizeof *s);
     s->max_blocks = (max_tokens + block_size - 1) / block_size;
-    s->n_blocks = 0;
-    s->blocks = malloc(sizeof(int32_t) * (size_t)(s->max_blocks > 0 ? s->max_blocks : 1));
-    return s->blocks ? 0 : -1;
+    size_t n = (size_t)(s->max_blocks > 0 ? s->max_blocks : 1);
+    s->blocks = malloc(sizeof(int32_t) * n);
+    s->hash = malloc(sizeof(uint64_t) * n);
+    if (!s->blocks || !s->hash) {
+        free(s->blocks);
+        free(s->hash);
+        memset(s, 0, sizeof *s);
+        return -1;
+    }
+    return 0;
 }
 
 void kv_seq_free(struct kv_cache *kv, struct kv_seq *s)
@@ -71,17 +192,17 @@ void kv_seq_free(struct kv_cache *kv, struct kv_seq *s)
     if (!s->blocks) return;
     kv_seq_release(kv, s);
     free(s->blocks);
-    s->blocks = NULL;
-    s->max_blocks = 0;
+    free(s->hash);
+    memset(s, 0, sizeof *s);
 }
 
 int kv_seq_reserve(struct kv_cache *kv, struct kv_seq *s, int n_tokens)
 {
     int need = (n_tokens + kv->block_size - 1) / kv->block_size;
     if (need > s->max_blocks) return -1;
-    if (need - s->n_blocks > kv->n_free) return -1;
+    if (need - s->n_blocks > kv_free_blocks(kv)) return -1;
     while (s->n_blocks < need) {
-        int32_t b = kv->free_list[--kv->n_free];
+        int32_t b = take_block(kv);
         kv->refcount[b] = 1;
         s->blocks[s->n_blocks++] = b;
     }
@@ -90,14 +211,108 @@ int kv_seq_reserve(struct kv_cache *kv, struct kv_seq *s, int n_tokens)
 
 void kv_seq_release(struct kv_cache *kv, struct kv_seq *s)
 {
-    for (int i = s->n_blocks - 1; i >= 0; i--) {
-        int32_t b = s->blocks[i];
-        if (--kv->refcount[b] == 0) kv->free_list[kv->n_free++] = b;
-    }
+    for (int i = s->n_blocks - 1; i >= 0; i--) put_block(kv, s->blocks[i]);
     s->n_blocks = 0;
+    s->n_hashed = 0;
+    s->reg_stop = false;
 }
 
 int kv_free_blocks(const struct kv_cache *kv)
 {
-    return kv->n_free;
+    return kv->n_free + kv->n_evictable;
+}
+
+int kv_cached_blocks(const struct kv_cache *kv)
+{
+    return kv->n_evictable;
+}
+
+/* --- prefix caching ------------------------------------------------------------------------ */
+
+int32_t kv_prefix_lookup(const struct kv_cache *kv, int32_t parent, uint64_t key, uint64_t h,
+                         const int32_t *tokens)
+{
+    size_t bs = (size_t)kv->block_size;
+    for (int32_t b = kv->buckets[h & kv->bucket_mask]; b >= 0; b = kv->hnext[b]) {
+        if (kv->hash[b] != h || kv->key[b] != key || kv->parent[b] != parent) continue;
+        if (parent >= 0 && kv->parent_gen[b] != kv->gen[parent]) continue;
+        if (memcmp(kv->tokens + (size_t)b * bs, tokens, sizeof(int32_t) * bs) != 0) continue;
+        return b;
+    }
+    return -1;
+}
+
+int kv_seq_match(struct kv_cache *kv, struct kv_seq *s, uint64_t key, const int32_t *tokens,
+                 int max_blocks)
+{
+    if (s->n_blocks != 0) return 0;
+    if (max_blocks > s->max_blocks) max_blocks = s->max_blocks;
+    int bs = kv->block_size;
+    uint64_t h = KV_HASH_ROOT;
+    int32_t parent = -1;
+    int n = 0;
+    while (n < max_blocks) {
+        const int32_t *t = tokens + (size_t)n * bs;
+        h = kv_block_hash(h, key, t, bs);
+        int32_t b = kv_prefix_lookup(kv, parent, key, h, t);
+        if (b < 0) break;
+        if (kv->refcount[b]++ == 0) lru_unlink(kv, b);
+        s->blocks[n] = b;
+        s->hash[n] = h;
+        parent = b;
+        n++;
+    }
+    s->n_blocks = n;
+    s->n_hashed = n;
+    s->reg_stop = false;
+    return n;
+}
+
+void kv_seq_register(struct kv_cache *kv, struct kv_seq *s, uint64_t key, const int32_t *tokens,
+                     int n_computed)
+{
+    int bs = kv->block_size;
+    int full = n_computed / bs;
+    if (full > s->n_blocks) full = s->n_blocks;
+    while (!s->reg_stop && s->n_hashed < full) {
+        int i = s->n_hashed;
+        int32_t b = s->blocks[i];
+        int32_t parent = i > 0 ? s->blocks[i - 1] : -1;
+        const int32_t *t = tokens + (size_t)i * bs;
+        uint64_t h = kv_block_hash(i > 0 ? s->hash[i - 1] : KV_HASH_ROOT, key, t, bs);
+        if (!kv->registered[b]) {
+            if (kv_prefix_lookup(kv, parent, key, h, t) >= 0) {
+                /* Another sequence computed the same block first: keep ours private; its
+                 * successors could never be found (their parent is unregistered). */
+                s->reg_stop = true;
+                break;
+            }
+            kv->hash[b] = h;
+            kv->key[b] = key;
+            kv->parent[b] = parent;
+            kv->parent_gen[b] = parent >= 0 ? kv->gen[parent] : 0;
+            kv->gen[b]++;
+            memcpy(kv->tokens + (size_t)b * bs, t, sizeof(int32_t) * (size_t)bs);
+            uint32_t slot = (uint32_t)(h & kv->bucket_mask);
+            kv->hnext[b] = kv->buckets[slot];
+            kv->buckets[slot] = b;
+            kv->registered[b] = true;
+            kv->n_registered++;
+        }
+        s->hash[i] = h;
+        s->n_hashed++;
+    }
+}
+
+int kv_prefix_reset(struct kv_cache *kv)
+{
+    int n = 0;
+    while (kv->lru_head >= 0) {
+        int32_t b = kv->lru_head;
+        lru_unlink(kv, b);
+        hash_remove(kv, b);
+        kv->free_list[kv->n_free++] = b;
+        n++;
+    }
+    return n;
 }

@@ -1,14 +1,28 @@
-/* Paged KV cache: a pool of fixed-size blocks per layer and, per sequence, a block table
- * mapping logical block i (positions i*block_size ..) to a physical block. Blocks carry a
- * reference count so that a later prefix cache can share prompt blocks between sequences.
+/* Paged KV cache with automatic prefix caching: a pool of fixed-size blocks per layer and, per
+ * sequence, a block table mapping logical block i (positions i*block_size ..) to a physical
+ * block. Blocks carry a reference count so that sequences can share full prompt blocks.
  *
- * Ownership: kv_create allocates the pool once through the backend (no allocation afterwards
- * except growing a sequence's block table array, which is sized for max_model_len at
- * kv_seq_init). kv_seq_release returns a sequence's blocks to the pool. The cache is owned by
- * the engine's scheduler thread; device threads only read/write rows of blocks they were given. */
+ * Prefix caching (vLLM-style): a full block is identified by a chain hash of (the previous
+ * block's hash, a namespace key, the block's token ids). Once a sequence has computed a full
+ * block, kv_seq_register enters it in a hash table sized at kv_create. A new sequence takes the
+ * longest run of registered blocks matching its tokens with kv_seq_match (refcount++), then
+ * computes from there. A hit is exact, not probabilistic: it also compares the block's token
+ * ids, the namespace key and the identity of the physical parent block (id and registration
+ * generation), so a 64-bit hash collision can never hand out another prefix's K/V. A registered
+ * block whose refcount drops to zero is not freed but parked in an LRU list of evictable
+ * blocks; allocation takes never-used/free blocks first, then evicts the least recently released
+ * cached block (dropping its hash entry). Evictable blocks count as free in kv_free_blocks.
+ * Only full blocks are shared and nobody writes a full block again, so no copy-on-write.
+ *
+ * Ownership: kv_create allocates the pool, the hash table, the LRU links and the per-block
+ * token copies once through the backend / malloc; nothing is allocated afterwards except a
+ * sequence's block table and hash array at kv_seq_init (sized for max_model_len). kv_seq_release
+ * returns a sequence's blocks to the pool (or to the evictable list). The cache is owned by the
+ * engine's scheduler thread; device threads only read/write rows of blocks they were given. */
 #ifndef MOESERVE_KV_CACHE_H
 #define MOESERVE_KV_CACHE_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "backend.h"
@@ -21,15 +35,36 @@ struct kv_cache {
     int n_blocks;
     float **k;         /* (n_layer) -> (n_blocks, block_size, n_kv_head, head_dim) */
     float **v;         /* (n_layer) -> same */
-    int32_t *free_list;/* (n_blocks) stack of free block ids */
+    int32_t *free_list;/* (n_blocks) stack of free (unregistered, unreferenced) block ids */
     int n_free;
     int32_t *refcount; /* (n_blocks) */
     struct backend *be;
+
+    /* prefix cache: a block is "registered" when it has an entry in the hash table */
+    uint64_t *hash;      /* (n_blocks) chain hash of a registered block */
+    uint64_t *key;       /* (n_blocks) namespace key it was computed under */
+    int32_t *parent;     /* (n_blocks) physical parent block, -1 for a sequence's first block */
+    uint32_t *parent_gen;/* (n_blocks) the parent's gen when this block was registered */
+    uint32_t *gen;       /* (n_blocks) bumped at each registration of the block */
+    bool *registered;    /* (n_blocks) */
+    int32_t *tokens;     /* (n_blocks, block_size) token ids of registered blocks */
+    int32_t *buckets;    /* (n_buckets) first block of each hash chain, -1 if empty */
+    int32_t *hnext;      /* (n_blocks) next block in the same bucket */
+    uint32_t bucket_mask;/* n_buckets - 1 (a power of two >= n_blocks) */
+    int32_t *lru_prev;   /* (n_blocks) evictable list links; head = next victim */
+    int32_t *lru_next;   /* (n_blocks) */
+    int32_t lru_head, lru_tail;
+    int n_evictable;     /* registered blocks with refcount 0 */
+    int n_registered;
+    uint64_t n_evictions;/* cached blocks reused for other content (counter) */
 };
 
 struct kv_seq {
     int32_t *blocks; /* (max_blocks) physical block per logical block */
+    uint64_t *hash;  /* (max_blocks) chain hash of each full block, valid below n_hashed */
     int n_blocks;    /* blocks held */
+    int n_hashed;    /* leading full blocks whose chain hash is known (taken or registered) */
+    bool reg_stop;   /* block n_hashed duplicates a registered one: register nothing further */
     int max_blocks;
 };
 
@@ -42,10 +77,46 @@ size_t kv_block_bytes(int n_layer, int n_kv_head, int head_dim, int block_size);
 
 int kv_seq_init(struct kv_seq *s, int max_tokens, int block_size);
 void kv_seq_free(struct kv_cache *kv, struct kv_seq *s); /* releases blocks and the table */
-/* Makes sure the sequence holds blocks for positions [0, n_tokens). Returns 0, or -1 when the
- * pool has too few free blocks (nothing is taken then) or n_tokens exceeds the table. */
+/* Makes sure the sequence holds blocks for positions [0, n_tokens), evicting cached blocks
+ * when no free one is left. Returns 0, or -1 when the pool has too few free or evictable
+ * blocks (nothing is taken then) or n_tokens exceeds the table. */
 int kv_seq_reserve(struct kv_cache *kv, struct kv_seq *s, int n_tokens);
+/* Drops the sequence's references, last block first (so a sequence's tail is evicted before
+ * its head). Registered blocks left unreferenced become evictable, the others free. */
 void kv_seq_release(struct kv_cache *kv, struct kv_seq *s);
+/* Blocks an allocation can get: free plus evictable cached ones. */
 int kv_free_blocks(const struct kv_cache *kv);
+/* Registered blocks nobody references (a subset of kv_free_blocks). */
+int kv_cached_blocks(const struct kv_cache *kv);
+
+/* --- prefix caching ------------------------------------------------------------------------ */
+
+/* Chain hash of a block: parent_hash is the previous block's hash, or KV_HASH_ROOT for the
+ * first block. key separates caches whose K/V differ for equal tokens (e.g. the MoE expert
+ * budget) and is mixed into every block. tokens: (n). */
+#define KV_HASH_ROOT UINT64_C(0x6d6f657365727665)
+uint64_t kv_block_hash(uint64_t parent_hash, uint64_t key, const int32_t *tokens, int n);
+
+/* The registered block that continues physical block `parent` (-1: a sequence's start) with
+ * `tokens` (block_size ids) under `key`, whose chain hash is h; -1 when there is none. */
+int32_t kv_prefix_lookup(const struct kv_cache *kv, int32_t parent, uint64_t key, uint64_t h,
+                         const int32_t *tokens);
+
+/* For a sequence holding no blocks: takes the longest run of cached blocks matching
+ * tokens[0, max_blocks*block_size) (refcount++, out of the evictable list). Returns the number
+ * of blocks taken; positions [0, that * block_size) then hold valid K/V. */
+int kv_seq_match(struct kv_cache *kv, struct kv_seq *s, uint64_t key, const int32_t *tokens,
+                 int max_blocks);
+
+/* Registers the sequence's full blocks whose positions [0, n_computed) hold computed K/V
+ * (tokens: (n_computed) ids at those positions). Blocks already registered are skipped; a block
+ * whose content another registered block already holds stays unregistered (it is freed normally
+ * on release), as do the blocks after it. Never allocates. */
+void kv_seq_register(struct kv_cache *kv, struct kv_seq *s, uint64_t key, const int32_t *tokens,
+                     int n_computed);
+
+/* Forgets every evictable cached block (they become free). Referenced blocks stay registered.
+ * Returns the number of blocks freed. */
+int kv_prefix_reset(struct kv_cache *kv);
 
 #endif

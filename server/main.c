@@ -1,15 +1,17 @@
-/* moeserve entry point: dispatches to a subcommand (generate; serve comes with the HTTP
- * server). */
+/* moeserve entry point: dispatches to a subcommand (generate, serve); with no subcommand, or
+ * options only, it serves. */
 #include <stdio.h>
 #include <string.h>
 
 #include "cli.h"
+#include "serve.h"
 
 static void usage(FILE *f)
 {
     fprintf(f, "usage: moeserve <command> [options]\n"
                "\n"
                "commands:\n"
+               "  serve      OpenAI-compatible HTTP server (the default)\n"
                "  generate   run a prompt through a model and print the continuation\n"
                "\n"
                "`moeserve <command> --help` lists a command's options.\n");
@@ -17,11 +19,10 @@ static void usage(FILE *f)
 
 int main(int argc, char **argv)
 {
-    if (argc < 2) {
-        usage(stderr);
-        return 2;
-    }
+    if (argc < 2 || (strncmp(argv[1], "--", 2) == 0 && strcmp(argv[1], "--help") != 0))
+        return cli_serve(argc, argv);
     if (strcmp(argv[1], "generate") == 0) return cli_generate(argc - 1, argv + 1);
+    if (strcmp(argv[1], "serve") == 0) return cli_serve(argc - 1, argv + 1);
     if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
         usage(stdout);
         return 0;

@@ -1,0 +1,900 @@
+/* Scheduler implementation: request lifetime, step planning (budget, sequence limit, KV blocks,
+ * preemption by recompute), sampling and output publication, and the libuv loop thread that
+ * drives steps. See scheduler.h for the threading and ownership rules. */
+#include "scheduler.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <uv.h>
+
+#include "common.h"
+
+struct sched {
+    struct engine *e;
+    const struct model *m;
+    struct sched_params p;
+    int vocab;
+    int max_model_len;
+    bool prefix_caching;
+
+    /* scheduler thread only */
+    struct sched_req **running;   /* (max_num_seqs) in admission order */
+    int n_running;
+    struct sched_req *wait_head, *wait_tail;
+    int n_waiting;
+    struct engine_item *items;    /* (max_num_seqs) */
+    struct sched_req **item_req;  /* (max_num_seqs) */
+    float *logits;                /* (max_num_seqs, vocab) */
+    char piece[512];
+    uint64_t pc_queries, pc_hits; /* prefix cache tokens, copied into st by publish_stats */
+
+    /* incoming requests, handed over by any thread */
+    pthread_mutex_t in_mu;
+    struct sched_req *in_head, *in_tail;
+    int n_in;
+    bool closed;
+    atomic_int n_queued;          /* waiting + incoming, for the back-pressure check */
+    atomic_bool reset_prefix;     /* sched_reset_prefix_cache was called */
+
+    /* stats snapshot */
+    pthread_mutex_t st_mu;
+    struct sched_stats st;
+
+    /* loop thread */
+    uv_loop_t loop;
+    uv_async_t wake;
+    uv_idle_t idle;
+    uv_thread_t thread;
+    bool loop_init, started, idle_on;
+    atomic_bool quit;
+};
+
+static atomic_ullong sched_next_id = 1;
+
+const char *sched_finish_str(enum sched_finish f)
+{
+    switch (f) {
+    case SCHED_FINISH_STOP: return "stop";
+    case SCHED_FINISH_LENGTH: return "length";
+    case SCHED_FINISH_ABORT: return "abort";
+    case SCHED_FINISH_ERROR: return "error";
+    default: return NULL;
+    }
+}
+
+void sched_req_params_default(struct sched_req_params *p)
+{
+    memset(p, 0, sizeof *p);
+    p->max_tokens = 16;
+    smp_params_default(&p->smp);
+    p->skip_special = true;
+}
+
+/* --- requests ------------------------------------------------------------------------------ */
+
+struct sched_req *sched_req_create(const int32_t *prompt, int n_prompt,
+                                   const struct sched_req_params *p, char *err, size_t errlen)
+{
+    if (n_prompt < 1) {
+        ms_errf(err, errlen, "the prompt is empty");
+        return NULL;
+    }
+    if (p->max_tokens < 0 || p->max_tokens > (1 << 24)) {
+        ms_errf(err, errlen, "max_tokens %d out of range", p->max_tokens);
+        return NULL;
+    }
+    if (p->n_stop < 0 || p->n_stop > SCHED_MAX_STOP) {
+        ms_errf(err, errlen, "at most %d stop strings", SCHED_MAX_STOP);
+        return NULL;
+    }
+    size_t stop_max = 0;
+    for (int i = 0; i < p->n_stop; i++) {
+        size_t l = strlen(p->stop[i]);
+        if (l == 0 || l > SCHED_MAX_STOP_LEN) {
+            ms_errf(err, errlen, "stop strings must be 1 to %d bytes", SCHED_MAX_STOP_LEN);
+            return NULL;
+        }
+        if (l > stop_max) stop_max = l;
+    }
+    struct sched_req *r = calloc(1, sizeof *r);
+    if (!r) goto oom;
+    r->p = *p;
+    r->n_prompt = n_prompt;
+    r->cap = n_prompt + p->max_tokens;
+    r->n_total = n_prompt;
+    r->tokens = malloc(sizeof(int32_t) * (size_t)r->cap);
+    r->out.tokens = malloc(sizeof(int32_t) * (size_t)(p->max_tokens > 0 ? p->max_tokens : 1));
+    r->out.text_cap = (size_t)p->max_tokens * 8 + 64;
+    r->out.text = malloc(r->out.text_cap);
+    r->hold_cap = stop_max + sizeof(((struct sched *)0)->piece) + 1;
+    r->hold = malloc(r->hold_cap);
+    if (!r->tokens || !r->out.tokens || !r->out.text || !r->hold) goto oom;
+    if (p->logprobs) {
+        r->out.lps = malloc(sizeof *r->out.lps * (size_t)(p->max_tokens > 0 ? p->max_tokens : 1));
+        if (!r->out.lps) goto oom;
+    }
+    memcpy(r->tokens, prompt, sizeof(int32_t) * (size_t)n_prompt);
+    for (int i = 0; i < p->n_stop; i++) {
+        memcpy(r->stop_buf[i], p->stop[i], strlen(p->stop[i]) + 1);
+        r->p.stop[i] = r->stop_buf[i];
+    }
+    r->out.text[0] = '\0';
+    r->id = atomic_fetch_add(&sched_next_id, 1);
+    r->t_arrival = ms_now();
+    tok_stream_init(&r->ts, p->skip_special);
+    pthread_mutex_init(&r->mu, NULL);
+    atomic_init(&r->cancelled, false);
+    atomic_init(&r->refs, 1);
+    return r;
+
+oom:
+    if (r) {
+        free(r->tokens);
+        free(r->out.tokens);
+        free(r->out.text);
+        free(r->out.lps);
+        free(r->hold);
+        free(r);
+    }
+    ms_errf(err, errlen, "out of memory");
+    return NULL;
+}
+
+void sched_req_retain(struct sched_req *r)
+{
+    atomic_fetch_add(&r->refs, 1);
+}
+
+void sched_req_release(struct sched_req *r)
+{
+    if (!r || atomic_fetch_sub(&r->refs, 1) != 1) return;
+    /* The scheduler frees the KV table and sampler before dropping its reference. */
+    smp_free(r->smp);
+    pthread_mutex_destroy(&r->mu);
+    free(r->tokens);
+    free(r->out.tokens);
+    free(r->out.text);
+    free(r->out.lps);
+    free(r->hold);
+    free(r);
+}
+
+void sched_req_lock(struct sched_req *r)
+{
+    pthread_mutex_lock(&r->mu);
+}
+
+void sched_req_unlock(struct sched_req *r)
+{
+    pthread_mutex_unlock(&r->mu);
+}
+
+void sched_req_set_notify(struct sched_req *r, void (*notify)(void *ctx), void *ctx)
+{
+    pthread_mutex_lock(&r->mu);
+    r->out.notify = notify;
+    r->out.notify_ctx = ctx;
+    pthread_mutex_unlock(&r->mu);
+}
+
+static void sched_wake(struct sched *s)
+{
+    if (s->started) uv_async_send(&s->wake);
+}
+
+void sched_req_cancel(struct sched *s, struct sched_req *r)
+{
+    atomic_store(&r->cancelled, true);
+    if (s) sched_wake(s);
+}
+
+/* --- creation ------------------------------------------------------------------------------ */
+
+int sched_create(struct engine *e, const struct sched_params *p, struct sched **out, char *err,
+                 size_t errlen)
+{
+    const struct engine_params *ep = engine_get_params(e);
+    *out = NULL;
+    if (p->max_num_seqs < 1 || p->max_num_seqs > ep->max_seqs)
+        return ms_errf(err, errlen, "max_num_seqs must be in [1, %d] (the engine's), got %d",
+                       ep->max_seqs, p->max_num_seqs);
+    if (p->max_num_batched_tokens < 1 || p->max_num_batched_tokens > ep->max_batch_tokens)
+        return ms_errf(err, errlen,
+                       "max_num_batched_tokens must be in [1, %d] (the engine's), got %d",
+                       ep->max_batch_tokens, p->max_num_batched_tokens);
+    struct sched *s = calloc(1, sizeof *s);
+    if (!s) return ms_errf(err, errlen, "out of memory");
+    s->e = e;
+    s->m = engine_model(e);
+    s->p = *p;
+    if (s->p.max_waiting <= 0) s->p.max_waiting = 1024;
+    s->vocab = s->m->desc.vocab;
+    s->max_model_len = ep->max_model_len;
+    s->prefix_caching = !p->disable_prefix_caching;
+    int ns = p->max_num_seqs;
+    s->running = calloc((size_t)ns, sizeof *s->running);
+    s->items = calloc((size_t)ns, sizeof *s->items);
+    s->item_req = calloc((size_t)ns, sizeof *s->item_req);
+    s->logits = malloc(sizeof(float) * (size_t)ns * (size_t)s->vocab);
+    if (!s->running || !s->items || !s->item_req || !s->logits) {
+        ms_errf(err, errlen, "out of memory");
+        goto fail;
+    }
+    pthread_mutex_init(&s->in_mu, NULL);
+    pthread_mutex_init(&s->st_mu, NULL);
+    atomic_init(&s->n_queued, 0);
+    atomic_init(&s->quit, false);
+    atomic_init(&s->reset_prefix, false);
+    s->st.kv_blocks_total = engine_kv(e)->n_blocks;
+    s->st.kv_blocks_free = kv_free_blocks(engine_kv(e));
+    *out = s;
+    return 0;
+
+fail:
+    free(s->running);
+    free(s->items);
+    free(s->item_req);
+    free(s->logits);
+    free(s);
+    return -1;
+}
+
+/* --- output -------------------------------------------------------------------------------- */
+
+/* Appends text to the published output (under r->mu). Growing is rare: the buffer starts at
+ * 8 bytes per allowed token. */
+static void out_append(struct sched_req *r, const char *t, size_t n)
+{
+    if (n == 0) return;
+    if (r->out.text_len + n + 1 > r->out.text_cap) {
+        size_t cap = (r->out.text_len + n + 1) * 2;
+        char *bigger = realloc(r->out.text, cap);
+        if (!bigger) return; /* drop text rather than crash; the tokens stay exact */
+        r->out.text = bigger;
+        r->out.text_cap = cap;
+    }
+    memcpy(r->out.text + r->out.text_len, t, n);
+    r->out.text_len += n;
+    r->out.text[r->out.text_len] = '\0';
+}
+
+/* Feeds newly decoded text through the stop-string filter: publishes what can no longer be
+ * the start of a stop string, holds back the rest. Returns true when a stop string matched
+ * (the text before it is published, the rest dropped). Called with r->mu held. */
+static bool feed_text(struct sched_req *r, const char *t, size_t n)
+{
+    if (r->p.n_stop == 0) {
+        out_append(r, t, n);
+        return false;
+    }
+    if (r->hold_len + n > r->hold_cap) n = r->hold_cap - r->hold_len; /* cannot happen */
+    memcpy(r->hold + r->hold_len, t, n);
+    r->hold_len += n;
+    size_t best = r->hold_len;
+    for (int i = 0; i < r->p.n_stop; i++) {
+        const char *st = r->p.stop[i];
+        size_t sl = strlen(st);
+        for (size_t k = 0; k + sl <= r->hold_len && k < best; k++)
+            if (memcmp(r->hold + k, st, sl) == 0) {
+                best = k;
+                break;
+            }
+    }
+    if (best < r->hold_len) {
+        out_append(r, r->hold, best);
+        r->hold_len = 0;
+        return true;
+    }
+    /* Longest suffix of hold that is a proper prefix of some stop string. */
+    size_t keep = 0;
+    for (int i = 0; i < r->p.n_stop; i++) {
+        const char *st = r->p.stop[i];
+        size_t sl = strlen(st);
+        for (size_t l = sl - 1; l > keep; l--)
+            if (l <= r->hold_len && memcmp(r->hold + r->hold_len - l, st, l) == 0) {
+                keep = l;
+                break;
+            }
+    }
+    out_append(r, r->hold, r->hold_len - keep);
+    memmove(r->hold, r->hold + r->hold_len - keep, keep);
+    r->hold_len = keep;
+    return false;
+}
+
+/* Publishes the end of a request: held-back text, the finish reason; wakes the reader. */
+static void finish_locked(struct sched_req *r, enum sched_finish why, const char *msg)
+{
+    /* Text held back as a possible stop-string start turned out to be plain text (after a
+     * stop-string match the hold is already empty). */
+    out_append(r, r->hold, r->hold_len);
+    r->hold_len = 0;
+    r->out.finish = why;
+    if (msg) snprintf(r->out.error, sizeof r->out.error, "%s", msg);
+    if (r->out.notify) r->out.notify(r->out.notify_ctx);
+}
+
+static void publish_stats(struct sched *s, int n_items)
+{
+    struct kv_cache *kv = engine_kv(s->e);
+    pthread_mutex_lock(&s->st_mu);
+    s->st.running = s->n_running;
+    s->st.waiting = atomic_load(&s->n_queued);
+    s->st.kv_blocks_free = kv_free_blocks(kv);
+    s->st.kv_blocks_cached = kv_cached_blocks(kv);
+    s->st.prefix_cache_queries = s->pc_queries;
+    s->st.prefix_cache_hits = s->pc_hits;
+    if (n_items > 0) s->st.steps++;
+    pthread_mutex_unlock(&s->st_mu);
+}
+
+/* Ends a request the scheduler holds: frees its KV blocks, publishes, drops the reference. */
+static void retire(struct sched *s, struct sched_req *r, enum sched_finish why, const char *msg)
+{
+    if (r->kv_init) {
+        engine_seq_free(s->e, &r->kv);
+        r->kv_init = false;
+    }
+    /* Gauges first: a client that reads /metrics right after its answer sees its blocks free. */
+    publish_stats(s, 0);
+    pthread_mutex_lock(&r->mu);
+    finish_locked(r, why, msg);
+    pthread_mutex_unlock(&r->mu);
+    if (s->p.obs.on_finish)
+        s->p.obs.on_finish(s->p.obs.ctx, why, r->n_prompt, r->n_total - r->n_prompt,
+                           ms_now() - r->t_arrival);
+    sched_req_release(r);
+}
+
+static bool is_eos(const struct model *m, int32_t t)
+{
+    for (int i = 0; i < m->desc.n_eos; i++)
+        if (m->desc.eos_ids[i] == t) return true;
+    return false;
+}
+
+/* Samples the next token of r from its logits row and publishes it. Returns the finish reason
+ * (SCHED_FINISH_NONE to continue). */
+static enum sched_finish accept_token(struct sched *s, struct sched_req *r, float *row)
+{
+    struct smp_logprobs lp = {0};
+    int32_t t = smp_sample(r->smp, row, r->p.logprobs ? &lp : NULL);
+    smp_accept(r->smp, t, true);
+    double now = ms_now();
+    if (r->n_total == r->n_prompt) {
+        r->t_first_token = now;
+        if (s->p.obs.on_first_token)
+            s->p.obs.on_first_token(s->p.obs.ctx, now - r->t_arrival,
+                                    r->t_scheduled - r->t_arrival);
+    } else if (s->p.obs.on_token) {
+        s->p.obs.on_token(s->p.obs.ctx, now - r->t_last_token);
+    }
+    r->t_last_token = now;
+    r->tokens[r->n_total++] = t;
+    int n_gen = r->n_total - r->n_prompt;
+
+    enum sched_finish why = SCHED_FINISH_NONE;
+    bool eos = !r->p.ignore_eos && is_eos(s->m, t);
+    pthread_mutex_lock(&r->mu);
+    r->out.tokens[r->out.n_tokens] = t;
+    if (r->out.lps) r->out.lps[r->out.n_tokens] = lp;
+    r->out.n_tokens++;
+    if (eos) {
+        why = SCHED_FINISH_STOP;
+    } else if (s->m->tok) {
+        int w = tok_stream_push(s->m->tok, &r->ts, t, s->piece, sizeof s->piece);
+        if (w > 0 && feed_text(r, s->piece, (size_t)w)) why = SCHED_FINISH_STOP;
+    }
+    if (why == SCHED_FINISH_NONE && (n_gen >= r->p.max_tokens || r->n_total >= s->max_model_len))
+        why = SCHED_FINISH_LENGTH;
+    if (why != SCHED_FINISH_NONE && !(why == SCHED_FINISH_STOP && !eos) && s->m->tok) {
+        /* finished by EOS or length: the decoder may hold an incomplete character */
+        int w = tok_stream_flush(s->m->tok, &r->ts, s->piece, sizeof s->piece);
+        if (w > 0 && feed_text(r, s->piece, (size_t)w)) why = SCHED_FINISH_STOP;
+    }
+    if (why == SCHED_FINISH_NONE && r->out.notify) r->out.notify(r->out.notify_ctx);
+    pthread_mutex_unlock(&r->mu);
+    return why;
+}
+
+/* --- planning ------------------------------------------------------------------------------ */
+
+static void wait_push_front(struct sched *s, struct sched_req *r)
+{
+    r->prev = NULL;
+    r->next = s->wait_head;
+    if (s->wait_head) s->wait_head->prev = r;
+    else s->wait_tail = r;
+    s->wait_head = r;
+    s->n_waiting++;
+}
+
+static void wait_push_back(struct sched *s, struct sched_req *r)
+{
+    r->next = NULL;
+    r->prev = s->wait_tail;
+    if (s->wait_tail) s->wait_tail->next = r;
+    else s->wait_head = r;
+    s->wait_tail = r;
+    s->n_waiting++;
+}
+
+static void wait_remove(struct sched *s, struct sched_req *r)
+{
+    if (r->prev) r->prev->next = r->next;
+    else s->wait_head = r->next;
+    if (r->next) r->next->prev = r->prev;
+    else s->wait_tail = r->prev;
+    r->next = r->prev = NULL;
+    s->n_waiting--;
+    atomic_fetch_sub(&s->n_queued, 1);
+}
+
+static void running_remove(struct sched *s, int i)
+{
+    memmove(&s->running[i], &s->running[i + 1],
+            sizeof *s->running * (size_t)(s->n_running - i - 1));
+    s->n_running--;
+}
+
+/* Moves handed-over requests into the wait queue. */
+static void take_incoming(struct sched *s)
+{
+    pthread_mutex_lock(&s->in_mu);
+    struct sched_req *r = s->in_head;
+    s->in_head = s->in_tail = NULL;
+    s->n_in = 0;
+    pthread_mutex_unlock(&s->in_mu);
+    while (r) {
+        struct sched_req *next = r->next;
+        wait_push_back(s, r);
+        r = next;
+    }
+}
+
+/* Finishes cancelled requests wherever they are. */
+static void reap_cancelled(struct sched *s)
+{
+    for (int i = 0; i < s->n_running;) {
+        struct sched_req *r = s->running[i];
+        if (atomic_load(&r->cancelled)) {
+            running_remove(s, i);
+            retire(s, r, SCHED_FINISH_ABORT, "cancelled");
+        } else {
+            i++;
+        }
+    }
+    for (struct sched_req *r = s->wait_head, *next; r; r = next) {
+        next = r->next;
+        if (atomic_load(&r->cancelled)) {
+            wait_remove(s, r);
+            retire(s, r, SCHED_FINISH_ABORT, "cancelled");
+        }
+    }
+}
+
+static int blocks_needed(const struct sched *s, const struct sched_req *r, int n_tokens)
+{
+    int bs = engine_kv(s->e)->block_size;
+    int want = (r->n_computed + n_tokens + bs - 1) / bs;
+    int held = r->kv_init ? r->kv.n_blocks : 0;
+    return want > held ? want - held : 0;
+}
+
+/* Preemption by recompute: drop the KV blocks, forget what was computed, wait at the front. */
+static void preempt(struct sched *s, int i)
+{
+    struct sched_req *r = s->running[i];
+    running_remove(s, i);
+    if (r->kv_init) kv_seq_release(engine_kv(s->e), &r->kv);
+    r->n_computed = 0;
+    r->n_preempted++;
+    wait_push_front(s, r);
+    atomic_fetch_add(&s->n_queued, 1);
+    pthread_mutex_lock(&s->st_mu);
+    s->st.preemptions++;
+    pthread_mutex_unlock(&s->st_mu);
+}
+
+static void add_item(struct sched *s, int *n_items, struct sched_req *r, int n)
+{
+    struct engine_item *it = &s->items[*n_items];
+    bool last = r->n_computed + n == r->n_total;
+    it->kv = &r->kv;
+    it->tokens = r->tokens + r->n_computed;
+    it->n_tokens = n;
+    it->pos = r->n_computed;
+    it->moe_top_k = r->p.moe_top_k;
+    it->n_logits = last ? 1 : 0;
+    it->logits = s->logits + (size_t)*n_items * (size_t)s->vocab;
+    s->item_req[*n_items] = r;
+    (*n_items)++;
+}
+
+/* Namespace of r's cached blocks: K/V depend on the expert budget, not only on the tokens. */
+static uint64_t cache_key(const struct sched_req *r)
+{
+    return r->p.moe_top_k > 0 ? (uint64_t)r->p.moe_top_k : 0;
+}
+
+/* For a waiting request with nothing computed: takes its longest cached prefix, always leaving
+ * at least one token to compute (the last one gives the logits). Returns the tokens taken. */
+static int take_cached_prefix(struct sched *s, struct sched_req *r)
+{
+    struct kv_cache *kv = engine_kv(s->e);
+    int max_blocks = (r->n_total - 1) / kv->block_size;
+    int n = kv_seq_match(kv, &r->kv, cache_key(r), r->tokens, max_blocks);
+    r->n_computed = n * kv->block_size;
+    return r->n_computed;
+}
+
+/* Admits r from the wait queue into the running set: KV table, sampler. */
+static int admit(struct sched *s, struct sched_req *r)
+{
+    if (!r->kv_init) {
+        if (engine_seq_init(s->e, &r->kv) != 0) return -1;
+        r->kv_init = true;
+    }
+    if (!r->smp) {
+        r->smp = smp_create(s->vocab, &r->p.smp);
+        if (!r->smp) return -1;
+        for (int i = 0; i < r->n_prompt; i++) smp_accept(r->smp, r->tokens[i], false);
+        r->t_scheduled = ms_now();
+    }
+    return 0;
+}
+
+/* Builds the step's items. Returns their number. */
+static int plan(struct sched *s)
+{
+    struct kv_cache *kv = engine_kv(s->e);
+    int budget = s->p.max_num_batched_tokens;
+    int free_blocks = kv_free_blocks(kv);
+    int n_items = 0;
+
+    /* Running sequences first, oldest first; when blocks run out, preempt the newest. */
+    for (int i = 0; i < s->n_running && budget > 0;) {
+        struct sched_req *r = s->running[i];
+        int n = r->n_total - r->n_computed;
+        if (n > budget) n = budget;
+        int need = blocks_needed(s, r, n);
+        bool self_preempted = false;
+        while (need > free_blocks) {
+            int victim = s->n_running - 1;
+            int before = kv_free_blocks(kv);
+            preempt(s, victim);
+            free_blocks += kv_free_blocks(kv) - before;
+            if (victim == i) {
+                self_preempted = true;
+                break;
+            }
+        }
+        if (self_preempted) break;
+        free_blocks -= need;
+        budget -= n;
+        add_item(s, &n_items, r, n);
+        i++;
+    }
+
+    /* Then the wait queue, front first, while there is room. */
+    while (s->wait_head && budget > 0 && s->n_running < s->p.max_num_seqs) {
+        struct sched_req *r = s->wait_head;
+        int hit = 0;
+        bool looked = s->prefix_caching && r->n_computed == 0;
+        if (looked) {
+            if (!r->kv_init) {
+                if (engine_seq_init(s->e, &r->kv) != 0) {
+                    wait_remove(s, r);
+                    retire(s, r, SCHED_FINISH_ERROR, "out of memory");
+                    continue;
+                }
+                r->kv_init = true;
+            }
+            /* Taking evictable cached blocks uses up free ones. */
+            int before = kv_free_blocks(kv);
+            hit = take_cached_prefix(s, r);
+            free_blocks -= before - kv_free_blocks(kv);
+        }
+        int n = r->n_total - r->n_computed;
+        if (n > budget) n = budget;
+        int need = blocks_needed(s, r, n);
+        if (need > free_blocks) {
+            if (hit > 0) {
+                int before = kv_free_blocks(kv);
+                kv_seq_release(kv, &r->kv);
+                free_blocks += kv_free_blocks(kv) - before;
+                r->n_computed = 0;
+            }
+            break;
+        }
+        if (looked) {
+            s->pc_queries += (uint64_t)r->n_total;
+            s->pc_hits += (uint64_t)hit;
+            if (!r->smp) {
+                pthread_mutex_lock(&r->mu);
+                r->out.n_cached_tokens = hit;
+                pthread_mutex_unlock(&r->mu);
+            }
+        }
+        wait_remove(s, r);
+        if (admit(s, r) != 0) {
+            retire(s, r, SCHED_FINISH_ERROR, "out of memory");
+            continue;
+        }
+        s->running[s->n_running++] = r;
+        free_blocks -= need;
+        budget -= n;
+        add_item(s, &n_items, r, n);
+    }
+    return n_items;
+}
+
+static void maybe_reset_prefix(struct sched *s)
+{
+    if (atomic_exchange(&s->reset_prefix, false)) {
+        kv_prefix_reset(engine_kv(s->e));
+        publish_stats(s, 0);
+    }
+}
+
+int sched_step(struct sched *s)
+{
+    take_incoming(s);
+    reap_cancelled(s);
+    maybe_reset_prefix(s);
+    int n_items = plan(s);
+    if (n_items == 0) {
+        /* A lone request whose prompt cannot get blocks even with nothing else running can
+         * never run: fail it rather than wait forever. */
+        if (s->n_running == 0 && s->wait_head) {
+            struct sched_req *r = s->wait_head;
+            wait_remove(s, r);
+            retire(s, r, SCHED_FINISH_ERROR, "the KV cache is too small for this request");
+        }
+        publish_stats(s, 0);
+        return 0;
+    }
+    char err[MS_ERR_LEN];
+    int rc = engine_step(s->e, s->items, n_items, err, sizeof err);
+    if (rc != 0) {
+        /* Nothing was computed: fail the step's requests, keep serving the others. */
+        for (int i = 0; i < n_items; i++) {
+            struct sched_req *r = s->item_req[i];
+            for (int j = 0; j < s->n_running; j++)
+                if (s->running[j] == r) {
+                    running_remove(s, j);
+                    break;
+                }
+            retire(s, r, SCHED_FINISH_ERROR, err);
+        }
+        publish_stats(s, 0);
+        return -1;
+    }
+    int n_prompt_tok = 0, n_gen_tok = 0, n_tok = 0;
+    for (int i = 0; i < n_items; i++) {
+        struct sched_req *r = s->item_req[i];
+        struct engine_item *it = &s->items[i];
+        r->n_computed += it->n_tokens;
+        n_tok += it->n_tokens;
+        if (s->prefix_caching)
+            kv_seq_register(engine_kv(s->e), &r->kv, cache_key(r), r->tokens, r->n_computed);
+        if (it->pos < r->n_prompt) n_prompt_tok += (it->pos + it->n_tokens < r->n_prompt
+                                                        ? it->n_tokens
+                                                        : r->n_prompt - it->pos);
+        if (it->n_logits == 0) continue;
+        enum sched_finish why = accept_token(s, r, it->logits);
+        n_gen_tok++;
+        if (why != SCHED_FINISH_NONE) {
+            for (int j = 0; j < s->n_running; j++)
+                if (s->running[j] == r) {
+                    running_remove(s, j);
+                    break;
+                }
+            retire(s, r, why, NULL);
+        }
+    }
+    pthread_mutex_lock(&s->st_mu);
+    s->st.prompt_tokens += (uint64_t)n_prompt_tok;
+    s->st.generation_tokens += (uint64_t)n_gen_tok;
+    pthread_mutex_unlock(&s->st_mu);
+    if (s->p.obs.on_step) s->p.obs.on_step(s->p.obs.ctx, n_tok, n_items);
+    publish_stats(s, n_items);
+    return n_items;
+}
+
+bool sched_has_work(struct sched *s)
+{
+    if (s->n_running > 0 || s->wait_head) return true;
+    pthread_mutex_lock(&s->in_mu);
+    bool any = s->in_head != NULL;
+    pthread_mutex_unlock(&s->in_mu);
+    return any;
+}
+
+/* --- submission ---------------------------------------------------------------------------- */
+
+int sched_submit(struct sched *s, struct sched_req *r, char *err, size_t errlen)
+{
+    if (r->cap > s->max_model_len) {
+        ms_errf(err, errlen,
+                "this model's maximum context length is %d tokens; the request has %d prompt "
+                "tokens and max_tokens %d",
+                s->max_model_len, r->n_prompt, r->p.max_tokens);
+        return SCHED_EINVAL;
+    }
+    const struct kv_cache *kv = engine_kv(s->e);
+    int blocks = (r->cap + kv->block_size - 1) / kv->block_size;
+    if (blocks > kv->n_blocks) {
+        ms_errf(err, errlen, "the request needs %d KV blocks, the cache has %d", blocks,
+                kv->n_blocks);
+        return SCHED_EINVAL;
+    }
+    for (int i = 0; i < r->n_prompt; i++)
+        if (r->tokens[i] < 0 || r->tokens[i] >= s->vocab) {
+            ms_errf(err, errlen, "token id %d out of range [0, %d)", r->tokens[i], s->vocab);
+            return SCHED_EINVAL;
+        }
+    pthread_mutex_lock(&s->in_mu);
+    if (s->closed) {
+        pthread_mutex_unlock(&s->in_mu);
+        ms_errf(err, errlen, "the server is shutting down");
+        return SCHED_ECLOSED;
+    }
+    if (atomic_load(&s->n_queued) >= s->p.max_waiting) {
+        pthread_mutex_unlock(&s->in_mu);
+        ms_errf(err, errlen, "the wait queue is full (%d requests)", s->p.max_waiting);
+        return SCHED_EFULL;
+    }
+    sched_req_retain(r);
+    r->next = NULL;
+    if (s->in_tail) s->in_tail->next = r;
+    else s->in_head = r;
+    s->in_tail = r;
+    s->n_in++;
+    atomic_fetch_add(&s->n_queued, 1);
+    pthread_mutex_unlock(&s->in_mu);
+    sched_wake(s);
+    return 0;
+}
+
+void sched_close(struct sched *s)
+{
+    pthread_mutex_lock(&s->in_mu);
+    s->closed = true;
+    pthread_mutex_unlock(&s->in_mu);
+}
+
+/* Finishes everything still held (shutdown). */
+static void abort_all(struct sched *s)
+{
+    take_incoming(s);
+    while (s->n_running > 0) {
+        struct sched_req *r = s->running[s->n_running - 1];
+        s->n_running--;
+        retire(s, r, SCHED_FINISH_ABORT, "the server is shutting down");
+    }
+    while (s->wait_head) {
+        struct sched_req *r = s->wait_head;
+        wait_remove(s, r);
+        retire(s, r, SCHED_FINISH_ABORT, "the server is shutting down");
+    }
+    publish_stats(s, 0);
+}
+
+/* --- loop thread --------------------------------------------------------------------------- */
+
+static void on_idle(uv_idle_t *h);
+
+static void loop_update_idle(struct sched *s)
+{
+    bool want = sched_has_work(s) && !atomic_load(&s->quit);
+    if (want && !s->idle_on) uv_idle_start(&s->idle, on_idle);
+    if (!want && s->idle_on) uv_idle_stop(&s->idle);
+    s->idle_on = want;
+}
+
+/* While there is work, the idle handle runs one step per loop iteration (the loop does not
+ * block then); without work it is stopped and the loop sleeps until the next uv_async_send. */
+static void on_idle(uv_idle_t *h)
+{
+    struct sched *s = h->data;
+    sched_step(s);
+    loop_update_idle(s);
+}
+
+static void on_wake(uv_async_t *h)
+{
+    struct sched *s = h->data;
+    if (atomic_load(&s->quit)) {
+        abort_all(s);
+        if (s->idle_on) uv_idle_stop(&s->idle);
+        s->idle_on = false;
+        uv_close((uv_handle_t *)&s->idle, NULL);
+        uv_close((uv_handle_t *)&s->wake, NULL);
+        return;
+    }
+    maybe_reset_prefix(s);
+    loop_update_idle(s);
+}
+
+static void loop_main(void *arg)
+{
+    struct sched *s = arg;
+    pthread_mutex_lock(&s->st_mu);
+    s->st.loop_running = true;
+    pthread_mutex_unlock(&s->st_mu);
+    uv_run(&s->loop, UV_RUN_DEFAULT);
+    pthread_mutex_lock(&s->st_mu);
+    s->st.loop_running = false;
+    pthread_mutex_unlock(&s->st_mu);
+}
+
+int sched_start(struct sched *s, char *err, size_t errlen)
+{
+    if (s->started) return ms_errf(err, errlen, "the scheduler loop is already running");
+    int rc = uv_loop_init(&s->loop);
+    if (rc != 0) return ms_errf(err, errlen, "uv_loop_init: %s", uv_strerror(rc));
+    s->loop_init = true;
+    uv_async_init(&s->loop, &s->wake, on_wake);
+    s->wake.data = s;
+    uv_idle_init(&s->loop, &s->idle);
+    s->idle.data = s;
+    s->started = true;
+    rc = uv_thread_create(&s->thread, loop_main, s);
+    if (rc != 0) {
+        s->started = false;
+        uv_close((uv_handle_t *)&s->idle, NULL);
+        uv_close((uv_handle_t *)&s->wake, NULL);
+        uv_run(&s->loop, UV_RUN_DEFAULT);
+        uv_loop_close(&s->loop);
+        s->loop_init = false;
+        return ms_errf(err, errlen, "cannot start the scheduler thread: %s", uv_strerror(rc));
+    }
+    uv_async_send(&s->wake); /* pick up anything submitted before the start */
+    return 0;
+}
+
+void sched_stop(struct sched *s)
+{
+    if (!s->started) return;
+    atomic_store(&s->quit, true);
+    uv_async_send(&s->wake);
+    uv_thread_join(&s->thread);
+    s->started = false;
+    uv_loop_close(&s->loop);
+    s->loop_init = false;
+}
+
+void sched_free(struct sched *s)
+{
+    if (!s) return;
+    sched_stop(s);
+    abort_all(s);
+    pthread_mutex_destroy(&s->in_mu);
+    pthread_mutex_destroy(&s->st_mu);
+    free(s->running);
+    free(s->items);
+    free(s->item_req);
+    free(s->logits);
+    free(s);
+}
+
+void sched_get_stats(struct sched *s, struct sched_stats *st)
+{
+    pthread_mutex_lock(&s->st_mu);
+    *st = s->st;
+    pthread_mutex_unlock(&s->st_mu);
+    st->waiting = atomic_load(&s->n_queued);
+}
+
+void sched_reset_prefix_cache(struct sched *s)
+{
+    atomic_store(&s->reset_prefix, true);
+    sched_wake(s);
+}
+
+struct engine *sched_engine(struct sched *s)
+{
+    return s->e;
+}

@@ -1,0 +1,191 @@
+/* Scheduler: continuous batching of generation requests over one engine. Each step takes the
+ * running sequences (one decode token each, or the next chunk of a prefill) and admits waiting
+ * requests while the step's token budget (max_num_batched_tokens), the sequence limit
+ * (max_num_seqs) and the free KV blocks allow. When a running sequence needs a block and none
+ * is free, the newest running sequence is preempted by recompute: its blocks are freed and it
+ * goes back to the front of the wait queue with its generated tokens appended to its prompt,
+ * so it later resumes exactly where it stopped. Sampling, stop strings, EOS and length limits
+ * and incremental detokenization happen here, so a request's output queue holds final text.
+ *
+ * Prefix caching (on unless sched_params.disable_prefix_caching): when a request is admitted
+ * with nothing computed, it takes the longest run of cached full KV blocks matching its tokens
+ * (kv_seq_match) and its prefill starts after them; at least the last token is always computed
+ * so that it gets logits. After each step the full blocks a sequence has computed are registered
+ * (kv_seq_register), prompt and generated tokens alike, so later requests with the same prefix
+ * and a preempted request coming back both hit them. Blocks are keyed by the request's
+ * moe_top_k as well, since the expert budget changes the K/V of every layer after the first.
+ *
+ * Threads: one thread owns the scheduler, the engine and the KV cache. Either the caller runs
+ * sched_step itself (tests), or sched_start runs a libuv loop thread that steps whenever there
+ * is work and sleeps on a uv_async otherwise (no busy polling). Any thread may call
+ * sched_submit, sched_req_cancel and read a request's output under its lock.
+ *
+ * Ownership: the scheduler borrows the engine (it must outlive the scheduler). Requests are
+ * reference counted: sched_req_create returns one reference owned by the caller; sched_submit
+ * takes another that the scheduler drops when the request finishes. A request's output
+ * (struct sched_out) is written by the scheduler thread and read by others under
+ * sched_req_lock; its text and token arrays only grow, so readers keep their own cursors. */
+#ifndef MOESERVE_SCHEDULER_H
+#define MOESERVE_SCHEDULER_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine.h"
+#include "sampler.h"
+#include "tokenizer.h"
+
+struct sched;
+
+#define SCHED_MAX_STOP 8      /* stop strings per request */
+#define SCHED_MAX_STOP_LEN 256 /* bytes per stop string */
+
+enum sched_finish {
+    SCHED_FINISH_NONE,   /* still running */
+    SCHED_FINISH_STOP,   /* EOS or a stop string */
+    SCHED_FINISH_LENGTH, /* max_tokens or max_model_len reached */
+    SCHED_FINISH_ABORT,  /* cancelled or the server is shutting down */
+    SCHED_FINISH_ERROR,  /* the engine failed; message in sched_out.error */
+};
+
+const char *sched_finish_str(enum sched_finish f); /* "stop", "length", "abort", "error", NULL */
+
+/* What a request asks for. Copied by sched_req_create. */
+struct sched_req_params {
+    int max_tokens;         /* >= 0; prompt + max_tokens must fit max_model_len */
+    struct smp_params smp;  /* smp.n_logprobs > 0 records top alternatives */
+    bool logprobs;          /* record the chosen token's logprob (and smp.n_logprobs tops) */
+    bool ignore_eos;
+    bool skip_special;      /* drop special tokens from the text (default true) */
+    int moe_top_k;          /* 0 = the model's */
+    int n_stop;
+    const char *stop[SCHED_MAX_STOP]; /* stop strings (not included in the text) */
+};
+
+void sched_req_params_default(struct sched_req_params *p);
+
+/* Output of one request, written by the scheduler thread under the request's lock. */
+struct sched_out {
+    char *text;               /* (text_len) published text; may move when it grows */
+    size_t text_len, text_cap;
+    int32_t *tokens;          /* (max_tokens) generated token ids */
+    struct smp_logprobs *lps; /* (max_tokens) when logprobs were asked for, else NULL */
+    int n_tokens;
+    int n_cached_tokens;      /* prompt tokens whose K/V came from the prefix cache */
+    enum sched_finish finish; /* set once, after the last text and tokens are published */
+    char error[128];
+    /* Wakes the reader (e.g. resumes a suspended HTTP connection). Called by the scheduler
+     * thread with the request's lock held, after new output was published; it must not take
+     * that lock again. Set with sched_req_set_notify. */
+    void (*notify)(void *ctx);
+    void *notify_ctx;
+};
+
+struct sched_req {
+    /* immutable after sched_req_create */
+    uint64_t id;
+    int32_t *tokens;          /* (cap) prompt, then generated tokens (scheduler thread) */
+    int n_prompt;
+    int cap;                  /* n_prompt + max_tokens */
+    struct sched_req_params p;
+    char stop_buf[SCHED_MAX_STOP][SCHED_MAX_STOP_LEN + 1];
+    double t_arrival;
+
+    /* scheduler thread only */
+    int n_total;              /* tokens in `tokens` (prompt + generated) */
+    int n_computed;           /* positions already in the KV cache */
+    bool kv_init;
+    struct kv_seq kv;
+    struct sampler *smp;
+    struct tok_stream ts;
+    char *hold;               /* (hold_cap) text held back while it may start a stop string */
+    size_t hold_len, hold_cap;
+    double t_scheduled, t_first_token, t_last_token;
+    int n_preempted;
+    struct sched_req *next, *prev; /* wait queue / incoming list links */
+
+    /* shared */
+    pthread_mutex_t mu;
+    struct sched_out out;     /* under mu */
+    atomic_bool cancelled;
+    atomic_int refs;
+};
+
+/* Creates a request for `n_prompt` prompt ids. Returns NULL with a reason in err (empty
+ * prompt, too many stop strings, out of memory). */
+struct sched_req *sched_req_create(const int32_t *prompt, int n_prompt,
+                                   const struct sched_req_params *p, char *err, size_t errlen);
+void sched_req_retain(struct sched_req *r);
+void sched_req_release(struct sched_req *r); /* frees the request at the last reference */
+/* Marks the request cancelled; the scheduler finishes it with SCHED_FINISH_ABORT and frees its
+ * KV blocks at its next step. Safe from any thread, any number of times. */
+void sched_req_cancel(struct sched *s, struct sched_req *r);
+void sched_req_lock(struct sched_req *r);
+void sched_req_unlock(struct sched_req *r);
+void sched_req_set_notify(struct sched_req *r, void (*notify)(void *ctx), void *ctx);
+
+/* Hooks for metrics, called on the scheduler thread (may be NULL). */
+struct sched_observer {
+    void *ctx;
+    void (*on_first_token)(void *ctx, double ttft_s, double queue_s);
+    void (*on_token)(void *ctx, double itl_s);
+    void (*on_finish)(void *ctx, enum sched_finish why, int n_prompt, int n_generated,
+                      double e2e_s);
+    void (*on_step)(void *ctx, int n_tokens, int n_seqs);
+};
+
+struct sched_params {
+    int max_num_seqs;           /* sequences per step; <= the engine's max_seqs */
+    int max_num_batched_tokens; /* tokens per step; <= the engine's max_batch_tokens */
+    int max_waiting;            /* wait-queue length at which sched_submit refuses (0 = 1024) */
+    bool disable_prefix_caching;/* vLLM's --no-enable-prefix-caching; caching is on by default */
+    struct sched_observer obs;
+};
+
+/* Snapshot of counters and gauges (any thread). */
+struct sched_stats {
+    int running, waiting;
+    int kv_blocks_total, kv_blocks_free; /* free counts cached-but-evictable blocks */
+    int kv_blocks_cached;                /* evictable blocks holding cached prefixes */
+    uint64_t prefix_cache_queries;       /* tokens looked up in the prefix cache */
+    uint64_t prefix_cache_hits;          /* of those, tokens found cached */
+    uint64_t preemptions;
+    uint64_t steps;
+    uint64_t prompt_tokens, generation_tokens;
+    bool loop_running;
+};
+
+int sched_create(struct engine *e, const struct sched_params *p, struct sched **out, char *err,
+                 size_t errlen);
+/* Stops the loop thread if it runs, aborts every request left and frees the scheduler. */
+void sched_free(struct sched *s);
+
+/* Hands r to the scheduler (it takes its own reference). Returns 0, or -1 with a reason:
+ * SCHED_EFULL when the wait queue is full (retry later), SCHED_ECLOSED after sched_close,
+ * SCHED_EINVAL when the request cannot fit the model or the KV cache. */
+enum { SCHED_EINVAL = -1, SCHED_EFULL = -2, SCHED_ECLOSED = -3 };
+int sched_submit(struct sched *s, struct sched_req *r, char *err, size_t errlen);
+/* Refuses new requests from now on; requests already in stay and finish. */
+void sched_close(struct sched *s);
+
+/* Runs one step on the caller's thread (only when the loop thread is not started). Returns the
+ * number of sequences that ran, 0 when there was nothing to do, -1 on an engine error (those
+ * requests are finished with SCHED_FINISH_ERROR; the scheduler stays usable). */
+int sched_step(struct sched *s);
+bool sched_has_work(struct sched *s);
+
+/* Starts the libuv loop thread that steps while there is work. */
+int sched_start(struct sched *s, char *err, size_t errlen);
+/* Aborts every request and joins the loop thread. */
+void sched_stop(struct sched *s);
+
+void sched_get_stats(struct sched *s, struct sched_stats *st);
+/* Asks the scheduler thread to forget every cached prefix block nobody uses (vLLM's
+ * /reset_prefix_cache); takes effect at its next step. Any thread. */
+void sched_reset_prefix_cache(struct sched *s);
+struct engine *sched_engine(struct sched *s);
+
+#endif

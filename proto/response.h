@@ -1,0 +1,56 @@
+/* OpenAI wire responses: completion and chat-completion bodies, their streaming chunks (SSE
+ * `data: {...}\n\n` frames ending in `data: [DONE]`), /v1/models, /tokenize, /detokenize and
+ * error objects {"error": {"message", "type", "param", "code"}}.
+ *
+ * Ownership: every function returns a NUL-terminated string allocated with malloc that the
+ * caller frees, or NULL when out of memory. Inputs are borrowed for the call only. */
+#ifndef MOESERVE_PROTO_RESPONSE_H
+#define MOESERVE_PROTO_RESPONSE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "proto/request.h"
+#include "sampler.h"
+#include "tokenizer.h"
+
+/* One choice's output (or, in a chunk, its new part). */
+struct proto_choice {
+    int index;
+    const char *text;              /* (text_len) bytes, need not be NUL-terminated */
+    size_t text_len;
+    const char *finish_reason;     /* "stop", "length" or NULL */
+    const struct smp_logprobs *lps; /* (n_lps) when logprobs were asked for, else NULL */
+    int n_lps;
+    size_t text_offset;            /* completions logprobs: offset of this text in the choice */
+};
+
+struct proto_usage {
+    int prompt_tokens;
+    int completion_tokens;
+};
+
+/* The full (non-streaming) body. kind: PROTO_COMPLETION or PROTO_CHAT. tok renders logprob
+ * token strings. */
+char *proto_resp_body(enum proto_kind kind, const char *id, long created, const char *model,
+                      const struct proto_choice *choices, int n_choices,
+                      const struct proto_usage *usage, const struct tokenizer *tok);
+
+/* One SSE frame "data: {...}\n\n" for a streaming chunk of one choice; with `role` (chat, a
+ * choice's first chunk) the delta carries "role": "assistant". With c == NULL the chunk has
+ * empty choices and the usage (the final include_usage chunk). */
+char *proto_resp_chunk(enum proto_kind kind, const char *id, long created, const char *model,
+                       const struct proto_choice *c, bool role, const struct proto_usage *usage,
+                       const struct tokenizer *tok);
+
+#define PROTO_SSE_DONE "data: [DONE]\n\n"
+
+char *proto_resp_models(const char *model, long created, int max_model_len);
+char *proto_resp_tokenize(const int32_t *ids, int n, int max_model_len);
+char *proto_resp_detokenize(const char *text, size_t len);
+char *proto_resp_error(const struct proto_error *e);
+/* An error as an SSE frame (sent when a stream fails after its headers went out). */
+char *proto_resp_error_sse(const struct proto_error *e);
+
+#endif

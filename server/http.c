@@ -1,0 +1,858 @@
+/* HTTP front end (see http.h). A request's life: MHD calls `on_request` with the headers, then
+ * with body pieces (collected up to max_body), then once more with none; the route handler
+ * answers at once (models, health, metrics, tokenize, errors) or creates a `gen` that submits
+ * one scheduler request per choice. Non-streaming gens suspend the connection until every
+ * choice finished; streaming gens answer with a callback response whose reader turns new
+ * output into SSE frames and suspends the connection when there is nothing to send. The
+ * scheduler's notify hook resumes it. Lock order: a request's lock, then the gen's lock; the
+ * reader never holds both (it samples an event counter instead), so no wake-up is lost. */
+#include "http.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include "common.h"
+#include "jinja.h"
+#include "proto/request.h"
+#include "proto/response.h"
+
+enum { HTTP_LOADING, HTTP_READY, HTTP_DRAINING };
+
+struct http_server {
+    struct http_config cfg;
+    char *host, *api_key, *model_name;
+    struct MHD_Daemon *d;
+    struct metrics *mt;
+    atomic_int state;
+    const struct model *m;
+    struct sched *s;
+    int port;
+    atomic_int active;
+    long created;
+    atomic_ullong next_id;
+};
+
+struct choice_state {
+    size_t text_sent;
+    int tok_sent;
+    bool finish_sent, role_sent;
+    char *echo;          /* completions with echo: the prompt text, sent first */
+    size_t echo_len;
+    int prompt_tokens;
+};
+
+struct gen {
+    struct http_server *h;
+    struct MHD_Connection *c;
+    enum proto_kind kind;
+    bool stream, include_usage, logprobs;
+    char id[64];
+    long created;
+    int n;
+    struct sched_req **reqs;   /* (n) */
+    struct choice_state *cs;   /* (n) */
+    int prompt_tokens;         /* each prompt counted once */
+    pthread_mutex_t mu;
+    uint64_t events;
+    bool suspended;
+    char *pend;                /* SSE bytes not yet handed to MHD */
+    size_t pend_len, pend_off;
+    bool usage_sent, done_sent;
+};
+
+struct conn {
+    const char *route;
+    char *body;
+    size_t len, cap;
+    bool too_big, answered;
+    struct gen *g;
+};
+
+/* --- helpers ------------------------------------------------------------------------------- */
+
+static enum MHD_Result send_text(struct http_server *h, struct MHD_Connection *c,
+                                 const char *route, int status, char *body, const char *ctype)
+{
+    if (!body) {
+        status = 500;
+        body = strdup("{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\","
+                      "\"param\":null,\"code\":null}}");
+        if (!body) return MHD_NO;
+        ctype = "application/json";
+    }
+    struct MHD_Response *r =
+        MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
+    if (!r) {
+        free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, "Content-Type", ctype);
+    if (status == 429) MHD_add_response_header(r, "Retry-After", "1");
+    if (status == 405)
+        MHD_add_response_header(r, "Allow", strcmp(route, "/v1/models") == 0 ||
+                                                    strcmp(route, "/health") == 0 ||
+                                                    strcmp(route, "/metrics") == 0
+                                                ? "GET"
+                                                : "POST");
+    if (status == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
+    enum MHD_Result rc = MHD_queue_response(c, (unsigned)status, r);
+    MHD_destroy_response(r);
+    metrics_http(h->mt, route, status);
+    return rc;
+}
+
+static enum MHD_Result send_json(struct http_server *h, struct MHD_Connection *c,
+                                 const char *route, int status, char *body)
+{
+    return send_text(h, c, route, status, body, "application/json");
+}
+
+static enum MHD_Result send_error(struct http_server *h, struct MHD_Connection *c,
+                                  const char *route, const struct proto_error *e)
+{
+    return send_json(h, c, route, e->status, proto_resp_error(e));
+}
+
+static enum MHD_Result fail(struct http_server *h, struct MHD_Connection *c, const char *route,
+                            int status, const char *param, const char *code, const char *msg)
+{
+    struct proto_error e;
+    proto_fail(&e, status, param, code, "%s", msg);
+    return send_error(h, c, route, &e);
+}
+
+/* Constant-time comparison of the presented key (no early exit on the first difference). */
+static bool key_ok(const char *want, const char *got)
+{
+    if (!got) return false;
+    size_t wl = strlen(want), gl = strlen(got);
+    unsigned diff = (unsigned)(wl ^ gl);
+    for (size_t i = 0; i < gl; i++) diff |= (unsigned char)got[i] ^ (unsigned char)want[i % (wl ? wl : 1)];
+    return diff == 0 && wl > 0;
+}
+
+/* Tokenizes text into a new array; returns the count or -1. */
+static int encode(const struct tokenizer *tok, const char *text, bool special, int32_t **out)
+{
+    size_t len = strlen(text);
+    int cap = (int)(len < (1u << 28) ? len : (1u << 28)) + 16;
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)cap);
+    if (!ids) return -1;
+    int n = tok_encode(tok, text, len, special, ids, cap);
+    if (n > cap) {
+        int32_t *b = realloc(ids, sizeof(int32_t) * (size_t)n);
+        if (!b) {
+            free(ids);
+            return -1;
+        }
+        ids = b;
+        n = tok_encode(tok, text, len, special, ids, n);
+    }
+    if (n < 0) {
+        free(ids);
+        return -1;
+    }
+    *out = ids;
+    return n;
+}
+
+/* Renders a chat through the model's template. */
+static int render_chat(const struct model *m, const struct proto_req *pr, char **out,
+                       struct proto_error *e)
+{
+    if (!m->chat_template)
+        return proto_fail(e, 400, "messages", "no_chat_template",
+                          "this model has no chat template");
+    const struct tokenizer *tok = m->tok;
+    int32_t bos = tok_bos_id(tok), eos = tok_eos_id(tok);
+    const char *bos_s = bos >= 0 ? tok_token_str(tok, bos) : NULL;
+    const char *eos_s = eos >= 0 ? tok_token_str(tok, eos) : NULL;
+    char err[MS_ERR_LEN];
+    if (jinja_render_chat(m->chat_template, pr->messages_json, pr->add_generation_prompt,
+                          bos_s ? bos_s : "", eos_s ? eos_s : "", out, err, sizeof err) != 0)
+        return proto_fail(e, 400, "messages", "chat_template_error",
+                          "cannot apply the chat template: %s", err);
+    return 0;
+}
+
+/* --- generation ---------------------------------------------------------------------------- */
+
+static void gen_notify(void *ctx)
+{
+    struct gen *g = ctx;
+    pthread_mutex_lock(&g->mu);
+    g->events++;
+    if (g->suspended) {
+        g->suspended = false;
+        MHD_resume_connection(g->c);
+    }
+    pthread_mutex_unlock(&g->mu);
+}
+
+static void gen_free(struct gen *g)
+{
+    if (!g) return;
+    for (int i = 0; i < g->n; i++) {
+        if (!g->reqs[i]) continue;
+        sched_req_set_notify(g->reqs[i], NULL, NULL);
+        sched_req_cancel(g->h->s, g->reqs[i]);
+        sched_req_release(g->reqs[i]);
+    }
+    for (int i = 0; g->cs && i < g->n; i++) free(g->cs[i].echo);
+    free(g->reqs);
+    free(g->cs);
+    free(g->pend);
+    pthread_mutex_destroy(&g->mu);
+    atomic_fetch_sub(&g->h->active, 1);
+    free(g);
+}
+
+/* True when the client hung up. MHD reads nothing from a connection whose request is complete
+ * and writes nothing to a non-streaming one until its body is ready, so without this a client
+ * that disconnects while waiting would be noticed only after its generation ended. One peek
+ * per resume (per token); a client that half-closes its side after sending the request counts
+ * as gone too, as with other OpenAI-compatible servers. */
+static bool peer_gone(struct MHD_Connection *c)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!ci) return false;
+    char b;
+    ssize_t n = recv(ci->connect_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+/* Suspends the connection unless output arrived since `seen` (then the caller retries). */
+static bool gen_suspend(struct gen *g, uint64_t seen)
+{
+    pthread_mutex_lock(&g->mu);
+    bool ok = g->events == seen;
+    if (ok) {
+        g->suspended = true;
+        MHD_suspend_connection(g->c);
+    }
+    pthread_mutex_unlock(&g->mu);
+    return ok;
+}
+
+static uint64_t gen_events(struct gen *g)
+{
+    pthread_mutex_lock(&g->mu);
+    uint64_t ev = g->events;
+    pthread_mutex_unlock(&g->mu);
+    return ev;
+}
+
+static bool gen_all_finished(struct gen *g)
+{
+    for (int i = 0; i < g->n; i++) {
+        sched_req_lock(g->reqs[i]);
+        bool f = g->reqs[i]->out.finish != SCHED_FINISH_NONE;
+        sched_req_unlock(g->reqs[i]);
+        if (!f) return false;
+    }
+    return true;
+}
+
+static const char *finish_name(enum sched_finish f)
+{
+    return f == SCHED_FINISH_LENGTH ? "length" : f == SCHED_FINISH_NONE ? NULL
+                                             : f == SCHED_FINISH_STOP   ? "stop"
+                                                                        : "abort";
+}
+
+/* The full body once every choice finished. */
+static char *gen_body(struct gen *g, int *status, struct proto_error *e)
+{
+    size_t n_choices = g->n > 0 ? (size_t)g->n : 1;
+    struct proto_choice *ch = calloc(n_choices, sizeof *ch);
+    char **texts = calloc(n_choices, sizeof *texts);
+    char *body = NULL;
+    int completion = 0;
+    *status = 200;
+    if (!ch || !texts) goto out;
+    for (int i = 0; i < g->n; i++) {
+        struct sched_req *r = g->reqs[i];
+        sched_req_lock(r);
+        if (r->out.finish == SCHED_FINISH_ERROR || r->out.finish == SCHED_FINISH_ABORT) {
+            proto_fail(e, r->out.finish == SCHED_FINISH_ERROR ? 500 : 503, NULL, NULL,
+                       "generation failed: %s", r->out.error);
+            *status = e->status;
+            sched_req_unlock(r);
+            goto out;
+        }
+        size_t el = g->cs[i].echo_len;
+        texts[i] = malloc(el + r->out.text_len + 1);
+        if (!texts[i]) {
+            sched_req_unlock(r);
+            goto out;
+        }
+        if (el) memcpy(texts[i], g->cs[i].echo, el);
+        memcpy(texts[i] + el, r->out.text, r->out.text_len);
+        ch[i].index = i;
+        ch[i].text = texts[i];
+        ch[i].text_len = el + r->out.text_len;
+        ch[i].finish_reason = finish_name(r->out.finish);
+        completion += r->out.n_tokens;
+        sched_req_unlock(r);
+    }
+    /* Logprob arrays only grow and the request is finished: safe to read unlocked now. */
+    for (int i = 0; i < g->n; i++)
+        if (g->logprobs) {
+            ch[i].lps = g->reqs[i]->out.lps;
+            ch[i].n_lps = g->reqs[i]->out.n_tokens;
+            ch[i].text_offset = g->cs[i].echo_len;
+        }
+    struct proto_usage u = {.prompt_tokens = g->prompt_tokens, .completion_tokens = completion};
+    body = proto_resp_body(g->kind, g->id, g->created, g->h->model_name, ch, g->n, &u,
+                           g->h->m->tok);
+out:
+    for (int i = 0; texts && i < g->n; i++) free(texts[i]);
+    free(texts);
+    free(ch);
+    return body;
+}
+
+static bool pend_add(struct gen *g, char *frame)
+{
+    if (!frame) return false;
+    size_t n = strlen(frame);
+    if (g->pend_off == g->pend_len) g->pend_off = g->pend_len = 0;
+    char *p = realloc(g->pend, g->pend_len + n + 1);
+    if (!p) {
+        free(frame);
+        return false;
+    }
+    g->pend = p;
+    memcpy(g->pend + g->pend_len, frame, n);
+    g->pend_len += n;
+    free(frame);
+    return true;
+}
+
+/* Turns new output of every choice into SSE frames. Returns true when frames were added. */
+static bool gen_collect(struct gen *g)
+{
+    bool added = false, all_done = true;
+    int completion = 0;
+    for (int i = 0; i < g->n; i++) {
+        struct choice_state *cs = &g->cs[i];
+        struct sched_req *r = g->reqs[i];
+        if (cs->finish_sent) {
+            completion += r->out.n_tokens; /* finished: no writer any more */
+            continue;
+        }
+        sched_req_lock(r);
+        size_t tl = r->out.text_len;
+        int nt = r->out.n_tokens;
+        enum sched_finish fin = r->out.finish;
+        bool has_new = tl > cs->text_sent || (g->logprobs && nt > cs->tok_sent) ||
+                       fin != SCHED_FINISH_NONE || (cs->echo && !cs->role_sent);
+        char *frame = NULL;
+        if (fin == SCHED_FINISH_ERROR) {
+            struct proto_error e;
+            proto_fail(&e, 500, NULL, NULL, "generation failed: %s", r->out.error);
+            frame = proto_resp_error_sse(&e);
+        } else if (has_new) {
+            char *text = r->out.text + cs->text_sent;
+            size_t len = tl - cs->text_sent;
+            char *joined = NULL;
+            if (cs->echo && !cs->role_sent) {
+                joined = malloc(cs->echo_len + len + 1);
+                if (joined) {
+                    memcpy(joined, cs->echo, cs->echo_len);
+                    memcpy(joined + cs->echo_len, text, len);
+                    text = joined;
+                    len += cs->echo_len;
+                }
+            }
+            struct proto_choice c = {
+                .index = i, .text = text, .text_len = len, .finish_reason = finish_name(fin),
+                .lps = g->logprobs ? r->out.lps + cs->tok_sent : NULL,
+                .n_lps = g->logprobs ? nt - cs->tok_sent : 0,
+                .text_offset = cs->text_sent + (cs->role_sent ? cs->echo_len : 0),
+            };
+            frame = proto_resp_chunk(g->kind, g->id, g->created, g->h->model_name, &c,
+                                     g->kind == PROTO_CHAT && !cs->role_sent, NULL,
+                                     g->h->m->tok);
+            free(joined);
+        }
+        sched_req_unlock(r);
+        if (frame) {
+            if (!pend_add(g, frame)) return added;
+            added = true;
+            cs->text_sent = tl;
+            cs->tok_sent = nt;
+            cs->role_sent = true;
+            if (fin != SCHED_FINISH_NONE) cs->finish_sent = true;
+        }
+        if (!cs->finish_sent) all_done = false;
+        completion += nt;
+    }
+    if (all_done && !g->done_sent) {
+        if (g->include_usage && !g->usage_sent) {
+            struct proto_usage u = {.prompt_tokens = g->prompt_tokens,
+                                    .completion_tokens = completion};
+            pend_add(g, proto_resp_chunk(g->kind, g->id, g->created, g->h->model_name, NULL,
+                                         false, &u, NULL));
+            g->usage_sent = true;
+        }
+        pend_add(g, strdup(PROTO_SSE_DONE));
+        g->done_sent = true;
+        added = true;
+    }
+    return added;
+}
+
+static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    struct gen *g = cls;
+    for (;;) {
+        if (g->pend_off < g->pend_len) {
+            size_t n = g->pend_len - g->pend_off;
+            if (n > max) n = max;
+            memcpy(buf, g->pend + g->pend_off, n);
+            g->pend_off += n;
+            return (ssize_t)n;
+        }
+        if (g->done_sent) return MHD_CONTENT_READER_END_OF_STREAM;
+        uint64_t seen = gen_events(g);
+        if (gen_collect(g)) continue;
+        if (peer_gone(g->c)) return MHD_CONTENT_READER_END_WITH_ERROR; /* on_completed cancels */
+        if (gen_suspend(g, seen)) return 0;
+    }
+}
+
+/* Builds and submits one scheduler request per choice. Returns 0 or -1 with e. */
+static int gen_submit(struct http_server *h, struct gen *g, struct proto_req *pr,
+                      struct proto_error *e)
+{
+    const struct model *m = h->m;
+    int n_prompts = pr->kind == PROTO_CHAT ? 1 : pr->n_prompts;
+    g->n = n_prompts * pr->n;
+    g->reqs = calloc((size_t)g->n, sizeof *g->reqs);
+    g->cs = calloc((size_t)g->n, sizeof *g->cs);
+    if (!g->reqs || !g->cs) return proto_fail(e, 500, NULL, NULL, "out of memory");
+    if (pr->moe_top_k > m->desc.top_k)
+        return proto_fail(e, 400, "moe_top_k", "invalid_value",
+                          "'moe_top_k' must be at most the model's %d experts per token",
+                          m->desc.top_k);
+    for (int p = 0; p < n_prompts; p++) {
+        int32_t *ids = NULL;
+        int n_ids;
+        const char *text = NULL;
+        char *rendered = NULL;
+        if (pr->kind == PROTO_CHAT) {
+            if (render_chat(m, pr, &rendered, e) != 0) return -1;
+            n_ids = encode(m->tok, rendered, false, &ids);
+            text = rendered;
+        } else if (pr->prompts[p].text) {
+            text = pr->prompts[p].text;
+            n_ids = encode(m->tok, text, true, &ids);
+        } else {
+            ids = pr->prompts[p].ids;
+            n_ids = pr->prompts[p].n_ids;
+            pr->prompts[p].ids = NULL; /* taken */
+            for (int i = 0; i < n_ids; i++)
+                if (ids[i] >= m->desc.vocab) {
+                    int32_t bad = ids[i]; /* read before the free */
+                    free(ids);
+                    return proto_fail(e, 400, "prompt", "invalid_value",
+                                      "token id %d out of range [0, %d)", bad, m->desc.vocab);
+                }
+        }
+        if (n_ids < 0) {
+            free(rendered);
+            return proto_fail(e, 500, NULL, NULL, "cannot tokenize the prompt");
+        }
+        int limit = h->cfg.max_model_len;
+        if (n_ids == 0 || n_ids >= limit) {
+            free(ids);
+            free(rendered);
+            return proto_fail(e, 400, pr->kind == PROTO_CHAT ? "messages" : "prompt",
+                              "invalid_value",
+                              "the prompt has %d tokens; it must have 1 to %d (max_model_len %d "
+                              "leaves room for at least one new token)",
+                              n_ids, limit - 1, limit);
+        }
+        int max_tokens = pr->max_tokens > 0 ? pr->max_tokens : limit - n_ids;
+        if (n_ids + max_tokens > limit) {
+            free(ids);
+            free(rendered);
+            return proto_fail(e, 400, "max_tokens", "invalid_value",
+                              "this model's maximum context length is %d tokens; the prompt has "
+                              "%d tokens and max_tokens is %d",
+                              limit, n_ids, max_tokens);
+        }
+        g->prompt_tokens += n_ids;
+        for (int j = 0; j < pr->n; j++) {
+            int k = p * pr->n + j;
+            struct sched_req_params sp;
+            sched_req_params_default(&sp);
+            sp.max_tokens = max_tokens;
+            sp.smp.temperature = (float)pr->temperature;
+            sp.smp.top_p = (float)pr->top_p;
+            sp.smp.top_k = pr->top_k;
+            sp.smp.min_p = (float)pr->min_p;
+            sp.smp.presence_penalty = (float)pr->presence_penalty;
+            sp.smp.frequency_penalty = (float)pr->frequency_penalty;
+            sp.smp.repetition_penalty = (float)pr->repetition_penalty;
+            sp.smp.has_seed = pr->has_seed;
+            sp.smp.seed = (uint64_t)pr->seed + (uint64_t)j;
+            sp.logprobs = pr->logprobs;
+            sp.smp.n_logprobs = pr->top_logprobs < SMP_MAX_LOGPROBS ? pr->top_logprobs
+                                                                    : SMP_MAX_LOGPROBS;
+            sp.ignore_eos = pr->ignore_eos;
+            sp.moe_top_k = pr->moe_top_k;
+            sp.n_stop = pr->n_stop;
+            for (int s = 0; s < pr->n_stop; s++) sp.stop[s] = pr->stop[s];
+            char err[MS_ERR_LEN];
+            g->reqs[k] = sched_req_create(ids, n_ids, &sp, err, sizeof err);
+            if (!g->reqs[k]) {
+                free(ids);
+                free(rendered);
+                return proto_fail(e, 400, NULL, NULL, "%s", err);
+            }
+            g->cs[k].prompt_tokens = n_ids;
+            if (pr->echo) {
+                if (text) {
+                    g->cs[k].echo = strdup(text);
+                } else {
+                    char tmp[1];
+                    long need = tok_decode(m->tok, ids, n_ids, false, tmp, sizeof tmp);
+                    g->cs[k].echo = need >= 0 ? malloc((size_t)need + 1) : NULL;
+                    if (g->cs[k].echo)
+                        tok_decode(m->tok, ids, n_ids, false, g->cs[k].echo, (size_t)need + 1);
+                }
+                g->cs[k].echo_len = g->cs[k].echo ? strlen(g->cs[k].echo) : 0;
+            }
+        }
+        free(ids);
+        free(rendered);
+    }
+    for (int k = 0; k < g->n; k++) {
+        sched_req_set_notify(g->reqs[k], gen_notify, g);
+        char err[MS_ERR_LEN];
+        int rc = sched_submit(h->s, g->reqs[k], err, sizeof err);
+        if (rc != 0)
+            return proto_fail(e, rc == SCHED_EFULL ? 429 : rc == SCHED_ECLOSED ? 503 : 400,
+                              NULL, rc == SCHED_EFULL ? "rate_limit_exceeded" : NULL, "%s", err);
+    }
+    return 0;
+}
+
+static enum MHD_Result gen_poll(struct http_server *h, struct MHD_Connection *c,
+                                struct conn *cn);
+
+static enum MHD_Result handle_generate(struct http_server *h, struct MHD_Connection *c,
+                                       struct conn *cn, enum proto_kind kind)
+{
+    struct proto_req pr;
+    struct proto_error e;
+    if (proto_req_parse(cn->body ? cn->body : "", cn->len, kind, &pr, &e) != 0) {
+        proto_req_free(&pr);
+        return send_error(h, c, cn->route, &e);
+    }
+    if (pr.model && strcmp(pr.model, h->model_name) != 0) {
+        proto_fail(&e, 404, "model", "model_not_found", "the model '%s' does not exist",
+                   pr.model);
+        proto_req_free(&pr);
+        return send_error(h, c, cn->route, &e);
+    }
+    struct gen *g = calloc(1, sizeof *g);
+    if (!g) {
+        proto_req_free(&pr);
+        return fail(h, c, cn->route, 500, NULL, NULL, "out of memory");
+    }
+    g->h = h;
+    g->c = c;
+    g->kind = kind;
+    g->stream = pr.stream;
+    g->include_usage = pr.include_usage;
+    g->logprobs = pr.logprobs;
+    g->created = (long)time(NULL);
+    snprintf(g->id, sizeof g->id, "%s-%llx%08llx", kind == PROTO_CHAT ? "chatcmpl" : "cmpl",
+             (unsigned long long)g->created,
+             (unsigned long long)atomic_fetch_add(&h->next_id, 1));
+    pthread_mutex_init(&g->mu, NULL);
+    atomic_fetch_add(&h->active, 1);
+    cn->g = g;
+    int rc = gen_submit(h, g, &pr, &e);
+    proto_req_free(&pr);
+    if (rc != 0) return send_error(h, c, cn->route, &e);
+    if (g->stream) {
+        struct MHD_Response *r =
+            MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, g, NULL);
+        if (!r) return MHD_NO;
+        MHD_add_response_header(r, "Content-Type", "text/event-stream");
+        MHD_add_response_header(r, "Cache-Control", "no-cache");
+        enum MHD_Result q = MHD_queue_response(c, 200, r);
+        MHD_destroy_response(r);
+        metrics_http(h->mt, cn->route, 200);
+        cn->answered = true;
+        return q;
+    }
+    return gen_poll(h, c, cn); /* suspends until the choices finish */
+}
+
+/* Non-streaming: called on every resume until the choices finished. */
+static enum MHD_Result gen_poll(struct http_server *h, struct MHD_Connection *c, struct conn *cn)
+{
+    struct gen *g = cn->g;
+    for (;;) {
+        uint64_t seen = gen_events(g);
+        if (gen_all_finished(g)) break;
+        if (peer_gone(c)) return MHD_NO; /* MHD closes; on_completed cancels the choices */
+        if (gen_suspend(g, seen)) return MHD_YES;
+    }
+    int status;
+    struct proto_error e;
+    char *body = gen_body(g, &status, &e);
+    cn->answered = true;
+    if (status != 200) {
+        free(body);
+        return send_error(h, c, cn->route, &e);
+    }
+    return send_json(h, c, cn->route, 200, body);
+}
+
+/* --- other routes -------------------------------------------------------------------------- */
+
+static enum MHD_Result handle_tokenize(struct http_server *h, struct MHD_Connection *c,
+                                       struct conn *cn, bool detok)
+{
+    struct proto_req pr;
+    struct proto_error e;
+    const struct model *m = h->m;
+    if (proto_req_parse(cn->body ? cn->body : "", cn->len,
+                        detok ? PROTO_DETOKENIZE : PROTO_TOKENIZE, &pr, &e) != 0) {
+        proto_req_free(&pr);
+        return send_error(h, c, cn->route, &e);
+    }
+    char *body = NULL;
+    if (detok) {
+        for (int i = 0; i < pr.n_tokens; i++)
+            if (pr.tokens[i] >= m->desc.vocab) {
+                proto_req_free(&pr);
+                return fail(h, c, cn->route, 400, "tokens", "invalid_value",
+                            "token id out of range");
+            }
+        char tmp[1];
+        long need = pr.n_tokens ? tok_decode(m->tok, pr.tokens, pr.n_tokens, true, tmp, 1) : 0;
+        char *text = need >= 0 ? malloc((size_t)need + 1) : NULL;
+        if (text) {
+            if (pr.n_tokens) tok_decode(m->tok, pr.tokens, pr.n_tokens, true, text, (size_t)need + 1);
+            body = proto_resp_detokenize(text, (size_t)need);
+        }
+        free(text);
+    } else {
+        char *rendered = NULL;
+        bool special = pr.add_special_tokens;
+        if (pr.messages_json) {
+            if (render_chat(m, &pr, &rendered, &e) != 0) {
+                proto_req_free(&pr);
+                return send_error(h, c, cn->route, &e);
+            }
+            special = false;
+        }
+        int32_t *ids = NULL;
+        int n = encode(m->tok, rendered ? rendered : pr.prompts[0].text, special, &ids);
+        if (n >= 0) body = proto_resp_tokenize(ids, n, h->cfg.max_model_len);
+        free(ids);
+        free(rendered);
+    }
+    proto_req_free(&pr);
+    return send_json(h, c, cn->route, 200, body);
+}
+
+static const char *const known_routes[] = {"/v1/completions", "/v1/chat/completions",
+                                           "/v1/models", "/health", "/metrics", "/tokenize",
+                                           "/detokenize"};
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
+                                  const char *method, const char *version,
+                                  const char *upload_data, size_t *upload_size, void **con_cls)
+{
+    struct http_server *h = cls;
+    struct conn *cn = *con_cls;
+    if (!cn) {
+        cn = calloc(1, sizeof *cn);
+        if (!cn) return MHD_NO;
+        cn->route = "other";
+        for (size_t i = 0; i < sizeof known_routes / sizeof *known_routes; i++)
+            if (strcmp(url, known_routes[i]) == 0) cn->route = known_routes[i];
+        *con_cls = cn;
+        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
+        if (cl && strtoull(cl, NULL, 10) > h->cfg.max_body) {
+            cn->answered = true;
+            return fail(h, c, cn->route, 413, NULL, "request_too_large",
+                        "the request body is too large");
+        }
+        return MHD_YES;
+    }
+    if (*upload_size > 0) {
+        size_t n = *upload_size;
+        *upload_size = 0;
+        if (cn->too_big || cn->len + n > h->cfg.max_body) {
+            cn->too_big = true;
+            return MHD_YES;
+        }
+        if (cn->len + n + 1 > cn->cap) {
+            size_t cap = (cn->len + n + 1) * 2;
+            if (cap > h->cfg.max_body + 1) cap = h->cfg.max_body + 1;
+            char *b = realloc(cn->body, cap);
+            if (!b) return MHD_NO;
+            cn->body = b;
+            cn->cap = cap;
+        }
+        memcpy(cn->body + cn->len, upload_data, n);
+        cn->len += n;
+        cn->body[cn->len] = '\0';
+        return MHD_YES;
+    }
+    if (cn->g && !cn->answered) return gen_poll(h, c, cn);
+    if (cn->answered) return MHD_YES;
+    cn->answered = true;
+    if (cn->too_big)
+        return fail(h, c, cn->route, 413, NULL, "request_too_large", "the request body is too large");
+
+    const char *route = cn->route;
+    bool get = strcmp(method, "GET") == 0, post = strcmp(method, "POST") == 0;
+    if (strcmp(route, "other") == 0)
+        return fail(h, c, route, 404, NULL, "not_found", "no such route");
+    bool want_get = strcmp(route, "/v1/models") == 0 || strcmp(route, "/health") == 0 ||
+                    strcmp(route, "/metrics") == 0;
+    if ((want_get && !get) || (!want_get && !post))
+        return fail(h, c, route, 405, NULL, "method_not_allowed", "method not allowed");
+
+    int state = atomic_load(&h->state);
+    if (strcmp(route, "/health") == 0)
+        return state == HTTP_READY ? send_json(h, c, route, 200, strdup("{\"status\":\"ok\"}"))
+                                   : fail(h, c, route, 503, NULL, NULL,
+                                          state == HTTP_LOADING ? "the model is loading"
+                                                                : "the server is shutting down");
+    if (strcmp(route, "/metrics") == 0) {
+        struct sched_stats st;
+        if (state != HTTP_LOADING) sched_get_stats(h->s, &st);
+        return send_text(h, c, route, 200,
+                         metrics_render(h->mt, state != HTTP_LOADING ? &st : NULL, h->model_name),
+                         "text/plain; version=0.0.4");
+    }
+    if (h->api_key && strncmp(route, "/v1/", 4) == 0) {
+        const char *auth = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+        const char *key = auth && strncmp(auth, "Bearer ", 7) == 0 ? auth + 7 : NULL;
+        if (!key_ok(h->api_key, key))
+            return fail(h, c, route, 401, NULL, "invalid_api_key",
+                        "missing or invalid API key (Authorization: Bearer ...)");
+    }
+    if (state == HTTP_LOADING)
+        return fail(h, c, route, 503, NULL, NULL, "the model is loading");
+    if (strcmp(route, "/v1/models") == 0)
+        return send_json(h, c, route, 200,
+                         proto_resp_models(h->model_name, h->created, h->cfg.max_model_len));
+    if (strcmp(route, "/tokenize") == 0) return handle_tokenize(h, c, cn, false);
+    if (strcmp(route, "/detokenize") == 0) return handle_tokenize(h, c, cn, true);
+    if (state == HTTP_DRAINING)
+        return fail(h, c, route, 503, NULL, NULL, "the server is shutting down");
+    cn->answered = false;
+    return handle_generate(h, c, cn,
+                           strcmp(route, "/v1/completions") == 0 ? PROTO_COMPLETION : PROTO_CHAT);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
+                         enum MHD_RequestTerminationCode toe)
+{
+    struct conn *cn = *con_cls;
+    if (!cn) return;
+    gen_free(cn->g); /* cancels choices still running (client gone) */
+    free(cn->body);
+    free(cn);
+    *con_cls = NULL;
+}
+
+/* --- lifecycle ----------------------------------------------------------------------------- */
+
+int http_start(const struct http_config *cfg, struct metrics *mt, struct http_server **out,
+               char *err, size_t errlen)
+{
+    *out = NULL;
+    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)cfg->port)};
+    if (inet_pton(AF_INET, cfg->host, &addr.sin_addr) != 1)
+        return ms_errf(err, errlen, "--host '%s' is not an IPv4 address", cfg->host);
+    struct http_server *h = calloc(1, sizeof *h);
+    if (!h) return ms_errf(err, errlen, "out of memory");
+    h->cfg = *cfg;
+    h->mt = mt;
+    h->host = strdup(cfg->host);
+    h->model_name = strdup(cfg->model_name);
+    h->api_key = cfg->api_key && cfg->api_key[0] ? strdup(cfg->api_key) : NULL;
+    h->created = (long)time(NULL);
+    atomic_init(&h->state, HTTP_LOADING);
+    atomic_init(&h->active, 0);
+    atomic_init(&h->next_id, 1);
+    if (h->cfg.max_body == 0) h->cfg.max_body = 1 << 20;
+    if (h->cfg.threads <= 0) h->cfg.threads = 4;
+    h->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL |
+                                MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG,
+                            0, NULL, NULL, on_request, h, MHD_OPTION_SOCK_ADDR, &addr,
+                            MHD_OPTION_THREAD_POOL_SIZE, (unsigned)h->cfg.threads,
+                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
+                            MHD_OPTION_CONNECTION_TIMEOUT, 300u,
+                            MHD_OPTION_CONNECTION_LIMIT, 4096u, MHD_OPTION_END);
+    if (!h->d) {
+        ms_errf(err, errlen, "cannot listen on %s:%d (in use or not permitted)", cfg->host,
+                cfg->port);
+        free(h->host);
+        free(h->model_name);
+        free(h->api_key);
+        free(h);
+        return -1;
+    }
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_BIND_PORT);
+    h->port = di ? di->port : cfg->port;
+    *out = h;
+    return 0;
+}
+
+int http_port(const struct http_server *h)
+{
+    return h->port;
+}
+
+void http_set_ready(struct http_server *h, const struct model *m, struct sched *s,
+                    int max_model_len)
+{
+    h->cfg.max_model_len = max_model_len;
+    h->m = m;
+    h->s = s;
+    atomic_store(&h->state, HTTP_READY);
+}
+
+void http_set_draining(struct http_server *h)
+{
+    atomic_store(&h->state, HTTP_DRAINING);
+}
+
+int http_active_streams(const struct http_server *h)
+{
+    return atomic_load(&h->active);
+}
+
+void http_stop(struct http_server *h)
+{
+    if (!h) return;
+    MHD_stop_daemon(h->d);
+    free(h->host);
+    free(h->model_name);
+    free(h->api_key);
+    free(h);
+}

@@ -1,0 +1,41 @@
+/* HTTP front end on libmicrohttpd: routes (/v1/completions, /v1/chat/completions, /v1/models,
+ * /health, /metrics, /tokenize, /detokenize), bearer-key auth, body limits and OpenAI error
+ * responses. HTTP threads (MHD's internal epoll thread pool) only parse, tokenize, submit to
+ * the scheduler and drain request outputs; a connection waiting for tokens is suspended and
+ * resumed by the scheduler's notify hook, so no thread waits per connection.
+ *
+ * Lifecycle: http_start listens at once and answers 503 until http_set_ready hands it the
+ * model and scheduler (they must outlive http_stop). http_set_draining makes new generation
+ * requests 503 while in-flight ones finish. http_stop closes every connection. */
+#ifndef MOESERVE_HTTP_H
+#define MOESERVE_HTTP_H
+
+#include <stddef.h>
+
+#include "metrics.h"
+#include "model.h"
+#include "scheduler.h"
+
+struct http_config {
+    const char *host;        /* "127.0.0.1" */
+    int port;                /* 0 = any free port (see http_port) */
+    const char *api_key;     /* NULL = no auth */
+    const char *model_name;  /* served model name */
+    size_t max_body;         /* bytes; larger bodies get 413 */
+    int threads;             /* MHD thread pool size */
+    int max_model_len;
+};
+
+struct http_server;
+
+int http_start(const struct http_config *cfg, struct metrics *mt, struct http_server **out,
+               char *err, size_t errlen);
+int http_port(const struct http_server *h);
+/* max_model_len: the engine's resolved value (replaces cfg.max_model_len). */
+void http_set_ready(struct http_server *h, const struct model *m, struct sched *s,
+                    int max_model_len);
+void http_set_draining(struct http_server *h);
+int http_active_streams(const struct http_server *h); /* generation requests in flight */
+void http_stop(struct http_server *h);
+
+#endif

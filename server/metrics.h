@@ -1,0 +1,29 @@
+/* Prometheus metrics for /metrics: request latency histograms (TTFT, inter-token, end-to-end,
+ * queue time), tokens per step, request outcomes by finish reason, HTTP requests by route and
+ * status, scheduler gauges (running, waiting, KV usage, preemptions), prefix cache queries and
+ * hits (in tokens) and per-device expert load (routed rows, expert FLOPs, busy seconds,
+ * load-imbalance ratio over a recent window).
+ *
+ * Threads: the observer hooks run on the scheduler thread, metrics_http on HTTP threads,
+ * metrics_render on any; one mutex guards the counters (held for microseconds, never across a
+ * forward pass). Ownership: metrics_create borrows the engine (NULL until it exists: set it with
+ * metrics_set_engine before the scheduler starts); metrics_render returns a malloc'd string. */
+#ifndef MOESERVE_METRICS_H
+#define MOESERVE_METRICS_H
+
+#include "engine.h"
+#include "scheduler.h"
+
+struct metrics;
+
+struct metrics *metrics_create(void);
+void metrics_free(struct metrics *mt);
+void metrics_set_engine(struct metrics *mt, struct engine *e);
+/* Hooks to pass in sched_params.obs. */
+struct sched_observer metrics_observer(struct metrics *mt);
+/* Counts one HTTP response. route: one of the server's route names, or "other". */
+void metrics_http(struct metrics *mt, const char *route, int status);
+/* Renders the exposition text; st may be NULL (before the scheduler exists). */
+char *metrics_render(struct metrics *mt, const struct sched_stats *st, const char *model_name);
+
+#endif

@@ -1,0 +1,342 @@
+/* `moeserve serve`: reads flags (each also from a MOESERVE_* environment variable), starts the
+ * HTTP front end at once (it answers 503 while weights load), loads the model with a progress
+ * bar, creates the engine and the scheduler loop, then waits for SIGTERM/SIGINT. On a signal it
+ * stops taking generation requests (503), lets in-flight ones finish within a grace period,
+ * aborts the rest, and exits 0. Signals are blocked in every thread and taken with sigwait
+ * here, so no handler runs inside a library call. */
+#include "serve.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stddef.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "common.h"
+#include "engine.h"
+#include "http.h"
+#include "metrics.h"
+#include "model.h"
+#include "scheduler.h"
+
+enum opt_type { OPT_STR, OPT_INT, OPT_BYTES };
+
+struct serve_opts {
+    const char *model, *host, *api_key, *served_name, *chat_template, *log_format;
+    long port, max_num_seqs, max_batched, max_model_len, devices, max_waiting, grace_s;
+    long kv_bytes;
+};
+
+struct opt_def {
+    const char *name;   /* flag without dashes */
+    const char *env;
+    enum opt_type type;
+    size_t off;         /* offset in struct serve_opts */
+    long lo, hi;
+    const char *help;
+};
+
+#define OFF(f) offsetof(struct serve_opts, f)
+static const struct opt_def opt_defs[] = {
+    {"model", "MOESERVE_MODEL", OPT_STR, OFF(model), 0, 0,
+     "Hugging Face model folder (default: the bundled model in models/)"},
+    {"host", "MOESERVE_HOST", OPT_STR, OFF(host), 0, 0, "address to listen on (127.0.0.1)"},
+    {"port", "MOESERVE_PORT", OPT_INT, OFF(port), 0, 65535, "TCP port (8000; 0 = any free)"},
+    {"api-key", "MOESERVE_API_KEY", OPT_STR, OFF(api_key), 0, 0,
+     "require 'Authorization: Bearer KEY' on /v1/*"},
+    {"served-model-name", "MOESERVE_SERVED_MODEL_NAME", OPT_STR, OFF(served_name), 0, 0,
+     "model name in the API (default: the folder name)"},
+    {"max-num-seqs", "MOESERVE_MAX_NUM_SEQS", OPT_INT, OFF(max_num_seqs), 1, 4096,
+     "sequences per step (64)"},
+    {"max-num-batched-tokens", "MOESERVE_MAX_NUM_BATCHED_TOKENS", OPT_INT, OFF(max_batched), 1,
+     1 << 20, "tokens per step; longer prompts are prefilled in chunks (512)"},
+    {"max-model-len", "MOESERVE_MAX_MODEL_LEN", OPT_INT, OFF(max_model_len), 0, 1 << 22,
+     "positions per sequence (default: min(model, 4096))"},
+    {"kv-cache-memory", "MOESERVE_KV_CACHE_MEMORY", OPT_BYTES, OFF(kv_bytes), 0, 0,
+     "KV cache size, e.g. 512M or 4G (default: room for max-num-seqs full sequences)"},
+    {"devices", "MOESERVE_DEVICES", OPT_INT, OFF(devices), 1, 64,
+     "CPU virtual devices the experts are spread over (1)"},
+    {"chat-template", "MOESERVE_CHAT_TEMPLATE", OPT_STR, OFF(chat_template), 0, 0,
+     "Jinja chat template file overriding tokenizer_config.json's"},
+    {"log-format", "MOESERVE_LOG_FORMAT", OPT_STR, OFF(log_format), 0, 0, "text or json (text)"},
+    {"max-waiting", "MOESERVE_MAX_WAITING", OPT_INT, OFF(max_waiting), 1, 1 << 20,
+     "queued requests before 429 (1024)"},
+    {"shutdown-grace", "MOESERVE_SHUTDOWN_GRACE", OPT_INT, OFF(grace_s), 0, 3600,
+     "seconds in-flight requests get to finish on SIGTERM (30)"},
+};
+#define N_OPTS (sizeof opt_defs / sizeof *opt_defs)
+
+static void serve_usage(FILE *f)
+{
+    fprintf(f, "usage: moeserve serve [options]   (also: moeserve [options])\n\n"
+               "OpenAI-compatible HTTP server: /v1/completions, /v1/chat/completions, "
+               "/v1/models,\n/health, /metrics, /tokenize, /detokenize.\n\n");
+    for (size_t i = 0; i < N_OPTS; i++)
+        fprintf(f, "  --%-24s %s\n  %-26s [env %s]\n", opt_defs[i].name, opt_defs[i].help, "",
+                opt_defs[i].env);
+    fprintf(f, "  --%-24s %s\n", "help", "this text");
+}
+
+static int parse_bytes(const char *s, long *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || v < 0) return -1;
+    double mul = 1;
+    switch (*end) {
+    case 'k': case 'K': mul = 1024.0; end++; break;
+    case 'm': case 'M': mul = 1024.0 * 1024; end++; break;
+    case 'g': case 'G': mul = 1024.0 * 1024 * 1024; end++; break;
+    default: break;
+    }
+    if (*end == 'i' || *end == 'B') end++;
+    if (*end == 'B') end++;
+    if (*end) return -1;
+    *out = (long)(v * mul);
+    return 0;
+}
+
+static int set_opt(struct serve_opts *o, const struct opt_def *d, const char *val,
+                   const char *from)
+{
+    char *base = (char *)o + d->off;
+    if (d->type == OPT_STR) {
+        *(const char **)base = val;
+        return 0;
+    }
+    long v;
+    if (d->type == OPT_BYTES) {
+        if (parse_bytes(val, &v) != 0) {
+            fprintf(stderr, "moeserve serve: %s must be a size like 512M or 4G, got '%s'\n", from,
+                    val);
+            return -1;
+        }
+    } else {
+        char *end;
+        errno = 0;
+        v = strtol(val, &end, 10);
+        if (errno || end == val || *end || v < d->lo || v > d->hi) {
+            fprintf(stderr, "moeserve serve: %s must be an integer in [%ld, %ld], got '%s'\n",
+                    from, d->lo, d->hi, val);
+            return -1;
+        }
+    }
+    *(long *)base = v;
+    return 0;
+}
+
+/* Returns 0, 1 for --help, -1 on a bad flag. */
+static int parse_opts(int argc, char **argv, struct serve_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->host = "127.0.0.1";
+    o->port = 8000;
+    o->max_num_seqs = 64;
+    o->max_batched = 512;
+    o->devices = 1;
+    o->log_format = "text";
+    o->max_waiting = 1024;
+    o->grace_s = 30;
+    o->model = "models/default";
+    for (size_t i = 0; i < N_OPTS; i++) {
+        const char *v = getenv(opt_defs[i].env);
+        if (v && *v && set_opt(o, &opt_defs[i], v, opt_defs[i].env) != 0) return -1;
+    }
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) return 1;
+        if (strncmp(a, "--", 2) != 0) {
+            fprintf(stderr, "moeserve serve: unexpected argument '%s'\n", a);
+            return -1;
+        }
+        const char *name = a + 2, *eq = strchr(name, '=');
+        size_t nl = eq ? (size_t)(eq - name) : strlen(name);
+        const struct opt_def *d = NULL;
+        for (size_t k = 0; k < N_OPTS; k++)
+            if (strlen(opt_defs[k].name) == nl && strncmp(opt_defs[k].name, name, nl) == 0)
+                d = &opt_defs[k];
+        if (!d) {
+            fprintf(stderr, "moeserve serve: unknown option '%s' (see --help)\n", a);
+            return -1;
+        }
+        const char *val = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
+        if (!val) {
+            fprintf(stderr, "moeserve serve: %s needs a value\n", a);
+            return -1;
+        }
+        if (set_opt(o, d, val, a) != 0) return -1;
+    }
+    if (strcmp(o->log_format, "text") != 0 && strcmp(o->log_format, "json") != 0) {
+        fprintf(stderr, "moeserve serve: --log-format must be text or json\n");
+        return -1;
+    }
+    return 0;
+}
+
+static bool log_json;
+
+static void slog(const char *level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void slog(const char *level, const char *fmt, ...)
+{
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    time_t now = time(NULL);
+    struct tm tm;
+    gmtime_r(&now, &tm);
+    char ts[32];
+    strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    if (log_json) {
+        fprintf(stderr, "{\"ts\":\"%s\",\"level\":\"%s\",\"msg\":\"", ts, level);
+        for (const char *p = msg; *p; p++) {
+            if (*p == '"' || *p == '\\') fputc('\\', stderr);
+            if ((unsigned char)*p >= 0x20) fputc(*p, stderr);
+        }
+        fprintf(stderr, "\"}\n");
+    } else {
+        fprintf(stderr, "%s %s %s\n", ts, level, msg);
+    }
+}
+
+static char *read_file(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *buf = NULL;
+    if (fseek(f, 0, SEEK_END) == 0) {
+        long n = ftell(f);
+        if (n >= 0 && fseek(f, 0, SEEK_SET) == 0 && (buf = malloc((size_t)n + 1))) {
+            if (fread(buf, 1, (size_t)n, f) != (size_t)n) {
+                free(buf);
+                buf = NULL;
+            } else {
+                buf[n] = '\0';
+            }
+        }
+    }
+    fclose(f);
+    return buf;
+}
+
+int cli_serve(int argc, char **argv)
+{
+    struct serve_opts o;
+    int pr = parse_opts(argc, argv, &o);
+    if (pr == 1) {
+        serve_usage(stdout);
+        return 0;
+    }
+    if (pr != 0) return 2;
+    log_json = strcmp(o.log_format, "json") == 0;
+
+    /* Block the shutdown signals before any thread starts so that all inherit the mask. */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    char err[MS_ERR_LEN];
+    int status = 1;
+    struct model *m = NULL;
+    struct engine *e = NULL;
+    struct sched *s = NULL;
+    struct http_server *h = NULL;
+    struct metrics *mt = metrics_create();
+    if (!mt) return 1;
+
+    const char *name = o.served_name;
+    if (!name) {
+        const char *slash = strrchr(o.model, '/');
+        name = slash && slash[1] ? slash + 1 : o.model;
+    }
+    struct http_config hc = {.host = o.host, .port = (int)o.port, .api_key = o.api_key,
+                             .model_name = name, .max_body = 1 << 20, .threads = 4,
+                             .max_model_len = (int)o.max_model_len};
+    if (http_start(&hc, mt, &h, err, sizeof err) != 0) {
+        slog("error", "%s", err);
+        goto out;
+    }
+    slog("info", "listening on http://%s:%d (loading %s)", o.host, http_port(h), o.model);
+
+    struct model_load_opts lo;
+    model_load_opts_default(&lo);
+    lo.progress = cli_progress;
+    lo.progress_ctx = "loading weights";
+    if (model_load(o.model, &lo, &m, err, sizeof err) != 0) {
+        slog("error", "cannot load the model: %s", err);
+        goto out;
+    }
+    if (o.chat_template) {
+        char *t = read_file(o.chat_template);
+        if (!t) {
+            slog("error", "cannot read --chat-template %s", o.chat_template);
+            goto out;
+        }
+        free(m->chat_template);
+        m->chat_template = t;
+    }
+    struct engine_params ep;
+    engine_params_default(&ep);
+    ep.n_devices = (int)o.devices;
+    ep.max_seqs = (int)o.max_num_seqs;
+    ep.max_batch_tokens = (int)o.max_batched;
+    ep.max_model_len = (int)o.max_model_len;
+    ep.kv_cache_bytes = (size_t)o.kv_bytes;
+    if (engine_create(m, &ep, &e, err, sizeof err) != 0) {
+        slog("error", "%s", err);
+        goto out;
+    }
+    metrics_set_engine(mt, e);
+    struct sched_params sp = {.max_num_seqs = (int)o.max_num_seqs,
+                              .max_num_batched_tokens = (int)o.max_batched,
+                              .max_waiting = (int)o.max_waiting,
+                              .obs = metrics_observer(mt)};
+    if (sched_create(e, &sp, &s, err, sizeof err) != 0 || sched_start(s, err, sizeof err) != 0) {
+        slog("error", "%s", err);
+        goto out;
+    }
+    http_set_ready(h, m, s, engine_get_params(e)->max_model_len);
+    struct sched_stats st;
+    sched_get_stats(s, &st);
+    slog("info", "ready: model %s, %d KV blocks, max_model_len %d, %d device(s)", name,
+         st.kv_blocks_total, engine_get_params(e)->max_model_len, (int)o.devices);
+
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    slog("info", "%s: draining (grace %lds)", sig == SIGTERM ? "SIGTERM" : "SIGINT", o.grace_s);
+    http_set_draining(h);
+    sched_close(s);
+    double deadline = ms_now() + (double)o.grace_s;
+    while (ms_now() < deadline) {
+        sched_get_stats(s, &st);
+        if (st.running == 0 && st.waiting == 0 && http_active_streams(h) == 0) break;
+        struct timespec ts = {0, 50 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    sched_stop(s); /* aborts what is left; suspended connections are resumed and answered */
+    deadline = ms_now() + 2.0;
+    while (http_active_streams(h) > 0 && ms_now() < deadline) {
+        struct timespec ts = {0, 20 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    slog("info", "stopped");
+    status = 0;
+out:
+    http_stop(h);
+    sched_free(s);
+    engine_free(e);
+    model_free(m);
+    metrics_free(mt);
+    return status;
+}

@@ -1,0 +1,556 @@
+/* Scheduler tests on the tiny f32 mixtral fixture, driven without HTTP: greedy output of a
+ * request alone equals its output alongside 15 others (with chunked prefill), preemption when
+ * KV blocks are scarce still completes every request with the same output, cancellation frees
+ * blocks, stop strings cut the text, back-pressure and oversize requests are refused, the
+ * libuv loop thread runs requests to completion, and prefix caching reuses full prompt blocks
+ * (a repeated prompt hits all its full blocks but the one holding its last token) without
+ * changing any greedy output compared with the cache disabled. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "engine.h"
+#include "model.h"
+#include "scheduler.h"
+#include "test.h"
+
+#define N_REQ 16
+#define MAX_TOK 12
+
+static int32_t prompts[N_REQ][96];
+static int prompt_len[N_REQ];
+
+static void make_prompts(int vocab)
+{
+    uint32_t x = 12345;
+    for (int i = 0; i < N_REQ; i++) {
+        prompt_len[i] = 3 + (i * 37) % 90;
+        for (int t = 0; t < prompt_len[i]; t++) {
+            x = x * 1664525u + 1013904223u;
+            prompts[i][t] = 1 + (int32_t)((x >> 8) % (uint32_t)(vocab - 1));
+        }
+    }
+}
+
+static struct sched_req *make_req(int i, int max_tokens)
+{
+    struct sched_req_params p;
+    sched_req_params_default(&p);
+    p.max_tokens = max_tokens;
+    p.ignore_eos = true;
+    p.smp.temperature = 0;
+    char err[MS_ERR_LEN];
+    struct sched_req *r = sched_req_create(prompts[i], prompt_len[i], &p, err, sizeof err);
+    if (!r) fprintf(stderr, "sched_req_create: %s\n", err);
+    return r;
+}
+
+static struct engine *make_engine(const struct model *m, size_t kv_bytes, int batch_tokens)
+{
+    struct engine_params ep;
+    engine_params_default(&ep);
+    ep.max_seqs = N_REQ;
+    ep.max_batch_tokens = batch_tokens;
+    ep.max_model_len = 128;
+    ep.kv_cache_bytes = kv_bytes;
+    char err[MS_ERR_LEN];
+    struct engine *e = NULL;
+    if (engine_create(m, &ep, &e, err, sizeof err) != 0) fprintf(stderr, "engine: %s\n", err);
+    return e;
+}
+
+static struct sched *make_sched_pc(struct engine *e, int batch_tokens, int max_waiting,
+                                   bool prefix_caching)
+{
+    struct sched_params sp = {.max_num_seqs = N_REQ, .max_num_batched_tokens = batch_tokens,
+                              .max_waiting = max_waiting,
+                              .disable_prefix_caching = !prefix_caching};
+    char err[MS_ERR_LEN];
+    struct sched *s = NULL;
+    if (sched_create(e, &sp, &s, err, sizeof err) != 0) fprintf(stderr, "sched: %s\n", err);
+    return s;
+}
+
+static struct sched *make_sched(struct engine *e, int batch_tokens, int max_waiting)
+{
+    return make_sched_pc(e, batch_tokens, max_waiting, true);
+}
+
+static void run_until_idle(struct sched *s)
+{
+    for (int guard = 0; guard < 100000 && sched_has_work(s); guard++) sched_step(s);
+}
+
+/* Runs requests idx[0..n) together and copies their generated tokens into out. */
+static void run_batch(struct sched *s, const int *idx, int n, int32_t out[][MAX_TOK],
+                      enum sched_finish *fin)
+{
+    struct sched_req *r[N_REQ];
+    char err[MS_ERR_LEN];
+    for (int k = 0; k < n; k++) {
+        r[k] = make_req(idx[k], MAX_TOK);
+        CHECK(r[k] != NULL);
+        CHECKF(sched_submit(s, r[k], err, sizeof err) == 0, "%s", err);
+    }
+    run_until_idle(s);
+    for (int k = 0; k < n; k++) {
+        sched_req_lock(r[k]);
+        fin[idx[k]] = r[k]->out.finish;
+        CHECK(r[k]->out.n_tokens == MAX_TOK);
+        memcpy(out[idx[k]], r[k]->out.tokens, sizeof(int32_t) * MAX_TOK);
+        sched_req_unlock(r[k]);
+        sched_req_release(r[k]);
+    }
+}
+
+static void test_batching(const struct model *m, int32_t alone[N_REQ][MAX_TOK])
+{
+    struct engine *e = make_engine(m, 0, 64);
+    struct sched *s = e ? make_sched(e, 64, 0) : NULL;
+    CHECK(s != NULL);
+    if (!s) goto out;
+    enum sched_finish fin[N_REQ];
+    for (int i = 0; i < N_REQ; i++) {
+        run_batch(s, &i, 1, alone, fin);
+        CHECK(fin[i] == SCHED_FINISH_LENGTH);
+    }
+    int idx[N_REQ];
+    for (int i = 0; i < N_REQ; i++) idx[i] = i;
+    int32_t together[N_REQ][MAX_TOK];
+    run_batch(s, idx, N_REQ, together, fin);
+    for (int i = 0; i < N_REQ; i++) {
+        CHECKF(fin[i] == SCHED_FINISH_LENGTH, "request %d finish %d", i, fin[i]);
+        CHECKF(memcmp(alone[i], together[i], sizeof together[i]) == 0,
+               "request %d: greedy output differs alone vs batched", i);
+    }
+    struct sched_stats st;
+    sched_get_stats(s, &st);
+    CHECK(st.running == 0 && st.waiting == 0);
+    CHECK(st.kv_blocks_free == st.kv_blocks_total);
+    CHECK(st.preemptions == 0);
+out:
+    sched_free(s);
+    engine_free(e);
+}
+
+static void test_preemption(const struct model *m, int32_t alone[N_REQ][MAX_TOK],
+                            bool prefix_caching)
+{
+    const struct model_desc *d = &m->desc;
+    /* 14 blocks of 16 tokens: about two of the longest requests at a time. */
+    size_t bytes = kv_block_bytes(d->n_layer, d->n_kv_head, d->head_dim, 16) * 14;
+    struct engine *e = make_engine(m, bytes, 32);
+    struct sched *s = e ? make_sched_pc(e, 32, 0, prefix_caching) : NULL;
+    CHECK(s != NULL);
+    if (!s) goto out;
+    int idx[N_REQ];
+    for (int i = 0; i < N_REQ; i++) idx[i] = i;
+    int32_t out_tok[N_REQ][MAX_TOK];
+    enum sched_finish fin[N_REQ];
+    run_batch(s, idx, N_REQ, out_tok, fin);
+    for (int i = 0; i < N_REQ; i++) {
+        CHECKF(fin[i] == SCHED_FINISH_LENGTH, "request %d finish %d", i, fin[i]);
+        CHECKF(memcmp(alone[i], out_tok[i], sizeof out_tok[i]) == 0,
+               "request %d: greedy output differs under preemption", i);
+    }
+    struct sched_stats st;
+    sched_get_stats(s, &st);
+    CHECKF(st.preemptions > 0, "expected preemptions with %d blocks", st.kv_blocks_total);
+    CHECK(st.kv_blocks_free == st.kv_blocks_total);
+    if (!prefix_caching) CHECK(st.prefix_cache_queries == 0 && st.prefix_cache_hits == 0);
+    /* preempted requests come back to their own cached blocks when nobody evicted them */
+    if (prefix_caching) CHECK(st.prefix_cache_hits > 0);
+    printf("preemption (prefix caching %s): %llu preemptions with %d KV blocks, %llu of %llu "
+           "tokens re-hit\n",
+           prefix_caching ? "on" : "off", (unsigned long long)st.preemptions,
+           st.kv_blocks_total, (unsigned long long)st.prefix_cache_hits,
+           (unsigned long long)st.prefix_cache_queries);
+out:
+    sched_free(s);
+    engine_free(e);
+}
+
+static void test_cancel_and_limits(const struct model *m)
+{
+    struct engine *e = make_engine(m, 0, 64);
+    struct sched *s = e ? make_sched(e, 64, 6) : NULL;
+    CHECK(s != NULL);
+    if (!s) goto out;
+    char err[MS_ERR_LEN];
+    struct sched_req *r[6];
+    for (int k = 0; k < 6; k++) {
+        r[k] = make_req(k, 40);
+        CHECK(sched_submit(s, r[k], err, sizeof err) == 0);
+    }
+    /* the wait queue holds 6: a seventh is refused with EFULL */
+    struct sched_req *extra = make_req(7, 4);
+    CHECK(sched_submit(s, extra, err, sizeof err) == SCHED_EFULL);
+    for (int k = 0; k < 8; k++) sched_step(s);
+    struct sched_stats before, after;
+    sched_get_stats(s, &before);
+    CHECK(before.running == 6);
+    sched_req_cancel(s, r[1]);
+    sched_req_cancel(s, r[4]);
+    sched_step(s);
+    sched_get_stats(s, &after);
+    CHECK(after.running == 4);
+    CHECKF(after.kv_blocks_free > before.kv_blocks_free, "free blocks %d -> %d",
+           before.kv_blocks_free, after.kv_blocks_free);
+    sched_req_lock(r[1]);
+    CHECK(r[1]->out.finish == SCHED_FINISH_ABORT);
+    sched_req_unlock(r[1]);
+    /* now there is room again */
+    CHECK(sched_submit(s, extra, err, sizeof err) == 0);
+    run_until_idle(s);
+    sched_get_stats(s, &after);
+    CHECK(after.kv_blocks_free == after.kv_blocks_total);
+    for (int k = 0; k < 6; k++) {
+        sched_req_lock(r[k]);
+        if (k != 1 && k != 4) CHECK(r[k]->out.finish == SCHED_FINISH_LENGTH && r[k]->out.n_tokens == 40);
+        sched_req_unlock(r[k]);
+        sched_req_release(r[k]);
+    }
+    sched_req_lock(extra);
+    CHECK(extra->out.finish == SCHED_FINISH_LENGTH && extra->out.n_tokens == 4);
+    sched_req_unlock(extra);
+    sched_req_release(extra);
+
+    /* too long for max_model_len (128) */
+    struct sched_req *big = make_req(3, 120);
+    CHECK(sched_submit(s, big, err, sizeof err) == SCHED_EINVAL);
+    sched_req_release(big);
+    /* closed: refused */
+    sched_close(s);
+    struct sched_req *late = make_req(0, 2);
+    CHECK(sched_submit(s, late, err, sizeof err) == SCHED_ECLOSED);
+    sched_req_release(late);
+out:
+    sched_free(s);
+    engine_free(e);
+}
+
+static void test_stop_string(const struct model *m)
+{
+    if (!m->tok) return;
+    struct engine *e = make_engine(m, 0, 64);
+    struct sched *s = e ? make_sched(e, 64, 0) : NULL;
+    CHECK(s != NULL);
+    if (!s) goto out;
+    char err[MS_ERR_LEN];
+    struct sched_req_params p;
+    sched_req_params_default(&p);
+    p.max_tokens = 24;
+    p.ignore_eos = true;
+    p.smp.temperature = 0;
+    struct sched_req *r = sched_req_create(prompts[5], prompt_len[5], &p, err, sizeof err);
+    CHECK(sched_submit(s, r, err, sizeof err) == 0);
+    run_until_idle(s);
+    char full[4096];
+    snprintf(full, sizeof full, "%s", r->out.text);
+    sched_req_release(r);
+    size_t len = strlen(full);
+    CHECKF(len >= 6, "generated text too short: '%s'", full);
+    if (len >= 6) {
+        /* stop at a 3-byte string from the middle: output is everything before its first
+         * occurrence */
+        char stop[4];
+        memcpy(stop, full + len / 2, 3);
+        stop[3] = '\0';
+        const char *first = strstr(full, stop);
+        p.n_stop = 1;
+        p.stop[0] = stop;
+        r = sched_req_create(prompts[5], prompt_len[5], &p, err, sizeof err);
+        CHECK(sched_submit(s, r, err, sizeof err) == 0);
+        run_until_idle(s);
+        CHECK(r->out.finish == SCHED_FINISH_STOP);
+        CHECKF(r->out.text_len == (size_t)(first - full) &&
+                   memcmp(r->out.text, full, r->out.text_len) == 0,
+               "stop '%s': got '%s' from '%s'", stop, r->out.text, full);
+        sched_req_release(r);
+    }
+out:
+    sched_free(s);
+    engine_free(e);
+}
+
+/* The loop thread: requests submitted from this thread, completion seen through notify. */
+struct waiter {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int notified;
+};
+
+static void on_notify(void *ctx)
+{
+    struct waiter *w = ctx;
+    pthread_mutex_lock(&w->mu);
+    w->notified++;
+    pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
+static void test_loop_thread(const struct model *m, int32_t alone[N_REQ][MAX_TOK])
+{
+    struct engine *e = make_engine(m, 0, 64);
+    struct sched *s = e ? make_sched(e, 64, 0) : NULL;
+    CHECK(s != NULL);
+    if (!s) goto out;
+    char err[MS_ERR_LEN];
+    CHECKF(sched_start(s, err, sizeof err) == 0, "%s", err);
+    struct waiter w = {.notified = 0};
+    pthread_mutex_init(&w.mu, NULL);
+    pthread_cond_init(&w.cv, NULL);
+    struct sched_req *r[N_REQ];
+    for (int i = 0; i < N_REQ; i++) {
+        r[i] = make_req(i, MAX_TOK);
+        sched_req_set_notify(r[i], on_notify, &w);
+        CHECK(sched_submit(s, r[i], err, sizeof err) == 0);
+    }
+    for (int i = 0; i < N_REQ; i++) {
+        for (;;) {
+            sched_req_lock(r[i]);
+            enum sched_finish f = r[i]->out.finish;
+            sched_req_unlock(r[i]);
+            if (f != SCHED_FINISH_NONE) break;
+            pthread_mutex_lock(&w.mu);
+            int seen = w.notified;
+            sched_req_lock(r[i]);
+            f = r[i]->out.finish;
+            sched_req_unlock(r[i]);
+            while (f == SCHED_FINISH_NONE && w.notified == seen)
+                pthread_cond_wait(&w.cv, &w.mu);
+            pthread_mutex_unlock(&w.mu);
+        }
+        sched_req_lock(r[i]);
+        CHECK(r[i]->out.finish == SCHED_FINISH_LENGTH);
+        CHECKF(memcmp(r[i]->out.tokens, alone[i], sizeof alone[i]) == 0,
+               "loop thread: request %d differs", i);
+        sched_req_unlock(r[i]);
+    }
+    /* a request still running when the loop stops is aborted */
+    struct sched_req *longr = make_req(2, 40);
+    CHECK(sched_submit(s, longr, err, sizeof err) == 0);
+    sched_stop(s);
+    sched_req_lock(longr);
+    CHECK(longr->out.finish != SCHED_FINISH_NONE);
+    sched_req_unlock(longr);
+    sched_req_release(longr);
+    for (int i = 0; i < N_REQ; i++) sched_req_release(r[i]);
+    pthread_mutex_destroy(&w.mu);
+    pthread_cond_destroy(&w.cv);
+out:
+    sched_free(s);
+    engine_free(e);
+}
+
+/* Runs one request to completion on s; returns its cached prompt tokens, copies its output. */
+static int run_one(struct sched *s, const int32_t *prompt, int n, int moe_top_k,
+                   int32_t out[MAX_TOK])
+{
+    struct sched_req_params p;
+    sched_req_params_default(&p);
+    p.max_tokens = MAX_TOK;
+    p.ignore_eos = true;
+    p.smp.temperature = 0;
+    p.moe_top_k = moe_top_k;
+    char err[MS_ERR_LEN];
+    struct sched_req *r = sched_req_create(prompt, n, &p, err, sizeof err);
+    CHECK(r != NULL);
+    if (!r) return -1;
+    CHECKF(sched_submit(s, r, err, sizeof err) == 0, "%s", err);
+    run_until_idle(s);
+    sched_req_lock(r);
+    CHECK(r->out.finish == SCHED_FINISH_LENGTH && r->out.n_tokens == MAX_TOK);
+    memcpy(out, r->out.tokens, sizeof(int32_t) * MAX_TOK);
+    int cached = r->out.n_cached_tokens;
+    sched_req_unlock(r);
+    sched_req_release(r);
+    return cached;
+}
+
+/* Prefix caching: the same prompt twice, a prompt sharing a prefix, another expert budget, and
+ * a chunked prefill resuming after a hit, each compared with the cache disabled. */
+static void test_prefix_cache(const struct model *m)
+{
+    enum { LONG = 96, ODD = 90, BSZ = 16 };
+    struct engine *e_on = make_engine(m, 0, 64), *e_off = make_engine(m, 0, 64);
+    struct sched *on = e_on ? make_sched_pc(e_on, 64, 0, true) : NULL;
+    struct sched *off = e_off ? make_sched_pc(e_off, 64, 0, false) : NULL;
+    struct engine *e_chunk = make_engine(m, 0, 24);
+    struct sched *chunk = e_chunk ? make_sched_pc(e_chunk, 24, 0, true) : NULL;
+    CHECK(on && off && chunk);
+    if (!on || !off || !chunk) goto out;
+    CHECK(engine_kv(e_on)->block_size == BSZ);
+    static int32_t pa[LONG], pb[LONG];
+    uint32_t x = 777;
+    for (int t = 0; t < LONG; t++) {
+        x = x * 1664525u + 1013904223u;
+        pa[t] = 1 + (int32_t)((x >> 8) % (uint32_t)(m->desc.vocab - 1));
+    }
+    memcpy(pb, pa, sizeof pb);
+    for (int t = 64; t < LONG; t++) pb[t] = 1 + (pa[t] * 7 + 3) % (m->desc.vocab - 1);
+
+    int32_t ref_a[MAX_TOK], ref_a90[MAX_TOK], ref_b[MAX_TOK], ref_k1[MAX_TOK], got[MAX_TOK];
+    CHECK(run_one(off, pa, LONG, 0, ref_a) == 0);
+    CHECK(run_one(off, pa, ODD, 0, ref_a90) == 0);
+    CHECK(run_one(off, pb, LONG, 0, ref_b) == 0);
+    CHECK(run_one(off, pa, LONG, 1, ref_k1) == 0);
+    struct sched_stats st;
+    sched_get_stats(off, &st);
+    CHECK(st.prefix_cache_queries == 0 && st.prefix_cache_hits == 0 && st.kv_blocks_cached == 0);
+
+    /* first run: a miss, then its blocks stay cached while counted free */
+    CHECK(run_one(on, pa, LONG, 0, got) == 0);
+    CHECK(memcmp(got, ref_a, sizeof got) == 0);
+    sched_get_stats(on, &st);
+    CHECK(st.prefix_cache_queries == LONG && st.prefix_cache_hits == 0);
+    /* 96 prompt + 11 computed generated tokens = 107 positions: 6 full blocks registered */
+    CHECKF(st.kv_blocks_cached == 6, "cached blocks %d", st.kv_blocks_cached);
+    CHECK(st.kv_blocks_free == st.kv_blocks_total);
+
+    /* the same prompt again: every full block but the last (its last token must be computed) */
+    int hit = run_one(on, pa, LONG, 0, got);
+    CHECKF(hit == LONG - BSZ, "hit %d tokens, want %d", hit, LONG - BSZ);
+    CHECKF(memcmp(got, ref_a, sizeof got) == 0, "greedy output differs after a prefix hit");
+    /* a shorter prompt with a partial last block: all its full blocks */
+    hit = run_one(on, pa, ODD, 0, got);
+    CHECKF(hit == (ODD / BSZ) * BSZ, "hit %d tokens, want %d", hit, (ODD / BSZ) * BSZ);
+    CHECK(memcmp(got, ref_a90, sizeof got) == 0);
+    /* sharing the first 64 tokens */
+    hit = run_one(on, pb, LONG, 0, got);
+    CHECKF(hit == 64, "shared-prefix hit %d tokens, want 64", hit);
+    CHECK(memcmp(got, ref_b, sizeof got) == 0);
+    /* another expert budget computes other K/V: no hit */
+    hit = run_one(on, pa, LONG, 1, got);
+    CHECKF(hit == 0, "moe_top_k 1 hit %d tokens", hit);
+    CHECK(memcmp(got, ref_k1, sizeof got) == 0);
+    hit = run_one(on, pa, LONG, 1, got);
+    CHECK(hit == LONG - BSZ);
+    CHECK(memcmp(got, ref_k1, sizeof got) == 0);
+    sched_get_stats(on, &st);
+    CHECKF(st.prefix_cache_queries == 5 * LONG + ODD, "queries %llu",
+           (unsigned long long)st.prefix_cache_queries);
+    CHECKF(st.prefix_cache_hits == (uint64_t)(2 * (LONG - BSZ) + 80 + 64), "hits %llu",
+           (unsigned long long)st.prefix_cache_hits);
+    CHECK(st.kv_blocks_free == st.kv_blocks_total && st.running == 0);
+
+    /* chunked prefill (24 tokens a step) resuming after a hit; a second identical prompt
+     * waiting while the first runs (the budget admits it once the first decodes) shares the
+     * first one's blocks while both run */
+    CHECK(run_one(chunk, pa, LONG, 0, got) == 0);
+    CHECK(memcmp(got, ref_a, sizeof got) == 0);
+    CHECK(run_one(chunk, pa, LONG, 0, got) == LONG - BSZ);
+    CHECK(memcmp(got, ref_a, sizeof got) == 0);
+    CHECK(run_one(chunk, pb, LONG, 0, got) == 64);
+    CHECK(memcmp(got, ref_b, sizeof got) == 0);
+    {
+        int32_t pc[LONG];
+        for (int t = 0; t < LONG; t++) pc[t] = pb[LONG - 1 - t];
+        struct sched_req_params p;
+        sched_req_params_default(&p);
+        p.max_tokens = MAX_TOK;
+        p.ignore_eos = true;
+        p.smp.temperature = 0;
+        char err[MS_ERR_LEN];
+        struct sched_req *r1 = sched_req_create(pc, LONG, &p, err, sizeof err);
+        struct sched_req *r2 = sched_req_create(pc, LONG, &p, err, sizeof err);
+        CHECK(r1 && r2);
+        if (r1 && r2) {
+            CHECK(sched_submit(chunk, r1, err, sizeof err) == 0);
+            CHECK(sched_submit(chunk, r2, err, sizeof err) == 0);
+            run_until_idle(chunk);
+            CHECK(r1->out.n_tokens == MAX_TOK && r2->out.n_tokens == MAX_TOK);
+            CHECK(memcmp(r1->out.tokens, r2->out.tokens, sizeof(int32_t) * MAX_TOK) == 0);
+            CHECK(r1->out.n_cached_tokens == 0);
+            CHECKF(r2->out.n_cached_tokens == LONG - BSZ, "r2 hit %d", r2->out.n_cached_tokens);
+        }
+        sched_req_release(r1);
+        sched_req_release(r2);
+        /* the cached copy is found again afterwards */
+        int32_t ref_c[MAX_TOK];
+        CHECK(run_one(off, pc, LONG, 0, ref_c) == 0);
+        CHECK(run_one(chunk, pc, LONG, 0, got) == LONG - BSZ);
+        CHECK(memcmp(got, ref_c, sizeof got) == 0);
+    }
+    sched_get_stats(chunk, &st);
+    CHECK(st.kv_blocks_free == st.kv_blocks_total);
+
+    /* two identical prompts admitted in the same step both miss (blocks register only once
+     * computed); the second copy stays private and the next request hits the first one */
+    {
+        enum { SHORT = 40 };
+        int32_t ref_s[MAX_TOK];
+        const int32_t *ps = pb + 50;
+        CHECK(run_one(off, ps, SHORT, 0, ref_s) == 0);
+        struct sched_req_params p;
+        sched_req_params_default(&p);
+        p.max_tokens = MAX_TOK;
+        p.ignore_eos = true;
+        p.smp.temperature = 0;
+        char err[MS_ERR_LEN];
+        struct sched_req *r1 = sched_req_create(ps, SHORT, &p, err, sizeof err);
+        struct sched_req *r2 = sched_req_create(ps, SHORT, &p, err, sizeof err);
+        CHECK(r1 && r2);
+        if (r1 && r2) {
+            CHECK(sched_submit(on, r1, err, sizeof err) == 0);
+            CHECK(sched_submit(on, r2, err, sizeof err) == 0);
+            CHECK(sched_step(on) == 2);
+            run_until_idle(on);
+            CHECK(r1->out.n_cached_tokens == 0 && r2->out.n_cached_tokens == 0);
+            CHECK(memcmp(r1->out.tokens, ref_s, sizeof ref_s) == 0);
+            CHECK(memcmp(r2->out.tokens, ref_s, sizeof ref_s) == 0);
+        }
+        sched_req_release(r1);
+        sched_req_release(r2);
+        CHECK(run_one(on, ps, SHORT, 0, got) == 32);
+        CHECK(memcmp(got, ref_s, sizeof got) == 0);
+        sched_get_stats(on, &st);
+        CHECK(st.kv_blocks_free == st.kv_blocks_total);
+    }
+    /* reset: cached blocks are forgotten, the next run misses */
+    sched_get_stats(on, &st);
+    CHECK(st.kv_blocks_cached > 0);
+    sched_reset_prefix_cache(on);
+    CHECK(sched_step(on) == 0);
+    sched_get_stats(on, &st);
+    CHECK(st.kv_blocks_cached == 0 && st.kv_blocks_free == st.kv_blocks_total);
+    CHECK(run_one(on, pa, LONG, 0, got) == 0);
+    CHECK(memcmp(got, ref_a, sizeof got) == 0);
+    sched_get_stats(chunk, &st);
+    printf("prefix cache: %llu of %llu tokens hit (chunked run)\n",
+           (unsigned long long)st.prefix_cache_hits, (unsigned long long)st.prefix_cache_queries);
+out:
+    sched_free(on);
+    sched_free(off);
+    sched_free(chunk);
+    engine_free(e_on);
+    engine_free(e_off);
+    engine_free(e_chunk);
+}
+
+int main(int argc, char **argv)
+{
+    const char *tests = argc > 1 ? argv[1] : "tests";
+    char err[MS_ERR_LEN];
+    struct model *m = NULL;
+    struct model_load_opts lo;
+    model_load_opts_default(&lo);
+    if (model_load(test_path(tests, "fixtures/models/mixtral"), &lo, &m, err, sizeof err) != 0) {
+        fprintf(stderr, "model_load: %s\n", err);
+        CHECK(0);
+        return test_done("test_sched");
+    }
+    make_prompts(m->desc.vocab);
+    static int32_t alone[N_REQ][MAX_TOK];
+    test_batching(m, alone);
+    test_preemption(m, alone, true);
+    test_preemption(m, alone, false);
+    test_prefix_cache(m);
+    test_cancel_and_limits(m);
+    test_stop_string(m);
+    test_loop_thread(m, alone);
+    model_free(m);
+    return test_done("test_sched");
+}

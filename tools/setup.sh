@@ -18,3 +18,15 @@ if [ ${#missing[@]} -gt 0 ]; then
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
+
+# Server tests (tests/server): promtool (Debian's prometheus package) and the official openai
+# Python client. Checked first, so a second run installs nothing.
+if ! command -v promtool >/dev/null 2>&1; then
+    echo "setup: installing prometheus (for promtool)"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends prometheus
+fi
+if ! python3 -c "import openai" >/dev/null 2>&1; then
+    echo "setup: pip install openai"
+    python3 -m pip install -q openai || python3 -m pip install -q --break-system-packages openai
+fi

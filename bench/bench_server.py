@@ -1,0 +1,186 @@
+#!/usr/bin/env python3
+"""Server benchmark: generated tokens/s and time to first token (p50/p99) at several client
+concurrencies (1, 8, 32 by default) with streaming /v1/completions requests (ignore_eos, a fixed
+max_tokens, so every request generates the same number of tokens). Starts `moeserve serve`
+itself (--binary, --model) on a free port, or measures a running server (--url). Clients are
+threads speaking raw HTTP/1.1 (http.client), one connection per request, so the numbers include
+connection setup as real clients pay it.
+
+  python3 bench/bench_server.py --binary build/moeserve --model tests/fixtures/models/mixtral
+  python3 bench/bench_server.py --url http://127.0.0.1:8000 --concurrency 1,8,32,64
+
+TTFT is measured from sending the request to the first SSE chunk carrying text; tokens/s is the
+sum of usage.completion_tokens over the wall time of the whole level (all clients running).
+"""
+import argparse
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get(host, port, path, timeout=5):
+    c = http.client.HTTPConnection(host, port, timeout=timeout)
+    try:
+        c.request("GET", path)
+        r = c.getresponse()
+        return r.status, r.read()
+    finally:
+        c.close()
+
+
+def one_request(host, port, body, headers):
+    """Returns (ttft seconds, completion tokens, e2e seconds)."""
+    t0 = time.perf_counter()
+    c = http.client.HTTPConnection(host, port, timeout=600)
+    try:
+        c.request("POST", "/v1/completions", body=body, headers=headers)
+        r = c.getresponse()
+        if r.status != 200:
+            raise RuntimeError("HTTP %d: %r" % (r.status, r.read()[:200]))
+        ttft, tokens = None, 0
+        for line in r:
+            if not line.startswith(b"data: "):
+                continue
+            data = line[6:].strip()
+            if data == b"[DONE]":
+                break
+            # parse only what is needed (the first text chunk, the usage chunk): the client
+            # shares the CPUs with the server
+            if ttft is None:
+                chunk = json.loads(data)
+                if chunk["choices"] and chunk["choices"][0]["text"]:
+                    ttft = time.perf_counter() - t0
+            if b'"usage":{' in data:
+                tokens = json.loads(data)["usage"]["completion_tokens"]
+        return ttft if ttft is not None else time.perf_counter() - t0, tokens, \
+            time.perf_counter() - t0
+    finally:
+        c.close()
+
+
+def percentile(xs, p):
+    xs = sorted(xs)
+    if not xs:
+        return float("nan")
+    k = (len(xs) - 1) * p / 100.0
+    lo, hi = int(k), min(int(k) + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def run_level(host, port, conc, n_requests, body, headers):
+    results, errors, lock = [], [], threading.Lock()
+    next_i = [0]
+
+    def worker():
+        while True:
+            with lock:
+                if next_i[0] >= n_requests:
+                    return
+                next_i[0] += 1
+            try:
+                r = one_request(host, port, body, headers)
+                with lock:
+                    results.append(r)
+            except Exception as e:  # counted and reported, the level goes on
+                with lock:
+                    errors.append(repr(e))
+
+    threads = [threading.Thread(target=worker) for _ in range(conc)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    ttfts = [r[0] for r in results]
+    toks = sum(r[1] for r in results)
+    return {"conc": conc, "requests": len(results), "errors": len(errors), "wall": wall,
+            "tok_s": toks / wall if wall > 0 else 0.0, "req_s": len(results) / wall,
+            "ttft_p50": percentile(ttfts, 50), "ttft_p99": percentile(ttfts, 99),
+            "e2e_p50": percentile([r[2] for r in results], 50), "first_error":
+            errors[0] if errors else ""}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--url", help="measure a running server instead of starting one")
+    ap.add_argument("--binary", default="build/moeserve")
+    ap.add_argument("--model", default="tests/fixtures/models/mixtral")
+    ap.add_argument("--server-args", default="", help="extra `moeserve serve` flags")
+    ap.add_argument("--concurrency", default="1,8,32")
+    ap.add_argument("--requests", type=int, default=0,
+                    help="requests per level (default: max(16, 4 x concurrency))")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--prompt", default="The history of the world, in brief:")
+    ap.add_argument("--api-key", default=os.environ.get("MOESERVE_API_KEY", ""))
+    args = ap.parse_args()
+
+    proc = None
+    if args.url:
+        u = urllib.parse.urlparse(args.url)
+        host, port = u.hostname, u.port or 80
+    else:
+        host, port = "127.0.0.1", free_port()
+        cmd = [args.binary, "serve", "--model", args.model, "--port", str(port),
+               "--max-num-seqs", "64"] + args.server_args.split()
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if get(host, port, "/health")[0] == 200:
+                    break
+            except OSError:
+                pass
+            if proc and proc.poll() is not None:
+                sys.exit("the server exited with %d: %s" % (proc.returncode, " ".join(cmd)))
+            if time.monotonic() > deadline:
+                sys.exit("the server is not healthy after 120s")
+            time.sleep(0.05)
+        models = json.loads(get(host, port, "/v1/models")[1]) if not args.api_key else None
+        name = models["data"][0]["id"] if models else None
+        body = json.dumps({"prompt": args.prompt, "max_tokens": args.max_tokens,
+                           "ignore_eos": True, "stream": True, "temperature": 1, "seed": 1,
+                           "stream_options": {"include_usage": True},
+                           **({"model": name} if name else {})})
+        headers = {"Content-Type": "application/json"}
+        if args.api_key:
+            headers["Authorization"] = "Bearer " + args.api_key
+        one_request(host, port, body, headers)  # warm-up
+        print("server %s:%d  model %s  max_tokens %d  prompt %r" % (
+            host, port, name or "?", args.max_tokens, args.prompt))
+        print("%5s %8s %6s %10s %8s %11s %11s %10s" % ("conc", "requests", "errors", "gen tok/s",
+                                                       "req/s", "TTFT p50 ms", "TTFT p99 ms",
+                                                       "e2e p50 s"))
+        for conc in [int(c) for c in args.concurrency.split(",")]:
+            n = args.requests or max(16, 4 * conc)
+            r = run_level(host, port, conc, n, body, headers)
+            print("%5d %8d %6d %10.1f %8.2f %11.2f %11.2f %10.3f" % (
+                r["conc"], r["requests"], r["errors"], r["tok_s"], r["req_s"],
+                r["ttft_p50"] * 1e3, r["ttft_p99"] * 1e3, r["e2e_p50"]), flush=True)
+            if r["errors"]:
+                print("      first error: %s" % r["first_error"])
+    finally:
+        if proc:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+if __name__ == "__main__":
+    main()

@@ -47,6 +47,11 @@ struct sched {
     uv_idle_t idle;
     uv_thread_t thread;
     bool loop_init, started, idle_on;
+    /* wake_open: the wake handle may be signalled. Other threads check it under wake_mu, and
+     * the loop clears it under wake_mu before closing the handle, so no thread ever signals a
+     * closed handle (sched_req_cancel can run on an HTTP thread during shutdown). */
+    pthread_mutex_t wake_mu;
+    bool wake_open;
     atomic_bool quit;
 };
 
@@ -180,7 +185,9 @@ void sched_req_set_notify(struct sched_req *r, void (*notify)(void *ctx), void *
 
 static void sched_wake(struct sched *s)
 {
-    if (s->started) uv_async_send(&s->wake);
+    pthread_mutex_lock(&s->wake_mu);
+    if (s->wake_open) uv_async_send(&s->wake);
+    pthread_mutex_unlock(&s->wake_mu);
 }
 
 void sched_req_cancel(struct sched *s, struct sched_req *r)
@@ -223,6 +230,7 @@ int sched_create(struct engine *e, const struct sched_params *p, struct sched **
     }
     pthread_mutex_init(&s->in_mu, NULL);
     pthread_mutex_init(&s->st_mu, NULL);
+    pthread_mutex_init(&s->wake_mu, NULL);
     atomic_init(&s->n_queued, 0);
     atomic_init(&s->quit, false);
     atomic_init(&s->reset_prefix, false);
@@ -807,6 +815,9 @@ static void on_wake(uv_async_t *h)
 {
     struct sched *s = h->data;
     if (atomic_load(&s->quit)) {
+        pthread_mutex_lock(&s->wake_mu);
+        s->wake_open = false;
+        pthread_mutex_unlock(&s->wake_mu);
         abort_all(s);
         if (s->idle_on) uv_idle_stop(&s->idle);
         s->idle_on = false;
@@ -841,9 +852,15 @@ int sched_start(struct sched *s, char *err, size_t errlen)
     uv_idle_init(&s->loop, &s->idle);
     s->idle.data = s;
     s->started = true;
+    pthread_mutex_lock(&s->wake_mu);
+    s->wake_open = true;
+    pthread_mutex_unlock(&s->wake_mu);
     rc = uv_thread_create(&s->thread, loop_main, s);
     if (rc != 0) {
         s->started = false;
+        pthread_mutex_lock(&s->wake_mu);
+        s->wake_open = false;
+        pthread_mutex_unlock(&s->wake_mu);
         uv_close((uv_handle_t *)&s->idle, NULL);
         uv_close((uv_handle_t *)&s->wake, NULL);
         uv_run(&s->loop, UV_RUN_DEFAULT);
@@ -851,7 +868,7 @@ int sched_start(struct sched *s, char *err, size_t errlen)
         s->loop_init = false;
         return ms_errf(err, errlen, "cannot start the scheduler thread: %s", uv_strerror(rc));
     }
-    uv_async_send(&s->wake); /* pick up anything submitted before the start */
+    sched_wake(s); /* pick up anything submitted before the start */
     return 0;
 }
 
@@ -859,7 +876,7 @@ void sched_stop(struct sched *s)
 {
     if (!s->started) return;
     atomic_store(&s->quit, true);
-    uv_async_send(&s->wake);
+    sched_wake(s);
     uv_thread_join(&s->thread);
     s->started = false;
     uv_loop_close(&s->loop);
@@ -873,6 +890,7 @@ void sched_free(struct sched *s)
     abort_all(s);
     pthread_mutex_destroy(&s->in_mu);
     pthread_mutex_destroy(&s->st_mu);
+    pthread_mutex_destroy(&s->wake_mu);
     free(s->running);
     free(s->items);
     free(s->item_req);

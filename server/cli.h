@@ -4,7 +4,16 @@
 
 int cli_generate(int argc, char **argv);
 
+#include <stddef.h>
+
+/* The bundled model, relative to the repository (or image) root. */
+#define CLI_DEFAULT_MODEL "models/mohge-small"
+
 /* Shared by subcommands: a progress bar on stderr for model loading (ctx: label string). */
 void cli_progress(void *ctx, double fraction);
+
+/* Folder of the bundled model when no --model is given: ./models/..., then relative to the
+ * binary (../models/... from build/), then /models/... (container). Writes into buf. */
+const char *cli_default_model(char *buf, size_t n);
 
 #endif

@@ -16,26 +16,13 @@
 #include "sampler.h"
 #include "tokenizer.h"
 
-void cli_progress(void *ctx, double fraction)
-{
-    static int last = -1;
-    int pct = (int)(fraction * 100.0 + 0.5);
-    if (pct == last || !isatty(STDERR_FILENO)) return;
-    last = pct;
-    int width = 30, fill = pct * width / 100;
-    fprintf(stderr, "\r%s [", ctx ? (const char *)ctx : "loading");
-    for (int i = 0; i < width; i++) fputc(i < fill ? '#' : ' ', stderr);
-    fprintf(stderr, "] %3d%%%s", pct, pct >= 100 ? "\n" : "");
-    fflush(stderr);
-}
-
 static void generate_usage(FILE *f)
 {
     fprintf(f,
-            "usage: moeserve generate --model DIR --prompt TEXT [options]\n"
+            "usage: moeserve generate [--model DIR] --prompt TEXT [options]\n"
             "\n"
             "  -m, --model DIR          Hugging Face model folder (config.json, safetensors,\n"
-            "                           tokenizer.json)\n"
+            "                           tokenizer.json); default: the bundled " CLI_DEFAULT_MODEL "\n"
             "  -p, --prompt TEXT        prompt text\n"
             "  -n, --max-tokens N       tokens to generate (default 64)\n"
             "      --temperature T      0 = greedy (default 0)\n"
@@ -154,12 +141,16 @@ static int parse_args(int argc, char **argv, struct gen_opts *o)
         }
         if (rc) return -1;
     }
+    if (!o->model) {
+        static char default_model[4096];
+        o->model = cli_default_model(default_model, sizeof default_model);
+    }
     if (optind < argc) {
         fprintf(stderr, "moeserve generate: unexpected argument '%s'\n", argv[optind]);
         return -1;
     }
-    if (!o->model || !o->prompt) {
-        fprintf(stderr, "moeserve generate: --model and --prompt are required\n");
+    if (!o->prompt) {
+        fprintf(stderr, "moeserve generate: --prompt is required\n");
         generate_usage(stderr);
         return -1;
     }

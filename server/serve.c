@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -25,12 +26,13 @@
 #include "model.h"
 #include "scheduler.h"
 
-enum opt_type { OPT_STR, OPT_INT, OPT_BYTES };
+enum opt_type { OPT_STR, OPT_INT, OPT_BYTES, OPT_BOOL };
 
 struct serve_opts {
     const char *model, *host, *api_key, *served_name, *chat_template, *log_format;
     long port, max_num_seqs, max_batched, max_model_len, devices, max_waiting, grace_s;
     long kv_bytes;
+    long prefix_caching;
 };
 
 struct opt_def {
@@ -69,6 +71,8 @@ static const struct opt_def opt_defs[] = {
      "queued requests before 429 (1024)"},
     {"shutdown-grace", "MOESERVE_SHUTDOWN_GRACE", OPT_INT, OFF(grace_s), 0, 3600,
      "seconds in-flight requests get to finish on SIGTERM (30)"},
+    {"enable-prefix-caching", "MOESERVE_ENABLE_PREFIX_CACHING", OPT_BOOL, OFF(prefix_caching), 0,
+     1, "reuse KV blocks of shared prompt prefixes (on; --no-enable-prefix-caching turns it off)"},
 };
 #define N_OPTS (sizeof opt_defs / sizeof *opt_defs)
 
@@ -107,6 +111,18 @@ static int set_opt(struct serve_opts *o, const struct opt_def *d, const char *va
                    const char *from)
 {
     char *base = (char *)o + d->off;
+    if (d->type == OPT_BOOL) {
+        bool on = strcmp(val, "1") == 0 || strcasecmp(val, "true") == 0 ||
+                  strcasecmp(val, "yes") == 0 || strcasecmp(val, "on") == 0;
+        bool off = strcmp(val, "0") == 0 || strcasecmp(val, "false") == 0 ||
+                   strcasecmp(val, "no") == 0 || strcasecmp(val, "off") == 0;
+        if (!on && !off) {
+            fprintf(stderr, "moeserve serve: %s must be true or false, got '%s'\n", from, val);
+            return -1;
+        }
+        *(long *)base = on;
+        return 0;
+    }
     if (d->type == OPT_STR) {
         *(const char **)base = val;
         return 0;
@@ -144,7 +160,8 @@ static int parse_opts(int argc, char **argv, struct serve_opts *o)
     o->log_format = "text";
     o->max_waiting = 1024;
     o->grace_s = 30;
-    o->model = "models/default";
+    o->prefix_caching = 1;
+    o->model = NULL; /* the bundled model unless --model / MOESERVE_MODEL says otherwise */
     for (size_t i = 0; i < N_OPTS; i++) {
         const char *v = getenv(opt_defs[i].env);
         if (v && *v && set_opt(o, &opt_defs[i], v, opt_defs[i].env) != 0) return -1;
@@ -157,14 +174,20 @@ static int parse_opts(int argc, char **argv, struct serve_opts *o)
             return -1;
         }
         const char *name = a + 2, *eq = strchr(name, '=');
+        bool negated = strncmp(name, "no-", 3) == 0;
+        if (negated) name += 3;
         size_t nl = eq ? (size_t)(eq - name) : strlen(name);
         const struct opt_def *d = NULL;
         for (size_t k = 0; k < N_OPTS; k++)
             if (strlen(opt_defs[k].name) == nl && strncmp(opt_defs[k].name, name, nl) == 0)
                 d = &opt_defs[k];
-        if (!d) {
+        if (!d || (negated && d->type != OPT_BOOL)) {
             fprintf(stderr, "moeserve serve: unknown option '%s' (see --help)\n", a);
             return -1;
+        }
+        if (d->type == OPT_BOOL && !eq) { /* a switch: --flag or --no-flag */
+            *(long *)((char *)o + d->off) = !negated;
+            continue;
         }
         const char *val = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
         if (!val) {
@@ -172,6 +195,10 @@ static int parse_opts(int argc, char **argv, struct serve_opts *o)
             return -1;
         }
         if (set_opt(o, d, val, a) != 0) return -1;
+    }
+    if (!o->model) {
+        static char default_model[4096];
+        o->model = cli_default_model(default_model, sizeof default_model);
     }
     if (strcmp(o->log_format, "text") != 0 && strcmp(o->log_format, "json") != 0) {
         fprintf(stderr, "moeserve serve: --log-format must be text or json\n");
@@ -301,6 +328,7 @@ int cli_serve(int argc, char **argv)
     struct sched_params sp = {.max_num_seqs = (int)o.max_num_seqs,
                               .max_num_batched_tokens = (int)o.max_batched,
                               .max_waiting = (int)o.max_waiting,
+                              .disable_prefix_caching = !o.prefix_caching,
                               .obs = metrics_observer(mt)};
     if (sched_create(e, &sp, &s, err, sizeof err) != 0 || sched_start(s, err, sizeof err) != 0) {
         slog("error", "%s", err);

@@ -36,7 +36,7 @@ expect_fail() { # expected-status grep-pattern args...
     local rc=$?
     if [ "$rc" -eq "$want" ] && grep -q -- "$pat" "$tmp/e"; then ok; else bad "$* -> rc $rc, stderr: $(head -c 300 "$tmp/e")"; fi
 }
-expect_fail 2 "required" generate --prompt hi
+expect_fail 2 "required" generate --model "$model"
 expect_fail 2 "--devices must be" generate --model "$model" --prompt hi --devices 0
 expect_fail 2 "--temperature must be" generate --model "$model" --prompt hi --temperature abc
 expect_fail 2 "unknown command" frobnicate

@@ -1,0 +1,54 @@
+/* Helpers shared by the subcommands: the model-loading progress bar and where the bundled
+ * default model is found when no --model is given. */
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cli.h"
+
+void cli_progress(void *ctx, double fraction)
+{
+    static int last = -1;
+    int pct = (int)(fraction * 100.0 + 0.5);
+    if (pct == last || !isatty(STDERR_FILENO)) return;
+    last = pct;
+    int width = 30, fill = pct * width / 100;
+    fprintf(stderr, "\r%s [", ctx ? (const char *)ctx : "loading");
+    for (int i = 0; i < width; i++) fputc(i < fill ? '#' : ' ', stderr);
+    fprintf(stderr, "] %3d%%%s", pct, pct >= 100 ? "\n" : "");
+    fflush(stderr);
+}
+
+static int is_model_dir(const char *dir)
+{
+    char path[PATH_MAX];
+    struct stat st;
+    if (snprintf(path, sizeof path, "%s/config.json", dir) >= (int)sizeof path) return 0;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+const char *cli_default_model(char *buf, size_t n)
+{
+    /* 1. ./models/<default> (a checkout), 2. next to the binary (build/moeserve ->
+     * ../models), 3. /models/<default> (the container image). */
+    if (snprintf(buf, n, "%s", CLI_DEFAULT_MODEL) < (int)n && is_model_dir(buf)) return buf;
+    char exe[PATH_MAX];
+    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (len > 0) {
+        exe[len] = '\0';
+        char *slash = strrchr(exe, '/');
+        if (slash) {
+            *slash = '\0';
+            if (snprintf(buf, n, "%s/../%s", exe, CLI_DEFAULT_MODEL) < (int)n && is_model_dir(buf))
+                return buf;
+            if (snprintf(buf, n, "%s/../share/moeserve/%s", exe, CLI_DEFAULT_MODEL) < (int)n &&
+                is_model_dir(buf))
+                return buf;
+        }
+    }
+    if (snprintf(buf, n, "/%s", CLI_DEFAULT_MODEL) < (int)n && is_model_dir(buf)) return buf;
+    snprintf(buf, n, "%s", CLI_DEFAULT_MODEL);
+    return buf; /* not found: loading it gives the usual clear error naming the path */
+}

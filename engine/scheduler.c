@@ -344,14 +344,16 @@ static void retire(struct sched *s, struct sched_req *r, enum sched_finish why, 
         engine_seq_free(s->e, &r->kv);
         r->kv_init = false;
     }
-    /* Gauges first: a client that reads /metrics right after its answer sees its blocks free. */
+    /* Order matters to readers of /metrics: counters, then gauges, then the client. Whoever
+     * sees the running gauge drop (or gets its answer) also sees the request counted, and its
+     * blocks free. */
+    if (s->p.obs.on_finish)
+        s->p.obs.on_finish(s->p.obs.ctx, why, r->n_prompt, r->n_total - r->n_prompt,
+                           ms_now() - r->t_arrival);
     publish_stats(s, 0);
     pthread_mutex_lock(&r->mu);
     finish_locked(r, why, msg);
     pthread_mutex_unlock(&r->mu);
-    if (s->p.obs.on_finish)
-        s->p.obs.on_finish(s->p.obs.ctx, why, r->n_prompt, r->n_total - r->n_prompt,
-                           ms_now() - r->t_arrival);
     sched_req_release(r);
 }
 

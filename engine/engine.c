@@ -305,7 +305,8 @@ int engine_create(const struct model *m, const struct engine_params *p, struct e
     if (md->attn != ATTN_KIND_GQA)
         return ms_errf(err, errlen, "%s: attention kind not supported by the engine yet",
                        md->model_type);
-    if (md->router != ROUTER_KIND_SOFTMAX_TOPK && md->n_expert > 0)
+    if (md->router != ROUTER_KIND_SOFTMAX_TOPK && md->router != ROUTER_KIND_MOHGE &&
+        md->n_expert > 0)
         return ms_errf(err, errlen, "%s: router kind not supported by the engine yet",
                        md->model_type);
     if (p->n_devices < 1 || p->n_devices > 64)
@@ -342,8 +343,13 @@ int engine_create(const struct model *m, const struct engine_params *p, struct e
         ms_errf(err, errlen, "out of memory");
         goto fail;
     }
+    /* MoHGE without an explicit map: All-size Group-decoupling (every device gets every width). */
+    bool mohge_place = !p->placement && md->router == ROUTER_KIND_MOHGE && md->n_expert > 0;
+    if (mohge_place) moe_mohge_placement(md, e->n_dev, e->owner);
     for (int x = 0; x < md->n_expert; x++) {
-        int o = p->placement ? p->placement[x] : (int)((long)x * e->n_dev / md->n_expert);
+        int o = p->placement  ? p->placement[x]
+                : mohge_place ? e->owner[x]
+                              : (int)((long)x * e->n_dev / md->n_expert);
         if (o < 0 || o >= e->n_dev) {
             ms_errf(err, errlen, "placement: expert %d on device %d, but there are %d devices", x,
                     o, e->n_dev);

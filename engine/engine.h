@@ -31,7 +31,8 @@ struct engine_params {
     int max_model_len;      /* positions per sequence; 0 = min(max_position_embeddings, 4096) */
     int kv_block_size;      /* tokens per KV block */
     size_t kv_cache_bytes;  /* memory for KV blocks; 0 = enough for max_seqs full sequences */
-    const int *placement;   /* (n_expert) device owning each expert, or NULL: contiguous blocks */
+    const int *placement;   /* (n_expert) device owning each expert, or NULL: contiguous blocks
+                               (mohge: All-size Group-decoupling, see moe_mohge_placement) */
 };
 
 void engine_params_default(struct engine_params *p);

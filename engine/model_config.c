@@ -1,10 +1,11 @@
 /* config.json -> struct model_desc. Each supported Hugging Face architecture (mixtral,
- * qwen2_moe, qwen3_moe, olmoe) is translated into the one architecture-neutral description the
- * forward pass reads: attention kind and q/k norm, biases, which layers are MoE, expert widths,
- * shared experts and their gate. Fields are type-checked; anything the engine cannot run exactly
- * (rope scaling, sliding-window layer mixes, activations other than SiLU, MLA) is refused with a
- * message naming the field rather than run approximately. generation_config.json may override
- * the BOS/EOS ids (model_desc_apply_generation_config). */
+ * qwen2_moe, qwen3_moe, olmoe, and moeserve's own mohge) is translated into the one
+ * architecture-neutral description the forward pass reads: attention kind and q/k norm, biases,
+ * which layers are MoE, expert widths and groups, shared experts and their gate. Fields are
+ * type-checked; anything the engine cannot run exactly (rope scaling, sliding-window layer
+ * mixes, activations other than SiLU, MLA) is refused with a message naming the field rather
+ * than run approximately. generation_config.json may override the BOS/EOS ids
+ * (model_desc_apply_generation_config). */
 #include "model.h"
 
 #include "common.h"
@@ -327,6 +328,79 @@ static int cfg_olmoe(json_t *root, struct model_desc *d, const char *path, char 
     return 0;
 }
 
+/* Reads a list of positive integers of exactly n entries into out. */
+static int cfg_int_list(json_t *root, const char *key, int n, int *out, const char *path,
+                        char *err, size_t errlen)
+{
+    json_t *v = json_object_get(root, key);
+    if (!json_is_array(v))
+        return ms_errf(err, errlen, "%s: missing '%s' (a list of integers)", path, key);
+    if ((int)json_array_size(v) != n)
+        return ms_errf(err, errlen, "%s: '%s' has %zu entries, expected %d", path, key,
+                       json_array_size(v), n);
+    for (int i = 0; i < n; i++) {
+        json_t *x = json_array_get(v, (size_t)i);
+        if (!json_is_integer(x) || json_integer_value(x) <= 0 ||
+            json_integer_value(x) > 2147483647)
+            return ms_errf(err, errlen, "%s: %s[%d] must be a positive integer", path, key, i);
+        out[i] = (int)json_integer_value(x);
+    }
+    return 0;
+}
+
+/* moeserve's MoHGE model (tools/train/mohge_model.py; fields in README, "The mohge
+ * config.json"): G groups of experts_per_group experts, expert e in group e / experts_per_group
+ * with width group_intermediate_sizes[group], a two-level router keeping num_groups_per_tok
+ * groups and num_experts_per_tok experts, and always-on shared experts of weight 1. */
+static int cfg_mohge(json_t *root, struct model_desc *d, const char *path, char *err,
+                     size_t errlen)
+{
+    int G, epg, widths[MODEL_MAX_GROUPS];
+    if (cfg_int(root, "num_expert_groups", true, 0, &G, path, err, errlen) ||
+        cfg_positive(G, "num_expert_groups", path, err, errlen) ||
+        cfg_int(root, "experts_per_group", true, 0, &epg, path, err, errlen) ||
+        cfg_positive(epg, "experts_per_group", path, err, errlen) ||
+        cfg_int(root, "num_experts_per_tok", true, 0, &d->top_k, path, err, errlen) ||
+        cfg_int(root, "num_groups_per_tok", true, 0, &d->topk_group, path, err, errlen) ||
+        cfg_int(root, "num_shared_experts", false, 0, &d->n_shared, path, err, errlen) ||
+        cfg_int(root, "shared_intermediate_size", false, 0, &d->shared_d_ff, path, err, errlen))
+        return -1;
+    if (G > MODEL_MAX_GROUPS)
+        return ms_errf(err, errlen, "%s: num_expert_groups %d exceeds %d", path, G,
+                       MODEL_MAX_GROUPS);
+    if ((long)G * epg > MODEL_MAX_EXPERTS)
+        return ms_errf(err, errlen, "%s: %d groups x %d experts exceeds %d experts", path, G, epg,
+                       MODEL_MAX_EXPERTS);
+    if (cfg_int_list(root, "group_intermediate_sizes", G, widths, path, err, errlen) != 0)
+        return -1;
+    if (d->topk_group < 1 || d->topk_group > G)
+        return ms_errf(err, errlen,
+                       "%s: num_groups_per_tok %d must be in 1..num_expert_groups (%d)", path,
+                       d->topk_group, G);
+    if (d->top_k < 1 || d->top_k > d->topk_group * epg)
+        return ms_errf(err, errlen,
+                       "%s: num_experts_per_tok %d must be in 1..num_groups_per_tok x "
+                       "experts_per_group (%d)",
+                       path, d->top_k, d->topk_group * epg);
+    if (d->n_shared < 0 || d->n_shared > 64)
+        return ms_errf(err, errlen, "%s: num_shared_experts %d must be in 0..64", path,
+                       d->n_shared);
+    if (d->n_shared > 0 && d->shared_d_ff <= 0)
+        return ms_errf(err, errlen, "%s: shared_intermediate_size must be positive", path);
+    d->n_group = G;
+    d->n_expert = G * epg;
+    d->router = ROUTER_KIND_MOHGE;
+    d->shared_gate = SHARED_GATE_NONE;
+    d->expert_d_ff = malloc((size_t)d->n_expert * sizeof *d->expert_d_ff);
+    d->expert_group = malloc((size_t)d->n_expert * sizeof *d->expert_group);
+    if (!d->expert_d_ff || !d->expert_group) return ms_errf(err, errlen, "%s: out of memory", path);
+    for (int e = 0; e < d->n_expert; e++) {
+        d->expert_group[e] = e / epg;
+        d->expert_d_ff[e] = widths[e / epg];
+    }
+    return cfg_moe_layers(root, d, false, path, err, errlen);
+}
+
 void model_desc_free(struct model_desc *desc)
 {
     if (!desc) return;
@@ -372,9 +446,12 @@ int model_desc_parse(const char *json_text, size_t len, const char *path, struct
         arch = cfg_qwen3_moe;
     else if (strcmp(type, "olmoe") == 0)
         arch = cfg_olmoe;
+    else if (strcmp(type, "mohge") == 0)
+        arch = cfg_mohge;
     if (!arch) {
         ms_errf(err, errlen,
-                "%s: unknown model_type '%.64s' (supported: mixtral, qwen2_moe, qwen3_moe, olmoe)",
+                "%s: unknown model_type '%.64s' (supported: mixtral, qwen2_moe, qwen3_moe, olmoe, "
+                "mohge)",
                 path, type);
         goto out;
     }

@@ -173,6 +173,8 @@ static int plan_model(struct plan *p, struct model *m, const char *wname, char *
         bool legacy = mixtral && !st_find(m->st, moe);
         snprintf(moe, sizeof moe, "%s%s", pre, legacy ? "block_sparse_moe." : "mlp.");
         plan_mat(p, &lw->router, d->n_expert, D, "%sgate.weight", moe);
+        if (d->router == ROUTER_KIND_MOHGE) /* mohge: the sigmoid group router */
+            plan_mat(p, &lw->group_router, d->n_group, D, "%sgroup_gate.weight", moe);
         if (plan_experts(p, m->st, lw, d, moe, mixtral) != 0)
             return ms_errf(
                 err, errlen,

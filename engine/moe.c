@@ -39,7 +39,8 @@ int moe_scratch_init(struct moe_scratch *s, struct backend *be, const struct mod
         s->field = be->ops->alloc(be, (bytes));                                                   \
         ok = ok && s->field;                                                                      \
     } while (0)
-    ALLOC(logits, T * (size_t)E * sizeof(float));
+    /* expert logits (T, E), then (MoHGE) group logits (T, G) */
+    ALLOC(logits, T * (size_t)(E + md->n_group) * sizeof(float));
     ALLOC(top_idx, R * sizeof(int32_t));
     ALLOC(top_w, R * sizeof(float));
     ALLOC(slot_row, R * sizeof(int32_t));
@@ -111,18 +112,102 @@ static void route_softmax_topk(const struct model_desc *md, const float *logits,
         for (int j = 0; j < k; j++) w[j] /= wsum;
 }
 
+/* Index of the largest v[i] over i < n with !taken[i] (ties to the lower index). */
+static int argmax_free(const float *v, const bool *taken, int n)
+{
+    int best = -1;
+    for (int i = 0; i < n; i++)
+        if (!taken[i] && (best < 0 || v[i] > v[best])) best = i;
+    return best;
+}
+
+/* MoHGE two-level routing (DESIGN.md): sigmoid group scores, keep the top-kg groups and
+ * renormalize their scores; softmax of the expert logits inside each group, times the group's
+ * score and kept mask, flattened and renormalized; top-k experts of that; weights = softmax over
+ * the k kept probabilities. elog: (E) expert logits, glog: (G) group logits. */
+static void route_mohge(const struct model_desc *md, const float *elog, const float *glog, int k,
+                        int32_t *idx, float *w)
+{
+    int E = md->n_expert, G = md->n_group, epg = E / G;
+    float sg[MODEL_MAX_GROUPS], q[MODEL_MAX_EXPERTS];
+    bool taken[MODEL_MAX_EXPERTS];
+    for (int g = 0; g < G; g++) {
+        sg[g] = 1.0f / (1.0f + expf(-glog[g]));
+        taken[g] = false;
+    }
+    float ssum = 0.0f;
+    for (int j = 0; j < md->topk_group; j++) {
+        int g = argmax_free(sg, taken, G);
+        taken[g] = true;
+        ssum += sg[g];
+    }
+    float qsum = 0.0f;
+    for (int g = 0; g < G; g++) {
+        const float *l = elog + (size_t)g * epg;
+        float *qg = q + (size_t)g * epg;
+        if (!taken[g]) {
+            for (int i = 0; i < epg; i++) qg[i] = 0.0f;
+            continue;
+        }
+        float mx = -INFINITY, sum = 0.0f, scale = sg[g] / ssum;
+        for (int i = 0; i < epg; i++) mx = l[i] > mx ? l[i] : mx;
+        for (int i = 0; i < epg; i++) {
+            qg[i] = expf(l[i] - mx);
+            sum += qg[i];
+        }
+        for (int i = 0; i < epg; i++) {
+            qg[i] = qg[i] / sum * scale;
+            qsum += qg[i];
+        }
+    }
+    for (int e = 0; e < E; e++) {
+        q[e] /= qsum;
+        taken[e] = false;
+    }
+    float mx = -INFINITY, wsum = 0.0f;
+    for (int j = 0; j < k; j++) {
+        int e = argmax_free(q, taken, E);
+        taken[e] = true;
+        idx[j] = e;
+        mx = q[e] > mx ? q[e] : mx;
+    }
+    for (int j = 0; j < k; j++) {
+        w[j] = expf(q[idx[j]] - mx);
+        wsum += w[j];
+    }
+    for (int j = 0; j < k; j++) w[j] /= wsum;
+}
+
+void moe_mohge_placement(const struct model_desc *md, int n_dev, int *owner)
+{
+    int E = md->n_expert, G = md->n_group, epg = E / G, pos = 0;
+    for (int i = 0; i < epg; i++)
+        for (int j = 0; j < G; j++) {
+            int g = j % 2 == 0 ? j / 2 : G - 1 - j / 2; /* order = [0, G-1, 1, G-2, ...] */
+            owner[g * epg + i] = (int)((long)pos * n_dev / E);
+            pos++;
+        }
+}
+
 void moe_route(const struct model *m, int layer, struct backend *be, const float *h, int n,
                const int32_t *tok_k, float *logits, int32_t *top_idx, float *top_w)
 {
     const struct model_desc *md = &m->desc;
-    int E = md->n_expert, K = md->top_k;
+    int E = md->n_expert, K = md->top_k, G = md->n_group;
+    bool mohge = md->router == ROUTER_KIND_MOHGE;
+    float *glog = logits + (size_t)n * E; /* (n, G), MoHGE only */
     be->ops->matmul(be, logits, h, m->layers[layer].router, NULL, n, md->d_model, E);
+    if (mohge)
+        be->ops->matmul(be, glog, h, m->layers[layer].group_router, NULL, n, md->d_model, G);
     /* Routing decisions are made on the host (the CPU backend's memory is host memory). */
     for (int t = 0; t < n; t++) {
         int k = tok_k[t];
         int32_t *idx = top_idx + (size_t)t * K;
         float *w = top_w + (size_t)t * K;
-        route_softmax_topk(md, logits + (size_t)t * E, k, idx, w);
+        if (mohge)
+            route_mohge(md, logits + (size_t)t * E, glog + (size_t)t * G, k, idx, w);
+        else
+            route_softmax_topk(md, logits + (size_t)t * E, k, idx, w);
         for (int j = k; j < K; j++) {
             idx[j] = -1;
             w[j] = 0.0f;

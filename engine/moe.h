@@ -56,9 +56,17 @@ int moe_scratch_init(struct moe_scratch *s, struct backend *be, const struct mod
 void moe_scratch_release(struct moe_scratch *s, struct backend *be);
 
 /* Routes n tokens: h (n, d_model) normed hidden states -> top_idx/top_w (n, top_k), token t
- * using tok_k[t] <= top_k experts (slots past tok_k[t] are -1 / 0). */
+ * using tok_k[t] <= top_k experts (slots past tok_k[t] are -1 / 0). logits is scratch of
+ * n * (n_expert + n_group) floats: expert logits (n, E), then MoHGE group logits (n, G). */
 void moe_route(const struct model *m, int layer, struct backend *be, const float *h, int n,
                const int32_t *tok_k, float *logits, int32_t *top_idx, float *top_w);
+
+/* MoHGE All-size Group-decoupling placement (DESIGN.md): experts are listed interleaved across
+ * groups in the order [0, G-1, 1, G-2, ...] (the i-th expert of every group, then the next i)
+ * and that list is cut into n_dev contiguous blocks, so every device holds a slice of every
+ * width, smallest paired with largest, and does similar work whatever groups tokens choose.
+ * owner: (n_expert) OUT device of each expert. md must have router ROUTER_KIND_MOHGE. */
+void moe_mohge_placement(const struct model_desc *md, int n_dev, int *owner);
 
 /* One SwiGLU FFN over rows: out (n, d) = down(silu(gate x) * up x); g/u: (n, d_ff) scratch. */
 void moe_ffn_rows(struct backend *be, const struct ffn_w *w, int d, const float *x, int n,

@@ -522,7 +522,7 @@ static void test_parse(void)
         {"{\"model_type\": \"olmoe\", \"hidden_size\": 64, \"num_hidden_layers\": -1}",
          "num_hidden_layers"},
         {"{\"model_type\": \"deepseek_v2\"}", "not supported yet (MLA attention)"},
-        {"{\"model_type\": \"mohge\"}", "unknown model_type 'mohge'"},
+        {"{\"model_type\": \"mohge\"}", "missing 'num_hidden_layers'"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         memset(&d, 0x55, sizeof d);

@@ -1,0 +1,271 @@
+/* Held-out report for a MoHGE (or any MoE) model, computed by the C engine: per domain, the
+ * held-out loss (mean next-token cross-entropy, nats) and the routing share of each expert
+ * group (routed token-expert rows of the group over all rows, all MoE layers together); then,
+ * over all domains, the tokens split into loss terciles (easy / medium / hard by the model's
+ * own loss on them) with the group shares and the mean routed FFN width of each tercile, which
+ * says whether narrow groups take the easy tokens.
+ *
+ * Tokens are fed one per engine step (decode with the KV cache) in windows of --window tokens,
+ * so the per-expert row counters the engine keeps (engine_stats.expert_rows) give each token's
+ * routing exactly. Models without groups count as one group.
+ *
+ *   mohge_eval --model models/mohge-small [--window 192] [--max-tokens 2048] \
+ *       shakespeare=tools/train/data/shakespeare.heldout.txt arithmetic=... json=...
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "engine.h"
+#include "model.h"
+#include "tokenizer.h"
+
+#define MAX_DOMAINS 16
+
+struct tok_rec {
+    float loss;
+    int domain;
+    int rows_off; /* offset of this token's (G) group row counts in the rows array */
+};
+
+static char *read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        free(buf);
+        buf = NULL;
+    }
+    fclose(f);
+    if (buf) {
+        buf[n] = 0;
+        *len = (size_t)n;
+    }
+    return buf;
+}
+
+static int cmp_float(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+static void usage(void)
+{
+    fprintf(stderr, "usage: mohge_eval --model DIR [--window N] [--max-tokens N] [--devices N] "
+                    "NAME=FILE...\n");
+}
+
+int main(int argc, char **argv)
+{
+    const char *model_dir = NULL;
+    int window = 192, max_tokens = 2048, devices = 1, n_dom = 0;
+    const char *dom_name[MAX_DOMAINS], *dom_file[MAX_DOMAINS];
+    char dom_buf[MAX_DOMAINS][64];
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--model") == 0 && i + 1 < argc) {
+            model_dir = argv[++i];
+        } else if (strcmp(argv[i], "--window") == 0 && i + 1 < argc) {
+            window = atoi(argv[++i]);
+        } else if (strcmp(argv[i], "--max-tokens") == 0 && i + 1 < argc) {
+            max_tokens = atoi(argv[++i]);
+        } else if (strcmp(argv[i], "--devices") == 0 && i + 1 < argc) {
+            devices = atoi(argv[++i]);
+        } else if (strchr(argv[i], '=') && argv[i][0] != '-' && n_dom < MAX_DOMAINS) {
+            const char *eq = strchr(argv[i], '=');
+            snprintf(dom_buf[n_dom], sizeof dom_buf[n_dom], "%.*s", (int)(eq - argv[i]), argv[i]);
+            dom_name[n_dom] = dom_buf[n_dom];
+            dom_file[n_dom++] = eq + 1;
+        } else {
+            usage();
+            return 2;
+        }
+    }
+    if (!model_dir || n_dom == 0 || window < 2 || max_tokens < 2 || devices < 1) {
+        usage();
+        return 2;
+    }
+
+    char err[MS_ERR_LEN];
+    struct model *m = NULL;
+    struct engine *e = NULL;
+    int32_t *ids = NULL;
+    float *logits = NULL;
+    uint64_t *prev = NULL;
+    struct tok_rec *recs = NULL;
+    int *rows = NULL;
+    float *sorted = NULL;
+    int rc = 1;
+    if (model_load(model_dir, NULL, &m, err, sizeof err) != 0) {
+        fprintf(stderr, "mohge_eval: %s\n", err);
+        return 1;
+    }
+    const struct model_desc *md = &m->desc;
+    int V = md->vocab, E = md->n_expert, L = md->n_layer;
+    int G = md->expert_group && md->n_group > 0 ? md->n_group : 1;
+    struct engine_params ep;
+    engine_params_default(&ep);
+    ep.n_devices = devices;
+    ep.max_batch_tokens = window;
+    ep.max_seqs = 1;
+    ep.max_model_len = window;
+    if (engine_create(m, &ep, &e, err, sizeof err) != 0) {
+        fprintf(stderr, "mohge_eval: %s\n", err);
+        goto fail;
+    }
+    size_t cells = (size_t)L * (size_t)(E > 0 ? E : 1);
+    int cap_tok = n_dom * max_tokens;
+    ids = malloc(sizeof(int32_t) * ((size_t)max_tokens + 1));
+    logits = malloc(sizeof(float) * (size_t)V);
+    prev = calloc(cells, sizeof *prev);
+    recs = malloc(sizeof *recs * (size_t)cap_tok);
+    rows = calloc((size_t)cap_tok * (size_t)G, sizeof *rows);
+    sorted = malloc(sizeof(float) * (size_t)cap_tok);
+    if (!ids || !logits || !prev || !recs || !rows || !sorted) {
+        fprintf(stderr, "mohge_eval: out of memory\n");
+        goto fail;
+    }
+    const struct engine_stats *st = engine_get_stats(e);
+    int n_rec = 0;
+    for (int d = 0; d < n_dom; d++) {
+        size_t len = 0;
+        char *text = read_file(dom_file[d], &len);
+        if (!text) {
+            fprintf(stderr, "mohge_eval: cannot read %s\n", dom_file[d]);
+            goto fail;
+        }
+        int n = tok_encode(m->tok, text, len, false, ids, max_tokens + 1);
+        free(text);
+        if (n < 0) {
+            fprintf(stderr, "mohge_eval: %s: tokenizer failed\n", dom_file[d]);
+            goto fail;
+        }
+        if (n > max_tokens + 1) n = max_tokens + 1;
+        for (int s = 0; s + 1 < n; s += window) {
+            struct kv_seq seq;
+            if (engine_seq_init(e, &seq) != 0) goto fail;
+            memcpy(prev, st->expert_rows, cells * sizeof *prev);
+            for (int t = 0; t < window && s + t + 1 < n; t++) {
+                struct engine_item it = {.kv = &seq,
+                                         .tokens = ids + s + t,
+                                         .n_tokens = 1,
+                                         .pos = t,
+                                         .n_logits = 1,
+                                         .logits = logits};
+                if (engine_step(e, &it, 1, err, sizeof err) != 0) {
+                    fprintf(stderr, "mohge_eval: %s\n", err);
+                    engine_seq_free(e, &seq);
+                    goto fail;
+                }
+                double mx = -INFINITY, z = 0.0;
+                for (int v = 0; v < V; v++)
+                    mx = logits[v] > mx ? logits[v] : mx;
+                for (int v = 0; v < V; v++)
+                    z += exp((double)logits[v] - mx);
+                struct tok_rec *r = &recs[n_rec];
+                r->loss = (float)(mx + log(z) - logits[ids[s + t + 1]]);
+                r->domain = d;
+                r->rows_off = n_rec * G;
+                for (size_t c = 0; c < cells && E > 0; c++) {
+                    uint64_t delta = st->expert_rows[c] - prev[c];
+                    int ex = (int)(c % (size_t)E);
+                    rows[r->rows_off + (G > 1 ? md->expert_group[ex] : 0)] += (int)delta;
+                    prev[c] = st->expert_rows[c];
+                }
+                n_rec++;
+            }
+            engine_seq_free(e, &seq);
+        }
+    }
+
+    /* Per-domain table. */
+    printf("model %s: %d groups, widths", model_dir, G);
+    for (int g = 0; g < G; g++) {
+        int w = 0;
+        for (int x = 0; x < E; x++)
+            if ((G > 1 ? md->expert_group[x] : 0) == g) w = md->expert_d_ff[x];
+        printf(" %d", w);
+    }
+    printf("; window %d, up to %d tokens per domain\n\n", window, max_tokens);
+    printf("| domain | tokens | loss (nats) | ppl |");
+    for (int g = 0; g < G; g++)
+        printf(" group %d |", g);
+    printf("\n|---|---|---|---|");
+    for (int g = 0; g < G; g++)
+        printf("---|");
+    printf("\n");
+    for (int d = 0; d < n_dom; d++) {
+        double loss = 0.0, tot = 0.0, gsum[MODEL_MAX_GROUPS] = {0};
+        int cnt = 0;
+        for (int i = 0; i < n_rec; i++) {
+            if (recs[i].domain != d) continue;
+            loss += recs[i].loss;
+            cnt++;
+            for (int g = 0; g < G; g++) {
+                gsum[g] += rows[recs[i].rows_off + g];
+                tot += rows[recs[i].rows_off + g];
+            }
+        }
+        printf("| %s | %d | %.4f | %.2f |", dom_name[d], cnt, cnt ? loss / cnt : 0.0,
+               cnt ? exp(loss / cnt) : 0.0);
+        for (int g = 0; g < G; g++)
+            printf(" %.1f%% |", tot > 0 ? 100.0 * gsum[g] / tot : 0.0);
+        printf("\n");
+    }
+
+    /* Loss terciles over all tokens: do narrow groups take the easy tokens? */
+    for (int i = 0; i < n_rec; i++)
+        sorted[i] = recs[i].loss;
+    qsort(sorted, (size_t)n_rec, sizeof(float), cmp_float);
+    float cut1 = n_rec ? sorted[n_rec / 3] : 0.0f, cut2 = n_rec ? sorted[2 * n_rec / 3] : 0.0f;
+    static const char *bucket[] = {"easy (lowest-loss third)", "medium", "hard (highest third)"};
+    printf("\n| tokens by loss | tokens | mean loss | mean routed width |");
+    for (int g = 0; g < G; g++)
+        printf(" group %d |", g);
+    printf("\n|---|---|---|---|");
+    for (int g = 0; g < G; g++)
+        printf("---|");
+    printf("\n");
+    for (int b = 0; b < 3; b++) {
+        double loss = 0.0, tot = 0.0, width = 0.0, gsum[MODEL_MAX_GROUPS] = {0};
+        int cnt = 0;
+        for (int i = 0; i < n_rec; i++) {
+            float l = recs[i].loss;
+            int bi = l < cut1 ? 0 : l < cut2 ? 1 : 2;
+            if (bi != b) continue;
+            loss += l;
+            cnt++;
+            for (int g = 0; g < G; g++) {
+                int r = rows[recs[i].rows_off + g];
+                gsum[g] += r;
+                tot += r;
+                int w = 0;
+                for (int x = 0; x < E; x++)
+                    if ((G > 1 ? md->expert_group[x] : 0) == g) w = md->expert_d_ff[x];
+                width += (double)r * w;
+            }
+        }
+        printf("| %s | %d | %.4f | %.1f |", bucket[b], cnt, cnt ? loss / cnt : 0.0,
+               tot > 0 ? width / tot : 0.0);
+        for (int g = 0; g < G; g++)
+            printf(" %.1f%% |", tot > 0 ? 100.0 * gsum[g] / tot : 0.0);
+        printf("\n");
+    }
+    rc = 0;
+fail:
+    free(ids);
+    free(logits);
+    free(prev);
+    free(recs);
+    free(rows);
+    free(sorted);
+    engine_free(e);
+    model_free(m);
+    return rc;
+}

@@ -59,13 +59,13 @@ static int cmp_float(const void *a, const void *b)
 static void usage(void)
 {
     fprintf(stderr, "usage: mohge_eval --model DIR [--window N] [--max-tokens N] [--devices N] "
-                    "NAME=FILE...\n");
+                    "[--moe-top-k K] NAME=FILE...\n");
 }
 
 int main(int argc, char **argv)
 {
     const char *model_dir = NULL;
-    int window = 192, max_tokens = 2048, devices = 1, n_dom = 0;
+    int window = 192, max_tokens = 2048, devices = 1, n_dom = 0, moe_k = 0;
     const char *dom_name[MAX_DOMAINS], *dom_file[MAX_DOMAINS];
     char dom_buf[MAX_DOMAINS][64];
     for (int i = 1; i < argc; i++) {
@@ -77,6 +77,8 @@ int main(int argc, char **argv)
             max_tokens = atoi(argv[++i]);
         } else if (strcmp(argv[i], "--devices") == 0 && i + 1 < argc) {
             devices = atoi(argv[++i]);
+        } else if (strcmp(argv[i], "--moe-top-k") == 0 && i + 1 < argc) {
+            moe_k = atoi(argv[++i]); /* expert budget: quality cost of fewer experts */
         } else if (strchr(argv[i], '=') && argv[i][0] != '-' && n_dom < MAX_DOMAINS) {
             const char *eq = strchr(argv[i], '=');
             snprintf(dom_buf[n_dom], sizeof dom_buf[n_dom], "%.*s", (int)(eq - argv[i]), argv[i]);
@@ -156,6 +158,7 @@ int main(int argc, char **argv)
                                          .tokens = ids + s + t,
                                          .n_tokens = 1,
                                          .pos = t,
+                                         .moe_top_k = moe_k,
                                          .n_logits = 1,
                                          .logits = logits};
                 if (engine_step(e, &it, 1, err, sizeof err) != 0) {

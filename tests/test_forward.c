@@ -9,19 +9,8 @@
 #include "engine.h"
 #include "model.h"
 #include "safetensors.h"
+#include "golden.h"
 #include "test.h"
-
-/* Max absolute difference over max absolute reference value. */
-static double rel_err(const float *a, const float *ref, size_t n)
-{
-    double num = 0.0, den = 0.0;
-    for (size_t i = 0; i < n; i++) {
-        double d = fabs((double)a[i] - (double)ref[i]);
-        if (!(d <= num)) num = d; /* NaN propagates as a failure */
-        if (fabs((double)ref[i]) > den) den = fabs((double)ref[i]);
-    }
-    return den > 0 ? num / den : num;
-}
 
 /* ||a - ref|| / ||ref|| over the rows (positions) where mask[row] != 0; *used counts them. */
 static double norm_err_masked(const float *a, const float *ref, const int32_t *mask, int rows,
@@ -41,81 +30,6 @@ static double norm_err_masked(const float *a, const float *ref, const int32_t *m
     return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
-static int argmax(const float *x, int n)
-{
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
-    return b;
-}
-
-struct prompt {
-    int n;
-    const int32_t *ids;
-    const float *logits;          /* (n, vocab) transformers in the checkpoint's dtype */
-    const float *logits_f32;      /* bf16 checkpoints: upcast weights computed in f32, or NULL */
-    const int32_t *greedy;        /* (32) or NULL */
-    const int32_t *route_agrees;  /* bf16: positions where transformers' bf16 run routes like
-                                     its f32 run, or NULL */
-};
-
-#define MAX_PROMPTS 8
-
-static int load_prompts(const struct st_archive *ref, struct prompt *p)
-{
-    int n = 0;
-    for (; n < MAX_PROMPTS; n++) {
-        char name[64];
-        snprintf(name, sizeof name, "prompt%d.ids", n);
-        const struct st_tensor *ids = st_find(ref, name);
-        if (!ids) break;
-        snprintf(name, sizeof name, "prompt%d.logits", n);
-        const struct st_tensor *lg = st_find(ref, name);
-        snprintf(name, sizeof name, "prompt%d.logits_f32compute", n);
-        const struct st_tensor *lf = st_find(ref, name);
-        snprintf(name, sizeof name, "prompt%d.greedy", n);
-        const struct st_tensor *gr = st_find(ref, name);
-        snprintf(name, sizeof name, "prompt%d.bf16_route_agrees", n);
-        const struct st_tensor *ra = st_find(ref, name);
-        p[n].route_agrees = ra ? ra->data : NULL;
-        p[n].n = (int)ids->shape[0];
-        p[n].ids = ids->data;
-        p[n].logits = lg ? lg->data : NULL;
-        p[n].logits_f32 = lf ? lf->data : NULL;
-        p[n].greedy = gr ? gr->data : NULL;
-    }
-    return n;
-}
-
-static struct engine *make_engine(const struct model *m, int devices)
-{
-    struct engine_params ep;
-    engine_params_default(&ep);
-    ep.n_devices = devices;
-    ep.max_batch_tokens = 256;
-    ep.max_seqs = 8;
-    ep.max_model_len = 128;
-    ep.kv_block_size = 4; /* small blocks so sequences span several */
-    struct engine *e = NULL;
-    char err[MS_ERR_LEN];
-    if (engine_create(m, &ep, &e, err, sizeof err) != 0) fprintf(stderr, "engine: %s\n", err);
-    return e;
-}
-
-/* Full prefill of one prompt with logits for every position. */
-static int prefill(struct engine *e, const struct prompt *p, int moe_k, float *out)
-{
-    struct kv_seq s;
-    char err[MS_ERR_LEN];
-    if (engine_seq_init(e, &s) != 0) return -1;
-    struct engine_item it = {.kv = &s, .tokens = p->ids, .n_tokens = p->n, .pos = 0,
-                             .moe_top_k = moe_k, .n_logits = p->n, .logits = out};
-    int rc = engine_step(e, &it, 1, err, sizeof err);
-    if (rc) fprintf(stderr, "step: %s\n", err);
-    engine_seq_free(e, &s);
-    return rc;
-}
-
 static void check_model(const char *tests, const char *name, bool bf16)
 {
     char dir[512];
@@ -132,26 +46,26 @@ static void check_model(const char *tests, const char *name, bool bf16)
     if (rc || rc2) goto out;
 
     int V = m->desc.vocab;
-    struct prompt p[MAX_PROMPTS];
-    int np = load_prompts(ref, p);
+    struct golden_prompt p[GOLDEN_MAX_PROMPTS];
+    int np = golden_load_prompts(ref, p);
     CHECKF(np >= 2, "%s: reference has %d prompts", name, np);
     int maxn = 0;
     for (int i = 0; i < np; i++) maxn = p[i].n > maxn ? p[i].n : maxn;
     float *a = malloc(sizeof(float) * (size_t)maxn * V);
     float *b = malloc(sizeof(float) * (size_t)maxn * V);
-    struct engine *e1 = make_engine(m, 1);
+    struct engine *e1 = golden_engine(m, 1);
     CHECK(e1 != NULL);
     if (!e1 || !a || !b) goto done;
 
     double worst = 0.0, worst_native = 0.0;
     for (int i = 0; i < np; i++) {
         size_t cnt = (size_t)p[i].n * V;
-        CHECK(prefill(e1, &p[i], 0, a) == 0);
+        CHECK(golden_prefill(e1, &p[i], 0, a) == 0);
         if (bf16) {
             /* Tight: the same bf16 weights computed in f32 by transformers. Loose: transformers
              * computing in bf16, whose own rounding is ~1e-2; compared where it routed every
              * layer like the f32 run (a flipped expert is another computation, not rounding). */
-            double r = rel_err(a, p[i].logits_f32, cnt);
+            double r = golden_rel_err(a, p[i].logits_f32, cnt);
             int used = 0;
             double rn = norm_err_masked(a, p[i].logits, p[i].route_agrees, p[i].n, V, &used);
             worst = r > worst ? r : worst;
@@ -162,18 +76,18 @@ static void check_model(const char *tests, const char *name, bool bf16)
                    used, p[i].n);
             CHECKF(rn <= 2e-2, "%s prompt %d: rel err %.3g vs transformers in bf16", name, i, rn);
         } else {
-            double r = rel_err(a, p[i].logits, cnt);
+            double r = golden_rel_err(a, p[i].logits, cnt);
             worst = r > worst ? r : worst;
             CHECKF(r <= 1e-4, "%s prompt %d: rel err %.3g", name, i, r);
         }
 
         /* Devices: 2 and 4 give the same logits as 1. */
         for (int nd = 2; nd <= 4; nd *= 2) {
-            struct engine *en = make_engine(m, nd);
+            struct engine *en = golden_engine(m, nd);
             CHECK(en != NULL);
             if (!en) continue;
-            CHECK(prefill(en, &p[i], 0, b) == 0);
-            double r = rel_err(b, a, cnt);
+            CHECK(golden_prefill(en, &p[i], 0, b) == 0);
+            double r = golden_rel_err(b, a, cnt);
             CHECKF(r <= 1e-6, "%s prompt %d: %d devices differ from 1 by %.3g", name, i, nd, r);
             engine_free(en);
         }
@@ -184,7 +98,7 @@ static void check_model(const char *tests, const char *name, bool bf16)
 
     /* Chunked prefill (chunks of 3) and batching all prompts in one step match the reference. */
     {
-        const struct prompt *lp = &p[0];
+        const struct golden_prompt *lp = &p[0];
         for (int i = 1; i < np; i++) lp = p[i].n > lp->n ? &p[i] : lp;
         struct kv_seq s;
         CHECK(engine_seq_init(e1, &s) == 0);
@@ -197,13 +111,13 @@ static void check_model(const char *tests, const char *name, bool bf16)
         }
         engine_seq_free(e1, &s);
         const float *want = bf16 ? lp->logits_f32 : lp->logits;
-        double r = rel_err(b, want, (size_t)lp->n * V);
+        double r = golden_rel_err(b, want, (size_t)lp->n * V);
         CHECKF(r <= 1e-4, "%s: chunked prefill rel err %.3g", name, r);
 
-        struct engine *e2 = make_engine(m, 2);
-        struct kv_seq seqs[MAX_PROMPTS];
-        struct engine_item items[MAX_PROMPTS];
-        float *outs[MAX_PROMPTS] = {0};
+        struct engine *e2 = golden_engine(m, 2);
+        struct kv_seq seqs[GOLDEN_MAX_PROMPTS];
+        struct engine_item items[GOLDEN_MAX_PROMPTS];
+        float *outs[GOLDEN_MAX_PROMPTS] = {0};
         for (int i = 0; i < np && e2; i++) {
             engine_seq_init(e2, &seqs[i]);
             outs[i] = malloc(sizeof(float) * (size_t)p[i].n * V);
@@ -214,7 +128,7 @@ static void check_model(const char *tests, const char *name, bool bf16)
         if (e2) {
             CHECK(engine_step(e2, items, np, err, sizeof err) == 0);
             for (int i = 0; i < np; i++) {
-                double rb = rel_err(outs[i], bf16 ? p[i].logits_f32 : p[i].logits,
+                double rb = golden_rel_err(outs[i], bf16 ? p[i].logits_f32 : p[i].logits,
                                     (size_t)p[i].n * V);
                 CHECKF(rb <= 1e-4, "%s prompt %d: batched rel err %.3g", name, i, rb);
                 engine_seq_free(e2, &seqs[i]);
@@ -227,22 +141,9 @@ static void check_model(const char *tests, const char *name, bool bf16)
     /* Greedy continuations: 32 tokens, decode one token per step. */
     for (int i = 0; i < np && !bf16; i++) {
         if (!p[i].greedy) continue;
-        struct kv_seq s;
-        CHECK(engine_seq_init(e1, &s) == 0);
-        struct engine_item it = {.kv = &s, .tokens = p[i].ids, .n_tokens = p[i].n, .pos = 0,
-                                 .n_logits = 1, .logits = a};
-        CHECK(engine_step(e1, &it, 1, err, sizeof err) == 0);
-        int same = 0;
-        for (int t = 0; t < 32; t++) {
-            int32_t tok = argmax(a, V);
-            if (tok != p[i].greedy[t]) break;
-            same++;
-            it = (struct engine_item){.kv = &s, .tokens = &tok, .n_tokens = 1,
-                                      .pos = p[i].n + t, .n_logits = 1, .logits = a};
-            CHECK(engine_step(e1, &it, 1, err, sizeof err) == 0);
-        }
-        CHECKF(same == 32, "%s prompt %d: greedy matches for %d of 32 tokens", name, i, same);
-        engine_seq_free(e1, &s);
+        int same = golden_greedy_match(e1, &p[i], a, V);
+        CHECKF(same == GOLDEN_GREEDY, "%s prompt %d: greedy matches for %d of 32 tokens", name, i,
+               same);
     }
 
     /* Expert budget: moe_top_k=1 computes exactly one expert row per token per MoE layer. */
@@ -252,12 +153,13 @@ static void check_model(const char *tests, const char *name, bool bf16)
         for (int l = 0; l < m->desc.n_layer; l++) n_moe += m->desc.layer_is_moe[l];
         uint64_t before = 0, after = 0;
         for (size_t x = 0; x < (size_t)m->desc.n_layer * E; x++) before += st->expert_rows[x];
-        CHECK(prefill(e1, &p[0], 1, b) == 0);
+        CHECK(golden_prefill(e1, &p[0], 1, b) == 0);
         for (size_t x = 0; x < (size_t)m->desc.n_layer * E; x++) after += st->expert_rows[x];
         CHECKF(after - before == (uint64_t)p[0].n * n_moe, "%s: moe_top_k=1 ran %llu rows", name,
                (unsigned long long)(after - before));
-        CHECK(prefill(e1, &p[0], 0, a) == 0);
-        CHECKF(rel_err(b, a, (size_t)p[0].n * V) > 1e-3, "%s: moe_top_k=1 changed nothing", name);
+        CHECK(golden_prefill(e1, &p[0], 0, a) == 0);
+        CHECKF(golden_rel_err(b, a, (size_t)p[0].n * V) > 1e-3, "%s: moe_top_k=1 changed nothing",
+               name);
     }
 
 done:

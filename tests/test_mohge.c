@@ -12,113 +12,8 @@
 #include "engine.h"
 #include "model.h"
 #include "safetensors.h"
+#include "golden.h"
 #include "test.h"
-
-#define MAX_PROMPTS 8
-#define GREEDY      32
-
-static double rel_err(const float *a, const float *ref, size_t n)
-{
-    double num = 0.0, den = 0.0;
-    for (size_t i = 0; i < n; i++) {
-        double d = fabs((double)a[i] - (double)ref[i]);
-        if (!(d <= num)) num = d;
-        if (fabs((double)ref[i]) > den) den = fabs((double)ref[i]);
-    }
-    return den > 0 ? num / den : num;
-}
-
-static int argmax(const float *x, int n)
-{
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
-    return b;
-}
-
-struct prompt {
-    int n;
-    const int32_t *ids;
-    const float *logits;   /* (n, vocab) */
-    const int32_t *greedy; /* (GREEDY) */
-};
-
-static int load_prompts(const struct st_archive *ref, struct prompt *p)
-{
-    int n = 0;
-    for (; n < MAX_PROMPTS; n++) {
-        char name[64];
-        snprintf(name, sizeof name, "prompt%d.ids", n);
-        const struct st_tensor *ids = st_find(ref, name);
-        if (!ids) break;
-        snprintf(name, sizeof name, "prompt%d.logits", n);
-        const struct st_tensor *lg = st_find(ref, name);
-        snprintf(name, sizeof name, "prompt%d.greedy", n);
-        const struct st_tensor *gr = st_find(ref, name);
-        if (!lg || !gr) break;
-        p[n].n = (int)ids->shape[0];
-        p[n].ids = ids->data;
-        p[n].logits = lg->data;
-        p[n].greedy = gr->data;
-    }
-    return n;
-}
-
-static struct engine *make_engine(const struct model *m, int devices)
-{
-    struct engine_params ep;
-    engine_params_default(&ep);
-    ep.n_devices = devices;
-    ep.max_batch_tokens = 256;
-    ep.max_seqs = 4;
-    ep.max_model_len = 128;
-    ep.kv_block_size = 4;
-    struct engine *e = NULL;
-    char err[MS_ERR_LEN];
-    if (engine_create(m, &ep, &e, err, sizeof err) != 0) fprintf(stderr, "engine: %s\n", err);
-    return e;
-}
-
-static int prefill(struct engine *e, const struct prompt *p, int moe_k, float *out)
-{
-    struct kv_seq s;
-    char err[MS_ERR_LEN];
-    if (engine_seq_init(e, &s) != 0) return -1;
-    struct engine_item it = {.kv = &s,
-                             .tokens = p->ids,
-                             .n_tokens = p->n,
-                             .pos = 0,
-                             .moe_top_k = moe_k,
-                             .n_logits = p->n,
-                             .logits = out};
-    int rc = engine_step(e, &it, 1, err, sizeof err);
-    if (rc) fprintf(stderr, "step: %s\n", err);
-    engine_seq_free(e, &s);
-    return rc;
-}
-
-/* Greedy decode of GREEDY tokens with the KV cache; returns how many match the reference. */
-static int greedy_match(struct engine *e, const struct prompt *p, float *buf, int V)
-{
-    struct kv_seq s;
-    char err[MS_ERR_LEN];
-    if (engine_seq_init(e, &s) != 0) return -1;
-    struct engine_item it = {
-        .kv = &s, .tokens = p->ids, .n_tokens = p->n, .pos = 0, .n_logits = 1, .logits = buf};
-    int same = 0;
-    if (engine_step(e, &it, 1, err, sizeof err) != 0) goto out;
-    for (int t = 0; t < GREEDY; t++) {
-        int32_t tok = argmax(buf, V);
-        if (tok != p->greedy[t]) break;
-        same++;
-        it = (struct engine_item){
-            .kv = &s, .tokens = &tok, .n_tokens = 1, .pos = p->n + t, .n_logits = 1, .logits = buf};
-        if (engine_step(e, &it, 1, err, sizeof err) != 0) break;
-    }
-out:
-    engine_seq_free(e, &s);
-    return same;
-}
 
 static void check_model(const char *dir, const char *name)
 {
@@ -135,40 +30,40 @@ static void check_model(const char *dir, const char *name)
     CHECK(m->desc.router == ROUTER_KIND_MOHGE && m->desc.n_group > 1);
 
     int V = m->desc.vocab;
-    struct prompt p[MAX_PROMPTS];
-    int np = load_prompts(ref, p);
+    struct golden_prompt p[GOLDEN_MAX_PROMPTS];
+    int np = golden_load_prompts(ref, p);
     CHECKF(np >= 2, "%s: reference has %d prompts", name, np);
     int maxn = 0;
     for (int i = 0; i < np; i++)
         maxn = p[i].n > maxn ? p[i].n : maxn;
     float *a = malloc(sizeof(float) * (size_t)maxn * V);
     float *b = malloc(sizeof(float) * (size_t)maxn * V);
-    struct engine *e1 = make_engine(m, 1);
+    struct engine *e1 = golden_engine(m, 1);
     CHECK(e1 != NULL);
     if (!e1 || !a || !b) goto done;
 
     double worst = 0.0;
     for (int i = 0; i < np; i++) {
         size_t cnt = (size_t)p[i].n * V;
-        CHECK(prefill(e1, &p[i], 0, a) == 0);
-        double r = rel_err(a, p[i].logits, cnt);
+        CHECK(golden_prefill(e1, &p[i], 0, a) == 0);
+        double r = golden_rel_err(a, p[i].logits, cnt);
         worst = r > worst ? r : worst;
         CHECKF(r <= 1e-4, "%s prompt %d: rel err %.3g", name, i, r);
         for (int nd = 2; nd <= 4; nd *= 2) {
-            struct engine *en = make_engine(m, nd);
+            struct engine *en = golden_engine(m, nd);
             CHECK(en != NULL);
             if (!en) continue;
-            CHECK(prefill(en, &p[i], 0, b) == 0);
-            double rd = rel_err(b, a, cnt);
+            CHECK(golden_prefill(en, &p[i], 0, b) == 0);
+            double rd = golden_rel_err(b, a, cnt);
             CHECKF(rd <= 1e-6, "%s prompt %d: %d devices differ from 1 by %.3g", name, i, nd, rd);
             engine_free(en);
         }
-        int same = greedy_match(e1, &p[i], b, V);
-        CHECKF(same == GREEDY, "%s prompt %d: greedy matches for %d of %d tokens", name, i, same,
-               GREEDY);
+        int same = golden_greedy_match(e1, &p[i], b, V);
+        CHECKF(same == GOLDEN_GREEDY, "%s prompt %d: greedy matches for %d of %d tokens", name, i, same,
+               GOLDEN_GREEDY);
     }
     printf("%-14s %d prompts, max rel err %.2e, greedy %d tokens each identical\n", name, np, worst,
-           GREEDY);
+           GOLDEN_GREEDY);
 
     /* Expert budget: moe_top_k=1 computes one routed row per token per layer. */
     if (m->desc.top_k > 1) {
@@ -177,7 +72,7 @@ static void check_model(const char *dir, const char *name)
         uint64_t before = 0, after = 0;
         for (size_t x = 0; x < cells; x++)
             before += st->expert_rows[x];
-        CHECK(prefill(e1, &p[0], 1, b) == 0);
+        CHECK(golden_prefill(e1, &p[0], 1, b) == 0);
         for (size_t x = 0; x < cells; x++)
             after += st->expert_rows[x];
         CHECKF(after - before == (uint64_t)p[0].n * m->desc.n_layer,
@@ -204,7 +99,7 @@ static void test_placement(const char *tests)
     if (rc) return;
     static const int want4[] = {0, 2, 1, 3, 1, 3, 0, 2}; /* expert -> device, 4 devices */
     for (int nd = 2; nd <= 4; nd *= 2) {
-        struct engine *e = make_engine(m, nd);
+        struct engine *e = golden_engine(m, nd);
         CHECK(e != NULL);
         if (!e) continue;
         int width[8] = {0};

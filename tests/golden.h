@@ -1,0 +1,131 @@
+/* Helpers shared by the golden tests (test_forward, test_mohge): reading a reference.safetensors
+ * written by the scripts in tests/reference, running a prompt through the engine, and comparing. */
+#ifndef MOESERVE_GOLDEN_H
+#define MOESERVE_GOLDEN_H
+
+#include <math.h>
+#include <stdio.h>
+
+#include "common.h"
+#include "engine.h"
+#include "model.h"
+#include "safetensors.h"
+
+#define GOLDEN_MAX_PROMPTS 8
+#define GOLDEN_GREEDY      32
+
+/* One reference prompt; arrays point into the reference archive. */
+struct golden_prompt {
+    int n;
+    const int32_t *ids;          /* (n) */
+    const float *logits;         /* (n, vocab) the reference in the checkpoint's dtype */
+    const float *logits_f32;     /* bf16 checkpoints: upcast weights computed in f32, or NULL */
+    const int32_t *greedy;       /* (GOLDEN_GREEDY) or NULL */
+    const int32_t *route_agrees; /* bf16: positions where the bf16 reference routes like its
+                                    f32 run, or NULL */
+};
+
+/* Max absolute difference over max absolute reference value (NaN counts as a failure). */
+static inline double golden_rel_err(const float *a, const float *ref, size_t n)
+{
+    double num = 0.0, den = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - (double)ref[i]);
+        if (!(d <= num)) num = d;
+        if (fabs((double)ref[i]) > den) den = fabs((double)ref[i]);
+    }
+    return den > 0 ? num / den : num;
+}
+
+static inline int golden_argmax(const float *x, int n)
+{
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+static inline const void *golden_find(const struct st_archive *ref, int i, const char *what)
+{
+    char name[64];
+    snprintf(name, sizeof name, "prompt%d.%s", i, what);
+    const struct st_tensor *t = st_find(ref, name);
+    return t ? t->data : NULL;
+}
+
+/* Reads prompt0.. from the archive; returns how many (those with ids and logits). */
+static inline int golden_load_prompts(const struct st_archive *ref, struct golden_prompt *p)
+{
+    int n = 0;
+    for (; n < GOLDEN_MAX_PROMPTS; n++) {
+        char name[64];
+        snprintf(name, sizeof name, "prompt%d.ids", n);
+        const struct st_tensor *ids = st_find(ref, name);
+        if (!ids || !golden_find(ref, n, "logits")) break;
+        p[n].n = (int)ids->shape[0];
+        p[n].ids = ids->data;
+        p[n].logits = golden_find(ref, n, "logits");
+        p[n].logits_f32 = golden_find(ref, n, "logits_f32compute");
+        p[n].greedy = golden_find(ref, n, "greedy");
+        p[n].route_agrees = golden_find(ref, n, "bf16_route_agrees");
+    }
+    return n;
+}
+
+/* An engine with small KV blocks (so sequences span several) for up to 8 sequences. */
+static inline struct engine *golden_engine(const struct model *m, int devices)
+{
+    struct engine_params ep;
+    engine_params_default(&ep);
+    ep.n_devices = devices;
+    ep.max_batch_tokens = 256;
+    ep.max_seqs = GOLDEN_MAX_PROMPTS;
+    ep.max_model_len = 128;
+    ep.kv_block_size = 4;
+    struct engine *e = NULL;
+    char err[MS_ERR_LEN];
+    if (engine_create(m, &ep, &e, err, sizeof err) != 0) fprintf(stderr, "engine: %s\n", err);
+    return e;
+}
+
+/* Full prefill of one prompt with logits for every position into out (n, vocab). */
+static inline int golden_prefill(struct engine *e, const struct golden_prompt *p, int moe_k,
+                                 float *out)
+{
+    struct kv_seq s;
+    char err[MS_ERR_LEN];
+    if (engine_seq_init(e, &s) != 0) return -1;
+    struct engine_item it = {.kv = &s, .tokens = p->ids, .n_tokens = p->n, .pos = 0,
+                             .moe_top_k = moe_k, .n_logits = p->n, .logits = out};
+    int rc = engine_step(e, &it, 1, err, sizeof err);
+    if (rc) fprintf(stderr, "step: %s\n", err);
+    engine_seq_free(e, &s);
+    return rc;
+}
+
+/* Greedy decode of GOLDEN_GREEDY tokens, one per step; returns how many match the reference.
+ * buf: (vocab) scratch. */
+static inline int golden_greedy_match(struct engine *e, const struct golden_prompt *p,
+                                      float *buf, int vocab)
+{
+    struct kv_seq s;
+    char err[MS_ERR_LEN];
+    if (!p->greedy || engine_seq_init(e, &s) != 0) return -1;
+    struct engine_item it = {
+        .kv = &s, .tokens = p->ids, .n_tokens = p->n, .pos = 0, .n_logits = 1, .logits = buf};
+    int same = 0;
+    if (engine_step(e, &it, 1, err, sizeof err) != 0) goto out;
+    for (int t = 0; t < GOLDEN_GREEDY; t++) {
+        int32_t tok = golden_argmax(buf, vocab);
+        if (tok != p->greedy[t]) break;
+        same++;
+        it = (struct engine_item){
+            .kv = &s, .tokens = &tok, .n_tokens = 1, .pos = p->n + t, .n_logits = 1, .logits = buf};
+        if (engine_step(e, &it, 1, err, sizeof err) != 0) break;
+    }
+out:
+    engine_seq_free(e, &s);
+    return same;
+}
+
+#endif

@@ -35,6 +35,8 @@ struct http_server {
     atomic_int state;
     const struct model *m;
     struct sched *s;
+    jinja_template *chat;     /* m->chat_template parsed once at ready; NULL if none/invalid */
+    char chat_err[MS_ERR_LEN];/* why chat is NULL when the model has a template */
     int port;
     atomic_int active;
     long created;
@@ -166,19 +168,26 @@ static int encode(const struct tokenizer *tok, const char *text, bool special, i
 }
 
 /* Renders a chat through the model's template. */
-static int render_chat(const struct model *m, const struct proto_req *pr, char **out,
+static int render_chat(const struct http_server *h, const struct proto_req *pr, char **out,
                        struct proto_error *e)
 {
+    const struct model *m = h->m;
     if (!m->chat_template)
         return proto_fail(e, 400, "messages", "no_chat_template",
                           "this model has no chat template");
+    if (!h->chat)
+        return proto_fail(e, 400, "messages", "chat_template_error",
+                          "the model's chat template does not parse: %s", h->chat_err);
     const struct tokenizer *tok = m->tok;
     int32_t bos = tok_bos_id(tok), eos = tok_eos_id(tok);
     const char *bos_s = bos >= 0 ? tok_token_str(tok, bos) : NULL;
     const char *eos_s = eos >= 0 ? tok_token_str(tok, eos) : NULL;
+    struct jinja_chat_args args = {.messages_json = pr->messages_json,
+                                   .add_generation_prompt = pr->add_generation_prompt,
+                                   .bos_token = bos_s ? bos_s : "",
+                                   .eos_token = eos_s ? eos_s : ""};
     char err[MS_ERR_LEN];
-    if (jinja_render_chat(m->chat_template, pr->messages_json, pr->add_generation_prompt,
-                          bos_s ? bos_s : "", eos_s ? eos_s : "", out, err, sizeof err) != 0)
+    if (jinja_render_chat_args(h->chat, &args, out, err, sizeof err) != 0)
         return proto_fail(e, 400, "messages", "chat_template_error",
                           "cannot apply the chat template: %s", err);
     return 0;
@@ -452,7 +461,7 @@ static int gen_submit(struct http_server *h, struct gen *g, struct proto_req *pr
         const char *text = NULL;
         char *rendered = NULL;
         if (pr->kind == PROTO_CHAT) {
-            if (render_chat(m, pr, &rendered, e) != 0) return -1;
+            if (render_chat(h, pr, &rendered, e) != 0) return -1;
             n_ids = encode(m->tok, rendered, false, &ids);
             text = rendered;
         } else if (pr->prompts[p].text) {
@@ -658,7 +667,7 @@ static enum MHD_Result handle_tokenize(struct http_server *h, struct MHD_Connect
         char *rendered = NULL;
         bool special = pr.add_special_tokens;
         if (pr.messages_json) {
-            if (render_chat(m, &pr, &rendered, &e) != 0) {
+            if (render_chat(h, &pr, &rendered, &e) != 0) {
                 proto_req_free(&pr);
                 return send_error(h, c, cn->route, &e);
             }
@@ -834,6 +843,9 @@ void http_set_ready(struct http_server *h, const struct model *m, struct sched *
     h->cfg.max_model_len = max_model_len;
     h->m = m;
     h->s = s;
+    /* Parse the chat template once; every chat request renders the parsed form. */
+    if (m->chat_template)
+        h->chat = jinja_template_parse(m->chat_template, h->chat_err, sizeof h->chat_err);
     atomic_store(&h->state, HTTP_READY);
 }
 
@@ -851,6 +863,7 @@ void http_stop(struct http_server *h)
 {
     if (!h) return;
     MHD_stop_daemon(h->d);
+    jinja_template_free(h->chat);
     free(h->host);
     free(h->model_name);
     free(h->api_key);

@@ -45,7 +45,9 @@ class SSEFramingTest(unittest.TestCase):
         self.assertEqual(events[-1], "[DONE]")
         self.assertEqual(events.count("[DONE]"), 1)
         chunks = [json.loads(e) for e in events[:-1]]
-        self.assertGreater(len(chunks), 1)
+        # Tokens decoded while the client is not reading travel together in one chunk, so a
+        # short answer may legitimately be a single chunk.
+        self.assertGreaterEqual(len(chunks), 1)
         ids = {c["id"] for c in chunks}
         self.assertEqual(len(ids), 1, "one id per stream")
         for c in chunks:
@@ -80,8 +82,7 @@ class SSEFramingTest(unittest.TestCase):
                          full["choices"][0]["text"])
 
     def test_chat_stream_without_usage(self):
-        # Greedy: a sampled continuation of the random fixture model can be all partial UTF-8
-        # bytes, which the server rightly holds back until the end (one chunk in all).
+        # Greedy, so the streamed text can be compared with the non-streamed answer.
         body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 6,
                 "stream": True, "ignore_eos": True, "temperature": 0}
         chunks = self.check_stream("/v1/chat/completions", body, "chat.completion.chunk")
@@ -89,6 +90,11 @@ class SSEFramingTest(unittest.TestCase):
         self.assertEqual(chunks[0]["choices"][0]["delta"].get("role"), "assistant")
         self.assertTrue(all("role" not in c["choices"][0]["delta"] for c in chunks[1:]))
         self.assertEqual(chunks[-1]["choices"][0]["finish_reason"], "length")
+        body.pop("stream")
+        st, _, full = srvtest.post_json(self.srv.port, "/v1/chat/completions", body)
+        self.assertEqual(st, 200)
+        self.assertEqual("".join(c["choices"][0]["delta"].get("content") or "" for c in chunks),
+                         full["choices"][0]["message"]["content"])
 
     def test_error_before_stream_is_json(self):
         # a request rejected before streaming starts answers a plain JSON error, not SSE

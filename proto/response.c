@@ -91,6 +91,11 @@ static json_t *usage_obj(const struct proto_usage *u)
     json_object_set_new(o, "prompt_tokens", json_integer(u->prompt_tokens));
     json_object_set_new(o, "completion_tokens", json_integer(u->completion_tokens));
     json_object_set_new(o, "total_tokens", json_integer(u->prompt_tokens + u->completion_tokens));
+    if (u->cached_tokens >= 0) {
+        json_t *d = json_object();
+        json_object_set_new(d, "cached_tokens", json_integer(u->cached_tokens));
+        json_object_set_new(o, "prompt_tokens_details", d);
+    }
     return o;
 }
 

@@ -29,6 +29,7 @@ struct proto_choice {
 struct proto_usage {
     int prompt_tokens;
     int completion_tokens;
+    int cached_tokens; /* prompt tokens served from the prefix cache; < 0: not reported */
 };
 
 /* The full (non-streaming) body. kind: PROTO_COMPLETION or PROTO_CHAT. tok renders logprob

@@ -60,6 +60,7 @@ struct gen {
     char id[64];
     long created;
     int n;
+    int n_per_prompt;          /* choices per prompt: choice k belongs to prompt k / n_per_prompt */
     struct sched_req **reqs;   /* (n) */
     struct choice_state *cs;   /* (n) */
     int prompt_tokens;         /* each prompt counted once */
@@ -279,6 +280,19 @@ static const char *finish_name(enum sched_finish f)
                                                                         : "abort";
 }
 
+/* Prompt tokens whose K/V came from the prefix cache, counted once per prompt (its first
+ * choice; later choices of the same prompt reuse what the first computed). */
+static int gen_cached_tokens(struct gen *g)
+{
+    int cached = 0;
+    for (int k = 0; k < g->n; k += g->n_per_prompt > 0 ? g->n_per_prompt : 1) {
+        sched_req_lock(g->reqs[k]);
+        cached += g->reqs[k]->out.n_cached_tokens;
+        sched_req_unlock(g->reqs[k]);
+    }
+    return cached;
+}
+
 /* The full body once every choice finished. */
 static char *gen_body(struct gen *g, int *status, struct proto_error *e)
 {
@@ -321,7 +335,9 @@ static char *gen_body(struct gen *g, int *status, struct proto_error *e)
             ch[i].n_lps = g->reqs[i]->out.n_tokens;
             ch[i].text_offset = g->cs[i].echo_len;
         }
-    struct proto_usage u = {.prompt_tokens = g->prompt_tokens, .completion_tokens = completion};
+    struct proto_usage u = {.prompt_tokens = g->prompt_tokens,
+                            .completion_tokens = completion,
+                            .cached_tokens = gen_cached_tokens(g)};
     body = proto_resp_body(g->kind, g->id, g->created, g->h->model_name, ch, g->n, &u,
                            g->h->m->tok);
 out:
@@ -410,7 +426,8 @@ static bool gen_collect(struct gen *g)
     if (all_done && !g->done_sent) {
         if (g->include_usage && !g->usage_sent) {
             struct proto_usage u = {.prompt_tokens = g->prompt_tokens,
-                                    .completion_tokens = completion};
+                                    .completion_tokens = completion,
+                                    .cached_tokens = gen_cached_tokens(g)};
             pend_add(g, proto_resp_chunk(g->kind, g->id, g->created, g->h->model_name, NULL,
                                          false, &u, NULL));
             g->usage_sent = true;
@@ -448,6 +465,7 @@ static int gen_submit(struct http_server *h, struct gen *g, struct proto_req *pr
     const struct model *m = h->m;
     int n_prompts = pr->kind == PROTO_CHAT ? 1 : pr->n_prompts;
     g->n = n_prompts * pr->n;
+    g->n_per_prompt = pr->n;
     g->reqs = calloc((size_t)g->n, sizeof *g->reqs);
     g->cs = calloc((size_t)g->n, sizeof *g->cs);
     if (!g->reqs || !g->cs) return proto_fail(e, 500, NULL, NULL, "out of memory");

@@ -168,8 +168,11 @@ static void test_responses(void)
          .n_lps = 1},
         {.index = 1, .text = "hi", .text_len = 2, .finish_reason = "length"},
     };
-    struct proto_usage u = {.prompt_tokens = 4, .completion_tokens = 3};
+    struct proto_usage u = {.prompt_tokens = 4, .completion_tokens = 3, .cached_tokens = 2};
     o = load(proto_resp_body(PROTO_COMPLETION, "cmpl-1", 42, "m", c, 2, &u, NULL));
+    CHECK(json_integer_value(json_object_get(
+              json_object_get(json_object_get(o, "usage"), "prompt_tokens_details"),
+              "cached_tokens")) == 2);
     CHECK(strcmp(json_string_value(json_object_get(o, "object")), "text_completion") == 0);
     json_t *ch = json_object_get(o, "choices");
     CHECK(json_array_size(ch) == 2);

@@ -56,6 +56,18 @@ class OpenAIClientTest(unittest.TestCase):
         self.assertEqual(self.greedy(max_tokens=16, extra_body={"ignore_eos": True})
                          .choices[0].text, c.text)
 
+    def test_prefix_cache_reported_in_usage(self):
+        # A prompt no other test sends, several KV blocks long: the second identical request
+        # reuses its full blocks, says so in usage, and generates the same greedy text.
+        prompt = ("Unique prefix for the cache test. " * 8).strip()
+        first = self.greedy(prompt=prompt, max_tokens=8)
+        second = self.greedy(prompt=prompt, max_tokens=8)
+        self.assertEqual(first.usage.prompt_tokens_details.cached_tokens, 0)
+        cached = second.usage.prompt_tokens_details.cached_tokens
+        self.assertGreater(cached, 0)
+        self.assertLess(cached, second.usage.prompt_tokens)
+        self.assertEqual(first.choices[0].text, second.choices[0].text)
+
     def test_completion_stream_matches_nonstream(self):
         want = self.greedy(max_tokens=20, extra_body={"ignore_eos": True}).choices[0].text
         text, finish, usage = "", None, None

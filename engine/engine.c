@@ -15,6 +15,12 @@
 #include "comm.h"
 #include "common.h"
 #include "moe.h"
+#ifdef MOESERVE_HAVE_CUDA
+#include "cuda/backend_cuda.h"
+#endif
+
+/* Logit rows computed per lm_head GEMM on a backend with its own memory (then downloaded). */
+#define LOGIT_ROWS 64
 
 /* Per-device state: a backend instance, the slice of the batch it owns in the current step,
  * and its scratch buffers. */
@@ -24,6 +30,17 @@ struct device {
     struct backend *be;
     pthread_t thread;
     bool has_thread;
+
+    /* The model as this device's backend holds it: desc as the engine's model; matrices are
+     * weight handles (see backend.h), vectors f32 backend memory. Only the experts this device
+     * owns are present. On a host-memory backend everything points at the engine's model. */
+    struct model w;
+    struct layer_w *w_layers;   /* (n_layer) */
+    struct ffn_w *w_ffn;        /* experts and shared experts of every layer */
+    const void **owned;         /* what was uploaded: (n_owned), freed at release */
+    bool *owned_is_weight;
+    int n_owned, cap_owned;
+    float *cos_sin;             /* the engine's RoPE table in backend memory */
 
     /* slice of the current step */
     int item0, item1;  /* items [item0, item1) */
@@ -38,9 +55,14 @@ struct device {
     float *att;        /* (T, n_head*head_dim) */
     float *tmp;        /* (T, d_model) */
     float *scores;     /* (max_model_len) attention scratch */
-    int32_t *ids;      /* (T) */
-    int32_t *pos;      /* (T) */
-    int32_t *tok_k;    /* (T) experts per token */
+    int32_t *in;       /* (3T) this step's ids, positions and expert budgets: */
+    int32_t *ids;      /* (n_tok) within `in` */
+    int32_t *pos;      /* (n_tok) */
+    int32_t *tok_k;    /* (n_tok) experts per token */
+    int32_t *blocks;   /* (max_seqs, blocks_per_seq) block tables of the slice's items */
+    float *logits;     /* (LOGIT_ROWS, vocab), backends with their own memory only */
+    int32_t *h_in;     /* host staging: ids, pos, tok_k (3T) */
+    int32_t *h_blocks; /* host staging of `blocks` */
 
     struct moe_scratch moe;
 };
@@ -52,6 +74,7 @@ struct engine {
     struct device *dev;
     struct comm *comm;
     struct kv_cache kv;
+    int blocks_per_seq;   /* KV blocks of a max_model_len sequence */
     int *owner;           /* (n_expert) */
     float *cos_sin;       /* (max_model_len, head_dim/2, 2) */
     float attn_scale;
@@ -72,9 +95,37 @@ struct engine {
     struct engine_stats stats;
 };
 
+int engine_backend_parse(const char *name, enum engine_backend *out)
+{
+    if (strcmp(name, "cpu") == 0) {
+        *out = ENGINE_BACKEND_CPU;
+        return 0;
+    }
+    if (strcmp(name, "cuda") == 0) {
+        *out = ENGINE_BACKEND_CUDA;
+        return 0;
+    }
+    return -1;
+}
+
+const char *engine_backend_name(enum engine_backend b)
+{
+    return b == ENGINE_BACKEND_CUDA ? "cuda" : b == ENGINE_BACKEND_CPU_STAGED ? "cpu-staged" : "cpu";
+}
+
+bool engine_has_cuda(void)
+{
+#ifdef MOESERVE_HAVE_CUDA
+    return true;
+#else
+    return false;
+#endif
+}
+
 void engine_params_default(struct engine_params *p)
 {
     memset(p, 0, sizeof *p);
+    p->backend = ENGINE_BACKEND_CPU;
     p->n_devices = 1;
     p->max_batch_tokens = 512;
     p->max_seqs = 16;
@@ -90,7 +141,7 @@ static void attention_layer(struct device *dv, int l)
 {
     struct engine *e = dv->e;
     const struct model_desc *md = &e->m->desc;
-    const struct layer_w *lw = &e->m->layers[l];
+    const struct layer_w *lw = &dv->w.layers[l];
     struct backend *be = dv->be;
     int n = dv->n_tok, d = md->d_model, hd = md->head_dim;
     int qdim = md->n_head * hd, kvdim = md->n_kv_head * hd;
@@ -111,17 +162,18 @@ static void attention_layer(struct device *dv, int l)
         be->ops->clamp(be, dv->k, n, kvdim, md->clip_qkv);
         be->ops->clamp(be, dv->v, n, kvdim, md->clip_qkv);
     }
-    be->ops->rope(be, dv->q, dv->pos, n, md->n_head, hd, e->cos_sin);
-    be->ops->rope(be, dv->k, dv->pos, n, md->n_kv_head, hd, e->cos_sin);
+    be->ops->rope(be, dv->q, dv->pos, n, md->n_head, hd, dv->cos_sin);
+    be->ops->rope(be, dv->k, dv->pos, n, md->n_kv_head, hd, dv->cos_sin);
 
     for (int it = dv->item0; it < dv->item1; it++) {
         const struct engine_item *item = &e->items[it];
         int off = e->item_tok0[it] - dv->tok0;
+        const int32_t *bt = dv->blocks + (size_t)(it - dv->item0) * e->blocks_per_seq;
         be->ops->kv_write(be, e->kv.k[l], e->kv.v[l], dv->k + (size_t)off * kvdim,
-                          dv->v + (size_t)off * kvdim, item->kv->blocks, e->kv.block_size,
-                          item->pos, item->n_tokens, kvdim);
+                          dv->v + (size_t)off * kvdim, bt, e->kv.block_size, item->pos,
+                          item->n_tokens, kvdim);
         be->ops->attention(be, dv->att + (size_t)off * qdim, dv->q + (size_t)off * qdim,
-                           e->kv.k[l], e->kv.v[l], item->kv->blocks, e->kv.block_size, item->pos,
+                           e->kv.k[l], e->kv.v[l], bt, e->kv.block_size, item->pos,
                            item->n_tokens, md->n_head, md->n_kv_head, hd, md->sliding_window,
                            e->attn_scale, dv->scores);
     }
@@ -133,14 +185,14 @@ static void ffn_layer(struct device *dv, int l)
 {
     struct engine *e = dv->e;
     const struct model_desc *md = &e->m->desc;
-    const struct layer_w *lw = &e->m->layers[l];
+    const struct layer_w *lw = &dv->w.layers[l];
     struct backend *be = dv->be;
     int n = dv->n_tok, d = md->d_model;
 
     be->ops->rmsnorm(be, dv->h, dv->x, lw->ffn_norm, n, d, md->rms_eps);
     if (md->layer_is_moe[l]) {
         struct moe_ctx ctx = {
-            .m = e->m,
+            .m = &dv->w,
             .layer = l,
             .be = be,
             .comm = e->comm,
@@ -158,17 +210,26 @@ static void ffn_layer(struct device *dv, int l)
 static void logits_out(struct device *dv)
 {
     struct engine *e = dv->e;
-    const struct model *m = e->m;
+    const struct model *m = &dv->w;
     const struct model_desc *md = &m->desc;
     struct backend *be = dv->be;
-    int d = md->d_model;
+    int d = md->d_model, V = md->vocab;
     for (int it = dv->item0; it < dv->item1; it++) {
         const struct engine_item *item = &e->items[it];
         if (item->n_logits <= 0) continue;
         int first = e->item_tok0[it] - dv->tok0 + item->n_tokens - item->n_logits;
         be->ops->rmsnorm(be, dv->h, dv->x + (size_t)first * d, m->norm, item->n_logits, d,
                          md->rms_eps);
-        be->ops->matmul(be, item->logits, dv->h, m->lm_head, NULL, item->n_logits, d, md->vocab);
+        if (be->ops->host_memory) {
+            be->ops->matmul(be, item->logits, dv->h, m->lm_head, NULL, item->n_logits, d, V);
+            continue;
+        }
+        for (int r = 0; r < item->n_logits; r += LOGIT_ROWS) {
+            int rows = item->n_logits - r < LOGIT_ROWS ? item->n_logits - r : LOGIT_ROWS;
+            be->ops->matmul(be, dv->logits, dv->h + (size_t)r * d, m->lm_head, NULL, rows, d, V);
+            be->ops->download(be, item->logits + (size_t)r * V, dv->logits,
+                              sizeof(float) * (size_t)rows * V);
+        }
     }
 }
 
@@ -178,18 +239,30 @@ static void device_forward(struct device *dv)
     const struct model_desc *md = &e->m->desc;
     int n = dv->n_tok;
 
-    /* Flatten this device's items into ids/positions/expert budgets. */
+    /* Flatten this device's items into ids/positions/expert budgets and block tables, staged on
+     * the host and uploaded together. */
+    int32_t *ids = dv->h_in, *pos = ids + n, *tok_k = pos + n;
     int t = 0;
     for (int it = dv->item0; it < dv->item1; it++) {
         const struct engine_item *item = &e->items[it];
         int k = item->moe_top_k > 0 && item->moe_top_k < md->top_k ? item->moe_top_k : md->top_k;
         for (int i = 0; i < item->n_tokens; i++, t++) {
-            dv->ids[t] = item->tokens[i];
-            dv->pos[t] = item->pos + i;
-            dv->tok_k[t] = k;
+            ids[t] = item->tokens[i];
+            pos[t] = item->pos + i;
+            tok_k[t] = k;
         }
+        int nb = (item->pos + item->n_tokens + e->kv.block_size - 1) / e->kv.block_size;
+        memcpy(dv->h_blocks + (size_t)(it - dv->item0) * e->blocks_per_seq, item->kv->blocks,
+               sizeof(int32_t) * (size_t)nb);
     }
-    dv->be->ops->embed(dv->be, dv->x, e->m->embed, dv->ids, n, md->d_model);
+    struct backend *be = dv->be;
+    be->ops->upload(be, dv->in, ids, sizeof(int32_t) * 3 * (size_t)n);
+    dv->ids = dv->in;
+    dv->pos = dv->in + n;
+    dv->tok_k = dv->in + 2 * (size_t)n;
+    be->ops->upload(be, dv->blocks, dv->h_blocks,
+                    sizeof(int32_t) * (size_t)(dv->item1 - dv->item0) * e->blocks_per_seq);
+    be->ops->embed(be, dv->x, dv->w.embed, dv->ids, n, md->d_model);
     for (int l = 0; l < md->n_layer; l++) {
         attention_layer(dv, l);
         ffn_layer(dv, l);
@@ -238,7 +311,159 @@ static void *dev_alloc(struct device *dv, size_t bytes, bool *ok)
     return p;
 }
 
-static int device_init(struct engine *e, struct device *dv, int rank, int blas_threads)
+/* Remembers something uploaded for release; false when the list cannot grow. */
+static bool dev_own(struct device *dv, const void *p, bool is_weight)
+{
+    if (dv->n_owned == dv->cap_owned) {
+        int cap = dv->cap_owned ? 2 * dv->cap_owned : 64;
+        const void **o = realloc(dv->owned, sizeof *o * (size_t)cap);
+        if (!o) return false;
+        dv->owned = o;
+        bool *w = realloc(dv->owned_is_weight, sizeof *w * (size_t)cap);
+        if (!w) return false;
+        dv->owned_is_weight = w;
+        dv->cap_owned = cap;
+    }
+    dv->owned[dv->n_owned] = p;
+    dv->owned_is_weight[dv->n_owned++] = is_weight;
+    return true;
+}
+
+/* A matrix of n floats as this device's weight handle (NULL stays NULL). */
+static const void *dev_weight(struct device *dv, const float *host, size_t n, bool *ok)
+{
+    struct backend *be = dv->be;
+    if (!host || be->ops->host_memory) return host;
+    const void *w = be->ops->weight_upload(be, host, n);
+    if (!w || !dev_own(dv, w, true)) {
+        if (w) be->ops->weight_free(be, w);
+        *ok = false;
+        return NULL;
+    }
+    return w;
+}
+
+/* A vector of n floats (norm weights, biases) in this device's memory. */
+static const float *dev_vec(struct device *dv, const float *host, size_t n, bool *ok)
+{
+    struct backend *be = dv->be;
+    if (!host || be->ops->host_memory) return host;
+    float *p = be->ops->alloc(be, sizeof(float) * n);
+    if (!p || !dev_own(dv, p, false)) {
+        if (p) be->ops->free(be, p);
+        *ok = false;
+        return NULL;
+    }
+    be->ops->upload(be, p, host, sizeof(float) * n);
+    return p;
+}
+
+static void dev_ffn(struct device *dv, struct ffn_w *dst, const struct ffn_w *src, int d,
+                    bool *ok)
+{
+    dst->d_ff = src->d_ff;
+    size_t n = (size_t)src->d_ff * d;
+    dst->gate = dev_weight(dv, src->gate, n, ok);
+    dst->up = dev_weight(dv, src->up, n, ok);
+    dst->down = dev_weight(dv, src->down, n, ok);
+}
+
+/* Builds dv->w: the weights this device needs (attention and dense parts everywhere, experts
+ * only on their owner) in its backend's memory. */
+static int device_weights(struct engine *e, struct device *dv)
+{
+    const struct model *m = e->m;
+    const struct model_desc *md = &m->desc;
+    size_t D = (size_t)md->d_model, hd = (size_t)md->head_dim;
+    size_t qdim = (size_t)md->n_head * hd, kvdim = (size_t)md->n_kv_head * hd;
+    bool ok = true;
+
+    dv->w = *m;
+    dv->w_layers = calloc((size_t)md->n_layer, sizeof *dv->w_layers);
+    dv->w_ffn = calloc((size_t)md->n_layer * (size_t)(md->n_expert + md->n_shared) + 1,
+                       sizeof *dv->w_ffn);
+    if (!dv->w_layers || !dv->w_ffn) return -1;
+    dv->w.layers = dv->w_layers;
+    dv->w.embed = dev_weight(dv, m->embed, (size_t)md->vocab * D, &ok);
+    dv->w.lm_head = m->lm_head == m->embed ? dv->w.embed
+                                           : dev_weight(dv, m->lm_head, (size_t)md->vocab * D, &ok);
+    dv->w.norm = dev_vec(dv, m->norm, D, &ok);
+    struct ffn_w *ffn = dv->w_ffn;
+    for (int l = 0; l < md->n_layer && ok; l++) {
+        const struct layer_w *src = &m->layers[l];
+        struct layer_w *lw = &dv->w_layers[l];
+        size_t qn = md->qk_norm == QK_NORM_HEAD ? hd : qdim;
+        size_t kn = md->qk_norm == QK_NORM_HEAD ? hd : kvdim;
+        lw->attn_norm = dev_vec(dv, src->attn_norm, D, &ok);
+        lw->ffn_norm = dev_vec(dv, src->ffn_norm, D, &ok);
+        lw->wq = dev_weight(dv, src->wq, qdim * D, &ok);
+        lw->wk = dev_weight(dv, src->wk, kvdim * D, &ok);
+        lw->wv = dev_weight(dv, src->wv, kvdim * D, &ok);
+        lw->wo = dev_weight(dv, src->wo, D * qdim, &ok);
+        lw->bq = dev_vec(dv, src->bq, qdim, &ok);
+        lw->bk = dev_vec(dv, src->bk, kvdim, &ok);
+        lw->bv = dev_vec(dv, src->bv, kvdim, &ok);
+        lw->q_norm = dev_vec(dv, src->q_norm, qn, &ok);
+        lw->k_norm = dev_vec(dv, src->k_norm, kn, &ok);
+        if (!md->layer_is_moe[l]) {
+            dev_ffn(dv, &lw->dense, &src->dense, md->d_model, &ok);
+            continue;
+        }
+        lw->router = dev_weight(dv, src->router, (size_t)md->n_expert * D, &ok);
+        lw->group_router = dev_weight(dv, src->group_router, (size_t)md->n_group * D, &ok);
+        lw->shared_gate = dev_weight(dv, src->shared_gate, D, &ok);
+        lw->experts = ffn;
+        for (int x = 0; x < md->n_expert; x++, ffn++) {
+            ffn->d_ff = src->experts[x].d_ff;
+            if (e->owner[x] == dv->rank) dev_ffn(dv, ffn, &src->experts[x], md->d_model, &ok);
+        }
+        lw->shared = ffn;
+        for (int i = 0; i < md->n_shared; i++, ffn++)
+            dev_ffn(dv, ffn, &src->shared[i], md->d_model, &ok);
+    }
+    dv->cos_sin = (float *)dev_vec(dv, e->cos_sin,
+                                   (size_t)e->p.max_model_len * (size_t)md->head_dim, &ok);
+    return ok ? 0 : -1;
+}
+
+static int device_backend(struct engine *e, struct device *dv, int blas_threads, char *err,
+                          size_t errlen)
+{
+    if (e->p.backend != ENGINE_BACKEND_CUDA) {
+        dv->be = e->p.backend == ENGINE_BACKEND_CPU_STAGED ? backend_cpu_create_staged(blas_threads)
+                                                           : backend_cpu_create(blas_threads);
+        return dv->be ? 0 : ms_errf(err, errlen, "out of memory for device %d", dv->rank);
+    }
+#ifdef MOESERVE_HAVE_CUDA
+    dv->be = backend_cuda_create(dv->rank, err, errlen);
+    return dv->be ? 0 : -1;
+#else
+    return ms_errf(err, errlen, "this build has no CUDA backend (configure with -DMOESERVE_CUDA=ON "
+                                "on a machine with the CUDA toolkit)");
+#endif
+}
+
+/* After a step: the first device failure (CUDA errors are sticky per backend), or 0. */
+static int device_check(struct device *dv, char *err, size_t errlen)
+{
+#ifdef MOESERVE_HAVE_CUDA
+    if (!dv->be->ops->host_memory) {
+        dv->be->ops->synchronize(dv->be);
+        char why[MS_ERR_LEN];
+        if (backend_cuda_error(dv->be, why, sizeof why) != 0)
+            return ms_errf(err, errlen, "device %d: %s", dv->rank, why);
+    }
+#endif
+    return 0;
+}
+
+static int max_int(int a, int b)
+{
+    return a > b ? a : b;
+}
+
+static int device_init(struct engine *e, struct device *dv, int rank, int blas_threads,
+                       char *err, size_t errlen)
 {
     const struct model_desc *md = &e->m->desc;
     size_t T = (size_t)e->p.max_batch_tokens;
@@ -248,8 +473,8 @@ static int device_init(struct engine *e, struct device *dv, int rank, int blas_t
 
     dv->rank = rank;
     dv->e = e;
-    dv->be = backend_cpu_create(blas_threads);
-    if (!dv->be) return -1;
+    if (device_backend(e, dv, blas_threads, err, errlen) != 0) return -1;
+    struct backend *be = dv->be;
     dv->x = dev_alloc(dv, T * d * sizeof(float), &ok);
     dv->h = dev_alloc(dv, T * d * sizeof(float), &ok);
     dv->tmp = dev_alloc(dv, T * d * sizeof(float), &ok);
@@ -258,22 +483,53 @@ static int device_init(struct engine *e, struct device *dv, int rank, int blas_t
     dv->k = dev_alloc(dv, T * kvdim * sizeof(float), &ok);
     dv->v = dev_alloc(dv, T * kvdim * sizeof(float), &ok);
     dv->scores = dev_alloc(dv, (size_t)e->p.max_model_len * sizeof(float), &ok);
-    dv->ids = dev_alloc(dv, T * sizeof(int32_t), &ok);
-    dv->pos = dev_alloc(dv, T * sizeof(int32_t), &ok);
-    dv->tok_k = dev_alloc(dv, T * sizeof(int32_t), &ok);
-    if (!ok) return -1;
+    dv->in = dev_alloc(dv, 3 * T * sizeof(int32_t), &ok);
+    size_t bt = (size_t)e->p.max_seqs * (size_t)e->blocks_per_seq;
+    dv->blocks = dev_alloc(dv, bt * sizeof(int32_t), &ok);
+    if (!be->ops->host_memory)
+        dv->logits = dev_alloc(dv, (size_t)LOGIT_ROWS * md->vocab * sizeof(float), &ok);
+    dv->h_in = malloc(3 * T * sizeof(int32_t));
+    dv->h_blocks = malloc(bt * sizeof(int32_t));
+    if (!ok || !dv->h_in || !dv->h_blocks)
+        return ms_errf(err, errlen, "out of memory for device %d scratch buffers", rank);
     int dense_ff = md->dense_d_ff > 0 ? md->dense_d_ff : 0;
-    return moe_scratch_init(&dv->moe, dv->be, e->m, e->p.max_batch_tokens, e->n_dev, dense_ff);
+    if (moe_scratch_init(&dv->moe, be, e->m, e->p.max_batch_tokens, e->n_dev, dense_ff) != 0)
+        return ms_errf(err, errlen, "out of memory for device %d MoE buffers", rank);
+    /* Largest GEMM input: a token batch (T rows of up to max(d, qdim, ffn widths)) or the
+     * routed rows (T * top_k rows of up to max(d, widest expert)). */
+    int widest = max_int(max_int((int)d, (int)qdim), max_int(dense_ff, md->shared_d_ff));
+    int widest_expert = (int)d;
+    for (int x = 0; x < md->n_expert; x++) widest_expert = max_int(widest_expert, md->expert_d_ff[x]);
+    size_t elems = T * (size_t)widest;
+    size_t routed = (size_t)dv->moe.max_rows * (size_t)widest_expert;
+    if (be->ops->reserve(be, elems > routed ? elems : routed, max_int(md->n_expert, 1)) != 0)
+        return ms_errf(err, errlen, "out of memory for device %d GEMM workspace", rank);
+    if (device_weights(e, dv) != 0)
+        return ms_errf(err, errlen, "out of memory for the weights on device %d (%s)", rank,
+                       be->ops->name);
+    return 0;
 }
 
 static void device_release(struct device *dv)
 {
     if (!dv->be) return;
     struct backend *be = dv->be;
-    void *bufs[] = {dv->x,      dv->h,   dv->tmp, dv->q,    dv->att, dv->k,
-                    dv->v,      dv->scores, dv->ids, dv->pos, dv->tok_k};
+    void *bufs[] = {dv->x,  dv->h,      dv->tmp, dv->q,     dv->att,
+                    dv->k,  dv->v,      dv->scores, dv->in, dv->blocks, dv->logits};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->ops->free(be, bufs[i]);
+    for (int i = 0; i < dv->n_owned; i++) {
+        if (dv->owned_is_weight[i])
+            be->ops->weight_free(be, dv->owned[i]);
+        else
+            be->ops->free(be, (void *)dv->owned[i]);
+    }
+    free(dv->owned);
+    free(dv->owned_is_weight);
+    free(dv->w_layers);
+    free(dv->w_ffn);
+    free(dv->h_in);
+    free(dv->h_blocks);
     moe_scratch_release(&dv->moe, be);
     be->ops->destroy(be);
     dv->be = NULL;
@@ -311,6 +567,14 @@ int engine_create(const struct model *m, const struct engine_params *p, struct e
                        md->model_type);
     if (p->n_devices < 1 || p->n_devices > 64)
         return ms_errf(err, errlen, "devices must be between 1 and 64, got %d", p->n_devices);
+    if (p->backend != ENGINE_BACKEND_CPU && p->backend != ENGINE_BACKEND_CUDA &&
+        p->backend != ENGINE_BACKEND_CPU_STAGED)
+        return ms_errf(err, errlen, "unknown backend %d", (int)p->backend);
+    if (p->backend == ENGINE_BACKEND_CUDA && p->n_devices != 1)
+        return ms_errf(err, errlen,
+                       "the CUDA engine runs on one GPU for now (got --devices %d): the KV cache "
+                       "is not yet split between GPUs",
+                       p->n_devices);
     if (p->max_batch_tokens < 1 || p->max_seqs < 1 || p->kv_block_size < 1)
         return ms_errf(err, errlen, "max_batch_tokens, max_seqs and kv_block_size must be >= 1");
     if (md->head_dim % 2 != 0)
@@ -373,17 +637,14 @@ int engine_create(const struct model *m, const struct engine_params *p, struct e
     int blas_threads = (int)(ncpu / e->n_dev) > 1 ? (int)(ncpu / e->n_dev) : 1;
     openblas_set_num_threads(blas_threads);
 
-    for (int r = 0; r < e->n_dev; r++) {
-        if (device_init(e, &e->dev[r], r, blas_threads) != 0) {
-            ms_errf(err, errlen, "out of memory for device %d scratch buffers", r);
-            goto fail;
-        }
-    }
-
     size_t block_bytes =
         kv_block_bytes(md->n_layer, md->n_kv_head, md->head_dim, e->p.kv_block_size);
     size_t blocks_per_seq = (size_t)(e->p.max_model_len + e->p.kv_block_size - 1) /
                             (size_t)e->p.kv_block_size;
+    e->blocks_per_seq = (int)blocks_per_seq;
+    for (int r = 0; r < e->n_dev; r++)
+        if (device_init(e, &e->dev[r], r, blas_threads, err, errlen) != 0) goto fail;
+
     size_t n_blocks = e->p.kv_cache_bytes ? e->p.kv_cache_bytes / block_bytes
                                           : blocks_per_seq * (size_t)e->p.max_seqs;
     if (n_blocks < 1 || n_blocks > INT32_MAX) {
@@ -523,6 +784,8 @@ int engine_step(struct engine *e, struct engine_item *items, int n_items, char *
         pthread_mutex_unlock(&e->lock);
     }
     e->items = NULL;
+    for (int r = 0; r < e->n_dev; r++)
+        if (device_check(&e->dev[r], err, errlen) != 0) return -1;
     e->stats.steps++;
     e->stats.tokens += (uint64_t)total;
     return 0;

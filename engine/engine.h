@@ -2,7 +2,8 @@
  * sequences at different positions — prefill chunks and single decode tokens mixed — and
  * returns the logits each sequence asked for.
  *
- * Devices: N CPU virtual devices (threads). Attention is data-parallel: each device takes a
+ * Devices: N CPU virtual devices (threads), or one CUDA GPU (ENGINE_BACKEND_CUDA; weights go
+ * to the GPU in bf16 at engine_create). Attention is data-parallel: each device takes a
  * contiguous slice of the batch's sequences. The MoE layer is route -> dispatch (all-to-all to
  * the devices that own the chosen experts, per the placement map) -> expert compute on the owner
  * -> combine (all-to-all back, weighted sum in top-k slot order). Rows reach an expert in global
@@ -24,8 +25,22 @@
 #include "kv_cache.h"
 #include "model.h"
 
+enum engine_backend {
+    ENGINE_BACKEND_CPU = 0,  /* the f32 reference (kernels/cpu) */
+    ENGINE_BACKEND_CUDA = 1, /* NVIDIA GPUs (kernels/cuda): bf16 weights, f32 accumulation */
+    ENGINE_BACKEND_CPU_STAGED = 2, /* tests: the CPU backend driven as if it had device memory */
+};
+
+/* "cpu" / "cuda"; 0, or -1 for any other name. */
+int engine_backend_parse(const char *name, enum engine_backend *out);
+const char *engine_backend_name(enum engine_backend b);
+/* Whether this build has the CUDA backend. */
+bool engine_has_cuda(void);
+
 struct engine_params {
-    int n_devices;          /* CPU virtual devices (threads), >= 1 */
+    enum engine_backend backend;
+    int n_devices;          /* CPU: virtual devices (threads), >= 1; CUDA: GPUs 0..n-1 (1 for
+                               now: the KV cache lives on one device) */
     int max_batch_tokens;   /* tokens in one step, all sequences together */
     int max_seqs;           /* sequences in one step */
     int max_model_len;      /* positions per sequence; 0 = min(max_position_embeddings, 4096) */

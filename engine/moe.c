@@ -50,7 +50,7 @@ int moe_scratch_init(struct moe_scratch *s, struct backend *be, const struct mod
     ALLOC(recv_meta, R * sizeof(int32_t));
     ALLOC(out_rows, R * d * sizeof(float));
     ALLOC(back, R * d * sizeof(float));
-    ALLOC(perm, R * sizeof(int32_t));
+    ALLOC(idx, 2 * R * sizeof(int32_t));
     ALLOC(xe, R * d * sizeof(float));
     ALLOC(ye, R * d * sizeof(float));
     ALLOC(gate, ff * sizeof(float));
@@ -58,6 +58,16 @@ int moe_scratch_init(struct moe_scratch *s, struct backend *be, const struct mod
     ALLOC(shared_out, T * d * sizeof(float));
     ALLOC(shared_gate, T * sizeof(float));
 #undef ALLOC
+    s->h_top_idx = malloc(R * sizeof(int32_t));
+    s->h_slot_row = malloc(R * sizeof(int32_t));
+    s->h_send_perm = malloc(R * sizeof(int32_t));
+    s->h_send_meta = malloc(R * sizeof(int32_t));
+    s->h_recv_meta = malloc(R * sizeof(int32_t));
+    s->h_expert_perm = malloc(2 * R * sizeof(int32_t)); /* also stages the idx upload */
+    s->h_experts = calloc((size_t)E, sizeof *s->h_experts);
+    s->h_ex_off = calloc((size_t)E + 1, sizeof(int));
+    ok = ok && s->h_top_idx && s->h_slot_row && s->h_send_perm && s->h_send_meta &&
+         s->h_recv_meta && s->h_expert_perm && s->h_experts && s->h_ex_off;
     s->send_counts = calloc((size_t)n_dev, sizeof(int));
     s->recv_counts = calloc((size_t)n_dev, sizeof(int));
     s->expert_count = calloc((size_t)E, sizeof(int));
@@ -74,108 +84,24 @@ int moe_scratch_init(struct moe_scratch *s, struct backend *be, const struct mod
 void moe_scratch_release(struct moe_scratch *s, struct backend *be)
 {
     void *bufs[] = {s->logits, s->top_idx, s->top_w, s->slot_row, s->send,       s->send_meta,
-                    s->recv,   s->recv_meta, s->out_rows, s->back, s->perm,      s->xe,
+                    s->recv,   s->recv_meta, s->out_rows, s->back, s->idx,       s->xe,
                     s->ye,     s->gate,    s->up,    s->shared_out, s->shared_gate};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->ops->free(be, bufs[i]);
+    free(s->h_top_idx);
+    free(s->h_slot_row);
+    free(s->h_send_perm);
+    free(s->h_send_meta);
+    free(s->h_recv_meta);
+    free(s->h_expert_perm);
+    free(s->h_experts);
+    free(s->h_ex_off);
     free(s->send_counts);
     free(s->recv_counts);
     free(s->expert_count);
     free(s->expert_off);
     free(s->expert_cursor);
     memset(s, 0, sizeof *s);
-}
-
-/* Softmax over the experts, top-k by probability (ties to the lower expert id, as torch.topk
- * returns them on CPU), optionally renormalized over the k kept. */
-static void route_softmax_topk(const struct model_desc *md, const float *logits, int k,
-                               int32_t *idx, float *w)
-{
-    int E = md->n_expert;
-    float mx = -INFINITY;
-    for (int e = 0; e < E; e++) mx = logits[e] > mx ? logits[e] : mx;
-    float sum = 0.0f;
-    for (int e = 0; e < E; e++) sum += expf(logits[e] - mx);
-    float wsum = 0.0f;
-    for (int j = 0; j < k; j++) {
-        int best = -1;
-        for (int e = 0; e < E; e++) {
-            bool taken = false;
-            for (int i = 0; i < j; i++) taken |= idx[i] == e;
-            if (!taken && (best < 0 || logits[e] > logits[best])) best = e;
-        }
-        idx[j] = best;
-        w[j] = expf(logits[best] - mx) / sum;
-        wsum += w[j];
-    }
-    if (md->norm_topk_prob)
-        for (int j = 0; j < k; j++) w[j] /= wsum;
-}
-
-/* Index of the largest v[i] over i < n with !taken[i] (ties to the lower index). */
-static int argmax_free(const float *v, const bool *taken, int n)
-{
-    int best = -1;
-    for (int i = 0; i < n; i++)
-        if (!taken[i] && (best < 0 || v[i] > v[best])) best = i;
-    return best;
-}
-
-/* MoHGE two-level routing (DESIGN.md): sigmoid group scores, keep the top-kg groups and
- * renormalize their scores; softmax of the expert logits inside each group, times the group's
- * score and kept mask, flattened and renormalized; top-k experts of that; weights = softmax over
- * the k kept probabilities. elog: (E) expert logits, glog: (G) group logits. */
-static void route_mohge(const struct model_desc *md, const float *elog, const float *glog, int k,
-                        int32_t *idx, float *w)
-{
-    int E = md->n_expert, G = md->n_group, epg = E / G;
-    float sg[MODEL_MAX_GROUPS], q[MODEL_MAX_EXPERTS];
-    bool taken[MODEL_MAX_EXPERTS];
-    for (int g = 0; g < G; g++) {
-        sg[g] = 1.0f / (1.0f + expf(-glog[g]));
-        taken[g] = false;
-    }
-    float ssum = 0.0f;
-    for (int j = 0; j < md->topk_group; j++) {
-        int g = argmax_free(sg, taken, G);
-        taken[g] = true;
-        ssum += sg[g];
-    }
-    float qsum = 0.0f;
-    for (int g = 0; g < G; g++) {
-        const float *l = elog + (size_t)g * epg;
-        float *qg = q + (size_t)g * epg;
-        if (!taken[g]) {
-            for (int i = 0; i < epg; i++) qg[i] = 0.0f;
-            continue;
-        }
-        float mx = -INFINITY, sum = 0.0f, scale = sg[g] / ssum;
-        for (int i = 0; i < epg; i++) mx = l[i] > mx ? l[i] : mx;
-        for (int i = 0; i < epg; i++) {
-            qg[i] = expf(l[i] - mx);
-            sum += qg[i];
-        }
-        for (int i = 0; i < epg; i++) {
-            qg[i] = qg[i] / sum * scale;
-            qsum += qg[i];
-        }
-    }
-    for (int e = 0; e < E; e++) {
-        q[e] /= qsum;
-        taken[e] = false;
-    }
-    float mx = -INFINITY, wsum = 0.0f;
-    for (int j = 0; j < k; j++) {
-        int e = argmax_free(q, taken, E);
-        taken[e] = true;
-        idx[j] = e;
-        mx = q[e] > mx ? q[e] : mx;
-    }
-    for (int j = 0; j < k; j++) {
-        w[j] = expf(q[idx[j]] - mx);
-        wsum += w[j];
-    }
-    for (int j = 0; j < k; j++) w[j] /= wsum;
 }
 
 void moe_mohge_placement(const struct model_desc *md, int n_dev, int *owner)
@@ -189,34 +115,33 @@ void moe_mohge_placement(const struct model_desc *md, int n_dev, int *owner)
         }
 }
 
+void moe_route_desc(const struct model_desc *md, struct be_route *r)
+{
+    r->kind = md->router == ROUTER_KIND_MOHGE ? BE_ROUTE_MOHGE : BE_ROUTE_SOFTMAX_TOPK;
+    r->n_expert = md->n_expert;
+    r->top_k = md->top_k;
+    r->n_group = md->n_group;
+    r->topk_group = md->topk_group;
+    r->norm_topk = md->norm_topk_prob;
+}
+
 void moe_route(const struct model *m, int layer, struct backend *be, const float *h, int n,
                const int32_t *tok_k, float *logits, int32_t *top_idx, float *top_w)
 {
     const struct model_desc *md = &m->desc;
-    int E = md->n_expert, K = md->top_k, G = md->n_group;
-    bool mohge = md->router == ROUTER_KIND_MOHGE;
+    int E = md->n_expert;
+    struct be_route r;
+    moe_route_desc(md, &r);
     float *glog = logits + (size_t)n * E; /* (n, G), MoHGE only */
     be->ops->matmul(be, logits, h, m->layers[layer].router, NULL, n, md->d_model, E);
-    if (mohge)
-        be->ops->matmul(be, glog, h, m->layers[layer].group_router, NULL, n, md->d_model, G);
-    /* Routing decisions are made on the host (the CPU backend's memory is host memory). */
-    for (int t = 0; t < n; t++) {
-        int k = tok_k[t];
-        int32_t *idx = top_idx + (size_t)t * K;
-        float *w = top_w + (size_t)t * K;
-        if (mohge)
-            route_mohge(md, logits + (size_t)t * E, glog + (size_t)t * G, k, idx, w);
-        else
-            route_softmax_topk(md, logits + (size_t)t * E, k, idx, w);
-        for (int j = k; j < K; j++) {
-            idx[j] = -1;
-            w[j] = 0.0f;
-        }
-    }
+    if (r.kind == BE_ROUTE_MOHGE)
+        be->ops->matmul(be, glog, h, m->layers[layer].group_router, NULL, n, md->d_model,
+                        md->n_group);
+    be->ops->route(be, top_idx, top_w, logits, glog, tok_k, n, &r);
 }
 
 void moe_ffn_rows(struct backend *be, const struct ffn_w *w, int d, const float *x, int n,
-                     float *out, float *g, float *u)
+                  float *out, float *g, float *u)
 {
     be->ops->matmul(be, g, x, w->gate, NULL, n, d, w->d_ff);
     be->ops->matmul(be, u, x, w->up, NULL, n, d, w->d_ff);
@@ -224,18 +149,17 @@ void moe_ffn_rows(struct backend *be, const struct ffn_w *w, int d, const float 
     be->ops->matmul(be, out, g, w->down, NULL, n, w->d_ff, d);
 }
 
-/* Groups the rows to send by (owner device, expert, token) and fills send/send_meta/slot_row. */
-static int build_dispatch(const struct moe_ctx *ctx, struct moe_scratch *s, const float *h,
-                          int n)
+/* Plans the dispatch on the host from h_top_idx: rows grouped by (owner device, expert, token)
+ * into h_send_perm / h_send_meta / h_slot_row and send_counts. Returns the number of rows. */
+static int plan_dispatch(const struct moe_ctx *ctx, struct moe_scratch *s, int n)
 {
     const struct model_desc *md = &ctx->m->desc;
     int E = md->n_expert, K = md->top_k, n_dev = ctx->comm->n_rank;
     memset(s->expert_count, 0, sizeof(int) * (size_t)E);
-    for (int t = 0; t < n; t++)
-        for (int j = 0; j < K; j++) {
-            int32_t e = s->top_idx[(size_t)t * K + j];
-            if (e >= 0) s->expert_count[e]++;
-        }
+    for (size_t sj = 0; sj < (size_t)n * K; sj++) {
+        int32_t e = s->h_top_idx[sj];
+        if (e >= 0) s->expert_count[e]++;
+    }
     /* Owner-major expert order: experts of device 0 first, each device's in id order. */
     int pos = 0;
     for (int dev = 0; dev < n_dev; dev++) {
@@ -247,51 +171,81 @@ static int build_dispatch(const struct moe_ctx *ctx, struct moe_scratch *s, cons
                 s->send_counts[dev] += s->expert_count[e];
             }
     }
-    int rows = pos;
     for (int t = 0; t < n; t++)
         for (int j = 0; j < K; j++) {
             size_t sj = (size_t)t * K + j;
-            int32_t e = s->top_idx[sj];
+            int32_t e = s->h_top_idx[sj];
             if (e < 0) {
-                s->slot_row[sj] = -1;
+                s->h_slot_row[sj] = -1;
                 continue;
             }
             int r = s->expert_off[e]++;
-            s->slot_row[sj] = r;
-            s->send_meta[r] = e;
-            s->perm[r] = t;
+            s->h_slot_row[sj] = r;
+            s->h_send_meta[r] = e;
+            s->h_send_perm[r] = t;
         }
-    ctx->be->ops->gather_rows(ctx->be, s->send, h, s->perm, rows, md->d_model);
-    return rows;
+    return pos;
+}
+
+/* Sorts the received rows by expert (stable: rows of one expert keep their arrival order) into
+ * h_expert_perm, and lists the experts that got rows in h_experts / h_ex_off. Returns whether
+ * the rows already arrived in that order (always so with one device). */
+static bool plan_experts(const struct moe_ctx *ctx, struct moe_scratch *s, int n_recv,
+                         int *n_active)
+{
+    const struct model_desc *md = &ctx->m->desc;
+    const struct layer_w *lw = &ctx->m->layers[ctx->layer];
+    int E = md->n_expert;
+    memset(s->expert_count, 0, sizeof(int) * (size_t)E);
+    for (int r = 0; r < n_recv; r++) s->expert_count[s->h_recv_meta[r]]++;
+    int off = 0, na = 0;
+    s->h_ex_off[0] = 0;
+    for (int e = 0; e < E; e++) {
+        s->expert_cursor[e] = off;
+        if (s->expert_count[e] == 0) continue;
+        const struct ffn_w *f = &lw->experts[e];
+        s->h_experts[na] = (struct be_expert){f->d_ff, f->gate, f->up, f->down};
+        off += s->expert_count[e];
+        s->h_ex_off[++na] = off;
+    }
+    bool sorted = true;
+    for (int r = 0; r < n_recv; r++) {
+        int p = s->expert_cursor[s->h_recv_meta[r]]++;
+        s->h_expert_perm[p] = r;
+        sorted &= p == r;
+    }
+    *n_active = na;
+    return sorted;
 }
 
 /* Runs every expert this device owns over the rows it received, writing out_rows. */
-static void compute_experts(const struct moe_ctx *ctx, struct moe_scratch *s, int n_recv)
+static void compute_experts(const struct moe_ctx *ctx, struct moe_scratch *s, const float *recv,
+                            int n_recv, float *out_rows)
 {
-    const struct model *m = ctx->m;
-    const struct model_desc *md = &m->desc;
-    const struct layer_w *lw = &m->layers[ctx->layer];
+    const struct model_desc *md = &ctx->m->desc;
     struct backend *be = ctx->be;
     int E = md->n_expert, d = md->d_model;
     double t0 = ms_now();
 
-    memset(s->expert_count, 0, sizeof(int) * (size_t)E);
-    for (int r = 0; r < n_recv; r++) s->expert_count[s->recv_meta[r]]++;
-    s->expert_off[0] = 0;
-    for (int e = 0; e < E; e++) s->expert_off[e + 1] = s->expert_off[e] + s->expert_count[e];
-    for (int e = 0; e < E; e++) s->expert_cursor[e] = s->expert_off[e];
-    for (int r = 0; r < n_recv; r++) s->perm[s->expert_cursor[s->recv_meta[r]]++] = r;
+    int na = 0;
+    bool sorted = plan_experts(ctx, s, n_recv, &na);
+    const float *xe = recv;
+    float *ye = out_rows;
+    int32_t *perm = s->idx + s->max_rows;
+    if (!sorted) {
+        be->ops->upload(be, perm, s->h_expert_perm, sizeof(int32_t) * (size_t)n_recv);
+        be->ops->gather_rows(be, s->xe, recv, perm, n_recv, d);
+        xe = s->xe;
+        ye = s->ye;
+    }
+    be->ops->moe_experts(be, ye, xe, d, na, s->h_ex_off, s->h_experts, s->gate, s->up);
+    if (!sorted) be->ops->scatter_rows(be, out_rows, ye, perm, n_recv, d);
 
     double flops = 0.0;
     for (int e = 0; e < E; e++) {
-        int cnt = s->expert_count[e];
-        if (cnt == 0) continue;
-        const int32_t *rows = s->perm + s->expert_off[e];
-        be->ops->gather_rows(be, s->xe, s->recv, rows, cnt, d);
-        moe_ffn_rows(be, &lw->experts[e], d, s->xe, cnt, s->ye, s->gate, s->up);
-        be->ops->scatter_rows(be, s->out_rows, s->ye, rows, cnt, d);
-        ctx->stats->expert_rows[(size_t)ctx->layer * E + e] += (uint64_t)cnt;
-        flops += 6.0 * d * lw->experts[e].d_ff * cnt;
+        if (s->expert_count[e] == 0) continue;
+        ctx->stats->expert_rows[(size_t)ctx->layer * E + e] += (uint64_t)s->expert_count[e];
+        flops += 6.0 * d * md->expert_d_ff[e] * s->expert_count[e];
     }
     ctx->stats->dev_routed_rows[ctx->rank] += (uint64_t)n_recv;
     ctx->stats->dev_expert_flops[ctx->rank] += flops;
@@ -324,26 +278,42 @@ void moe_forward(const struct moe_ctx *ctx, struct moe_scratch *s, const float *
     const struct model_desc *md = &ctx->m->desc;
     struct backend *be = ctx->be;
     struct comm *comm = ctx->comm;
-    int d = md->d_model;
+    int d = md->d_model, K = md->top_k;
     size_t row_bytes = sizeof(float) * (size_t)d;
 
     moe_route(ctx->m, ctx->layer, be, h, n, tok_k, s->logits, s->top_idx, s->top_w);
-    build_dispatch(ctx, s, h, n);
+    be->ops->download(be, s->h_top_idx, s->top_idx, sizeof(int32_t) * (size_t)n * K);
+    int rows = plan_dispatch(ctx, s, n);
+    /* One upload for both index arrays: slot rows (n*K), then the send order (rows). */
+    memcpy(s->h_expert_perm, s->h_slot_row, sizeof(int32_t) * (size_t)n * K);
+    memcpy(s->h_expert_perm + (size_t)n * K, s->h_send_perm, sizeof(int32_t) * (size_t)rows);
+    be->ops->upload(be, s->idx, s->h_expert_perm, sizeof(int32_t) * ((size_t)n * K + rows));
+    const int32_t *slot_row = s->idx, *send_perm = s->idx + (size_t)n * K;
+    be->ops->gather_rows(be, s->send, h, send_perm, rows, d);
 
-    comm->ops->all_to_all_v(comm, ctx->rank, s->send, s->send_counts, s->recv, s->recv_counts,
-                            row_bytes);
-    comm->ops->all_to_all_v(comm, ctx->rank, s->send_meta, s->send_counts, s->recv_meta,
-                            s->recv_counts, sizeof(int32_t));
-    int n_recv = 0;
-    for (int r = 0; r < comm->n_rank; r++) n_recv += s->recv_counts[r];
-    compute_experts(ctx, s, n_recv);
+    const float *back = s->out_rows;
+    if (comm->n_rank == 1) {
+        /* Nothing to exchange: the rows this device sends are the rows it computes. */
+        memcpy(s->h_recv_meta, s->h_send_meta, sizeof(int32_t) * (size_t)rows);
+        compute_experts(ctx, s, s->send, rows, s->out_rows);
+    } else {
+        comm->ops->all_to_all_v(comm, ctx->rank, s->send, s->send_counts, s->recv,
+                                s->recv_counts, row_bytes);
+        be->ops->upload(be, s->send_meta, s->h_send_meta, sizeof(int32_t) * (size_t)rows);
+        comm->ops->all_to_all_v(comm, ctx->rank, s->send_meta, s->send_counts, s->recv_meta,
+                                s->recv_counts, sizeof(int32_t));
+        int n_recv = 0;
+        for (int r = 0; r < comm->n_rank; r++) n_recv += s->recv_counts[r];
+        be->ops->download(be, s->h_recv_meta, s->recv_meta, sizeof(int32_t) * (size_t)n_recv);
+        compute_experts(ctx, s, s->recv, n_recv, s->out_rows);
+        /* Results go back the way the rows came: what rank r received from s returns to s. The
+         * reply lands in `back` in the order the rows were sent. */
+        int *counts_back = s->send_counts; /* overwritten with what arrives, the same numbers */
+        comm->ops->all_to_all_v(comm, ctx->rank, s->out_rows, s->recv_counts, s->back,
+                                counts_back, row_bytes);
+        back = s->back;
+    }
 
-    /* Results go back the way the rows came: what rank r received from s returns to s. The
-     * reply lands in `back` in the order the rows were sent. */
-    int *counts_back = s->send_counts; /* overwritten with what arrives, the same numbers */
-    comm->ops->all_to_all_v(comm, ctx->rank, s->out_rows, s->recv_counts, s->back, counts_back,
-                            row_bytes);
-
-    be->ops->moe_combine(be, out, s->back, s->slot_row, s->top_w, n, md->top_k, d);
+    be->ops->moe_combine(be, out, back, slot_row, s->top_w, n, K, d);
     if (md->n_shared > 0) shared_experts(ctx, s, h, n, out);
 }

@@ -1,7 +1,13 @@
 /* MoE layer: routing (which experts, with which weights, for each token), dispatch of token rows
- * to the devices owning those experts through the communicator, expert FFNs on the owner (one
- * GEMM chain per expert over all its rows), and combine (rows back to the token's device,
- * weighted sum in top-k slot order, plus shared experts).
+ * to the devices owning those experts through the communicator, expert FFNs on the owner (the
+ * backend's moe_experts: one GEMM chain per expert, or one grouped GEMM, over rows sorted by
+ * expert), and combine (rows back to the token's device, weighted sum in top-k slot order, plus
+ * shared experts).
+ *
+ * Where things run: routing, permutation and the FFNs run on the backend; the dispatch plan
+ * (how many rows go to which device and expert) is made on the host from the chosen expert ids,
+ * because the exchange and the expert GEMMs need those counts on the host. Arrays named h_* are
+ * host memory; the rest are backend memory.
  *
  * Ownership: moe_scratch is per device, allocated once by moe_scratch_init for the largest step
  * and released by moe_scratch_release; moe_forward allocates nothing. */
@@ -17,7 +23,7 @@
 
 struct moe_scratch {
     int max_rows;      /* max_batch_tokens * top_k */
-    float *logits;     /* (T, n_expert) router logits */
+    float *logits;     /* (T, n_expert + n_group) router logits, then MoHGE group logits */
     int32_t *top_idx;  /* (T, top_k) chosen experts, slot order */
     float *top_w;      /* (T, top_k) their weights */
     int32_t *slot_row; /* (T, top_k) row of each (token, slot) in the send buffer, -1 if unused */
@@ -27,13 +33,23 @@ struct moe_scratch {
     int32_t *recv_meta;/* (R) */
     float *out_rows;   /* (R, d_model) expert outputs for received rows */
     float *back;       /* (R, d_model) expert outputs returned, in send order */
-    int32_t *perm;     /* (R) received rows sorted by expert */
-    float *xe;         /* (R, d_model) gathered rows of one expert */
-    float *ye;         /* (R, d_model) */
+    int32_t *idx;      /* (R + R) uploaded index arrays: send order, then expert order */
+    float *xe;         /* (R, d_model) received rows sorted by expert */
+    float *ye;         /* (R, d_model) their expert outputs */
     float *gate;       /* (R, max_ff) */
     float *up;         /* (R, max_ff) */
     float *shared_out; /* (T, d_model) */
     float *shared_gate;/* (T) */
+    /* host */
+    int32_t *h_top_idx;   /* (R) */
+    int32_t *h_slot_row;  /* (R) */
+    int32_t *h_send_perm; /* (R) token of each sent row */
+    int32_t *h_send_meta; /* (R) */
+    int32_t *h_recv_meta; /* (R) */
+    int32_t *h_expert_perm; /* (2R) received row at each position of the expert-sorted order;
+                               also the staging area of the idx upload */
+    struct be_expert *h_experts; /* (n_expert) experts with rows in this call */
+    int *h_ex_off;        /* (n_expert + 1) their row ranges in xe */
     int *send_counts;  /* (n_dev) */
     int *recv_counts;  /* (n_dev) */
     int *expert_count; /* (n_expert) */
@@ -42,7 +58,7 @@ struct moe_scratch {
 };
 
 struct moe_ctx {
-    const struct model *m;
+    const struct model *m;      /* weights as this device's backend holds them */
     int layer;
     struct backend *be;
     struct comm *comm;
@@ -57,9 +73,13 @@ void moe_scratch_release(struct moe_scratch *s, struct backend *be);
 
 /* Routes n tokens: h (n, d_model) normed hidden states -> top_idx/top_w (n, top_k), token t
  * using tok_k[t] <= top_k experts (slots past tok_k[t] are -1 / 0). logits is scratch of
- * n * (n_expert + n_group) floats: expert logits (n, E), then MoHGE group logits (n, G). */
+ * n * (n_expert + n_group) floats: expert logits (n, E), then MoHGE group logits (n, G).
+ * Every pointer is backend memory. */
 void moe_route(const struct model *m, int layer, struct backend *be, const float *h, int n,
                const int32_t *tok_k, float *logits, int32_t *top_idx, float *top_w);
+
+/* The routing rule of a model for the backend's route op. */
+void moe_route_desc(const struct model_desc *md, struct be_route *r);
 
 /* MoHGE All-size Group-decoupling placement (DESIGN.md): experts are listed interleaved across
  * groups in the order [0, G-1, 1, G-2, ...] (the i-th expert of every group, then the next i)

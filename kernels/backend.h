@@ -2,10 +2,14 @@
  * pointers behind an opaque handle (ggml-backend style). The CPU backend (kernels/cpu/) is the
  * reference and is always built; the CUDA backend (kernels/cuda/) implements the same table.
  *
- * Conventions: all tensors are row-major f32 on the CPU backend (bf16 storage on CUDA, f32
- * accumulation). Pointers passed to an op belong to the backend's memory (host memory for the
- * CPU backend, device memory for CUDA). Ops never allocate: scratch comes from the caller.
- * A backend instance belongs to one device thread and is not shared between threads.
+ * Conventions: activations are row-major f32 tensors. Weight matrices (the `w` of matmul, the
+ * embedding table, expert FFNs) are opaque handles made by weight_upload from f32 host data:
+ * the CPU backend keeps the f32 host array itself, the CUDA backend a bf16 copy on the device
+ * and multiplies in bf16 with f32 accumulation. Norm weights and biases are plain f32 tensors
+ * in backend memory. Pointers passed to an op belong to the backend's memory (host memory for
+ * the CPU backend, device memory for CUDA), except where an argument is marked HOST. Ops never
+ * allocate: scratch comes from the caller, workspace from reserve. A backend instance belongs
+ * to one device thread and is not shared between threads.
  *
  * Ownership: backend_cpu_create returns a backend freed with backend->ops->destroy. */
 #ifndef MOESERVE_BACKEND_H
@@ -16,8 +20,33 @@
 
 struct backend;
 
+/* Routing rule for the route op (the router kinds of engine/model.h that the engine runs). */
+enum be_route_kind {
+    BE_ROUTE_SOFTMAX_TOPK = 0, /* softmax over experts, top-k, optional renormalization */
+    BE_ROUTE_MOHGE = 1,        /* two-level: sigmoid group top-kg, then experts (DESIGN.md) */
+};
+
+struct be_route {
+    enum be_route_kind kind;
+    int n_expert;
+    int top_k;       /* slots per token (the model's k; a token may use fewer, see tok_k) */
+    int n_group;     /* MoHGE */
+    int topk_group;  /* MoHGE */
+    int norm_topk;   /* softmax: renormalize the k kept probabilities */
+};
+
+/* One expert's SwiGLU FFN: weight handles from weight_upload. */
+struct be_expert {
+    int d_ff;
+    const void *gate; /* (d_ff, d) */
+    const void *up;   /* (d_ff, d) */
+    const void *down; /* (d, d_ff) */
+};
+
 struct backend_ops {
     const char *name;
+    /* Nonzero when backend memory is host memory (pointers may be read directly). */
+    int host_memory;
     void (*destroy)(struct backend *be);
 
     /* Memory: alloc returns NULL on failure; upload/download copy host <-> backend memory
@@ -27,9 +56,18 @@ struct backend_ops {
     void (*upload)(struct backend *be, void *dst, const void *src, size_t bytes);
     void (*download)(struct backend *be, void *dst, const void *src, size_t bytes);
     void (*synchronize)(struct backend *be);
+    /* Workspace so that matmul and moe_experts allocate nothing for inputs of up to max_elems
+     * elements and up to max_experts experts per call; 0, or -1 when memory runs out. */
+    int (*reserve)(struct backend *be, size_t max_elems, int max_experts);
 
-    /* y (n, m) = x (n, k) . w (m, k)^T [+ bias (m)] */
-    void (*matmul)(struct backend *be, float *y, const float *x, const float *w, const float *bias,
+    /* Weight handle for the f32 host matrix `host` of n elements; NULL when memory runs out.
+     * The CPU backend returns host itself (it must outlive the handle); weight_free releases
+     * what weight_upload made. */
+    const void *(*weight_upload)(struct backend *be, const float *host, size_t n);
+    void (*weight_free)(struct backend *be, const void *w);
+
+    /* y (n, m) = x (n, k) . w (m, k)^T [+ bias (m)]; w a weight handle */
+    void (*matmul)(struct backend *be, float *y, const float *x, const void *w, const float *bias,
                    int n, int k, int m);
     /* y (n, d) = x (n, d) * rsqrt(mean(x^2) + eps) * w (d); y may equal x */
     void (*rmsnorm)(struct backend *be, float *y, const float *x, const float *w, int n, int d,
@@ -45,8 +83,8 @@ struct backend_ops {
     /* out (n, d_ff) = silu(gate) * up, gate_up given as two (n, d_ff) arrays */
     void (*swiglu)(struct backend *be, float *out, const float *gate, const float *up, int n,
                    int d_ff);
-    /* out (n, d) = embed[ids[i]] */
-    void (*embed)(struct backend *be, float *out, const float *embed, const int32_t *ids, int n,
+    /* out (n, d) = embed[ids[i]]; embed a weight handle */
+    void (*embed)(struct backend *be, float *out, const void *embed, const int32_t *ids, int n,
                   int d);
     /* rows: dst[i] = src[idx[i]] for row length d */
     void (*gather_rows)(struct backend *be, float *dst, const float *src, const int32_t *idx,
@@ -62,6 +100,19 @@ struct backend_ops {
     /* y (n, d) += f(s[i]) * x (n, d), f = sigmoid when `sigmoid` else identity */
     void (*add_scaled_rows)(struct backend *be, float *y, const float *x, const float *s, int n,
                             int d, int sigmoid);
+
+    /* Routing for n tokens: logits (n, n_expert) and, for MoHGE, group logits glog (n, n_group)
+     * -> idx/w (n, top_k): the chosen experts in slot order and their weights; token t uses
+     * tok_k[t] <= top_k slots, the rest are -1 / 0. Same rule on every backend
+     * (kernels/route_impl.h). */
+    void (*route)(struct backend *be, int32_t *idx, float *w, const float *logits,
+                  const float *glog, const int32_t *tok_k, int n, const struct be_route *r);
+    /* Expert FFNs over rows grouped by expert: rows [off[j], off[j+1]) of x (rows, d) go
+     * through experts[j] into the same rows of y, for j < n_experts. HOST: off (n_experts + 1),
+     * experts (n_experts). gate/up: scratch of sum_j (off[j+1] - off[j]) * experts[j].d_ff
+     * floats each. */
+    void (*moe_experts)(struct backend *be, float *y, const float *x, int d, int n_experts,
+                        const int *off, const struct be_expert *experts, float *gate, float *up);
 
     /* Paged causal attention for a run of n tokens of ONE sequence at positions pos0..pos0+n-1,
      * whose keys/values for positions [0, pos0+n) are already in the cache.
@@ -86,5 +137,8 @@ struct backend {
 
 /* CPU backend; n_threads is the BLAS thread count this device may use (>= 1). */
 struct backend *backend_cpu_create(int n_threads);
+/* The CPU backend posing as a device with its own memory (host_memory 0, weights copied), so
+ * that tests run the engine's upload/download path without a GPU. */
+struct backend *backend_cpu_create_staged(int n_threads);
 
 #endif

@@ -1,9 +1,11 @@
 /* Cross-checks every op of the CUDA backend against the CPU reference backend
  * (kernels/cpu/backend_cpu.c), llama.cpp test-backend-ops style: for each op and a few shapes,
  * fresh random inputs go to both backends, outputs are poisoned with NaN before the op runs,
- * and the relative L2 error ||gpu - cpu|| / ||cpu|| must be <= 1e-4 (f32 everywhere, including
- * the cuBLAS GEMM) with no NaN left behind. Prints one table row per check. Also exchanges
- * rows through the NCCL communicator with one rank when NCCL is built in.
+ * and the relative L2 error ||gpu - cpu|| / ||cpu|| must be <= 1e-4 for the f32 ops and
+ * <= 1e-2 for the ops that read bf16 weights on the GPU (matmul, embed, moe_experts; the CPU
+ * reference stays f32), with no NaN left behind. The router must pick exactly the CPU's
+ * experts. Prints one table row per check. Also exchanges rows through the NCCL communicator
+ * with one rank when NCCL is built in.
  *
  * Without a CUDA device (or a build without MOESERVE_HAVE_CUDA) it prints "SKIP: no CUDA
  * device" and exits with 77 (CTest's SKIP_RETURN_CODE). `test_backend_ops <tests-dir>
@@ -22,8 +24,14 @@
 #include "cuda/comm_nccl.h"
 #endif
 
+#include "route_impl.h"
+
 #define OPS_TOL      1e-4
-#define OPS_MAX_BUFS 64
+#define OPS_TOL_BF16 1e-2
+#define OPS_MAX_BUFS 512
+/* reserve() for every check: the largest GEMM input below, and experts per call */
+#define OPS_WS_ELEMS (1u << 22)
+#define OPS_WS_EXPERTS 64
 
 /* One check's backends and the buffers it allocated (freed by ops_release after each op). */
 struct ops_ctx {
@@ -34,6 +42,9 @@ struct ops_ctx {
     int n_dev;
     void *host[OPS_MAX_BUFS];
     int n_host;
+    const void *weight[OPS_MAX_BUFS];
+    struct backend *weight_owner[OPS_MAX_BUFS];
+    int n_weight;
     int oom;
 };
 
@@ -104,18 +115,38 @@ static void *ops_put(struct ops_ctx *t, struct backend *be, const void *h, size_
     return d;
 }
 
+/* A weight handle on backend be for the f32 host matrix h (n floats). */
+static const void *ops_weight(struct ops_ctx *t, struct backend *be, const float *h, size_t n)
+{
+    if (t->oom || !h || t->n_weight == OPS_MAX_BUFS) {
+        t->oom = 1;
+        return NULL;
+    }
+    const void *w = be->ops->weight_upload(be, h, n);
+    if (!w) {
+        t->oom = 1;
+        return NULL;
+    }
+    t->weight[t->n_weight] = w;
+    t->weight_owner[t->n_weight++] = be;
+    return w;
+}
+
 static void ops_release(struct ops_ctx *t)
 {
     for (int i = 0; i < t->n_dev; i++)
         t->dev_owner[i]->ops->free(t->dev_owner[i], t->dev[i]);
+    for (int i = 0; i < t->n_weight; i++)
+        t->weight_owner[i]->ops->weight_free(t->weight_owner[i], t->weight[i]);
     for (int i = 0; i < t->n_host; i++)
         free(t->host[i]);
-    t->n_dev = t->n_host = 0;
+    t->n_dev = t->n_host = t->n_weight = 0;
+    t->oom = 0; /* each check sets up afresh */
 }
 
-/* Downloads both outputs of `count` floats and compares; one table row. */
-static void ops_compare(struct ops_ctx *t, const char *op, const char *shape, const float *r_dev,
-                        const float *d_dev, size_t count)
+/* Downloads both outputs of `count` floats and compares within tol; one table row. */
+static void ops_compare_tol(struct ops_ctx *t, const char *op, const char *shape,
+                            const float *r_dev, const float *d_dev, size_t count, double tol)
 {
     if (t->oom) {
         CHECKF(0, "%s %s: out of memory setting up the check", op, shape);
@@ -145,13 +176,19 @@ static void ops_compare(struct ops_ctx *t, const char *op, const char *shape, co
         if (fabs(e) > max_abs) max_abs = fabs(e);
     }
     double rel = den > 0.0 ? sqrt(num / den) : sqrt(num);
-    int ok = bad == 0 && rel <= OPS_TOL;
+    int ok = bad == 0 && rel <= tol;
     printf("%-16s %-34s %10.2e %10.2e  %s", op, shape, rel, max_abs, ok ? "ok" : "FAIL");
     if (bad) printf(" (%zu non-finite of %zu)", bad, count);
     printf("\n");
-    CHECKF(ok, "%s %s: rel err %.3e (tol %.0e), %zu non-finite", op, shape, rel, OPS_TOL, bad);
+    CHECKF(ok, "%s %s: rel err %.3e (tol %.0e), %zu non-finite", op, shape, rel, tol, bad);
     free(r);
     free(d);
+}
+
+static void ops_compare(struct ops_ctx *t, const char *op, const char *shape, const float *r_dev,
+                        const float *d_dev, size_t count)
+{
+    ops_compare_tol(t, op, shape, r_dev, d_dev, count, OPS_TOL);
 }
 
 /* Host data to both backends: *r on the reference, *d on the device under test. */
@@ -184,14 +221,15 @@ static void check_matmul(struct ops_ctx *t, int n, int k, int m, int with_bias)
     snprintf(shape, sizeof shape, "n=%d k=%d m=%d%s", n, k, m, with_bias ? " bias" : "");
     float *x = ops_rand(t, (size_t)n * k, -1, 1), *w = ops_rand(t, (size_t)m * k, -1, 1);
     float *bias = ops_rand(t, (size_t)m, -1, 1);
-    float *rx, *dx, *rw, *dw, *rb = NULL, *db = NULL, *ry, *dy;
+    float *rx, *dx, *rb = NULL, *db = NULL, *ry, *dy;
     BOTH(x, sizeof(float) * n * k, rx, dx);
-    BOTH(w, sizeof(float) * m * k, rw, dw);
+    const void *rw = ops_weight(t, t->ref, w, (size_t)m * k);
+    const void *dw = ops_weight(t, t->dut, w, (size_t)m * k);
     if (with_bias) BOTH(bias, sizeof(float) * m, rb, db);
     BOTH(NULL, sizeof(float) * n * m, ry, dy);
     RUN2(t->ref->ops->matmul(t->ref, ry, rx, rw, rb, n, k, m),
          t->dut->ops->matmul(t->dut, dy, dx, dw, db, n, k, m));
-    ops_compare(t, "matmul", shape, ry, dy, (size_t)n * m);
+    ops_compare_tol(t, "matmul", shape, ry, dy, (size_t)n * m, OPS_TOL_BF16);
     ops_release(t);
 }
 
@@ -302,16 +340,21 @@ static void check_rows(struct ops_ctx *t, int n_src, int n, int d)
         if (ids)
             for (int i = 0; i < n; i++)
                 ids[i] = ops_int(t, 0, n_src);
-        BOTH(ops_rand(t, src_n, -1, 1), sizeof(float) * src_n, rs, ds);
+        float *src = ops_rand(t, src_n, -1, 1);
+        BOTH(src, sizeof(float) * src_n, rs, ds);
         BOTH(ids, sizeof(int32_t) * n, ri, di);
         BOTH(NULL, sizeof(float) * out_n, ro, dout);
-        if (which == 0)
-            RUN2(t->ref->ops->embed(t->ref, ro, rs, ri, n, d),
-                 t->dut->ops->embed(t->dut, dout, ds, di, n, d));
-        else
+        if (which == 0) {
+            const void *rt = ops_weight(t, t->ref, src, src_n);
+            const void *dt = ops_weight(t, t->dut, src, src_n);
+            RUN2(t->ref->ops->embed(t->ref, ro, rt, ri, n, d),
+                 t->dut->ops->embed(t->dut, dout, dt, di, n, d));
+            ops_compare_tol(t, "embed", shape, ro, dout, out_n, OPS_TOL_BF16);
+        } else {
             RUN2(t->ref->ops->gather_rows(t->ref, ro, rs, ri, n, d),
                  t->dut->ops->gather_rows(t->dut, dout, ds, di, n, d));
-        ops_compare(t, which == 0 ? "embed" : "gather_rows", shape, ro, dout, out_n);
+            ops_compare(t, "gather_rows", shape, ro, dout, out_n);
+        }
         ops_release(t);
     }
 
@@ -353,6 +396,79 @@ static void check_moe_combine(struct ops_ctx *t, int n, int k, int n_rows, int d
     RUN2(t->ref->ops->moe_combine(t->ref, ro, rr, ri, rw, n, k, d),
          t->dut->ops->moe_combine(t->dut, dout, dr, di, dw, n, k, d));
     ops_compare(t, "moe_combine", shape, ro, dout, (size_t)n * d);
+    ops_release(t);
+}
+
+/* Router: the device must choose exactly the CPU's experts (ties are improbable with random
+ * logits) with weights to f32 rounding; tokens use different budgets k. */
+static void check_route(struct ops_ctx *t, int n, enum be_route_kind kind, int E, int K, int G,
+                        int kg)
+{
+    char shape[64];
+    snprintf(shape, sizeof shape, "%s n=%d E=%d k=%d G=%d/%d",
+             kind == BE_ROUTE_MOHGE ? "mohge" : "softmax", n, E, K, G, kg);
+    struct be_route r = {kind, E, K, G, kg, 1};
+    size_t nk = (size_t)n * K;
+    int32_t *tok_k = ops_host(t, sizeof(int32_t) * n);
+    if (tok_k)
+        for (int i = 0; i < n; i++) tok_k[i] = i % 3 == 2 ? ops_int(t, 1, K + 1) : K;
+    float *rl, *dl, *rg, *dg, *rw, *dw;
+    int32_t *rk, *dk, *ri, *di;
+    BOTH(ops_rand(t, (size_t)n * E, -3, 3), sizeof(float) * n * E, rl, dl);
+    BOTH(ops_rand(t, (size_t)n * (G > 0 ? G : 1), -2, 2), sizeof(float) * n * (G > 0 ? G : 1), rg,
+         dg);
+    BOTH(tok_k, sizeof(int32_t) * n, rk, dk);
+    BOTH(NULL, sizeof(int32_t) * nk, ri, di);
+    BOTH(NULL, sizeof(float) * nk, rw, dw);
+    RUN2(t->ref->ops->route(t->ref, ri, rw, rl, rg, rk, n, &r),
+         t->dut->ops->route(t->dut, di, dw, dl, dg, dk, n, &r));
+    int32_t *a = ops_host(t, sizeof(int32_t) * nk), *b = ops_host(t, sizeof(int32_t) * nk);
+    if (!t->oom) {
+        t->ref->ops->download(t->ref, a, ri, sizeof(int32_t) * nk);
+        t->dut->ops->download(t->dut, b, di, sizeof(int32_t) * nk);
+        size_t diff = 0;
+        for (size_t i = 0; i < nk; i++) diff += a[i] != b[i];
+        printf("%-16s %-34s %10zu %10s  %s\n", "route (ids)", shape, diff, "-",
+               diff ? "FAIL" : "ok");
+        CHECKF(diff == 0, "route %s: %zu of %zu expert ids differ", shape, diff, nk);
+    }
+    ops_compare(t, "route (weights)", shape, rw, dw, nk);
+    ops_release(t);
+}
+
+/* Expert FFNs of mixed widths over rows grouped by expert, some experts without rows. */
+static void check_moe_experts(struct ops_ctx *t, int n_experts, int d, int max_rows)
+{
+    char shape[64];
+    snprintf(shape, sizeof shape, "experts=%d d=%d rows<=%d", n_experts, d, max_rows);
+    int off[OPS_WS_EXPERTS + 1];
+    struct be_expert rex[OPS_WS_EXPERTS], dex[OPS_WS_EXPERTS];
+    size_t act = 0;
+    off[0] = 0;
+    for (int j = 0; j < n_experts; j++) {
+        int rows = j % 4 == 3 ? 0 : ops_int(t, 1, max_rows + 1);
+        int ff = 16 * ops_int(t, 1, 9); /* 16 .. 128: mixed widths */
+        off[j + 1] = off[j] + rows;
+        act += (size_t)rows * ff;
+        rex[j].d_ff = dex[j].d_ff = ff;
+        for (int p = 0; p < 3; p++) {
+            float *w = ops_rand(t, (size_t)ff * d, -0.2f, 0.2f);
+            const void *rw = ops_weight(t, t->ref, w, (size_t)ff * d);
+            const void *dw = ops_weight(t, t->dut, w, (size_t)ff * d);
+            if (p == 0) rex[j].gate = rw, dex[j].gate = dw;
+            if (p == 1) rex[j].up = rw, dex[j].up = dw;
+            if (p == 2) rex[j].down = rw, dex[j].down = dw;
+        }
+    }
+    size_t rows_n = (size_t)off[n_experts] * d;
+    float *rx, *dx, *ry, *dy, *rg, *dg, *ru, *du;
+    BOTH(ops_rand(t, rows_n, -1, 1), sizeof(float) * rows_n, rx, dx);
+    BOTH(NULL, sizeof(float) * rows_n, ry, dy);
+    BOTH(NULL, sizeof(float) * (act ? act : 1), rg, dg);
+    BOTH(NULL, sizeof(float) * (act ? act : 1), ru, du);
+    RUN2(t->ref->ops->moe_experts(t->ref, ry, rx, d, n_experts, off, rex, rg, ru),
+         t->dut->ops->moe_experts(t->dut, dy, dx, d, n_experts, off, dex, dg, du));
+    ops_compare_tol(t, "moe_experts", shape, ry, dy, rows_n, OPS_TOL_BF16);
     ops_release(t);
 }
 
@@ -438,6 +554,12 @@ static void check_all_ops(struct ops_ctx *t)
     check_elementwise(t, 1, 4096);
     check_rows(t, 40, 25, 129);
     check_rows(t, 1000, 7, 2048);
+    check_route(t, 37, BE_ROUTE_SOFTMAX_TOPK, 8, 2, 0, 0);
+    check_route(t, 300, BE_ROUTE_SOFTMAX_TOPK, 64, 8, 0, 0);
+    check_route(t, 50, BE_ROUTE_MOHGE, 48, 6, 3, 2);
+    check_route(t, 9, BE_ROUTE_MOHGE, 16, 4, 4, 1);
+    check_moe_experts(t, 6, 64, 20);
+    check_moe_experts(t, 40, 256, 9);
     check_moe_combine(t, 10, 4, 30, 200);
     check_moe_combine(t, 3, 8, 24, 1024);
     check_kv_write(t, 16, 2, 64, 21, 30);
@@ -492,12 +614,14 @@ int main(int argc, char **argv)
     t.ref = backend_cpu_create(1);
     CHECK(t.ref != NULL);
     if (!t.ref) return test_done("test_backend_ops");
+    CHECK(t.ref->ops->reserve(t.ref, OPS_WS_ELEMS, OPS_WS_EXPERTS) == 0);
 
     if (self_check) {
         printf("self-check: CPU backend vs a second CPU backend (harness only, no GPU)\n");
         t.dut = backend_cpu_create(1);
         CHECK(t.dut != NULL);
         if (t.dut) {
+            CHECK(t.dut->ops->reserve(t.dut, OPS_WS_ELEMS, OPS_WS_EXPERTS) == 0);
             check_all_ops(&t);
             t.dut->ops->destroy(t.dut);
         }
@@ -517,8 +641,14 @@ int main(int argc, char **argv)
     char err[512] = "";
     t.dut = backend_cuda_create(0, err, sizeof err);
     CHECKF(t.dut != NULL, "backend_cuda_create: %s", err);
-    if (t.dut) {
-        printf("CUDA backend on device 0 vs CPU reference (f32, tolerance %.0e)\n", OPS_TOL);
+    if (t.dut && t.dut->ops->reserve(t.dut, OPS_WS_ELEMS, OPS_WS_EXPERTS) != 0) {
+        t.dut->ops->synchronize(t.dut);
+        backend_cuda_error(t.dut, err, sizeof err);
+        CHECKF(0, "reserve: %s", err);
+        t.dut->ops->destroy(t.dut);
+    } else if (t.dut) {
+        printf("CUDA backend on device 0 vs CPU reference (tolerance %.0e f32, %.0e bf16)\n",
+               OPS_TOL, OPS_TOL_BF16);
         check_all_ops(&t);
         t.dut->ops->synchronize(t.dut);
         int rc = backend_cuda_error(t.dut, err, sizeof err);

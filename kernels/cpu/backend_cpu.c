@@ -1,12 +1,16 @@
 /* CPU backend: the reference implementation of every op in kernels/backend.h. GEMMs go to
  * OpenBLAS; everything else is plain C written so the compiler can vectorize the inner loops.
- * f32 throughout. Ops do not allocate; attention takes its score scratch from the caller. */
+ * f32 throughout, weights included (a weight handle is the f32 host array). Ops do not
+ * allocate; attention takes its score scratch from the caller. */
 #include "backend.h"
 
 #include <cblas.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "route_impl.h"
 
 struct cpu_backend {
     struct backend base;
@@ -39,9 +43,25 @@ static void cpu_synchronize(struct backend *be)
 {
 }
 
-static void cpu_matmul(struct backend *be, float *y, const float *x, const float *w,
+static int cpu_reserve(struct backend *be, size_t max_elems, int max_experts)
+{
+    return 0; /* BLAS needs no workspace from us */
+}
+
+/* f32 weights in host memory: the handle is the caller's array. */
+static const void *cpu_weight_upload(struct backend *be, const float *host, size_t n)
+{
+    return host;
+}
+
+static void cpu_weight_free(struct backend *be, const void *w)
+{
+}
+
+static void cpu_matmul(struct backend *be, float *y, const float *x, const void *wv,
                        const float *bias, int n, int k, int m)
 {
+    const float *w = wv;
     if (n <= 0 || m <= 0) return;
     if (n == 1) {
         cblas_sgemv(CblasRowMajor, CblasNoTrans, m, k, 1.0f, w, k, x, 1, 0.0f, y, 1);
@@ -110,9 +130,10 @@ static void cpu_swiglu(struct backend *be, float *out, const float *gate, const 
     }
 }
 
-static void cpu_embed(struct backend *be, float *out, const float *embed, const int32_t *ids,
+static void cpu_embed(struct backend *be, float *out, const void *table, const int32_t *ids,
                       int n, int d)
 {
+    const float *embed = table;
     for (int i = 0; i < n; i++)
         memcpy(out + (size_t)i * d, embed + (size_t)ids[i] * d, sizeof(float) * d);
 }
@@ -155,6 +176,30 @@ static void cpu_add_scaled_rows(struct backend *be, float *y, const float *x, co
         float *yi = y + (size_t)i * d;
         const float *xi = x + (size_t)i * d;
         for (int c = 0; c < d; c++) yi[c] += f * xi[c];
+    }
+}
+
+static void cpu_route(struct backend *be, int32_t *idx, float *w, const float *logits,
+                      const float *glog, const int32_t *tok_k, int n, const struct be_route *r)
+{
+    for (int t = 0; t < n; t++) route_token(r, logits, glog, tok_k, t, idx, w);
+}
+
+/* One expert after another; each expert's rows reuse the start of gate/up. */
+static void cpu_moe_experts(struct backend *be, float *y, const float *x, int d, int n_experts,
+                            const int *off, const struct be_expert *experts, float *gate,
+                            float *up)
+{
+    for (int j = 0; j < n_experts; j++) {
+        const struct be_expert *ex = &experts[j];
+        int rows = off[j + 1] - off[j];
+        if (rows <= 0) continue;
+        const float *xj = x + (size_t)off[j] * d;
+        float *yj = y + (size_t)off[j] * d;
+        cpu_matmul(be, gate, xj, ex->gate, NULL, rows, d, ex->d_ff);
+        cpu_matmul(be, up, xj, ex->up, NULL, rows, d, ex->d_ff);
+        cpu_swiglu(be, gate, gate, up, rows, ex->d_ff);
+        cpu_matmul(be, yj, gate, ex->down, NULL, rows, ex->d_ff, d);
     }
 }
 
@@ -220,12 +265,16 @@ static void cpu_attention(struct backend *be, float *out, const float *q, const 
 
 static const struct backend_ops cpu_ops = {
     .name = "cpu",
+    .host_memory = 1,
     .destroy = cpu_destroy,
     .alloc = cpu_alloc,
     .free = cpu_free,
     .upload = cpu_copy,
     .download = cpu_copy,
     .synchronize = cpu_synchronize,
+    .reserve = cpu_reserve,
+    .weight_upload = cpu_weight_upload,
+    .weight_free = cpu_weight_free,
     .matmul = cpu_matmul,
     .rmsnorm = cpu_rmsnorm,
     .rope = cpu_rope,
@@ -237,9 +286,46 @@ static const struct backend_ops cpu_ops = {
     .scatter_rows = cpu_scatter_rows,
     .moe_combine = cpu_moe_combine,
     .add_scaled_rows = cpu_add_scaled_rows,
+    .route = cpu_route,
+    .moe_experts = cpu_moe_experts,
     .attention = cpu_attention,
     .kv_write = cpu_kv_write,
 };
+
+/* Staged variant: copies weights, and tells the engine its memory is not host memory, so the
+ * engine takes the path a GPU backend takes (uploads, downloads, logits in chunks). */
+static const void *cpu_weight_copy(struct backend *be, const float *host, size_t n)
+{
+    float *w = cpu_alloc(be, sizeof(float) * n);
+    if (w && n) memcpy(w, host, sizeof(float) * n);
+    return w;
+}
+
+static void cpu_weight_copy_free(struct backend *be, const void *w)
+{
+    free((void *)w);
+}
+
+static struct backend_ops cpu_staged_ops;
+static pthread_once_t cpu_staged_once = PTHREAD_ONCE_INIT;
+
+static void cpu_staged_init(void)
+{
+    cpu_staged_ops = cpu_ops;
+    cpu_staged_ops.name = "cpu-staged";
+    cpu_staged_ops.host_memory = 0;
+    cpu_staged_ops.weight_upload = cpu_weight_copy;
+    cpu_staged_ops.weight_free = cpu_weight_copy_free;
+}
+
+struct backend *backend_cpu_create_staged(int n_threads)
+{
+    struct backend *be = backend_cpu_create(n_threads);
+    if (!be) return NULL;
+    pthread_once(&cpu_staged_once, cpu_staged_init);
+    be->ops = &cpu_staged_ops;
+    return be;
+}
 
 struct backend *backend_cpu_create(int n_threads)
 {

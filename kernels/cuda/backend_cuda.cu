@@ -1,8 +1,13 @@
 /* CUDA backend instance: device, stream, cuBLAS handle and a sticky error, plus the op table
- * of kernels/backend.h. Memory ops and GEMMs are here (cuBLAS, plain f32); every other op
- * forwards to a launcher of cuda_kernels.h. Each op makes the instance's device current,
+ * of kernels/backend.h. Memory ops and GEMMs are here: weights are bf16 on the device, GEMM
+ * inputs are converted to bf16 in a workspace and multiplied by cuBLAS with f32 accumulation
+ * and f32 output; the experts of an MoE layer go through one grouped GEMM per projection
+ * (cublasGemmGroupedBatchedEx, mixed widths allowed), or one GEMM per expert where the grouped
+ * call is unavailable or MOESERVE_CUDA_GROUPED=0. Every other op forwards to a launcher of
+ * cuda_kernels.h. Each op makes the instance's device current,
  * checks every CUDA/cuBLAS call, and keeps the first failure's reason for backend_cuda_error,
  * since the op table's functions return nothing. */
+#include <cuda_bf16.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +17,10 @@
 #include "common.h"
 #include "cuda_check.h"
 #include "cuda_kernels.h"
+#include "route_impl.h"
+
+/* Experts one moe_experts call may name (the routers' own limit). */
+#define MOE_MAX_GROUP_EXPERTS ROUTE_MAX_EXPERTS
 
 #define CB_ERR_LEN 512
 
@@ -20,6 +29,18 @@ struct cuda_backend {
     int device;
     cudaStream_t stream; /* every op of this instance runs on it, in call order */
     cublasHandle_t blas; /* bound to `stream` */
+    /* reserve(): bf16 copies of GEMM inputs, and the grouped GEMM's arguments */
+    __nv_bfloat16 *ws;
+    size_t ws_elems;
+    int max_groups;      /* 2 * max_experts: gate and up of every expert in one call */
+    void **d_ptrs;       /* (9 * max_experts) device: A, B, C pointer arrays of both calls */
+    void **h_ptrs;       /* pinned staging of d_ptrs */
+    cudaEvent_t ptrs_done; /* the last copy out of h_ptrs has finished */
+    cublasOperation_t *g_ta, *g_tb;
+    int *g_m, *g_n, *g_k, *g_lda, *g_ldb, *g_ldc, *g_size;
+    float *g_alpha, *g_beta;
+    int grouped;         /* 1: try cublasGemmGroupedBatchedEx; 0: a GEMM per expert */
+
     int failed;          /* set at the first failure; `first` then holds its reason */
     char first[CB_ERR_LEN];
     char last[CB_ERR_LEN]; /* the latest failure, scratch for the check macros */
@@ -52,11 +73,34 @@ static int cb_enter(struct cuda_backend *b)
     return CB_CUDA(b, cudaSetDevice(b->device));
 }
 
+static void cb_release_workspace(struct cuda_backend *b)
+{
+    if (b->ws) cudaFree(b->ws);
+    if (b->d_ptrs) cudaFree(b->d_ptrs);
+    if (b->h_ptrs) cudaFreeHost(b->h_ptrs);
+    if (b->ptrs_done) cudaEventDestroy(b->ptrs_done);
+    free(b->g_ta);
+    free(b->g_tb);
+    free(b->g_m);
+    free(b->g_alpha);
+    b->ws = NULL;
+    b->d_ptrs = NULL;
+    b->h_ptrs = NULL;
+    b->ptrs_done = NULL;
+    b->g_ta = b->g_tb = NULL;
+    b->g_m = NULL;
+    b->g_alpha = NULL;
+    b->ws_elems = 0;
+    b->max_groups = 0;
+}
+
 static void cb_destroy(struct backend *be)
 {
     struct cuda_backend *b = cb_of(be);
     if (!b) return;
     cudaSetDevice(b->device);
+    if (b->stream) cudaStreamSynchronize(b->stream);
+    cb_release_workspace(b);
     if (b->blas) cublasDestroy(b->blas);
     if (b->stream) cudaStreamDestroy(b->stream);
     free(b);
@@ -103,10 +147,111 @@ static void cb_synchronize(struct backend *be)
     CB_CUDA(b, cudaStreamSynchronize(b->stream));
 }
 
-/* y (n, m) = x (n, k) . w (m, k)^T [+ bias (m)]. cuBLAS is column-major: the row-major y is the
- * column-major y^T (m, n) = w . x^T, i.e. op(A) = A^T for the column-major view (k, m) of w
- * and op(B) = B for the view (k, n) of x. */
-static void cb_matmul(struct backend *be, float *y, const float *x, const float *w,
+static int cb_reserve(struct backend *be, size_t max_elems, int max_experts)
+{
+    struct cuda_backend *b = cb_of(be);
+    if (cb_enter(b) < 0) return -1;
+    if (b->stream && CB_CUDA(b, cudaStreamSynchronize(b->stream)) < 0) return -1;
+    cb_release_workspace(b);
+    int G = 2 * (max_experts > 0 ? max_experts : 1);
+    size_t elems = max_elems ? max_elems : 1;
+    if (CB_CUDA(b, cudaMalloc((void **)&b->ws, elems * sizeof(__nv_bfloat16))) < 0 ||
+        CB_CUDA(b, cudaMalloc((void **)&b->d_ptrs, sizeof(void *) * 9 * (size_t)G / 2)) < 0 ||
+        CB_CUDA(b, cudaMallocHost((void **)&b->h_ptrs, sizeof(void *) * 9 * (size_t)G / 2)) < 0 ||
+        CB_CUDA(b, cudaEventCreateWithFlags(&b->ptrs_done, cudaEventDisableTiming)) < 0)
+        goto fail;
+    /* One block for the int arrays (7 of G), one for the scalars (2 of G). */
+    b->g_ta = (cublasOperation_t *)calloc((size_t)G, sizeof *b->g_ta);
+    b->g_tb = (cublasOperation_t *)calloc((size_t)G, sizeof *b->g_tb);
+    b->g_m = (int *)calloc(7 * (size_t)G, sizeof(int));
+    b->g_alpha = (float *)calloc(2 * (size_t)G, sizeof(float));
+    if (!b->g_ta || !b->g_tb || !b->g_m || !b->g_alpha) {
+        ms_errf(b->last, sizeof b->last, "reserve: out of host memory");
+        cb_note(b, -1);
+        goto fail;
+    }
+    b->g_n = b->g_m + G;
+    b->g_k = b->g_n + G;
+    b->g_lda = b->g_k + G;
+    b->g_ldb = b->g_lda + G;
+    b->g_ldc = b->g_ldb + G;
+    b->g_size = b->g_ldc + G;
+    b->g_beta = b->g_alpha + G;
+    for (int i = 0; i < G; i++) {
+        b->g_ta[i] = CUBLAS_OP_T;
+        b->g_tb[i] = CUBLAS_OP_N;
+        b->g_size[i] = 1;
+        b->g_alpha[i] = 1.0f;
+        b->g_beta[i] = 0.0f;
+    }
+    b->ws_elems = elems;
+    b->max_groups = G;
+    return 0;
+fail:
+    cb_release_workspace(b);
+    return -1;
+}
+
+/* Weights: converted to bf16 on the host (round to nearest even, as the CPU's ms_f32_to_bf16)
+ * in chunks through a pinned buffer, then copied; load time only. */
+static const void *cb_weight_upload(struct backend *be, const float *host, size_t n)
+{
+    struct cuda_backend *b = cb_of(be);
+    enum { CHUNK = 1 << 22 };
+    void *w = NULL;
+    uint16_t *stage = NULL;
+    if (cb_enter(b) < 0) return NULL;
+    if (CB_CUDA(b, cudaMalloc(&w, (n ? n : 1) * sizeof(uint16_t))) < 0) return NULL;
+    if (CB_CUDA(b, cudaMallocHost((void **)&stage, CHUNK * sizeof(uint16_t))) < 0) goto fail;
+    for (size_t i = 0; i < n; i += CHUNK) {
+        size_t m = n - i < (size_t)CHUNK ? n - i : (size_t)CHUNK;
+        for (size_t j = 0; j < m; j++) stage[j] = ms_f32_to_bf16(host[i + j]);
+        if (CB_CUDA(b, cudaMemcpyAsync((uint16_t *)w + i, stage, m * sizeof(uint16_t),
+                                       cudaMemcpyHostToDevice, b->stream)) < 0 ||
+            CB_CUDA(b, cudaStreamSynchronize(b->stream)) < 0)
+            goto fail;
+    }
+    cudaFreeHost(stage);
+    return w;
+fail:
+    if (stage) cudaFreeHost(stage);
+    cudaFree(w);
+    return NULL;
+}
+
+static void cb_weight_free(struct backend *be, const void *w)
+{
+    cb_free(be, (void *)w);
+}
+
+/* x (n, k) f32 -> the workspace in bf16; NULL (recorded) when it does not fit. */
+static const __nv_bfloat16 *cb_to_ws(struct cuda_backend *b, const float *x, size_t total,
+                                     const char *op)
+{
+    if (total > b->ws_elems) {
+        ms_errf(b->last, sizeof b->last,
+                "%s: input of %zu elements exceeds the reserved workspace of %zu", op, total,
+                b->ws_elems);
+        cb_note(b, -1);
+        return NULL;
+    }
+    if (cb_note(b, cuk_to_bf16(b->stream, b->ws, x, total, CB_ERR(b))) < 0) return NULL;
+    return b->ws;
+}
+
+/* One bf16 x bf16 -> f32 GEMM, row-major y (n, m) = x (n, k) . w (m, k)^T with leading
+ * dimensions: cuBLAS is column-major, so this is y^T (m, n) = op_T(w) . x^T. */
+static int cb_gemm(struct cuda_backend *b, float *y, int ldy, const __nv_bfloat16 *x, int ldx,
+                   const void *w, int ldw, int n, int k, int m)
+{
+    const float one = 1.0f, zero = 0.0f;
+    return CB_BLAS(b, cublasGemmEx(b->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, w,
+                                   CUDA_R_16BF, ldw, x, CUDA_R_16BF, ldx, &zero, y, CUDA_R_32F,
+                                   ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+/* y (n, m) = x (n, k) . w (m, k)^T [+ bias (m)], w bf16. */
+static void cb_matmul(struct backend *be, float *y, const float *x, const void *w,
                       const float *bias, int n, int k, int m)
 {
     struct cuda_backend *b = cb_of(be);
@@ -115,12 +260,122 @@ static void cb_matmul(struct backend *be, float *y, const float *x, const float 
         /* An empty sum: cuBLAS rejects lda = 0, the CPU reference yields zeros. */
         if (CB_CUDA(b, cudaMemsetAsync(y, 0, sizeof(float) * (size_t)n * m, b->stream)) < 0) return;
     } else {
-        const float one = 1.0f, zero = 0.0f;
-        if (CB_BLAS(b, cublasSgemm(b->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, w, k, x, k,
-                                   &zero, y, m)) < 0)
-            return;
+        const __nv_bfloat16 *xb = cb_to_ws(b, x, (size_t)n * k, "matmul");
+        if (!xb || cb_gemm(b, y, m, xb, k, w, k, n, k, m) < 0) return;
     }
     if (bias) cb_note(b, cuk_add_bias(b->stream, y, bias, n, m, CB_ERR(b)));
+}
+
+/* Groups [0, G) of b->g_* with pointers A, B, C (host arrays of G each): one grouped call
+ * when available, else a GEMM per group. The pointer arrays are staged through h_ptrs at
+ * `slot` (distinct per call of one moe_experts) and copied to the device. */
+static int cb_gemm_groups(struct cuda_backend *b, int G, const void **A, const void **B,
+                          void **C, size_t slot)
+{
+    if (!b->grouped) {
+        for (int i = 0; i < G; i++) {
+            if (b->g_n[i] <= 0) continue;
+            if (cb_gemm(b, (float *)C[i], b->g_ldc[i], (const __nv_bfloat16 *)B[i], b->g_ldb[i],
+                        A[i], b->g_lda[i], b->g_n[i], b->g_k[i], b->g_m[i]) < 0)
+                return -1;
+        }
+        return 0;
+    }
+    void **h = b->h_ptrs + slot, **d = b->d_ptrs + slot;
+    memcpy(h, A, sizeof(void *) * (size_t)G);
+    memcpy(h + G, B, sizeof(void *) * (size_t)G);
+    memcpy(h + 2 * G, C, sizeof(void *) * (size_t)G);
+    if (CB_CUDA(b, cudaMemcpyAsync(d, h, sizeof(void *) * 3 * (size_t)G, cudaMemcpyHostToDevice,
+                                   b->stream)) < 0)
+        return -1;
+    cublasStatus_t rc = cublasGemmGroupedBatchedEx(
+        b->blas, b->g_ta, b->g_tb, b->g_m, b->g_n, b->g_k, b->g_alpha, (const void *const *)d,
+        CUDA_R_16BF, b->g_lda, (const void *const *)(d + G), CUDA_R_16BF, b->g_ldb, b->g_beta,
+        d + 2 * G, CUDA_R_32F, b->g_ldc, G, b->g_size, CUBLAS_COMPUTE_32F);
+    if (rc == CUBLAS_STATUS_NOT_SUPPORTED || rc == CUBLAS_STATUS_INVALID_VALUE) {
+        /* This cuBLAS does not take bf16 -> f32 grouped GEMMs: fall back for good. */
+        fprintf(stderr, "moeserve: cublasGemmGroupedBatchedEx unavailable (%s); using one GEMM "
+                        "per expert\n",
+                cuda_check_blas_name(rc));
+        b->grouped = 0;
+        return cb_gemm_groups(b, G, A, B, C, slot);
+    }
+    return CB_BLAS(b, rc);
+}
+
+/* Experts over rows sorted by expert: x -> bf16; gate and up of every expert in one grouped
+ * GEMM; SwiGLU over the ragged (rows_j, d_ff_j) blocks laid end to end; -> bf16; down. */
+static void cb_moe_experts(struct backend *be, float *y, const float *x, int d, int n_experts,
+                           const int *off, const struct be_expert *ex, float *gate, float *up)
+{
+    struct cuda_backend *b = cb_of(be);
+    if (n_experts <= 0 || off[n_experts] <= 0 || cb_enter(b) < 0) return;
+    int na = n_experts;
+    if (2 * na > b->max_groups || na > MOE_MAX_GROUP_EXPERTS) {
+        ms_errf(b->last, sizeof b->last, "moe_experts: %d experts, reserved for %d", na,
+                b->max_groups / 2);
+        cb_note(b, -1);
+        return;
+    }
+    /* Wait until the previous call's pointer arrays have left the pinned buffer. */
+    if (CB_CUDA(b, cudaEventSynchronize(b->ptrs_done)) < 0) return;
+    const __nv_bfloat16 *xb = cb_to_ws(b, x, (size_t)off[na] * d, "moe_experts");
+    if (!xb) return;
+
+    const void *A[2 * MOE_MAX_GROUP_EXPERTS], *B[2 * MOE_MAX_GROUP_EXPERTS];
+    void *C[2 * MOE_MAX_GROUP_EXPERTS];
+    /* Experts without rows are left out: a GEMM with n = 0 is not everywhere accepted. */
+    int G = 0;
+    for (int j = 0; j < na; j++) G += off[j + 1] > off[j];
+    size_t act = 0;
+    for (int j = 0, g = 0; j < na; j++) {
+        int rows = off[j + 1] - off[j], ff = ex[j].d_ff;
+        if (rows <= 0) continue;
+        for (int half = 0; half < 2; half++) {
+            int i = g + half * G;
+            b->g_m[i] = ff;
+            b->g_n[i] = rows;
+            b->g_k[i] = d;
+            b->g_lda[i] = d;
+            b->g_ldb[i] = d;
+            b->g_ldc[i] = ff;
+            A[i] = half ? ex[j].up : ex[j].gate;
+            B[i] = xb + (size_t)off[j] * d;
+            C[i] = (half ? up : gate) + act;
+        }
+        act += (size_t)rows * ff;
+        g++;
+    }
+    if (cb_gemm_groups(b, 2 * G, A, B, C, 0) < 0) return;
+    if (cb_note(b, cuk_swiglu(b->stream, gate, gate, up, act, CB_ERR(b))) < 0) return;
+    const __nv_bfloat16 *ab = cb_to_ws(b, gate, act, "moe_experts");
+    if (!ab) return;
+    act = 0;
+    for (int j = 0, g = 0; j < na; j++) {
+        int rows = off[j + 1] - off[j], ff = ex[j].d_ff;
+        if (rows <= 0) continue;
+        b->g_m[g] = d;
+        b->g_n[g] = rows;
+        b->g_k[g] = ff;
+        b->g_lda[g] = ff;
+        b->g_ldb[g] = ff;
+        b->g_ldc[g] = d;
+        A[g] = ex[j].down;
+        B[g] = ab + act;
+        C[g] = y + (size_t)off[j] * d;
+        act += (size_t)rows * ff;
+        g++;
+    }
+    if (cb_gemm_groups(b, G, A, B, C, 6 * (size_t)G) < 0) return;
+    CB_CUDA(b, cudaEventRecord(b->ptrs_done, b->stream));
+}
+
+static void cb_route(struct backend *be, int32_t *idx, float *w, const float *logits,
+                     const float *glog, const int32_t *tok_k, int n, const struct be_route *r)
+{
+    struct cuda_backend *b = cb_of(be);
+    if (cb_enter(b) < 0) return;
+    cb_note(b, cuk_route(b->stream, idx, w, logits, glog, tok_k, n, r, CB_ERR(b)));
 }
 
 static void cb_rmsnorm(struct backend *be, float *y, const float *x, const float *w, int n, int d,
@@ -161,12 +416,12 @@ static void cb_swiglu(struct backend *be, float *out, const float *gate, const f
     cb_note(b, cuk_swiglu(b->stream, out, gate, up, (size_t)n * d_ff, CB_ERR(b)));
 }
 
-static void cb_embed(struct backend *be, float *out, const float *embed, const int32_t *ids, int n,
+static void cb_embed(struct backend *be, float *out, const void *table, const int32_t *ids, int n,
                      int d)
 {
     struct cuda_backend *b = cb_of(be);
     if (cb_enter(b) < 0) return;
-    cb_note(b, cuk_gather_rows(b->stream, out, embed, ids, n, d, CB_ERR(b)));
+    cb_note(b, cuk_embed_bf16(b->stream, out, table, ids, n, d, CB_ERR(b)));
 }
 
 static void cb_gather_rows(struct backend *be, float *dst, const float *src, const int32_t *idx,
@@ -229,17 +484,21 @@ static void cb_kv_write(struct backend *be, float *k_cache, float *v_cache, cons
 }
 
 /* Positional (C++17 has no designated initializers): this catches a field added to the table. */
-static_assert(sizeof(struct backend_ops) == 20 * sizeof(void *),
+static_assert(sizeof(struct backend_ops) == 26 * sizeof(void *),
               "struct backend_ops changed: update cuda_ops to match kernels/backend.h");
 
 static const struct backend_ops cuda_ops = {
     /* .name */ "cuda",
+    /* .host_memory */ 0,
     /* .destroy */ cb_destroy,
     /* .alloc */ cb_alloc,
     /* .free */ cb_free,
     /* .upload */ cb_upload,
     /* .download */ cb_download,
     /* .synchronize */ cb_synchronize,
+    /* .reserve */ cb_reserve,
+    /* .weight_upload */ cb_weight_upload,
+    /* .weight_free */ cb_weight_free,
     /* .matmul */ cb_matmul,
     /* .rmsnorm */ cb_rmsnorm,
     /* .rope */ cb_rope,
@@ -251,6 +510,8 @@ static const struct backend_ops cuda_ops = {
     /* .scatter_rows */ cb_scatter_rows,
     /* .moe_combine */ cb_moe_combine,
     /* .add_scaled_rows */ cb_add_scaled_rows,
+    /* .route */ cb_route,
+    /* .moe_experts */ cb_moe_experts,
     /* .attention */ cb_attention,
     /* .kv_write */ cb_kv_write,
 };
@@ -294,8 +555,11 @@ extern "C" struct backend *backend_cuda_create(int device, char *err, size_t err
         goto fail;
     if (CUBLAS_CHECK(cublasCreate(&b->blas), err, errlen) < 0) goto fail;
     if (CUBLAS_CHECK(cublasSetStream(b->blas, b->stream), err, errlen) < 0) goto fail;
-    /* Plain f32 GEMMs (no TF32), so results match the CPU reference to f32 rounding. */
     if (CUBLAS_CHECK(cublasSetMathMode(b->blas, CUBLAS_DEFAULT_MATH), err, errlen) < 0) goto fail;
+    {
+        const char *g = getenv("MOESERVE_CUDA_GROUPED");
+        b->grouped = !(g && strcmp(g, "0") == 0);
+    }
     return &b->base;
 fail:
     cb_destroy(&b->base);

@@ -79,6 +79,15 @@ int cuk_kv_write(cudaStream_t st, float *k_cache, float *v_cache, const float *k
                  const int32_t *block_table, int block_size, int pos0, int n, int row, char *err,
                  size_t errlen);
 
+/* bf16_route.cu. dst of cuk_to_bf16 and the embedding table are bf16 (__nv_bfloat16) arrays. */
+struct be_route;
+int cuk_to_bf16(cudaStream_t st, void *dst, const float *src, size_t total, char *err,
+                size_t errlen);
+int cuk_embed_bf16(cudaStream_t st, float *out, const void *table, const int32_t *ids, int n,
+                   int d, char *err, size_t errlen);
+int cuk_route(cudaStream_t st, int32_t *idx, float *w, const float *logits, const float *glog,
+              const int32_t *tok_k, int n, const struct be_route *r, char *err, size_t errlen);
+
 /* attention.cu; head_dim <= CUK_ATTN_MAX_HEAD_DIM. */
 #define CUK_ATTN_MAX_HEAD_DIM 512
 int cuk_attention(cudaStream_t st, float *out, const float *q, const float *k_cache,

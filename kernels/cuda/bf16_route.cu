@@ -1,0 +1,77 @@
+/* bf16 and routing kernels of the CUDA backend: f32 -> bf16 conversion of GEMM inputs (the
+ * weights are bf16, cuBLAS wants both operands in one type), the embedding lookup from a bf16
+ * table, and the router's top-k choice, one thread per token, with the very code the CPU
+ * backend runs (kernels/route_impl.h). */
+#include <cuda_bf16.h>
+
+#include "cuda_check.h"
+#include "cuda_kernels.h"
+#include "route_impl.h"
+
+#define BR_THREADS 256
+
+static __global__ void br_to_bf16_kernel(__nv_bfloat16 *dst, const float *src, size_t total)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
+         i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = __float2bfloat16_rn(src[i]);
+}
+
+int cuk_to_bf16(cudaStream_t st, void *dst, const float *src, size_t total, char *err,
+                size_t errlen)
+{
+    if (total == 0) return 0;
+    br_to_bf16_kernel<<<cuk_blocks(total, BR_THREADS), BR_THREADS, 0, st>>>(
+        (__nv_bfloat16 *)dst, src, total);
+    return CUDA_LAUNCH_CHECK("br_to_bf16_kernel", err, errlen);
+}
+
+/* out (n, d) = table[ids[i]] widened to f32; grid = n. */
+static __global__ void br_embed_kernel(float *out, const __nv_bfloat16 *table, const int32_t *ids,
+                                       int d)
+{
+    size_t i = blockIdx.x;
+    const __nv_bfloat16 *row = table + (size_t)ids[i] * (size_t)d;
+    float *o = out + i * (size_t)d;
+    for (int c = threadIdx.x; c < d; c += blockDim.x)
+        o[c] = __bfloat162float(row[c]);
+}
+
+int cuk_embed_bf16(cudaStream_t st, float *out, const void *table, const int32_t *ids, int n,
+                   int d, char *err, size_t errlen)
+{
+    if (n <= 0 || d <= 0) return 0;
+    br_embed_kernel<<<(unsigned)n, BR_THREADS, 0, st>>>(out, (const __nv_bfloat16 *)table, ids,
+                                                         d);
+    return CUDA_LAUNCH_CHECK("br_embed_kernel", err, errlen);
+}
+
+/* One thread per token; the rule's scratch lives in the thread's local memory. */
+static __global__ void br_route_kernel(int32_t *idx, float *w, const float *logits,
+                                       const float *glog, const int32_t *tok_k, int n,
+                                       struct be_route r)
+{
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t < n) route_token(&r, logits, glog, tok_k, t, idx, w);
+}
+
+int cuk_route(cudaStream_t st, int32_t *idx, float *w, const float *logits, const float *glog,
+              const int32_t *tok_k, int n, const struct be_route *r, char *err, size_t errlen)
+{
+    if (n <= 0) return 0;
+    if (r->n_expert < 1 || r->n_expert > ROUTE_MAX_EXPERTS || r->top_k < 1 ||
+        r->top_k > r->n_expert ||
+        (r->kind == BE_ROUTE_MOHGE &&
+         (r->n_group < 1 || r->n_group > ROUTE_MAX_GROUPS || r->n_expert % r->n_group != 0 ||
+          r->topk_group < 1 || r->topk_group > r->n_group))) {
+        snprintf(err, errlen, "route: unsupported shape (%d experts, top-%d, %d groups, top-%d)",
+                 r->n_expert, r->top_k, r->n_group, r->topk_group);
+        return -1;
+    }
+    /* Small blocks: each thread carries ~3 KB of local arrays. */
+    int threads = 64;
+    br_route_kernel<<<(unsigned)((n + threads - 1) / threads), threads, 0, st>>>(idx, w, logits,
+                                                                                 glog, tok_k, n,
+                                                                                 *r);
+    return CUDA_LAUNCH_CHECK("br_route_kernel", err, errlen);
+}

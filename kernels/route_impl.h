@@ -1,0 +1,133 @@
+/* The routing rules, written once for the CPU backend (C) and the CUDA route kernel (device
+ * code), so that both backends choose the same experts with the same weights for the same
+ * logits. One call routes one token. Ties go to the lower index, as torch.topk returns them.
+ * Header-only: every function is static inline and marked ROUTE_FN (host and device under
+ * nvcc, plain C otherwise). */
+#ifndef MOESERVE_ROUTE_IMPL_H
+#define MOESERVE_ROUTE_IMPL_H
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "backend.h"
+
+#ifdef __CUDACC__
+#define ROUTE_FN static inline __host__ __device__
+#else
+#define ROUTE_FN static inline
+#endif
+
+#define ROUTE_MAX_EXPERTS 512
+#define ROUTE_MAX_GROUPS 64
+
+/* Index of the largest v[i] over i < n with !taken[i] (ties to the lower index). */
+ROUTE_FN int route_argmax_free(const float *v, const bool *taken, int n)
+{
+    int best = -1;
+    for (int i = 0; i < n; i++)
+        if (!taken[i] && (best < 0 || v[i] > v[best])) best = i;
+    return best;
+}
+
+/* Softmax over the experts, top-k by probability, optionally renormalized over the k kept. */
+ROUTE_FN void route_softmax_topk(const struct be_route *r, const float *logits, int k,
+                                 int32_t *idx, float *w)
+{
+    int E = r->n_expert;
+    bool taken[ROUTE_MAX_EXPERTS];
+    float mx = -INFINITY;
+    for (int e = 0; e < E; e++) {
+        mx = logits[e] > mx ? logits[e] : mx;
+        taken[e] = false;
+    }
+    float sum = 0.0f;
+    for (int e = 0; e < E; e++) sum += expf(logits[e] - mx);
+    float wsum = 0.0f;
+    for (int j = 0; j < k; j++) {
+        int best = route_argmax_free(logits, taken, E);
+        taken[best] = true;
+        idx[j] = best;
+        w[j] = expf(logits[best] - mx) / sum;
+        wsum += w[j];
+    }
+    if (r->norm_topk)
+        for (int j = 0; j < k; j++) w[j] /= wsum;
+}
+
+/* MoHGE two-level routing (DESIGN.md): sigmoid group scores, keep the top-kg groups and
+ * renormalize their scores; softmax of the expert logits inside each group, times the group's
+ * score and kept mask, flattened and renormalized; top-k experts of that; weights = softmax over
+ * the k kept probabilities. elog: (E) expert logits, glog: (G) group logits. */
+ROUTE_FN void route_mohge(const struct be_route *r, const float *elog, const float *glog, int k,
+                          int32_t *idx, float *w)
+{
+    int E = r->n_expert, G = r->n_group, epg = E / G;
+    float sg[ROUTE_MAX_GROUPS], q[ROUTE_MAX_EXPERTS];
+    bool taken[ROUTE_MAX_EXPERTS];
+    for (int g = 0; g < G; g++) {
+        sg[g] = 1.0f / (1.0f + expf(-glog[g]));
+        taken[g] = false;
+    }
+    float ssum = 0.0f;
+    for (int j = 0; j < r->topk_group; j++) {
+        int g = route_argmax_free(sg, taken, G);
+        taken[g] = true;
+        ssum += sg[g];
+    }
+    float qsum = 0.0f;
+    for (int g = 0; g < G; g++) {
+        const float *l = elog + (size_t)g * epg;
+        float *qg = q + (size_t)g * epg;
+        if (!taken[g]) {
+            for (int i = 0; i < epg; i++) qg[i] = 0.0f;
+            continue;
+        }
+        float mx = -INFINITY, sum = 0.0f, scale = sg[g] / ssum;
+        for (int i = 0; i < epg; i++) mx = l[i] > mx ? l[i] : mx;
+        for (int i = 0; i < epg; i++) {
+            qg[i] = expf(l[i] - mx);
+            sum += qg[i];
+        }
+        for (int i = 0; i < epg; i++) {
+            qg[i] = qg[i] / sum * scale;
+            qsum += qg[i];
+        }
+    }
+    for (int e = 0; e < E; e++) {
+        q[e] /= qsum;
+        taken[e] = false;
+    }
+    float mx = -INFINITY, wsum = 0.0f;
+    for (int j = 0; j < k; j++) {
+        int e = route_argmax_free(q, taken, E);
+        taken[e] = true;
+        idx[j] = e;
+        mx = q[e] > mx ? q[e] : mx;
+    }
+    for (int j = 0; j < k; j++) {
+        w[j] = expf(q[idx[j]] - mx);
+        wsum += w[j];
+    }
+    for (int j = 0; j < k; j++) w[j] /= wsum;
+}
+
+/* Token t of a batch: its k = tok_k[t] slots by the rule of r, then -1 / 0 up to top_k. */
+ROUTE_FN void route_token(const struct be_route *r, const float *logits, const float *glog,
+                          const int32_t *tok_k, int t, int32_t *idx, float *w)
+{
+    int K = r->top_k, k = tok_k[t];
+    int32_t *ti = idx + (size_t)t * K;
+    float *tw = w + (size_t)t * K;
+    k = k < 1 ? 1 : (k > K ? K : k);
+    if (r->kind == BE_ROUTE_MOHGE)
+        route_mohge(r, logits + (size_t)t * r->n_expert, glog + (size_t)t * r->n_group, k, ti, tw);
+    else
+        route_softmax_topk(r, logits + (size_t)t * r->n_expert, k, ti, tw);
+    for (int j = k; j < K; j++) {
+        ti[j] = -1;
+        tw[j] = 0.0f;
+    }
+}
+
+#endif

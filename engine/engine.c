@@ -19,8 +19,9 @@
 #include "cuda/backend_cuda.h"
 #endif
 
-/* Logit rows computed per lm_head GEMM on a backend with its own memory (then downloaded). */
-#define LOGIT_ROWS 64
+/* Logit rows computed per lm_head GEMM on a backend with its own memory (then downloaded):
+ * a whole decode batch of 256 sequences in one. */
+#define LOGIT_ROWS 256
 
 /* Per-device state: a backend instance, the slice of the batch it owns in the current step,
  * and its scratch buffers. */
@@ -60,7 +61,11 @@ struct device {
     int32_t *pos;      /* (n_tok) */
     int32_t *tok_k;    /* (n_tok) experts per token */
     int32_t *blocks;   /* (max_seqs, blocks_per_seq) block tables of the slice's items */
-    float *logits;     /* (LOGIT_ROWS, vocab), backends with their own memory only */
+    /* backends with their own memory only: */
+    float *logits;     /* (LOGIT_ROWS, vocab) */
+    int32_t *lrows;    /* (LOGIT_ROWS) rows of x that want logits */
+    float *h_logits;   /* host (LOGIT_ROWS, vocab) */
+    int32_t *h_lrows;  /* host (LOGIT_ROWS) */
     int32_t *h_in;     /* host staging: ids, pos, tok_k (3T) */
     int32_t *h_blocks; /* host staging of `blocks` */
 
@@ -88,6 +93,7 @@ struct engine {
     uint64_t generation;
     int running;
     bool quit;
+    bool profile;         /* engine_set_profile */
     struct engine_item *items;
     int n_items;
     int32_t *item_tok0;   /* (max_seqs) flat offset of each item */
@@ -199,12 +205,70 @@ static void ffn_layer(struct device *dv, int l)
             .rank = dv->rank,
             .owner = e->owner,
             .stats = &e->stats,
+            .weight_bytes = be->ops->weight_bytes,
         };
+        bool timed = e->profile && dv->rank == 0;
+        double t0 = 0;
+        if (timed) {
+            be->ops->synchronize(be);
+            t0 = ms_now();
+        }
         moe_forward(&ctx, &dv->moe, dv->h, dv->tok_k, n, dv->tmp);
+        if (timed) {
+            be->ops->synchronize(be);
+            e->stats.moe_s += ms_now() - t0;
+        }
     } else {
         moe_ffn_rows(be, &lw->dense, d, dv->h, n, dv->tmp, dv->moe.gate, dv->moe.up);
     }
     be->ops->add(be, dv->x, dv->tmp, n, d);
+}
+
+/* Backends with their own memory: the rows that want logits are gathered LOGIT_ROWS at a time
+ * (one GEMM for all sequences of the step), downloaded once per chunk and handed out. */
+static void logits_out_staged(struct device *dv)
+{
+    struct engine *e = dv->e;
+    const struct model *m = &dv->w;
+    const struct model_desc *md = &m->desc;
+    struct backend *be = dv->be;
+    int d = md->d_model, V = md->vocab;
+    int it = dv->item0, j = 0; /* next (item, logit row) to hand out */
+    for (;;) {
+        /* Collect up to LOGIT_ROWS rows, remembering where the chunk starts. */
+        int rows = 0, it_start = it, j_start = j;
+        for (int i = it, k = j; i < dv->item1 && rows < LOGIT_ROWS;) {
+            const struct engine_item *item = &e->items[i];
+            if (k >= item->n_logits) {
+                i++;
+                k = 0;
+                continue;
+            }
+            dv->h_lrows[rows++] =
+                e->item_tok0[i] - dv->tok0 + item->n_tokens - item->n_logits + k;
+            k++;
+        }
+        if (rows == 0) return;
+        be->ops->upload(be, dv->lrows, dv->h_lrows, sizeof(int32_t) * (size_t)rows);
+        be->ops->gather_rows(be, dv->h, dv->x, dv->lrows, rows, d);
+        be->ops->rmsnorm(be, dv->h, dv->h, m->norm, rows, d, md->rms_eps);
+        be->ops->matmul(be, dv->logits, dv->h, m->lm_head, NULL, rows, d, V);
+        be->ops->download(be, dv->h_logits, dv->logits, sizeof(float) * (size_t)rows * V);
+        it = it_start;
+        j = j_start;
+        for (int r = 0; r < rows;) {
+            const struct engine_item *item = &e->items[it];
+            if (j >= item->n_logits) {
+                it++;
+                j = 0;
+                continue;
+            }
+            memcpy(item->logits + (size_t)j * V, dv->h_logits + (size_t)r * V,
+                   sizeof(float) * (size_t)V);
+            j++;
+            r++;
+        }
+    }
 }
 
 static void logits_out(struct device *dv)
@@ -213,23 +277,18 @@ static void logits_out(struct device *dv)
     const struct model *m = &dv->w;
     const struct model_desc *md = &m->desc;
     struct backend *be = dv->be;
-    int d = md->d_model, V = md->vocab;
+    int d = md->d_model;
+    if (!be->ops->host_memory) {
+        logits_out_staged(dv);
+        return;
+    }
     for (int it = dv->item0; it < dv->item1; it++) {
         const struct engine_item *item = &e->items[it];
         if (item->n_logits <= 0) continue;
         int first = e->item_tok0[it] - dv->tok0 + item->n_tokens - item->n_logits;
         be->ops->rmsnorm(be, dv->h, dv->x + (size_t)first * d, m->norm, item->n_logits, d,
                          md->rms_eps);
-        if (be->ops->host_memory) {
-            be->ops->matmul(be, item->logits, dv->h, m->lm_head, NULL, item->n_logits, d, V);
-            continue;
-        }
-        for (int r = 0; r < item->n_logits; r += LOGIT_ROWS) {
-            int rows = item->n_logits - r < LOGIT_ROWS ? item->n_logits - r : LOGIT_ROWS;
-            be->ops->matmul(be, dv->logits, dv->h + (size_t)r * d, m->lm_head, NULL, rows, d, V);
-            be->ops->download(be, item->logits + (size_t)r * V, dv->logits,
-                              sizeof(float) * (size_t)rows * V);
-        }
+        be->ops->matmul(be, item->logits, dv->h, m->lm_head, NULL, item->n_logits, d, md->vocab);
     }
 }
 
@@ -486,8 +545,13 @@ static int device_init(struct engine *e, struct device *dv, int rank, int blas_t
     dv->in = dev_alloc(dv, 3 * T * sizeof(int32_t), &ok);
     size_t bt = (size_t)e->p.max_seqs * (size_t)e->blocks_per_seq;
     dv->blocks = dev_alloc(dv, bt * sizeof(int32_t), &ok);
-    if (!be->ops->host_memory)
+    if (!be->ops->host_memory) {
         dv->logits = dev_alloc(dv, (size_t)LOGIT_ROWS * md->vocab * sizeof(float), &ok);
+        dv->lrows = dev_alloc(dv, LOGIT_ROWS * sizeof(int32_t), &ok);
+        dv->h_logits = malloc((size_t)LOGIT_ROWS * md->vocab * sizeof(float));
+        dv->h_lrows = malloc(LOGIT_ROWS * sizeof(int32_t));
+        ok = ok && dv->h_logits && dv->h_lrows;
+    }
     dv->h_in = malloc(3 * T * sizeof(int32_t));
     dv->h_blocks = malloc(bt * sizeof(int32_t));
     if (!ok || !dv->h_in || !dv->h_blocks)
@@ -515,7 +579,8 @@ static void device_release(struct device *dv)
     if (!dv->be) return;
     struct backend *be = dv->be;
     void *bufs[] = {dv->x,  dv->h,      dv->tmp, dv->q,     dv->att,
-                    dv->k,  dv->v,      dv->scores, dv->in, dv->blocks, dv->logits};
+                    dv->k,  dv->v,      dv->scores, dv->in, dv->blocks, dv->logits,
+                    dv->lrows};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->ops->free(be, bufs[i]);
     for (int i = 0; i < dv->n_owned; i++) {
@@ -530,6 +595,8 @@ static void device_release(struct device *dv)
     free(dv->w_ffn);
     free(dv->h_in);
     free(dv->h_blocks);
+    free(dv->h_logits);
+    free(dv->h_lrows);
     moe_scratch_release(&dv->moe, be);
     be->ops->destroy(be);
     dv->be = NULL;
@@ -809,6 +876,11 @@ struct kv_cache *engine_kv(struct engine *e)
 const struct engine_stats *engine_get_stats(const struct engine *e)
 {
     return &e->stats;
+}
+
+void engine_set_profile(struct engine *e, bool on)
+{
+    e->profile = on;
 }
 
 int engine_expert_owner(const struct engine *e, int expert)

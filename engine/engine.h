@@ -71,6 +71,14 @@ struct engine_stats {
     double *dev_expert_flops;   /* (n_devices) */
     double *dev_busy_s;         /* (n_devices) time in expert compute */
     uint64_t *expert_rows;      /* (n_layer, n_expert) */
+    /* MoE layers (benchmarks): calls, experts that had rows, the bytes of their weights as the
+     * backend stores them, and (only while engine_set_profile is on: the backend is
+     * synchronized around each MoE layer) wall time in them. Device 0's layers. */
+    uint64_t moe_calls;
+    uint64_t moe_active_experts;
+    double moe_weight_bytes;
+    double moe_flops;
+    double moe_s;
 };
 
 struct engine;
@@ -92,6 +100,8 @@ const struct model *engine_model(const struct engine *e);
 const struct engine_params *engine_get_params(const struct engine *e);
 struct kv_cache *engine_kv(struct engine *e);
 const struct engine_stats *engine_get_stats(const struct engine *e);
+/* Benchmarks: synchronize around every MoE layer and time it into stats.moe_s (slows steps). */
+void engine_set_profile(struct engine *e, bool on);
 int engine_expert_owner(const struct engine *e, int expert);
 
 #endif

@@ -241,11 +241,18 @@ static void compute_experts(const struct moe_ctx *ctx, struct moe_scratch *s, co
     be->ops->moe_experts(be, ye, xe, d, na, s->h_ex_off, s->h_experts, s->gate, s->up);
     if (!sorted) be->ops->scatter_rows(be, out_rows, ye, perm, n_recv, d);
 
-    double flops = 0.0;
+    double flops = 0.0, bytes = 0.0;
     for (int e = 0; e < E; e++) {
         if (s->expert_count[e] == 0) continue;
         ctx->stats->expert_rows[(size_t)ctx->layer * E + e] += (uint64_t)s->expert_count[e];
         flops += 6.0 * d * md->expert_d_ff[e] * s->expert_count[e];
+        bytes += 3.0 * d * md->expert_d_ff[e] * ctx->weight_bytes;
+    }
+    if (ctx->rank == 0) {
+        ctx->stats->moe_calls++;
+        ctx->stats->moe_active_experts += (uint64_t)na;
+        ctx->stats->moe_weight_bytes += bytes;
+        ctx->stats->moe_flops += flops;
     }
     ctx->stats->dev_routed_rows[ctx->rank] += (uint64_t)n_recv;
     ctx->stats->dev_expert_flops[ctx->rank] += flops;

@@ -47,6 +47,8 @@ struct backend_ops {
     const char *name;
     /* Nonzero when backend memory is host memory (pointers may be read directly). */
     int host_memory;
+    /* Bytes per element of a weight handle's matrix (4: f32, 2: bf16). */
+    int weight_bytes;
     void (*destroy)(struct backend *be);
 
     /* Memory: alloc returns NULL on failure; upload/download copy host <-> backend memory

@@ -31,7 +31,8 @@ static void generate_usage(FILE *f)
             "      --min-p P            drop tokens below P x the top probability (default 0)\n"
             "      --repetition-penalty R  (default 1 = off)\n"
             "      --seed S             sampling seed (same seed, same output)\n"
-            "      --devices N          CPU virtual devices the experts are spread over (default 1)\n"
+            "      --device cpu|cuda    compute backend: cpu (f32 reference) or cuda (GPU, bf16)\n"
+            "      --devices N          devices the experts are spread over (default 1)\n"
             "      --moe-top-k K        experts per token, at most the model's (default: model)\n"
             "      --max-batch-tokens N prefill chunk size (default 512)\n"
             "      --ignore-eos         keep generating past the end-of-sequence token\n"
@@ -72,6 +73,7 @@ struct gen_opts {
     const char *prompt;
     int n;
     int devices;
+    enum engine_backend backend;
     int moe_top_k;
     int max_batch;
     bool ignore_eos;
@@ -83,7 +85,7 @@ static int parse_args(int argc, char **argv, struct gen_opts *o)
 {
     enum {
         OPT_TEMP = 256, OPT_TOPP, OPT_TOPK, OPT_MINP, OPT_REP, OPT_SEED, OPT_DEV, OPT_MOEK,
-        OPT_BATCH, OPT_IGNORE_EOS, OPT_NO_SPECIAL,
+        OPT_BATCH, OPT_IGNORE_EOS, OPT_NO_SPECIAL, OPT_DEVICE,
     };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},
@@ -96,6 +98,7 @@ static int parse_args(int argc, char **argv, struct gen_opts *o)
         {"repetition-penalty", required_argument, 0, OPT_REP},
         {"seed", required_argument, 0, OPT_SEED},
         {"devices", required_argument, 0, OPT_DEV},
+        {"device", required_argument, 0, OPT_DEVICE},
         {"moe-top-k", required_argument, 0, OPT_MOEK},
         {"max-batch-tokens", required_argument, 0, OPT_BATCH},
         {"ignore-eos", no_argument, 0, OPT_IGNORE_EOS},
@@ -132,6 +135,13 @@ static int parse_args(int argc, char **argv, struct gen_opts *o)
             o->sp.has_seed = true;
             break;
         case OPT_DEV: rc = parse_int("--devices", optarg, 1, 64, &o->devices); break;
+        case OPT_DEVICE:
+            if (engine_backend_parse(optarg, &o->backend) != 0) {
+                fprintf(stderr, "moeserve generate: --device must be cpu or cuda, got '%s'\n",
+                        optarg);
+                rc = -1;
+            }
+            break;
         case OPT_MOEK: rc = parse_int("--moe-top-k", optarg, 1, 512, &o->moe_top_k); break;
         case OPT_BATCH: rc = parse_int("--max-batch-tokens", optarg, 1, 1 << 20, &o->max_batch); break;
         case OPT_IGNORE_EOS: o->ignore_eos = true; break;
@@ -217,6 +227,7 @@ int cli_generate(int argc, char **argv)
     struct engine_params ep;
     engine_params_default(&ep);
     ep.n_devices = o.devices;
+    ep.backend = o.backend;
     ep.max_seqs = 1;
     ep.max_batch_tokens = o.max_batch;
     int need = n_prompt + o.n;

@@ -29,7 +29,7 @@
 enum opt_type { OPT_STR, OPT_INT, OPT_BYTES, OPT_BOOL };
 
 struct serve_opts {
-    const char *model, *host, *api_key, *served_name, *chat_template, *log_format;
+    const char *model, *host, *api_key, *served_name, *chat_template, *log_format, *device;
     long port, max_num_seqs, max_batched, max_model_len, devices, max_waiting, grace_s;
     long kv_bytes;
     long prefix_caching;
@@ -62,8 +62,10 @@ static const struct opt_def opt_defs[] = {
      "positions per sequence (default: min(model, 4096))"},
     {"kv-cache-memory", "MOESERVE_KV_CACHE_MEMORY", OPT_BYTES, OFF(kv_bytes), 0, 0,
      "KV cache size, e.g. 512M or 4G (default: room for max-num-seqs full sequences)"},
+    {"device", "MOESERVE_DEVICE", OPT_STR, OFF(device), 0, 0,
+     "cpu (f32 reference) or cuda (NVIDIA GPU, bf16 weights) (cpu)"},
     {"devices", "MOESERVE_DEVICES", OPT_INT, OFF(devices), 1, 64,
-     "CPU virtual devices the experts are spread over (1)"},
+     "devices the experts are spread over: CPU virtual devices, or GPUs (1)"},
     {"chat-template", "MOESERVE_CHAT_TEMPLATE", OPT_STR, OFF(chat_template), 0, 0,
      "Jinja chat template file overriding tokenizer_config.json's"},
     {"log-format", "MOESERVE_LOG_FORMAT", OPT_STR, OFF(log_format), 0, 0, "text or json (text)"},
@@ -157,6 +159,7 @@ static int parse_opts(int argc, char **argv, struct serve_opts *o)
     o->max_num_seqs = 64;
     o->max_batched = 512;
     o->devices = 1;
+    o->device = "cpu";
     o->log_format = "text";
     o->max_waiting = 1024;
     o->grace_s = 30;
@@ -316,6 +319,10 @@ int cli_serve(int argc, char **argv)
     struct engine_params ep;
     engine_params_default(&ep);
     ep.n_devices = (int)o.devices;
+    if (engine_backend_parse(o.device, &ep.backend) != 0) {
+        slog("error", "--device must be cpu or cuda, got '%s'", o.device);
+        goto out;
+    }
     ep.max_seqs = (int)o.max_num_seqs;
     ep.max_batch_tokens = (int)o.max_batched;
     ep.max_model_len = (int)o.max_model_len;
@@ -337,8 +344,9 @@ int cli_serve(int argc, char **argv)
     http_set_ready(h, m, s, engine_get_params(e)->max_model_len);
     struct sched_stats st;
     sched_get_stats(s, &st);
-    slog("info", "ready: model %s, %d KV blocks, max_model_len %d, %d device(s)", name,
-         st.kv_blocks_total, engine_get_params(e)->max_model_len, (int)o.devices);
+    slog("info", "ready: model %s, %d KV blocks, max_model_len %d, %d %s device(s)", name,
+         st.kv_blocks_total, engine_get_params(e)->max_model_len, (int)o.devices,
+         engine_backend_name(ep.backend));
 
     int sig = 0;
     sigwait(&sigs, &sig);

@@ -12,7 +12,8 @@
  * Without a GPU (or a build without the CUDA backend) it prints why and exits 77 (skip).
  * `test_forward_gpu <tests-dir> --cpu-self-check` runs the harness with a second CPU engine in
  * place of the GPU, one that takes the engine's device-memory path (uploads, downloads, logits
- * in chunks: ENGINE_BACKEND_CPU_STAGED), on any machine: every error must then be 0. */
+ * in chunks: ENGINE_BACKEND_CPU_STAGED), on any machine: every error must then be at f32
+ * rounding. */
 #include <math.h>
 
 #include "common.h"
@@ -179,8 +180,10 @@ static void check_model(const char *tests, const char *name)
     CHECKF(r.agree == r.clear, "%s: GPU top token differs at %d of %d clear positions", name,
            r.clear - r.agree, r.clear);
     CHECKF(r.clear > 0, "%s: no position with a clear margin to compare", name);
+    /* Same f32 arithmetic, except that the staged path computes a step's logits in one GEMM
+     * (the CPU path one per sequence), which BLAS may round differently. */
     if (dut_backend == ENGINE_BACKEND_CPU_STAGED)
-        CHECKF(r.worst_prefill == 0.0 && r.worst_decode == 0.0,
+        CHECKF(r.worst_prefill <= 1e-5 && r.worst_decode <= 1e-5,
                "%s: the staged CPU engine differs from the CPU engine", name);
 
 out:

@@ -266,6 +266,7 @@ static void cpu_attention(struct backend *be, float *out, const float *q, const 
 static const struct backend_ops cpu_ops = {
     .name = "cpu",
     .host_memory = 1,
+    .weight_bytes = 4,
     .destroy = cpu_destroy,
     .alloc = cpu_alloc,
     .free = cpu_free,

@@ -490,6 +490,7 @@ static_assert(sizeof(struct backend_ops) == 26 * sizeof(void *),
 static const struct backend_ops cuda_ops = {
     /* .name */ "cuda",
     /* .host_memory */ 0,
+    /* .weight_bytes */ 2,
     /* .destroy */ cb_destroy,
     /* .alloc */ cb_alloc,
     /* .free */ cb_free,

@@ -249,7 +249,7 @@ int main(int argc, char **argv)
 #ifdef MOESERVE_HAVE_CUDA
         if (cuda_floor_hbm(0, (size_t)2 << 30, 10, &bw, err, sizeof err) != 0 ||
             cuda_floor_bf16_gemm(0, 8192, 8192, 8192, 10, &flops_rate, err, sizeof err) != 0) {
-            fprintf(stderr, "bench_decode: floors: %s\n", err);
+            fprintf(stderr, "bench_decode: %s\n", err);
             bw = flops_rate = 0;
         }
         bw *= 1e9;

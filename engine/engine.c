@@ -56,17 +56,18 @@ struct device {
     float *att;        /* (T, n_head*head_dim) */
     float *tmp;        /* (T, d_model) */
     float *scores;     /* (max_model_len) attention scratch */
-    int32_t *in;       /* (3T) this step's ids, positions and expert budgets: */
+    int32_t *in;       /* (4T) this step's ids, positions, expert budgets, sequences: */
     int32_t *ids;      /* (n_tok) within `in` */
     int32_t *pos;      /* (n_tok) */
     int32_t *tok_k;    /* (n_tok) experts per token */
+    int32_t *tok_seq;  /* (n_tok) the token's item, counted from item0 (its row of `blocks`) */
     int32_t *blocks;   /* (max_seqs, blocks_per_seq) block tables of the slice's items */
     /* backends with their own memory only: */
     float *logits;     /* (LOGIT_ROWS, vocab) */
     int32_t *lrows;    /* (LOGIT_ROWS) rows of x that want logits */
     float *h_logits;   /* host (LOGIT_ROWS, vocab) */
     int32_t *h_lrows;  /* host (LOGIT_ROWS) */
-    int32_t *h_in;     /* host staging: ids, pos, tok_k (3T) */
+    int32_t *h_in;     /* host staging of `in` (4T) */
     int32_t *h_blocks; /* host staging of `blocks` */
 
     struct moe_scratch moe;
@@ -171,18 +172,13 @@ static void attention_layer(struct device *dv, int l)
     be->ops->rope(be, dv->q, dv->pos, n, md->n_head, hd, dv->cos_sin);
     be->ops->rope(be, dv->k, dv->pos, n, md->n_kv_head, hd, dv->cos_sin);
 
-    for (int it = dv->item0; it < dv->item1; it++) {
-        const struct engine_item *item = &e->items[it];
-        int off = e->item_tok0[it] - dv->tok0;
-        const int32_t *bt = dv->blocks + (size_t)(it - dv->item0) * e->blocks_per_seq;
-        be->ops->kv_write(be, e->kv.k[l], e->kv.v[l], dv->k + (size_t)off * kvdim,
-                          dv->v + (size_t)off * kvdim, bt, e->kv.block_size, item->pos,
-                          item->n_tokens, kvdim);
-        be->ops->attention(be, dv->att + (size_t)off * qdim, dv->q + (size_t)off * qdim,
-                           e->kv.k[l], e->kv.v[l], bt, e->kv.block_size, item->pos,
-                           item->n_tokens, md->n_head, md->n_kv_head, hd, md->sliding_window,
-                           e->attn_scale, dv->scores);
-    }
+    /* Every sequence of the slice in one call: each token names its sequence's block table. */
+    struct be_tokens tk = {.tables = dv->blocks, .table_stride = e->blocks_per_seq,
+                           .seq = dv->tok_seq, .pos = dv->pos};
+    be->ops->kv_write(be, e->kv.k[l], e->kv.v[l], dv->k, dv->v, &tk, e->kv.block_size, n, kvdim);
+    be->ops->attention(be, dv->att, dv->q, e->kv.k[l], e->kv.v[l], &tk, e->kv.block_size, n,
+                       md->n_head, md->n_kv_head, hd, md->sliding_window, e->attn_scale,
+                       dv->scores);
     be->ops->matmul(be, dv->tmp, dv->att, lw->wo, NULL, n, qdim, d);
     be->ops->add(be, dv->x, dv->tmp, n, d);
 }
@@ -300,7 +296,7 @@ static void device_forward(struct device *dv)
 
     /* Flatten this device's items into ids/positions/expert budgets and block tables, staged on
      * the host and uploaded together. */
-    int32_t *ids = dv->h_in, *pos = ids + n, *tok_k = pos + n;
+    int32_t *ids = dv->h_in, *pos = ids + n, *tok_k = pos + n, *tok_seq = tok_k + n;
     int t = 0;
     for (int it = dv->item0; it < dv->item1; it++) {
         const struct engine_item *item = &e->items[it];
@@ -309,16 +305,18 @@ static void device_forward(struct device *dv)
             ids[t] = item->tokens[i];
             pos[t] = item->pos + i;
             tok_k[t] = k;
+            tok_seq[t] = it - dv->item0;
         }
         int nb = (item->pos + item->n_tokens + e->kv.block_size - 1) / e->kv.block_size;
         memcpy(dv->h_blocks + (size_t)(it - dv->item0) * e->blocks_per_seq, item->kv->blocks,
                sizeof(int32_t) * (size_t)nb);
     }
     struct backend *be = dv->be;
-    be->ops->upload(be, dv->in, ids, sizeof(int32_t) * 3 * (size_t)n);
+    be->ops->upload(be, dv->in, ids, sizeof(int32_t) * 4 * (size_t)n);
     dv->ids = dv->in;
     dv->pos = dv->in + n;
     dv->tok_k = dv->in + 2 * (size_t)n;
+    dv->tok_seq = dv->in + 3 * (size_t)n;
     be->ops->upload(be, dv->blocks, dv->h_blocks,
                     sizeof(int32_t) * (size_t)(dv->item1 - dv->item0) * e->blocks_per_seq);
     be->ops->embed(be, dv->x, dv->w.embed, dv->ids, n, md->d_model);
@@ -542,7 +540,7 @@ static int device_init(struct engine *e, struct device *dv, int rank, int blas_t
     dv->k = dev_alloc(dv, T * kvdim * sizeof(float), &ok);
     dv->v = dev_alloc(dv, T * kvdim * sizeof(float), &ok);
     dv->scores = dev_alloc(dv, (size_t)e->p.max_model_len * sizeof(float), &ok);
-    dv->in = dev_alloc(dv, 3 * T * sizeof(int32_t), &ok);
+    dv->in = dev_alloc(dv, 4 * T * sizeof(int32_t), &ok);
     size_t bt = (size_t)e->p.max_seqs * (size_t)e->blocks_per_seq;
     dv->blocks = dev_alloc(dv, bt * sizeof(int32_t), &ok);
     if (!be->ops->host_memory) {
@@ -552,7 +550,7 @@ static int device_init(struct engine *e, struct device *dv, int rank, int blas_t
         dv->h_lrows = malloc(LOGIT_ROWS * sizeof(int32_t));
         ok = ok && dv->h_logits && dv->h_lrows;
     }
-    dv->h_in = malloc(3 * T * sizeof(int32_t));
+    dv->h_in = malloc(4 * T * sizeof(int32_t));
     dv->h_blocks = malloc(bt * sizeof(int32_t));
     if (!ok || !dv->h_in || !dv->h_blocks)
         return ms_errf(err, errlen, "out of memory for device %d scratch buffers", rank);

@@ -43,6 +43,18 @@ struct be_expert {
     const void *down; /* (d, d_ff) */
 };
 
+/* The tokens of a paged-attention call (HOST struct of backend pointers): token i belongs to the
+ * sequence whose block table (logical -> physical KV block) starts at
+ * tables + seq[i] * table_stride, and sits at position pos[i]. seq NULL: every token uses
+ * `tables`; pos NULL: token i is at position pos0 + i (a run of one sequence). */
+struct be_tokens {
+    const int32_t *tables;
+    int table_stride;
+    const int32_t *seq;
+    const int32_t *pos;
+    int pos0;
+};
+
 struct backend_ops {
     const char *name;
     /* Nonzero when backend memory is host memory (pointers may be read directly). */
@@ -116,21 +128,19 @@ struct backend_ops {
     void (*moe_experts)(struct backend *be, float *y, const float *x, int d, int n_experts,
                         const int *off, const struct be_expert *experts, float *gate, float *up);
 
-    /* Paged causal attention for a run of n tokens of ONE sequence at positions pos0..pos0+n-1,
-     * whose keys/values for positions [0, pos0+n) are already in the cache.
+    /* Paged causal attention for n tokens (of one or several sequences; see be_tokens) whose
+     * keys/values for positions [0, pos] are already in the cache.
      * q (n, n_head, head_dim) -> out (n, n_head, head_dim).
-     * k_cache/v_cache: (n_blocks, block_size, n_kv_head, head_dim) for this layer;
-     * block_table (ceil((pos0+n)/block_size)) maps logical to physical blocks.
+     * k_cache/v_cache: (n_blocks, block_size, n_kv_head, head_dim) for this layer.
      * window > 0 limits attention to the last `window` positions (sliding window).
-     * scratch: at least (pos0 + n) floats. */
+     * scratch: at least (max position + 1) floats. */
     void (*attention)(struct backend *be, float *out, const float *q, const float *k_cache,
-                      const float *v_cache, const int32_t *block_table, int block_size, int pos0,
-                      int n, int n_head, int n_kv_head, int head_dim, int window, float scale,
+                      const float *v_cache, const struct be_tokens *tk, int block_size, int n,
+                      int n_head, int n_kv_head, int head_dim, int window, float scale,
                       float *scratch);
-    /* Writes k/v rows (n, n_kv_head*head_dim) of one sequence at positions pos0.. into the cache. */
+    /* Writes k/v rows (n, row) of n tokens (see be_tokens) at their positions into the cache. */
     void (*kv_write)(struct backend *be, float *k_cache, float *v_cache, const float *k,
-                     const float *v, const int32_t *block_table, int block_size, int pos0, int n,
-                     int row);
+                     const float *v, const struct be_tokens *tk, int block_size, int n, int row);
 };
 
 struct backend {

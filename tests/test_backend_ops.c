@@ -507,8 +507,9 @@ static void check_kv_write(struct ops_ctx *t, int block_size, int n_kv_head, int
     BOTH(ops_rand(t, cache_n, -1, 1), sizeof(float) * cache_n, rkc, dkc);
     BOTH(ops_rand(t, cache_n, -1, 1), sizeof(float) * cache_n, rvc, dvc);
     BOTH(bt, sizeof(int32_t) * n_blocks, rb, db);
-    RUN2(t->ref->ops->kv_write(t->ref, rkc, rvc, rk, rv, rb, block_size, pos0, n, row),
-         t->dut->ops->kv_write(t->dut, dkc, dvc, dk, dv, db, block_size, pos0, n, row));
+    struct be_tokens rt = {.tables = rb, .pos0 = pos0}, dt = {.tables = db, .pos0 = pos0};
+    RUN2(t->ref->ops->kv_write(t->ref, rkc, rvc, rk, rv, &rt, block_size, n, row),
+         t->dut->ops->kv_write(t->dut, dkc, dvc, dk, dv, &dt, block_size, n, row));
     ops_compare(t, "kv_write (k)", shape, rkc, dkc, cache_n);
     ops_compare(t, "kv_write (v)", shape, rvc, dvc, cache_n);
     ops_release(t);
@@ -532,11 +533,70 @@ static void check_attention(struct ops_ctx *t, int pos0, int n, int n_head, int 
     BOTH(bt, sizeof(int32_t) * n_blocks, rb, db);
     BOTH(NULL, sizeof(float) * qn, ro, dout);
     BOTH(NULL, sizeof(float) * (pos0 + n), rsc, dsc);
-    RUN2(t->ref->ops->attention(t->ref, ro, rq, rkc, rvc, rb, block_size, pos0, n, n_head,
-                                n_kv_head, head_dim, window, scale, rsc),
-         t->dut->ops->attention(t->dut, dout, dq, dkc, dvc, db, block_size, pos0, n, n_head,
+    struct be_tokens rt = {.tables = rb, .pos0 = pos0}, dt = {.tables = db, .pos0 = pos0};
+    RUN2(t->ref->ops->attention(t->ref, ro, rq, rkc, rvc, &rt, block_size, n, n_head, n_kv_head,
+                                head_dim, window, scale, rsc),
+         t->dut->ops->attention(t->dut, dout, dq, dkc, dvc, &dt, block_size, n, n_head,
                                 n_kv_head, head_dim, window, scale, dsc));
     ops_compare(t, "attention", shape, ro, dout, qn);
+    ops_release(t);
+}
+
+/* A whole step in one call: n_seq sequences, each a prefill chunk or one decode token at its own
+ * position, with block tables in one (n_seq, stride) array; kv_write then attention, as the
+ * engine runs them. */
+static void check_attention_batch(struct ops_ctx *t, int n_seq, int n_head, int n_kv_head,
+                                  int head_dim, int block_size)
+{
+    char shape[64];
+    snprintf(shape, sizeof shape, "seqs=%d h=%d/%d hd=%d bs=%d", n_seq, n_head, n_kv_head, head_dim,
+             block_size);
+    enum { MAX_LEN = 96 };
+    int row = n_kv_head * head_dim, stride = (MAX_LEN + block_size - 1) / block_size;
+    int n_blocks = n_seq * stride;
+    int32_t *tables = ops_host(t, sizeof(int32_t) * n_blocks);
+    int32_t *seq = ops_host(t, sizeof(int32_t) * n_seq * 8), *pos = ops_host(t, sizeof(int32_t) * n_seq * 8);
+    int n = 0;
+    if (tables && seq && pos) {
+        /* Physical blocks shuffled across all sequences. */
+        for (int i = 0; i < n_blocks; i++) tables[i] = i;
+        for (int i = n_blocks - 1; i > 0; i--) {
+            int j = ops_int(t, 0, i + 1);
+            int32_t tmp = tables[i];
+            tables[i] = tables[j];
+            tables[j] = tmp;
+        }
+        for (int s = 0; s < n_seq; s++) {
+            int run = s % 3 == 0 ? ops_int(t, 2, 8) : 1; /* some prefill chunks */
+            int p0 = ops_int(t, 0, MAX_LEN - run);
+            for (int i = 0; i < run; i++, n++) {
+                seq[n] = s;
+                pos[n] = p0 + i;
+            }
+        }
+    }
+    size_t cache_n = (size_t)n_blocks * block_size * row, qn = (size_t)n * n_head * head_dim;
+    float *rq, *dq, *rk, *dk, *rv, *dv, *rkc, *dkc, *rvc, *dvc, *ro, *dout, *rsc, *dsc;
+    int32_t *rtb, *dtb, *rs, *ds, *rp, *dp;
+    BOTH(ops_rand(t, qn, -1, 1), sizeof(float) * qn, rq, dq);
+    BOTH(ops_rand(t, (size_t)n * row, -1, 1), sizeof(float) * n * row, rk, dk);
+    BOTH(ops_rand(t, (size_t)n * row, -1, 1), sizeof(float) * n * row, rv, dv);
+    BOTH(ops_rand(t, cache_n, -1, 1), sizeof(float) * cache_n, rkc, dkc);
+    BOTH(ops_rand(t, cache_n, -1, 1), sizeof(float) * cache_n, rvc, dvc);
+    BOTH(tables, sizeof(int32_t) * n_blocks, rtb, dtb);
+    BOTH(seq, sizeof(int32_t) * n, rs, ds);
+    BOTH(pos, sizeof(int32_t) * n, rp, dp);
+    BOTH(NULL, sizeof(float) * qn, ro, dout);
+    BOTH(NULL, sizeof(float) * MAX_LEN, rsc, dsc);
+    struct be_tokens rt = {rtb, stride, rs, rp, 0}, dt = {dtb, stride, ds, dp, 0};
+    RUN2(t->ref->ops->kv_write(t->ref, rkc, rvc, rk, rv, &rt, block_size, n, row),
+         t->dut->ops->kv_write(t->dut, dkc, dvc, dk, dv, &dt, block_size, n, row));
+    RUN2(t->ref->ops->attention(t->ref, ro, rq, rkc, rvc, &rt, block_size, n, n_head, n_kv_head,
+                                head_dim, 0, 0.125f, rsc),
+         t->dut->ops->attention(t->dut, dout, dq, dkc, dvc, &dt, block_size, n, n_head,
+                                n_kv_head, head_dim, 0, 0.125f, dsc));
+    ops_compare(t, "kv_write (batch)", shape, rkc, dkc, cache_n);
+    ops_compare(t, "attention (batch)", shape, ro, dout, qn);
     ops_release(t);
 }
 
@@ -569,6 +629,8 @@ static void check_all_ops(struct ops_ctx *t)
     check_attention(t, 50, 12, 6, 2, 96, 16, 20, 0.1f);    /* prefill chunk, window */
     check_attention(t, 3000, 2, 4, 1, 128, 32, 0, 1.0f);   /* 3 score chunks, MQA */
     check_attention(t, 2500, 1, 2, 2, 64, 16, 1500, 0.5f); /* long window */
+    check_attention_batch(t, 7, 4, 2, 64, 16);
+    check_attention_batch(t, 40, 8, 1, 128, 8);
 }
 
 #ifdef MOESERVE_HAVE_NCCL

@@ -203,6 +203,17 @@ static void cpu_moe_experts(struct backend *be, float *y, const float *x, int d,
     }
 }
 
+/* Token i's block table and position (see struct be_tokens). */
+static inline const int32_t *tok_table(const struct be_tokens *tk, int i)
+{
+    return tk->seq ? tk->tables + (size_t)tk->seq[i] * tk->table_stride : tk->tables;
+}
+
+static inline int tok_pos(const struct be_tokens *tk, int i)
+{
+    return tk->pos ? tk->pos[i] : tk->pos0 + i;
+}
+
 static inline const float *cache_row(const float *cache, const int32_t *block_table,
                                      int block_size, int pos, size_t row)
 {
@@ -210,27 +221,28 @@ static inline const float *cache_row(const float *cache, const int32_t *block_ta
 }
 
 static void cpu_kv_write(struct backend *be, float *k_cache, float *v_cache, const float *k,
-                         const float *v, const int32_t *block_table, int block_size, int pos0,
-                         int n, int row)
+                         const float *v, const struct be_tokens *tk, int block_size, int n,
+                         int row)
 {
     for (int i = 0; i < n; i++) {
-        size_t off = ((size_t)block_table[(pos0 + i) / block_size] * block_size +
-                      (pos0 + i) % block_size) *
-                     row;
+        const int32_t *bt = tok_table(tk, i);
+        int p = tok_pos(tk, i);
+        size_t off = ((size_t)bt[p / block_size] * block_size + p % block_size) * row;
         memcpy(k_cache + off, k + (size_t)i * row, sizeof(float) * row);
         memcpy(v_cache + off, v + (size_t)i * row, sizeof(float) * row);
     }
 }
 
 static void cpu_attention(struct backend *be, float *out, const float *q, const float *k_cache,
-                          const float *v_cache, const int32_t *block_table, int block_size,
-                          int pos0, int n, int n_head, int n_kv_head, int head_dim, int window,
-                          float scale, float *scratch)
+                          const float *v_cache, const struct be_tokens *tk, int block_size, int n,
+                          int n_head, int n_kv_head, int head_dim, int window, float scale,
+                          float *scratch)
 {
     size_t row = (size_t)n_kv_head * head_dim;
     int group = n_head / n_kv_head;
     for (int i = 0; i < n; i++) {
-        int pos = pos0 + i;
+        const int32_t *block_table = tok_table(tk, i);
+        int pos = tok_pos(tk, i);
         int start = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
         for (int h = 0; h < n_head; h++) {
             const float *qh = q + ((size_t)i * n_head + h) * head_dim;

@@ -1,5 +1,6 @@
-/* Paged causal attention of the CUDA backend, for a run of n tokens of one sequence (a prefill
- * chunk, or n = 1 for decode). One block per (token, head). The context [start, pos] is walked
+/* Paged causal attention of the CUDA backend, for n tokens of one or several sequences (prefill
+ * chunks and decode tokens of a whole step in one launch; struct be_tokens says where each
+ * token's block table and position are). One block per (token, head). The context [start, pos] is walked
  * in chunks of AT_CHUNK positions with an online softmax: a chunk's scores go to shared memory
  * (one warp per key row, lanes across head_dim, so each key row is read coalesced), the running
  * maximum and sum are rescaled when a chunk raises the maximum, and each thread accumulates
@@ -19,8 +20,8 @@
  * grid = n * n_head; dynamic shared memory = (head_dim + AT_CHUNK) floats. */
 static __global__ void __launch_bounds__(AT_THREADS)
     at_attention_kernel(float *out, const float *q, const float *k_cache, const float *v_cache,
-                        const int32_t *block_table, int block_size, int pos0, int n_head,
-                        int n_kv_head, int head_dim, int window, float scale)
+                        struct be_tokens tk, int block_size, int n_head, int n_kv_head,
+                        int head_dim, int window, float scale)
 {
     extern __shared__ float at_smem[];
     __shared__ float red[32];
@@ -29,7 +30,9 @@ static __global__ void __launch_bounds__(AT_THREADS)
 
     int i = blockIdx.x / n_head;
     int h = blockIdx.x % n_head;
-    int pos = pos0 + i;
+    int pos = tk.pos ? tk.pos[i] : tk.pos0 + i;
+    const int32_t *block_table =
+        tk.seq ? tk.tables + (size_t)tk.seq[i] * (size_t)tk.table_stride : tk.tables;
     int start = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
     int kvh = h / (n_head / n_kv_head);
     size_t row = (size_t)n_kv_head * (size_t)head_dim;
@@ -111,18 +114,18 @@ static __global__ void __launch_bounds__(AT_THREADS)
 }
 
 int cuk_attention(cudaStream_t st, float *out, const float *q, const float *k_cache,
-                  const float *v_cache, const int32_t *block_table, int block_size, int pos0, int n,
+                  const float *v_cache, const struct be_tokens *tk, int block_size, int n,
                   int n_head, int n_kv_head, int head_dim, int window, float scale, char *err,
                   size_t errlen)
 {
     if (n <= 0 || n_head <= 0) return 0;
     if (head_dim <= 0 || head_dim > CUK_ATTN_MAX_HEAD_DIM || n_kv_head <= 0 ||
-        n_head % n_kv_head != 0 || block_size <= 0 || pos0 < 0) {
+        n_head % n_kv_head != 0 || block_size <= 0 || tk->pos0 < 0) {
         if (err && errlen)
             snprintf(err, errlen,
                      "attention: unsupported shape (head_dim %d, max %d; n_head %d, n_kv_head %d; "
                      "block_size %d; pos0 %d)",
-                     head_dim, CUK_ATTN_MAX_HEAD_DIM, n_head, n_kv_head, block_size, pos0);
+                     head_dim, CUK_ATTN_MAX_HEAD_DIM, n_head, n_kv_head, block_size, tk->pos0);
         return -1;
     }
     size_t blocks = (size_t)n * (size_t)n_head;
@@ -132,7 +135,6 @@ int cuk_attention(cudaStream_t st, float *out, const float *q, const float *k_ca
     }
     size_t smem = sizeof(float) * ((size_t)head_dim + AT_CHUNK);
     at_attention_kernel<<<(unsigned)blocks, AT_THREADS, smem, st>>>(
-        out, q, k_cache, v_cache, block_table, block_size, pos0, n_head, n_kv_head, head_dim,
-        window, scale);
+        out, q, k_cache, v_cache, *tk, block_size, n_head, n_kv_head, head_dim, window, scale);
     return CUDA_LAUNCH_CHECK("at_attention_kernel", err, errlen);
 }

@@ -457,20 +457,19 @@ static void cb_add_scaled_rows(struct backend *be, float *y, const float *x, con
 }
 
 static void cb_attention(struct backend *be, float *out, const float *q, const float *k_cache,
-                         const float *v_cache, const int32_t *block_table, int block_size, int pos0,
-                         int n, int n_head, int n_kv_head, int head_dim, int window, float scale,
+                         const float *v_cache, const struct be_tokens *tk, int block_size, int n,
+                         int n_head, int n_kv_head, int head_dim, int window, float scale,
                          float *scratch)
 {
     struct cuda_backend *b = cb_of(be);
     (void)scratch; /* scores live in each block's shared memory */
     if (cb_enter(b) < 0) return;
-    cb_note(b, cuk_attention(b->stream, out, q, k_cache, v_cache, block_table, block_size, pos0, n,
-                             n_head, n_kv_head, head_dim, window, scale, CB_ERR(b)));
+    cb_note(b, cuk_attention(b->stream, out, q, k_cache, v_cache, tk, block_size, n, n_head,
+                             n_kv_head, head_dim, window, scale, CB_ERR(b)));
 }
 
 static void cb_kv_write(struct backend *be, float *k_cache, float *v_cache, const float *k,
-                        const float *v, const int32_t *block_table, int block_size, int pos0, int n,
-                        int row)
+                        const float *v, const struct be_tokens *tk, int block_size, int n, int row)
 {
     struct cuda_backend *b = cb_of(be);
     if (cb_enter(b) < 0) return;
@@ -479,8 +478,7 @@ static void cb_kv_write(struct backend *be, float *k_cache, float *v_cache, cons
         cb_note(b, -1);
         return;
     }
-    cb_note(b, cuk_kv_write(b->stream, k_cache, v_cache, k, v, block_table, block_size, pos0, n,
-                            row, CB_ERR(b)));
+    cb_note(b, cuk_kv_write(b->stream, k_cache, v_cache, k, v, tk, block_size, n, row, CB_ERR(b)));
 }
 
 /* Positional (C++17 has no designated initializers): this catches a field added to the table. */

@@ -10,6 +10,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "backend.h"
+
 /* Blocks for a grid-stride loop over `total` items, `threads` per block: enough to fill any
  * current GPU, capped so the count fits gridDim.x. */
 static inline unsigned cuk_blocks(size_t total, int threads)
@@ -76,7 +78,7 @@ int cuk_scatter_rows(cudaStream_t st, float *dst, const float *src, const int32_
 int cuk_moe_combine(cudaStream_t st, float *out, const float *rows, const int32_t *idx,
                     const float *w, int n, int k, int d, char *err, size_t errlen);
 int cuk_kv_write(cudaStream_t st, float *k_cache, float *v_cache, const float *k, const float *v,
-                 const int32_t *block_table, int block_size, int pos0, int n, int row, char *err,
+                 const struct be_tokens *tk, int block_size, int n, int row, char *err,
                  size_t errlen);
 
 /* bf16_route.cu. dst of cuk_to_bf16 and the embedding table are bf16 (__nv_bfloat16) arrays. */
@@ -91,7 +93,7 @@ int cuk_route(cudaStream_t st, int32_t *idx, float *w, const float *logits, cons
 /* attention.cu; head_dim <= CUK_ATTN_MAX_HEAD_DIM. */
 #define CUK_ATTN_MAX_HEAD_DIM 512
 int cuk_attention(cudaStream_t st, float *out, const float *q, const float *k_cache,
-                  const float *v_cache, const int32_t *block_table, int block_size, int pos0, int n,
+                  const float *v_cache, const struct be_tokens *tk, int block_size, int n,
                   int n_head, int n_kv_head, int head_dim, int window, float scale, char *err,
                   size_t errlen);
 

@@ -46,14 +46,16 @@ static __global__ void rw_moe_combine_kernel(float *out, const float *rows, cons
     }
 }
 
-/* Rows (n, row) of k and v to positions pos0.. of the paged caches
+/* Rows (n, row) of k and v to the tokens' positions (struct be_tokens) in the paged caches
  * (n_blocks, block_size, row); grid = n. */
 static __global__ void rw_kv_write_kernel(float *k_cache, float *v_cache, const float *k,
-                                          const float *v, const int32_t *block_table,
-                                          int block_size, int pos0, int row)
+                                          const float *v, struct be_tokens tk, int block_size,
+                                          int row)
 {
     int i = blockIdx.x;
-    int p = pos0 + i;
+    int p = tk.pos ? tk.pos[i] : tk.pos0 + i;
+    const int32_t *block_table =
+        tk.seq ? tk.tables + (size_t)tk.seq[i] * (size_t)tk.table_stride : tk.tables;
     size_t off =
         ((size_t)block_table[p / block_size] * (size_t)block_size + (size_t)(p % block_size)) *
         (size_t)row;
@@ -90,11 +92,11 @@ int cuk_moe_combine(cudaStream_t st, float *out, const float *rows, const int32_
 }
 
 int cuk_kv_write(cudaStream_t st, float *k_cache, float *v_cache, const float *k, const float *v,
-                 const int32_t *block_table, int block_size, int pos0, int n, int row, char *err,
+                 const struct be_tokens *tk, int block_size, int n, int row, char *err,
                  size_t errlen)
 {
     if (n <= 0 || row <= 0) return 0;
-    rw_kv_write_kernel<<<(unsigned)n, RW_THREADS, 0, st>>>(k_cache, v_cache, k, v, block_table,
-                                                           block_size, pos0, row);
+    rw_kv_write_kernel<<<(unsigned)n, RW_THREADS, 0, st>>>(k_cache, v_cache, k, v, *tk,
+                                                           block_size, row);
     return CUDA_LAUNCH_CHECK("rw_kv_write_kernel", err, errlen);
 }

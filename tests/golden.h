@@ -72,11 +72,14 @@ static inline int golden_load_prompts(const struct st_archive *ref, struct golde
     return n;
 }
 
-/* An engine with small KV blocks (so sequences span several) for up to 8 sequences. */
-static inline struct engine *golden_engine(const struct model *m, int devices)
+/* An engine on `backend` with small KV blocks (so sequences span several) for up to 8
+ * sequences. */
+static inline struct engine *golden_engine_on(const struct model *m, int devices,
+                                              enum engine_backend backend)
 {
     struct engine_params ep;
     engine_params_default(&ep);
+    ep.backend = backend;
     ep.n_devices = devices;
     ep.max_batch_tokens = 256;
     ep.max_seqs = GOLDEN_MAX_PROMPTS;
@@ -84,8 +87,14 @@ static inline struct engine *golden_engine(const struct model *m, int devices)
     ep.kv_block_size = 4;
     struct engine *e = NULL;
     char err[MS_ERR_LEN];
-    if (engine_create(m, &ep, &e, err, sizeof err) != 0) fprintf(stderr, "engine: %s\n", err);
+    if (engine_create(m, &ep, &e, err, sizeof err) != 0)
+        fprintf(stderr, "engine (%s): %s\n", engine_backend_name(backend), err);
     return e;
+}
+
+static inline struct engine *golden_engine(const struct model *m, int devices)
+{
+    return golden_engine_on(m, devices, ENGINE_BACKEND_CPU);
 }
 
 /* Full prefill of one prompt with logits for every position into out (n, vocab). */

@@ -35,22 +35,6 @@ static const char *const MODELS[] = {"mixtral",      "mixtral_bf16",   "mixtral_
                                      "qwen3_moe_bf16", "olmoe",        "olmoe_bf16",
                                      "mohge_tiny"};
 
-static struct engine *make_engine(const struct model *m, enum engine_backend b)
-{
-    struct engine_params ep;
-    engine_params_default(&ep);
-    ep.backend = b;
-    ep.max_batch_tokens = 256;
-    ep.max_seqs = GOLDEN_MAX_PROMPTS;
-    ep.max_model_len = 128;
-    ep.kv_block_size = 4;
-    struct engine *e = NULL;
-    char err[MS_ERR_LEN];
-    if (engine_create(m, &ep, &e, err, sizeof err) != 0)
-        fprintf(stderr, "engine (%s): %s\n", engine_backend_name(b), err);
-    return e;
-}
-
 static double norm_err(const float *a, const float *ref, size_t n)
 {
     double num = 0.0, den = 0.0;
@@ -122,8 +106,8 @@ static void check_model(const char *tests, const char *name)
     for (int i = 0; i < np; i++) total += p[i].n;
     lc = malloc(sizeof(float) * (size_t)total * V);
     lg = malloc(sizeof(float) * (size_t)total * V);
-    cpu = make_engine(m, ENGINE_BACKEND_CPU);
-    gpu = make_engine(m, dut_backend);
+    cpu = golden_engine_on(m, 1, ENGINE_BACKEND_CPU);
+    gpu = golden_engine_on(m, 1, dut_backend);
     CHECKF(cpu && gpu && lc && lg, "%s: engines", name);
     if (!cpu || !gpu || !lc || !lg) goto out;
 

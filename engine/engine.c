@@ -504,7 +504,7 @@ static int device_backend(struct engine *e, struct device *dv, int blas_threads,
 static int device_check(struct device *dv, char *err, size_t errlen)
 {
 #ifdef MOESERVE_HAVE_CUDA
-    if (!dv->be->ops->host_memory) {
+    if (dv->e->p.backend == ENGINE_BACKEND_CUDA) {
         dv->be->ops->synchronize(dv->be);
         char why[MS_ERR_LEN];
         if (backend_cuda_error(dv->be, why, sizeof why) != 0)

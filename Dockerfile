@@ -52,6 +52,8 @@ RUN apt-get update && apt-get install -y --no-install-recommends \
         libcublas-12-6 && rm -rf /var/lib/apt/lists/* && useradd --system --uid 10001 moeserve
 COPY --from=build-cuda /src/build/moeserve /usr/local/bin/moeserve
 COPY models /models
+# The GPU image serves on the GPU unless told otherwise (--device cpu).
+ENV MOESERVE_DEVICE=cuda
 USER moeserve
 EXPOSE 8000
 ENTRYPOINT ["/usr/local/bin/moeserve"]

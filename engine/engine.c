@@ -17,6 +17,7 @@
 #include "moe.h"
 #ifdef MOESERVE_HAVE_CUDA
 #include "cuda/backend_cuda.h"
+#include "cuda/comm_nccl.h"
 #endif
 
 /* Logit rows computed per lm_head GEMM on a backend with its own memory (then downloaded):
@@ -79,6 +80,10 @@ struct engine {
     int n_dev;
     struct device *dev;
     struct comm *comm;
+    /* Devices with their own memory and N > 1: attention (and the KV cache, embeddings, dense
+     * and shared FFNs, logits) runs on device 0 for every sequence; the others hold only their
+     * experts and serve the MoE layers' dispatched rows (expert parallelism). */
+    bool attn_first;
     struct kv_cache kv;
     int blocks_per_seq;   /* KV blocks of a max_model_len sequence */
     int *owner;           /* (n_expert) */
@@ -435,12 +440,31 @@ static int device_weights(struct engine *e, struct device *dv)
     size_t qdim = (size_t)md->n_head * hd, kvdim = (size_t)md->n_kv_head * hd;
     bool ok = true;
 
+    /* Under attn_first the other devices see no tokens of their own: experts only. */
+    bool experts_only = e->attn_first && dv->rank > 0;
     dv->w = *m;
     dv->w_layers = calloc((size_t)md->n_layer, sizeof *dv->w_layers);
     dv->w_ffn = calloc((size_t)md->n_layer * (size_t)(md->n_expert + md->n_shared) + 1,
                        sizeof *dv->w_ffn);
     if (!dv->w_layers || !dv->w_ffn) return -1;
     dv->w.layers = dv->w_layers;
+    if (experts_only) {
+        dv->w.embed = dv->w.lm_head = NULL;
+        dv->w.norm = NULL;
+        struct ffn_w *ffn = dv->w_ffn;
+        for (int l = 0; l < md->n_layer; l++) {
+            if (!md->layer_is_moe[l]) continue;
+            dv->w_layers[l].experts = ffn;
+            for (int x = 0; x < md->n_expert; x++, ffn++) {
+                ffn->d_ff = m->layers[l].experts[x].d_ff;
+                if (e->owner[x] == dv->rank)
+                    dev_ffn(dv, ffn, &m->layers[l].experts[x], md->d_model, &ok);
+            }
+            dv->w_layers[l].shared = ffn;
+            ffn += md->n_shared;
+        }
+        return ok ? 0 : -1;
+    }
     dv->w.embed = dev_weight(dv, m->embed, (size_t)md->vocab * D, &ok);
     dv->w.lm_head = m->lm_head == m->embed ? dv->w.embed
                                            : dev_weight(dv, m->lm_head, (size_t)md->vocab * D, &ok);
@@ -509,6 +533,10 @@ static int device_check(struct device *dv, char *err, size_t errlen)
         char why[MS_ERR_LEN];
         if (backend_cuda_error(dv->be, why, sizeof why) != 0)
             return ms_errf(err, errlen, "device %d: %s", dv->rank, why);
+#ifdef MOESERVE_HAVE_NCCL
+        if (dv->e->n_dev > 1 && comm_nccl_error(dv->e->comm, dv->rank, why, sizeof why) != 0)
+            return ms_errf(err, errlen, "device %d: %s", dv->rank, why);
+#endif
     }
 #endif
     return 0;
@@ -600,6 +628,40 @@ static void device_release(struct device *dv)
     dv->be = NULL;
 }
 
+/* In-process copies between CPU devices; NCCL between GPUs. */
+static int make_comm(struct engine *e, char *err, size_t errlen)
+{
+    if (e->p.backend != ENGINE_BACKEND_CUDA || e->n_dev == 1) {
+        e->comm = comm_local_create(e->n_dev);
+        if (!e->comm)
+            return ms_errf(err, errlen, "cannot create the communicator for %d devices",
+                           e->n_dev);
+        return 0;
+    }
+#if defined(MOESERVE_HAVE_CUDA) && defined(MOESERVE_HAVE_NCCL)
+    int devs[64];
+    for (int r = 0; r < e->n_dev; r++) devs[r] = r;
+    e->comm = comm_nccl_create(e->n_dev, devs, err, errlen);
+    return e->comm ? 0 : -1;
+#else
+    return ms_errf(err, errlen, "%d GPUs need NCCL, and this build has none (install NCCL and "
+                                "reconfigure)",
+                   e->n_dev);
+#endif
+}
+
+/* NCCL transfers of each rank go on its backend's stream, after the kernels that fill them. */
+static int bind_comm_streams(struct engine *e, char *err, size_t errlen)
+{
+#if defined(MOESERVE_HAVE_CUDA) && defined(MOESERVE_HAVE_NCCL)
+    if (e->p.backend != ENGINE_BACKEND_CUDA || e->n_dev == 1) return 0;
+    for (int r = 0; r < e->n_dev; r++)
+        if (comm_nccl_set_stream(e->comm, r, backend_cuda_stream(e->dev[r].be), err, errlen) != 0)
+            return -1;
+#endif
+    return 0;
+}
+
 static int build_rope_table(struct engine *e)
 {
     const struct model_desc *md = &e->m->desc;
@@ -635,11 +697,6 @@ int engine_create(const struct model *m, const struct engine_params *p, struct e
     if (p->backend != ENGINE_BACKEND_CPU && p->backend != ENGINE_BACKEND_CUDA &&
         p->backend != ENGINE_BACKEND_CPU_STAGED)
         return ms_errf(err, errlen, "unknown backend %d", (int)p->backend);
-    if (p->backend == ENGINE_BACKEND_CUDA && p->n_devices != 1)
-        return ms_errf(err, errlen,
-                       "the CUDA engine runs on one GPU for now (got --devices %d): the KV cache "
-                       "is not yet split between GPUs",
-                       p->n_devices);
     if (p->max_batch_tokens < 1 || p->max_seqs < 1 || p->kv_block_size < 1)
         return ms_errf(err, errlen, "max_batch_tokens, max_seqs and kv_block_size must be >= 1");
     if (md->head_dim % 2 != 0)
@@ -690,11 +747,8 @@ int engine_create(const struct model *m, const struct engine_params *p, struct e
         ms_errf(err, errlen, "out of memory for the RoPE table");
         goto fail;
     }
-    e->comm = comm_local_create(e->n_dev);
-    if (!e->comm) {
-        ms_errf(err, errlen, "cannot create the communicator for %d devices", e->n_dev);
-        goto fail;
-    }
+    e->attn_first = p->backend != ENGINE_BACKEND_CPU && e->n_dev > 1;
+    if (make_comm(e, err, errlen) != 0) goto fail;
 
     /* BLAS threads: split the cores between devices; concurrent callers each get one thread
      * when there are more devices than cores. */
@@ -709,6 +763,7 @@ int engine_create(const struct model *m, const struct engine_params *p, struct e
     e->blocks_per_seq = (int)blocks_per_seq;
     for (int r = 0; r < e->n_dev; r++)
         if (device_init(e, &e->dev[r], r, blas_threads, err, errlen) != 0) goto fail;
+    if (bind_comm_streams(e, err, errlen) != 0) goto fail;
 
     size_t n_blocks = e->p.kv_cache_bytes ? e->p.kv_cache_bytes / block_bytes
                                           : blocks_per_seq * (size_t)e->p.max_seqs;
@@ -775,10 +830,21 @@ void engine_seq_free(struct engine *e, struct kv_seq *s)
     kv_seq_free(&e->kv, s);
 }
 
-/* Splits items into n_dev contiguous slices with about the same number of tokens each. */
+/* Splits items into n_dev contiguous slices with about the same number of tokens each (all on
+ * device 0 when attention runs there: attn_first). */
 static void partition(struct engine *e, int total)
 {
     int item = 0;
+    if (e->attn_first) {
+        for (int r = 0; r < e->n_dev; r++) {
+            struct device *dv = &e->dev[r];
+            dv->item0 = r == 0 ? 0 : e->n_items;
+            dv->item1 = e->n_items;
+            dv->tok0 = r == 0 ? 0 : total;
+            dv->n_tok = r == 0 ? total : 0;
+        }
+        return;
+    }
     for (int r = 0; r < e->n_dev; r++) {
         struct device *dv = &e->dev[r];
         long target = (long)total * (r + 1) / e->n_dev;

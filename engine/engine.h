@@ -2,8 +2,10 @@
  * sequences at different positions — prefill chunks and single decode tokens mixed — and
  * returns the logits each sequence asked for.
  *
- * Devices: N CPU virtual devices (threads), or one CUDA GPU (ENGINE_BACKEND_CUDA; weights go
- * to the GPU in bf16 at engine_create). Attention is data-parallel: each device takes a
+ * Devices: N CPU virtual devices (threads), or N CUDA GPUs (ENGINE_BACKEND_CUDA; weights go to
+ * the GPUs in bf16 at engine_create). With several GPUs, attention, the KV cache and the
+ * non-expert weights live on GPU 0 and every GPU holds its share of the experts (expert
+ * parallelism, rows exchanged through NCCL); on CPU devices attention is data-parallel: each device takes a
  * contiguous slice of the batch's sequences. The MoE layer is route -> dispatch (all-to-all to
  * the devices that own the chosen experts, per the placement map) -> expert compute on the owner
  * -> combine (all-to-all back, weighted sum in top-k slot order). Rows reach an expert in global
@@ -39,8 +41,7 @@ bool engine_has_cuda(void);
 
 struct engine_params {
     enum engine_backend backend;
-    int n_devices;          /* CPU: virtual devices (threads), >= 1; CUDA: GPUs 0..n-1 (1 for
-                               now: the KV cache lives on one device) */
+    int n_devices;          /* CPU: virtual devices (threads), >= 1; CUDA: GPUs 0..n-1 */
     int max_batch_tokens;   /* tokens in one step, all sequences together */
     int max_seqs;           /* sequences in one step */
     int max_model_len;      /* positions per sequence; 0 = min(max_position_embeddings, 4096) */

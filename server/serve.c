@@ -65,7 +65,7 @@ static const struct opt_def opt_defs[] = {
     {"device", "MOESERVE_DEVICE", OPT_STR, OFF(device), 0, 0,
      "cpu (f32 reference) or cuda (NVIDIA GPU, bf16 weights) (cpu)"},
     {"devices", "MOESERVE_DEVICES", OPT_INT, OFF(devices), 1, 64,
-     "devices the experts are spread over: CPU virtual devices, or GPUs (1)"},
+     "devices the experts are spread over: CPU virtual devices, or GPUs 0..N-1 (1)"},
     {"chat-template", "MOESERVE_CHAT_TEMPLATE", OPT_STR, OFF(chat_template), 0, 0,
      "Jinja chat template file overriding tokenizer_config.json's"},
     {"log-format", "MOESERVE_LOG_FORMAT", OPT_STR, OFF(log_format), 0, 0, "text or json (text)"},

@@ -81,7 +81,7 @@ static double compare_rows(const float *gpu, const float *cpu, int rows, int V,
 
 static enum engine_backend dut_backend = ENGINE_BACKEND_CUDA;
 
-static void check_model(const char *tests, const char *name)
+static void check_model(const char *tests, const char *name, int n_dev)
 {
     char dir[512], refpath[600], err[MS_ERR_LEN];
     snprintf(dir, sizeof dir, "%s/fixtures/models/%s", tests, name);
@@ -107,8 +107,8 @@ static void check_model(const char *tests, const char *name)
     lc = malloc(sizeof(float) * (size_t)total * V);
     lg = malloc(sizeof(float) * (size_t)total * V);
     cpu = golden_engine_on(m, 1, ENGINE_BACKEND_CPU);
-    gpu = golden_engine_on(m, 1, dut_backend);
-    CHECKF(cpu && gpu && lc && lg, "%s: engines", name);
+    gpu = golden_engine_on(m, n_dev, dut_backend);
+    CHECKF(cpu && gpu && lc && lg, "%s: engines (%d devices)", name, n_dev);
     if (!cpu || !gpu || !lc || !lg) goto out;
 
     /* Prefill: every prompt in one step, logits for every position. */
@@ -156,7 +156,7 @@ static void check_model(const char *tests, const char *name)
         if (e > r.worst_decode) r.worst_decode = e;
         for (int i = 0; i < np; i++) next[i] = golden_argmax(lc + (size_t)i * V, V);
     }
-    printf("%-16s %12.3e %12.3e %9d %7d %7d\n", name, r.worst_prefill, r.worst_decode,
+    printf("%-16s %4d %12.3e %12.3e %9d %7d %7d\n", name, n_dev, r.worst_prefill, r.worst_decode,
            r.compared, r.clear, r.agree);
     CHECKF(r.worst_prefill <= GPU_LOGIT_TOL && r.worst_decode <= GPU_LOGIT_TOL,
            "%s: logit error prefill %.3e decode %.3e > %.0e", name, r.worst_prefill,
@@ -207,8 +207,16 @@ int main(int argc, char **argv)
     printf("CUDA (bf16 weights) vs CPU (f32): normwise logit error, argmax where the CPU's margin "
            "> %.0f%% of the range\n",
            GPU_MARGIN * 100);
-    printf("%-16s %12s %12s %9s %7s %7s\n", "model", "prefill_err", "decode_err", "positions",
-           "clear", "agree");
-    for (size_t i = 0; i < sizeof MODELS / sizeof MODELS[0]; i++) check_model(argv[1], MODELS[i]);
+    printf("%-16s %4s %12s %12s %9s %7s %7s\n", "model", "devs", "prefill_err", "decode_err",
+           "positions", "clear", "agree");
+    /* Two devices (attention on the first, experts spread: expert parallelism over the
+     * communicator) where there are two. */
+    int max_dev = 2;
+#ifdef MOESERVE_HAVE_CUDA
+    if (dut_backend == ENGINE_BACKEND_CUDA && backend_cuda_device_count() < 2) max_dev = 1;
+#endif
+    for (int n_dev = 1; n_dev <= max_dev; n_dev++)
+        for (size_t i = 0; i < sizeof MODELS / sizeof MODELS[0]; i++)
+            check_model(argv[1], MODELS[i], n_dev);
     return test_done("test_forward_gpu");
 }

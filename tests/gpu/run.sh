@@ -112,7 +112,7 @@ step "summary"
 echo "--- GPU tests (CUDA vs CPU) ---"
 if [ -f "$LOG/tests-clean.txt" ]; then
     grep -E "FAIL|SKIP|passed, [0-9]+ failed" "$LOG/tests-clean.txt" | head -20 | sed 's/^/  /'
-    sed -n '/^model  *prefill_err/,/passed, [0-9]* failed/p' "$LOG/tests-clean.txt" | sed 's/^/  /'
+    sed -n '/^model  *devs  *prefill_err/,/passed, [0-9]* failed/p' "$LOG/tests-clean.txt" | sed 's/^/  /'
 fi
 echo "--- decode on a ~1B Mixtral-shaped model (bf16) ---"
 for f in decode decode-per-expert; do

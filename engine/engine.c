@@ -597,7 +597,9 @@ static int device_init(struct engine *e, struct device *dv, int rank, int blas_t
     if (device_weights(e, dv) != 0)
         return ms_errf(err, errlen, "out of memory for the weights on device %d (%s)", rank,
                        be->ops->name);
-    return 0;
+    /* Uploads report failure only through the backend's sticky error: ask now, not at the
+     * first step. */
+    return device_check(dv, err, errlen);
 }
 
 static void device_release(struct device *dv)

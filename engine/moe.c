@@ -156,8 +156,12 @@ static int plan_dispatch(const struct moe_ctx *ctx, struct moe_scratch *s, int n
     const struct model_desc *md = &ctx->m->desc;
     int E = md->n_expert, K = md->top_k, n_dev = ctx->comm->n_rank;
     memset(s->expert_count, 0, sizeof(int) * (size_t)E);
+    /* Ids come from the backend: one out of range (a device that failed) must not index
+     * host arrays. Such slots are dropped like unused ones; the failure is reported by the
+     * backend's own error after the step. */
     for (size_t sj = 0; sj < (size_t)n * K; sj++) {
         int32_t e = s->h_top_idx[sj];
+        if (e >= E) s->h_top_idx[sj] = e = -1;
         if (e >= 0) s->expert_count[e]++;
     }
     /* Owner-major expert order: experts of device 0 first, each device's in id order. */
@@ -197,7 +201,13 @@ static bool plan_experts(const struct moe_ctx *ctx, struct moe_scratch *s, int n
     const struct layer_w *lw = &ctx->m->layers[ctx->layer];
     int E = md->n_expert;
     memset(s->expert_count, 0, sizeof(int) * (size_t)E);
-    for (int r = 0; r < n_recv; r++) s->expert_count[s->h_recv_meta[r]]++;
+    /* Received ids came through the communicator: out of range ones go to expert 0's rows
+     * rather than past the arrays (only after a device or link failure, reported after the
+     * step). */
+    for (int r = 0; r < n_recv; r++) {
+        if (s->h_recv_meta[r] < 0 || s->h_recv_meta[r] >= E) s->h_recv_meta[r] = 0;
+        s->expert_count[s->h_recv_meta[r]]++;
+    }
     int off = 0, na = 0;
     s->h_ex_off[0] = 0;
     for (int e = 0; e < E; e++) {
@@ -304,13 +314,19 @@ void moe_forward(const struct moe_ctx *ctx, struct moe_scratch *s, const float *
         memcpy(s->h_recv_meta, s->h_send_meta, sizeof(int32_t) * (size_t)rows);
         compute_experts(ctx, s, s->send, rows, s->out_rows);
     } else {
-        comm->ops->all_to_all_v(comm, ctx->rank, s->send, s->send_counts, s->recv,
-                                s->recv_counts, row_bytes);
         be->ops->upload(be, s->send_meta, s->h_send_meta, sizeof(int32_t) * (size_t)rows);
-        comm->ops->all_to_all_v(comm, ctx->rank, s->send_meta, s->send_counts, s->recv_meta,
-                                s->recv_counts, sizeof(int32_t));
+        int rc = comm->ops->all_to_all_v(comm, ctx->rank, s->send, s->send_counts, s->recv,
+                                         s->recv_counts, row_bytes);
+        rc |= comm->ops->all_to_all_v(comm, ctx->rank, s->send_meta, s->send_counts,
+                                      s->recv_meta, s->recv_counts, sizeof(int32_t));
         int n_recv = 0;
         for (int r = 0; r < comm->n_rank; r++) n_recv += s->recv_counts[r];
+        /* A failed exchange leaves the counts unknown: compute nothing rather than read past
+         * the buffers (the communicator reports why after the step). */
+        if (rc != 0 || n_recv < 0 || n_recv > s->max_rows) {
+            n_recv = 0;
+            memset(s->recv_counts, 0, sizeof(int) * (size_t)comm->n_rank);
+        }
         be->ops->download(be, s->h_recv_meta, s->recv_meta, sizeof(int32_t) * (size_t)n_recv);
         compute_experts(ctx, s, s->recv, n_recv, s->out_rows);
         /* Results go back the way the rows came: what rank r received from s returns to s. The

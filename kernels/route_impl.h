@@ -21,12 +21,31 @@
 #define ROUTE_MAX_EXPERTS 512
 #define ROUTE_MAX_GROUPS 64
 
-/* Index of the largest v[i] over i < n with !taken[i] (ties to the lower index). */
-ROUTE_FN int route_argmax_free(const float *v, const bool *taken, int n)
+/* A set of up to ROUTE_MAX_EXPERTS indices as a bit mask: small enough for a GPU thread's
+ * registers and local memory (the route kernel runs one token per thread). */
+#define ROUTE_MASK_WORDS (ROUTE_MAX_EXPERTS / 32)
+
+ROUTE_FN void route_mask_clear(uint32_t *m)
+{
+    for (int i = 0; i < ROUTE_MASK_WORDS; i++) m[i] = 0;
+}
+
+ROUTE_FN bool route_mask_has(const uint32_t *m, int i)
+{
+    return (m[i >> 5] >> (i & 31)) & 1u;
+}
+
+ROUTE_FN void route_mask_set(uint32_t *m, int i)
+{
+    m[i >> 5] |= 1u << (i & 31);
+}
+
+/* Index of the largest v[i] over i < n not in taken (ties to the lower index). */
+ROUTE_FN int route_argmax_free(const float *v, const uint32_t *taken, int n)
 {
     int best = -1;
     for (int i = 0; i < n; i++)
-        if (!taken[i] && (best < 0 || v[i] > v[best])) best = i;
+        if (!route_mask_has(taken, i) && (best < 0 || v[i] > v[best])) best = i;
     return best;
 }
 
@@ -35,18 +54,16 @@ ROUTE_FN void route_softmax_topk(const struct be_route *r, const float *logits, 
                                  int32_t *idx, float *w)
 {
     int E = r->n_expert;
-    bool taken[ROUTE_MAX_EXPERTS];
+    uint32_t taken[ROUTE_MASK_WORDS];
+    route_mask_clear(taken);
     float mx = -INFINITY;
-    for (int e = 0; e < E; e++) {
-        mx = logits[e] > mx ? logits[e] : mx;
-        taken[e] = false;
-    }
+    for (int e = 0; e < E; e++) mx = logits[e] > mx ? logits[e] : mx;
     float sum = 0.0f;
     for (int e = 0; e < E; e++) sum += expf(logits[e] - mx);
     float wsum = 0.0f;
     for (int j = 0; j < k; j++) {
         int best = route_argmax_free(logits, taken, E);
-        taken[best] = true;
+        route_mask_set(taken, best);
         idx[j] = best;
         w[j] = expf(logits[best] - mx) / sum;
         wsum += w[j];
@@ -58,55 +75,66 @@ ROUTE_FN void route_softmax_topk(const struct be_route *r, const float *logits, 
 /* MoHGE two-level routing (DESIGN.md): sigmoid group scores, keep the top-kg groups and
  * renormalize their scores; softmax of the expert logits inside each group, times the group's
  * score and kept mask, flattened and renormalized; top-k experts of that; weights = softmax over
- * the k kept probabilities. elog: (E) expert logits, glog: (G) group logits. */
+ * the k kept probabilities. elog: (E) expert logits, glog: (G) group logits.
+ * The flattened probabilities are not stored: each is recomputed from its group's maximum, sum
+ * and scale when the top-k scans need it, with the same operations in the same order, so the
+ * values are those a stored array would hold. */
+ROUTE_FN float route_mohge_q(const float *elog, int e, int epg, const float *gmax,
+                             const float *gsum, const float *gscale, const uint32_t *kept,
+                             float qsum)
+{
+    int g = e / epg;
+    if (!route_mask_has(kept, g)) return 0.0f / qsum;
+    return expf(elog[e] - gmax[g]) / gsum[g] * gscale[g] / qsum;
+}
+
 ROUTE_FN void route_mohge(const struct be_route *r, const float *elog, const float *glog, int k,
                           int32_t *idx, float *w)
 {
     int E = r->n_expert, G = r->n_group, epg = E / G;
-    float sg[ROUTE_MAX_GROUPS], q[ROUTE_MAX_EXPERTS];
-    bool taken[ROUTE_MAX_EXPERTS];
-    for (int g = 0; g < G; g++) {
-        sg[g] = 1.0f / (1.0f + expf(-glog[g]));
-        taken[g] = false;
-    }
+    float sg[ROUTE_MAX_GROUPS], gmax[ROUTE_MAX_GROUPS], gsum[ROUTE_MAX_GROUPS];
+    float gscale[ROUTE_MAX_GROUPS];
+    uint32_t kept[ROUTE_MASK_WORDS], taken[ROUTE_MASK_WORDS];
+    route_mask_clear(kept);
+    route_mask_clear(taken);
+    for (int g = 0; g < G; g++) sg[g] = 1.0f / (1.0f + expf(-glog[g]));
     float ssum = 0.0f;
     for (int j = 0; j < r->topk_group; j++) {
-        int g = route_argmax_free(sg, taken, G);
-        taken[g] = true;
+        int g = route_argmax_free(sg, kept, G);
+        route_mask_set(kept, g);
         ssum += sg[g];
     }
     float qsum = 0.0f;
     for (int g = 0; g < G; g++) {
+        if (!route_mask_has(kept, g)) continue;
         const float *l = elog + (size_t)g * epg;
-        float *qg = q + (size_t)g * epg;
-        if (!taken[g]) {
-            for (int i = 0; i < epg; i++) qg[i] = 0.0f;
-            continue;
-        }
         float mx = -INFINITY, sum = 0.0f, scale = sg[g] / ssum;
         for (int i = 0; i < epg; i++) mx = l[i] > mx ? l[i] : mx;
-        for (int i = 0; i < epg; i++) {
-            qg[i] = expf(l[i] - mx);
-            sum += qg[i];
-        }
-        for (int i = 0; i < epg; i++) {
-            qg[i] = qg[i] / sum * scale;
-            qsum += qg[i];
-        }
-    }
-    for (int e = 0; e < E; e++) {
-        q[e] /= qsum;
-        taken[e] = false;
+        for (int i = 0; i < epg; i++) sum += expf(l[i] - mx);
+        gmax[g] = mx;
+        gsum[g] = sum;
+        gscale[g] = scale;
+        for (int i = 0; i < epg; i++) qsum += expf(l[i] - mx) / sum * scale;
     }
     float mx = -INFINITY, wsum = 0.0f;
     for (int j = 0; j < k; j++) {
-        int e = route_argmax_free(q, taken, E);
-        taken[e] = true;
-        idx[j] = e;
-        mx = q[e] > mx ? q[e] : mx;
+        int best = -1;
+        float bq = 0.0f;
+        for (int e = 0; e < E; e++) {
+            if (route_mask_has(taken, e)) continue;
+            float q = route_mohge_q(elog, e, epg, gmax, gsum, gscale, kept, qsum);
+            if (best < 0 || q > bq) {
+                best = e;
+                bq = q;
+            }
+        }
+        route_mask_set(taken, best);
+        idx[j] = best;
+        w[j] = bq; /* the probability; turned into a weight below */
+        mx = bq > mx ? bq : mx;
     }
     for (int j = 0; j < k; j++) {
-        w[j] = expf(q[idx[j]] - mx);
+        w[j] = expf(w[j] - mx);
         wsum += w[j];
     }
     for (int j = 0; j < k; j++) w[j] /= wsum;

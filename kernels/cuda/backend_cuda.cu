@@ -1,9 +1,10 @@
 /* CUDA backend instance: device, stream, cuBLAS handle and a sticky error, plus the op table
  * of kernels/backend.h. Memory ops and GEMMs are here: weights are bf16 on the device, GEMM
  * inputs are converted to bf16 in a workspace and multiplied by cuBLAS with f32 accumulation
- * and f32 output; the experts of an MoE layer go through one grouped GEMM per projection
- * (cublasGemmGroupedBatchedEx, mixed widths allowed), or one GEMM per expert where the grouped
- * call is unavailable or MOESERVE_CUDA_GROUPED=0. Every other op forwards to a launcher of
+ * and f32 output; the experts of an MoE layer go through one grouped GEMM for gate+up and one
+ * for down (cublasGemmGroupedBatchedEx, mixed widths allowed; bf16 in and out, the grouped
+ * API's one bf16 combination), or one GEMM per expert where the grouped call is unsupported
+ * or MOESERVE_CUDA_GROUPED=0. Every other op forwards to a launcher of
  * cuda_kernels.h. Each op makes the instance's device current,
  * checks every CUDA/cuBLAS call, and keeps the first failure's reason for backend_cuda_error,
  * since the op table's functions return nothing. */
@@ -40,6 +41,7 @@ struct cuda_backend {
     int *g_m, *g_n, *g_k, *g_lda, *g_ldb, *g_ldc, *g_size;
     float *g_alpha, *g_beta;
     int grouped;         /* 1: try cublasGemmGroupedBatchedEx; 0: a GEMM per expert */
+    uint16_t *stage;     /* pinned bf16 staging for weight_upload, made at the first upload */
 
     int failed;          /* set at the first failure; `first` then holds its reason */
     char first[CB_ERR_LEN];
@@ -101,6 +103,7 @@ static void cb_destroy(struct backend *be)
     cudaSetDevice(b->device);
     if (b->stream) cudaStreamSynchronize(b->stream);
     cb_release_workspace(b);
+    if (b->stage) cudaFreeHost(b->stage);
     if (b->blas) cublasDestroy(b->blas);
     if (b->stream) cudaStreamDestroy(b->stream);
     free(b);
@@ -193,30 +196,30 @@ fail:
 }
 
 /* Weights: converted to bf16 on the host (round to nearest even, as the CPU's ms_f32_to_bf16)
- * in chunks through a pinned buffer, then copied; load time only. */
+ * in chunks through one pinned buffer kept for the backend's life, then copied; load time
+ * only. */
+enum { CB_STAGE = 1 << 22 };
+
 static const void *cb_weight_upload(struct backend *be, const float *host, size_t n)
 {
     struct cuda_backend *b = cb_of(be);
-    enum { CHUNK = 1 << 22 };
     void *w = NULL;
-    uint16_t *stage = NULL;
     if (cb_enter(b) < 0) return NULL;
+    if (!b->stage &&
+        CB_CUDA(b, cudaMallocHost((void **)&b->stage, CB_STAGE * sizeof(uint16_t))) < 0)
+        return NULL;
     if (CB_CUDA(b, cudaMalloc(&w, (n ? n : 1) * sizeof(uint16_t))) < 0) return NULL;
-    if (CB_CUDA(b, cudaMallocHost((void **)&stage, CHUNK * sizeof(uint16_t))) < 0) goto fail;
-    for (size_t i = 0; i < n; i += CHUNK) {
-        size_t m = n - i < (size_t)CHUNK ? n - i : (size_t)CHUNK;
-        for (size_t j = 0; j < m; j++) stage[j] = ms_f32_to_bf16(host[i + j]);
-        if (CB_CUDA(b, cudaMemcpyAsync((uint16_t *)w + i, stage, m * sizeof(uint16_t),
+    for (size_t i = 0; i < n; i += CB_STAGE) {
+        size_t m = n - i < (size_t)CB_STAGE ? n - i : (size_t)CB_STAGE;
+        for (size_t j = 0; j < m; j++) b->stage[j] = ms_f32_to_bf16(host[i + j]);
+        if (CB_CUDA(b, cudaMemcpyAsync((uint16_t *)w + i, b->stage, m * sizeof(uint16_t),
                                        cudaMemcpyHostToDevice, b->stream)) < 0 ||
-            CB_CUDA(b, cudaStreamSynchronize(b->stream)) < 0)
-            goto fail;
+            CB_CUDA(b, cudaStreamSynchronize(b->stream)) < 0) {
+            cudaFree(w);
+            return NULL;
+        }
     }
-    cudaFreeHost(stage);
     return w;
-fail:
-    if (stage) cudaFreeHost(stage);
-    cudaFree(w);
-    return NULL;
 }
 
 static void cb_weight_free(struct backend *be, const void *w)
@@ -241,13 +244,20 @@ static const __nv_bfloat16 *cb_to_ws(struct cuda_backend *b, const float *x, siz
 
 /* One bf16 x bf16 -> f32 GEMM, row-major y (n, m) = x (n, k) . w (m, k)^T with leading
  * dimensions: cuBLAS is column-major, so this is y^T (m, n) = op_T(w) . x^T. */
-static int cb_gemm(struct cuda_backend *b, float *y, int ldy, const __nv_bfloat16 *x, int ldx,
-                   const void *w, int ldw, int n, int k, int m)
+static int cb_gemm_to(struct cuda_backend *b, void *y, cudaDataType_t ytype, int ldy,
+                      const __nv_bfloat16 *x, int ldx, const void *w, int ldw, int n, int k,
+                      int m)
 {
     const float one = 1.0f, zero = 0.0f;
     return CB_BLAS(b, cublasGemmEx(b->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, w,
-                                   CUDA_R_16BF, ldw, x, CUDA_R_16BF, ldx, &zero, y, CUDA_R_32F,
-                                   ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                                   CUDA_R_16BF, ldw, x, CUDA_R_16BF, ldx, &zero, y, ytype, ldy,
+                                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+static int cb_gemm(struct cuda_backend *b, float *y, int ldy, const __nv_bfloat16 *x, int ldx,
+                   const void *w, int ldw, int n, int k, int m)
+{
+    return cb_gemm_to(b, y, CUDA_R_32F, ldy, x, ldx, w, ldw, n, k, m);
 }
 
 /* y (n, m) = x (n, k) . w (m, k)^T [+ bias (m)], w bf16. */
@@ -266,19 +276,18 @@ static void cb_matmul(struct backend *be, float *y, const float *x, const void *
     if (bias) cb_note(b, cuk_add_bias(b->stream, y, bias, n, m, CB_ERR(b)));
 }
 
-/* Groups [0, G) of b->g_* with pointers A, B, C (host arrays of G each): one grouped call
- * when available, else a GEMM per group. The pointer arrays are staged through h_ptrs at
- * `slot` (distinct per call of one moe_experts) and copied to the device. */
+/* Groups [0, G) of b->g_* with pointers A, B, C (host arrays of G each), all bf16 with f32
+ * accumulation (the one combination with bf16 inputs that the grouped API takes): one grouped
+ * call, or a GEMM per group when that is off or unsupported. The pointer arrays are staged
+ * through h_ptrs at `slot` (distinct per call of one moe_experts) and copied to the device. */
 static int cb_gemm_groups(struct cuda_backend *b, int G, const void **A, const void **B,
                           void **C, size_t slot)
 {
     if (!b->grouped) {
-        for (int i = 0; i < G; i++) {
-            if (b->g_n[i] <= 0) continue;
-            if (cb_gemm(b, (float *)C[i], b->g_ldc[i], (const __nv_bfloat16 *)B[i], b->g_ldb[i],
-                        A[i], b->g_lda[i], b->g_n[i], b->g_k[i], b->g_m[i]) < 0)
+        for (int i = 0; i < G; i++)
+            if (cb_gemm_to(b, C[i], CUDA_R_16BF, b->g_ldc[i], (const __nv_bfloat16 *)B[i],
+                           b->g_ldb[i], A[i], b->g_lda[i], b->g_n[i], b->g_k[i], b->g_m[i]) < 0)
                 return -1;
-        }
         return 0;
     }
     void **h = b->h_ptrs + slot, **d = b->d_ptrs + slot;
@@ -291,25 +300,26 @@ static int cb_gemm_groups(struct cuda_backend *b, int G, const void **A, const v
     cublasStatus_t rc = cublasGemmGroupedBatchedEx(
         b->blas, b->g_ta, b->g_tb, b->g_m, b->g_n, b->g_k, b->g_alpha, (const void *const *)d,
         CUDA_R_16BF, b->g_lda, (const void *const *)(d + G), CUDA_R_16BF, b->g_ldb, b->g_beta,
-        d + 2 * G, CUDA_R_32F, b->g_ldc, G, b->g_size, CUBLAS_COMPUTE_32F);
-    if (rc == CUBLAS_STATUS_NOT_SUPPORTED || rc == CUBLAS_STATUS_INVALID_VALUE) {
-        /* This cuBLAS does not take bf16 -> f32 grouped GEMMs: fall back for good. */
-        fprintf(stderr, "moeserve: cublasGemmGroupedBatchedEx unavailable (%s); using one GEMM "
-                        "per expert\n",
-                cuda_check_blas_name(rc));
+        d + 2 * G, CUDA_R_16BF, b->g_ldc, G, b->g_size, CUBLAS_COMPUTE_32F);
+    if (rc == CUBLAS_STATUS_NOT_SUPPORTED) {
+        fprintf(stderr, "moeserve: cublasGemmGroupedBatchedEx not supported here; using one GEMM "
+                        "per expert\n");
         b->grouped = 0;
         return cb_gemm_groups(b, G, A, B, C, slot);
     }
     return CB_BLAS(b, rc);
 }
 
-/* Experts over rows sorted by expert: x -> bf16; gate and up of every expert in one grouped
- * GEMM; SwiGLU over the ragged (rows_j, d_ff_j) blocks laid end to end; -> bf16; down. */
+/* Experts over rows sorted by expert, in bf16 with f32 accumulation: x -> bf16 (workspace);
+ * gate and up of every expert in one grouped GEMM into bf16 (the f32 scratch `gate` and `up`
+ * hold them); SwiGLU over the ragged (rows_j, d_ff_j) blocks laid end to end; down into bf16
+ * (workspace again: x is consumed by then); widened into y. Experts without rows are left out:
+ * a GEMM with n = 0 is not accepted everywhere. */
 static void cb_moe_experts(struct backend *be, float *y, const float *x, int d, int n_experts,
                            const int *off, const struct be_expert *ex, float *gate, float *up)
 {
     struct cuda_backend *b = cb_of(be);
-    if (n_experts <= 0 || off[n_experts] <= 0 || cb_enter(b) < 0) return;
+    if (n_experts <= 0 || off[n_experts] <= off[0] || cb_enter(b) < 0) return;
     int na = n_experts;
     if (2 * na > b->max_groups || na > MOE_MAX_GROUP_EXPERTS) {
         ms_errf(b->last, sizeof b->last, "moe_experts: %d experts, reserved for %d", na,
@@ -319,12 +329,14 @@ static void cb_moe_experts(struct backend *be, float *y, const float *x, int d, 
     }
     /* Wait until the previous call's pointer arrays have left the pinned buffer. */
     if (CB_CUDA(b, cudaEventSynchronize(b->ptrs_done)) < 0) return;
-    const __nv_bfloat16 *xb = cb_to_ws(b, x, (size_t)off[na] * d, "moe_experts");
+    const float *x0 = x + (size_t)off[0] * d;
+    size_t rows_all = (size_t)(off[na] - off[0]);
+    const __nv_bfloat16 *xb = cb_to_ws(b, x0, rows_all * d, "moe_experts");
     if (!xb) return;
+    __nv_bfloat16 *gb = (__nv_bfloat16 *)gate, *ub = (__nv_bfloat16 *)up, *yb = b->ws;
 
     const void *A[2 * MOE_MAX_GROUP_EXPERTS], *B[2 * MOE_MAX_GROUP_EXPERTS];
     void *C[2 * MOE_MAX_GROUP_EXPERTS];
-    /* Experts without rows are left out: a GEMM with n = 0 is not everywhere accepted. */
     int G = 0;
     for (int j = 0; j < na; j++) G += off[j + 1] > off[j];
     size_t act = 0;
@@ -340,16 +352,14 @@ static void cb_moe_experts(struct backend *be, float *y, const float *x, int d, 
             b->g_ldb[i] = d;
             b->g_ldc[i] = ff;
             A[i] = half ? ex[j].up : ex[j].gate;
-            B[i] = xb + (size_t)off[j] * d;
-            C[i] = (half ? up : gate) + act;
+            B[i] = xb + (size_t)(off[j] - off[0]) * d;
+            C[i] = (half ? ub : gb) + act;
         }
         act += (size_t)rows * ff;
         g++;
     }
     if (cb_gemm_groups(b, 2 * G, A, B, C, 0) < 0) return;
-    if (cb_note(b, cuk_swiglu(b->stream, gate, gate, up, act, CB_ERR(b))) < 0) return;
-    const __nv_bfloat16 *ab = cb_to_ws(b, gate, act, "moe_experts");
-    if (!ab) return;
+    if (cb_note(b, cuk_swiglu_bf16(b->stream, gb, gb, ub, act, CB_ERR(b))) < 0) return;
     act = 0;
     for (int j = 0, g = 0; j < na; j++) {
         int rows = off[j + 1] - off[j], ff = ex[j].d_ff;
@@ -361,12 +371,15 @@ static void cb_moe_experts(struct backend *be, float *y, const float *x, int d, 
         b->g_ldb[g] = ff;
         b->g_ldc[g] = d;
         A[g] = ex[j].down;
-        B[g] = ab + act;
-        C[g] = y + (size_t)off[j] * d;
+        B[g] = gb + act;
+        C[g] = yb + (size_t)(off[j] - off[0]) * d;
         act += (size_t)rows * ff;
         g++;
     }
     if (cb_gemm_groups(b, G, A, B, C, 6 * (size_t)G) < 0) return;
+    if (cb_note(b, cuk_bf16_to_f32(b->stream, y + (size_t)off[0] * d, yb, rows_all * d,
+                                   CB_ERR(b))) < 0)
+        return;
     CB_CUDA(b, cudaEventRecord(b->ptrs_done, b->stream));
 }
 

@@ -1,7 +1,8 @@
 /* CUDA backend: the ops of kernels/backend.h on one NVIDIA GPU, matching the CPU reference
- * (kernels/cpu/backend_cpu.c) op for op. This first slice keeps the interface's f32 tensors
- * (bf16 storage comes with a later change of backend.h); GEMMs go to cuBLAS in plain f32
- * (no TF32), the other ops are kernels in this folder, all issued on one stream per instance.
+ * (kernels/cpu/backend_cpu.c) op for op. Weights are bf16 on the device (weight_upload);
+ * GEMM inputs are converted to bf16 in the reserved workspace and multiplied by cuBLAS with
+ * f32 accumulation; activations between ops stay f32 (inside an expert FFN they are bf16).
+ * The other ops are kernels in this folder, all issued on one stream per instance.
  *
  * Memory: every pointer an op receives is device memory from this backend's alloc, including
  * the int32 index arrays (positions, token ids, row indices, block tables): upload them first.

@@ -1,6 +1,6 @@
-/* bf16 and routing kernels of the CUDA backend: f32 -> bf16 conversion of GEMM inputs (the
- * weights are bf16, cuBLAS wants both operands in one type), the embedding lookup from a bf16
- * table, and the router's top-k choice, one thread per token, with the very code the CPU
+/* bf16 and routing kernels of the CUDA backend: f32 <-> bf16 conversion of GEMM inputs and
+ * outputs (the weights are bf16, cuBLAS wants both operands in one type), SwiGLU on the bf16
+ * expert activations, the embedding lookup from a bf16 table, and the router's top-k choice, one thread per token, with the very code the CPU
  * backend runs (kernels/route_impl.h). */
 #include <cuda_bf16.h>
 
@@ -24,6 +24,42 @@ int cuk_to_bf16(cudaStream_t st, void *dst, const float *src, size_t total, char
     br_to_bf16_kernel<<<cuk_blocks(total, BR_THREADS), BR_THREADS, 0, st>>>(
         (__nv_bfloat16 *)dst, src, total);
     return CUDA_LAUNCH_CHECK("br_to_bf16_kernel", err, errlen);
+}
+
+static __global__ void br_to_f32_kernel(float *dst, const __nv_bfloat16 *src, size_t total)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
+         i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = __bfloat162float(src[i]);
+}
+
+int cuk_bf16_to_f32(cudaStream_t st, float *dst, const void *src, size_t total, char *err,
+                    size_t errlen)
+{
+    if (total == 0) return 0;
+    br_to_f32_kernel<<<cuk_blocks(total, BR_THREADS), BR_THREADS, 0, st>>>(
+        dst, (const __nv_bfloat16 *)src, total);
+    return CUDA_LAUNCH_CHECK("br_to_f32_kernel", err, errlen);
+}
+
+/* out = silu(gate) * up on bf16 arrays, computed in f32 as the CPU's SwiGLU. */
+static __global__ void br_swiglu_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *gate,
+                                        const __nv_bfloat16 *up, size_t total)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
+         i += (size_t)gridDim.x * blockDim.x) {
+        float g = __bfloat162float(gate[i]);
+        out[i] = __float2bfloat16_rn(g / (1.0f + expf(-g)) * __bfloat162float(up[i]));
+    }
+}
+
+int cuk_swiglu_bf16(cudaStream_t st, void *out, const void *gate, const void *up, size_t total,
+                    char *err, size_t errlen)
+{
+    if (total == 0) return 0;
+    br_swiglu_kernel<<<cuk_blocks(total, BR_THREADS), BR_THREADS, 0, st>>>(
+        (__nv_bfloat16 *)out, (const __nv_bfloat16 *)gate, (const __nv_bfloat16 *)up, total);
+    return CUDA_LAUNCH_CHECK("br_swiglu_kernel", err, errlen);
 }
 
 /* out (n, d) = table[ids[i]] widened to f32; grid = n. */

@@ -85,6 +85,10 @@ int cuk_kv_write(cudaStream_t st, float *k_cache, float *v_cache, const float *k
 struct be_route;
 int cuk_to_bf16(cudaStream_t st, void *dst, const float *src, size_t total, char *err,
                 size_t errlen);
+int cuk_bf16_to_f32(cudaStream_t st, float *dst, const void *src, size_t total, char *err,
+                    size_t errlen);
+int cuk_swiglu_bf16(cudaStream_t st, void *out, const void *gate, const void *up, size_t total,
+                    char *err, size_t errlen);
 int cuk_embed_bf16(cudaStream_t st, float *out, const void *table, const int32_t *ids, int n,
                    int d, char *err, size_t errlen);
 int cuk_route(cudaStream_t st, int32_t *idx, float *w, const float *logits, const float *glog,

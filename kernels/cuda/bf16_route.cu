@@ -1,7 +1,7 @@
 /* bf16 and routing kernels of the CUDA backend: f32 <-> bf16 conversion of GEMM inputs and
  * outputs (the weights are bf16, cuBLAS wants both operands in one type), SwiGLU on the bf16
- * expert activations, the embedding lookup from a bf16 table, and the router's top-k choice, one thread per token, with the very code the CPU
- * backend runs (kernels/route_impl.h). */
+ * expert activations, the embedding lookup from a bf16 table, and the router's top-k choice,
+ * one thread per token, with the very code the CPU backend runs (kernels/route_impl.h). */
 #include <cuda_bf16.h>
 
 #include "cuda_check.h"
@@ -10,36 +10,44 @@
 
 #define BR_THREADS 256
 
-static __global__ void br_to_bf16_kernel(__nv_bfloat16 *dst, const float *src, size_t total)
+/* Element conversion, f32 <-> bf16 (round to nearest even going down). */
+static __device__ inline void br_cvt(__nv_bfloat16 *d, float s)
+{
+    *d = __float2bfloat16_rn(s);
+}
+
+static __device__ inline void br_cvt(float *d, __nv_bfloat16 s)
+{
+    *d = __bfloat162float(s);
+}
+
+template <typename D, typename S>
+static __global__ void br_convert_kernel(D *dst, const S *src, size_t total)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
          i += (size_t)gridDim.x * blockDim.x)
-        dst[i] = __float2bfloat16_rn(src[i]);
+        br_cvt(&dst[i], src[i]);
+}
+
+template <typename D, typename S>
+static int br_convert(cudaStream_t st, D *dst, const S *src, size_t total, char *err,
+                      size_t errlen)
+{
+    if (total == 0) return 0;
+    br_convert_kernel<D, S><<<cuk_blocks(total, BR_THREADS), BR_THREADS, 0, st>>>(dst, src, total);
+    return CUDA_LAUNCH_CHECK("br_convert_kernel", err, errlen);
 }
 
 int cuk_to_bf16(cudaStream_t st, void *dst, const float *src, size_t total, char *err,
                 size_t errlen)
 {
-    if (total == 0) return 0;
-    br_to_bf16_kernel<<<cuk_blocks(total, BR_THREADS), BR_THREADS, 0, st>>>(
-        (__nv_bfloat16 *)dst, src, total);
-    return CUDA_LAUNCH_CHECK("br_to_bf16_kernel", err, errlen);
-}
-
-static __global__ void br_to_f32_kernel(float *dst, const __nv_bfloat16 *src, size_t total)
-{
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
-         i += (size_t)gridDim.x * blockDim.x)
-        dst[i] = __bfloat162float(src[i]);
+    return br_convert(st, (__nv_bfloat16 *)dst, src, total, err, errlen);
 }
 
 int cuk_bf16_to_f32(cudaStream_t st, float *dst, const void *src, size_t total, char *err,
                     size_t errlen)
 {
-    if (total == 0) return 0;
-    br_to_f32_kernel<<<cuk_blocks(total, BR_THREADS), BR_THREADS, 0, st>>>(
-        dst, (const __nv_bfloat16 *)src, total);
-    return CUDA_LAUNCH_CHECK("br_to_f32_kernel", err, errlen);
+    return br_convert(st, dst, (const __nv_bfloat16 *)src, total, err, errlen);
 }
 
 /* out = silu(gate) * up on bf16 arrays, computed in f32 as the CPU's SwiGLU. */

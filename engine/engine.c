@@ -43,6 +43,9 @@ struct device {
     bool *owned_is_weight;
     int n_owned, cap_owned;
     float *cos_sin;             /* the engine's RoPE table in backend memory */
+    float **kv_k, **kv_v;       /* (n_layer) this device's KV storage: the engine's kv.k/kv.v,
+                                   or its own copy of the pool layout when sticky */
+    bool own_kv;
 
     /* slice of the current step */
     int item0, item1;  /* items [item0, item1) */
@@ -80,10 +83,15 @@ struct engine {
     int n_dev;
     struct device *dev;
     struct comm *comm;
-    /* Devices with their own memory and N > 1: attention (and the KV cache, embeddings, dense
-     * and shared FFNs, logits) runs on device 0 for every sequence; the others hold only their
-     * experts and serve the MoE layers' dispatched rows (expert parallelism). */
-    bool attn_first;
+    /* Devices with their own memory and N > 1: each device holds KV storage for the whole
+     * block pool, and a sequence stays on the device that holds its K/V (sticky), assigned at
+     * its first step: the device of its prefix-cached blocks, else the one with the fewest
+     * sequences. Attention is data-parallel over sequences, experts expert-parallel. */
+    bool sticky;
+    int32_t *block_dev;            /* (n_blocks) device holding each block's K/V, -1 none */
+    int *dev_seqs;                 /* (n_dev) sequences assigned to each device */
+    int32_t *old_blocks;           /* (max_seqs) blocks each item held before this step */
+    struct engine_item *sorted;    /* (max_seqs) this step's items grouped by device */
     struct kv_cache kv;
     int blocks_per_seq;   /* KV blocks of a max_model_len sequence */
     int *owner;           /* (n_expert) */
@@ -180,8 +188,9 @@ static void attention_layer(struct device *dv, int l)
     /* Every sequence of the slice in one call: each token names its sequence's block table. */
     struct be_tokens tk = {.tables = dv->blocks, .table_stride = e->blocks_per_seq,
                            .seq = dv->tok_seq, .pos = dv->pos};
-    be->ops->kv_write(be, e->kv.k[l], e->kv.v[l], dv->k, dv->v, &tk, e->kv.block_size, n, kvdim);
-    be->ops->attention(be, dv->att, dv->q, e->kv.k[l], e->kv.v[l], &tk, e->kv.block_size, n,
+    be->ops->kv_write(be, dv->kv_k[l], dv->kv_v[l], dv->k, dv->v, &tk, e->kv.block_size, n,
+                      kvdim);
+    be->ops->attention(be, dv->att, dv->q, dv->kv_k[l], dv->kv_v[l], &tk, e->kv.block_size, n,
                        md->n_head, md->n_kv_head, hd, md->sliding_window, e->attn_scale,
                        dv->scores);
     be->ops->matmul(be, dv->tmp, dv->att, lw->wo, NULL, n, qdim, d);
@@ -440,31 +449,12 @@ static int device_weights(struct engine *e, struct device *dv)
     size_t qdim = (size_t)md->n_head * hd, kvdim = (size_t)md->n_kv_head * hd;
     bool ok = true;
 
-    /* Under attn_first the other devices see no tokens of their own: experts only. */
-    bool experts_only = e->attn_first && dv->rank > 0;
     dv->w = *m;
     dv->w_layers = calloc((size_t)md->n_layer, sizeof *dv->w_layers);
     dv->w_ffn = calloc((size_t)md->n_layer * (size_t)(md->n_expert + md->n_shared) + 1,
                        sizeof *dv->w_ffn);
     if (!dv->w_layers || !dv->w_ffn) return -1;
     dv->w.layers = dv->w_layers;
-    if (experts_only) {
-        dv->w.embed = dv->w.lm_head = NULL;
-        dv->w.norm = NULL;
-        struct ffn_w *ffn = dv->w_ffn;
-        for (int l = 0; l < md->n_layer; l++) {
-            if (!md->layer_is_moe[l]) continue;
-            dv->w_layers[l].experts = ffn;
-            for (int x = 0; x < md->n_expert; x++, ffn++) {
-                ffn->d_ff = m->layers[l].experts[x].d_ff;
-                if (e->owner[x] == dv->rank)
-                    dev_ffn(dv, ffn, &m->layers[l].experts[x], md->d_model, &ok);
-            }
-            dv->w_layers[l].shared = ffn;
-            ffn += md->n_shared;
-        }
-        return ok ? 0 : -1;
-    }
     dv->w.embed = dev_weight(dv, m->embed, (size_t)md->vocab * D, &ok);
     dv->w.lm_head = m->lm_head == m->embed ? dv->w.embed
                                            : dev_weight(dv, m->lm_head, (size_t)md->vocab * D, &ok);
@@ -617,6 +607,14 @@ static void device_release(struct device *dv)
         else
             be->ops->free(be, (void *)dv->owned[i]);
     }
+    if (dv->own_kv) {
+        for (int l = 0; l < dv->e->m->desc.n_layer; l++) {
+            if (dv->kv_k && dv->kv_k[l]) be->ops->free(be, dv->kv_k[l]);
+            if (dv->kv_v && dv->kv_v[l]) be->ops->free(be, dv->kv_v[l]);
+        }
+        free(dv->kv_k);
+        free(dv->kv_v);
+    }
     free(dv->owned);
     free(dv->owned_is_weight);
     free(dv->w_layers);
@@ -628,6 +626,85 @@ static void device_release(struct device *dv)
     moe_scratch_release(&dv->moe, be);
     be->ops->destroy(be);
     dv->be = NULL;
+}
+
+/* Each device's KV storage: the engine's pool on device 0 (and on every device of a shared-
+ * memory engine); a sticky engine's other devices get storage of the same layout, so a block
+ * id means the same place on every device and the pool's allocator serves them all. */
+static int device_kv(struct engine *e, char *err, size_t errlen)
+{
+    const struct model_desc *md = &e->m->desc;
+    size_t per_layer = (size_t)e->kv.n_blocks * (size_t)e->kv.block_size *
+                       (size_t)md->n_kv_head * (size_t)md->head_dim * sizeof(float);
+    if (e->sticky) {
+        e->block_dev = malloc(sizeof(int32_t) * (size_t)e->kv.n_blocks);
+        e->dev_seqs = calloc((size_t)e->n_dev, sizeof(int));
+        e->old_blocks = malloc(sizeof(int32_t) * (size_t)e->p.max_seqs);
+        e->sorted = malloc(sizeof *e->sorted * (size_t)e->p.max_seqs);
+        if (!e->block_dev || !e->dev_seqs || !e->old_blocks || !e->sorted)
+            return ms_errf(err, errlen, "out of memory for the device map of the KV cache");
+        for (int b = 0; b < e->kv.n_blocks; b++) e->block_dev[b] = -1;
+    }
+    for (int r = 0; r < e->n_dev; r++) {
+        struct device *dv = &e->dev[r];
+        if (r == 0 || !e->sticky) {
+            dv->kv_k = e->kv.k;
+            dv->kv_v = e->kv.v;
+            continue;
+        }
+        dv->own_kv = true;
+        dv->kv_k = calloc((size_t)md->n_layer, sizeof *dv->kv_k);
+        dv->kv_v = calloc((size_t)md->n_layer, sizeof *dv->kv_v);
+        if (!dv->kv_k || !dv->kv_v)
+            return ms_errf(err, errlen, "out of memory for device %d's KV tables", r);
+        for (int l = 0; l < md->n_layer; l++) {
+            dv->kv_k[l] = dv->be->ops->alloc(dv->be, per_layer);
+            dv->kv_v[l] = dv->be->ops->alloc(dv->be, per_layer);
+            if (!dv->kv_k[l] || !dv->kv_v[l])
+                return ms_errf(err, errlen, "out of memory for device %d's KV cache (%zu bytes "
+                                            "a layer)",
+                               r, 2 * per_layer);
+        }
+    }
+    return 0;
+}
+
+/* Sticky engines, before reserving a step's blocks: gives each new sequence its device (the
+ * one holding its prefix-cached blocks, else the one with the fewest sequences) and notes how
+ * many blocks each item holds already. */
+static void sticky_assign(struct engine *e, struct engine_item *items, int n_items)
+{
+    for (int i = 0; i < n_items; i++) {
+        struct kv_seq *kv = items[i].kv;
+        e->old_blocks[i] = kv->n_blocks;
+        if (kv->device >= 0) continue;
+        int d = kv->n_blocks > 0 ? e->block_dev[kv->blocks[0]] : -1;
+        if (d < 0) {
+            d = 0;
+            for (int r = 1; r < e->n_dev; r++)
+                if (e->dev_seqs[r] < e->dev_seqs[d]) d = r;
+        }
+        kv->device = d;
+        e->dev_seqs[d]++;
+    }
+}
+
+/* After reserving: records where the new blocks live and orders the step's items by device
+ * (stable) into e->sorted, with their flat token offsets. */
+static void sticky_order(struct engine *e, struct engine_item *items, int n_items)
+{
+    for (int i = 0; i < n_items; i++) {
+        const struct kv_seq *kv = items[i].kv;
+        for (int b = e->old_blocks[i]; b < kv->n_blocks; b++) e->block_dev[kv->blocks[b]] = kv->device;
+    }
+    int n = 0, total = 0;
+    for (int r = 0; r < e->n_dev; r++)
+        for (int i = 0; i < n_items; i++)
+            if (items[i].kv->device == r) {
+                e->sorted[n] = items[i];
+                e->item_tok0[n++] = total;
+                total += items[i].n_tokens;
+            }
 }
 
 /* In-process copies between CPU devices; NCCL between GPUs. */
@@ -749,7 +826,7 @@ int engine_create(const struct model *m, const struct engine_params *p, struct e
         ms_errf(err, errlen, "out of memory for the RoPE table");
         goto fail;
     }
-    e->attn_first = p->backend != ENGINE_BACKEND_CPU && e->n_dev > 1;
+    e->sticky = p->backend != ENGINE_BACKEND_CPU && e->n_dev > 1;
     if (make_comm(e, err, errlen) != 0) goto fail;
 
     /* BLAS threads: split the cores between devices; concurrent callers each get one thread
@@ -777,6 +854,7 @@ int engine_create(const struct model *m, const struct engine_params *p, struct e
     if (kv_create(&e->kv, e->dev[0].be, md->n_layer, md->n_kv_head, md->head_dim,
                   e->p.kv_block_size, (int)n_blocks, err, errlen) != 0)
         goto fail;
+    if (device_kv(e, err, errlen) != 0) goto fail;
 
     pthread_mutex_init(&e->lock, NULL);
     pthread_cond_init(&e->wake, NULL);
@@ -812,6 +890,10 @@ void engine_free(struct engine *e)
     free(e->cos_sin);
     free(e->owner);
     free(e->item_tok0);
+    free(e->block_dev);
+    free(e->dev_seqs);
+    free(e->old_blocks);
+    free(e->sorted);
     free(e->dev);
     free(e->stats.dev_routed_rows);
     free(e->stats.dev_expert_flops);
@@ -829,21 +911,25 @@ int engine_seq_init(struct engine *e, struct kv_seq *s)
 
 void engine_seq_free(struct engine *e, struct kv_seq *s)
 {
+    if (e->sticky && s->device >= 0 && s->device < e->n_dev) e->dev_seqs[s->device]--;
     kv_seq_free(&e->kv, s);
 }
 
-/* Splits items into n_dev contiguous slices with about the same number of tokens each (all on
- * device 0 when attention runs there: attn_first). */
+/* Splits items into n_dev contiguous slices with about the same number of tokens each, or, for
+ * sticky engines, by the device each sequence lives on. */
 static void partition(struct engine *e, int total)
 {
     int item = 0;
-    if (e->attn_first) {
+    if (e->sticky) {
+        /* Items are grouped by device (sticky_order): each device takes its own. */
         for (int r = 0; r < e->n_dev; r++) {
             struct device *dv = &e->dev[r];
-            dv->item0 = r == 0 ? 0 : e->n_items;
-            dv->item1 = e->n_items;
-            dv->tok0 = r == 0 ? 0 : total;
-            dv->n_tok = r == 0 ? total : 0;
+            dv->item0 = item;
+            while (item < e->n_items && e->items[item].kv->device == r) item++;
+            dv->item1 = item;
+            dv->tok0 = dv->item0 < e->n_items ? e->item_tok0[dv->item0] : total;
+            int end = item < e->n_items ? e->item_tok0[item] : total;
+            dv->n_tok = end - dv->tok0;
         }
         return;
     }
@@ -896,12 +982,17 @@ int engine_step(struct engine *e, struct engine_item *items, int n_items, char *
     if (need > kv_free_blocks(&e->kv))
         return ms_errf(err, errlen, "KV cache full: step needs %d blocks, %d free", need,
                        kv_free_blocks(&e->kv));
+    if (e->sticky) sticky_assign(e, items, n_items);
     for (int i = 0; i < n_items; i++)
         if (kv_seq_reserve(&e->kv, items[i].kv, items[i].pos + items[i].n_tokens) != 0)
             return ms_errf(err, errlen, "item %d: cannot reserve KV blocks", i);
 
     e->items = items;
     e->n_items = n_items;
+    if (e->sticky) {
+        sticky_order(e, items, n_items);
+        e->items = e->sorted;
+    }
     partition(e, total);
     if (e->n_dev > 1) {
         pthread_mutex_lock(&e->lock);

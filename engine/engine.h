@@ -3,13 +3,17 @@
  * returns the logits each sequence asked for.
  *
  * Devices: N CPU virtual devices (threads), or N CUDA GPUs (ENGINE_BACKEND_CUDA; weights go to
- * the GPUs in bf16 at engine_create). With several GPUs, attention, the KV cache and the
- * non-expert weights live on GPU 0 and every GPU holds its share of the experts (expert
- * parallelism, rows exchanged through NCCL); on CPU devices attention is data-parallel: each device takes a
- * contiguous slice of the batch's sequences. The MoE layer is route -> dispatch (all-to-all to
- * the devices that own the chosen experts, per the placement map) -> expert compute on the owner
- * -> combine (all-to-all back, weighted sum in top-k slot order). Rows reach an expert in global
- * token order whatever N is, so results do not depend on the device count.
+ * the GPUs in bf16 at engine_create). Attention is data-parallel over sequences; experts are
+ * expert-parallel: the MoE layer is route -> dispatch (all-to-all to the devices that own the
+ * chosen experts, per the placement map; in-process copies, or NCCL between GPUs) -> expert
+ * compute on the owner -> combine (all-to-all back, weighted sum in top-k slot order).
+ *
+ * CPU devices share the KV cache in host memory, so each step splits the batch anew into
+ * contiguous slices of sequences; rows then reach an expert in global token order whatever N
+ * is, so results do not depend on the device count. Devices with their own memory (GPUs) each
+ * hold KV storage for the whole block pool, and a sequence stays on the device that holds its
+ * K/V from its first step on (the device of the prefix-cached blocks it reuses, else the one
+ * with the fewest sequences); the pool's capacity is then one device's KV budget.
  *
  * Ownership and threads: engine_create borrows the model (it must outlive the engine) and
  * allocates every buffer a step needs, sized by engine_params; engine_step allocates nothing.

@@ -174,6 +174,7 @@ static void put_block(struct kv_cache *kv, int32_t b)
 int kv_seq_init(struct kv_seq *s, int max_tokens, int block_size)
 {
     memset(s, 0, sizeof *s);
+    s->device = -1;
     s->max_blocks = (max_tokens + block_size - 1) / block_size;
     size_t n = (size_t)(s->max_blocks > 0 ? s->max_blocks : 1);
     s->blocks = malloc(sizeof(int32_t) * n);

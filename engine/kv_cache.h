@@ -66,6 +66,8 @@ struct kv_seq {
     int n_hashed;    /* leading full blocks whose chain hash is known (taken or registered) */
     bool reg_stop;   /* block n_hashed duplicates a registered one: register nothing further */
     int max_blocks;
+    int device;      /* engines whose devices hold separate KV storage: the device this
+                        sequence's K/V live on, -1 until its first step */
 };
 
 int kv_create(struct kv_cache *kv, struct backend *be, int n_layer, int n_kv_head, int head_dim,

@@ -5,6 +5,7 @@
  * libuv loop thread runs requests to completion, and prefix caching reuses full prompt blocks
  * (a repeated prompt hits all its full blocks but the one holding its last token) without
  * changing any greedy output compared with the cache disabled. */
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,10 +48,18 @@ static struct sched_req *make_req(int i, int max_tokens)
     return r;
 }
 
+/* The engine the tests run on: the CPU backend on one device, then (the last runs of main)
+ * two staged devices, the layout of a multi-GPU engine (sequences sticky to a device, KV
+ * storage per device). */
+static enum engine_backend g_backend = ENGINE_BACKEND_CPU;
+static int g_devices = 1;
+
 static struct engine *make_engine(const struct model *m, size_t kv_bytes, int batch_tokens)
 {
     struct engine_params ep;
     engine_params_default(&ep);
+    ep.backend = g_backend;
+    ep.n_devices = g_devices;
     ep.max_seqs = N_REQ;
     ep.max_batch_tokens = batch_tokens;
     ep.max_model_len = 128;
@@ -530,6 +539,74 @@ out:
     engine_free(e_chunk);
 }
 
+/* One step of one sequence; logits of its last token into out (vocab). */
+static int step_one(struct engine *e, struct kv_seq *kv, const int32_t *tok, int n, int pos,
+                    float *out)
+{
+    char err[MS_ERR_LEN];
+    struct engine_item it = {.kv = kv, .tokens = tok, .n_tokens = n, .pos = pos, .n_logits = 1,
+                             .logits = out};
+    int rc = engine_step(e, &it, 1, err, sizeof err);
+    if (rc) fprintf(stderr, "step: %s\n", err);
+    return rc;
+}
+
+/* Sticky devices and prefix caching: a sequence that takes cached blocks must run on the device
+ * holding their K/V, even when another device has fewer sequences. A and B pin one sequence on
+ * each device, A2 a second on device 0, so C (the prompt's first owner) lands on device 1; once
+ * C and A2 are gone both devices hold one sequence and the least-loaded rule alone would pick
+ * device 0 for D, which reuses C's blocks. D's logits must equal a fresh CPU prefill. */
+static void test_sticky_prefix(const struct model *m)
+{
+    enum { P = 64, HIT = 48 };
+    int V = m->desc.vocab;
+    struct engine *e = make_engine(m, 0, 64);
+    g_backend = ENGINE_BACKEND_CPU;
+    g_devices = 1;
+    struct engine *ref = make_engine(m, 0, 64);
+    g_backend = ENGINE_BACKEND_CPU_STAGED;
+    g_devices = 2;
+    float *got = malloc(sizeof(float) * V), *want = malloc(sizeof(float) * V);
+    struct kv_seq a, b, a2, c, d, r;
+    bool freed[6] = {false};
+    int n_init = 0;
+    CHECK(e && ref && got && want);
+    if (!e || !ref || !got || !want) goto out;
+    struct kv_seq *all[] = {&a, &b, &a2, &c, &d, &r};
+    for (; n_init < 6; n_init++)
+        if (engine_seq_init(n_init == 5 ? ref : e, all[n_init]) != 0) goto out;
+    int32_t prompt[P];
+    for (int t = 0; t < P; t++) prompt[t] = 1 + (t * 37 + 11) % (V - 1);
+    CHECK(step_one(e, &a, prompt, 1, 0, got) == 0 && a.device == 0);
+    CHECK(step_one(e, &b, prompt, 1, 0, got) == 0 && b.device == 1);
+    CHECK(step_one(e, &a2, prompt, 1, 0, got) == 0 && a2.device == 0);
+    CHECK(step_one(e, &c, prompt, P, 0, got) == 0 && c.device == 1);
+    struct kv_cache *kv = engine_kv(e);
+    kv_seq_register(kv, &c, 7, prompt, P);
+    engine_seq_free(e, &c);
+    engine_seq_free(e, &a2);
+    freed[3] = freed[2] = true;
+    int taken = kv_seq_match(kv, &d, 7, prompt, HIT / kv->block_size);
+    CHECKF(taken * kv->block_size == HIT, "prefix match took %d blocks", taken);
+    CHECK(step_one(e, &d, prompt + HIT, P - HIT, HIT, got) == 0);
+    CHECKF(d.device == 1, "the sequence reusing device 1's blocks runs on device %d", d.device);
+    CHECK(step_one(ref, &r, prompt, P, 0, want) == 0);
+    double num = 0, den = 0;
+    for (int i = 0; i < V; i++) {
+        num += ((double)got[i] - want[i]) * ((double)got[i] - want[i]);
+        den += (double)want[i] * want[i];
+    }
+    CHECKF(sqrt(num / den) < 1e-5, "logits after a cross-device prefix hit: rel err %.3e",
+           sqrt(num / den));
+out:
+    for (int i = 0; i < n_init; i++)
+        if (!freed[i]) engine_seq_free(i == 5 ? ref : e, all[i]);
+    engine_free(e);
+    engine_free(ref);
+    free(got);
+    free(want);
+}
+
 int main(int argc, char **argv)
 {
     const char *tests = argc > 1 ? argv[1] : "tests";
@@ -551,6 +628,14 @@ int main(int argc, char **argv)
     test_cancel_and_limits(m);
     test_stop_string(m);
     test_loop_thread(m, alone);
+    /* Sticky devices: preempted sequences and prefix hits must come back to the device that
+     * holds their K/V; outputs as on one CPU device. */
+    g_backend = ENGINE_BACKEND_CPU_STAGED;
+    g_devices = 2;
+    printf("two staged devices (sticky sequences):\n");
+    test_preemption(m, alone, true);
+    test_prefix_cache(m);
+    test_sticky_prefix(m);
     model_free(m);
     return test_done("test_sched");
 }

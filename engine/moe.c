@@ -123,6 +123,8 @@ void moe_route_desc(const struct model_desc *md, struct be_route *r)
     r->n_group = md->n_group;
     r->topk_group = md->topk_group;
     r->norm_topk = md->norm_topk_prob;
+    r->bias = NULL; /* sigmoid_group (DeepSeek-V3) models are not loaded yet */
+    r->scale = 1.0f;
 }
 
 void moe_route(const struct model *m, int layer, struct backend *be, const float *h, int n,

@@ -24,6 +24,9 @@ struct backend;
 enum be_route_kind {
     BE_ROUTE_SOFTMAX_TOPK = 0, /* softmax over experts, top-k, optional renormalization */
     BE_ROUTE_MOHGE = 1,        /* two-level: sigmoid group top-kg, then experts (DESIGN.md) */
+    BE_ROUTE_SIGMOID_GROUP = 2,/* DeepSeek-V3: sigmoid scores + correction bias, groups ranked
+                                  by their two best, top-k in the kept groups, weights the
+                                  unbiased scores (renormalized), times `scale` */
 };
 
 struct be_route {
@@ -32,7 +35,9 @@ struct be_route {
     int top_k;       /* slots per token (the model's k; a token may use fewer, see tok_k) */
     int n_group;     /* MoHGE */
     int topk_group;  /* MoHGE */
-    int norm_topk;   /* softmax: renormalize the k kept probabilities */
+    int norm_topk;   /* softmax, sigmoid_group: renormalize the k kept weights */
+    const float *bias; /* sigmoid_group: (n_expert) score correction, backend memory */
+    float scale;     /* sigmoid_group: routed scaling factor */
 };
 
 /* One expert's SwiGLU FFN: weight handles from weight_upload. */

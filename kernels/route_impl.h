@@ -140,6 +140,60 @@ ROUTE_FN void route_mohge(const struct be_route *r, const float *elog, const flo
     for (int j = 0; j < k; j++) w[j] /= wsum;
 }
 
+/* DeepSeek-V3 group-limited routing: s = sigmoid(logit); choice c = s + bias; a group's score
+ * is the sum of its two largest c; the topk_group best groups are kept and every other expert's
+ * c counts as 0 (not minus infinity, as the reference does it); the top-k experts by c; their
+ * weights are their s, renormalized (plus 1e-20) when norm_topk, times scale. */
+ROUTE_FN float route_sig_choice(const struct be_route *r, const float *logits, int e)
+{
+    return 1.0f / (1.0f + expf(-logits[e])) + r->bias[e];
+}
+
+ROUTE_FN void route_sigmoid_group(const struct be_route *r, const float *logits, int k,
+                                  int32_t *idx, float *w)
+{
+    int E = r->n_expert, G = r->n_group, epg = E / G;
+    float gs[ROUTE_MAX_GROUPS];
+    uint32_t kept[ROUTE_MASK_WORDS], taken[ROUTE_MASK_WORDS];
+    route_mask_clear(kept);
+    route_mask_clear(taken);
+    for (int g = 0; g < G; g++) {
+        float b1 = -INFINITY, b2 = -INFINITY;
+        for (int i = 0; i < epg; i++) {
+            float c = route_sig_choice(r, logits, g * epg + i);
+            if (c > b1) {
+                b2 = b1;
+                b1 = c;
+            } else if (c > b2) {
+                b2 = c;
+            }
+        }
+        gs[g] = epg > 1 ? b1 + b2 : b1;
+    }
+    for (int j = 0; j < r->topk_group; j++) route_mask_set(kept, route_argmax_free(gs, kept, G));
+    float wsum = 0.0f;
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        float bc = 0.0f;
+        for (int e = 0; e < E; e++) {
+            if (route_mask_has(taken, e)) continue;
+            float c = route_mask_has(kept, e / epg) ? route_sig_choice(r, logits, e) : 0.0f;
+            if (best < 0 || c > bc) {
+                best = e;
+                bc = c;
+            }
+        }
+        route_mask_set(taken, best);
+        idx[j] = best;
+        w[j] = 1.0f / (1.0f + expf(-logits[best]));
+        wsum += w[j];
+    }
+    for (int j = 0; j < k; j++) {
+        if (r->norm_topk) w[j] /= wsum + 1e-20f;
+        w[j] *= r->scale;
+    }
+}
+
 /* Token t of a batch: its k = tok_k[t] slots by the rule of r, then -1 / 0 up to top_k. */
 ROUTE_FN void route_token(const struct be_route *r, const float *logits, const float *glog,
                           const int32_t *tok_k, int t, int32_t *idx, float *w)
@@ -150,6 +204,8 @@ ROUTE_FN void route_token(const struct be_route *r, const float *logits, const f
     k = k < 1 ? 1 : (k > K ? K : k);
     if (r->kind == BE_ROUTE_MOHGE)
         route_mohge(r, logits + (size_t)t * r->n_expert, glog + (size_t)t * r->n_group, k, ti, tw);
+    else if (r->kind == BE_ROUTE_SIGMOID_GROUP)
+        route_sigmoid_group(r, logits + (size_t)t * r->n_expert, k, ti, tw);
     else
         route_softmax_topk(r, logits + (size_t)t * r->n_expert, k, ti, tw);
     for (int j = k; j < K; j++) {

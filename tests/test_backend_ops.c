@@ -406,8 +406,9 @@ static void check_route(struct ops_ctx *t, int n, enum be_route_kind kind, int E
 {
     char shape[64];
     snprintf(shape, sizeof shape, "%s n=%d E=%d k=%d G=%d/%d",
-             kind == BE_ROUTE_MOHGE ? "mohge" : "softmax", n, E, K, G, kg);
-    struct be_route r = {kind, E, K, G, kg, 1};
+             kind == BE_ROUTE_MOHGE ? "mohge" : kind == BE_ROUTE_SIGMOID_GROUP ? "sig_group" : "softmax",
+             n, E, K, G, kg);
+    struct be_route r = {kind, E, K, G, kg, 1, NULL, 2.5f}, dr;
     size_t nk = (size_t)n * K;
     int32_t *tok_k = ops_host(t, sizeof(int32_t) * n);
     if (tok_k)
@@ -418,10 +419,16 @@ static void check_route(struct ops_ctx *t, int n, enum be_route_kind kind, int E
     BOTH(ops_rand(t, (size_t)n * (G > 0 ? G : 1), -2, 2), sizeof(float) * n * (G > 0 ? G : 1), rg,
          dg);
     BOTH(tok_k, sizeof(int32_t) * n, rk, dk);
+    /* Correction biases large enough to reorder experts (the masked-to-0 rule included). */
+    float *rb, *db;
+    BOTH(ops_rand(t, (size_t)E, -0.6f, 0.3f), sizeof(float) * E, rb, db);
+    r.bias = rb;
+    dr = r;
+    dr.bias = db;
     BOTH(NULL, sizeof(int32_t) * nk, ri, di);
     BOTH(NULL, sizeof(float) * nk, rw, dw);
     RUN2(t->ref->ops->route(t->ref, ri, rw, rl, rg, rk, n, &r),
-         t->dut->ops->route(t->dut, di, dw, dl, dg, dk, n, &r));
+         t->dut->ops->route(t->dut, di, dw, dl, dg, dk, n, &dr));
     int32_t *a = ops_host(t, sizeof(int32_t) * nk), *b = ops_host(t, sizeof(int32_t) * nk);
     if (!t->oom) {
         t->ref->ops->download(t->ref, a, ri, sizeof(int32_t) * nk);
@@ -618,6 +625,8 @@ static void check_all_ops(struct ops_ctx *t)
     check_route(t, 300, BE_ROUTE_SOFTMAX_TOPK, 64, 8, 0, 0);
     check_route(t, 50, BE_ROUTE_MOHGE, 48, 6, 3, 2);
     check_route(t, 9, BE_ROUTE_MOHGE, 16, 4, 4, 1);
+    check_route(t, 200, BE_ROUTE_SIGMOID_GROUP, 64, 8, 8, 4);
+    check_route(t, 17, BE_ROUTE_SIGMOID_GROUP, 32, 4, 4, 2);
     check_moe_experts(t, 6, 64, 20);
     check_moe_experts(t, 40, 256, 9);
     check_moe_combine(t, 10, 4, 30, 200);

@@ -140,10 +140,10 @@ ROUTE_FN void route_mohge(const struct be_route *r, const float *elog, const flo
     for (int j = 0; j < k; j++) w[j] /= wsum;
 }
 
-/* DeepSeek-V3 group-limited routing: s = sigmoid(logit); choice c = s + bias; a group's score
- * is the sum of its two largest c; the topk_group best groups are kept and every other expert's
- * c counts as 0 (not minus infinity, as the reference does it); the top-k experts by c; their
- * weights are their s, renormalized (plus 1e-20) when norm_topk, times scale. */
+/* DeepSeek-V3 group-limited routing, as transformers' DeepseekV3TopkRouter: s = sigmoid(logit);
+ * choice c = s + bias; a group's score is the sum of its two largest c; the topk_group best
+ * groups are kept and the other experts' c count as minus infinity; the top-k experts by c;
+ * their weights are their s, renormalized (plus 1e-20) when norm_topk, times scale. */
 ROUTE_FN float route_sig_choice(const struct be_route *r, const float *logits, int e)
 {
     return 1.0f / (1.0f + expf(-logits[e])) + r->bias[e];
@@ -177,7 +177,7 @@ ROUTE_FN void route_sigmoid_group(const struct be_route *r, const float *logits,
         float bc = 0.0f;
         for (int e = 0; e < E; e++) {
             if (route_mask_has(taken, e)) continue;
-            float c = route_mask_has(kept, e / epg) ? route_sig_choice(r, logits, e) : 0.0f;
+            float c = route_mask_has(kept, e / epg) ? route_sig_choice(r, logits, e) : -INFINITY;
             if (best < 0 || c > bc) {
                 best = e;
                 bc = c;

@@ -207,6 +207,11 @@ static int parse_opts(int argc, char **argv, struct serve_opts *o)
         fprintf(stderr, "moeserve serve: --log-format must be text or json\n");
         return -1;
     }
+    enum engine_backend b;
+    if (engine_backend_parse(o->device, &b) != 0) {
+        fprintf(stderr, "moeserve serve: --device must be cpu or cuda, got '%s'\n", o->device);
+        return -1;
+    }
     return 0;
 }
 
@@ -319,10 +324,7 @@ int cli_serve(int argc, char **argv)
     struct engine_params ep;
     engine_params_default(&ep);
     ep.n_devices = (int)o.devices;
-    if (engine_backend_parse(o.device, &ep.backend) != 0) {
-        slog("error", "--device must be cpu or cuda, got '%s'", o.device);
-        goto out;
-    }
+    engine_backend_parse(o.device, &ep.backend); /* checked by parse_opts */
     ep.max_seqs = (int)o.max_num_seqs;
     ep.max_batch_tokens = (int)o.max_batched;
     ep.max_model_len = (int)o.max_model_len;

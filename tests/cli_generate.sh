@@ -39,6 +39,15 @@ expect_fail() { # expected-status grep-pattern args...
 expect_fail 2 "required" generate --model "$model"
 expect_fail 2 "--devices must be" generate --model "$model" --prompt hi --devices 0
 expect_fail 2 "--temperature must be" generate --model "$model" --prompt hi --temperature abc
+expect_fail 2 "--device must be cpu or cuda" generate --model "$model" --prompt hi --device tpu
+expect_fail 2 "--device must be cpu or cuda" serve --model "$model" --port 0 --device gpu
+# --device cuda without a usable GPU (or without the CUDA backend) is a runtime error that
+# says why; with a GPU it generates.
+if "$bin" generate --model "$model" --prompt hi -n 2 --device cuda >"$tmp/o" 2>"$tmp/e"; then
+    [ -s "$tmp/o" ] && ok || bad "--device cuda produced no text"
+else
+    grep -q "CUDA" "$tmp/e" && ok || bad "--device cuda failed without naming CUDA: $(head -c 300 "$tmp/e")"
+fi
 expect_fail 2 "unknown command" frobnicate
 expect_fail 1 "config.json" generate --model "$tmp/nope" --prompt hi
 expect_fail 1 "exceeds the model's top-k" generate --model "$model" --prompt hi --moe-top-k 5

@@ -41,6 +41,30 @@ float ms_f16_to_f32(uint16_t h)
     return f;
 }
 
+uint16_t ms_f32_to_f16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    uint32_t sign = (u >> 16) & 0x8000u;
+    uint32_t a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);      /* NaN */
+    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);     /* rounds past 65504: inf */
+    if (a < 0x38800000u) {                                        /* below 2^-14: subnormal */
+        /* value = m * 2^-24 with m rounded to nearest even; a float's exact product then
+         * rounds once, since 2^24 * f is exact for |f| < 2^-14. */
+        float s;
+        uint32_t abits = a;
+        memcpy(&s, &abits, sizeof s);
+        return (uint16_t)(sign | (uint32_t)lrintf(s * 0x1p24f));
+    }
+    /* Normal: rebias the exponent and round the 13 dropped mantissa bits to nearest even; a
+     * carry out of the mantissa correctly bumps the exponent. */
+    uint32_t h = ((a - 0x38000000u) >> 13);
+    uint32_t rest = a & 0x1fffu;
+    if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) h++;
+    return (uint16_t)(sign | h);
+}
+
 double ms_now(void)
 {
     struct timespec ts;

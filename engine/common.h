@@ -38,6 +38,8 @@ static inline uint16_t ms_f32_to_bf16(float f)
 }
 
 float ms_f16_to_f32(uint16_t h);
+/* Round-to-nearest-even; overflow gives infinity, NaN stays NaN. */
+uint16_t ms_f32_to_f16(float f);
 
 /* Monotonic clock in seconds. */
 double ms_now(void);

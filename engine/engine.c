@@ -5,7 +5,6 @@
  * experts). Every buffer is allocated in engine_create; a step allocates nothing. */
 #include "engine.h"
 
-#include <cblas.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -20,9 +19,10 @@
 #include "cuda/comm_nccl.h"
 #endif
 
-/* Logit rows computed per lm_head GEMM on a backend with its own memory (then downloaded):
- * a whole decode batch of 256 sequences in one. */
+/* Logit rows computed per LM-head matmul: on a backend with its own memory (then downloaded) a
+ * whole decode batch of 256 sequences; on the host 64 (a chunk of vocab-sized rows). */
 #define LOGIT_ROWS 256
+#define HOST_LOGIT_ROWS 64
 
 /* Per-device state: a backend instance, the slice of the batch it owns in the current step,
  * and its scratch buffers. */
@@ -66,11 +66,12 @@ struct device {
     int32_t *tok_k;    /* (n_tok) experts per token */
     int32_t *tok_seq;  /* (n_tok) the token's item, counted from item0 (its row of `blocks`) */
     int32_t *blocks;   /* (max_seqs, blocks_per_seq) block tables of the slice's items */
-    /* backends with their own memory only: */
-    float *logits;     /* (LOGIT_ROWS, vocab) */
-    int32_t *lrows;    /* (LOGIT_ROWS) rows of x that want logits */
-    float *h_logits;   /* host (LOGIT_ROWS, vocab) */
-    int32_t *h_lrows;  /* host (LOGIT_ROWS) */
+    int logit_rows;    /* rows per LM-head matmul */
+    float *logits;     /* (logit_rows, vocab) */
+    int32_t *lrows;    /* (logit_rows) rows of x that want logits */
+    /* backends with their own memory only (on the host: NULL, and lrows itself): */
+    float *h_logits;   /* host (logit_rows, vocab) */
+    int32_t *h_lrows;  /* host (logit_rows) */
     int32_t *h_in;     /* host staging of `in` (4T) */
     int32_t *h_blocks; /* host staging of `blocks` */
 
@@ -215,7 +216,6 @@ static void ffn_layer(struct device *dv, int l)
             .rank = dv->rank,
             .owner = e->owner,
             .stats = &e->stats,
-            .weight_bytes = be->ops->weight_bytes,
         };
         bool timed = e->profile && dv->rank == 0;
         double t0 = 0;
@@ -234,20 +234,22 @@ static void ffn_layer(struct device *dv, int l)
     be->ops->add(be, dv->x, dv->tmp, n, d);
 }
 
-/* Backends with their own memory: the rows that want logits are gathered LOGIT_ROWS at a time
- * (one GEMM for all sequences of the step), downloaded once per chunk and handed out. */
-static void logits_out_staged(struct device *dv)
+/* The rows that want logits are gathered logit_rows at a time (one LM-head matmul for all
+ * sequences of the step), downloaded once per chunk on backends with their own memory, and
+ * handed out to the items. */
+static void logits_out(struct device *dv)
 {
     struct engine *e = dv->e;
     const struct model *m = &dv->w;
     const struct model_desc *md = &m->desc;
     struct backend *be = dv->be;
     int d = md->d_model, V = md->vocab;
+    const float *host = be->ops->host_memory ? dv->logits : dv->h_logits;
     int it = dv->item0, j = 0; /* next (item, logit row) to hand out */
     for (;;) {
-        /* Collect up to LOGIT_ROWS rows, remembering where the chunk starts. */
+        /* Collect up to logit_rows rows, remembering where the chunk starts. */
         int rows = 0, it_start = it, j_start = j;
-        for (int i = it, k = j; i < dv->item1 && rows < LOGIT_ROWS;) {
+        for (int i = it, k = j; i < dv->item1 && rows < dv->logit_rows;) {
             const struct engine_item *item = &e->items[i];
             if (k >= item->n_logits) {
                 i++;
@@ -259,11 +261,13 @@ static void logits_out_staged(struct device *dv)
             k++;
         }
         if (rows == 0) return;
-        be->ops->upload(be, dv->lrows, dv->h_lrows, sizeof(int32_t) * (size_t)rows);
+        if (!be->ops->host_memory)
+            be->ops->upload(be, dv->lrows, dv->h_lrows, sizeof(int32_t) * (size_t)rows);
         be->ops->gather_rows(be, dv->h, dv->x, dv->lrows, rows, d);
         be->ops->rmsnorm(be, dv->h, dv->h, m->norm, rows, d, md->rms_eps);
         be->ops->matmul(be, dv->logits, dv->h, m->lm_head, NULL, rows, d, V);
-        be->ops->download(be, dv->h_logits, dv->logits, sizeof(float) * (size_t)rows * V);
+        if (!be->ops->host_memory)
+            be->ops->download(be, dv->h_logits, dv->logits, sizeof(float) * (size_t)rows * V);
         it = it_start;
         j = j_start;
         for (int r = 0; r < rows;) {
@@ -273,32 +277,10 @@ static void logits_out_staged(struct device *dv)
                 j = 0;
                 continue;
             }
-            memcpy(item->logits + (size_t)j * V, dv->h_logits + (size_t)r * V,
-                   sizeof(float) * (size_t)V);
+            memcpy(item->logits + (size_t)j * V, host + (size_t)r * V, sizeof(float) * (size_t)V);
             j++;
             r++;
         }
-    }
-}
-
-static void logits_out(struct device *dv)
-{
-    struct engine *e = dv->e;
-    const struct model *m = &dv->w;
-    const struct model_desc *md = &m->desc;
-    struct backend *be = dv->be;
-    int d = md->d_model;
-    if (!be->ops->host_memory) {
-        logits_out_staged(dv);
-        return;
-    }
-    for (int it = dv->item0; it < dv->item1; it++) {
-        const struct engine_item *item = &e->items[it];
-        if (item->n_logits <= 0) continue;
-        int first = e->item_tok0[it] - dv->tok0 + item->n_tokens - item->n_logits;
-        be->ops->rmsnorm(be, dv->h, dv->x + (size_t)first * d, m->norm, item->n_logits, d,
-                         md->rms_eps);
-        be->ops->matmul(be, item->logits, dv->h, m->lm_head, NULL, item->n_logits, d, md->vocab);
     }
 }
 
@@ -400,12 +382,12 @@ static bool dev_own(struct device *dv, const void *p, bool is_weight)
     return true;
 }
 
-/* A matrix of n floats as this device's weight handle (NULL stays NULL). */
-static const void *dev_weight(struct device *dv, const float *host, size_t n, bool *ok)
+/* A matrix as this device's weight handle (NULL stays NULL). */
+static const struct wmat *dev_weight(struct device *dv, const struct wmat *host, bool *ok)
 {
     struct backend *be = dv->be;
     if (!host || be->ops->host_memory) return host;
-    const void *w = be->ops->weight_upload(be, host, n);
+    const struct wmat *w = be->ops->weight_upload(be, host);
     if (!w || !dev_own(dv, w, true)) {
         if (w) be->ops->weight_free(be, w);
         *ok = false;
@@ -429,14 +411,12 @@ static const float *dev_vec(struct device *dv, const float *host, size_t n, bool
     return p;
 }
 
-static void dev_ffn(struct device *dv, struct ffn_w *dst, const struct ffn_w *src, int d,
-                    bool *ok)
+static void dev_ffn(struct device *dv, struct ffn_w *dst, const struct ffn_w *src, bool *ok)
 {
     dst->d_ff = src->d_ff;
-    size_t n = (size_t)src->d_ff * d;
-    dst->gate = dev_weight(dv, src->gate, n, ok);
-    dst->up = dev_weight(dv, src->up, n, ok);
-    dst->down = dev_weight(dv, src->down, n, ok);
+    dst->gate = dev_weight(dv, src->gate, ok);
+    dst->up = dev_weight(dv, src->up, ok);
+    dst->down = dev_weight(dv, src->down, ok);
 }
 
 /* Builds dv->w: the weights this device needs (attention and dense parts everywhere, experts
@@ -455,9 +435,8 @@ static int device_weights(struct engine *e, struct device *dv)
                        sizeof *dv->w_ffn);
     if (!dv->w_layers || !dv->w_ffn) return -1;
     dv->w.layers = dv->w_layers;
-    dv->w.embed = dev_weight(dv, m->embed, (size_t)md->vocab * D, &ok);
-    dv->w.lm_head = m->lm_head == m->embed ? dv->w.embed
-                                           : dev_weight(dv, m->lm_head, (size_t)md->vocab * D, &ok);
+    dv->w.embed = dev_weight(dv, m->embed, &ok);
+    dv->w.lm_head = m->lm_head == m->embed ? dv->w.embed : dev_weight(dv, m->lm_head, &ok);
     dv->w.norm = dev_vec(dv, m->norm, D, &ok);
     struct ffn_w *ffn = dv->w_ffn;
     for (int l = 0; l < md->n_layer && ok; l++) {
@@ -467,43 +446,47 @@ static int device_weights(struct engine *e, struct device *dv)
         size_t kn = md->qk_norm == QK_NORM_HEAD ? hd : kvdim;
         lw->attn_norm = dev_vec(dv, src->attn_norm, D, &ok);
         lw->ffn_norm = dev_vec(dv, src->ffn_norm, D, &ok);
-        lw->wq = dev_weight(dv, src->wq, qdim * D, &ok);
-        lw->wk = dev_weight(dv, src->wk, kvdim * D, &ok);
-        lw->wv = dev_weight(dv, src->wv, kvdim * D, &ok);
-        lw->wo = dev_weight(dv, src->wo, D * qdim, &ok);
+        lw->wq = dev_weight(dv, src->wq, &ok);
+        lw->wk = dev_weight(dv, src->wk, &ok);
+        lw->wv = dev_weight(dv, src->wv, &ok);
+        lw->wo = dev_weight(dv, src->wo, &ok);
         lw->bq = dev_vec(dv, src->bq, qdim, &ok);
         lw->bk = dev_vec(dv, src->bk, kvdim, &ok);
         lw->bv = dev_vec(dv, src->bv, kvdim, &ok);
         lw->q_norm = dev_vec(dv, src->q_norm, qn, &ok);
         lw->k_norm = dev_vec(dv, src->k_norm, kn, &ok);
         if (!md->layer_is_moe[l]) {
-            dev_ffn(dv, &lw->dense, &src->dense, md->d_model, &ok);
+            dev_ffn(dv, &lw->dense, &src->dense, &ok);
             continue;
         }
-        lw->router = dev_weight(dv, src->router, (size_t)md->n_expert * D, &ok);
-        lw->group_router = dev_weight(dv, src->group_router, (size_t)md->n_group * D, &ok);
-        lw->shared_gate = dev_weight(dv, src->shared_gate, D, &ok);
+        lw->router = dev_weight(dv, src->router, &ok);
+        lw->group_router = dev_weight(dv, src->group_router, &ok);
+        lw->shared_gate = dev_weight(dv, src->shared_gate, &ok);
         lw->experts = ffn;
         for (int x = 0; x < md->n_expert; x++, ffn++) {
             ffn->d_ff = src->experts[x].d_ff;
-            if (e->owner[x] == dv->rank) dev_ffn(dv, ffn, &src->experts[x], md->d_model, &ok);
+            if (e->owner[x] == dv->rank) dev_ffn(dv, ffn, &src->experts[x], &ok);
         }
         lw->shared = ffn;
         for (int i = 0; i < md->n_shared; i++, ffn++)
-            dev_ffn(dv, ffn, &src->shared[i], md->d_model, &ok);
+            dev_ffn(dv, ffn, &src->shared[i], &ok);
     }
     dv->cos_sin = (float *)dev_vec(dv, e->cos_sin,
                                    (size_t)e->p.max_model_len * (size_t)md->head_dim, &ok);
     return ok ? 0 : -1;
 }
 
-static int device_backend(struct engine *e, struct device *dv, int blas_threads, char *err,
+static int device_backend(struct engine *e, struct device *dv, int threads, char *err,
                           size_t errlen)
 {
     if (e->p.backend != ENGINE_BACKEND_CUDA) {
-        dv->be = e->p.backend == ENGINE_BACKEND_CPU_STAGED ? backend_cpu_create_staged(blas_threads)
-                                                           : backend_cpu_create(blas_threads);
-        return dv->be ? 0 : ms_errf(err, errlen, "out of memory for device %d", dv->rank);
+        bool bf16 = e->m->dtype == MODEL_DTYPE_BF16;
+        dv->be = e->p.backend == ENGINE_BACKEND_CPU_STAGED ? backend_cpu_create_staged(threads, bf16)
+                                                           : backend_cpu_create(threads, bf16);
+        return dv->be ? 0
+                      : ms_errf(err, errlen, "cannot start device %d (%d threads): out of memory "
+                                             "or threads",
+                                dv->rank, threads);
     }
 #ifdef MOESERVE_HAVE_CUDA
     dv->be = backend_cuda_create(dv->rank, err, errlen);
@@ -537,8 +520,8 @@ static int max_int(int a, int b)
     return a > b ? a : b;
 }
 
-static int device_init(struct engine *e, struct device *dv, int rank, int blas_threads,
-                       char *err, size_t errlen)
+static int device_init(struct engine *e, struct device *dv, int rank, int threads, char *err,
+                       size_t errlen)
 {
     const struct model_desc *md = &e->m->desc;
     size_t T = (size_t)e->p.max_batch_tokens;
@@ -548,7 +531,7 @@ static int device_init(struct engine *e, struct device *dv, int rank, int blas_t
 
     dv->rank = rank;
     dv->e = e;
-    if (device_backend(e, dv, blas_threads, err, errlen) != 0) return -1;
+    if (device_backend(e, dv, threads, err, errlen) != 0) return -1;
     struct backend *be = dv->be;
     dv->x = dev_alloc(dv, T * d * sizeof(float), &ok);
     dv->h = dev_alloc(dv, T * d * sizeof(float), &ok);
@@ -561,12 +544,20 @@ static int device_init(struct engine *e, struct device *dv, int rank, int blas_t
     dv->in = dev_alloc(dv, 4 * T * sizeof(int32_t), &ok);
     size_t bt = (size_t)e->p.max_seqs * (size_t)e->blocks_per_seq;
     dv->blocks = dev_alloc(dv, bt * sizeof(int32_t), &ok);
+    /* Logit rows go through one matmul per chunk of up to logit_rows (then out to the items):
+     * a decode batch in one read of the LM head. Host memory: the chunk is smaller, since it
+     * only has to hold one step's sequences, and vocabularies reach 256k. */
+    dv->logit_rows = be->ops->host_memory ? (T < HOST_LOGIT_ROWS ? (int)T : HOST_LOGIT_ROWS)
+                                          : LOGIT_ROWS;
+    dv->logits = dev_alloc(dv, (size_t)dv->logit_rows * md->vocab * sizeof(float), &ok);
+    dv->lrows = dev_alloc(dv, (size_t)dv->logit_rows * sizeof(int32_t), &ok);
     if (!be->ops->host_memory) {
-        dv->logits = dev_alloc(dv, (size_t)LOGIT_ROWS * md->vocab * sizeof(float), &ok);
-        dv->lrows = dev_alloc(dv, LOGIT_ROWS * sizeof(int32_t), &ok);
-        dv->h_logits = malloc((size_t)LOGIT_ROWS * md->vocab * sizeof(float));
-        dv->h_lrows = malloc(LOGIT_ROWS * sizeof(int32_t));
+        dv->h_logits = malloc((size_t)dv->logit_rows * md->vocab * sizeof(float));
+        dv->h_lrows = malloc((size_t)dv->logit_rows * sizeof(int32_t));
         ok = ok && dv->h_logits && dv->h_lrows;
+    } else {
+        dv->h_logits = NULL;
+        dv->h_lrows = dv->lrows;
     }
     dv->h_in = malloc(4 * T * sizeof(int32_t));
     dv->h_blocks = malloc(bt * sizeof(int32_t));
@@ -582,7 +573,13 @@ static int device_init(struct engine *e, struct device *dv, int rank, int blas_t
     for (int x = 0; x < md->n_expert; x++) widest_expert = max_int(widest_expert, md->expert_d_ff[x]);
     size_t elems = T * (size_t)widest;
     size_t routed = (size_t)dv->moe.max_rows * (size_t)widest_expert;
-    if (be->ops->reserve(be, elems > routed ? elems : routed, max_int(md->n_expert, 1)) != 0)
+    size_t logit_in = (size_t)dv->logit_rows * d;
+    struct be_reserve rs = {.max_elems = elems > routed ? elems : routed,
+                            .max_rows = max_int(dv->moe.max_rows, max_int((int)T, dv->logit_rows)),
+                            .max_experts = max_int(md->n_expert, 1),
+                            .max_ctx = e->p.max_model_len};
+    if (logit_in > rs.max_elems) rs.max_elems = logit_in;
+    if (be->ops->reserve(be, &rs) != 0)
         return ms_errf(err, errlen, "out of memory for device %d GEMM workspace", rank);
     if (device_weights(e, dv) != 0)
         return ms_errf(err, errlen, "out of memory for the weights on device %d (%s)", rank,
@@ -599,6 +596,7 @@ static void device_release(struct device *dv)
     void *bufs[] = {dv->x,  dv->h,      dv->tmp, dv->q,     dv->att,
                     dv->k,  dv->v,      dv->scores, dv->in, dv->blocks, dv->logits,
                     dv->lrows};
+    if (be->ops->host_memory) dv->h_lrows = NULL; /* the same buffer as lrows */
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->ops->free(be, bufs[i]);
     for (int i = 0; i < dv->n_owned; i++) {
@@ -829,11 +827,18 @@ int engine_create(const struct model *m, const struct engine_params *p, struct e
     e->sticky = p->backend != ENGINE_BACKEND_CPU && e->n_dev > 1;
     if (make_comm(e, err, errlen) != 0) goto fail;
 
-    /* BLAS threads: split the cores between devices; concurrent callers each get one thread
-     * when there are more devices than cores. */
-    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    int blas_threads = (int)(ncpu / e->n_dev) > 1 ? (int)(ncpu / e->n_dev) : 1;
-    openblas_set_num_threads(blas_threads);
+    /* Threads: the cores split between the devices (each runs its ops on a pool of its own),
+     * at least one each. */
+    long ncpu = e->p.n_threads > 0 ? e->p.n_threads : sysconf(_SC_NPROCESSORS_ONLN);
+    int threads = (int)(ncpu / e->n_dev) > 1 ? (int)(ncpu / e->n_dev) : 1;
+    if (e->p.backend == ENGINE_BACKEND_CUDA && (e->m->quant != MODEL_QUANT_NONE ||
+                                               e->m->dtype == MODEL_DTYPE_F32)) {
+        ms_errf(err, errlen, "the CUDA backend computes with bf16 weights: %s is CPU-only for now "
+                             "(use --device cpu, or --dtype auto|bfloat16 without "
+                             "--quantization)",
+                e->m->quant != MODEL_QUANT_NONE ? "--quantization" : "--dtype float32");
+        goto fail;
+    }
 
     size_t block_bytes =
         kv_block_bytes(md->n_layer, md->n_kv_head, md->head_dim, e->p.kv_block_size);
@@ -841,7 +846,7 @@ int engine_create(const struct model *m, const struct engine_params *p, struct e
                             (size_t)e->p.kv_block_size;
     e->blocks_per_seq = (int)blocks_per_seq;
     for (int r = 0; r < e->n_dev; r++)
-        if (device_init(e, &e->dev[r], r, blas_threads, err, errlen) != 0) goto fail;
+        if (device_init(e, &e->dev[r], r, threads, err, errlen) != 0) goto fail;
     if (bind_comm_streams(e, err, errlen) != 0) goto fail;
 
     size_t n_blocks = e->p.kv_cache_bytes ? e->p.kv_cache_bytes / block_bytes

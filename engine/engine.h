@@ -32,7 +32,7 @@
 #include "model.h"
 
 enum engine_backend {
-    ENGINE_BACKEND_CPU = 0,  /* the f32 reference (kernels/cpu) */
+    ENGINE_BACKEND_CPU = 0,  /* the reference (kernels/cpu): weights as the model holds them */
     ENGINE_BACKEND_CUDA = 1, /* NVIDIA GPUs (kernels/cuda): bf16 weights, f32 accumulation */
     ENGINE_BACKEND_CPU_STAGED = 2, /* tests: the CPU backend driven as if it had device memory */
 };
@@ -45,7 +45,9 @@ bool engine_has_cuda(void);
 
 struct engine_params {
     enum engine_backend backend;
-    int n_devices;          /* CPU: virtual devices (threads), >= 1; CUDA: GPUs 0..n-1 */
+    int n_devices;          /* CPU: virtual devices, >= 1; CUDA: GPUs 0..n-1 */
+    int n_threads;          /* CPU: threads in all, split between the devices; 0 = the online
+                               CPUs */
     int max_batch_tokens;   /* tokens in one step, all sequences together */
     int max_seqs;           /* sequences in one step */
     int max_model_len;      /* positions per sequence; 0 = min(max_position_embeddings, 4096) */

@@ -3,9 +3,12 @@
  * the architecture name, so adding an architecture means teaching model_config.c to fill the
  * description and model_load.c where its tensors live, not writing another forward pass.
  *
- * Weights are f32 in memory on the CPU backend: f32 tensors are borrowed from the safetensors
- * mapping (zero copy), bf16/f16 tensors are converted once at load into one block owned by the
- * model. Every pointer below stays valid until model_free.
+ * Weights stay in the checkpoint's dtype: every matrix is a struct wmat (kernels/weights.h)
+ * borrowed from the safetensors mapping (f32/f16/bf16, zero copy), unless the load options ask
+ * for another type (--dtype float32|bfloat16: one conversion at load) or for quantization
+ * (--quantization int8|int4: attention, experts, dense FFNs and the LM head quantized once at
+ * load; embeddings, routers and norms stay as they are). Vectors (norms, biases) are f32,
+ * converted when stored otherwise. Every pointer below stays valid until model_free.
  *
  * Ownership: model_load returns a model the caller frees with model_free. A model is read-only
  * after loading and is shared by every device thread. */
@@ -18,6 +21,7 @@
 
 #include "safetensors.h"
 #include "tokenizer.h"
+#include "weights.h"
 
 enum attn_kind {
     ATTN_KIND_GQA, /* multi/grouped-query attention with RoPE (MHA when n_kv_head == n_head) */
@@ -87,17 +91,17 @@ struct model_desc {
 /* One SwiGLU FFN: down(silu(gate x) * up x). */
 struct ffn_w {
     int d_ff;
-    const float *gate; /* (d_ff, d_model) */
-    const float *up;   /* (d_ff, d_model) */
-    const float *down; /* (d_model, d_ff) */
+    const struct wmat *gate; /* (d_ff, d_model) */
+    const struct wmat *up;   /* (d_ff, d_model) */
+    const struct wmat *down; /* (d_model, d_ff) */
 };
 
 struct layer_w {
     const float *attn_norm; /* (d_model) */
-    const float *wq;        /* (n_head*head_dim, d_model) */
-    const float *wk;        /* (n_kv_head*head_dim, d_model) */
-    const float *wv;        /* (n_kv_head*head_dim, d_model) */
-    const float *wo;        /* (d_model, n_head*head_dim) */
+    const struct wmat *wq;  /* (n_head*head_dim, d_model) */
+    const struct wmat *wk;  /* (n_kv_head*head_dim, d_model) */
+    const struct wmat *wv;  /* (n_kv_head*head_dim, d_model) */
+    const struct wmat *wo;  /* (d_model, n_head*head_dim) */
     const float *bq;        /* (n_head*head_dim) or NULL */
     const float *bk;        /* (n_kv_head*head_dim) or NULL */
     const float *bv;        /* (n_kv_head*head_dim) or NULL */
@@ -105,36 +109,69 @@ struct layer_w {
     const float *k_norm;    /* (head_dim) or (n_kv_head*head_dim), per qk_norm; or NULL */
     const float *ffn_norm;  /* (d_model) */
 
-    const float *router;       /* (n_expert, d_model) */
-    const float *group_router; /* (n_group, d_model), MoHGE only */
-    struct ffn_w *experts;     /* (n_expert) */
-    struct ffn_w *shared;      /* (n_shared) */
-    const float *shared_gate;  /* (1, d_model), SHARED_GATE_SIGMOID only */
-    struct ffn_w dense;        /* dense layers only */
+    const struct wmat *router;       /* (n_expert, d_model) */
+    const struct wmat *group_router; /* (n_group, d_model), MoHGE only */
+    struct ffn_w *experts;           /* (n_expert) */
+    struct ffn_w *shared;            /* (n_shared) */
+    const struct wmat *shared_gate;  /* (1, d_model), SHARED_GATE_SIGMOID only */
+    struct ffn_w dense;              /* dense layers only */
 };
+
+/* What activations and unquantized weights compute in (vLLM's --dtype). */
+enum model_dtype {
+    MODEL_DTYPE_AUTO = 0, /* weights as stored; activations f32 */
+    MODEL_DTYPE_BF16 = 1, /* weights bf16 (converted if stored otherwise); bf16 activations
+                             into the matrix products, f32 accumulation */
+    MODEL_DTYPE_F32 = 2,  /* weights converted to f32; f32 throughout (the reference) */
+};
+
+/* Weight quantization at load (vLLM's --quantization). */
+enum model_quant {
+    MODEL_QUANT_NONE = 0,
+    MODEL_QUANT_INT8 = 1, /* WTYPE_Q8 */
+    MODEL_QUANT_INT4 = 2, /* WTYPE_Q4 */
+};
+
+/* "auto" / "bfloat16" / "float32" (also "bf16", "f32", "float"); 0, or -1 for another name. */
+int model_dtype_parse(const char *s, enum model_dtype *out);
+const char *model_dtype_name(enum model_dtype d);
+/* "none" / "int8" / "int4"; 0, or -1. */
+int model_quant_parse(const char *s, enum model_quant *out);
+const char *model_quant_name(enum model_quant q);
 
 struct model {
     struct model_desc desc;
-    const float *embed;   /* (vocab, d_model) */
-    const float *norm;    /* (d_model) final norm */
-    const float *lm_head; /* (vocab, d_model); == embed when tied */
-    struct layer_w *layers; /* (n_layer) */
+    const struct wmat *embed;   /* (vocab, d_model) */
+    const float *norm;          /* (d_model) final norm */
+    const struct wmat *lm_head; /* (vocab, d_model); == embed when tied and unquantized */
+    struct layer_w *layers;     /* (n_layer) */
 
     struct tokenizer *tok;  /* NULL only when the folder has no tokenizer.json and the caller
                                allowed it (model_load_opts.require_tokenizer = false) */
     char *chat_template;    /* from tokenizer_config.json, or NULL */
     char *dir;
 
+    enum model_dtype dtype;  /* as loaded */
+    enum model_quant quant;
+
     /* owned storage */
     struct st_archive *st;
-    float *converted;        /* one block for every tensor converted from bf16/f16 */
-    size_t converted_floats;
+    struct wmat *mats;       /* (n_mats) every matrix the layers point at */
+    int n_mats;
+    void *converted;         /* one block for every matrix converted or quantized at load */
+    size_t converted_bytes;
+    float *vectors;          /* one block for norms and biases converted to f32 */
+    size_t vector_floats;
     void *arena;             /* layers, experts, desc arrays */
     size_t n_params;         /* parameters in the checkpoint that the model uses */
+    size_t weight_bytes;     /* bytes of every matrix and vector as held in memory */
 };
 
 struct model_load_opts {
     bool require_tokenizer; /* default true */
+    enum model_dtype dtype;  /* default auto */
+    enum model_quant quant;  /* default none */
+    int threads;             /* conversion threads; 0 = the online CPUs */
     /* Called while weights are converted/checked with done/total in [0, 1]; may be NULL. */
     void (*progress)(void *ctx, double fraction);
     void *progress_ctx;
@@ -166,5 +203,8 @@ int model_desc_apply_generation_config(struct model_desc *desc, const char *json
  * norm and lm_head; the embedding table is left out (one row is read per token). k is clamped
  * to [0, n_expert]. */
 size_t model_active_params(const struct model *m, int k);
+/* Bytes of weights one decode token reads at top-k `k`, as the model holds them in memory
+ * (its dtype or quantization): what model_active_params counts, one embedding row included. */
+size_t model_active_bytes(const struct model *m, int k);
 
 #endif

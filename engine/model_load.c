@@ -1,26 +1,32 @@
 /* Model loading: config.json (model_config.c) gives the description; this file works out which
  * tensors that description needs and under which Hugging Face names, checks each one's dtype
- * and shape, and binds the f32 pointers of struct model to them. Binding is a plan of requests
- * run in two passes: the first finds and checks every tensor and counts the floats that need
- * converting (bf16/f16, or f32 not 4-byte aligned in the mapping), the second fills one block
- * allocated in between, so a model costs one allocation for converted weights and aligned f32
- * weights are used straight from the read-only mapping. Experts stored fused as 3D tensors
- * (experts.gate_up_proj (E, 2*ff, d), experts.down_proj (E, d, ff)) are bound by pointing each
- * expert into the block. Then the tokenizer and chat template are read. */
+ * and shape, and binds the matrices (struct wmat) and f32 vectors of struct model to them.
+ * Binding is a plan of requests run in two passes: the first finds and checks every tensor and
+ * decides each matrix's type in memory (as stored, converted for --dtype, or quantized for
+ * --quantization) and what that costs; the second fills one block for converted matrices and
+ * one for converted vectors, allocated in between, on the conversion threads. Matrices kept as
+ * stored point into the read-only mapping (zero copy). Experts stored fused as 3D tensors
+ * (experts.gate_up_proj (E, 2*ff, d), experts.down_proj (E, d, ff)) become one matrix per
+ * expert, each a contiguous slice of the tensor. Then the tokenizer and chat template are
+ * read. */
 #include "model.h"
 
 #include "common.h"
+#include "cpu/pool.h"
 
 #include <errno.h>
 #include <jansson.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 enum bind_kind {
-    BIND_PLAIN,
+    BIND_VEC,           /* a vector: f32 in memory */
+    BIND_MAT,           /* a matrix that keeps the model's dtype (embeddings, routers) */
+    BIND_MAT_Q,         /* a matrix --quantization applies to */
     BIND_FUSED_GATE_UP, /* (E, 2*ff, d): expert e's gate = rows [0, ff), up = rows [ff, 2ff) */
     BIND_FUSED_DOWN,    /* (E, d, ff) */
 };
@@ -30,15 +36,27 @@ struct bind {
     int ndim;
     int64_t shape[3];
     enum bind_kind kind;
-    const float **dst;         /* BIND_PLAIN */
+    const float **vec;         /* BIND_VEC */
+    const struct wmat **mat;   /* BIND_MAT, BIND_MAT_Q */
     struct ffn_w *experts;     /* fused kinds: (n_expert) */
     const struct st_tensor *t; /* found in pass 1 */
-    size_t conv_off;           /* offset in the converted block, or SIZE_MAX when borrowed */
+    int mat0;                  /* matrices: first index into model->mats */
+    size_t vec_off;            /* BIND_VEC converted: offset in model->vectors, or SIZE_MAX */
+};
+
+/* One matrix made from a slice of a tensor. */
+struct mat_src {
+    const struct st_tensor *t;
+    size_t elem0;    /* first element of the slice */
+    enum wtype to;
+    bool borrowed;
+    size_t off;      /* converted: byte offset in model->converted */
 };
 
 struct plan {
     struct bind *b; /* (n) */
     int n, cap;
+    int n_mats;
     int oom;
 };
 
@@ -70,20 +88,26 @@ static struct bind *plan_add(struct plan *p, enum bind_kind kind, int ndim, int6
     b->shape[0] = s0;
     b->shape[1] = s1;
     b->shape[2] = s2;
+    b->mat0 = p->n_mats;
+    p->n_mats += kind == BIND_MAT || kind == BIND_MAT_Q ? 1
+                 : kind == BIND_FUSED_GATE_UP          ? 2 * (int)s0
+                 : kind == BIND_FUSED_DOWN             ? (int)s0
+                                                       : 0;
     return b;
 }
 
 static void plan_vec(struct plan *p, const float **dst, int64_t n, const char *fmt, const char *pre)
 {
-    struct bind *b = plan_add(p, BIND_PLAIN, 1, n, 0, 0, fmt, pre);
-    if (b) b->dst = dst;
+    struct bind *b = plan_add(p, BIND_VEC, 1, n, 0, 0, fmt, pre);
+    if (b) b->vec = dst;
 }
 
-static void plan_mat(struct plan *p, const float **dst, int64_t rows, int64_t cols, const char *fmt,
-                     const char *pre)
+static void plan_mat(struct plan *p, const struct wmat **dst, bool quantizable, int64_t rows,
+                     int64_t cols, const char *fmt, const char *pre)
 {
-    struct bind *b = plan_add(p, BIND_PLAIN, 2, rows, cols, 0, fmt, pre);
-    if (b) b->dst = dst;
+    struct bind *b =
+        plan_add(p, quantizable ? BIND_MAT_Q : BIND_MAT, 2, rows, cols, 0, fmt, pre);
+    if (b) b->mat = dst;
 }
 
 static void plan_ffn(struct plan *p, struct ffn_w *f, int d_ff, int d, const char *pre,
@@ -92,11 +116,11 @@ static void plan_ffn(struct plan *p, struct ffn_w *f, int d_ff, int d, const cha
     f->d_ff = d_ff;
     char fmt[96];
     snprintf(fmt, sizeof fmt, "%%s%s.weight", gate);
-    plan_mat(p, &f->gate, d_ff, d, fmt, pre);
+    plan_mat(p, &f->gate, true, d_ff, d, fmt, pre);
     snprintf(fmt, sizeof fmt, "%%s%s.weight", up);
-    plan_mat(p, &f->up, d_ff, d, fmt, pre);
+    plan_mat(p, &f->up, true, d_ff, d, fmt, pre);
     snprintf(fmt, sizeof fmt, "%%s%s.weight", down);
-    plan_mat(p, &f->down, d, d_ff, fmt, pre);
+    plan_mat(p, &f->down, true, d, d_ff, fmt, pre);
 }
 
 /* Routed experts of one layer under `moe` ("model.layers.3.mlp."), per-expert or fused. */
@@ -133,25 +157,29 @@ static int plan_experts(struct plan *p, const struct st_archive *st, struct laye
 }
 
 /* Every tensor the description needs, with the pointer it binds. */
-static int plan_model(struct plan *p, struct model *m, const char *wname, char *err, size_t errlen)
+static int plan_model(struct plan *p, struct model *m, const char *wname, bool quant, char *err,
+                      size_t errlen)
 {
     const struct model_desc *d = &m->desc;
     const int64_t D = d->d_model, q_dim = (int64_t)d->n_head * d->head_dim,
                   kv_dim = (int64_t)d->n_kv_head * d->head_dim;
     bool mixtral = strcmp(d->model_type, "mixtral") == 0;
-    plan_mat(p, &m->embed, d->vocab, D, "%s", "model.embed_tokens.weight");
+    plan_mat(p, &m->embed, false, d->vocab, D, "%s", "model.embed_tokens.weight");
     plan_vec(p, &m->norm, D, "%s", "model.norm.weight");
-    if (!d->tie_embeddings) plan_mat(p, &m->lm_head, d->vocab, D, "%s", "lm_head.weight");
+    if (!d->tie_embeddings)
+        plan_mat(p, &m->lm_head, true, d->vocab, D, "%s", "lm_head.weight");
+    else if (quant) /* a quantized head of its own; the embedding table stays as it is */
+        plan_mat(p, &m->lm_head, true, d->vocab, D, "%s", "model.embed_tokens.weight");
     for (int l = 0; l < d->n_layer; l++) {
         struct layer_w *lw = &m->layers[l];
         char pre[64], moe[96];
         snprintf(pre, sizeof pre, "model.layers.%d.", l);
         plan_vec(p, &lw->attn_norm, D, "%sinput_layernorm.weight", pre);
         plan_vec(p, &lw->ffn_norm, D, "%spost_attention_layernorm.weight", pre);
-        plan_mat(p, &lw->wq, q_dim, D, "%sself_attn.q_proj.weight", pre);
-        plan_mat(p, &lw->wk, kv_dim, D, "%sself_attn.k_proj.weight", pre);
-        plan_mat(p, &lw->wv, kv_dim, D, "%sself_attn.v_proj.weight", pre);
-        plan_mat(p, &lw->wo, D, q_dim, "%sself_attn.o_proj.weight", pre);
+        plan_mat(p, &lw->wq, true, q_dim, D, "%sself_attn.q_proj.weight", pre);
+        plan_mat(p, &lw->wk, true, kv_dim, D, "%sself_attn.k_proj.weight", pre);
+        plan_mat(p, &lw->wv, true, kv_dim, D, "%sself_attn.v_proj.weight", pre);
+        plan_mat(p, &lw->wo, true, D, q_dim, "%sself_attn.o_proj.weight", pre);
         if (d->qkv_bias) {
             plan_vec(p, &lw->bq, q_dim, "%sself_attn.q_proj.bias", pre);
             plan_vec(p, &lw->bk, kv_dim, "%sself_attn.k_proj.bias", pre);
@@ -172,9 +200,9 @@ static int plan_model(struct plan *p, struct model *m, const char *wname, char *
         snprintf(moe, sizeof moe, "%smlp.gate.weight", pre);
         bool legacy = mixtral && !st_find(m->st, moe);
         snprintf(moe, sizeof moe, "%s%s", pre, legacy ? "block_sparse_moe." : "mlp.");
-        plan_mat(p, &lw->router, d->n_expert, D, "%sgate.weight", moe);
+        plan_mat(p, &lw->router, false, d->n_expert, D, "%sgate.weight", moe);
         if (d->router == ROUTER_KIND_MOHGE) /* mohge: the sigmoid group router */
-            plan_mat(p, &lw->group_router, d->n_group, D, "%sgroup_gate.weight", moe);
+            plan_mat(p, &lw->group_router, false, d->n_group, D, "%sgroup_gate.weight", moe);
         if (plan_experts(p, m->st, lw, d, moe, mixtral) != 0)
             return ms_errf(
                 err, errlen,
@@ -190,7 +218,7 @@ static int plan_model(struct plan *p, struct model *m, const char *wname, char *
                      "down_proj");
         }
         if (d->shared_gate == SHARED_GATE_SIGMOID)
-            plan_mat(p, &lw->shared_gate, 1, D, "%sshared_expert_gate.weight", moe);
+            plan_mat(p, &lw->shared_gate, false, 1, D, "%sshared_expert_gate.weight", moe);
     }
     if (p->oom) return ms_errf(err, errlen, "%s: out of memory", wname);
     return 0;
@@ -213,12 +241,64 @@ static size_t bind_numel(const struct bind *b)
     return n;
 }
 
-/* Pass 1: find and check every tensor; returns the floats to convert in *conv. */
-static int bind_check(struct plan *p, const struct st_archive *st, const char *wname, size_t *conv,
-                      size_t *params, char *err, size_t errlen)
+static enum wtype stored_wtype(enum st_dtype t)
 {
-    *conv = 0;
-    *params = 0;
+    return t == ST_DTYPE_F32 ? WTYPE_F32 : t == ST_DTYPE_F16 ? WTYPE_F16 : WTYPE_BF16;
+}
+
+static enum wsrc stored_wsrc(enum st_dtype t)
+{
+    return t == ST_DTYPE_F32 ? WSRC_F32 : t == ST_DTYPE_F16 ? WSRC_F16 : WSRC_BF16;
+}
+
+/* The type a matrix has in memory under the load options. */
+static enum wtype target_wtype(enum st_dtype stored, bool quantizable,
+                               const struct model_load_opts *o)
+{
+    if (quantizable && o->quant == MODEL_QUANT_INT8) return WTYPE_Q8;
+    if (quantizable && o->quant == MODEL_QUANT_INT4) return WTYPE_Q4;
+    if (o->dtype == MODEL_DTYPE_F32) return WTYPE_F32;
+    if (o->dtype == MODEL_DTYPE_BF16) return WTYPE_BF16;
+    return stored_wtype(stored);
+}
+
+struct load_ctx {
+    struct model *m;
+    struct plan *p;
+    struct mat_src *src; /* (n_mats) */
+    const struct model_load_opts *opts;
+    size_t conv_bytes, vec_floats;
+};
+
+/* Pass 1 for one matrix: its type in memory, and whether it can be borrowed. */
+static void plan_matrix(struct load_ctx *c, int idx, const struct st_tensor *t, size_t elem0,
+                        int rows, int cols, bool quantizable)
+{
+    struct mat_src *ms = &c->src[idx];
+    ms->t = t;
+    ms->elem0 = elem0;
+    ms->to = target_wtype(t->dtype, quantizable, c->opts);
+    const unsigned char *data = (const unsigned char *)t->data + elem0 * st_dtype_size(t->dtype);
+    ms->borrowed = ms->to == stored_wtype(t->dtype) && (uintptr_t)data % wtype_align(ms->to) == 0;
+    if (!ms->borrowed) {
+        ms->off = c->conv_bytes;
+        c->conv_bytes += (wtype_bytes(ms->to, rows, cols) + 63) / 64 * 64;
+    }
+    struct wmat *w = &c->m->mats[idx];
+    w->type = ms->to;
+    w->rows = rows;
+    w->cols = cols;
+    w->data = ms->borrowed ? data : NULL;
+}
+
+/* Pass 1: find and check every tensor, decide every matrix; sizes in c. */
+static int bind_check(struct load_ctx *c, const struct st_archive *st, const char *wname,
+                      char *err, size_t errlen)
+{
+    struct plan *p = c->p;
+    c->conv_bytes = 0;
+    c->vec_floats = 0;
+    c->m->n_params = 0;
     for (int i = 0; i < p->n; i++) {
         struct bind *b = &p->b[i];
         const struct st_tensor *t = st_find(st, b->name);
@@ -237,59 +317,129 @@ static int bind_check(struct plan *p, const struct st_archive *st, const char *w
                            shape_str(t->shape, t->ndim, e2, sizeof e2));
         }
         b->t = t;
-        b->conv_off = SIZE_MAX;
-        if (t->dtype != ST_DTYPE_F32 || ((uintptr_t)t->data & 3u) != 0) {
-            b->conv_off = *conv;
-            *conv += bind_numel(b);
+        /* a tied head planned for quantization reads the embedding a second time */
+        if (!(b->kind == BIND_MAT_Q && b->mat == &c->m->lm_head)) c->m->n_params += bind_numel(b);
+        else if (!c->m->desc.tie_embeddings) c->m->n_params += bind_numel(b);
+        int rows = (int)b->shape[b->ndim - 2 >= 0 ? b->ndim - 2 : 0];
+        int cols = (int)b->shape[b->ndim - 1];
+        switch (b->kind) {
+        case BIND_VEC:
+            b->vec_off = SIZE_MAX;
+            if (t->dtype != ST_DTYPE_F32 || (uintptr_t)t->data % 4 != 0) {
+                b->vec_off = c->vec_floats;
+                c->vec_floats += bind_numel(b);
+            }
+            break;
+        case BIND_MAT:
+        case BIND_MAT_Q:
+            plan_matrix(c, b->mat0, t, 0, rows, cols, b->kind == BIND_MAT_Q);
+            break;
+        case BIND_FUSED_GATE_UP: {
+            int ff = (int)b->shape[1] / 2, dm = (int)b->shape[2];
+            for (int e = 0; e < (int)b->shape[0]; e++) {
+                size_t base = (size_t)e * 2 * (size_t)ff * (size_t)dm;
+                plan_matrix(c, b->mat0 + 2 * e, t, base, ff, dm, true);
+                plan_matrix(c, b->mat0 + 2 * e + 1, t, base + (size_t)ff * dm, ff, dm, true);
+            }
+            break;
         }
-        *params += bind_numel(b);
+        case BIND_FUSED_DOWN:
+            for (int e = 0; e < (int)b->shape[0]; e++)
+                plan_matrix(c, b->mat0 + e, t, (size_t)e * (size_t)b->shape[1] * b->shape[2],
+                            (int)b->shape[1], (int)b->shape[2], true);
+            break;
+        }
     }
     return 0;
 }
 
-/* Pass 2: convert into `block` and set every pointer. */
-static void bind_apply(struct plan *p, float *block, size_t total,
-                       const struct model_load_opts *opts)
+/* Conversion work: one task per matrix tile range, run on the pool. */
+struct conv_task {
+    int mat;
+    int r0, r1;
+};
+
+struct conv_job {
+    struct load_ctx *c;
+    struct conv_task *tasks;
+    int n_tasks;
+    _Atomic size_t done_rows;
+    size_t total_rows;
+};
+
+static void conv_run(void *ctx, int i, int thread)
 {
-    size_t done = 0;
+    struct conv_job *j = ctx;
+    struct load_ctx *c = j->c;
+    const struct conv_task *t = &j->tasks[i];
+    const struct mat_src *ms = &c->src[t->mat];
+    const struct wmat *w = &c->m->mats[t->mat];
+    const unsigned char *src =
+        (const unsigned char *)ms->t->data + ms->elem0 * st_dtype_size(ms->t->dtype);
+    wmat_convert(w->type, (void *)w->data, stored_wsrc(ms->t->dtype), src, w->rows, w->cols, t->r0,
+                 t->r1);
+    size_t done = atomic_fetch_add(&j->done_rows, (size_t)(t->r1 - t->r0)) + (size_t)(t->r1 - t->r0);
+    if (thread == 0 && c->opts->progress && j->total_rows)
+        c->opts->progress(c->opts->progress_ctx, (double)done / (double)j->total_rows);
+}
+
+/* Pass 2: fill the blocks and set every pointer. */
+static int bind_apply(struct load_ctx *c, char *err, size_t errlen)
+{
+    struct model *m = c->m;
+    struct plan *p = c->p;
+    const struct model_load_opts *opts = c->opts;
     for (int i = 0; i < p->n; i++) {
         struct bind *b = &p->b[i];
-        const struct st_tensor *t = b->t;
-        size_t n = bind_numel(b);
-        const float *base;
-        if (b->conv_off == SIZE_MAX) {
-            base = t->data;
-        } else {
-            float *dst = block + b->conv_off;
-            if (t->dtype == ST_DTYPE_F32) {
-                memcpy(dst, t->data, n * sizeof(float));
+        if (b->kind == BIND_VEC) {
+            size_t n = bind_numel(b);
+            if (b->vec_off == SIZE_MAX) {
+                *b->vec = b->t->data;
             } else {
-                const unsigned char *src = t->data; /* may be odd-aligned: read bytewise */
-                for (size_t k = 0; k < n; k++) {
-                    uint16_t h = (uint16_t)(src[2 * k] | (src[2 * k + 1] << 8));
-                    dst[k] = t->dtype == ST_DTYPE_BF16 ? ms_bf16_to_f32(h) : ms_f16_to_f32(h);
-                }
+                float *dst = m->vectors + b->vec_off;
+                wmat_convert(WTYPE_F32, dst, stored_wsrc(b->t->dtype), b->t->data, 1, (int)n, 0, 1);
+                *b->vec = dst;
             }
-            base = dst;
-            done += n;
-            if (opts->progress && total)
-                opts->progress(opts->progress_ctx, (double)done / (double)total);
-        }
-        if (b->kind == BIND_PLAIN) {
-            *b->dst = base;
+        } else if (b->kind == BIND_MAT || b->kind == BIND_MAT_Q) {
+            *b->mat = &m->mats[b->mat0];
         } else if (b->kind == BIND_FUSED_GATE_UP) {
-            size_t ff = (size_t)b->shape[1] / 2, dm = (size_t)b->shape[2];
             for (int64_t e = 0; e < b->shape[0]; e++) {
-                b->experts[e].gate = base + (size_t)e * 2 * ff * dm;
-                b->experts[e].up = b->experts[e].gate + ff * dm;
+                b->experts[e].gate = &m->mats[b->mat0 + 2 * e];
+                b->experts[e].up = &m->mats[b->mat0 + 2 * e + 1];
             }
         } else {
-            size_t per = (size_t)b->shape[1] * (size_t)b->shape[2];
-            for (int64_t e = 0; e < b->shape[0]; e++)
-                b->experts[e].down = base + (size_t)e * per;
+            for (int64_t e = 0; e < b->shape[0]; e++) b->experts[e].down = &m->mats[b->mat0 + e];
         }
     }
+    /* Converted matrices: tasks of whole tiles (64 rows) so threads share big tensors. */
+    size_t n_tasks = 0, total_rows = 0;
+    for (int i = 0; i < m->n_mats; i++)
+        if (!c->src[i].borrowed) {
+            n_tasks += ((size_t)m->mats[i].rows + 63) / 64;
+            total_rows += (size_t)m->mats[i].rows;
+            m->mats[i].data = (unsigned char *)m->converted + c->src[i].off;
+        }
+    if (n_tasks > INT32_MAX) return ms_errf(err, errlen, "%s: too many weights", m->dir);
+    struct conv_job job = {.c = c, .n_tasks = (int)n_tasks, .total_rows = total_rows};
+    job.tasks = malloc(sizeof *job.tasks * (n_tasks ? n_tasks : 1));
+    if (!job.tasks) return ms_errf(err, errlen, "%s: out of memory", m->dir);
+    int k = 0;
+    for (int i = 0; i < m->n_mats; i++) {
+        if (c->src[i].borrowed) continue;
+        for (int r = 0; r < m->mats[i].rows; r += 64)
+            job.tasks[k++] = (struct conv_task){i, r, r + 64 < m->mats[i].rows ? r + 64 : m->mats[i].rows};
+    }
+    int threads = opts->threads > 0 ? opts->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    struct pool *pool = pool_create(threads > 0 ? threads : 1, 0);
+    if (!pool) {
+        free(job.tasks);
+        return ms_errf(err, errlen, "%s: cannot start conversion threads", m->dir);
+    }
+    pool_run(pool, conv_run, &job, (int)n_tasks);
+    pool_free(pool);
+    free(job.tasks);
     if (opts->progress) opts->progress(opts->progress_ctx, 1.0);
+    return 0;
 }
 
 /* Reads a whole file. Returns -1 with errno set (ENOENT for a missing file). */
@@ -395,6 +545,37 @@ void model_load_opts_default(struct model_load_opts *o)
 {
     memset(o, 0, sizeof *o);
     o->require_tokenizer = true;
+    o->dtype = MODEL_DTYPE_AUTO;
+    o->quant = MODEL_QUANT_NONE;
+}
+
+int model_dtype_parse(const char *s, enum model_dtype *out)
+{
+    if (strcmp(s, "auto") == 0) *out = MODEL_DTYPE_AUTO;
+    else if (strcmp(s, "bfloat16") == 0 || strcmp(s, "bf16") == 0) *out = MODEL_DTYPE_BF16;
+    else if (strcmp(s, "float32") == 0 || strcmp(s, "f32") == 0 || strcmp(s, "float") == 0)
+        *out = MODEL_DTYPE_F32;
+    else return -1;
+    return 0;
+}
+
+const char *model_dtype_name(enum model_dtype d)
+{
+    return d == MODEL_DTYPE_BF16 ? "bfloat16" : d == MODEL_DTYPE_F32 ? "float32" : "auto";
+}
+
+int model_quant_parse(const char *s, enum model_quant *out)
+{
+    if (strcmp(s, "none") == 0) *out = MODEL_QUANT_NONE;
+    else if (strcmp(s, "int8") == 0) *out = MODEL_QUANT_INT8;
+    else if (strcmp(s, "int4") == 0) *out = MODEL_QUANT_INT4;
+    else return -1;
+    return 0;
+}
+
+const char *model_quant_name(enum model_quant q)
+{
+    return q == MODEL_QUANT_INT8 ? "int8" : q == MODEL_QUANT_INT4 ? "int4" : "none";
 }
 
 void model_free(struct model *m)
@@ -405,6 +586,8 @@ void model_free(struct model *m)
     free(m->dir);
     st_close(m->st);
     free(m->converted);
+    free(m->vectors);
+    free(m->mats);
     free(m->arena);
     model_desc_free(&m->desc);
     free(m);
@@ -505,6 +688,7 @@ int model_load(const char *dir, const struct model_load_opts *opts, struct model
     }
     *out = NULL;
     struct plan plan = {0};
+    struct load_ctx lc = {0};
     char *wname = NULL;
     struct model *m = calloc(1, sizeof *m);
     if (!m || !(m->dir = strdup(dir))) {
@@ -525,27 +709,51 @@ int model_load(const char *dir, const struct model_load_opts *opts, struct model
             goto fail;
         }
     }
-    if (plan_model(&plan, m, wname, err, errlen) != 0) goto fail;
-    size_t conv, params;
-    if (bind_check(&plan, m->st, wname, &conv, &params, err, errlen) != 0) goto fail;
-    if (conv) {
-        m->converted = malloc(conv * sizeof(float));
-        if (!m->converted) {
-            ms_errf(err, errlen, "%s: out of memory converting %zu weights to f32", wname, conv);
-            goto fail;
-        }
+    if (plan_model(&plan, m, wname, opts->quant != MODEL_QUANT_NONE, err, errlen) != 0)
+        goto fail;
+    m->dtype = opts->dtype;
+    m->quant = opts->quant;
+    m->n_mats = plan.n_mats;
+    m->mats = calloc((size_t)(plan.n_mats ? plan.n_mats : 1), sizeof *m->mats);
+    lc.src = calloc((size_t)(plan.n_mats ? plan.n_mats : 1), sizeof *lc.src);
+    if (!m->mats || !lc.src) {
+        ms_errf(err, errlen, "%s: out of memory", wname);
+        goto fail;
     }
-    m->converted_floats = conv;
-    m->n_params = params;
-    bind_apply(&plan, m->converted, conv, opts);
-    if (m->desc.tie_embeddings) m->lm_head = m->embed;
+    lc.m = m;
+    lc.p = &plan;
+    lc.opts = opts;
+    if (bind_check(&lc, m->st, wname, err, errlen) != 0) goto fail;
+    if (lc.conv_bytes && posix_memalign(&m->converted, 64, lc.conv_bytes) != 0) {
+        m->converted = NULL;
+        ms_errf(err, errlen, "%s: out of memory converting weights to %s (%zu bytes)", wname,
+                opts->quant != MODEL_QUANT_NONE ? model_quant_name(opts->quant)
+                                                 : model_dtype_name(opts->dtype),
+                lc.conv_bytes);
+        goto fail;
+    }
+    if (lc.vec_floats && !(m->vectors = malloc(lc.vec_floats * sizeof(float)))) {
+        ms_errf(err, errlen, "%s: out of memory", wname);
+        goto fail;
+    }
+    m->converted_bytes = lc.conv_bytes;
+    m->vector_floats = lc.vec_floats;
+    if (bind_apply(&lc, err, errlen) != 0) goto fail;
+    if (m->desc.tie_embeddings && !m->lm_head) m->lm_head = m->embed;
+    m->weight_bytes = 0;
+    for (int i = 0; i < m->n_mats; i++)
+        m->weight_bytes += wtype_bytes(m->mats[i].type, m->mats[i].rows, m->mats[i].cols);
+    for (int i = 0; i < plan.n; i++)
+        if (plan.b[i].kind == BIND_VEC) m->weight_bytes += sizeof(float) * bind_numel(&plan.b[i]);
     if (load_tokenizer(m, opts, err, errlen) != 0) goto fail;
     free(plan.b);
+    free(lc.src);
     free(wname);
     *out = m;
     return 0;
 fail:
     free(plan.b);
+    free(lc.src);
     free(wname);
     model_free(m);
     return -1;
@@ -583,6 +791,54 @@ size_t model_active_params(const struct model *m, int k)
         n += (size_t)d->n_expert * D + (size_t)d->n_group * D;
         n += 3 * D * routed_width + 3 * D * (size_t)d->shared_d_ff * (size_t)d->n_shared;
         if (d->shared_gate == SHARED_GATE_SIGMOID) n += D;
+    }
+    return n;
+}
+
+static size_t mat_bytes(const struct wmat *w)
+{
+    return w ? wtype_bytes(w->type, w->rows, w->cols) : 0;
+}
+
+static size_t ffn_bytes(const struct ffn_w *f)
+{
+    return mat_bytes(f->gate) + mat_bytes(f->up) + mat_bytes(f->down);
+}
+
+size_t model_active_bytes(const struct model *m, int k)
+{
+    const struct model_desc *d = &m->desc;
+    size_t D = (size_t)d->d_model, q = (size_t)d->n_head * (size_t)d->head_dim,
+           kv = (size_t)d->n_kv_head * (size_t)d->head_dim;
+    if (k < 0) k = 0;
+    if (k > d->n_expert) k = d->n_expert;
+    /* One embedding row, the final norm, the LM head. */
+    size_t n = mat_bytes(m->embed) / (size_t)(d->vocab > 0 ? d->vocab : 1) + 4 * D +
+               mat_bytes(m->lm_head);
+    for (int l = 0; l < d->n_layer; l++) {
+        const struct layer_w *lw = &m->layers[l];
+        n += 4 * 2 * D + mat_bytes(lw->wq) + mat_bytes(lw->wk) + mat_bytes(lw->wv) +
+             mat_bytes(lw->wo);
+        if (d->qkv_bias) n += 4 * (q + 2 * kv);
+        if (d->qk_norm == QK_NORM_HEAD) n += 4 * 2 * (size_t)d->head_dim;
+        if (d->qk_norm == QK_NORM_FULL) n += 4 * (q + kv);
+        if (!d->layer_is_moe[l]) {
+            n += ffn_bytes(&lw->dense);
+            continue;
+        }
+        n += mat_bytes(lw->router) + mat_bytes(lw->group_router) + mat_bytes(lw->shared_gate);
+        for (int s = 0; s < d->n_shared; s++) n += ffn_bytes(&lw->shared[s]);
+        /* the k largest routed experts: an upper bound for mixed widths */
+        int taken[MODEL_MAX_EXPERTS] = {0};
+        for (int j = 0; j < k; j++) {
+            int best = -1;
+            for (int e = 0; e < d->n_expert; e++)
+                if (!taken[e] && (best < 0 || ffn_bytes(&lw->experts[e]) >
+                                                  ffn_bytes(&lw->experts[best])))
+                    best = e;
+            taken[best] = 1;
+            n += ffn_bytes(&lw->experts[best]);
+        }
     }
     return n;
 }

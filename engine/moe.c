@@ -258,7 +258,10 @@ static void compute_experts(const struct moe_ctx *ctx, struct moe_scratch *s, co
         if (s->expert_count[e] == 0) continue;
         ctx->stats->expert_rows[(size_t)ctx->layer * E + e] += (uint64_t)s->expert_count[e];
         flops += 6.0 * d * md->expert_d_ff[e] * s->expert_count[e];
-        bytes += 3.0 * d * md->expert_d_ff[e] * ctx->weight_bytes;
+        const struct ffn_w *f = &ctx->m->layers[ctx->layer].experts[e];
+        bytes += (double)(wtype_bytes(f->gate->type, f->gate->rows, f->gate->cols) +
+                          wtype_bytes(f->up->type, f->up->rows, f->up->cols) +
+                          wtype_bytes(f->down->type, f->down->rows, f->down->cols));
     }
     if (ctx->rank == 0) {
         ctx->stats->moe_calls++;

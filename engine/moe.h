@@ -65,7 +65,6 @@ struct moe_ctx {
     int rank;
     const int *owner;           /* (n_expert) device of each expert */
     struct engine_stats *stats; /* counters this device updates (its own slots only) */
-    int weight_bytes;           /* bytes per weight element on this backend (4 f32, 2 bf16) */
 };
 
 int moe_scratch_init(struct moe_scratch *s, struct backend *be, const struct model *m,

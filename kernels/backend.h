@@ -3,20 +3,25 @@
  * reference and is always built; the CUDA backend (kernels/cuda/) implements the same table.
  *
  * Conventions: activations are row-major f32 tensors. Weight matrices (the `w` of matmul, the
- * embedding table, expert FFNs) are opaque handles made by weight_upload from f32 host data:
- * the CPU backend keeps the f32 host array itself, the CUDA backend a bf16 copy on the device
- * and multiplies in bf16 with f32 accumulation. Norm weights and biases are plain f32 tensors
- * in backend memory. Pointers passed to an op belong to the backend's memory (host memory for
- * the CPU backend, device memory for CUDA), except where an argument is marked HOST. Ops never
- * allocate: scratch comes from the caller, workspace from reserve. A backend instance belongs
- * to one device thread and is not shared between threads.
+ * embedding table, expert FFNs) are weight handles: a struct wmat (weights.h) made by
+ * weight_upload from the model's host wmat, whose data the backend can read. The CPU backend's
+ * handle is the host wmat itself (f32/f16/bf16 read in place, Q8/Q4 quantized); CUDA's is a
+ * bf16 copy on the device, multiplied in bf16 with f32 accumulation. Norm weights and biases
+ * are plain f32 tensors in backend memory. Pointers passed to an op belong to the backend's
+ * memory (host memory for the CPU backend, device memory for CUDA), except where an argument
+ * is marked HOST. Ops never allocate: scratch comes from the caller, workspace from reserve. A
+ * backend instance belongs to one device thread and is not shared between threads (the CPU
+ * backend runs its ops on a thread pool of its own).
  *
  * Ownership: backend_cpu_create returns a backend freed with backend->ops->destroy. */
 #ifndef MOESERVE_BACKEND_H
 #define MOESERVE_BACKEND_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "weights.h"
 
 struct backend;
 
@@ -43,9 +48,18 @@ struct be_route {
 /* One expert's SwiGLU FFN: weight handles from weight_upload. */
 struct be_expert {
     int d_ff;
-    const void *gate; /* (d_ff, d) */
-    const void *up;   /* (d_ff, d) */
-    const void *down; /* (d, d_ff) */
+    const struct wmat *gate; /* (d_ff, d) */
+    const struct wmat *up;   /* (d_ff, d) */
+    const struct wmat *down; /* (d, d_ff) */
+};
+
+/* What the ops of a step may ask for at most (reserve): the largest GEMM input, the rows of one
+ * matmul or moe_experts call, the experts of one call, and the longest sequence. */
+struct be_reserve {
+    size_t max_elems;
+    int max_rows;
+    int max_experts;
+    int max_ctx;
 };
 
 /* The tokens of a paged-attention call (HOST struct of backend pointers): token i belongs to the
@@ -64,8 +78,6 @@ struct backend_ops {
     const char *name;
     /* Nonzero when backend memory is host memory (pointers may be read directly). */
     int host_memory;
-    /* Bytes per element of a weight handle's matrix (4: f32, 2: bf16). */
-    int weight_bytes;
     void (*destroy)(struct backend *be);
 
     /* Memory: alloc returns NULL on failure; upload/download copy host <-> backend memory
@@ -75,19 +87,20 @@ struct backend_ops {
     void (*upload)(struct backend *be, void *dst, const void *src, size_t bytes);
     void (*download)(struct backend *be, void *dst, const void *src, size_t bytes);
     void (*synchronize)(struct backend *be);
-    /* Workspace so that matmul and moe_experts allocate nothing for inputs of up to max_elems
-     * elements and up to max_experts experts per call; 0, or -1 when memory runs out. */
-    int (*reserve)(struct backend *be, size_t max_elems, int max_experts);
+    /* Workspace so that ops allocate nothing for steps within *r; 0, or -1 when memory runs
+     * out. */
+    int (*reserve)(struct backend *be, const struct be_reserve *r);
 
-    /* Weight handle for the f32 host matrix `host` of n elements; NULL when memory runs out.
-     * The CPU backend returns host itself (it must outlive the handle); weight_free releases
-     * what weight_upload made. */
-    const void *(*weight_upload)(struct backend *be, const float *host, size_t n);
-    void (*weight_free)(struct backend *be, const void *w);
+    /* Weight handle for the host matrix `host` (which may be any type the backend takes);
+     * NULL when memory runs out or the type cannot be used here (the backend's error says
+     * which). The CPU backend returns host itself (it must outlive the handle); weight_free
+     * releases what weight_upload made. */
+    const struct wmat *(*weight_upload)(struct backend *be, const struct wmat *host);
+    void (*weight_free)(struct backend *be, const struct wmat *w);
 
     /* y (n, m) = x (n, k) . w (m, k)^T [+ bias (m)]; w a weight handle */
-    void (*matmul)(struct backend *be, float *y, const float *x, const void *w, const float *bias,
-                   int n, int k, int m);
+    void (*matmul)(struct backend *be, float *y, const float *x, const struct wmat *w,
+                   const float *bias, int n, int k, int m);
     /* y (n, d) = x (n, d) * rsqrt(mean(x^2) + eps) * w (d); y may equal x */
     void (*rmsnorm)(struct backend *be, float *y, const float *x, const float *w, int n, int d,
                     float eps);
@@ -102,9 +115,9 @@ struct backend_ops {
     /* out (n, d_ff) = silu(gate) * up, gate_up given as two (n, d_ff) arrays */
     void (*swiglu)(struct backend *be, float *out, const float *gate, const float *up, int n,
                    int d_ff);
-    /* out (n, d) = embed[ids[i]]; embed a weight handle */
-    void (*embed)(struct backend *be, float *out, const void *embed, const int32_t *ids, int n,
-                  int d);
+    /* out (n, d) = embed[ids[i]] as f32; embed a weight handle */
+    void (*embed)(struct backend *be, float *out, const struct wmat *embed, const int32_t *ids,
+                  int n, int d);
     /* rows: dst[i] = src[idx[i]] for row length d */
     void (*gather_rows)(struct backend *be, float *dst, const float *src, const int32_t *idx,
                         int n, int d);
@@ -138,7 +151,8 @@ struct backend_ops {
      * q (n, n_head, head_dim) -> out (n, n_head, head_dim).
      * k_cache/v_cache: (n_blocks, block_size, n_kv_head, head_dim) for this layer.
      * window > 0 limits attention to the last `window` positions (sliding window).
-     * scratch: at least (max position + 1) floats. */
+     * scratch: at least (max position + 1) floats (backends with several threads use their
+     * own, from reserve). */
     void (*attention)(struct backend *be, float *out, const float *q, const float *k_cache,
                       const float *v_cache, const struct be_tokens *tk, int block_size, int n,
                       int n_head, int n_kv_head, int head_dim, int window, float scale,
@@ -152,10 +166,16 @@ struct backend {
     const struct backend_ops *ops;
 };
 
-/* CPU backend; n_threads is the BLAS thread count this device may use (>= 1). */
-struct backend *backend_cpu_create(int n_threads);
+/* CPU backend on n_threads threads (>= 1: the calling thread and n_threads - 1 workers of its
+ * own). bf16_compute: bf16 weights multiply bf16-rounded activations (AVX512-BF16 dot
+ * products where the CPU has them) instead of f32 ones. NULL when out of memory or threads. */
+struct backend *backend_cpu_create(int n_threads, bool bf16_compute);
 /* The CPU backend posing as a device with its own memory (host_memory 0, weights copied), so
  * that tests run the engine's upload/download path without a GPU. */
-struct backend *backend_cpu_create_staged(int n_threads);
+struct backend *backend_cpu_create_staged(int n_threads, bool bf16_compute);
+/* The kernel set the CPU backend uses on this machine ("avx512", "avx2" or "portable") and the
+ * CPU features it was chosen from, for logs. */
+const char *backend_cpu_kernels(void);
+const char *backend_cpu_features(void);
 
 #endif

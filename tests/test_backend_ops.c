@@ -32,6 +32,8 @@
 /* reserve() for every check: the largest GEMM input below, and experts per call */
 #define OPS_WS_ELEMS (1u << 22)
 #define OPS_WS_EXPERTS 64
+static const struct be_reserve ops_reserve = {.max_elems = OPS_WS_ELEMS, .max_rows = 4096,
+                                              .max_experts = OPS_WS_EXPERTS, .max_ctx = 4096};
 
 /* One check's backends and the buffers it allocated (freed by ops_release after each op). */
 struct ops_ctx {
@@ -42,7 +44,7 @@ struct ops_ctx {
     int n_dev;
     void *host[OPS_MAX_BUFS];
     int n_host;
-    const void *weight[OPS_MAX_BUFS];
+    const struct wmat *weight[OPS_MAX_BUFS];
     struct backend *weight_owner[OPS_MAX_BUFS];
     int n_weight;
     int oom;
@@ -115,14 +117,17 @@ static void *ops_put(struct ops_ctx *t, struct backend *be, const void *h, size_
     return d;
 }
 
-/* A weight handle on backend be for the f32 host matrix h (n floats). */
-static const void *ops_weight(struct ops_ctx *t, struct backend *be, const float *h, size_t n)
+/* A weight handle on backend be for the f32 host matrix h (rows, cols). */
+static const struct wmat *ops_weight(struct ops_ctx *t, struct backend *be, const float *h,
+                                     int rows, int cols)
 {
-    if (t->oom || !h || t->n_weight == OPS_MAX_BUFS) {
+    struct wmat *host = ops_host(t, sizeof *host);
+    if (t->oom || !h || !host || t->n_weight == OPS_MAX_BUFS) {
         t->oom = 1;
         return NULL;
     }
-    const void *w = be->ops->weight_upload(be, h, n);
+    *host = (struct wmat){WTYPE_F32, rows, cols, h};
+    const struct wmat *w = be->ops->weight_upload(be, host);
     if (!w) {
         t->oom = 1;
         return NULL;
@@ -223,8 +228,8 @@ static void check_matmul(struct ops_ctx *t, int n, int k, int m, int with_bias)
     float *bias = ops_rand(t, (size_t)m, -1, 1);
     float *rx, *dx, *rb = NULL, *db = NULL, *ry, *dy;
     BOTH(x, sizeof(float) * n * k, rx, dx);
-    const void *rw = ops_weight(t, t->ref, w, (size_t)m * k);
-    const void *dw = ops_weight(t, t->dut, w, (size_t)m * k);
+    const struct wmat *rw = ops_weight(t, t->ref, w, m, k);
+    const struct wmat *dw = ops_weight(t, t->dut, w, m, k);
     if (with_bias) BOTH(bias, sizeof(float) * m, rb, db);
     BOTH(NULL, sizeof(float) * n * m, ry, dy);
     RUN2(t->ref->ops->matmul(t->ref, ry, rx, rw, rb, n, k, m),
@@ -345,8 +350,8 @@ static void check_rows(struct ops_ctx *t, int n_src, int n, int d)
         BOTH(ids, sizeof(int32_t) * n, ri, di);
         BOTH(NULL, sizeof(float) * out_n, ro, dout);
         if (which == 0) {
-            const void *rt = ops_weight(t, t->ref, src, src_n);
-            const void *dt = ops_weight(t, t->dut, src, src_n);
+            const struct wmat *rt = ops_weight(t, t->ref, src, n_src, d);
+            const struct wmat *dt = ops_weight(t, t->dut, src, n_src, d);
             RUN2(t->ref->ops->embed(t->ref, ro, rt, ri, n, d),
                  t->dut->ops->embed(t->dut, dout, dt, di, n, d));
             ops_compare_tol(t, "embed", shape, ro, dout, out_n, OPS_TOL_BF16);
@@ -460,8 +465,9 @@ static void check_moe_experts(struct ops_ctx *t, int n_experts, int d, int max_r
         rex[j].d_ff = dex[j].d_ff = ff;
         for (int p = 0; p < 3; p++) {
             float *w = ops_rand(t, (size_t)ff * d, -0.2f, 0.2f);
-            const void *rw = ops_weight(t, t->ref, w, (size_t)ff * d);
-            const void *dw = ops_weight(t, t->dut, w, (size_t)ff * d);
+            int wr = p == 2 ? d : ff, wc = p == 2 ? ff : d;
+            const struct wmat *rw = ops_weight(t, t->ref, w, wr, wc);
+            const struct wmat *dw = ops_weight(t, t->dut, w, wr, wc);
             if (p == 0) rex[j].gate = rw, dex[j].gate = dw;
             if (p == 1) rex[j].up = rw, dex[j].up = dw;
             if (p == 2) rex[j].down = rw, dex[j].down = dw;
@@ -682,17 +688,17 @@ int main(int argc, char **argv)
     int self_check = argc > 2 && strcmp(argv[2], "--cpu-self-check") == 0;
     struct ops_ctx t = {0};
     t.rng = 0x9e3779b97f4a7c15ull;
-    t.ref = backend_cpu_create(1);
+    t.ref = backend_cpu_create(1, false);
     CHECK(t.ref != NULL);
     if (!t.ref) return test_done("test_backend_ops");
-    CHECK(t.ref->ops->reserve(t.ref, OPS_WS_ELEMS, OPS_WS_EXPERTS) == 0);
+    CHECK(t.ref->ops->reserve(t.ref, &ops_reserve) == 0);
 
     if (self_check) {
         printf("self-check: CPU backend vs a second CPU backend (harness only, no GPU)\n");
-        t.dut = backend_cpu_create(1);
+        t.dut = backend_cpu_create(1, false);
         CHECK(t.dut != NULL);
         if (t.dut) {
-            CHECK(t.dut->ops->reserve(t.dut, OPS_WS_ELEMS, OPS_WS_EXPERTS) == 0);
+            CHECK(t.dut->ops->reserve(t.dut, &ops_reserve) == 0);
             check_all_ops(&t);
             t.dut->ops->destroy(t.dut);
         }
@@ -712,7 +718,7 @@ int main(int argc, char **argv)
     char err[512] = "";
     t.dut = backend_cuda_create(0, err, sizeof err);
     CHECKF(t.dut != NULL, "backend_cuda_create: %s", err);
-    if (t.dut && t.dut->ops->reserve(t.dut, OPS_WS_ELEMS, OPS_WS_EXPERTS) != 0) {
+    if (t.dut && t.dut->ops->reserve(t.dut, &ops_reserve) != 0) {
         t.dut->ops->synchronize(t.dut);
         backend_cuda_error(t.dut, err, sizeof err);
         CHECKF(0, "reserve: %s", err);

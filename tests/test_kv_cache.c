@@ -304,7 +304,7 @@ int main(int argc, char **argv)
 {
     (void)argc;
     (void)argv;
-    be = backend_cpu_create(1);
+    be = backend_cpu_create(1, false);
     if (!be) {
         CHECK(0);
         return test_done("test_kv_cache");

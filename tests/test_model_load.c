@@ -205,6 +205,28 @@ static bool same_values(const float *got, const char *name, size_t n, enum st_dt
     return true;
 }
 
+/* The same for a matrix, read back as f32 row by row (exact for f32/f16/bf16 matrices). */
+static bool same_mat(const struct wmat *w, const char *name, enum st_dtype dt)
+{
+    float *row = malloc(sizeof(float) * (size_t)w->cols);
+    bool same = row != NULL;
+    for (int r = 0; same && r < w->rows; r++) {
+        wmat_row_f32(w, r, row);
+        for (int c = 0; same && c < w->cols; c++) {
+            float v = weight_value(name, (size_t)r * w->cols + c);
+            same = row[c] == (dt == ST_DTYPE_BF16 ? ms_bf16_to_f32(ms_f32_to_bf16(v)) : v);
+        }
+    }
+    free(row);
+    return same;
+}
+
+static bool in_block(const void *p, const void *block, size_t bytes)
+{
+    return block && (const char *)p >= (const char *)block &&
+           (const char *)p < (const char *)block + bytes;
+}
+
 static void test_valid(void)
 {
     struct tiny t = {.bf16_layer1 = true, .f16_norms = true, .tokenizer = true};
@@ -234,36 +256,39 @@ static void test_valid(void)
     CHECK(m->tok != NULL || !have_fixture_tokenizer());
     if (have_fixture_tokenizer()) CHECK(m->chat_template && strstr(m->chat_template, "im_start"));
 
-    /* f32 tensors are borrowed from the mapping. */
+    /* f32 and bf16 tensors are borrowed from the mapping, in their stored type. */
     const struct st_tensor *st = st_find(m->st, "model.layers.0.self_attn.q_proj.weight");
-    CHECK(st && (const void *)m->layers[0].wq == st->data);
+    CHECK(st && m->layers[0].wq->data == st->data && m->layers[0].wq->type == WTYPE_F32);
     st = st_find(m->st, "model.embed_tokens.weight");
-    CHECK(st && (const void *)m->embed == st->data);
+    CHECK(st && m->embed->data == st->data);
     st = st_find(m->st, "model.layers.0.block_sparse_moe.experts.3.w2.weight");
-    CHECK(st && (const void *)m->layers[0].experts[3].down == st->data);
+    CHECK(st && m->layers[0].experts[3].down->data == st->data);
     CHECK(m->lm_head != m->embed);
-    CHECK(same_values(m->lm_head, "lm_head.weight", (size_t)V * D, ST_DTYPE_F32));
-    /* bf16 and f16 are converted exactly into the model's block. */
-    const float *w1 = m->layers[1].experts[2].gate;
-    CHECK(w1 >= m->converted && w1 < m->converted + m->converted_floats);
-    CHECK(same_values(w1, "model.layers.1.block_sparse_moe.experts.2.w1.weight", FF * D,
-                      ST_DTYPE_BF16));
-    CHECK(same_values(m->layers[1].experts[2].up,
-                      "model.layers.1.block_sparse_moe.experts.2.w3.weight", FF * D,
-                      ST_DTYPE_BF16));
-    CHECK(same_values(m->layers[1].wo, "model.layers.1.self_attn.o_proj.weight", D * H * HD,
-                      ST_DTYPE_BF16));
+    CHECK(same_mat(m->lm_head, "lm_head.weight", ST_DTYPE_F32));
+    const struct wmat *w1 = m->layers[1].experts[2].gate;
+    st = st_find(m->st, "model.layers.1.block_sparse_moe.experts.2.w1.weight");
+    CHECK(st && w1->data == st->data && w1->type == WTYPE_BF16 && w1->rows == FF && w1->cols == D);
+    CHECK(same_mat(w1, "model.layers.1.block_sparse_moe.experts.2.w1.weight", ST_DTYPE_BF16));
+    CHECK(same_mat(m->layers[1].experts[2].up,
+                   "model.layers.1.block_sparse_moe.experts.2.w3.weight", ST_DTYPE_BF16));
+    CHECK(same_mat(m->layers[1].wo, "model.layers.1.self_attn.o_proj.weight", ST_DTYPE_BF16));
+    /* Vectors are f32: f16 and bf16 ones converted exactly. */
     CHECK(same_values(m->norm, "model.norm.weight", D, ST_DTYPE_F16));
     CHECK(same_values(m->layers[0].attn_norm, "model.layers.0.input_layernorm.weight", D,
                       ST_DTYPE_F16));
+    CHECK(same_values(m->layers[1].attn_norm, "model.layers.1.input_layernorm.weight", D,
+                      ST_DTYPE_BF16));
     CHECK(m->layers[0].experts[0].d_ff == FF && m->layers[0].router != NULL);
     CHECK(m->layers[0].bq == NULL && m->layers[0].q_norm == NULL &&
           m->layers[0].shared_gate == NULL);
-    /* converted: layer 1 (all bf16) + every norm (f16). */
+    /* converted: nothing of the matrices; the f16 norms and layer 1's bf16 norms. */
     size_t layer_params = 2 * D + 2 * (size_t)H * HD * D + 2 * (size_t)KV * HD * D + (size_t)E * D +
                           (size_t)E * 3 * FF * D;
-    CHECK(m->converted_floats == layer_params + D + D * 2);
+    CHECK(m->converted_bytes == 0 && m->converted == NULL);
+    CHECK(m->vector_floats == 2 * D + D + D * 2);
     CHECK(m->n_params == 2 * (size_t)V * D + D + L * layer_params);
+    CHECK(m->weight_bytes == 4 * (m->n_params - (layer_params - 2 * D)) +
+                                 2 * (layer_params - 2 * D));
     CHECK(progress_calls > 0 && last_progress == 1.0);
     /* active: everything but the embedding and E-k experts per layer. */
     size_t active = m->n_params - (size_t)V * D - L * (size_t)(E - 2) * 3 * FF * D;
@@ -281,7 +306,7 @@ static void test_valid(void)
     o.progress = NULL;
     CHECKF(model_load(dir, &o, &m, err, sizeof err) == 0, "%s", err);
     CHECK(m && m->desc.tie_embeddings && m->lm_head == m->embed && m->tok == NULL);
-    CHECK(m && m->converted == NULL && m->converted_floats == 0);
+    CHECK(m && m->converted == NULL && m->converted_bytes == 0 && m->vector_floats == 0);
     model_free(m);
 
     /* f32 data that is not 4-byte aligned in the mapping (header padded by one byte) is
@@ -310,11 +335,13 @@ static void test_valid(void)
     free(bytes);
     CHECKF(model_load(dir, &o, &m, err, sizeof err) == 0, "%s", err);
     if (m) {
-        CHECK(m->converted_floats == m->n_params);
-        CHECK(m->embed >= m->converted && m->embed < m->converted + m->converted_floats);
-        CHECK(same_values(m->layers[1].experts[3].down,
-                          "model.layers.1.block_sparse_moe.experts.3.w2.weight", D * FF,
-                          ST_DTYPE_F32));
+        bool all = true;
+        for (int i = 0; i < m->n_mats; i++)
+            all = all && in_block(m->mats[i].data, m->converted, m->converted_bytes);
+        CHECK(all && m->n_mats > 0);
+        CHECK(in_block(m->norm, m->vectors, m->vector_floats * sizeof(float)));
+        CHECK(same_mat(m->layers[1].experts[3].down,
+                       "model.layers.1.block_sparse_moe.experts.3.w2.weight", ST_DTYPE_F32));
     }
     model_free(m);
 
@@ -325,14 +352,17 @@ static void test_valid(void)
     if (m) {
         const struct st_tensor *gu = st_find(m->st, "model.layers.0.mlp.experts.gate_up_proj");
         const float *base = gu ? gu->data : NULL;
-        CHECK(m->layers[0].experts[0].gate == base);
-        CHECK(m->layers[0].experts[0].up == base + FF * D);
-        CHECK(m->layers[0].experts[3].gate == base + 3 * 2 * FF * D);
+        CHECK(m->layers[0].experts[0].gate->data == base);
+        CHECK(m->layers[0].experts[0].up->data == base + FF * D);
+        CHECK(m->layers[0].experts[3].gate->data == base + 3 * 2 * FF * D);
         const struct st_tensor *dn = st_find(m->st, "model.layers.0.mlp.experts.down_proj");
-        CHECK(dn && m->layers[0].experts[2].down == (const float *)dn->data + 2 * D * FF);
-        CHECK(m->layers[1].experts[1].up[0] ==
-              ms_bf16_to_f32(ms_f32_to_bf16(weight_value("model.layers.1.mlp.experts.gate_up_proj",
-                                                         (size_t)(2 * FF * D + FF * D)))));
+        CHECK(dn && m->layers[0].experts[2].down->data == (const float *)dn->data + 2 * D * FF);
+        float up0[D];
+        wmat_row_f32(m->layers[1].experts[1].up, 0, up0);
+        CHECK(m->layers[1].experts[1].up->type == WTYPE_BF16 &&
+              up0[0] == ms_bf16_to_f32(ms_f32_to_bf16(
+                            weight_value("model.layers.1.mlp.experts.gate_up_proj",
+                                         (size_t)(2 * FF * D + FF * D)))));
         CHECK(m->layers[1].router != NULL && m->layers[1].experts[3].d_ff == FF);
     }
     model_free(m);
@@ -579,8 +609,10 @@ static void test_fixtures(void)
         CHECKF(d->n_eos >= 1 && d->eos_ids[0] == 0, "%s", names[i]);
         CHECKF(m->chat_template != NULL, "%s", names[i]);
         bool bf16 = strstr(names[i], "bf16") != NULL;
-        CHECKF(bf16 ? m->converted_floats > 0 : m->converted_floats == 0, "%s: %zu converted",
-               names[i], m->converted_floats);
+        CHECKF(m->converted_bytes == 0, "%s: %zu bytes converted", names[i], m->converted_bytes);
+        CHECKF(bf16 ? m->vector_floats > 0 : m->vector_floats == 0, "%s: %zu vector floats",
+               names[i], m->vector_floats);
+        CHECKF(m->lm_head->type == (bf16 ? WTYPE_BF16 : WTYPE_F32), "%s", names[i]);
         for (int l = 0; l < d->n_layer; l++) {
             const struct layer_w *lw = &m->layers[l];
             bool ok = lw->wq && lw->wk && lw->wv && lw->wo && lw->attn_norm && lw->ffn_norm;

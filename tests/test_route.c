@@ -38,7 +38,7 @@ int main(int argc, char **argv)
                          tb->data, cfg[4]};
     CHECK((int)cfg[2] == K);
 
-    struct backend *be = backend_cpu_create(1);
+    struct backend *be = backend_cpu_create(1, false);
     int32_t *idx = malloc(sizeof(int32_t) * (size_t)n * K), *tok_k = malloc(sizeof(int32_t) * n);
     int32_t *sorted = malloc(sizeof(int32_t) * (size_t)K);
     float *w = malloc(sizeof(float) * (size_t)n * K);

@@ -1,25 +1,76 @@
-/* CPU backend: the reference implementation of every op in kernels/backend.h. GEMMs go to
- * OpenBLAS; everything else is plain C written so the compiler can vectorize the inner loops.
- * f32 throughout, weights included (a weight handle is the f32 host array). Ops do not
- * allocate; attention takes its score scratch from the caller. */
+/* CPU backend: the reference implementation of every op in kernels/backend.h. Matrix
+ * products, expert FFNs and attention run on the backend's own thread pool (pool.c) with the
+ * kernels chosen for this CPU (gemm.c: AVX-512, AVX2 or portable C), reading weights in their
+ * stored type (f32, f16, bf16 in place; int8/int4 quantized at load) with f32 accumulation.
+ * The rest (norms, RoPE, routing, copies) is plain C on the calling thread: it is a small share
+ * of a step. Ops do not allocate: prepared activations and per-thread scratch come from
+ * reserve. */
 #include "backend.h"
 
-#include <cblas.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu/gemm.h"
+#include "cpu/pool.h"
 #include "route_impl.h"
+
+/* Weight rows of one matmul task, and of one expert task (multiples of WQ_TILE). */
+#define EXPERT_CHUNK 64
 
 struct cpu_backend {
     struct backend base;
+    struct pool *pool;
+    const struct gemm_kernels *kk;
+    bool bf16;
     int n_threads;
+    /* reserve(): two prepared-activation buffers (an op's input; the experts' hidden rows) */
+    unsigned char *act[2];
+    size_t act_bytes;
+    float *tmp;           /* (n_threads, max_rows * EXPERT_CHUNK) up-projection tiles */
+    size_t tmp_per_thread;
+    float *scores;        /* (n_threads, scores_per_thread) attention scores */
+    size_t scores_per_thread;
+    int *tasks;           /* (max_tasks, 3) expert task table: expert, first row, last row */
+    int max_tasks;
+    struct act *ex_act;   /* (max_experts) the experts' prepared hidden rows */
+    size_t *ex_off;       /* (max_experts) their byte offsets in act[1] */
+    size_t *ex_hoff;      /* (max_experts) offsets of their f32 hidden rows in `gate` */
+    int max_experts;
 };
+
+static inline struct cpu_backend *cpu_of(struct backend *be)
+{
+    return (struct cpu_backend *)be;
+}
+
+static void cpu_release(struct cpu_backend *b)
+{
+    free(b->act[0]);
+    free(b->act[1]);
+    free(b->tmp);
+    free(b->scores);
+    free(b->tasks);
+    free(b->ex_act);
+    free(b->ex_off);
+    free(b->ex_hoff);
+    b->ex_hoff = NULL;
+    b->act[0] = b->act[1] = NULL;
+    b->tmp = b->scores = NULL;
+    b->tasks = NULL;
+    b->ex_act = NULL;
+    b->ex_off = NULL;
+    b->act_bytes = b->tmp_per_thread = b->scores_per_thread = 0;
+    b->max_tasks = b->max_experts = 0;
+}
 
 static void cpu_destroy(struct backend *be)
 {
-    free(be);
+    struct cpu_backend *b = cpu_of(be);
+    cpu_release(b);
+    pool_free(b->pool);
+    free(b);
 }
 
 static void *cpu_alloc(struct backend *be, size_t bytes)
@@ -43,36 +94,137 @@ static void cpu_synchronize(struct backend *be)
 {
 }
 
-static int cpu_reserve(struct backend *be, size_t max_elems, int max_experts)
+static void *alloc64(size_t bytes)
 {
-    return 0; /* BLAS needs no workspace from us */
+    void *p = NULL;
+    return posix_memalign(&p, 64, bytes ? bytes : 64) == 0 ? p : NULL;
 }
 
-/* f32 weights in host memory: the handle is the caller's array. */
-static const void *cpu_weight_upload(struct backend *be, const float *host, size_t n)
+/* Bytes of prepared activations for rows of up to `elems` values in all (each row padded). */
+static size_t act_bound(size_t elems, size_t rows)
+{
+    return 4 * (elems + rows * ACT_PAD) + 64;
+}
+
+static int cpu_reserve(struct backend *be, const struct be_reserve *r)
+{
+    struct cpu_backend *b = cpu_of(be);
+    cpu_release(b);
+    int E = r->max_experts > 0 ? r->max_experts : 1;
+    size_t rows = (size_t)(r->max_rows > 0 ? r->max_rows : 1);
+    b->act_bytes = act_bound(r->max_elems, rows) + 64 * (size_t)E;
+    b->tmp_per_thread = rows * EXPERT_CHUNK;
+    /* scores: the query heads of one KV head; GQA groups are small, 64 heads is generous */
+    b->scores_per_thread = (size_t)(r->max_ctx > 0 ? r->max_ctx : 1) * 64;
+    b->max_experts = E;
+    b->max_tasks = 0;
+    b->act[0] = alloc64(b->act_bytes);
+    b->act[1] = alloc64(b->act_bytes);
+    b->tmp = alloc64(sizeof(float) * b->tmp_per_thread * (size_t)b->n_threads);
+    b->scores = alloc64(sizeof(float) * b->scores_per_thread * (size_t)b->n_threads);
+    b->ex_act = calloc((size_t)E, sizeof *b->ex_act);
+    b->ex_off = calloc((size_t)E, sizeof *b->ex_off);
+    b->ex_hoff = calloc((size_t)E, sizeof *b->ex_hoff);
+    if (!b->act[0] || !b->act[1] || !b->tmp || !b->scores || !b->ex_act || !b->ex_off ||
+        !b->ex_hoff) {
+        cpu_release(b);
+        return -1;
+    }
+    return 0;
+}
+
+/* Expert task tables grow with the widest expert, known only at the first call: sized then
+ * (and never again for the same shapes), outside the per-token path of later steps. */
+static int cpu_reserve_tasks(struct cpu_backend *b, int need)
+{
+    if (need <= b->max_tasks) return 0;
+    int *t = realloc(b->tasks, sizeof(int) * 3 * (size_t)need);
+    if (!t) return -1;
+    b->tasks = t;
+    b->max_tasks = need;
+    return 0;
+}
+
+/* f32/f16/bf16 (and quantized) host matrices: the handle is the caller's wmat. */
+static const struct wmat *cpu_weight_upload(struct backend *be, const struct wmat *host)
 {
     return host;
 }
 
-static void cpu_weight_free(struct backend *be, const void *w)
+static void cpu_weight_free(struct backend *be, const struct wmat *w)
 {
 }
 
-static void cpu_matmul(struct backend *be, float *y, const float *x, const void *wv,
+/* --- matrix products ---------------------------------------------------------------------- */
+
+/* Weight rows per task: about four tasks per thread, whole tiles. */
+static int row_chunk(int m, int n_threads)
+{
+    int tiles = (m + WQ_TILE - 1) / WQ_TILE;
+    int per = tiles / (4 * n_threads);
+    return (per > 0 ? per : 1) * WQ_TILE;
+}
+
+struct prep_job {
+    const struct gemm_kernels *kk;
+    enum act_kind kind;
+    int bf16;
+    const float *x;
+    size_t ldx;
+    int n, k, rows_per_task;
+    void *buf;
+    struct act out;
+};
+
+static void prep_task(void *ctx, int t, int thread)
+{
+    struct prep_job *j = ctx;
+    int i0 = t * j->rows_per_task, i1 = i0 + j->rows_per_task < j->n ? i0 + j->rows_per_task : j->n;
+    struct act a;
+    j->kk->act_prepare(j->kind, j->bf16, j->x, j->ldx, j->n, j->k, i0, i1, j->buf, &a);
+    if (t == 0) j->out = a;
+}
+
+/* x (n, k) into buf as the activations w's kernels read; over the pool when large. */
+static struct act prepare(struct cpu_backend *b, const struct wmat *w, const float *x, int n,
+                          int k, void *buf)
+{
+    struct prep_job j = {.kk = b->kk, .kind = b->kk->act_kind(w->type, b->bf16), .bf16 = b->bf16,
+                         .x = x, .ldx = (size_t)k, .n = n, .k = k, .buf = buf};
+    int tasks = (size_t)n * (size_t)k >= 32768 ? b->n_threads : 1;
+    j.rows_per_task = (n + tasks - 1) / tasks;
+    tasks = (n + j.rows_per_task - 1) / j.rows_per_task;
+    pool_run(b->pool, prep_task, &j, tasks);
+    return j.out;
+}
+
+struct mm_job {
+    const struct gemm_kernels *kk;
+    const struct wmat *w;
+    struct act a;
+    float *y;
+    int m, chunk;
+};
+
+static void mm_task(void *ctx, int t, int thread)
+{
+    struct mm_job *j = ctx;
+    int r0 = t * j->chunk, r1 = r0 + j->chunk < j->m ? r0 + j->chunk : j->m;
+    j->kk->gemm(j->w, &j->a, j->y + r0, (size_t)j->m, r0, r1);
+}
+
+static void cpu_matmul(struct backend *be, float *y, const float *x, const struct wmat *w,
                        const float *bias, int n, int k, int m)
 {
-    const float *w = wv;
+    struct cpu_backend *b = cpu_of(be);
     if (n <= 0 || m <= 0) return;
-    if (n == 1) {
-        cblas_sgemv(CblasRowMajor, CblasNoTrans, m, k, 1.0f, w, k, x, 1, 0.0f, y, 1);
-    } else {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, m, k, 1.0f, x, k, w, k, 0.0f, y,
-                    m);
-    }
+    struct mm_job j = {.kk = b->kk, .w = w, .y = y, .m = m, .chunk = row_chunk(m, b->n_threads)};
+    j.a = prepare(b, w, x, n, k, b->act[0]);
+    pool_run(b->pool, mm_task, &j, (m + j.chunk - 1) / j.chunk);
     if (bias) {
         for (int i = 0; i < n; i++) {
             float *row = y + (size_t)i * m;
-            for (int j = 0; j < m; j++) row[j] += bias[j];
+            for (int c = 0; c < m; c++) row[c] += bias[c];
         }
     }
 }
@@ -123,19 +275,13 @@ static void cpu_clamp(struct backend *be, float *x, int n, int d, float c)
 static void cpu_swiglu(struct backend *be, float *out, const float *gate, const float *up, int n,
                        int d_ff)
 {
-    size_t total = (size_t)n * d_ff;
-    for (size_t i = 0; i < total; i++) {
-        float g = gate[i];
-        out[i] = g / (1.0f + expf(-g)) * up[i];
-    }
+    cpu_of(be)->kk->silu_mul(out, gate, up, n * d_ff);
 }
 
-static void cpu_embed(struct backend *be, float *out, const void *table, const int32_t *ids,
+static void cpu_embed(struct backend *be, float *out, const struct wmat *table, const int32_t *ids,
                       int n, int d)
 {
-    const float *embed = table;
-    for (int i = 0; i < n; i++)
-        memcpy(out + (size_t)i * d, embed + (size_t)ids[i] * d, sizeof(float) * d);
+    for (int i = 0; i < n; i++) wmat_row_f32(table, ids[i], out + (size_t)i * d);
 }
 
 static void cpu_gather_rows(struct backend *be, float *dst, const float *src, const int32_t *idx,
@@ -185,22 +331,108 @@ static void cpu_route(struct backend *be, int32_t *idx, float *w, const float *l
     for (int t = 0; t < n; t++) route_token(r, logits, glog, tok_k, t, idx, w);
 }
 
-/* One expert after another; each expert's rows reuse the start of gate/up. */
+/* Expert FFNs in three pool jobs: (1) gate and up of every expert, EXPERT_CHUNK weight rows a
+ * task, SiLU(gate) * up written to the expert's hidden rows in `gate`; (2) those hidden rows
+ * prepared as activations, one task an expert; (3) down, EXPERT_CHUNK rows a task. Each
+ * expert's weights are read once per call whatever its number of rows. */
+struct ex_job {
+    struct cpu_backend *b;
+    const struct be_expert *ex;
+    const int *off;
+    int d;
+    struct act ax;     /* every row's input, prepared */
+    float *h;          /* hidden rows: expert e's at hoff[e], (rows_e, d_ff_e) */
+    size_t *hoff;      /* = b->ex_hoff */
+    float *y;
+};
+
+static void ex_up_task(void *ctx, int t, int thread)
+{
+    struct ex_job *j = ctx;
+    struct cpu_backend *b = j->b;
+    int e = b->tasks[3 * t], r0 = b->tasks[3 * t + 1], r1 = b->tasks[3 * t + 2];
+    const struct be_expert *ex = &j->ex[e];
+    int rows = j->off[e + 1] - j->off[e], w = r1 - r0;
+    struct act a = act_rows(&j->ax, j->off[e] - j->off[0], rows);
+    float *h = j->h + j->hoff[e], *u = b->tmp + (size_t)thread * b->tmp_per_thread;
+    b->kk->gemm(ex->gate, &a, h + r0, (size_t)ex->d_ff, r0, r1);
+    b->kk->gemm(ex->up, &a, u, (size_t)w, r0, r1);
+    for (int i = 0; i < rows; i++) {
+        float *hi = h + (size_t)i * ex->d_ff + r0;
+        b->kk->silu_mul(hi, hi, u + (size_t)i * w, w);
+    }
+}
+
+static void ex_prep_task(void *ctx, int e, int thread)
+{
+    struct ex_job *j = ctx;
+    struct cpu_backend *b = j->b;
+    const struct be_expert *ex = &j->ex[e];
+    int rows = j->off[e + 1] - j->off[e];
+    if (rows <= 0) return;
+    b->kk->act_prepare(b->kk->act_kind(ex->down->type, b->bf16), b->bf16, j->h + j->hoff[e],
+                       (size_t)ex->d_ff, rows, ex->d_ff, 0, rows, b->act[1] + b->ex_off[e],
+                       &b->ex_act[e]);
+}
+
+static void ex_down_task(void *ctx, int t, int thread)
+{
+    struct ex_job *j = ctx;
+    struct cpu_backend *b = j->b;
+    int e = b->tasks[3 * t], r0 = b->tasks[3 * t + 1], r1 = b->tasks[3 * t + 2];
+    b->kk->gemm(j->ex[e].down, &b->ex_act[e], j->y + (size_t)j->off[e] * j->d + r0, (size_t)j->d,
+                r0, r1);
+}
+
+/* Fills b->tasks with (expert, r0, r1) for every expert with rows, `width(e)` rows cut in
+ * EXPERT_CHUNK pieces; returns the count, or -1 when the table cannot grow. */
+static int expert_tasks(struct cpu_backend *b, const struct be_expert *ex, const int *off,
+                        int n_experts, int down, int d)
+{
+    int need = 0;
+    for (int e = 0; e < n_experts; e++)
+        if (off[e + 1] > off[e]) need += ((down ? d : ex[e].d_ff) + EXPERT_CHUNK - 1) / EXPERT_CHUNK;
+    if (cpu_reserve_tasks(b, need) != 0) return -1;
+    int n = 0;
+    for (int e = 0; e < n_experts; e++) {
+        if (off[e + 1] <= off[e]) continue;
+        int width = down ? d : ex[e].d_ff;
+        for (int r = 0; r < width; r += EXPERT_CHUNK, n++) {
+            b->tasks[3 * n] = e;
+            b->tasks[3 * n + 1] = r;
+            b->tasks[3 * n + 2] = r + EXPERT_CHUNK < width ? r + EXPERT_CHUNK : width;
+        }
+    }
+    return n;
+}
+
 static void cpu_moe_experts(struct backend *be, float *y, const float *x, int d, int n_experts,
                             const int *off, const struct be_expert *experts, float *gate,
                             float *up)
 {
-    for (int j = 0; j < n_experts; j++) {
-        const struct be_expert *ex = &experts[j];
-        int rows = off[j + 1] - off[j];
-        if (rows <= 0) continue;
-        const float *xj = x + (size_t)off[j] * d;
-        float *yj = y + (size_t)off[j] * d;
-        cpu_matmul(be, gate, xj, ex->gate, NULL, rows, d, ex->d_ff);
-        cpu_matmul(be, up, xj, ex->up, NULL, rows, d, ex->d_ff);
-        cpu_swiglu(be, gate, gate, up, rows, ex->d_ff);
-        cpu_matmul(be, yj, gate, ex->down, NULL, rows, ex->d_ff, d);
+    struct cpu_backend *b = cpu_of(be);
+    int rows = off[n_experts] - off[0];
+    if (n_experts <= 0 || rows <= 0 || n_experts > b->max_experts) return;
+    struct ex_job j = {.b = b, .ex = experts, .off = off, .d = d, .h = gate, .hoff = b->ex_hoff,
+                       .y = y};
+    /* One preparation of every input row serves all experts (they share the weight type). */
+    j.ax = prepare(b, experts[0].gate, x + (size_t)off[0] * d, rows, d, b->act[0]);
+    size_t h = 0, a = 0;
+    for (int e = 0; e < n_experts; e++) {
+        int n = off[e + 1] - off[e] > 0 ? off[e + 1] - off[e] : 0;
+        b->ex_hoff[e] = h;
+        b->ex_off[e] = a;
+        h += (size_t)n * (size_t)experts[e].d_ff;
+        a += (gemm_act_bytes(b->kk->act_kind(experts[e].down->type, b->bf16), n, experts[e].d_ff) +
+              63) / 64 * 64;
     }
+    int n_up = expert_tasks(b, experts, off, n_experts, 0, d);
+    if (n_up < 0) return;
+    pool_run(b->pool, ex_up_task, &j, n_up);
+    pool_run(b->pool, ex_prep_task, &j, n_experts);
+    int n_down = expert_tasks(b, experts, off, n_experts, 1, d);
+    if (n_down < 0) return;
+    pool_run(b->pool, ex_down_task, &j, n_down);
 }
 
 /* Token i's block table and position (see struct be_tokens). */
@@ -212,12 +444,6 @@ static inline const int32_t *tok_table(const struct be_tokens *tk, int i)
 static inline int tok_pos(const struct be_tokens *tk, int i)
 {
     return tk->pos ? tk->pos[i] : tk->pos0 + i;
-}
-
-static inline const float *cache_row(const float *cache, const int32_t *block_table,
-                                     int block_size, int pos, size_t row)
-{
-    return cache + ((size_t)block_table[pos / block_size] * block_size + pos % block_size) * row;
 }
 
 static void cpu_kv_write(struct backend *be, float *k_cache, float *v_cache, const float *k,
@@ -233,52 +459,45 @@ static void cpu_kv_write(struct backend *be, float *k_cache, float *v_cache, con
     }
 }
 
+struct att_job {
+    struct cpu_backend *b;
+    float *out;
+    const float *q, *k_cache, *v_cache;
+    const struct be_tokens *tk;
+    int block_size, n_head, n_kv_head, head_dim, window;
+    float scale;
+};
+
+/* One task = one token and one KV head (its GQA group of query heads). */
+static void att_task(void *ctx, int t, int thread)
+{
+    struct att_job *j = ctx;
+    int i = t / j->n_kv_head, kvh = t % j->n_kv_head, group = j->n_head / j->n_kv_head;
+    int pos = tok_pos(j->tk, i);
+    int start = j->window > 0 && pos - j->window + 1 > 0 ? pos - j->window + 1 : 0;
+    size_t q0 = ((size_t)i * j->n_head + (size_t)kvh * group) * j->head_dim;
+    j->b->kk->attn_head(j->out + q0, j->q + q0, group, j->head_dim, j->k_cache, j->v_cache,
+                        tok_table(j->tk, i), j->block_size, (size_t)j->n_kv_head * j->head_dim,
+                        (size_t)kvh * j->head_dim, start, pos, j->scale,
+                        j->b->scores + (size_t)thread * j->b->scores_per_thread);
+}
+
 static void cpu_attention(struct backend *be, float *out, const float *q, const float *k_cache,
                           const float *v_cache, const struct be_tokens *tk, int block_size, int n,
                           int n_head, int n_kv_head, int head_dim, int window, float scale,
                           float *scratch)
 {
-    size_t row = (size_t)n_kv_head * head_dim;
-    int group = n_head / n_kv_head;
-    for (int i = 0; i < n; i++) {
-        const int32_t *block_table = tok_table(tk, i);
-        int pos = tok_pos(tk, i);
-        int start = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
-        for (int h = 0; h < n_head; h++) {
-            const float *qh = q + ((size_t)i * n_head + h) * head_dim;
-            int kvh = h / group;
-            float mx = -INFINITY;
-            for (int t = start; t <= pos; t++) {
-                const float *kt = cache_row(k_cache, block_table, block_size, t, row) +
-                                  (size_t)kvh * head_dim;
-                float s = 0.0f;
-                for (int j = 0; j < head_dim; j++) s += qh[j] * kt[j];
-                s *= scale;
-                scratch[t] = s;
-                if (s > mx) mx = s;
-            }
-            float sum = 0.0f;
-            for (int t = start; t <= pos; t++) {
-                scratch[t] = expf(scratch[t] - mx);
-                sum += scratch[t];
-            }
-            float inv = 1.0f / sum;
-            float *oh = out + ((size_t)i * n_head + h) * head_dim;
-            memset(oh, 0, sizeof(float) * head_dim);
-            for (int t = start; t <= pos; t++) {
-                const float *vt = cache_row(v_cache, block_table, block_size, t, row) +
-                                  (size_t)kvh * head_dim;
-                float p = scratch[t] * inv;
-                for (int j = 0; j < head_dim; j++) oh[j] += p * vt[j];
-            }
-        }
-    }
+    struct cpu_backend *b = cpu_of(be);
+    struct att_job j = {.b = b, .out = out, .q = q, .k_cache = k_cache, .v_cache = v_cache,
+                        .tk = tk, .block_size = block_size, .n_head = n_head,
+                        .n_kv_head = n_kv_head, .head_dim = head_dim, .window = window,
+                        .scale = scale};
+    pool_run(b->pool, att_task, &j, n * n_kv_head);
 }
 
 static const struct backend_ops cpu_ops = {
     .name = "cpu",
     .host_memory = 1,
-    .weight_bytes = 4,
     .destroy = cpu_destroy,
     .alloc = cpu_alloc,
     .free = cpu_free,
@@ -306,15 +525,20 @@ static const struct backend_ops cpu_ops = {
 };
 
 /* Staged variant: copies weights, and tells the engine its memory is not host memory, so the
- * engine takes the path a GPU backend takes (uploads, downloads, logits in chunks). */
-static const void *cpu_weight_copy(struct backend *be, const float *host, size_t n)
+ * engine takes the path a GPU backend takes (uploads, downloads, logits in chunks). The copy
+ * is one block: the wmat, then its data. */
+static const struct wmat *cpu_weight_copy(struct backend *be, const struct wmat *host)
 {
-    float *w = cpu_alloc(be, sizeof(float) * n);
-    if (w && n) memcpy(w, host, sizeof(float) * n);
+    size_t bytes = wtype_bytes(host->type, host->rows, host->cols);
+    struct wmat *w = cpu_alloc(be, 64 + bytes);
+    if (!w) return NULL;
+    *w = *host;
+    w->data = (unsigned char *)w + 64;
+    if (bytes) memcpy((void *)w->data, host->data, bytes);
     return w;
 }
 
-static void cpu_weight_copy_free(struct backend *be, const void *w)
+static void cpu_weight_copy_free(struct backend *be, const struct wmat *w)
 {
     free((void *)w);
 }
@@ -331,20 +555,37 @@ static void cpu_staged_init(void)
     cpu_staged_ops.weight_free = cpu_weight_copy_free;
 }
 
-struct backend *backend_cpu_create_staged(int n_threads)
+struct backend *backend_cpu_create_staged(int n_threads, bool bf16_compute)
 {
-    struct backend *be = backend_cpu_create(n_threads);
+    struct backend *be = backend_cpu_create(n_threads, bf16_compute);
     if (!be) return NULL;
     pthread_once(&cpu_staged_once, cpu_staged_init);
     be->ops = &cpu_staged_ops;
     return be;
 }
 
-struct backend *backend_cpu_create(int n_threads)
+struct backend *backend_cpu_create(int n_threads, bool bf16_compute)
 {
     struct cpu_backend *b = calloc(1, sizeof *b);
     if (!b) return NULL;
     b->base.ops = &cpu_ops;
     b->n_threads = n_threads < 1 ? 1 : n_threads;
+    b->bf16 = bf16_compute;
+    b->kk = gemm_kernels_best();
+    b->pool = pool_create(b->n_threads, -1);
+    if (!b->pool) {
+        free(b);
+        return NULL;
+    }
     return &b->base;
+}
+
+const char *backend_cpu_kernels(void)
+{
+    return gemm_kernels_best()->name;
+}
+
+const char *backend_cpu_features(void)
+{
+    return cpu_features_string();
 }

@@ -150,9 +150,11 @@ static void cb_synchronize(struct backend *be)
     CB_CUDA(b, cudaStreamSynchronize(b->stream));
 }
 
-static int cb_reserve(struct backend *be, size_t max_elems, int max_experts)
+static int cb_reserve(struct backend *be, const struct be_reserve *r)
 {
     struct cuda_backend *b = cb_of(be);
+    size_t max_elems = r->max_elems;
+    int max_experts = r->max_experts;
     if (cb_enter(b) < 0) return -1;
     if (b->stream && CB_CUDA(b, cudaStreamSynchronize(b->stream)) < 0) return -1;
     cb_release_workspace(b);
@@ -197,34 +199,60 @@ fail:
 
 /* Weights: converted to bf16 on the host (round to nearest even, as the CPU's ms_f32_to_bf16)
  * in chunks through one pinned buffer kept for the backend's life, then copied; load time
- * only. */
+ * only. The handle is a host struct wmat (type bf16) whose data is the device copy. Quantized
+ * matrices are refused: their kernels are CPU-only for now. */
 enum { CB_STAGE = 1 << 22 };
 
-static const void *cb_weight_upload(struct backend *be, const float *host, size_t n)
+static const struct wmat *cb_weight_upload(struct backend *be, const struct wmat *host)
 {
     struct cuda_backend *b = cb_of(be);
     void *w = NULL;
+    size_t n = (size_t)host->rows * (size_t)host->cols;
     if (cb_enter(b) < 0) return NULL;
-    if (!b->stage &&
-        CB_CUDA(b, cudaMallocHost((void **)&b->stage, CB_STAGE * sizeof(uint16_t))) < 0)
+    if (wtype_is_quant(host->type)) {
+        ms_errf(b->last, sizeof b->last, "weight_upload: %s weights need the CPU backend",
+                wtype_name(host->type));
+        cb_note(b, -1);
         return NULL;
-    if (CB_CUDA(b, cudaMalloc(&w, (n ? n : 1) * sizeof(uint16_t))) < 0) return NULL;
+    }
+    enum wsrc from = host->type == WTYPE_F32 ? WSRC_F32 : host->type == WTYPE_F16 ? WSRC_F16
+                                                                                : WSRC_BF16;
+    size_t esize = host->type == WTYPE_F32 ? 4 : 2;
+    struct wmat *h = (struct wmat *)malloc(sizeof *h);
+    if (!h) {
+        ms_errf(b->last, sizeof b->last, "weight_upload: out of host memory");
+        cb_note(b, -1);
+        return NULL;
+    }
+    if ((!b->stage &&
+         CB_CUDA(b, cudaMallocHost((void **)&b->stage, CB_STAGE * sizeof(uint16_t))) < 0) ||
+        CB_CUDA(b, cudaMalloc(&w, (n ? n : 1) * sizeof(uint16_t))) < 0) {
+        free(h);
+        return NULL;
+    }
     for (size_t i = 0; i < n; i += CB_STAGE) {
         size_t m = n - i < (size_t)CB_STAGE ? n - i : (size_t)CB_STAGE;
-        for (size_t j = 0; j < m; j++) b->stage[j] = ms_f32_to_bf16(host[i + j]);
+        wmat_convert(WTYPE_BF16, b->stage, from, (const unsigned char *)host->data + i * esize, 1,
+                     (int)m, 0, 1);
         if (CB_CUDA(b, cudaMemcpyAsync((uint16_t *)w + i, b->stage, m * sizeof(uint16_t),
                                        cudaMemcpyHostToDevice, b->stream)) < 0 ||
             CB_CUDA(b, cudaStreamSynchronize(b->stream)) < 0) {
             cudaFree(w);
+            free(h);
             return NULL;
         }
     }
-    return w;
+    *h = *host;
+    h->type = WTYPE_BF16;
+    h->data = w;
+    return h;
 }
 
-static void cb_weight_free(struct backend *be, const void *w)
+static void cb_weight_free(struct backend *be, const struct wmat *w)
 {
-    cb_free(be, (void *)w);
+    if (!w) return;
+    cb_free(be, (void *)w->data);
+    free((void *)w);
 }
 
 /* x (n, k) f32 -> the workspace in bf16; NULL (recorded) when it does not fit. */
@@ -261,7 +289,7 @@ static int cb_gemm(struct cuda_backend *b, float *y, int ldy, const __nv_bfloat1
 }
 
 /* y (n, m) = x (n, k) . w (m, k)^T [+ bias (m)], w bf16. */
-static void cb_matmul(struct backend *be, float *y, const float *x, const void *w,
+static void cb_matmul(struct backend *be, float *y, const float *x, const struct wmat *w,
                       const float *bias, int n, int k, int m)
 {
     struct cuda_backend *b = cb_of(be);
@@ -271,7 +299,7 @@ static void cb_matmul(struct backend *be, float *y, const float *x, const void *
         if (CB_CUDA(b, cudaMemsetAsync(y, 0, sizeof(float) * (size_t)n * m, b->stream)) < 0) return;
     } else {
         const __nv_bfloat16 *xb = cb_to_ws(b, x, (size_t)n * k, "matmul");
-        if (!xb || cb_gemm(b, y, m, xb, k, w, k, n, k, m) < 0) return;
+        if (!xb || cb_gemm(b, y, m, xb, k, w->data, k, n, k, m) < 0) return;
     }
     if (bias) cb_note(b, cuk_add_bias(b->stream, y, bias, n, m, CB_ERR(b)));
 }
@@ -351,7 +379,7 @@ static void cb_moe_experts(struct backend *be, float *y, const float *x, int d, 
             b->g_lda[i] = d;
             b->g_ldb[i] = d;
             b->g_ldc[i] = ff;
-            A[i] = half ? ex[j].up : ex[j].gate;
+            A[i] = half ? ex[j].up->data : ex[j].gate->data;
             B[i] = xb + (size_t)(off[j] - off[0]) * d;
             C[i] = (half ? ub : gb) + act;
         }
@@ -370,7 +398,7 @@ static void cb_moe_experts(struct backend *be, float *y, const float *x, int d, 
         b->g_lda[g] = ff;
         b->g_ldb[g] = ff;
         b->g_ldc[g] = d;
-        A[g] = ex[j].down;
+        A[g] = ex[j].down->data;
         B[g] = gb + act;
         C[g] = yb + (size_t)(off[j] - off[0]) * d;
         act += (size_t)rows * ff;
@@ -429,12 +457,12 @@ static void cb_swiglu(struct backend *be, float *out, const float *gate, const f
     cb_note(b, cuk_swiglu(b->stream, out, gate, up, (size_t)n * d_ff, CB_ERR(b)));
 }
 
-static void cb_embed(struct backend *be, float *out, const void *table, const int32_t *ids, int n,
-                     int d)
+static void cb_embed(struct backend *be, float *out, const struct wmat *table, const int32_t *ids,
+                     int n, int d)
 {
     struct cuda_backend *b = cb_of(be);
     if (cb_enter(b) < 0) return;
-    cb_note(b, cuk_embed_bf16(b->stream, out, table, ids, n, d, CB_ERR(b)));
+    cb_note(b, cuk_embed_bf16(b->stream, out, table->data, ids, n, d, CB_ERR(b)));
 }
 
 static void cb_gather_rows(struct backend *be, float *dst, const float *src, const int32_t *idx,
@@ -501,7 +529,6 @@ static_assert(sizeof(struct backend_ops) == 26 * sizeof(void *),
 static const struct backend_ops cuda_ops = {
     /* .name */ "cuda",
     /* .host_memory */ 0,
-    /* .weight_bytes */ 2,
     /* .destroy */ cb_destroy,
     /* .alloc */ cb_alloc,
     /* .free */ cb_free,

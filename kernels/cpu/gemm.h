@@ -1,0 +1,107 @@
+/* CPU kernels behind one table, chosen once at run time by what the CPU can do: portable C
+ * (the reference, any CPU), AVX2+FMA+F16C, and AVX-512 (F/BW/VL, with VNNI int8 dot products
+ * and AVX512-BF16 where present). The backend (backend_cpu.c) splits work over its thread pool
+ * and calls these on one thread's share.
+ *
+ * Matrix products: y (n, m) = x (n, k) . W (m, k)^T for W of every weight type (weights.h). The
+ * activations are first "prepared" once per product into the form the weight type's kernel
+ * reads (struct act): f32 rows, f32 rows with even/odd elements split per vector (bf16
+ * weights: a bf16 pair widens to two f32 vectors with one shift and one mask), bf16 rows
+ * (bf16 weights under bf16 compute), or int8 blocks of 32 with a scale and a sum each (Q8/Q4
+ * weights: int8 x int8 dot products). Every output element is computed by one thread in a
+ * fixed order over k whatever the tile shape, so results do not depend on n, on the rows a
+ * thread is given, or on the thread count.
+ *
+ * Rows of prepared activations are padded with zeros to a multiple of ACT_PAD elements. */
+#ifndef MOESERVE_CPU_GEMM_H
+#define MOESERVE_CPU_GEMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "weights.h"
+
+#define ACT_PAD 64
+
+enum act_kind {
+    ACT_F32 = 0, /* f32, as given (f32 and f16 weights) */
+    ACT_EO = 1,  /* f32 with each vector's even and odd elements split (bf16 weights) */
+    ACT_BF16 = 2,/* bf16, rounded to nearest even (bf16 weights, bf16 compute) */
+    ACT_Q8 = 3,  /* int8 per block of 32 with an f32 scale and the block's integer sum */
+};
+
+struct act {
+    enum act_kind kind;
+    int n, k;
+    size_t stride;        /* bytes from one row of data to the next */
+    const void *data;
+    const float *dx;      /* ACT_Q8: (n, nb) block scales, row stride nb */
+    const int32_t *isum;  /* ACT_Q8: (n, nb) sums of the block's int8 values */
+    int nb;               /* ACT_Q8: blocks per row */
+};
+
+/* Rows [i0, i0 + n) of a prepared activation. */
+static inline struct act act_rows(const struct act *a, int i0, int n)
+{
+    struct act r = *a;
+    r.n = n;
+    r.data = (const unsigned char *)a->data + (size_t)i0 * a->stride;
+    if (a->kind == ACT_Q8) {
+        r.dx = a->dx + (size_t)i0 * a->nb;
+        r.isum = a->isum + (size_t)i0 * a->nb;
+    }
+    return r;
+}
+
+struct gemm_kernels {
+    const char *name;
+    /* The activation kind the kernels for weight type t read; bf16_compute: bf16 weights
+     * multiply bf16-rounded activations. */
+    enum act_kind (*act_kind)(enum wtype t, int bf16_compute);
+    /* Rows [i0, i1) of x (ldx floats apart) into the prepared form, in buf laid out for n rows
+     * of k (buf at least gemm_act_bytes(kind, n, k) bytes, 64-byte aligned); *out describes
+     * all n rows, so several threads may each prepare a share. bf16_round: round the values
+     * to bf16 first (bf16 compute on a table without bf16 dot products; ACT_BF16 always
+     * rounds). */
+    void (*act_prepare)(enum act_kind kind, int bf16_round, const float *x, size_t ldx, int n,
+                        int k, int i0, int i1, void *buf, struct act *out);
+    /* Columns [r0, r1) of y for every activation row i < a->n: y[i * ldy + (r - r0)] =
+     * x_i . W_r (y points at column r0); r0 a multiple of WQ_TILE. */
+    void (*gemm)(const struct wmat *w, const struct act *a, float *y, size_t ldy, int r0, int r1);
+    /* out[i] = silu(g[i]) * u[i] for i < n (out may be g). */
+    void (*silu_mul)(float *out, const float *g, const float *u, int n);
+    /* Paged causal attention for one token and one KV head: the `group` query heads q
+     * (group, hd) over positions [start, pos] whose K/V rows are at krow(t)/vrow(t) (see
+     * struct attn_rows); out (group, hd). scratch: (group, pos + 1) floats. */
+    void (*attn_head)(float *out, const float *q, int group, int hd, const float *k_cache,
+                      const float *v_cache, const int32_t *table, int block_size, size_t row,
+                      size_t head_off, int start, int pos, float scale, float *scratch);
+};
+
+size_t gemm_act_bytes(enum act_kind kind, int n, int k);
+
+/* The table for this CPU (cpuid; MOESERVE_CPU_KERNELS=portable|avx2|avx512 forces one, if the
+ * CPU can run it). Never NULL. */
+const struct gemm_kernels *gemm_kernels_best(void);
+/* Each table, or NULL when the CPU cannot run it (tests compare them with the portable one). */
+const struct gemm_kernels *gemm_kernels_portable(void);
+const struct gemm_kernels *gemm_kernels_avx2(void);
+const struct gemm_kernels *gemm_kernels_avx512(void);
+/* The same tables without the CPU check (the ISA files define them). */
+extern const struct gemm_kernels gemm_portable;
+extern const struct gemm_kernels gemm_avx2;
+extern const struct gemm_kernels gemm_avx512;
+
+/* The CPU's features as a short string for logs, e.g. "avx2 fma f16c avx512f avx512bw
+ * avx512vl avx512vnni avx512bf16". */
+const char *cpu_features_string(void);
+int cpu_has_avx512_bf16(void);
+int cpu_has_avx512_vnni(void);
+
+/* Shared by the ISA files: the activation row stride and the Q8 block count. */
+static inline int act_kpad(int k)
+{
+    return (k + ACT_PAD - 1) / ACT_PAD * ACT_PAD;
+}
+
+#endif

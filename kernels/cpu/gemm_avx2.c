@@ -1,0 +1,464 @@
+/* AVX2 + FMA + F16C kernels, compiled with those instruction sets enabled and only called after
+ * gemm.c has checked the CPU. The same structure as the AVX-512 file at 8 lanes: float weights
+ * as dot products in tiles of up to 4 x 4 (bf16 widened by shift and mask against even/odd
+ * split activations, 16 columns a chunk), quantized weights with 8 output rows a vector. There
+ * is no int8 dot-product instruction here: pmaddubsw (unsigned x signed bytes, pairs summed to
+ * 16 bits) then pmaddwd by ones does four products a lane. Its 16-bit sums must not saturate,
+ * so Q8 weights enter as |x| (unsigned) against the weights with x's sign moved onto them
+ * (|q| <= 127: at most 2 * 127 * 127 per pair), and Q4 nibbles (0..15) enter as they are. */
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#include "gemm.h"
+
+#if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+
+/* --- helpers ------------------------------------------------------------------------------- */
+
+/* The reduction tree every AVX2 dot product uses: lanes i and i + 4, then adjacent pairs. */
+static inline float hsum(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_hadd_ps(s, s);
+    return _mm_cvtss_f32(_mm_hadd_ps(s, s));
+}
+
+/* hsum of a, b, c, d by the same pairs. */
+static inline __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d)
+{
+    __m256 ab = _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+    __m256 cd = _mm256_add_ps(_mm256_permute2f128_ps(c, d, 0x20), _mm256_permute2f128_ps(c, d, 0x31));
+    /* ab: [a(i)+a(i+4) | b(i)+b(i+4)]; hadd twice: [a, c, a, c | b, d, b, d] */
+    __m256 h = _mm256_hadd_ps(ab, cd);
+    h = _mm256_hadd_ps(h, h);
+    return _mm_unpacklo_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+static inline __m256 round_bf16(__m256 v)
+{
+    __m256i u = _mm256_castps_si256(v);
+    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    u = _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
+    return _mm256_castsi256_ps(_mm256_and_si256(u, _mm256_set1_epi32((int)0xffff0000u)));
+}
+
+/* exp(x), x clamped to [-87, 88]: the AVX-512 file's method with 2^n made in the exponent. */
+static inline __m256 exp256(__m256 x)
+{
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+/* Loads of the first `left` (< 8) floats, zero beyond. */
+static inline __m256 load_part(const float *p, int left)
+{
+    if (left >= 8) return _mm256_loadu_ps(p);
+    float t[8] = {0};
+    if (left > 0) memcpy(t, p, sizeof(float) * (size_t)left);
+    return _mm256_loadu_ps(t);
+}
+
+/* --- activations --------------------------------------------------------------------------- */
+
+static enum act_kind v_act_kind(enum wtype t, int bf16_compute)
+{
+    if (wtype_is_quant(t)) return ACT_Q8;
+    return t == WTYPE_BF16 ? ACT_EO : ACT_F32;
+}
+
+static inline float hmax(__m256 v)
+{
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
+}
+
+static void prep_q8_row(const float *x, int k, int kp, int8_t *q, float *dx, int32_t *isum)
+{
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int b = 0; b < kp / 32; b++) {
+        int c0 = b * 32;
+        __m256 v[4];
+        __m256 mx = _mm256_setzero_ps();
+        for (int j = 0; j < 4; j++) {
+            v[j] = load_part(x + c0 + 8 * j, k - c0 - 8 * j);
+            mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, v[j]));
+        }
+        float amax = hmax(mx);
+        __m256 id = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+        __m256i qi[4];
+        __m256i sum = _mm256_setzero_si256();
+        for (int j = 0; j < 4; j++) {
+            qi[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], id));
+            sum = _mm256_add_epi32(sum, qi[j]);
+        }
+        /* 32 int32 -> 32 int8; the packs interleave 128-bit lanes, the permute undoes it */
+        __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
+        p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256((__m256i *)(q + c0), p);
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+        s4 = _mm_hadd_epi32(s4, s4);
+        s4 = _mm_hadd_epi32(s4, s4);
+        dx[b] = amax / 127.0f;
+        isum[b] = _mm_cvtsi128_si32(s4);
+    }
+}
+
+static void v_act_prepare(enum act_kind kind, int bf16_round, const float *x, size_t ldx, int n,
+                          int k, int i0, int i1, void *buf, struct act *out)
+{
+    int kp = act_kpad(k);
+    *out = (struct act){.kind = kind, .n = n, .k = k, .data = buf};
+    if (kind == ACT_Q8) {
+        out->stride = (size_t)kp;
+        out->nb = kp / 32;
+        out->dx = (const float *)((char *)buf + (size_t)n * kp);
+        out->isum = (const int32_t *)(out->dx + (size_t)n * out->nb);
+        for (int i = i0; i < i1; i++)
+            prep_q8_row(x + (size_t)i * ldx, k, kp, (int8_t *)buf + (size_t)i * kp,
+                        (float *)out->dx + (size_t)i * out->nb,
+                        (int32_t *)out->isum + (size_t)i * out->nb);
+        return;
+    }
+    /* ACT_F32 and ACT_EO (an ACT_BF16 request, from tests, is EO rounded to bf16) */
+    int eo = kind != ACT_F32, round = bf16_round || kind == ACT_BF16;
+    out->kind = eo ? ACT_EO : ACT_F32;
+    out->stride = (size_t)kp * 4;
+    const __m256i even = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+    for (int i = i0; i < i1; i++) {
+        const float *src = x + (size_t)i * ldx;
+        float *row = (float *)buf + (size_t)i * kp;
+        for (int c0 = 0; c0 < kp; c0 += 16) {
+            __m256 a = load_part(src + c0, k - c0), b = load_part(src + c0 + 8, k - c0 - 8);
+            if (round) {
+                a = round_bf16(a);
+                b = round_bf16(b);
+            }
+            if (eo) {
+                /* a = x0..x7, b = x8..x15 -> evens (x0 x2 .. x14), odds (x1 .. x15) */
+                __m256 pa = _mm256_permutevar8x32_ps(a, even), pb = _mm256_permutevar8x32_ps(b, even);
+                _mm256_storeu_ps(row + c0, _mm256_permute2f128_ps(pa, pb, 0x20));
+                _mm256_storeu_ps(row + c0 + 8, _mm256_permute2f128_ps(pa, pb, 0x31));
+            } else {
+                _mm256_storeu_ps(row + c0, a);
+                _mm256_storeu_ps(row + c0 + 8, b);
+            }
+        }
+    }
+}
+
+/* --- float weights ------------------------------------------------------------------------- */
+
+enum { TW_F32, TW_F16, TW_BF16_EO };
+
+/* A chunk of a weight row at column c of k, zero beyond k: 8 floats (f32, f16) or the 16 bf16
+ * of an EO chunk. */
+static inline __m256 ld_f32(const float *p, int c, int k)
+{
+    return load_part(p + c, k - c);
+}
+
+static inline __m256 ld_f16(const uint16_t *p, int c, int k)
+{
+    if (k - c >= 8) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + c)));
+    uint16_t t[8] = {0};
+    memcpy(t, p + c, sizeof(uint16_t) * (size_t)(k - c));
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)t));
+}
+
+static inline __m256i ld_bf16(const uint16_t *p, int c, int k)
+{
+    if (k - c >= 16) return _mm256_loadu_si256((const __m256i *)(p + c));
+    uint16_t t[16] = {0};
+    memcpy(t, p + c, sizeof(uint16_t) * (size_t)(k - c));
+    return _mm256_loadu_si256((const __m256i *)t);
+}
+
+static inline __attribute__((always_inline)) void
+tile(const int tw, const void *w, size_t ldw, const unsigned char *x, size_t ldx, int k, float *y,
+     size_t ldy, const int R, const int C)
+{
+    const __m256i hi = _mm256_set1_epi32((int)0xffff0000u);
+    const int step = tw == TW_BF16_EO ? 16 : 8;
+    __m256 acc[4][4];
+#pragma GCC unroll 4
+    for (int i = 0; i < R; i++)
+#pragma GCC unroll 4
+        for (int j = 0; j < C; j++) acc[i][j] = _mm256_setzero_ps();
+    for (int c = 0; c < k; c += step) {
+        __m256 wa[4], wb[4];
+#pragma GCC unroll 4
+        for (int j = 0; j < C; j++) {
+            if (tw == TW_F32) {
+                wa[j] = ld_f32((const float *)w + j * ldw, c, k);
+            } else if (tw == TW_F16) {
+                wa[j] = ld_f16((const uint16_t *)w + j * ldw, c, k);
+            } else {
+                __m256i v = ld_bf16((const uint16_t *)w + j * ldw, c, k);
+                wa[j] = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+                wb[j] = _mm256_castsi256_ps(_mm256_and_si256(v, hi));
+            }
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < R; i++) {
+            const float *xi = (const float *)(x + i * ldx) + c;
+            if (tw == TW_BF16_EO) {
+                __m256 xe = _mm256_loadu_ps(xi), xo = _mm256_loadu_ps(xi + 8);
+#pragma GCC unroll 4
+                for (int j = 0; j < C; j++) {
+                    acc[i][j] = _mm256_fmadd_ps(wa[j], xe, acc[i][j]);
+                    acc[i][j] = _mm256_fmadd_ps(wb[j], xo, acc[i][j]);
+                }
+            } else {
+                __m256 xv = _mm256_loadu_ps(xi);
+#pragma GCC unroll 4
+                for (int j = 0; j < C; j++) acc[i][j] = _mm256_fmadd_ps(wa[j], xv, acc[i][j]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < R; i++) {
+        if (C == 4) {
+            _mm_storeu_ps(y + (size_t)i * ldy, hsum4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]));
+        } else {
+#pragma GCC unroll 4
+            for (int j = 0; j < C; j++) y[(size_t)i * ldy + j] = hsum(acc[i][j]);
+        }
+    }
+}
+
+#define XB 64
+
+static inline __attribute__((always_inline)) void
+gemm_float(const int tw, const void *w, size_t esize, int k, const struct act *a, float *y,
+           size_t ldy, int r0, int r1)
+{
+    const unsigned char *wb = w, *xd = a->data;
+    size_t ldw = (size_t)k, rb = esize * (size_t)k;
+    for (int ib = 0; ib < a->n; ib += XB) {
+        int ie = ib + XB < a->n ? ib + XB : a->n;
+        int j = r0;
+        for (; j + 4 <= r1; j += 4) {
+            const void *wj = wb + (size_t)j * rb;
+            float *yj = y + (j - r0);
+            int i = ib;
+            for (; i + 4 <= ie; i += 4)
+                tile(tw, wj, ldw, xd + i * a->stride, a->stride, k, yj + i * ldy, ldy, 4, 4);
+            switch (ie - i) {
+            case 3: tile(tw, wj, ldw, xd + i * a->stride, a->stride, k, yj + i * ldy, ldy, 3, 4); break;
+            case 2: tile(tw, wj, ldw, xd + i * a->stride, a->stride, k, yj + i * ldy, ldy, 2, 4); break;
+            case 1: tile(tw, wj, ldw, xd + i * a->stride, a->stride, k, yj + i * ldy, ldy, 1, 4); break;
+            }
+        }
+        for (; j < r1; j++)
+            for (int i = ib; i < ie; i++)
+                tile(tw, wb + (size_t)j * rb, ldw, xd + i * a->stride, a->stride, k,
+                     y + i * ldy + (j - r0), ldy, 1, 1);
+    }
+}
+
+/* --- quantized weights --------------------------------------------------------------------- */
+
+#define QR 4
+
+/* Four products a lane summed to int32: u8 x s8 byte pairs through 16 bits (no overflow for
+ * the operand ranges in the file comment). */
+static inline __m256i dot4(__m256i u, __m256i s)
+{
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+
+static inline __attribute__((always_inline)) void
+tile_q(enum wtype type, const unsigned char *recs, int nb, const struct act *a, int i0, float *y,
+       size_t ldy, int rows, const int R)
+{
+    const __m256i lo4 = _mm256_set1_epi8(0x0f);
+    __m256 acc[QR][2];
+    const int8_t *xq[QR];
+    const float *dx[QR];
+    const int32_t *isum[QR];
+#pragma GCC unroll 4
+    for (int i = 0; i < R; i++) {
+        acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+        xq[i] = (const int8_t *)a->data + (size_t)(i0 + i) * a->stride;
+        dx[i] = a->dx + (size_t)(i0 + i) * a->nb;
+        isum[i] = a->isum + (size_t)(i0 + i) * a->nb;
+    }
+    size_t rec_bytes = type == WTYPE_Q8 ? WQ8_RECORD : WQ4_RECORD;
+    for (int b = 0; b < nb; b++, recs += rec_bytes) {
+        __m256 d[2], m[2];
+        for (int h = 0; h < 2; h++) {
+            d[h] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)recs + h));
+            m[h] = type == WTYPE_Q4 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(recs + 32) + h))
+                                    : _mm256_setzero_ps();
+        }
+        /* wv[p][h]: quad p (4 columns) of rows 8h..8h+7 */
+        __m256i wv[8][2];
+        if (type == WTYPE_Q8) {
+            const __m256i *q = (const __m256i *)(recs + 32);
+#pragma GCC unroll 8
+            for (int p = 0; p < 8; p++) {
+                wv[p][0] = _mm256_loadu_si256(q + 2 * p);
+                wv[p][1] = _mm256_loadu_si256(q + 2 * p + 1);
+            }
+        } else {
+            const __m256i *q = (const __m256i *)(recs + 64);
+#pragma GCC unroll 4
+            for (int p = 0; p < 4; p++)
+                for (int h = 0; h < 2; h++) {
+                    __m256i v = _mm256_loadu_si256(q + 2 * p + h);
+                    wv[p][h] = _mm256_and_si256(v, lo4);
+                    wv[p + 4][h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
+                }
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < R; i++) {
+            const int32_t *xb = (const int32_t *)(xq[i] + 32 * b);
+            __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+#pragma GCC unroll 8
+            for (int p = 0; p < 8; p++) {
+                __m256i xv = _mm256_set1_epi32(xb[p]);
+                if (type == WTYPE_Q8) {
+                    __m256i ax = _mm256_abs_epi8(xv);
+                    s0 = _mm256_add_epi32(s0, dot4(ax, _mm256_sign_epi8(wv[p][0], xv)));
+                    s1 = _mm256_add_epi32(s1, dot4(ax, _mm256_sign_epi8(wv[p][1], xv)));
+                } else {
+                    s0 = _mm256_add_epi32(s0, dot4(wv[p][0], xv));
+                    s1 = _mm256_add_epi32(s1, dot4(wv[p][1], xv));
+                }
+            }
+            __m256 sx = _mm256_set1_ps(dx[i][b]);
+            acc[i][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0), _mm256_mul_ps(d[0], sx), acc[i][0]);
+            acc[i][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1), _mm256_mul_ps(d[1], sx), acc[i][1]);
+            if (type == WTYPE_Q4) {
+                __m256 c = _mm256_set1_ps(dx[i][b] * (float)isum[i][b]);
+                acc[i][0] = _mm256_fmadd_ps(m[0], c, acc[i][0]);
+                acc[i][1] = _mm256_fmadd_ps(m[1], c, acc[i][1]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < R; i++) {
+        float t[16];
+        _mm256_storeu_ps(t, acc[i][0]);
+        _mm256_storeu_ps(t + 8, acc[i][1]);
+        memcpy(y + (size_t)i * ldy, t, sizeof(float) * (size_t)rows);
+    }
+}
+
+static void gemm_q(const struct wmat *w, const struct act *a, float *y, size_t ldy, int r0, int r1)
+{
+    int nb = wq_blocks(w->cols);
+    for (int t = r0 / WQ_TILE; t * WQ_TILE < r1; t++) {
+        const unsigned char *recs =
+            (const unsigned char *)w->data + wq_record_offset(w->type, w->cols, t, 0);
+        int rows = r1 - t * WQ_TILE < WQ_TILE ? r1 - t * WQ_TILE : WQ_TILE;
+        float *yt = y + ((size_t)t * WQ_TILE - (size_t)r0);
+        int i = 0;
+        for (; i + QR <= a->n; i += QR) {
+            if (w->type == WTYPE_Q8)
+                tile_q(WTYPE_Q8, recs, nb, a, i, yt + (size_t)i * ldy, ldy, rows, QR);
+            else
+                tile_q(WTYPE_Q4, recs, nb, a, i, yt + (size_t)i * ldy, ldy, rows, QR);
+        }
+        for (; i < a->n; i++) {
+            if (w->type == WTYPE_Q8)
+                tile_q(WTYPE_Q8, recs, nb, a, i, yt + (size_t)i * ldy, ldy, rows, 1);
+            else
+                tile_q(WTYPE_Q4, recs, nb, a, i, yt + (size_t)i * ldy, ldy, rows, 1);
+        }
+    }
+}
+
+static void v_gemm(const struct wmat *w, const struct act *a, float *y, size_t ldy, int r0, int r1)
+{
+    switch (w->type) {
+    case WTYPE_F32: gemm_float(TW_F32, w->data, 4, w->cols, a, y, ldy, r0, r1); return;
+    case WTYPE_F16: gemm_float(TW_F16, w->data, 2, w->cols, a, y, ldy, r0, r1); return;
+    case WTYPE_BF16: gemm_float(TW_BF16_EO, w->data, 2, w->cols, a, y, ldy, r0, r1); return;
+    case WTYPE_Q8:
+    case WTYPE_Q4: gemm_q(w, a, y, ldy, r0, r1); return;
+    }
+}
+
+/* --- elementwise and attention ------------------------------------------------------------- */
+
+static void v_silu_mul(float *out, const float *g, const float *u, int n)
+{
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 gv = _mm256_loadu_ps(g + i);
+        __m256 e = exp256(_mm256_sub_ps(_mm256_setzero_ps(), gv));
+        __m256 s = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(s, _mm256_loadu_ps(u + i)));
+    }
+    for (; i < n; i++) out[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+static float v_dot(const float *a, const float *b, int n)
+{
+    __m256 acc = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+    float s = hsum(acc);
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+static void v_axpy(float *y, float a, const float *x, int n)
+{
+    __m256 av = _mm256_set1_ps(a);
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] += a * x[i];
+}
+
+static void v_exp_inplace(float *x, int n, float sub, float *sum)
+{
+    __m256 acc = _mm256_setzero_ps(), s = _mm256_set1_ps(sub);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(x + i), s));
+        _mm256_storeu_ps(x + i, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    float t = hsum(acc);
+    for (; i < n; i++) {
+        x[i] = expf(x[i] - sub);
+        t += x[i];
+    }
+    *sum = t;
+}
+
+#define ATTN_DOT v_dot
+#define ATTN_AXPY v_axpy
+#define ATTN_EXP v_exp_inplace
+#define ATTN_NAME v_attn_head
+#include "attn_impl.h"
+
+const struct gemm_kernels gemm_avx2 = {
+    .name = "avx2",
+    .act_kind = v_act_kind,
+    .act_prepare = v_act_prepare,
+    .gemm = v_gemm,
+    .silu_mul = v_silu_mul,
+    .attn_head = v_attn_head,
+};
+
+#else
+const struct gemm_kernels gemm_avx2 = {.name = "avx2 (not built)"};
+#endif

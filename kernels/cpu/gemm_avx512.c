@@ -1,0 +1,480 @@
+/* AVX-512 kernels (F, BW, VL, DQ, VNNI; AVX512-BF16 where the CPU has it), compiled with those
+ * instruction sets enabled and only ever called after gemm.c has checked the CPU (cpuid).
+ *
+ * Float weights (f32, f16, bf16) are read in place, row-major, as a dot product per output:
+ * tiles of up to 4 activation rows x 4 weight rows keep 16 accumulators of 16 lanes; every
+ * accumulator sees the same chunks in the same order whatever the tile, and is reduced by the
+ * same tree (hsum4 matches _mm512_reduce_add_ps), so results do not depend on n or on how rows
+ * are split. bf16 weights widen with one shift (even elements) and one mask (odd elements)
+ * against activations stored even/odd split (ACT_EO); under bf16 compute, vdpbf16ps takes both
+ * as bf16.
+ *
+ * Quantized weights (weights.h tile layout) put 16 output rows in the 16 lanes: per block of 32,
+ * eight vpdpbusd (unsigned weights x signed int8 activations, 4 products per lane each) give the
+ * exact integer dot products of 16 rows, then one scale multiply-add. Q8 weights are signed, so
+ * they are flipped to unsigned (q + 128) and the block's 128 * sum(x) taken back off, exactly,
+ * in integers. */
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#include "gemm.h"
+
+#if defined(__x86_64__) && defined(__AVX512F__) && defined(__AVX512VNNI__)
+
+/* --- helpers ------------------------------------------------------------------------------- */
+
+static inline __mmask16 mask16(int n)
+{
+    return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1u);
+}
+
+static inline __mmask32 mask32(int n)
+{
+    return n >= 32 ? (__mmask32)0xFFFFFFFFu : (__mmask32)((1u << n) - 1u);
+}
+
+/* The reduction tree of _mm512_reduce_add_ps, written out so that hsum4 can follow it. */
+static inline float hsum(__m512 v)
+{
+    __m256 t3 = _mm256_add_ps(_mm512_extractf32x8_ps(v, 1), _mm512_castps512_ps256(v));
+    __m128 t6 = _mm_add_ps(_mm256_extractf128_ps(t3, 1), _mm256_castps256_ps128(t3));
+    __m128 t8 = _mm_add_ps(t6, _mm_shuffle_ps(t6, t6, _MM_SHUFFLE(1, 0, 3, 2)));
+    return _mm_cvtss_f32(_mm_add_ss(t8, _mm_shuffle_ps(t8, t8, _MM_SHUFFLE(2, 3, 0, 1))));
+}
+
+/* hsum of a, b, c, d at once, each by the same pairs in the same order as hsum. */
+static inline __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d)
+{
+    /* lanes i and i + 8 of each vector */
+    __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 2, 3, 2)),
+                              _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(1, 0, 1, 0)));
+    __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(c, d, _MM_SHUFFLE(3, 2, 3, 2)),
+                              _mm512_shuffle_f32x4(c, d, _MM_SHUFFLE(1, 0, 1, 0)));
+    /* then i and i + 4: one 128-bit lane per vector */
+    __m512 s = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(3, 1, 3, 1)),
+                             _mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(2, 0, 2, 0)));
+    /* then i and i + 2, then 0 and 1 */
+    s = _mm512_add_ps(s, _mm512_permute_ps(s, _MM_SHUFFLE(1, 0, 3, 2)));
+    s = _mm512_add_ps(s, _mm512_permute_ps(s, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm512_castps512_ps128(
+        _mm512_permutexvar_ps(_mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0), s));
+}
+
+static inline __m512 round_bf16(__m512 v)
+{
+    __m512i u = _mm512_castps_si512(v);
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    u = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+    return _mm512_castsi512_ps(_mm512_and_si512(u, _mm512_set1_epi32((int)0xffff0000u)));
+}
+
+/* exp(x) for x in about [-87, 88] (clamped), relative error about 1e-7: x = n ln2 + r with
+ * |r| <= ln2/2, a degree-7 polynomial in r (Cephes' expf coefficients), scaled by 2^n. */
+static inline __m512 exp512(__m512 x)
+{
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* --- activations --------------------------------------------------------------------------- */
+
+static enum act_kind x_act_kind(enum wtype t, int bf16_compute)
+{
+    if (wtype_is_quant(t)) return ACT_Q8;
+    if (t == WTYPE_BF16) return bf16_compute && cpu_has_avx512_bf16() ? ACT_BF16 : ACT_EO;
+    return ACT_F32;
+}
+
+static void prep_q8_row(const float *x, int k, int kp, int8_t *q, float *dx, int32_t *isum)
+{
+    for (int b = 0; b < kp / 32; b++) {
+        int c0 = b * 32, left = k - c0;
+        __m512 x0 = _mm512_maskz_loadu_ps(left > 0 ? mask16(left) : 0, x + c0);
+        __m512 x1 = _mm512_maskz_loadu_ps(left > 16 ? mask16(left - 16) : 0, x + c0 + 16);
+        float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
+        __m512 id = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+        __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, id));
+        __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, id));
+        _mm_storeu_si128((__m128i *)(q + c0), _mm512_cvtsepi32_epi8(q0));
+        _mm_storeu_si128((__m128i *)(q + c0 + 16), _mm512_cvtsepi32_epi8(q1));
+        dx[b] = amax / 127.0f;
+        isum[b] = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+    }
+}
+
+static void x_act_prepare(enum act_kind kind, int bf16_round, const float *x, size_t ldx, int n,
+                          int k, int i0, int i1, void *buf, struct act *out)
+{
+    int kp = act_kpad(k);
+    *out = (struct act){.kind = kind, .n = n, .k = k, .data = buf};
+    if (kind == ACT_Q8) {
+        out->stride = (size_t)kp;
+        out->nb = kp / 32;
+        out->dx = (const float *)((char *)buf + (size_t)n * kp);
+        out->isum = (const int32_t *)(out->dx + (size_t)n * out->nb);
+        for (int i = i0; i < i1; i++)
+            prep_q8_row(x + (size_t)i * ldx, k, kp, (int8_t *)buf + (size_t)i * kp,
+                        (float *)out->dx + (size_t)i * out->nb,
+                        (int32_t *)out->isum + (size_t)i * out->nb);
+        return;
+    }
+    const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    const __m512i odd = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+    out->stride = (size_t)kp * (kind == ACT_BF16 ? 2 : 4);
+    for (int i = i0; i < i1; i++) {
+        const float *src = x + (size_t)i * ldx;
+        unsigned char *row = (unsigned char *)buf + (size_t)i * out->stride;
+        for (int c0 = 0; c0 < kp; c0 += 32) {
+            int left = k - c0;
+            __m512 a = _mm512_maskz_loadu_ps(left > 0 ? mask16(left) : 0, src + c0);
+            __m512 b = _mm512_maskz_loadu_ps(left > 16 ? mask16(left - 16) : 0, src + c0 + 16);
+            if (kind == ACT_BF16) {
+                __m512bh h = _mm512_cvtne2ps_pbh(b, a);
+                _mm512_storeu_si512(row + 2 * (size_t)c0, (__m512i)h);
+                continue;
+            }
+            if (bf16_round) {
+                a = round_bf16(a);
+                b = round_bf16(b);
+            }
+            float *f = (float *)row + c0;
+            if (kind == ACT_EO) {
+                _mm512_storeu_ps(f, _mm512_permutex2var_ps(a, even, b));
+                _mm512_storeu_ps(f + 16, _mm512_permutex2var_ps(a, odd, b));
+            } else {
+                _mm512_storeu_ps(f, a);
+                _mm512_storeu_ps(f + 16, b);
+            }
+        }
+    }
+}
+
+/* --- float weights ------------------------------------------------------------------------- */
+
+/* One chunk of weight row w (element offset c of a row of k) as f32 vector(s): F32 and F16
+ * chunks are 16 wide (one vector), BF16 chunks 32 wide (even and odd vectors). */
+static inline __m512 ld_f32(const void *w, int c, int k)
+{
+    const float *p = (const float *)w + c;
+    return k - c >= 16 ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(mask16(k - c), p);
+}
+
+static inline __m512 ld_f16(const void *w, int c, int k)
+{
+    const uint16_t *p = (const uint16_t *)w + c;
+    __m256i h = k - c >= 16 ? _mm256_loadu_si256((const __m256i *)p)
+                            : _mm256_maskz_loadu_epi16(mask16(k - c), p);
+    return _mm512_cvtph_ps(h);
+}
+
+static inline __m512i ld_bf16(const void *w, int c, int k)
+{
+    const uint16_t *p = (const uint16_t *)w + c;
+    return k - c >= 32 ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi16(mask32(k - c), p);
+}
+
+/* Float weight kinds of the tile kernel. */
+enum { TW_F32, TW_F16, TW_BF16_EO, TW_BF16_DP };
+
+/* R activation rows x C weight rows (R, C <= 4), out[i * ldy + j]: one accumulator per pair,
+ * chunks of 16 (f32, f16) or 32 (bf16) columns in order. Inlined with constant arguments, so
+ * the unrolled accumulators live in registers and the type tests fold away. */
+static inline __attribute__((always_inline)) void
+tile(const int tw, const void *w, size_t ldw, const unsigned char *x, size_t ldx, int k, float *y,
+     size_t ldy, const int R, const int C)
+{
+    const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
+    const int step = tw == TW_F32 || tw == TW_F16 ? 16 : 32;
+    __m512 acc[4][4];
+#pragma GCC unroll 4
+    for (int i = 0; i < R; i++)
+#pragma GCC unroll 4
+        for (int j = 0; j < C; j++) acc[i][j] = _mm512_setzero_ps();
+    for (int c = 0; c < k; c += step) {
+        __m512 wa[4], wb[4];
+        __m512i wi[4];
+#pragma GCC unroll 4
+        for (int j = 0; j < C; j++) {
+            /* The same place in the next tile's rows: a sequential stream the hardware
+             * prefetchers miss when rows are read four at a time. */
+            _mm_prefetch((const char *)w + ((size_t)(j + C) * ldw + (size_t)c) * (tw == TW_F32 ? 4 : 2),
+                         _MM_HINT_T0);
+            if (tw == TW_F32) {
+                wa[j] = ld_f32((const float *)w + j * ldw, c, k);
+            } else if (tw == TW_F16) {
+                wa[j] = ld_f16((const uint16_t *)w + j * ldw, c, k);
+            } else {
+                wi[j] = ld_bf16((const uint16_t *)w + j * ldw, c, k);
+                wa[j] = _mm512_castsi512_ps(_mm512_slli_epi32(wi[j], 16));
+                wb[j] = _mm512_castsi512_ps(_mm512_and_si512(wi[j], hi));
+            }
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < R; i++) {
+            const unsigned char *xi = x + i * ldx;
+            if (tw == TW_BF16_DP) {
+#ifdef __AVX512BF16__
+                __m512i xv = _mm512_loadu_si512((const uint16_t *)xi + c);
+#pragma GCC unroll 4
+                for (int j = 0; j < C; j++)
+                    acc[i][j] = _mm512_dpbf16_ps(acc[i][j], (__m512bh)xv, (__m512bh)wi[j]);
+#endif
+            } else if (tw == TW_BF16_EO) {
+                __m512 xe = _mm512_loadu_ps((const float *)xi + c);
+                __m512 xo = _mm512_loadu_ps((const float *)xi + c + 16);
+#pragma GCC unroll 4
+                for (int j = 0; j < C; j++) {
+                    acc[i][j] = _mm512_fmadd_ps(wa[j], xe, acc[i][j]);
+                    acc[i][j] = _mm512_fmadd_ps(wb[j], xo, acc[i][j]);
+                }
+            } else {
+                __m512 xv = _mm512_loadu_ps((const float *)xi + c);
+#pragma GCC unroll 4
+                for (int j = 0; j < C; j++) acc[i][j] = _mm512_fmadd_ps(wa[j], xv, acc[i][j]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < R; i++) {
+        if (C == 4) {
+            _mm_storeu_ps(y + (size_t)i * ldy, hsum4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]));
+        } else {
+#pragma GCC unroll 4
+            for (int j = 0; j < C; j++) y[(size_t)i * ldy + j] = hsum(acc[i][j]);
+        }
+    }
+}
+
+/* Activation rows are taken in blocks of XB so that they stay in L2 while a thread's weight
+ * rows stream past once per block. */
+#define XB 64
+
+static inline __attribute__((always_inline)) void
+gemm_float(const int tw, const void *w, size_t esize, int k, const struct act *a, float *y,
+           size_t ldy, int r0, int r1)
+{
+    const unsigned char *wb = w, *xd = a->data;
+    size_t ldw = (size_t)k, rb = esize * (size_t)k;
+    for (int ib = 0; ib < a->n; ib += XB) {
+        int ie = ib + XB < a->n ? ib + XB : a->n;
+        int j = r0;
+        for (; j + 4 <= r1; j += 4) {
+            const void *wj = wb + (size_t)j * rb;
+            int i = ib;
+            for (; i + 4 <= ie; i += 4)
+                tile(tw, wj, ldw, xd + i * a->stride, a->stride, k, y + i * ldy + (j - r0), ldy, 4, 4);
+            switch (ie - i) {
+            case 3: tile(tw, wj, ldw, xd + i * a->stride, a->stride, k, y + i * ldy + (j - r0), ldy, 3, 4); break;
+            case 2: tile(tw, wj, ldw, xd + i * a->stride, a->stride, k, y + i * ldy + (j - r0), ldy, 2, 4); break;
+            case 1: tile(tw, wj, ldw, xd + i * a->stride, a->stride, k, y + i * ldy + (j - r0), ldy, 1, 4); break;
+            }
+        }
+        for (; j < r1; j++)
+            for (int i = ib; i < ie; i++)
+                tile(tw, wb + (size_t)j * rb, ldw, xd + i * a->stride, a->stride, k,
+                     y + i * ldy + (j - r0), ldy, 1, 1);
+    }
+}
+
+static void gemm_f32(const struct wmat *w, const struct act *a, float *y, size_t ldy, int r0, int r1)
+{
+    gemm_float(TW_F32, w->data, 4, w->cols, a, y, ldy, r0, r1);
+}
+
+static void gemm_f16(const struct wmat *w, const struct act *a, float *y, size_t ldy, int r0, int r1)
+{
+    gemm_float(TW_F16, w->data, 2, w->cols, a, y, ldy, r0, r1);
+}
+
+static void gemm_bf16_eo(const struct wmat *w, const struct act *a, float *y, size_t ldy, int r0,
+                         int r1)
+{
+    gemm_float(TW_BF16_EO, w->data, 2, w->cols, a, y, ldy, r0, r1);
+}
+
+#ifdef __AVX512BF16__
+static void gemm_bf16_dp(const struct wmat *w, const struct act *a, float *y, size_t ldy, int r0,
+                         int r1)
+{
+    gemm_float(TW_BF16_DP, w->data, 2, w->cols, a, y, ldy, r0, r1);
+}
+#endif
+
+/* --- quantized weights --------------------------------------------------------------------- */
+
+/* R activation rows (<= QR) against one tile of 16 weight rows; y lanes are the tile's rows. */
+#define QR 4
+
+static inline __attribute__((always_inline)) void
+tile_q(enum wtype type, const unsigned char *recs, int nb, const struct act *a, int i0, float *y,
+       size_t ldy, int rows, const int R)
+{
+    const __m512i flip = _mm512_set1_epi8((char)0x80), lo4 = _mm512_set1_epi8(0x0f);
+    __m512 acc[QR];
+    const int8_t *xq[QR];
+    const float *dx[QR];
+    const int32_t *isum[QR];
+    _Pragma("GCC unroll 4") for (int i = 0; i < R; i++)
+    {
+        acc[i] = _mm512_setzero_ps();
+        xq[i] = (const int8_t *)a->data + (size_t)(i0 + i) * a->stride;
+        dx[i] = a->dx + (size_t)(i0 + i) * a->nb;
+        isum[i] = a->isum + (size_t)(i0 + i) * a->nb;
+    }
+    size_t rec_bytes = type == WTYPE_Q8 ? WQ8_RECORD : WQ4_RECORD;
+    for (int b = 0; b < nb; b++, recs += rec_bytes) {
+        __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)recs));
+        __m512 m = type == WTYPE_Q4 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(recs + 32)))
+                                    : _mm512_setzero_ps();
+        __m512i wv[8];
+        if (type == WTYPE_Q8) {
+            const __m512i *q = (const __m512i *)(recs + 32);
+            _Pragma("GCC unroll 8") for (int p = 0; p < 8; p++) wv[p] =
+                _mm512_xor_si512(_mm512_loadu_si512(q + p), flip);
+        } else {
+            const __m512i *q = (const __m512i *)(recs + 64);
+            _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++)
+            {
+                __m512i v = _mm512_loadu_si512(q + p);
+                wv[p] = _mm512_and_si512(v, lo4);
+                wv[p + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
+            }
+        }
+        _Pragma("GCC unroll 4") for (int i = 0; i < R; i++)
+        {
+            const int32_t *xb = (const int32_t *)(xq[i] + 32 * b);
+            __m512i s = _mm512_setzero_si512();
+            _Pragma("GCC unroll 8") for (int p = 0; p < 8; p++) s =
+                _mm512_dpbusd_epi32(s, wv[p], _mm512_set1_epi32(xb[p]));
+            if (type == WTYPE_Q8) s = _mm512_sub_epi32(s, _mm512_set1_epi32(128 * isum[i][b]));
+            __m512 sc = _mm512_mul_ps(d, _mm512_set1_ps(dx[i][b]));
+            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), sc, acc[i]);
+            if (type == WTYPE_Q4)
+                acc[i] = _mm512_fmadd_ps(m, _mm512_set1_ps(dx[i][b] * (float)isum[i][b]), acc[i]);
+        }
+    }
+    _Pragma("GCC unroll 4") for (int i = 0; i < R; i++)
+        _mm512_mask_storeu_ps(y + (size_t)i * ldy, mask16(rows), acc[i]);
+}
+
+static void gemm_q(const struct wmat *w, const struct act *a, float *y, size_t ldy, int r0, int r1)
+{
+    int nb = wq_blocks(w->cols);
+    for (int t = r0 / WQ_TILE; t * WQ_TILE < r1; t++) {
+        const unsigned char *recs =
+            (const unsigned char *)w->data + wq_record_offset(w->type, w->cols, t, 0);
+        int rows = r1 - t * WQ_TILE < WQ_TILE ? r1 - t * WQ_TILE : WQ_TILE;
+        float *yt = y + ((size_t)t * WQ_TILE - (size_t)r0);
+        int i = 0;
+        for (; i + QR <= a->n; i += QR) {
+            if (w->type == WTYPE_Q8)
+                tile_q(WTYPE_Q8, recs, nb, a, i, yt + (size_t)i * ldy, ldy, rows, QR);
+            else
+                tile_q(WTYPE_Q4, recs, nb, a, i, yt + (size_t)i * ldy, ldy, rows, QR);
+        }
+        for (; i < a->n; i++) {
+            if (w->type == WTYPE_Q8)
+                tile_q(WTYPE_Q8, recs, nb, a, i, yt + (size_t)i * ldy, ldy, rows, 1);
+            else
+                tile_q(WTYPE_Q4, recs, nb, a, i, yt + (size_t)i * ldy, ldy, rows, 1);
+        }
+    }
+}
+
+static void x_gemm(const struct wmat *w, const struct act *a, float *y, size_t ldy, int r0, int r1)
+{
+    switch (w->type) {
+    case WTYPE_F32: gemm_f32(w, a, y, ldy, r0, r1); return;
+    case WTYPE_F16: gemm_f16(w, a, y, ldy, r0, r1); return;
+    case WTYPE_BF16:
+#ifdef __AVX512BF16__
+        if (a->kind == ACT_BF16) {
+            gemm_bf16_dp(w, a, y, ldy, r0, r1);
+            return;
+        }
+#endif
+        gemm_bf16_eo(w, a, y, ldy, r0, r1);
+        return;
+    case WTYPE_Q8:
+    case WTYPE_Q4: gemm_q(w, a, y, ldy, r0, r1); return;
+    }
+}
+
+/* --- elementwise and attention ------------------------------------------------------------- */
+
+static void x_silu_mul(float *out, const float *g, const float *u, int n)
+{
+    for (int i = 0; i < n; i += 16) {
+        __mmask16 m = mask16(n - i);
+        __m512 gv = _mm512_maskz_loadu_ps(m, g + i), uv = _mm512_maskz_loadu_ps(m, u + i);
+        __m512 e = exp512(_mm512_sub_ps(_mm512_setzero_ps(), gv));
+        __m512 s = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+        _mm512_mask_storeu_ps(out + i, m, _mm512_mul_ps(s, uv));
+    }
+}
+
+static float x_dot(const float *a, const float *b, int n)
+{
+    __m512 acc = _mm512_setzero_ps();
+    for (int i = 0; i < n; i += 16) {
+        __mmask16 m = mask16(n - i);
+        acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), acc);
+    }
+    return hsum(acc);
+}
+
+static void x_axpy(float *y, float a, const float *x, int n)
+{
+    __m512 av = _mm512_set1_ps(a);
+    for (int i = 0; i < n; i += 16) {
+        __mmask16 m = mask16(n - i);
+        _mm512_mask_storeu_ps(y + i, m,
+                              _mm512_fmadd_ps(av, _mm512_maskz_loadu_ps(m, x + i),
+                                              _mm512_maskz_loadu_ps(m, y + i)));
+    }
+}
+
+static void x_exp_inplace(float *x, int n, float sub, float *sum)
+{
+    __m512 acc = _mm512_setzero_ps(), s = _mm512_set1_ps(sub);
+    for (int i = 0; i < n; i += 16) {
+        __mmask16 m = mask16(n - i);
+        __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), s));
+        e = _mm512_maskz_mov_ps(m, e);
+        _mm512_mask_storeu_ps(x + i, m, e);
+        acc = _mm512_add_ps(acc, e);
+    }
+    *sum = hsum(acc);
+}
+
+#define ATTN_DOT x_dot
+#define ATTN_AXPY x_axpy
+#define ATTN_EXP x_exp_inplace
+#define ATTN_NAME x_attn_head
+#include "attn_impl.h"
+
+const struct gemm_kernels gemm_avx512 = {
+    .name = "avx512",
+    .act_kind = x_act_kind,
+    .act_prepare = x_act_prepare,
+    .gemm = x_gemm,
+    .silu_mul = x_silu_mul,
+    .attn_head = x_attn_head,
+};
+
+#else
+/* Not an x86-64 build with AVX-512: an empty table that gemm_kernels_avx512 never returns. */
+const struct gemm_kernels gemm_avx512 = {.name = "avx512 (not built)"};
+#endif

@@ -1,0 +1,162 @@
+/* Portable C kernels: the reference every SIMD table is tested against, and what a CPU without
+ * AVX2 runs. Plain loops in the order the definitions in gemm.h and weights.h state. */
+#include <math.h>
+#include <string.h>
+
+#include "common.h"
+#include "gemm.h"
+
+static enum act_kind p_act_kind(enum wtype t, int bf16_compute)
+{
+    return wtype_is_quant(t) ? ACT_Q8 : ACT_F32;
+}
+
+/* Shared by every table: int8 blocks of 32 with scale amax/127, values rounded to nearest even
+ * after multiplying by 127/amax (the SIMD versions compute the same expression). */
+static void quantize_row_q8(const float *x, int k, int kp, int8_t *q, float *dx, int32_t *isum)
+{
+    for (int b = 0; b < kp / 32; b++) {
+        float amax = 0.0f;
+        for (int c = b * 32; c < b * 32 + 32 && c < k; c++) amax = fmaxf(amax, fabsf(x[c]));
+        float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+        int32_t s = 0;
+        for (int c = b * 32; c < b * 32 + 32; c++) {
+            int v = c < k ? (int)lrintf(x[c] * id) : 0;
+            q[c] = (int8_t)v;
+            s += v;
+        }
+        dx[b] = amax / 127.0f;
+        isum[b] = s;
+    }
+}
+
+static void p_act_prepare(enum act_kind kind, int bf16_round, const float *x, size_t ldx, int n,
+                          int k, int i0, int i1, void *buf, struct act *out)
+{
+    int kp = act_kpad(k);
+    *out = (struct act){.kind = kind, .n = n, .k = k, .data = buf};
+    if (kind == ACT_Q8) {
+        out->stride = (size_t)kp;
+        out->nb = kp / 32;
+        out->dx = (const float *)((char *)buf + (size_t)n * kp);
+        out->isum = (const int32_t *)(out->dx + (size_t)n * out->nb);
+        for (int i = i0; i < i1; i++)
+            quantize_row_q8(x + (size_t)i * ldx, k, kp, (int8_t *)buf + (size_t)i * kp,
+                            (float *)out->dx + (size_t)i * out->nb,
+                            (int32_t *)out->isum + (size_t)i * out->nb);
+        return;
+    }
+    /* The portable kernels read f32 rows for every float weight type (p_act_kind); a request
+     * for another float kind (tests) gets the same, rounded to bf16 for ACT_BF16. */
+    out->kind = ACT_F32;
+    out->stride = (size_t)kp * sizeof(float);
+    int round = bf16_round || kind == ACT_BF16;
+    for (int i = i0; i < i1; i++) {
+        float *row = (float *)buf + (size_t)i * kp;
+        const float *src = x + (size_t)i * ldx;
+        for (int c = 0; c < k; c++) row[c] = round ? ms_bf16_to_f32(ms_f32_to_bf16(src[c])) : src[c];
+        memset(row + k, 0, sizeof(float) * (size_t)(kp - k));
+    }
+}
+
+static float w_at(const struct wmat *w, size_t i)
+{
+    switch (w->type) {
+    case WTYPE_F32: return ((const float *)w->data)[i];
+    case WTYPE_F16: return ms_f16_to_f32(((const uint16_t *)w->data)[i]);
+    case WTYPE_BF16: return ms_bf16_to_f32(((const uint16_t *)w->data)[i]);
+    default: return 0.0f;
+    }
+}
+
+/* x_i . W_r over the quantized tile layout: per block an exact integer dot product, scaled. */
+static float q_dot(const struct wmat *w, const struct act *a, int i, int r)
+{
+    int nb = wq_blocks(w->cols), t = r / WQ_TILE, lane = r % WQ_TILE;
+    const int8_t *xq = (const int8_t *)a->data + (size_t)i * a->stride;
+    const float *dx = a->dx + (size_t)i * a->nb;
+    const int32_t *isum = a->isum + (size_t)i * a->nb;
+    float acc = 0.0f;
+    for (int b = 0; b < nb; b++) {
+        const unsigned char *rec =
+            (const unsigned char *)w->data + wq_record_offset(w->type, w->cols, t, b);
+        const uint16_t *scale = (const uint16_t *)rec;
+        const int8_t *x = xq + b * 32;
+        int32_t p = 0;
+        if (w->type == WTYPE_Q8) {
+            const int8_t *q = (const int8_t *)(rec + 2 * WQ_TILE);
+            for (int c = 0; c < 32; c++) p += (int32_t)q[((c / 4) * WQ_TILE + lane) * 4 + c % 4] * x[c];
+            acc += ms_f16_to_f32(scale[lane]) * dx[b] * (float)p;
+        } else {
+            const unsigned char *nib = rec + 4 * WQ_TILE;
+            for (int c = 0; c < 32; c++) {
+                int quad = c / 4;
+                int v = nib[((quad % 4) * WQ_TILE + lane) * 4 + c % 4] >> (4 * (quad / 4)) & 15;
+                p += v * x[c];
+            }
+            acc += ms_f16_to_f32(scale[lane]) * dx[b] * (float)p +
+                   ms_f16_to_f32(scale[WQ_TILE + lane]) * (dx[b] * (float)isum[b]);
+        }
+    }
+    return acc;
+}
+
+static void p_gemm(const struct wmat *w, const struct act *a, float *y, size_t ldy, int r0, int r1)
+{
+    int k = w->cols;
+    for (int i = 0; i < a->n; i++) {
+        const float *x = (const float *)((const char *)a->data + (size_t)i * a->stride);
+        for (int r = r0; r < r1; r++) {
+            float acc = 0.0f;
+            if (wtype_is_quant(w->type)) {
+                acc = q_dot(w, a, i, r);
+            } else {
+                size_t base = (size_t)r * k;
+                for (int c = 0; c < k; c++) acc += w_at(w, base + c) * x[c];
+            }
+            y[(size_t)i * ldy + (r - r0)] = acc;
+        }
+    }
+}
+
+static void p_silu_mul(float *out, const float *g, const float *u, int n)
+{
+    for (int i = 0; i < n; i++) out[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+static float p_dot(const float *a, const float *b, int n)
+{
+    float s = 0.0f;
+    for (int i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+static void p_axpy(float *y, float a, const float *x, int n)
+{
+    for (int i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+static void p_exp_inplace(float *x, int n, float sub, float *sum)
+{
+    float s = 0.0f;
+    for (int i = 0; i < n; i++) {
+        x[i] = expf(x[i] - sub);
+        s += x[i];
+    }
+    *sum = s;
+}
+
+#define ATTN_DOT p_dot
+#define ATTN_AXPY p_axpy
+#define ATTN_EXP p_exp_inplace
+#define ATTN_NAME p_attn_head
+#include "attn_impl.h"
+
+const struct gemm_kernels gemm_portable = {
+    .name = "portable",
+    .act_kind = p_act_kind,
+    .act_prepare = p_act_prepare,
+    .gemm = p_gemm,
+    .silu_mul = p_silu_mul,
+    .attn_head = p_attn_head,
+};

@@ -1,0 +1,201 @@
+/* Weight formats: sizes, conversion between float types, quantization into the Q8/Q4 tile
+ * layout of weights.h, and dequantization of a row (for embeddings, tests and reference paths).
+ * Load-time code: written for clarity, not speed (the loader runs it over threads). */
+#include "weights.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "common.h"
+
+const char *wtype_name(enum wtype t)
+{
+    switch (t) {
+    case WTYPE_F32: return "f32";
+    case WTYPE_F16: return "f16";
+    case WTYPE_BF16: return "bf16";
+    case WTYPE_Q8: return "int8";
+    case WTYPE_Q4: return "int4";
+    }
+    return "?";
+}
+
+size_t wtype_bytes(enum wtype t, int rows, int cols)
+{
+    size_t n = (size_t)rows * (size_t)cols;
+    switch (t) {
+    case WTYPE_F32: return 4 * n;
+    case WTYPE_F16:
+    case WTYPE_BF16: return 2 * n;
+    case WTYPE_Q8:
+    case WTYPE_Q4: {
+        size_t tiles = ((size_t)rows + WQ_TILE - 1) / WQ_TILE;
+        return tiles * (size_t)wq_blocks(cols) * (t == WTYPE_Q8 ? WQ8_RECORD : WQ4_RECORD);
+    }
+    }
+    return 0;
+}
+
+size_t wtype_align(enum wtype t)
+{
+    return t == WTYPE_F32 ? 4 : t == WTYPE_F16 || t == WTYPE_BF16 ? 2 : 64;
+}
+
+/* Element i of a stored source row, as f32. */
+static float src_at(enum wsrc from, const unsigned char *row, size_t i)
+{
+    if (from == WSRC_F32) {
+        float f;
+        memcpy(&f, row + 4 * i, sizeof f);
+        return f;
+    }
+    uint16_t h = (uint16_t)(row[2 * i] | (row[2 * i + 1] << 8));
+    return from == WSRC_BF16 ? ms_bf16_to_f32(h) : ms_f16_to_f32(h);
+}
+
+static size_t src_elem_bytes(enum wsrc from)
+{
+    return from == WSRC_F32 ? 4 : 2;
+}
+
+/* One tile-block of 16 rows x 32 columns (zero beyond the matrix) as f32. */
+static void gather_block(enum wsrc from, const unsigned char *src, int rows, int cols, int tile,
+                         int block, float v[WQ_TILE][WQ_BLOCK], int *ncols)
+{
+    size_t rb = (size_t)cols * src_elem_bytes(from);
+    int c0 = block * WQ_BLOCK;
+    *ncols = cols - c0 < WQ_BLOCK ? cols - c0 : WQ_BLOCK;
+    for (int r = 0; r < WQ_TILE; r++) {
+        int row = tile * WQ_TILE + r;
+        for (int c = 0; c < WQ_BLOCK; c++)
+            v[r][c] = row < rows && c < *ncols ? src_at(from, src + (size_t)row * rb, (size_t)(c0 + c))
+                                               : 0.0f;
+    }
+}
+
+static void quantize_q8_block(unsigned char *rec, float v[WQ_TILE][WQ_BLOCK])
+{
+    uint16_t *scale = (uint16_t *)rec;
+    int8_t *q = (int8_t *)(rec + 2 * WQ_TILE);
+    for (int r = 0; r < WQ_TILE; r++) {
+        float amax = 0.0f;
+        for (int c = 0; c < WQ_BLOCK; c++) amax = fmaxf(amax, fabsf(v[r][c]));
+        uint16_t d16 = ms_f32_to_f16(amax / 127.0f);
+        float d = ms_f16_to_f32(d16);
+        scale[r] = d16;
+        for (int c = 0; c < WQ_BLOCK; c++) {
+            long x = d > 0.0f ? lrintf(v[r][c] / d) : 0;
+            x = x > 127 ? 127 : x < -127 ? -127 : x;
+            q[((c / 4) * WQ_TILE + r) * 4 + c % 4] = (int8_t)x;
+        }
+    }
+}
+
+static void quantize_q4_block(unsigned char *rec, float v[WQ_TILE][WQ_BLOCK], int ncols)
+{
+    uint16_t *scale = (uint16_t *)rec, *mins = scale + WQ_TILE;
+    unsigned char *nib = rec + 4 * WQ_TILE;
+    memset(nib, 0, 4 * WQ_TILE * 4);
+    for (int r = 0; r < WQ_TILE; r++) {
+        /* The range of the real columns only: padding multiplies zero activations. */
+        float mn = ncols > 0 ? v[r][0] : 0.0f, mx = mn;
+        for (int c = 1; c < ncols; c++) {
+            mn = fminf(mn, v[r][c]);
+            mx = fmaxf(mx, v[r][c]);
+        }
+        uint16_t d16 = ms_f32_to_f16((mx - mn) / 15.0f), m16 = ms_f32_to_f16(mn);
+        float d = ms_f16_to_f32(d16), m = ms_f16_to_f32(m16);
+        scale[r] = d16;
+        mins[r] = m16;
+        for (int c = 0; c < ncols; c++) {
+            long x = d > 0.0f ? lrintf((v[r][c] - m) / d) : 0;
+            x = x > 15 ? 15 : x < 0 ? 0 : x;
+            int quad = c / 4, p = quad % 4, hi = quad / 4;
+            nib[(p * WQ_TILE + r) * 4 + c % 4] |= (unsigned char)(x << (4 * hi));
+        }
+    }
+}
+
+void wmat_convert(enum wtype to, void *dst, enum wsrc from, const void *src, int rows, int cols,
+                  int r0, int r1)
+{
+    const unsigned char *s = src;
+    size_t eb = src_elem_bytes(from);
+    if (to == WTYPE_Q8 || to == WTYPE_Q4) {
+        float v[WQ_TILE][WQ_BLOCK];
+        int nb = wq_blocks(cols);
+        for (int t = r0 / WQ_TILE; t * WQ_TILE < r1; t++)
+            for (int b = 0; b < nb; b++) {
+                int ncols;
+                gather_block(from, s, rows, cols, t, b, v, &ncols);
+                unsigned char *rec = (unsigned char *)dst + wq_record_offset(to, cols, t, b);
+                if (to == WTYPE_Q8)
+                    quantize_q8_block(rec, v);
+                else
+                    quantize_q4_block(rec, v, ncols);
+            }
+        return;
+    }
+    for (int r = r0; r < r1; r++) {
+        const unsigned char *row = s + (size_t)r * (size_t)cols * eb;
+        if ((to == WTYPE_F32 && from == WSRC_F32) || (to == WTYPE_BF16 && from == WSRC_BF16) ||
+            (to == WTYPE_F16 && from == WSRC_F16)) {
+            memcpy((unsigned char *)dst + (size_t)r * cols * eb, row, (size_t)cols * eb);
+            continue;
+        }
+        for (int c = 0; c < cols; c++) {
+            float f = src_at(from, row, (size_t)c);
+            size_t i = (size_t)r * cols + c;
+            if (to == WTYPE_F32)
+                ((float *)dst)[i] = f;
+            else if (to == WTYPE_BF16)
+                ((uint16_t *)dst)[i] = ms_f32_to_bf16(f);
+            else
+                ((uint16_t *)dst)[i] = ms_f32_to_f16(f);
+        }
+    }
+}
+
+void wmat_row_f32(const struct wmat *w, int r, float *out)
+{
+    int cols = w->cols;
+    switch (w->type) {
+    case WTYPE_F32:
+        memcpy(out, (const float *)w->data + (size_t)r * cols, sizeof(float) * (size_t)cols);
+        return;
+    case WTYPE_BF16: {
+        const uint16_t *p = (const uint16_t *)w->data + (size_t)r * cols;
+        for (int c = 0; c < cols; c++) out[c] = ms_bf16_to_f32(p[c]);
+        return;
+    }
+    case WTYPE_F16: {
+        const uint16_t *p = (const uint16_t *)w->data + (size_t)r * cols;
+        for (int c = 0; c < cols; c++) out[c] = ms_f16_to_f32(p[c]);
+        return;
+    }
+    case WTYPE_Q8:
+    case WTYPE_Q4: {
+        int t = r / WQ_TILE, i = r % WQ_TILE;
+        for (int b = 0; b < wq_blocks(cols); b++) {
+            const unsigned char *rec =
+                (const unsigned char *)w->data + wq_record_offset(w->type, cols, t, b);
+            const uint16_t *scale = (const uint16_t *)rec;
+            float d = ms_f16_to_f32(scale[i]);
+            for (int c = 0; c < WQ_BLOCK && b * WQ_BLOCK + c < cols; c++) {
+                float x;
+                if (w->type == WTYPE_Q8) {
+                    const int8_t *q = (const int8_t *)(rec + 2 * WQ_TILE);
+                    x = d * (float)q[((c / 4) * WQ_TILE + i) * 4 + c % 4];
+                } else {
+                    const unsigned char *nib = rec + 4 * WQ_TILE;
+                    int quad = c / 4;
+                    int v = nib[((quad % 4) * WQ_TILE + i) * 4 + c % 4] >> (4 * (quad / 4)) & 15;
+                    x = d * (float)v + ms_f16_to_f32(scale[WQ_TILE + i]);
+                }
+                out[b * WQ_BLOCK + c] = x;
+            }
+        }
+        return;
+    }
+    }
+}

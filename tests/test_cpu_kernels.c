@@ -1,0 +1,280 @@
+/* CPU kernels (kernels/cpu/gemm*.c) and weight formats (kernels/weights.c): every SIMD table
+ * this CPU can run against the portable C table, and the portable table against a double
+ * precision reference, on random shapes with ragged tails (k, m and n not multiples of any
+ * vector width), for every weight type; plus the claims the engine relies on: a row's result
+ * does not depend on how many rows are computed with it or on how the output rows are split
+ * between threads (bit for bit), and int8 activations quantize to the same bytes on every
+ * table. Also f16 conversion (exhaustive), quantization error bounds, SiLU and attention. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "cpu/gemm.h"
+#include "test.h"
+#include "weights.h"
+
+static uint64_t rng = 0x243f6a8885a308d3ull;
+
+static float urand(float lo, float hi)
+{
+    rng ^= rng >> 12;
+    rng ^= rng << 25;
+    rng ^= rng >> 27;
+    uint64_t r = rng * 2685821657736338717ull;
+    return lo + (hi - lo) * (float)((double)(r >> 40) / (double)(1ull << 24));
+}
+
+static void *xalloc(size_t bytes)
+{
+    void *p = NULL;
+    if (posix_memalign(&p, 64, bytes ? (bytes + 63) / 64 * 64 : 64) != 0) return NULL;
+    return p;
+}
+
+/* Every f16 value survives f16 -> f32 -> f16; halfway cases round to even. */
+static void test_f16(void)
+{
+    int bad = 0;
+    for (uint32_t h = 0; h < 65536; h++) {
+        if ((h & 0x7c00) == 0x7c00 && (h & 0x3ff)) continue; /* NaN payloads */
+        float f = ms_f16_to_f32((uint16_t)h);
+        if (ms_f32_to_f16(f) != h) bad++;
+        /* the midpoint to the next value up (same sign) rounds to the even one */
+        uint32_t next = h + 1;
+        if ((h & 0x7fff) < 0x7bff && (next & 0x7c00) != 0x7c00) {
+            double mid = ((double)f + (double)ms_f16_to_f32((uint16_t)next)) / 2;
+            uint16_t want = (h & 1) ? (uint16_t)next : (uint16_t)h;
+            if (ms_f32_to_f16((float)mid) != want) bad++;
+        }
+    }
+    CHECKF(bad == 0, "f16 round trip / rounding: %d values wrong", bad);
+    CHECK(ms_f32_to_f16(1e6f) == 0x7c00 && ms_f32_to_f16(-1e6f) == 0xfc00);
+    CHECK(ms_f32_to_f16(65504.0f) == 0x7bff);
+}
+
+/* Quantized rows dequantize within half a step of the original. */
+static void test_quant_bounds(void)
+{
+    int shapes[][2] = {{1, 1}, {5, 31}, {16, 32}, {17, 33}, {40, 100}, {3, 300}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int rows = shapes[s][0], cols = shapes[s][1];
+        float *w = malloc(sizeof(float) * (size_t)rows * cols), *back = malloc(sizeof(float) * cols);
+        for (int i = 0; i < rows * cols; i++) w[i] = urand(-2, 2) * (i % 7 == 0 ? 10.0f : 1.0f);
+        for (int q = 0; q < 2; q++) {
+            enum wtype t = q ? WTYPE_Q4 : WTYPE_Q8;
+            void *d = xalloc(wtype_bytes(t, rows, cols));
+            wmat_convert(t, d, WSRC_F32, w, rows, cols, 0, rows);
+            struct wmat m = {t, rows, cols, d};
+            double worst = 0;
+            for (int r = 0; r < rows; r++) {
+                wmat_row_f32(&m, r, back);
+                for (int b = 0; b * 32 < cols; b++) {
+                    float lo = INFINITY, hi = -INFINITY, amax = 0;
+                    for (int c = b * 32; c < cols && c < b * 32 + 32; c++) {
+                        float v = w[(size_t)r * cols + c];
+                        lo = fminf(lo, v), hi = fmaxf(hi, v), amax = fmaxf(amax, fabsf(v));
+                    }
+                    /* half a step, with room for the f16 rounding of scale and min */
+                    double step = t == WTYPE_Q8 ? amax / 127.0 : (hi - lo) / 15.0;
+                    double bound = 0.5 * step * 1.01 + 1e-3 * fmax(fabs(lo), fabs(hi)) + 1e-7;
+                    for (int c = b * 32; c < cols && c < b * 32 + 32; c++) {
+                        double err = fabs((double)back[c] - w[(size_t)r * cols + c]);
+                        if (err > bound) worst = fmax(worst, err / bound);
+                    }
+                }
+            }
+            CHECKF(worst == 0, "%s %dx%d: dequantized error %.2fx its bound", wtype_name(t), rows,
+                   cols, worst);
+            free(d);
+        }
+        free(w);
+        free(back);
+    }
+}
+
+/* A double-precision reference of one output: weights dequantized, activations as the kernel
+ * reads them (int8 blocks dequantized for Q types, bf16-rounded under bf16 compute). */
+static double ref_dot(const struct wmat *w, const float *x, int k, int r, enum act_kind kind,
+                      float *row)
+{
+    wmat_row_f32(w, r, row);
+    double s = 0;
+    if (kind == ACT_Q8) {
+        for (int b = 0; b * 32 < k; b++) {
+            float amax = 0;
+            for (int c = b * 32; c < k && c < b * 32 + 32; c++) amax = fmaxf(amax, fabsf(x[c]));
+            float id = amax > 0 ? 127.0f / amax : 0.0f, dx = amax / 127.0f;
+            for (int c = b * 32; c < k && c < b * 32 + 32; c++)
+                s += (double)row[c] * (double)lrintf(x[c] * id) * dx;
+        }
+        return s;
+    }
+    for (int c = 0; c < k; c++) {
+        float xv = kind == ACT_BF16 ? ms_bf16_to_f32(ms_f32_to_bf16(x[c])) : x[c];
+        s += (double)row[c] * xv;
+    }
+    return s;
+}
+
+struct run {
+    float *y;
+    struct act a;
+    void *buf;
+};
+
+/* y (n, m) with table kk: activations prepared, then output rows in one call. */
+static void run_gemm(const struct gemm_kernels *kk, const struct wmat *w, const float *x, int n,
+                     int k, int bf16, struct run *out)
+{
+    enum act_kind kind = kk->act_kind(w->type, bf16);
+    out->buf = xalloc(gemm_act_bytes(kind, n, k));
+    kk->act_prepare(kind, bf16, x, (size_t)k, n, k, 0, n, out->buf, &out->a);
+    out->y = malloc(sizeof(float) * (size_t)n * w->rows);
+    kk->gemm(w, &out->a, out->y, (size_t)w->rows, 0, w->rows);
+}
+
+static double rel_err(const float *a, const float *b, size_t n)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        num = fmax(num, fabs((double)a[i] - b[i]));
+        den = fmax(den, fabs((double)b[i]));
+    }
+    return den > 0 ? num / den : num;
+}
+
+static void test_gemm_table(const struct gemm_kernels *kk)
+{
+    const struct gemm_kernels *ref = gemm_kernels_portable();
+    static const int ks[] = {1, 7, 16, 31, 32, 33, 64, 100, 257};
+    static const int ms[] = {1, 3, 4, 16, 17, 35};
+    static const int ns[] = {1, 2, 3, 4, 5, 9};
+    static const enum wtype types[] = {WTYPE_F32, WTYPE_F16, WTYPE_BF16, WTYPE_Q8, WTYPE_Q4};
+    int cases = 0;
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
+        for (int bf16 = 0; bf16 <= (types[ti] == WTYPE_BF16); bf16++)
+            for (size_t a = 0; a < sizeof ks / sizeof ks[0]; a++)
+                for (size_t b = 0; b < sizeof ms / sizeof ms[0]; b++) {
+                    int k = ks[a], m = ms[b], n = ns[(a + b) % 6];
+                    enum wtype t = types[ti];
+                    float *wf = malloc(sizeof(float) * (size_t)m * k);
+                    float *x = malloc(sizeof(float) * (size_t)n * k);
+                    for (int i = 0; i < m * k; i++) wf[i] = urand(-1, 1);
+                    for (int i = 0; i < n * k; i++) x[i] = urand(-3, 3);
+                    void *wd = xalloc(wtype_bytes(t, m, k));
+                    wmat_convert(t, wd, WSRC_F32, wf, m, k, 0, m);
+                    struct wmat w = {t, m, k, wd};
+                    struct run rr, rk;
+                    run_gemm(ref, &w, x, n, k, bf16, &rr);
+                    run_gemm(kk, &w, x, n, k, bf16, &rk);
+                    char what[96];
+                    snprintf(what, sizeof what, "%s %s%s n=%d k=%d m=%d", kk->name, wtype_name(t),
+                             bf16 ? " (bf16 compute)" : "", n, k, m);
+                    /* the table against the portable one */
+                    double e = rel_err(rk.y, rr.y, (size_t)n * m);
+                    CHECKF(e <= 2e-5, "%s: %.3g from the portable kernels", what, e);
+                    /* the portable one against double precision */
+                    float *row = malloc(sizeof(float) * (size_t)k);
+                    double num = 0, den = 0;
+                    enum act_kind kind = t == WTYPE_Q8 || t == WTYPE_Q4 ? ACT_Q8
+                                         : bf16                          ? ACT_BF16
+                                                                         : ACT_F32;
+                    for (int i = 0; i < n; i++)
+                        for (int r = 0; r < m; r++) {
+                            double want = ref_dot(&w, x + (size_t)i * k, k, r, kind, row);
+                            num = fmax(num, fabs(rr.y[(size_t)i * m + r] - want));
+                            den = fmax(den, fabs(want));
+                        }
+                    CHECKF(num <= 2e-5 * fmax(den, 1.0), "%s: portable off by %.3g (max %.3g)",
+                           what, num, den);
+                    /* int8 activations: the same bytes on every table */
+                    if (kind == ACT_Q8) {
+                        size_t kp = (size_t)act_kpad(k), nb = kp / 32;
+                        CHECKF(memcmp(rr.buf, rk.buf, (size_t)n * kp) == 0 &&
+                                   memcmp(rr.a.dx, rk.a.dx, sizeof(float) * n * nb) == 0 &&
+                                   memcmp(rr.a.isum, rk.a.isum, sizeof(int32_t) * n * nb) == 0,
+                               "%s: int8 activations differ from the portable ones", what);
+                    }
+                    /* each row alone, and the output split in tiles: bit for bit the same */
+                    float *y1 = malloc(sizeof(float) * (size_t)m);
+                    int same = 1;
+                    for (int i = 0; i < n; i++) {
+                        struct act one = act_rows(&rk.a, i, 1);
+                        kk->gemm(&w, &one, y1, (size_t)m, 0, m);
+                        same &= memcmp(y1, rk.y + (size_t)i * m, sizeof(float) * m) == 0;
+                        for (int r0 = 0; r0 < m; r0 += WQ_TILE) {
+                            int r1 = r0 + WQ_TILE < m ? r0 + WQ_TILE : m;
+                            kk->gemm(&w, &one, y1 + r0, (size_t)m, r0, r1);
+                        }
+                        same &= memcmp(y1, rk.y + (size_t)i * m, sizeof(float) * m) == 0;
+                    }
+                    CHECKF(same, "%s: a row's result depends on n or on the row split", what);
+                    free(y1);
+                    free(row);
+                    free(rr.y), free(rr.buf), free(rk.y), free(rk.buf);
+                    free(wd);
+                    free(wf);
+                    free(x);
+                    cases++;
+                }
+    printf("%-9s gemm: %d cases against portable C and double precision\n", kk->name, cases);
+}
+
+static void test_elementwise(const struct gemm_kernels *kk)
+{
+    enum { N = 1003 };
+    float g[N], u[N], a[N], b[N];
+    for (int i = 0; i < N; i++) {
+        g[i] = i < 8 ? (float)(i - 4) * 30.0f : urand(-20, 20);
+        u[i] = urand(-2, 2);
+    }
+    kk->silu_mul(a, g, u, N);
+    gemm_kernels_portable()->silu_mul(b, g, u, N);
+    double worst = 0;
+    for (int i = 0; i < N; i++) worst = fmax(worst, fabs(a[i] - b[i]) / fmax(fabs(b[i]), 1e-3));
+    CHECKF(worst <= 1e-5, "%s silu_mul: relative error %.3g", kk->name, worst);
+
+    /* attention over a shuffled block table, GQA groups, a sliding window start */
+    int bs = 4, n_kv = 2, blocks = 40;
+    int shapes[][3] = {{1, 16, 0}, {2, 48, 0}, {4, 64, 5}, {2, 100, 0}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int group = shapes[s][0], hd = shapes[s][1], start = shapes[s][2];
+        size_t row = (size_t)n_kv * hd;
+        float *kc = malloc(sizeof(float) * (size_t)blocks * bs * row);
+        float *vc = malloc(sizeof(float) * (size_t)blocks * bs * row);
+        for (size_t i = 0; i < (size_t)blocks * bs * row; i++) kc[i] = urand(-1, 1), vc[i] = urand(-1, 1);
+        int32_t table[40];
+        for (int i = 0; i < blocks; i++) table[i] = (i * 7 + 3) % blocks;
+        float q[4 * 100], o1[4 * 100], o2[4 * 100], sc[4 * 160];
+        for (int i = 0; i < group * hd; i++) q[i] = urand(-1, 1);
+        int pos = 150;
+        kk->attn_head(o1, q, group, hd, kc, vc, table, bs, row, (size_t)hd, start, pos, 0.125f, sc);
+        gemm_kernels_portable()->attn_head(o2, q, group, hd, kc, vc, table, bs, row, (size_t)hd,
+                                           start, pos, 0.125f, sc);
+        double e = rel_err(o1, o2, (size_t)group * hd);
+        CHECKF(e <= 1e-5, "%s attention group=%d hd=%d: %.3g", kk->name, group, hd, e);
+        free(kc);
+        free(vc);
+    }
+}
+
+int main(void)
+{
+    test_f16();
+    test_quant_bounds();
+    const struct gemm_kernels *tables[] = {gemm_kernels_portable(), gemm_kernels_avx2(),
+                                           gemm_kernels_avx512()};
+    printf("cpu: %s; kernels chosen: %s\n", cpu_features_string(), gemm_kernels_best()->name);
+    for (size_t i = 0; i < sizeof tables / sizeof tables[0]; i++) {
+        if (!tables[i]) {
+            printf("(%s kernels: not run, this CPU lacks them)\n", i == 1 ? "avx2" : "avx512");
+            continue;
+        }
+        test_gemm_table(tables[i]);
+        test_elementwise(tables[i]);
+    }
+    return test_done("test_cpu_kernels");
+}

@@ -1,10 +1,17 @@
-/* Engine benchmark (not a test): single-stream prefill and decode tokens/s on a model folder,
- * and the decode step's share of the memory-bandwidth limit — bytes the step must read (active
- * weights + KV cache) times tokens/s, over a read bandwidth measured in the same run.
+/* Engine benchmark (not a test): single-stream prefill and decode tokens/s on a model folder for
+ * each weight type asked for, and the decode step's share of the memory-bandwidth limit — bytes
+ * the step must read (active weights as held in memory + the KV cache) times tokens/s, over a
+ * read bandwidth measured in the same run.
  *
- *   make_synthetic_model /tmp/mixtral100m --params 100M
- *   bench_engine /tmp/mixtral100m [--prompt-len 256] [--decode 64] [--devices 1] [--moe-top-k K]
- */
+ *   make_synthetic_model /tmp/mixtral100m --params 100M --dtype bf16
+ *   bench_engine /tmp/mixtral100m [--types f32,bf16,int8,int4] [--prompt-len 256] [--decode 64]
+ *                [--devices 1] [--threads N] [--moe-top-k K] [--repeat R]
+ *
+ * Types: f32 (--dtype float32), bf16 (--dtype auto on a bf16 checkpoint: bf16 weights, f32
+ * activations), bf16c (--dtype bfloat16: bf16 activations too), auto (as stored), int8 and int4
+ * (--quantization). Decode is measured twice: right after a one-token prompt ("depth 0") and
+ * after the prefill of --prompt-len tokens ("depth N"); each figure is the best of --repeat
+ * runs (default 2), since this machine is shared. */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -12,53 +19,78 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "backend.h"
 #include "bench_util.h"
 #include "common.h"
 #include "engine.h"
 #include "model.h"
 
-int main(int argc, char **argv)
+struct type_spec {
+    const char *name;
+    enum model_dtype dtype;
+    enum model_quant quant;
+};
+
+static const struct type_spec types[] = {
+    {"f32", MODEL_DTYPE_F32, MODEL_QUANT_NONE},   {"bf16", MODEL_DTYPE_AUTO, MODEL_QUANT_NONE},
+    {"bf16c", MODEL_DTYPE_BF16, MODEL_QUANT_NONE}, {"auto", MODEL_DTYPE_AUTO, MODEL_QUANT_NONE},
+    {"int8", MODEL_DTYPE_AUTO, MODEL_QUANT_INT8}, {"int4", MODEL_DTYPE_AUTO, MODEL_QUANT_INT4},
+};
+
+struct result {
+    double load_s, prefill_tps, decode0_tps, decode_tps, step_bytes, weight_mb;
+};
+
+static int greedy(const float *logits, int V)
 {
-    if (argc < 2 || strcmp(argv[1], "--help") == 0) {
-        fprintf(stderr, "usage: bench_engine MODEL_DIR [--prompt-len N] [--decode N] "
-                        "[--devices N] [--moe-top-k K]\n");
-        return 2;
-    }
-    const char *dir = argv[1];
-    int prompt_len = 256, n_decode = 64, devices = 1, moe_k = 0;
-    for (int i = 2; i + 1 < argc; i += 2) {
-        int v = atoi(argv[i + 1]);
-        if (strcmp(argv[i], "--prompt-len") == 0) prompt_len = v;
-        else if (strcmp(argv[i], "--decode") == 0) n_decode = v;
-        else if (strcmp(argv[i], "--devices") == 0) devices = v;
-        else if (strcmp(argv[i], "--moe-top-k") == 0) moe_k = v;
-        else {
-            fprintf(stderr, "bench_engine: unknown option %s\n", argv[i]);
-            return 2;
+    int best = 0;
+    for (int v = 1; v < V; v++)
+        if (logits[v] > logits[best]) best = v;
+    return best;
+}
+
+/* Decodes n tokens after position pos; seconds. */
+static double decode(struct engine *e, struct kv_seq *s, float *logits, int V, int pos, int n,
+                     int moe_k)
+{
+    char err[MS_ERR_LEN];
+    double t0 = ms_now();
+    for (int i = 0; i < n; i++) {
+        int32_t tok = greedy(logits, V);
+        struct engine_item it = {.kv = s, .tokens = &tok, .n_tokens = 1, .pos = pos + i,
+                                 .n_logits = 1, .logits = logits, .moe_top_k = moe_k};
+        if (engine_step(e, &it, 1, err, sizeof err) != 0) {
+            fprintf(stderr, "bench_engine: %s\n", err);
+            exit(1);
         }
     }
-    if (prompt_len < 1 || n_decode < 1 || devices < 1) {
-        fprintf(stderr, "bench_engine: counts must be >= 1\n");
-        return 2;
-    }
+    return ms_now() - t0;
+}
 
+static int run_type(const char *dir, const struct type_spec *ts, int prompt_len, int n_decode,
+                    int devices, int threads, int moe_k, int repeat, struct result *r)
+{
     char err[MS_ERR_LEN];
     struct model_load_opts lo;
     model_load_opts_default(&lo);
     lo.require_tokenizer = false;
+    lo.dtype = ts->dtype;
+    lo.quant = ts->quant;
+    lo.threads = threads;
     struct model *m = NULL;
     double tl = ms_now();
     if (model_load(dir, &lo, &m, err, sizeof err) != 0) {
-        fprintf(stderr, "bench_engine: %s\n", err);
-        return 1;
+        fprintf(stderr, "bench_engine: %s: %s\n", ts->name, err);
+        return -1;
     }
-    tl = ms_now() - tl;
+    r->load_s = ms_now() - tl;
     const struct model_desc *md = &m->desc;
     int k = moe_k > 0 && moe_k < md->top_k ? moe_k : md->top_k;
 
     struct engine_params ep;
     engine_params_default(&ep);
     ep.n_devices = devices;
+    ep.n_threads = threads;
     ep.max_seqs = 1;
     ep.max_batch_tokens = prompt_len;
     ep.max_model_len = prompt_len + n_decode + 1;
@@ -66,7 +98,7 @@ int main(int argc, char **argv)
     if (engine_create(m, &ep, &e, err, sizeof err) != 0) {
         fprintf(stderr, "bench_engine: %s\n", err);
         model_free(m);
-        return 1;
+        return -1;
     }
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)prompt_len);
     float *logits = malloc(sizeof(float) * (size_t)md->vocab);
@@ -75,65 +107,107 @@ int main(int argc, char **argv)
         rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
         ids[i] = (int32_t)(rng % (uint64_t)md->vocab);
     }
-
     struct kv_seq s;
     engine_seq_init(e, &s);
-    /* Warm-up: one short prefill so first-touch page faults stay out of the timings. */
-    struct engine_item it = {.kv = &s, .tokens = ids, .n_tokens = prompt_len < 8 ? prompt_len : 8,
-                             .n_logits = 1, .logits = logits, .moe_top_k = moe_k};
-    engine_step(e, &it, 1, err, sizeof err);
-    kv_seq_release(engine_kv(e), &s);
+    r->prefill_tps = r->decode0_tps = r->decode_tps = 0;
+    for (int rep = 0; rep < repeat; rep++) {
+        /* depth 0: one prompt token, then decode (also warms the weights' pages) */
+        struct engine_item it = {.kv = &s, .tokens = ids, .n_tokens = 1, .n_logits = 1,
+                                 .logits = logits, .moe_top_k = moe_k};
+        if (engine_step(e, &it, 1, err, sizeof err) != 0) goto fail;
+        double t = decode(e, &s, logits, md->vocab, 1, n_decode, moe_k);
+        if (n_decode / t > r->decode0_tps) r->decode0_tps = n_decode / t;
+        kv_seq_release(engine_kv(e), &s);
 
-    double t0 = ms_now();
-    it = (struct engine_item){.kv = &s, .tokens = ids, .n_tokens = prompt_len, .n_logits = 1,
-                              .logits = logits, .moe_top_k = moe_k};
-    if (engine_step(e, &it, 1, err, sizeof err) != 0) {
-        fprintf(stderr, "bench_engine: %s\n", err);
-        return 1;
+        double t0 = ms_now();
+        it = (struct engine_item){.kv = &s, .tokens = ids, .n_tokens = prompt_len, .n_logits = 1,
+                                  .logits = logits, .moe_top_k = moe_k};
+        if (engine_step(e, &it, 1, err, sizeof err) != 0) goto fail;
+        t = ms_now() - t0;
+        if (prompt_len / t > r->prefill_tps) r->prefill_tps = prompt_len / t;
+        t = decode(e, &s, logits, md->vocab, prompt_len, n_decode, moe_k);
+        if (n_decode / t > r->decode_tps) r->decode_tps = n_decode / t;
+        kv_seq_release(engine_kv(e), &s);
     }
-    double t_prefill = ms_now() - t0;
-
-    int32_t tok = 0;
-    t0 = ms_now();
-    for (int i = 0; i < n_decode; i++) {
-        int best = 0;
-        for (int v = 1; v < md->vocab; v++)
-            if (logits[v] > logits[best]) best = v;
-        tok = best;
-        it = (struct engine_item){.kv = &s, .tokens = &tok, .n_tokens = 1, .pos = prompt_len + i,
-                                  .n_logits = 1, .logits = logits, .moe_top_k = moe_k};
-        if (engine_step(e, &it, 1, err, sizeof err) != 0) {
-            fprintf(stderr, "bench_engine: %s\n", err);
-            return 1;
-        }
-    }
-    double t_decode = ms_now() - t0;
-
-    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    double bw = measure_read_bandwidth(ncpu > 0 && ncpu < 64 ? (int)ncpu : 1);
-    /* Bytes one decode step must read: the active weights (f32 in memory on the CPU backend)
-     * plus the KV cache of the average context. */
-    double weight_bytes = (double)model_active_params(m, k) * sizeof(float);
+    /* Bytes a decode step at depth prompt_len reads: active weights + the KV cache. */
     double avg_ctx = prompt_len + n_decode / 2.0;
     double kv_bytes = 2.0 * md->n_layer * avg_ctx * md->n_kv_head * md->head_dim * sizeof(float);
-    double step_bytes = weight_bytes + kv_bytes;
-    double decode_tps = n_decode / t_decode;
-
-    printf("model: %s, %zu parameters, %d layers, d_model %d, %d experts top-%d (using %d), "
-           "%d device(s), load %.2f s\n",
-           dir, m->n_params, md->n_layer, md->d_model, md->n_expert, md->top_k, k, devices, tl);
-    printf("%-28s %12s\n", "metric", "value");
-    printf("%-28s %12.1f\n", "prefill tokens/s", prompt_len / t_prefill);
-    printf("%-28s %12.1f\n", "decode tokens/s", decode_tps);
-    printf("%-28s %12.1f\n", "decode bytes/token (MB)", step_bytes / 1e6);
-    printf("%-28s %12.2f\n", "read bandwidth (GB/s)", bw / 1e9);
-    printf("%-28s %12.1f\n", "bandwidth-bound tokens/s", bw / step_bytes);
-    printf("%-28s %11.1f%%\n", "decode share of bw limit", 100.0 * decode_tps * step_bytes / bw);
-
+    r->step_bytes = (double)model_active_bytes(m, k) + kv_bytes;
+    r->weight_mb = (double)m->weight_bytes / 1e6;
     engine_seq_free(e, &s);
     free(ids);
     free(logits);
     engine_free(e);
     model_free(m);
+    return 0;
+fail:
+    fprintf(stderr, "bench_engine: %s\n", err);
+    exit(1);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2 || strcmp(argv[1], "--help") == 0) {
+        fprintf(stderr, "usage: bench_engine MODEL_DIR [--types f32,bf16,bf16c,auto,int8,int4] "
+                        "[--prompt-len N] [--decode N] [--devices N] [--threads N] "
+                        "[--moe-top-k K] [--repeat R]\n");
+        return 2;
+    }
+    const char *dir = argv[1], *type_list = "auto";
+    int prompt_len = 256, n_decode = 64, devices = 1, threads = 0, moe_k = 0, repeat = 2;
+    for (int i = 2; i + 1 < argc; i += 2) {
+        const char *v = argv[i + 1];
+        if (strcmp(argv[i], "--types") == 0) type_list = v;
+        else if (strcmp(argv[i], "--prompt-len") == 0) prompt_len = atoi(v);
+        else if (strcmp(argv[i], "--decode") == 0) n_decode = atoi(v);
+        else if (strcmp(argv[i], "--devices") == 0) devices = atoi(v);
+        else if (strcmp(argv[i], "--threads") == 0) threads = atoi(v);
+        else if (strcmp(argv[i], "--moe-top-k") == 0) moe_k = atoi(v);
+        else if (strcmp(argv[i], "--repeat") == 0) repeat = atoi(v);
+        else {
+            fprintf(stderr, "bench_engine: unknown option %s\n", argv[i]);
+            return 2;
+        }
+    }
+    if (prompt_len < 1 || n_decode < 1 || devices < 1 || repeat < 1 || threads < 0) {
+        fprintf(stderr, "bench_engine: counts must be >= 1\n");
+        return 2;
+    }
+    const struct type_spec *chosen[16];
+    int n_types = 0;
+    char list[256];
+    snprintf(list, sizeof list, "%s", type_list);
+    for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        const struct type_spec *t = NULL;
+        for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
+            if (strcmp(types[i].name, tok) == 0) t = &types[i];
+        if (!t || n_types == 16) {
+            fprintf(stderr, "bench_engine: unknown type '%s' (f32, bf16, bf16c, auto, int8, int4)\n",
+                    tok);
+            return 2;
+        }
+        chosen[n_types++] = t;
+    }
+
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    double bw = measure_read_bandwidth(ncpu > 0 && ncpu < 64 ? (int)ncpu : 1);
+    printf("model %s: prompt %d, decode %d, %d device(s), %s threads, kernels %s (%s)\n", dir,
+           prompt_len, n_decode, devices, threads ? "" : "all", backend_cpu_kernels(),
+           backend_cpu_features());
+    printf("read bandwidth measured in this run: %.2f GB/s\n\n", bw / 1e9);
+    printf("%-6s %9s %8s %10s %10s %10s %11s %9s %8s\n", "type", "weights", "load", "prefill",
+           "decode", "decode", "bytes/tok", "roofline", "share");
+    printf("%-6s %9s %8s %10s %10s %10s %11s %9s %8s\n", "", "MB", "s", "tok/s", "depth 0",
+           "depth N", "MB", "tok/s", "");
+    for (int i = 0; i < n_types; i++) {
+        struct result r;
+        if (run_type(dir, chosen[i], prompt_len, n_decode, devices, threads, moe_k, repeat, &r) != 0)
+            return 1;
+        double roof = bw / r.step_bytes;
+        printf("%-6s %9.1f %8.2f %10.1f %10.1f %10.1f %11.2f %9.1f %7.1f%%\n", chosen[i]->name,
+               r.weight_mb, r.load_s, r.prefill_tps, r.decode0_tps, r.decode_tps,
+               r.step_bytes / 1e6, roof, 100.0 * r.decode_tps / roof);
+        fflush(stdout);
+    }
     return 0;
 }

@@ -10,7 +10,11 @@
  * routing exactly. Models without groups count as one group.
  *
  *   mohge_eval --model models/mohge-small [--window 192] [--max-tokens 2048] \
+ *       [--dtype auto|bfloat16|float32] [--quantization none|int8|int4] \
  *       shakespeare=tools/train/data/shakespeare.heldout.txt arithmetic=... json=...
+ *
+ * --dtype / --quantization load the weights as the server would, so the loss says what a
+ * weight type costs in quality.
  */
 #include <math.h>
 #include <stdio.h>
@@ -59,7 +63,8 @@ static int cmp_float(const void *a, const void *b)
 static void usage(void)
 {
     fprintf(stderr, "usage: mohge_eval --model DIR [--window N] [--max-tokens N] [--devices N] "
-                    "[--moe-top-k K] NAME=FILE...\n");
+                    "[--moe-top-k K] [--dtype auto|bfloat16|float32] "
+                    "[--quantization none|int8|int4] NAME=FILE...\n");
 }
 
 int main(int argc, char **argv)
@@ -68,6 +73,8 @@ int main(int argc, char **argv)
     int window = 192, max_tokens = 2048, devices = 1, n_dom = 0, moe_k = 0;
     const char *dom_name[MAX_DOMAINS], *dom_file[MAX_DOMAINS];
     char dom_buf[MAX_DOMAINS][64];
+    struct model_load_opts lo;
+    model_load_opts_default(&lo);
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--model") == 0 && i + 1 < argc) {
             model_dir = argv[++i];
@@ -79,6 +86,16 @@ int main(int argc, char **argv)
             devices = atoi(argv[++i]);
         } else if (strcmp(argv[i], "--moe-top-k") == 0 && i + 1 < argc) {
             moe_k = atoi(argv[++i]); /* expert budget: quality cost of fewer experts */
+        } else if (strcmp(argv[i], "--dtype") == 0 && i + 1 < argc) {
+            if (model_dtype_parse(argv[++i], &lo.dtype) != 0) {
+                fprintf(stderr, "mohge_eval: --dtype must be auto, bfloat16 or float32\n");
+                return 2;
+            }
+        } else if (strcmp(argv[i], "--quantization") == 0 && i + 1 < argc) {
+            if (model_quant_parse(argv[++i], &lo.quant) != 0) {
+                fprintf(stderr, "mohge_eval: --quantization must be none, int8 or int4\n");
+                return 2;
+            }
         } else if (strchr(argv[i], '=') && argv[i][0] != '-' && n_dom < MAX_DOMAINS) {
             const char *eq = strchr(argv[i], '=');
             snprintf(dom_buf[n_dom], sizeof dom_buf[n_dom], "%.*s", (int)(eq - argv[i]), argv[i]);
@@ -104,7 +121,7 @@ int main(int argc, char **argv)
     int *rows = NULL;
     float *sorted = NULL;
     int rc = 1;
-    if (model_load(model_dir, NULL, &m, err, sizeof err) != 0) {
+    if (model_load(model_dir, &lo, &m, err, sizeof err) != 0) {
         fprintf(stderr, "mohge_eval: %s\n", err);
         return 1;
     }

@@ -31,8 +31,12 @@ static void generate_usage(FILE *f)
             "      --min-p P            drop tokens below P x the top probability (default 0)\n"
             "      --repetition-penalty R  (default 1 = off)\n"
             "      --seed S             sampling seed (same seed, same output)\n"
-            "      --device cpu|cuda    compute backend: cpu (f32 reference) or cuda (GPU, bf16)\n"
+            "      --device cpu|cuda    compute backend: cpu, or cuda (GPU, bf16 weights)\n"
             "      --devices N          devices the experts are spread over (default 1)\n"
+            "      --dtype D            auto (weights as stored, f32 activations), bfloat16 or\n"
+            "                           float32 (default auto)\n"
+            "      --quantization Q     none, int8 or int4 weights, made at load (default none)\n"
+            "      --threads N          CPU threads (default: all online CPUs)\n"
             "      --moe-top-k K        experts per token, at most the model's (default: model)\n"
             "      --max-batch-tokens N prefill chunk size (default 512)\n"
             "      --ignore-eos         keep generating past the end-of-sequence token\n"
@@ -73,7 +77,10 @@ struct gen_opts {
     const char *prompt;
     int n;
     int devices;
+    int threads;
     enum engine_backend backend;
+    enum model_dtype dtype;
+    enum model_quant quant;
     int moe_top_k;
     int max_batch;
     bool ignore_eos;
@@ -85,7 +92,7 @@ static int parse_args(int argc, char **argv, struct gen_opts *o)
 {
     enum {
         OPT_TEMP = 256, OPT_TOPP, OPT_TOPK, OPT_MINP, OPT_REP, OPT_SEED, OPT_DEV, OPT_MOEK,
-        OPT_BATCH, OPT_IGNORE_EOS, OPT_NO_SPECIAL, OPT_DEVICE,
+        OPT_BATCH, OPT_IGNORE_EOS, OPT_NO_SPECIAL, OPT_DEVICE, OPT_DTYPE, OPT_QUANT, OPT_THREADS,
     };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},
@@ -99,6 +106,9 @@ static int parse_args(int argc, char **argv, struct gen_opts *o)
         {"seed", required_argument, 0, OPT_SEED},
         {"devices", required_argument, 0, OPT_DEV},
         {"device", required_argument, 0, OPT_DEVICE},
+        {"dtype", required_argument, 0, OPT_DTYPE},
+        {"quantization", required_argument, 0, OPT_QUANT},
+        {"threads", required_argument, 0, OPT_THREADS},
         {"moe-top-k", required_argument, 0, OPT_MOEK},
         {"max-batch-tokens", required_argument, 0, OPT_BATCH},
         {"ignore-eos", no_argument, 0, OPT_IGNORE_EOS},
@@ -142,6 +152,23 @@ static int parse_args(int argc, char **argv, struct gen_opts *o)
                 rc = -1;
             }
             break;
+        case OPT_DTYPE:
+            if (model_dtype_parse(optarg, &o->dtype) != 0) {
+                fprintf(stderr, "moeserve generate: --dtype must be auto, bfloat16 or float32, "
+                                "got '%s'\n",
+                        optarg);
+                rc = -1;
+            }
+            break;
+        case OPT_QUANT:
+            if (model_quant_parse(optarg, &o->quant) != 0) {
+                fprintf(stderr, "moeserve generate: --quantization must be none, int8 or int4, "
+                                "got '%s'\n",
+                        optarg);
+                rc = -1;
+            }
+            break;
+        case OPT_THREADS: rc = parse_int("--threads", optarg, 0, 1024, &o->threads); break;
         case OPT_MOEK: rc = parse_int("--moe-top-k", optarg, 1, 512, &o->moe_top_k); break;
         case OPT_BATCH: rc = parse_int("--max-batch-tokens", optarg, 1, 1 << 20, &o->max_batch); break;
         case OPT_IGNORE_EOS: o->ignore_eos = true; break;
@@ -192,6 +219,9 @@ int cli_generate(int argc, char **argv)
     model_load_opts_default(&lo);
     lo.progress = cli_progress;
     lo.progress_ctx = "loading weights";
+    lo.dtype = o.dtype;
+    lo.quant = o.quant;
+    lo.threads = o.threads;
     if (model_load(o.model, &lo, &m, err, sizeof err) != 0) {
         fprintf(stderr, "moeserve generate: %s\n", err);
         return 1;
@@ -227,6 +257,7 @@ int cli_generate(int argc, char **argv)
     struct engine_params ep;
     engine_params_default(&ep);
     ep.n_devices = o.devices;
+    ep.n_threads = o.threads;
     ep.backend = o.backend;
     ep.max_seqs = 1;
     ep.max_batch_tokens = o.max_batch;

@@ -18,6 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "backend.h"
 #include "cli.h"
 #include "common.h"
 #include "engine.h"
@@ -30,7 +31,8 @@ enum opt_type { OPT_STR, OPT_INT, OPT_BYTES, OPT_BOOL };
 
 struct serve_opts {
     const char *model, *host, *api_key, *served_name, *chat_template, *log_format, *device;
-    long port, max_num_seqs, max_batched, max_model_len, devices, max_waiting, grace_s;
+    const char *dtype, *quantization;
+    long port, max_num_seqs, max_batched, max_model_len, devices, threads, max_waiting, grace_s;
     long kv_bytes;
     long prefix_caching;
 };
@@ -63,9 +65,16 @@ static const struct opt_def opt_defs[] = {
     {"kv-cache-memory", "MOESERVE_KV_CACHE_MEMORY", OPT_BYTES, OFF(kv_bytes), 0, 0,
      "KV cache size, e.g. 512M or 4G (default: room for max-num-seqs full sequences)"},
     {"device", "MOESERVE_DEVICE", OPT_STR, OFF(device), 0, 0,
-     "cpu (f32 reference) or cuda (NVIDIA GPU, bf16 weights) (cpu)"},
+     "cpu or cuda (NVIDIA GPU, bf16 weights) (cpu)"},
     {"devices", "MOESERVE_DEVICES", OPT_INT, OFF(devices), 1, 64,
      "devices the experts are spread over: CPU virtual devices, or GPUs 0..N-1 (1)"},
+    {"dtype", "MOESERVE_DTYPE", OPT_STR, OFF(dtype), 0, 0,
+     "auto (weights as stored, f32 activations), bfloat16 (bf16 weights and activations into "
+     "the matrix products) or float32 (auto)"},
+    {"quantization", "MOESERVE_QUANTIZATION", OPT_STR, OFF(quantization), 0, 0,
+     "none, int8 or int4: quantize attention, expert and LM-head weights at load (none)"},
+    {"threads", "MOESERVE_THREADS", OPT_INT, OFF(threads), 0, 1024,
+     "CPU threads for the forward pass (0 = all online CPUs)"},
     {"chat-template", "MOESERVE_CHAT_TEMPLATE", OPT_STR, OFF(chat_template), 0, 0,
      "Jinja chat template file overriding tokenizer_config.json's"},
     {"log-format", "MOESERVE_LOG_FORMAT", OPT_STR, OFF(log_format), 0, 0, "text or json (text)"},
@@ -160,6 +169,8 @@ static int parse_opts(int argc, char **argv, struct serve_opts *o)
     o->max_batched = 512;
     o->devices = 1;
     o->device = "cpu";
+    o->dtype = "auto";
+    o->quantization = "none";
     o->log_format = "text";
     o->max_waiting = 1024;
     o->grace_s = 30;
@@ -210,6 +221,18 @@ static int parse_opts(int argc, char **argv, struct serve_opts *o)
     enum engine_backend b;
     if (engine_backend_parse(o->device, &b) != 0) {
         fprintf(stderr, "moeserve serve: --device must be cpu or cuda, got '%s'\n", o->device);
+        return -1;
+    }
+    enum model_dtype dt;
+    if (model_dtype_parse(o->dtype, &dt) != 0) {
+        fprintf(stderr, "moeserve serve: --dtype must be auto, bfloat16 or float32, got '%s'\n",
+                o->dtype);
+        return -1;
+    }
+    enum model_quant q;
+    if (model_quant_parse(o->quantization, &q) != 0) {
+        fprintf(stderr, "moeserve serve: --quantization must be none, int8 or int4, got '%s'\n",
+                o->quantization);
         return -1;
     }
     return 0;
@@ -308,10 +331,15 @@ int cli_serve(int argc, char **argv)
     model_load_opts_default(&lo);
     lo.progress = cli_progress;
     lo.progress_ctx = "loading weights";
+    model_dtype_parse(o.dtype, &lo.dtype); /* checked by parse_opts */
+    model_quant_parse(o.quantization, &lo.quant);
+    lo.threads = (int)o.threads;
     if (model_load(o.model, &lo, &m, err, sizeof err) != 0) {
         slog("error", "cannot load the model: %s", err);
         goto out;
     }
+    slog("info", "weights: %.1f MB in memory (--dtype %s, --quantization %s)",
+         (double)m->weight_bytes / 1e6, model_dtype_name(m->dtype), model_quant_name(m->quant));
     if (o.chat_template) {
         char *t = read_file(o.chat_template);
         if (!t) {
@@ -324,6 +352,7 @@ int cli_serve(int argc, char **argv)
     struct engine_params ep;
     engine_params_default(&ep);
     ep.n_devices = (int)o.devices;
+    ep.n_threads = (int)o.threads;
     engine_backend_parse(o.device, &ep.backend); /* checked by parse_opts */
     ep.max_seqs = (int)o.max_num_seqs;
     ep.max_batch_tokens = (int)o.max_batched;
@@ -349,6 +378,8 @@ int cli_serve(int argc, char **argv)
     slog("info", "ready: model %s, %d KV blocks, max_model_len %d, %d %s device(s)", name,
          st.kv_blocks_total, engine_get_params(e)->max_model_len, (int)o.devices,
          engine_backend_name(ep.backend));
+    if (ep.backend != ENGINE_BACKEND_CUDA)
+        slog("info", "cpu kernels: %s (cpu: %s)", backend_cpu_kernels(), backend_cpu_features());
 
     int sig = 0;
     sigwait(&sigs, &sig);

@@ -1,0 +1,212 @@
+/* Load-time memory: a bf16 checkpoint is used in place, not expanded. Writes a Mixtral-shaped
+ * bf16 model of about 110 MB (random weights) into a temporary folder, then measures this
+ * process's resident set (VmRSS, file-backed pages of the mapping included) before loading and
+ * after loading, creating an engine and running a prefill that reaches every expert: it must
+ * grow by at most 1.2x the checkpoint's weight bytes. The same model loaded with --dtype
+ * float32 (an f32 copy) must grow by well over that, which shows the measurement sees copies.
+ * Under AddressSanitizer (shadow memory on every touched byte) the bound is 1.45x. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common.h"
+#include "engine.h"
+#include "model.h"
+#include "rng.h"
+#include "st_writer.h"
+#include "test.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#define RSS_BOUND 1.45
+#else
+#define RSS_BOUND 1.2
+#endif
+
+enum { D = 512, LAYERS = 4, HEADS = 8, KV = 4, HD = 64, EXPERTS = 8, FF = 1024, VOCAB = 2048 };
+
+static long rss_bytes(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long kb = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "VmRSS: %ld kB", &kb) == 1) break;
+    if (f) fclose(f);
+    return kb * 1024;
+}
+
+static int write_text(const char *dir, const char *name, const char *text)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "w");
+    if (!f) return -1;
+    fputs(text, f);
+    return fclose(f);
+}
+
+/* Returns the checkpoint's tensor bytes, or 0 on failure. */
+static size_t write_model(const char *dir)
+{
+    char cfg[1024];
+    snprintf(cfg, sizeof cfg,
+             "{\"model_type\": \"mixtral\", \"hidden_size\": %d, \"num_hidden_layers\": %d, "
+             "\"num_attention_heads\": %d, \"num_key_value_heads\": %d, \"head_dim\": %d, "
+             "\"intermediate_size\": %d, \"num_local_experts\": %d, \"num_experts_per_tok\": 2, "
+             "\"vocab_size\": %d, \"max_position_embeddings\": 512, \"rms_norm_eps\": 1e-5, "
+             "\"rope_theta\": 10000.0, \"tie_word_embeddings\": false, \"torch_dtype\": "
+             "\"bfloat16\", \"bos_token_id\": 1, \"eos_token_id\": 2}",
+             D, LAYERS, HEADS, KV, HD, FF, EXPERTS, VOCAB);
+    if (write_text(dir, "config.json", cfg) != 0) return 0;
+    struct stw *w = stw_new();
+    char err[MS_ERR_LEN], name[128], path[512];
+    struct {
+        char name[128];
+        int64_t shape[2];
+        int ndim;
+    } t[3 + LAYERS * (7 + 3 * EXPERTS)];
+    int n = 0;
+#define ADD(r, c, ...)                                                                            \
+    do {                                                                                          \
+        snprintf(t[n].name, sizeof t[n].name, __VA_ARGS__);                                       \
+        t[n].shape[0] = (r), t[n].shape[1] = (c), t[n].ndim = (c) ? 2 : 1;                        \
+        n++;                                                                                      \
+    } while (0)
+    ADD(VOCAB, D, "model.embed_tokens.weight");
+    ADD(D, 0, "model.norm.weight");
+    ADD(VOCAB, D, "lm_head.weight");
+    for (int l = 0; l < LAYERS; l++) {
+        ADD(D, 0, "model.layers.%d.input_layernorm.weight", l);
+        ADD(D, 0, "model.layers.%d.post_attention_layernorm.weight", l);
+        ADD(HEADS * HD, D, "model.layers.%d.self_attn.q_proj.weight", l);
+        ADD(KV * HD, D, "model.layers.%d.self_attn.k_proj.weight", l);
+        ADD(KV * HD, D, "model.layers.%d.self_attn.v_proj.weight", l);
+        ADD(D, HEADS * HD, "model.layers.%d.self_attn.o_proj.weight", l);
+        ADD(EXPERTS, D, "model.layers.%d.block_sparse_moe.gate.weight", l);
+        for (int e = 0; e < EXPERTS; e++) {
+            ADD(FF, D, "model.layers.%d.block_sparse_moe.experts.%d.w1.weight", l, e);
+            ADD(D, FF, "model.layers.%d.block_sparse_moe.experts.%d.w2.weight", l, e);
+            ADD(FF, D, "model.layers.%d.block_sparse_moe.experts.%d.w3.weight", l, e);
+        }
+    }
+#undef ADD
+    size_t total = 0;
+    for (int i = 0; i < n; i++)
+        if (!w || stw_add(w, t[i].name, ST_DTYPE_BF16, t[i].ndim, t[i].shape, NULL, err,
+                          sizeof err) < 0) {
+            stw_free(w);
+            return 0;
+        }
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    struct ms_rng r;
+    ms_rng_seed(&r, 7);
+    uint16_t *buf = malloc(sizeof(uint16_t) * (size_t)VOCAB * D); /* the largest tensor */
+    int ok = buf && stw_begin(w, path, err, sizeof err) == 0;
+    for (int i = 0; ok && i < n; i++) {
+        size_t cnt = stw_tensor_nbytes(w, i) / 2;
+        float scale = t[i].ndim == 1 ? 0.0f : 1.0f / 32.0f;
+        for (size_t j = 0; j < cnt; j++) {
+            float u = (float)((double)(ms_rng_next(&r) >> 40) * 0x1p-24 - 0.5);
+            buf[j] = ms_f32_to_bf16(t[i].ndim == 1 ? 1.0f : u * scale * 4);
+        }
+        ok = stw_write_tensor(w, i, 0, buf, cnt * 2, err, sizeof err) == 0;
+        total += cnt * 2;
+    }
+    ok = ok && stw_end(w, err, sizeof err) == 0;
+    if (!ok) fprintf(stderr, "write_model: %s\n", err);
+    (void)name;
+    free(buf);
+    stw_free(w);
+    return ok ? total : 0;
+}
+
+/* RSS growth from loading `dir` and running one prefill of 64 tokens (top-2 of 8 experts over
+ * 64 tokens reaches every expert of every layer, so every weight page is read). */
+static long load_and_run(const char *dir, enum model_dtype dtype, size_t *weight_bytes)
+{
+    long before = rss_bytes();
+    struct model_load_opts lo;
+    model_load_opts_default(&lo);
+    lo.require_tokenizer = false;
+    lo.dtype = dtype;
+    struct model *m = NULL;
+    struct engine *e = NULL;
+    char err[MS_ERR_LEN];
+    long grew = -1;
+    if (model_load(dir, &lo, &m, err, sizeof err) != 0) {
+        fprintf(stderr, "model_load: %s\n", err);
+        return -1;
+    }
+    *weight_bytes = m->weight_bytes;
+    struct engine_params ep;
+    engine_params_default(&ep);
+    ep.max_seqs = 1;
+    ep.max_batch_tokens = 64;
+    ep.max_model_len = 64;
+    ep.kv_cache_bytes = (size_t)LAYERS * 2 * 64 * KV * HD * sizeof(float);
+    if (engine_create(m, &ep, &e, err, sizeof err) != 0) {
+        fprintf(stderr, "engine_create: %s\n", err);
+        goto out;
+    }
+    int32_t ids[64];
+    for (int i = 0; i < 64; i++) ids[i] = (i * 37 + 11) % VOCAB;
+    float *logits = malloc(sizeof(float) * VOCAB);
+    struct kv_seq s;
+    engine_seq_init(e, &s);
+    struct engine_item it = {.kv = &s, .tokens = ids, .n_tokens = 64, .n_logits = 1,
+                             .logits = logits};
+    if (engine_step(e, &it, 1, err, sizeof err) == 0) {
+        const struct engine_stats *st = engine_get_stats(e);
+        int used = 0;
+        for (int x = 0; x < LAYERS * EXPERTS; x++) used += st->expert_rows[x] > 0;
+        CHECKF(used == LAYERS * EXPERTS, "the prefill reached %d of %d experts", used,
+               LAYERS * EXPERTS);
+        grew = rss_bytes() - before;
+    } else {
+        fprintf(stderr, "engine_step: %s\n", err);
+    }
+    engine_seq_free(e, &s);
+    free(logits);
+out:
+    engine_free(e);
+    model_free(m);
+    return grew;
+}
+
+int main(void)
+{
+    char dir[] = "/tmp/moeserve-memtest-XXXXXX";
+    if (!mkdtemp(dir)) {
+        CHECKF(0, "mkdtemp: %s", strerror(errno));
+        return test_done("test_model_memory");
+    }
+    size_t file_bytes = write_model(dir);
+    CHECK(file_bytes > 100u << 20);
+    if (file_bytes) {
+        size_t wb = 0;
+        long grew = load_and_run(dir, MODEL_DTYPE_AUTO, &wb);
+        /* weights in memory: the bf16 matrices (borrowed) and the norms as f32 */
+        CHECKF(wb < file_bytes + file_bytes / 100, "weights in memory %zu vs %zu in the file", wb,
+               file_bytes);
+        printf("bf16 checkpoint, %.1f MB of weights: resident set grew %.1f MB (%.2fx; bound "
+               "%.2fx)\n",
+               file_bytes / 1e6, grew / 1e6, (double)grew / file_bytes, RSS_BOUND);
+        CHECKF(grew > 0 && (double)grew <= RSS_BOUND * (double)file_bytes,
+               "resident set grew %ld bytes for %zu bytes of weights", grew, file_bytes);
+        long grew32 = load_and_run(dir, MODEL_DTYPE_F32, &wb);
+        printf("the same with --dtype float32 (an f32 copy): grew %.1f MB (%.2fx)\n", grew32 / 1e6,
+               (double)grew32 / file_bytes);
+        CHECKF((double)grew32 > 2.0 * (double)file_bytes,
+               "an f32 copy grew the resident set by only %ld bytes", grew32);
+    }
+    char path[600];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    unlink(path);
+    rmdir(dir);
+    return test_done("test_model_memory");
+}

@@ -1,0 +1,165 @@
+/* Quantized weights in the forward pass: every fixture architecture loaded with
+ * --quantization int8 and int4 against a reference made in the test from the same quantized
+ * weights — each quantized matrix dequantized to f32 and run through the f32 path. What is left
+ * between the two is the int8 quantization of activations (per block of 32) that the int8 dot
+ * products need, so the bound is the size of that rounding, not of weight quantization. Also
+ * checks which matrices are quantized (attention, experts, dense FFNs, LM head) and which stay
+ * as they are (embeddings, routers). */
+#include <math.h>
+
+#include "common.h"
+#include "engine.h"
+#include "golden.h"
+#include "model.h"
+#include "test.h"
+
+/* Bounds on the per-position normwise error of the logits. int8 activations of 127 levels per
+ * block of 32 leave about 0.6% per product, 1-2% in the logits of these tiny random models
+ * (the test prints the figures). A position where the two runs route a token to different
+ * experts differs by much more (up to ~20% here): that is another computation, not rounding,
+ * so such positions only meet the loose max; a wrong kernel moves every position. */
+#define TOL_MEDIAN 3e-2
+#define TOL_P90 5e-2
+#define TOL_MAX 0.5
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+struct deq {
+    float *bufs[4096];
+    struct wmat *mats[64];
+    int n_bufs, n_mats;
+};
+
+/* r (an f32 matrix of the reference model) takes q's dequantized values when q is quantized. */
+static void take(struct deq *d, const struct wmat *q, const struct wmat *r)
+{
+    if (!q || !r || !wtype_is_quant(q->type) || d->n_bufs == 4096) return;
+    float *f = malloc(sizeof(float) * (size_t)q->rows * q->cols);
+    if (!f) return;
+    for (int i = 0; i < q->rows; i++) wmat_row_f32(q, i, f + (size_t)i * q->cols);
+    struct wmat *w = (struct wmat *)r; /* the reference model's own storage */
+    w->type = WTYPE_F32;
+    w->data = f;
+    d->bufs[d->n_bufs++] = f;
+}
+
+static void take_ffn(struct deq *d, const struct ffn_w *q, const struct ffn_w *r)
+{
+    take(d, q->gate, r->gate);
+    take(d, q->up, r->up);
+    take(d, q->down, r->down);
+}
+
+static bool quantized(const struct wmat *w)
+{
+    return w && wtype_is_quant(w->type);
+}
+
+static void check_model(const char *tests, const char *name, enum model_quant quant)
+{
+    char dir[512], err[MS_ERR_LEN];
+    snprintf(dir, sizeof dir, "%s/fixtures/models/%s", tests, name);
+    struct model_load_opts lo;
+    model_load_opts_default(&lo);
+    lo.quant = quant;
+    struct model *mq = NULL, *mr = NULL;
+    struct st_archive *ref = NULL;
+    struct deq d = {.n_bufs = 0};
+    CHECKF(model_load(dir, &lo, &mq, err, sizeof err) == 0, "%s: %s", name, err);
+    lo.quant = MODEL_QUANT_NONE;
+    lo.dtype = MODEL_DTYPE_F32;
+    CHECKF(model_load(dir, &lo, &mr, err, sizeof err) == 0, "%s: %s", name, err);
+    snprintf(dir, sizeof dir, "%s/fixtures/models/%s/reference.safetensors", tests, name);
+    CHECKF(st_open_file(dir, &ref, err, sizeof err) == 0, "%s: %s", name, err);
+    if (!mq || !mr || !ref) goto out;
+    const struct model_desc *md = &mq->desc;
+
+    /* What is quantized and what is not. */
+    bool ok = quantized(mq->lm_head) && !quantized(mq->embed);
+    for (int l = 0; l < md->n_layer; l++) {
+        const struct layer_w *q = &mq->layers[l], *r = &mr->layers[l];
+        ok = ok && quantized(q->wq) && quantized(q->wk) && quantized(q->wv) && quantized(q->wo);
+        take(&d, q->wq, r->wq), take(&d, q->wk, r->wk), take(&d, q->wv, r->wv);
+        take(&d, q->wo, r->wo);
+        if (!md->layer_is_moe[l]) {
+            ok = ok && quantized(q->dense.gate);
+            take_ffn(&d, &q->dense, &r->dense);
+            continue;
+        }
+        ok = ok && !quantized(q->router) && !quantized(q->group_router);
+        for (int e = 0; e < md->n_expert; e++) {
+            ok = ok && quantized(q->experts[e].gate) && quantized(q->experts[e].down);
+            take_ffn(&d, &q->experts[e], &r->experts[e]);
+        }
+        for (int s = 0; s < md->n_shared; s++) take_ffn(&d, &q->shared[s], &r->shared[s]);
+    }
+    CHECKF(ok, "%s %s: a matrix is quantized that should not be, or the reverse", name,
+           model_quant_name(quant));
+    if (mr->lm_head == mr->embed && d.n_mats < 64) {
+        /* tied: the reference's head gets a matrix of its own, the embedding stays */
+        struct wmat *h = malloc(sizeof *h);
+        *h = *mr->embed;
+        mr->lm_head = h;
+        d.mats[d.n_mats++] = h;
+    }
+    take(&d, mq->lm_head, mr->lm_head);
+
+    struct golden_prompt p[GOLDEN_MAX_PROMPTS];
+    int np = golden_load_prompts(ref, p), V = md->vocab;
+    struct engine *eq = golden_engine(mq, 1), *er = golden_engine(mr, 1);
+    CHECK(eq && er && np >= 2);
+    /* per position: ||logits - reference|| / ||reference|| */
+    double errs[GOLDEN_MAX_PROMPTS * 128];
+    int n_err = 0;
+    for (int i = 0; i < np && eq && er; i++) {
+        float *a = malloc(sizeof(float) * (size_t)p[i].n * V);
+        float *b = malloc(sizeof(float) * (size_t)p[i].n * V);
+        CHECK(golden_prefill(eq, &p[i], 0, a) == 0);
+        CHECK(golden_prefill(er, &p[i], 0, b) == 0);
+        for (int t = 0; t < p[i].n && n_err < GOLDEN_MAX_PROMPTS * 128; t++) {
+            double num = 0, den = 0;
+            for (int v = 0; v < V; v++) {
+                double x = a[(size_t)t * V + v], y = b[(size_t)t * V + v];
+                num += (x - y) * (x - y);
+                den += y * y;
+            }
+            errs[n_err++] = sqrt(num / den);
+        }
+        free(a);
+        free(b);
+    }
+    qsort(errs, (size_t)n_err, sizeof errs[0], cmp_double);
+    double med = n_err ? errs[n_err / 2] : 1, p90 = n_err ? errs[n_err * 9 / 10] : 1,
+           mx = n_err ? errs[n_err - 1] : 1;
+    printf("%-16s %s: per-position error vs its weights dequantized in f32: median %.2e, "
+           "90th percentile %.2e, max %.2e (%d positions)\n",
+           name, model_quant_name(quant), med, p90, mx, n_err);
+    CHECKF(med <= TOL_MEDIAN && p90 <= TOL_P90 && mx <= TOL_MAX,
+           "%s %s: median %.3g, 90th percentile %.3g, max %.3g", name, model_quant_name(quant),
+           med, p90, mx);
+    engine_free(eq);
+    engine_free(er);
+out:
+    for (int i = 0; i < d.n_bufs; i++) free(d.bufs[i]);
+    for (int i = 0; i < d.n_mats; i++) free(d.mats[i]);
+    st_close(ref);
+    model_free(mq);
+    model_free(mr);
+}
+
+int main(int argc, char **argv)
+{
+    const char *tests = argc > 1 ? argv[1] : "tests";
+    static const char *names[] = {"mixtral",      "qwen2_moe",      "qwen3_moe", "olmoe",
+                                  "mohge_tiny",   "mixtral_bf16",   "qwen2_moe_bf16",
+                                  "qwen3_moe_bf16", "olmoe_bf16"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        check_model(tests, names[i], MODEL_QUANT_INT8);
+        check_model(tests, names[i], MODEL_QUANT_INT4);
+    }
+    return test_done("test_quant");
+}

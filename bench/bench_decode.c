@@ -11,6 +11,7 @@
  *
  *   make_synthetic_model /tmp/mixtral1b --params 1B --dtype bf16
  *   bench_decode /tmp/mixtral1b --device cuda --batch 1,32,256 [--context 128] [--steps 32]
+ *                [--dtype auto|bfloat16|float32] [--quantization none|int8|int4]
  *
  * Prints one table row per batch size; --json adds one JSON object per row on stdout. */
 #include <math.h>
@@ -167,13 +168,16 @@ int main(int argc, char **argv)
 {
     if (argc < 2 || argv[1][0] == '-') {
         fprintf(stderr, "usage: bench_decode MODEL_DIR [--device cpu|cuda] [--batch 1,32,256] "
-                        "[--context 128] [--steps 32] [--json]\n");
+                        "[--context 128] [--steps 32] [--dtype D] [--quantization Q] [--json]\n");
         return 2;
     }
     const char *dir = argv[1];
     enum engine_backend backend = ENGINE_BACKEND_CPU;
     int batches[MAX_BATCHES] = {1, 32, 256}, n_batch = 3, context = 128, steps = 32;
     bool json = false;
+    struct model_load_opts lo;
+    model_load_opts_default(&lo);
+    lo.require_tokenizer = false;
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--json") == 0) {
@@ -189,14 +193,13 @@ int main(int argc, char **argv)
         if (strcmp(a, "--batch") == 0 && (n_batch = parse_batches(v, batches)) > 0) continue;
         if (strcmp(a, "--context") == 0 && (context = atoi(v)) >= 1) continue;
         if (strcmp(a, "--steps") == 0 && (steps = atoi(v)) >= 1) continue;
+        if (strcmp(a, "--dtype") == 0 && model_dtype_parse(v, &lo.dtype) == 0) continue;
+        if (strcmp(a, "--quantization") == 0 && model_quant_parse(v, &lo.quant) == 0) continue;
         fprintf(stderr, "bench_decode: bad option %s %s\n", a, v);
         return 2;
     }
 
     char err[MS_ERR_LEN];
-    struct model_load_opts lo;
-    model_load_opts_default(&lo);
-    lo.require_tokenizer = false;
     struct model *m = NULL;
     if (model_load(dir, &lo, &m, err, sizeof err) != 0) {
         fprintf(stderr, "bench_decode: %s\n", err);

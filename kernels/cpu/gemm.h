@@ -98,10 +98,32 @@ const char *cpu_features_string(void);
 int cpu_has_avx512_bf16(void);
 int cpu_has_avx512_vnni(void);
 
-/* Shared by the ISA files: the activation row stride and the Q8 block count. */
+/* Shared by the ISA files: the activation row length, padded. */
 static inline int act_kpad(int k)
 {
     return (k + ACT_PAD - 1) / ACT_PAD * ACT_PAD;
+}
+
+/* ACT_Q8 in buf for n rows of k: the int8 rows (n, kp), then the scales (n, nb), then the
+ * sums (n, nb). Sets everything of *out but the data. */
+static inline void act_q8_layout(struct act *out, void *buf, int n, int k)
+{
+    int kp = act_kpad(k);
+    *out = (struct act){.kind = ACT_Q8, .n = n, .k = k, .data = buf, .stride = (size_t)kp,
+                        .nb = kp / 32};
+    out->dx = (const float *)((char *)buf + (size_t)n * kp);
+    out->isum = (const int32_t *)(out->dx + (size_t)n * out->nb);
+}
+
+/* Quantizes rows [i0, i1) of x into the ACT_Q8 layout with one ISA's row function. */
+static inline void act_q8_rows(struct act *out, const float *x, size_t ldx, int i0, int i1,
+                               void (*row)(const float *x, int k, int kp, int8_t *q, float *dx,
+                                           int32_t *isum))
+{
+    int kp = (int)out->stride;
+    for (int i = i0; i < i1; i++)
+        row(x + (size_t)i * ldx, out->k, kp, (int8_t *)out->data + (size_t)i * kp,
+            (float *)out->dx + (size_t)i * out->nb, (int32_t *)out->isum + (size_t)i * out->nb);
 }
 
 #endif

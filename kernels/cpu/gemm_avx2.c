@@ -123,14 +123,8 @@ static void v_act_prepare(enum act_kind kind, int bf16_round, const float *x, si
     int kp = act_kpad(k);
     *out = (struct act){.kind = kind, .n = n, .k = k, .data = buf};
     if (kind == ACT_Q8) {
-        out->stride = (size_t)kp;
-        out->nb = kp / 32;
-        out->dx = (const float *)((char *)buf + (size_t)n * kp);
-        out->isum = (const int32_t *)(out->dx + (size_t)n * out->nb);
-        for (int i = i0; i < i1; i++)
-            prep_q8_row(x + (size_t)i * ldx, k, kp, (int8_t *)buf + (size_t)i * kp,
-                        (float *)out->dx + (size_t)i * out->nb,
-                        (int32_t *)out->isum + (size_t)i * out->nb);
+        act_q8_layout(out, buf, n, k);
+        act_q8_rows(out, x, ldx, i0, i1, prep_q8_row);
         return;
     }
     /* ACT_F32 and ACT_EO (an ACT_BF16 request, from tests, is EO rounded to bf16) */
@@ -240,35 +234,6 @@ tile(const int tw, const void *w, size_t ldw, const unsigned char *x, size_t ldx
     }
 }
 
-#define XB 64
-
-static inline __attribute__((always_inline)) void
-gemm_float(const int tw, const void *w, size_t esize, int k, const struct act *a, float *y,
-           size_t ldy, int r0, int r1)
-{
-    const unsigned char *wb = w, *xd = a->data;
-    size_t ldw = (size_t)k, rb = esize * (size_t)k;
-    for (int ib = 0; ib < a->n; ib += XB) {
-        int ie = ib + XB < a->n ? ib + XB : a->n;
-        int j = r0;
-        for (; j + 4 <= r1; j += 4) {
-            const void *wj = wb + (size_t)j * rb;
-            float *yj = y + (j - r0);
-            int i = ib;
-            for (; i + 4 <= ie; i += 4)
-                tile(tw, wj, ldw, xd + i * a->stride, a->stride, k, yj + i * ldy, ldy, 4, 4);
-            switch (ie - i) {
-            case 3: tile(tw, wj, ldw, xd + i * a->stride, a->stride, k, yj + i * ldy, ldy, 3, 4); break;
-            case 2: tile(tw, wj, ldw, xd + i * a->stride, a->stride, k, yj + i * ldy, ldy, 2, 4); break;
-            case 1: tile(tw, wj, ldw, xd + i * a->stride, a->stride, k, yj + i * ldy, ldy, 1, 4); break;
-            }
-        }
-        for (; j < r1; j++)
-            for (int i = ib; i < ie; i++)
-                tile(tw, wb + (size_t)j * rb, ldw, xd + i * a->stride, a->stride, k,
-                     y + i * ldy + (j - r0), ldy, 1, 1);
-    }
-}
 
 /* --- quantized weights --------------------------------------------------------------------- */
 
@@ -359,29 +324,7 @@ tile_q(enum wtype type, const unsigned char *recs, int nb, const struct act *a, 
     }
 }
 
-static void gemm_q(const struct wmat *w, const struct act *a, float *y, size_t ldy, int r0, int r1)
-{
-    int nb = wq_blocks(w->cols);
-    for (int t = r0 / WQ_TILE; t * WQ_TILE < r1; t++) {
-        const unsigned char *recs =
-            (const unsigned char *)w->data + wq_record_offset(w->type, w->cols, t, 0);
-        int rows = r1 - t * WQ_TILE < WQ_TILE ? r1 - t * WQ_TILE : WQ_TILE;
-        float *yt = y + ((size_t)t * WQ_TILE - (size_t)r0);
-        int i = 0;
-        for (; i + QR <= a->n; i += QR) {
-            if (w->type == WTYPE_Q8)
-                tile_q(WTYPE_Q8, recs, nb, a, i, yt + (size_t)i * ldy, ldy, rows, QR);
-            else
-                tile_q(WTYPE_Q4, recs, nb, a, i, yt + (size_t)i * ldy, ldy, rows, QR);
-        }
-        for (; i < a->n; i++) {
-            if (w->type == WTYPE_Q8)
-                tile_q(WTYPE_Q8, recs, nb, a, i, yt + (size_t)i * ldy, ldy, rows, 1);
-            else
-                tile_q(WTYPE_Q4, recs, nb, a, i, yt + (size_t)i * ldy, ldy, rows, 1);
-        }
-    }
-}
+#include "gemm_loops.h"
 
 static void v_gemm(const struct wmat *w, const struct act *a, float *y, size_t ldy, int r0, int r1)
 {

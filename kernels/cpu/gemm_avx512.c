@@ -120,14 +120,8 @@ static void x_act_prepare(enum act_kind kind, int bf16_round, const float *x, si
     int kp = act_kpad(k);
     *out = (struct act){.kind = kind, .n = n, .k = k, .data = buf};
     if (kind == ACT_Q8) {
-        out->stride = (size_t)kp;
-        out->nb = kp / 32;
-        out->dx = (const float *)((char *)buf + (size_t)n * kp);
-        out->isum = (const int32_t *)(out->dx + (size_t)n * out->nb);
-        for (int i = i0; i < i1; i++)
-            prep_q8_row(x + (size_t)i * ldx, k, kp, (int8_t *)buf + (size_t)i * kp,
-                        (float *)out->dx + (size_t)i * out->nb,
-                        (int32_t *)out->isum + (size_t)i * out->nb);
+        act_q8_layout(out, buf, n, k);
+        act_q8_rows(out, x, ldx, i0, i1, prep_q8_row);
         return;
     }
     const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
@@ -257,60 +251,6 @@ tile(const int tw, const void *w, size_t ldw, const unsigned char *x, size_t ldx
     }
 }
 
-/* Activation rows are taken in blocks of XB so that they stay in L2 while a thread's weight
- * rows stream past once per block. */
-#define XB 64
-
-static inline __attribute__((always_inline)) void
-gemm_float(const int tw, const void *w, size_t esize, int k, const struct act *a, float *y,
-           size_t ldy, int r0, int r1)
-{
-    const unsigned char *wb = w, *xd = a->data;
-    size_t ldw = (size_t)k, rb = esize * (size_t)k;
-    for (int ib = 0; ib < a->n; ib += XB) {
-        int ie = ib + XB < a->n ? ib + XB : a->n;
-        int j = r0;
-        for (; j + 4 <= r1; j += 4) {
-            const void *wj = wb + (size_t)j * rb;
-            int i = ib;
-            for (; i + 4 <= ie; i += 4)
-                tile(tw, wj, ldw, xd + i * a->stride, a->stride, k, y + i * ldy + (j - r0), ldy, 4, 4);
-            switch (ie - i) {
-            case 3: tile(tw, wj, ldw, xd + i * a->stride, a->stride, k, y + i * ldy + (j - r0), ldy, 3, 4); break;
-            case 2: tile(tw, wj, ldw, xd + i * a->stride, a->stride, k, y + i * ldy + (j - r0), ldy, 2, 4); break;
-            case 1: tile(tw, wj, ldw, xd + i * a->stride, a->stride, k, y + i * ldy + (j - r0), ldy, 1, 4); break;
-            }
-        }
-        for (; j < r1; j++)
-            for (int i = ib; i < ie; i++)
-                tile(tw, wb + (size_t)j * rb, ldw, xd + i * a->stride, a->stride, k,
-                     y + i * ldy + (j - r0), ldy, 1, 1);
-    }
-}
-
-static void gemm_f32(const struct wmat *w, const struct act *a, float *y, size_t ldy, int r0, int r1)
-{
-    gemm_float(TW_F32, w->data, 4, w->cols, a, y, ldy, r0, r1);
-}
-
-static void gemm_f16(const struct wmat *w, const struct act *a, float *y, size_t ldy, int r0, int r1)
-{
-    gemm_float(TW_F16, w->data, 2, w->cols, a, y, ldy, r0, r1);
-}
-
-static void gemm_bf16_eo(const struct wmat *w, const struct act *a, float *y, size_t ldy, int r0,
-                         int r1)
-{
-    gemm_float(TW_BF16_EO, w->data, 2, w->cols, a, y, ldy, r0, r1);
-}
-
-#ifdef __AVX512BF16__
-static void gemm_bf16_dp(const struct wmat *w, const struct act *a, float *y, size_t ldy, int r0,
-                         int r1)
-{
-    gemm_float(TW_BF16_DP, w->data, 2, w->cols, a, y, ldy, r0, r1);
-}
-#endif
 
 /* --- quantized weights --------------------------------------------------------------------- */
 
@@ -369,43 +309,21 @@ tile_q(enum wtype type, const unsigned char *recs, int nb, const struct act *a, 
         _mm512_mask_storeu_ps(y + (size_t)i * ldy, mask16(rows), acc[i]);
 }
 
-static void gemm_q(const struct wmat *w, const struct act *a, float *y, size_t ldy, int r0, int r1)
-{
-    int nb = wq_blocks(w->cols);
-    for (int t = r0 / WQ_TILE; t * WQ_TILE < r1; t++) {
-        const unsigned char *recs =
-            (const unsigned char *)w->data + wq_record_offset(w->type, w->cols, t, 0);
-        int rows = r1 - t * WQ_TILE < WQ_TILE ? r1 - t * WQ_TILE : WQ_TILE;
-        float *yt = y + ((size_t)t * WQ_TILE - (size_t)r0);
-        int i = 0;
-        for (; i + QR <= a->n; i += QR) {
-            if (w->type == WTYPE_Q8)
-                tile_q(WTYPE_Q8, recs, nb, a, i, yt + (size_t)i * ldy, ldy, rows, QR);
-            else
-                tile_q(WTYPE_Q4, recs, nb, a, i, yt + (size_t)i * ldy, ldy, rows, QR);
-        }
-        for (; i < a->n; i++) {
-            if (w->type == WTYPE_Q8)
-                tile_q(WTYPE_Q8, recs, nb, a, i, yt + (size_t)i * ldy, ldy, rows, 1);
-            else
-                tile_q(WTYPE_Q4, recs, nb, a, i, yt + (size_t)i * ldy, ldy, rows, 1);
-        }
-    }
-}
+#include "gemm_loops.h"
 
 static void x_gemm(const struct wmat *w, const struct act *a, float *y, size_t ldy, int r0, int r1)
 {
     switch (w->type) {
-    case WTYPE_F32: gemm_f32(w, a, y, ldy, r0, r1); return;
-    case WTYPE_F16: gemm_f16(w, a, y, ldy, r0, r1); return;
+    case WTYPE_F32: gemm_float(TW_F32, w->data, 4, w->cols, a, y, ldy, r0, r1); return;
+    case WTYPE_F16: gemm_float(TW_F16, w->data, 2, w->cols, a, y, ldy, r0, r1); return;
     case WTYPE_BF16:
 #ifdef __AVX512BF16__
         if (a->kind == ACT_BF16) {
-            gemm_bf16_dp(w, a, y, ldy, r0, r1);
+            gemm_float(TW_BF16_DP, w->data, 2, w->cols, a, y, ldy, r0, r1);
             return;
         }
 #endif
-        gemm_bf16_eo(w, a, y, ldy, r0, r1);
+        gemm_float(TW_BF16_EO, w->data, 2, w->cols, a, y, ldy, r0, r1);
         return;
     case WTYPE_Q8:
     case WTYPE_Q4: gemm_q(w, a, y, ldy, r0, r1); return;

@@ -36,14 +36,8 @@ static void p_act_prepare(enum act_kind kind, int bf16_round, const float *x, si
     int kp = act_kpad(k);
     *out = (struct act){.kind = kind, .n = n, .k = k, .data = buf};
     if (kind == ACT_Q8) {
-        out->stride = (size_t)kp;
-        out->nb = kp / 32;
-        out->dx = (const float *)((char *)buf + (size_t)n * kp);
-        out->isum = (const int32_t *)(out->dx + (size_t)n * out->nb);
-        for (int i = i0; i < i1; i++)
-            quantize_row_q8(x + (size_t)i * ldx, k, kp, (int8_t *)buf + (size_t)i * kp,
-                            (float *)out->dx + (size_t)i * out->nb,
-                            (int32_t *)out->isum + (size_t)i * out->nb);
+        act_q8_layout(out, buf, n, k);
+        act_q8_rows(out, x, ldx, i0, i1, quantize_row_q8);
         return;
     }
     /* The portable kernels read f32 rows for every float weight type (p_act_kind); a request

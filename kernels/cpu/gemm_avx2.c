@@ -183,7 +183,7 @@ static inline __m256i ld_bf16(const uint16_t *p, int c, int k)
 
 static inline __attribute__((always_inline)) void
 tile(const int tw, const void *w, size_t ldw, const unsigned char *x, size_t ldx, int k, float *y,
-     size_t ldy, const int R, const int C)
+     size_t ldy, size_t ystep, const int R, const int C)
 {
     const __m256i hi = _mm256_set1_epi32((int)0xffff0000u);
     const int step = tw == TW_BF16_EO ? 16 : 8;
@@ -226,10 +226,12 @@ tile(const int tw, const void *w, size_t ldw, const unsigned char *x, size_t ldx
 #pragma GCC unroll 4
     for (int i = 0; i < R; i++) {
         if (C == 4) {
-            _mm_storeu_ps(y + (size_t)i * ldy, hsum4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]));
+            float s[4];
+            _mm_storeu_ps(s, hsum4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]));
+            for (int j = 0; j < 4; j++) y[(size_t)i * ldy + (size_t)j * ystep] = s[j];
         } else {
 #pragma GCC unroll 4
-            for (int j = 0; j < C; j++) y[(size_t)i * ldy + j] = hsum(acc[i][j]);
+            for (int j = 0; j < C; j++) y[(size_t)i * ldy + (size_t)j * ystep] = hsum(acc[i][j]);
         }
     }
 }

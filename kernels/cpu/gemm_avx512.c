@@ -182,12 +182,13 @@ static inline __m512i ld_bf16(const void *w, int c, int k)
 /* Float weight kinds of the tile kernel. */
 enum { TW_F32, TW_F16, TW_BF16_EO, TW_BF16_DP };
 
-/* R activation rows x C weight rows (R, C <= 4), out[i * ldy + j]: one accumulator per pair,
+/* R activation rows x C weight rows (R, C <= 4; weight row j at w + j * ldw elements), out
+ * y[i * ldy + j * ystep]: one accumulator per pair,
  * chunks of 16 (f32, f16) or 32 (bf16) columns in order. Inlined with constant arguments, so
  * the unrolled accumulators live in registers and the type tests fold away. */
 static inline __attribute__((always_inline)) void
 tile(const int tw, const void *w, size_t ldw, const unsigned char *x, size_t ldx, int k, float *y,
-     size_t ldy, const int R, const int C)
+     size_t ldy, size_t ystep, const int R, const int C)
 {
     const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
     const int step = tw == TW_F32 || tw == TW_F16 ? 16 : 32;
@@ -201,10 +202,6 @@ tile(const int tw, const void *w, size_t ldw, const unsigned char *x, size_t ldx
         __m512i wi[4];
 #pragma GCC unroll 4
         for (int j = 0; j < C; j++) {
-            /* The same place in the next tile's rows: a sequential stream the hardware
-             * prefetchers miss when rows are read four at a time. */
-            _mm_prefetch((const char *)w + ((size_t)(j + C) * ldw + (size_t)c) * (tw == TW_F32 ? 4 : 2),
-                         _MM_HINT_T0);
             if (tw == TW_F32) {
                 wa[j] = ld_f32((const float *)w + j * ldw, c, k);
             } else if (tw == TW_F16) {
@@ -243,10 +240,12 @@ tile(const int tw, const void *w, size_t ldw, const unsigned char *x, size_t ldx
 #pragma GCC unroll 4
     for (int i = 0; i < R; i++) {
         if (C == 4) {
-            _mm_storeu_ps(y + (size_t)i * ldy, hsum4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]));
+            float s[4];
+            _mm_storeu_ps(s, hsum4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]));
+            for (int j = 0; j < 4; j++) y[(size_t)i * ldy + (size_t)j * ystep] = s[j];
         } else {
 #pragma GCC unroll 4
-            for (int j = 0; j < C; j++) y[(size_t)i * ldy + j] = hsum(acc[i][j]);
+            for (int j = 0; j < C; j++) y[(size_t)i * ldy + (size_t)j * ystep] = hsum(acc[i][j]);
         }
     }
 }

@@ -323,13 +323,17 @@ static void test_loop_thread(const struct model *m, int32_t alone[N_REQ][MAX_TOK
             enum sched_finish f = r[i]->out.finish;
             sched_req_unlock(r[i]);
             if (f != SCHED_FINISH_NONE) break;
+            /* Never hold w.mu while taking the request's lock: notify runs under the latter
+             * and takes the former. */
             pthread_mutex_lock(&w.mu);
             int seen = w.notified;
+            pthread_mutex_unlock(&w.mu);
             sched_req_lock(r[i]);
             f = r[i]->out.finish;
             sched_req_unlock(r[i]);
-            while (f == SCHED_FINISH_NONE && w.notified == seen)
-                pthread_cond_wait(&w.cv, &w.mu);
+            if (f != SCHED_FINISH_NONE) break;
+            pthread_mutex_lock(&w.mu);
+            while (w.notified == seen) pthread_cond_wait(&w.cv, &w.mu);
             pthread_mutex_unlock(&w.mu);
         }
         sched_req_lock(r[i]);

@@ -1,13 +1,13 @@
-/* Thread pool: one job at a time, tasks taken from an atomic counter, workers that spin briefly
- * and then sleep on a futex (the job generation). See pool.h.
+/* Thread pool: one job at a time, tasks handed out one by one, workers that spin briefly and
+ * then sleep on a futex (the job generation). See pool.h.
  *
- * Protocol (a sequence lock on the job): `gen` is even when a job is published and odd while
- * the caller rewrites it. The caller makes it odd, waits until no worker is `active`, writes
- * fn/ctx/n_tasks, and makes it even again. A worker that sees a new even generation announces
- * itself in `active` and re-reads `gen`: if it changed, the worker is stale and leaves;
- * otherwise the caller cannot rewrite the job until the worker leaves. `done` counts finished
- * tasks; the caller returns when all are done (a worker that finds no task left touches
- * nothing of the job). */
+ * Protocol: `gen` is even when a job is published and odd while the caller rewrites it (a
+ * sequence lock): a worker copies fn/ctx/n_tasks between two reads of `gen` and keeps the copy
+ * only if both read the same even value. Tasks are claimed from `ticket`, which holds the job's
+ * number next to the next task index, with a compare-and-swap: a worker holding a stale copy
+ * finds another job number and claims nothing, so the caller never waits for slow or
+ * descheduled workers before starting a job, only for the tasks they claimed. `done` counts
+ * finished tasks of the current job; the caller returns when all are done. */
 #include "pool.h"
 
 #include <errno.h>
@@ -41,15 +41,14 @@ struct pool {
     int started;
     long spin_ns;
 
-    _Atomic uint32_t gen;   /* futex word */
+    _Atomic uint32_t gen;   /* futex word; even: published */
     _Atomic int sleepers;
-    _Atomic int active;
     _Atomic int quit;
-    /* the job: written by the caller before gen moves, read by workers after */
-    pool_fn fn;
-    void *ctx;
-    int n_tasks;
-    _Atomic int next;
+    /* the job, written while gen is odd */
+    _Atomic(pool_fn) fn;
+    _Atomic(void *) ctx;
+    _Atomic int n_tasks;
+    _Atomic uint64_t ticket; /* (job number << 32) | next task */
     _Atomic int done;
 };
 
@@ -70,13 +69,19 @@ static void futex_wake_all(_Atomic uint32_t *addr)
     syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
 }
 
-static void run_tasks(struct pool *p, pool_fn fn, void *ctx, int n_tasks, int thread)
+/* Claims and runs tasks of job `job` until none is left or the job is another one. */
+static void run_tasks(struct pool *p, uint32_t job, pool_fn fn, void *ctx, int n_tasks,
+                      int thread)
 {
+    uint64_t t = atomic_load_explicit(&p->ticket, memory_order_relaxed);
     for (;;) {
-        int t = atomic_fetch_add_explicit(&p->next, 1, memory_order_relaxed);
-        if (t >= n_tasks) break;
-        fn(ctx, t, thread);
+        if ((uint32_t)(t >> 32) != job || (int)(uint32_t)t >= n_tasks) return;
+        if (!atomic_compare_exchange_weak_explicit(&p->ticket, &t, t + 1, memory_order_acquire,
+                                                   memory_order_relaxed))
+            continue; /* t reloaded */
+        fn(ctx, (int)(uint32_t)t, thread);
         atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
+        t = atomic_load_explicit(&p->ticket, memory_order_relaxed);
     }
 }
 
@@ -107,12 +112,13 @@ static void *worker_main(void *arg)
     for (;;) {
         uint32_t g = wait_job(p, seen);
         if (atomic_load(&p->quit)) break;
-        atomic_fetch_add(&p->active, 1);
-        if (atomic_load(&p->gen) == g) {
-            run_tasks(p, p->fn, p->ctx, p->n_tasks, w->id);
-            seen = g;
-        }
-        atomic_fetch_sub_explicit(&p->active, 1, memory_order_release);
+        pool_fn fn = atomic_load_explicit(&p->fn, memory_order_relaxed);
+        void *ctx = atomic_load_explicit(&p->ctx, memory_order_relaxed);
+        int n_tasks = atomic_load_explicit(&p->n_tasks, memory_order_relaxed);
+        atomic_thread_fence(memory_order_acquire);
+        if (atomic_load_explicit(&p->gen, memory_order_relaxed) != g) continue; /* rewritten */
+        run_tasks(p, g / 2, fn, ctx, n_tasks, w->id);
+        seen = g;
     }
     return NULL;
 }
@@ -172,15 +178,16 @@ void pool_run(struct pool *p, pool_fn fn, void *ctx, int n_tasks)
         return;
     }
     uint32_t g = atomic_load_explicit(&p->gen, memory_order_relaxed);
-    atomic_store(&p->gen, g + 1); /* odd: the job is being rewritten */
-    while (atomic_load(&p->active) != 0) cpu_relax();
-    p->fn = fn;
-    p->ctx = ctx;
-    p->n_tasks = n_tasks;
-    atomic_store_explicit(&p->next, 0, memory_order_relaxed);
+    atomic_store_explicit(&p->gen, g + 1, memory_order_relaxed); /* odd: being rewritten */
+    atomic_thread_fence(memory_order_release);
+    atomic_store_explicit(&p->fn, fn, memory_order_relaxed);
+    atomic_store_explicit(&p->ctx, ctx, memory_order_relaxed);
+    atomic_store_explicit(&p->n_tasks, n_tasks, memory_order_relaxed);
     atomic_store_explicit(&p->done, 0, memory_order_relaxed);
+    uint32_t job = (g + 2) / 2;
+    atomic_store_explicit(&p->ticket, (uint64_t)job << 32, memory_order_relaxed);
     atomic_store(&p->gen, g + 2);
     if (atomic_load(&p->sleepers) > 0) futex_wake_all(&p->gen);
-    run_tasks(p, fn, ctx, n_tasks, 0);
+    run_tasks(p, job, fn, ctx, n_tasks, 0);
     while (atomic_load_explicit(&p->done, memory_order_acquire) < n_tasks) cpu_relax();
 }

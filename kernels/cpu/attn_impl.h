@@ -1,22 +1,30 @@
 /* Paged causal attention for one token and one KV head, written once and compiled by each
  * kernel file with its own vector primitives (see gemm.h, attn_head). The including file
- * defines ATTN_NAME and:
- *   float ATTN_DOT(const float *a, const float *b, int n)
- *   void  ATTN_AXPY(float *y, float a, const float *x, int n)          y += a * x
- *   void  ATTN_EXP(float *x, int n, float sub, float *sum)             x = exp(x - sub), sum
- * Keys are read once for all `group` query heads that share them (GQA). */
+ * defines ATTN_NAME, ATTN_W (positions per batch, <= 16) and:
+ *   void ATTN_DOTS(float *s, const float *q, const float *const *k, int cnt, int hd, float scale)
+ *        s[j] = scale * (q . k[j]) for j < cnt, each reduced in a fixed order whatever cnt
+ *   void ATTN_EXP(float *x, int n, float sub, float *sum)     x = exp(x - sub), sum of x
+ *   void ATTN_AXPYS(float *y, const float *p, const float *const *v, int cnt, int hd)
+ *        y += sum over j < cnt of p[j] * v[j]
+ * Keys and values are read once for all `group` query heads that share them (GQA), ATTN_W
+ * positions at a time, so reductions and the output's loads and stores are shared too. */
 
 static void ATTN_NAME(float *out, const float *q, int group, int hd, const float *k_cache,
                       const float *v_cache, const int32_t *table, int block_size, size_t row,
                       size_t head_off, int start, int pos, float scale, float *scratch)
 {
     int len = pos - start + 1;
-    for (int t = start; t <= pos; t++) {
-        const float *kt = k_cache +
-                          ((size_t)table[t / block_size] * block_size + t % block_size) * row +
-                          head_off;
+    const float *rows[ATTN_W];
+    for (int t0 = start; t0 <= pos; t0 += ATTN_W) {
+        int cnt = pos + 1 - t0 < ATTN_W ? pos + 1 - t0 : ATTN_W;
+        for (int j = 0; j < cnt; j++) {
+            int t = t0 + j;
+            rows[j] = k_cache + ((size_t)table[t / block_size] * block_size + t % block_size) * row +
+                      head_off;
+        }
         for (int g = 0; g < group; g++)
-            scratch[(size_t)g * len + (t - start)] = ATTN_DOT(q + (size_t)g * hd, kt, hd) * scale;
+            ATTN_DOTS(scratch + (size_t)g * len + (t0 - start), q + (size_t)g * hd, rows, cnt, hd,
+                      scale);
     }
     for (int g = 0; g < group; g++) {
         float *s = scratch + (size_t)g * len;
@@ -28,11 +36,15 @@ static void ATTN_NAME(float *out, const float *q, int group, int hd, const float
         for (int t = 0; t < len; t++) s[t] *= inv;
         memset(out + (size_t)g * hd, 0, sizeof(float) * (size_t)hd);
     }
-    for (int t = start; t <= pos; t++) {
-        const float *vt = v_cache +
-                          ((size_t)table[t / block_size] * block_size + t % block_size) * row +
-                          head_off;
+    for (int t0 = start; t0 <= pos; t0 += ATTN_W) {
+        int cnt = pos + 1 - t0 < ATTN_W ? pos + 1 - t0 : ATTN_W;
+        for (int j = 0; j < cnt; j++) {
+            int t = t0 + j;
+            rows[j] = v_cache + ((size_t)table[t / block_size] * block_size + t % block_size) * row +
+                      head_off;
+        }
         for (int g = 0; g < group; g++)
-            ATTN_AXPY(out + (size_t)g * hd, scratch[(size_t)g * len + (t - start)], vt, hd);
+            ATTN_AXPYS(out + (size_t)g * hd, scratch + (size_t)g * len + (t0 - start), rows, cnt,
+                       hd);
     }
 }

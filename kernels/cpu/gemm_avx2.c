@@ -353,23 +353,43 @@ static void v_silu_mul(float *out, const float *g, const float *u, int n)
     for (; i < n; i++) out[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
-static float v_dot(const float *a, const float *b, int n)
+/* Eight dot products q . k[j] over hd (16 registers hold eight accumulators and their
+ * inputs), reduced four at a time by hsum4. */
+static void v_dots(float *s, const float *q, const float *const *k, int cnt, int hd, float scale)
 {
-    __m256 acc = _mm256_setzero_ps();
+    __m256 acc[8];
+    const float *kk[8];
+    for (int j = 0; j < 8; j++) {
+        acc[j] = _mm256_setzero_ps();
+        kk[j] = k[j < cnt ? j : cnt - 1];
+    }
     int i = 0;
-    for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
-    float s = hsum(acc);
-    for (; i < n; i++) s += a[i] * b[i];
-    return s;
+    for (; i + 8 <= hd; i += 8) {
+        __m256 qv = _mm256_loadu_ps(q + i);
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) acc[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kk[j] + i), acc[j]);
+    }
+    if (i < hd) {
+        __m256 qv = load_part(q + i, hd - i);
+        for (int j = 0; j < 8; j++) acc[j] = _mm256_fmadd_ps(qv, load_part(kk[j] + i, hd - i), acc[j]);
+    }
+    float r[8];
+    _mm_storeu_ps(r, hsum4(acc[0], acc[1], acc[2], acc[3]));
+    _mm_storeu_ps(r + 4, hsum4(acc[4], acc[5], acc[6], acc[7]));
+    for (int j = 0; j < cnt; j++) s[j] = r[j] * scale;
 }
 
-static void v_axpy(float *y, float a, const float *x, int n)
+static void v_axpys(float *y, const float *p, const float *const *v, int cnt, int hd)
 {
-    __m256 av = _mm256_set1_ps(a);
     int i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
-    for (; i < n; i++) y[i] += a * x[i];
+    for (; i + 8 <= hd; i += 8) {
+        __m256 acc = _mm256_loadu_ps(y + i);
+        for (int j = 0; j < cnt; j++)
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(v[j] + i), acc);
+        _mm256_storeu_ps(y + i, acc);
+    }
+    for (; i < hd; i++)
+        for (int j = 0; j < cnt; j++) y[i] += p[j] * v[j][i];
 }
 
 static void v_exp_inplace(float *x, int n, float sub, float *sum)
@@ -389,8 +409,9 @@ static void v_exp_inplace(float *x, int n, float sub, float *sum)
     *sum = t;
 }
 
-#define ATTN_DOT v_dot
-#define ATTN_AXPY v_axpy
+#define ATTN_W 8
+#define ATTN_DOTS v_dots
+#define ATTN_AXPYS v_axpys
 #define ATTN_EXP v_exp_inplace
 #define ATTN_NAME v_attn_head
 #include "attn_impl.h"

@@ -342,24 +342,38 @@ static void x_silu_mul(float *out, const float *g, const float *u, int n)
     }
 }
 
-static float x_dot(const float *a, const float *b, int n)
+/* Sixteen dot products q . k[j] over hd, one accumulator each, reduced four at a time by
+ * hsum4 (the same tree for every j). */
+static void x_dots(float *s, const float *q, const float *const *k, int cnt, int hd, float scale)
 {
-    __m512 acc = _mm512_setzero_ps();
-    for (int i = 0; i < n; i += 16) {
-        __mmask16 m = mask16(n - i);
-        acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), acc);
+    __m512 acc[16];
+    const float *kk[16];
+    for (int j = 0; j < 16; j++) {
+        acc[j] = _mm512_setzero_ps();
+        kk[j] = k[j < cnt ? j : cnt - 1];
     }
-    return hsum(acc);
+    for (int i = 0; i < hd; i += 16) {
+        __mmask16 m = mask16(hd - i);
+        __m512 qv = _mm512_maskz_loadu_ps(m, q + i);
+#pragma GCC unroll 16
+        for (int j = 0; j < 16; j++)
+            acc[j] = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, kk[j] + i), acc[j]);
+    }
+    __m512 r = _mm512_castps128_ps512(hsum4(acc[0], acc[1], acc[2], acc[3]));
+    r = _mm512_insertf32x4(r, hsum4(acc[4], acc[5], acc[6], acc[7]), 1);
+    r = _mm512_insertf32x4(r, hsum4(acc[8], acc[9], acc[10], acc[11]), 2);
+    r = _mm512_insertf32x4(r, hsum4(acc[12], acc[13], acc[14], acc[15]), 3);
+    _mm512_mask_storeu_ps(s, mask16(cnt), _mm512_mul_ps(r, _mm512_set1_ps(scale)));
 }
 
-static void x_axpy(float *y, float a, const float *x, int n)
+static void x_axpys(float *y, const float *p, const float *const *v, int cnt, int hd)
 {
-    __m512 av = _mm512_set1_ps(a);
-    for (int i = 0; i < n; i += 16) {
-        __mmask16 m = mask16(n - i);
-        _mm512_mask_storeu_ps(y + i, m,
-                              _mm512_fmadd_ps(av, _mm512_maskz_loadu_ps(m, x + i),
-                                              _mm512_maskz_loadu_ps(m, y + i)));
+    for (int i = 0; i < hd; i += 16) {
+        __mmask16 m = mask16(hd - i);
+        __m512 acc = _mm512_maskz_loadu_ps(m, y + i);
+        for (int j = 0; j < cnt; j++)
+            acc = _mm512_fmadd_ps(_mm512_set1_ps(p[j]), _mm512_maskz_loadu_ps(m, v[j] + i), acc);
+        _mm512_mask_storeu_ps(y + i, m, acc);
     }
 }
 
@@ -376,8 +390,9 @@ static void x_exp_inplace(float *x, int n, float sub, float *sum)
     *sum = hsum(acc);
 }
 
-#define ATTN_DOT x_dot
-#define ATTN_AXPY x_axpy
+#define ATTN_W 16
+#define ATTN_DOTS x_dots
+#define ATTN_AXPYS x_axpys
 #define ATTN_EXP x_exp_inplace
 #define ATTN_NAME x_attn_head
 #include "attn_impl.h"

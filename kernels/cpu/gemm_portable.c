@@ -118,16 +118,19 @@ static void p_silu_mul(float *out, const float *g, const float *u, int n)
     for (int i = 0; i < n; i++) out[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
-static float p_dot(const float *a, const float *b, int n)
+static void p_dots(float *s, const float *q, const float *const *k, int cnt, int hd, float scale)
 {
-    float s = 0.0f;
-    for (int i = 0; i < n; i++) s += a[i] * b[i];
-    return s;
+    for (int j = 0; j < cnt; j++) {
+        float acc = 0.0f;
+        for (int i = 0; i < hd; i++) acc += q[i] * k[j][i];
+        s[j] = acc * scale;
+    }
 }
 
-static void p_axpy(float *y, float a, const float *x, int n)
+static void p_axpys(float *y, const float *p, const float *const *v, int cnt, int hd)
 {
-    for (int i = 0; i < n; i++) y[i] += a * x[i];
+    for (int j = 0; j < cnt; j++)
+        for (int i = 0; i < hd; i++) y[i] += p[j] * v[j][i];
 }
 
 static void p_exp_inplace(float *x, int n, float sub, float *sum)
@@ -140,8 +143,9 @@ static void p_exp_inplace(float *x, int n, float sub, float *sum)
     *sum = s;
 }
 
-#define ATTN_DOT p_dot
-#define ATTN_AXPY p_axpy
+#define ATTN_W 16
+#define ATTN_DOTS p_dots
+#define ATTN_AXPYS p_axpys
 #define ATTN_EXP p_exp_inplace
 #define ATTN_NAME p_attn_head
 #include "attn_impl.h"

@@ -9,6 +9,7 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -37,6 +38,7 @@ struct cpu_backend {
     struct act *ex_act;   /* (max_experts) the experts' prepared hidden rows */
     size_t *ex_off;       /* (max_experts) their byte offsets in act[1] */
     size_t *ex_hoff;      /* (max_experts) offsets of their f32 hidden rows in `gate` */
+    _Atomic int *ex_ready;/* (max_experts) 0: hidden rows not prepared, 1: being, 2: ready */
     int max_experts;
 };
 
@@ -55,7 +57,9 @@ static void cpu_release(struct cpu_backend *b)
     free(b->ex_act);
     free(b->ex_off);
     free(b->ex_hoff);
+    free((void *)b->ex_ready);
     b->ex_hoff = NULL;
+    b->ex_ready = NULL;
     b->act[0] = b->act[1] = NULL;
     b->tmp = b->scores = NULL;
     b->tasks = NULL;
@@ -125,8 +129,9 @@ static int cpu_reserve(struct backend *be, const struct be_reserve *r)
     b->ex_act = calloc((size_t)E, sizeof *b->ex_act);
     b->ex_off = calloc((size_t)E, sizeof *b->ex_off);
     b->ex_hoff = calloc((size_t)E, sizeof *b->ex_hoff);
+    b->ex_ready = calloc((size_t)E, sizeof *b->ex_ready);
     if (!b->act[0] || !b->act[1] || !b->tmp || !b->scores || !b->ex_act || !b->ex_off ||
-        !b->ex_hoff) {
+        !b->ex_hoff || !b->ex_ready) {
         cpu_release(b);
         return -1;
     }
@@ -331,10 +336,11 @@ static void cpu_route(struct backend *be, int32_t *idx, float *w, const float *l
     for (int t = 0; t < n; t++) route_token(r, logits, glog, tok_k, t, idx, w);
 }
 
-/* Expert FFNs in three pool jobs: (1) gate and up of every expert, EXPERT_CHUNK weight rows a
- * task, SiLU(gate) * up written to the expert's hidden rows in `gate`; (2) those hidden rows
- * prepared as activations, one task an expert; (3) down, EXPERT_CHUNK rows a task. Each
- * expert's weights are read once per call whatever its number of rows. */
+/* Expert FFNs in two pool jobs: (1) gate and up of every expert, EXPERT_CHUNK weight rows a
+ * task, SiLU(gate) * up written to the expert's hidden rows in `gate`; (2) down, EXPERT_CHUNK
+ * rows a task, the first task of each expert preparing its hidden rows as activations (the
+ * others wait for it: a small job next to a barrier). Each expert's weights are read once per
+ * call whatever its number of rows. */
 struct ex_job {
     struct cpu_backend *b;
     const struct be_expert *ex;
@@ -363,16 +369,21 @@ static void ex_up_task(void *ctx, int t, int thread)
     }
 }
 
-static void ex_prep_task(void *ctx, int e, int thread)
+/* Prepares expert e's hidden rows as the down projection's activations, once. */
+static void ex_prepare(struct ex_job *j, int e)
 {
-    struct ex_job *j = ctx;
     struct cpu_backend *b = j->b;
-    const struct be_expert *ex = &j->ex[e];
-    int rows = j->off[e + 1] - j->off[e];
-    if (rows <= 0) return;
-    b->kk->act_prepare(b->kk->act_kind(ex->down->type, b->bf16), b->bf16, j->h + j->hoff[e],
-                       (size_t)ex->d_ff, rows, ex->d_ff, 0, rows, b->act[1] + b->ex_off[e],
-                       &b->ex_act[e]);
+    int expected = 0;
+    if (atomic_compare_exchange_strong(&b->ex_ready[e], &expected, 1)) {
+        const struct be_expert *ex = &j->ex[e];
+        int rows = j->off[e + 1] - j->off[e];
+        b->kk->act_prepare(b->kk->act_kind(ex->down->type, b->bf16), b->bf16, j->h + j->hoff[e],
+                           (size_t)ex->d_ff, rows, ex->d_ff, 0, rows, b->act[1] + b->ex_off[e],
+                           &b->ex_act[e]);
+        atomic_store_explicit(&b->ex_ready[e], 2, memory_order_release);
+        return;
+    }
+    while (atomic_load_explicit(&b->ex_ready[e], memory_order_acquire) != 2) POOL_RELAX();
 }
 
 static void ex_down_task(void *ctx, int t, int thread)
@@ -380,6 +391,7 @@ static void ex_down_task(void *ctx, int t, int thread)
     struct ex_job *j = ctx;
     struct cpu_backend *b = j->b;
     int e = b->tasks[3 * t], r0 = b->tasks[3 * t + 1], r1 = b->tasks[3 * t + 2];
+    ex_prepare(j, e);
     b->kk->gemm(j->ex[e].down, &b->ex_act[e], j->y + (size_t)j->off[e] * j->d + r0, (size_t)j->d,
                 r0, r1);
 }
@@ -429,9 +441,9 @@ static void cpu_moe_experts(struct backend *be, float *y, const float *x, int d,
     int n_up = expert_tasks(b, experts, off, n_experts, 0, d);
     if (n_up < 0) return;
     pool_run(b->pool, ex_up_task, &j, n_up);
-    pool_run(b->pool, ex_prep_task, &j, n_experts);
     int n_down = expert_tasks(b, experts, off, n_experts, 1, d);
     if (n_down < 0) return;
+    for (int e = 0; e < n_experts; e++) atomic_store_explicit(&b->ex_ready[e], 0, memory_order_relaxed);
     pool_run(b->pool, ex_down_task, &j, n_down);
 }
 

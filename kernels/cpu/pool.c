@@ -22,12 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define cpu_relax() _mm_pause()
-#else
-#define cpu_relax() ((void)0)
-#endif
+#define cpu_relax() POOL_RELAX()
 
 struct worker {
     struct pool *p;

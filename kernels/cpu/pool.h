@@ -24,4 +24,12 @@ void pool_free(struct pool *p);
 int pool_size(const struct pool *p);
 void pool_run(struct pool *p, pool_fn fn, void *ctx, int n_tasks);
 
+/* The pause of a spin-wait loop. */
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define POOL_RELAX() _mm_pause()
+#else
+#define POOL_RELAX() ((void)0)
+#endif
+
 #endif

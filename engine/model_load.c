@@ -383,6 +383,31 @@ static void conv_run(void *ctx, int i, int thread)
         c->opts->progress(c->opts->progress_ctx, (double)done / (double)j->total_rows);
 }
 
+/* Tensors read only to be converted leave the resident set once converted (their pages stay
+ * in the page cache for the kernel to keep or drop); borrowed ones stay. */
+static void release_converted(struct load_ctx *c)
+{
+    const struct st_archive *st = c->m->st;
+    bool *kept = calloc((size_t)(st_count(st) > 0 ? st_count(st) : 1), sizeof *kept);
+    if (!kept) return; /* only memory is lost, not correctness */
+    for (int i = 0; i < c->p->n; i++) {
+        const struct bind *b = &c->p->b[i];
+        int nm = b->kind == BIND_VEC ? 0 : b->kind == BIND_FUSED_GATE_UP ? 2 * (int)b->shape[0]
+                                         : b->kind == BIND_FUSED_DOWN    ? (int)b->shape[0]
+                                                                         : 1;
+        bool borrowed = b->kind == BIND_VEC && b->vec_off == SIZE_MAX;
+        for (int k = 0; k < nm; k++) borrowed = borrowed || c->src[b->mat0 + k].borrowed;
+        if (borrowed) kept[st_index(st, b->t)] = true;
+    }
+    for (int i = 0; i < c->p->n; i++) {
+        int idx = st_index(st, c->p->b[i].t);
+        if (kept[idx]) continue;
+        st_release_pages(c->p->b[i].t);
+        kept[idx] = true; /* once */
+    }
+    free(kept);
+}
+
 /* Pass 2: fill the blocks and set every pointer. */
 static int bind_apply(struct load_ctx *c, char *err, size_t errlen)
 {
@@ -438,6 +463,7 @@ static int bind_apply(struct load_ctx *c, char *err, size_t errlen)
     pool_run(pool, conv_run, &job, (int)n_tasks);
     pool_free(pool);
     free(job.tasks);
+    release_converted(c);
     if (opts->progress) opts->progress(opts->progress_ctx, 1.0);
     return 0;
 }

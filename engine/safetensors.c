@@ -358,6 +358,20 @@ int st_count(const struct st_archive *a)
     return a ? a->n_tensors : 0;
 }
 
+int st_index(const struct st_archive *a, const struct st_tensor *t)
+{
+    return (int)(t - a->tensors);
+}
+
+void st_release_pages(const struct st_tensor *t)
+{
+    long pg = sysconf(_SC_PAGESIZE);
+    if (pg <= 0 || !t->data) return;
+    uintptr_t lo = ((uintptr_t)t->data + (uintptr_t)pg - 1) / (uintptr_t)pg * (uintptr_t)pg;
+    uintptr_t hi = ((uintptr_t)t->data + t->nbytes) / (uintptr_t)pg * (uintptr_t)pg;
+    if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
+}
+
 const struct st_tensor *st_at(const struct st_archive *a, int i)
 {
     return (a && i >= 0 && i < a->n_tensors) ? &a->tensors[i] : NULL;

@@ -51,6 +51,13 @@ void st_close(struct st_archive *a);
 const struct st_tensor *st_find(const struct st_archive *a, const char *name);
 int st_count(const struct st_archive *a);
 const struct st_tensor *st_at(const struct st_archive *a, int i);
+/* The index i of a tensor of the archive (st_at(a, i) == t). */
+int st_index(const struct st_archive *a, const struct st_tensor *t);
+
+/* Gives the pages that lie wholly inside t's data back to the kernel (the mapping stays
+ * valid: reading them again faults them in from the file). For tensors the caller has copied
+ * or converted and will not read again, so they stop counting in the resident set. */
+void st_release_pages(const struct st_tensor *t);
 
 /* Value of `key` in the files' "__metadata__" objects (string -> string), or NULL. Owned by
  * the archive. */

@@ -3,7 +3,8 @@
  * process's resident set (VmRSS, file-backed pages of the mapping included) before loading and
  * after loading, creating an engine and running a prefill that reaches every expert: it must
  * grow by at most 1.2x the checkpoint's weight bytes. The same model loaded with --dtype
- * float32 (an f32 copy) must grow by well over that, which shows the measurement sees copies.
+ * float32 (an f32 copy, twice the bytes; the bf16 pages it was made from are given back) must
+ * grow by well over that (> 1.6x), which shows the measurement sees copies.
  * Under AddressSanitizer (shadow memory on every touched byte) the bound is 1.45x. */
 #include <errno.h>
 #include <stdio.h>
@@ -199,7 +200,7 @@ int main(void)
         long grew32 = load_and_run(dir, MODEL_DTYPE_F32, &wb);
         printf("the same with --dtype float32 (an f32 copy): grew %.1f MB (%.2fx)\n", grew32 / 1e6,
                (double)grew32 / file_bytes);
-        CHECKF((double)grew32 > 2.0 * (double)file_bytes,
+        CHECKF((double)grew32 > 1.6 * (double)file_bytes,
                "an f32 copy grew the resident set by only %ld bytes", grew32);
     }
     char path[600];

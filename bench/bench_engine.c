@@ -7,8 +7,8 @@
  *   bench_engine /tmp/mixtral100m [--types f32,bf16,int8,int4] [--prompt-len 256] [--decode 64]
  *                [--devices 1] [--threads N] [--moe-top-k K] [--repeat R]
  *
- * Types: f32 (--dtype float32), bf16 (--dtype auto on a bf16 checkpoint: bf16 weights, f32
- * activations), bf16c (--dtype bfloat16: bf16 activations too), auto (as stored), int8 and int4
+ * Types: f32 (--dtype float32), bf16 (--dtype bfloat16: bf16 weights and activations; what
+ * auto is on a bf16 checkpoint), auto (the checkpoint's dtype), int8 and int4
  * (--quantization). Decode is measured twice: right after a one-token prompt ("depth 0") and
  * after the prefill of --prompt-len tokens ("depth N"); each figure is the best of --repeat
  * runs (default 2), since this machine is shared. */
@@ -32,8 +32,8 @@ struct type_spec {
 };
 
 static const struct type_spec types[] = {
-    {"f32", MODEL_DTYPE_F32, MODEL_QUANT_NONE},   {"bf16", MODEL_DTYPE_AUTO, MODEL_QUANT_NONE},
-    {"bf16c", MODEL_DTYPE_BF16, MODEL_QUANT_NONE}, {"auto", MODEL_DTYPE_AUTO, MODEL_QUANT_NONE},
+    {"f32", MODEL_DTYPE_F32, MODEL_QUANT_NONE},   {"bf16", MODEL_DTYPE_BF16, MODEL_QUANT_NONE},
+    {"auto", MODEL_DTYPE_AUTO, MODEL_QUANT_NONE},
     {"int8", MODEL_DTYPE_AUTO, MODEL_QUANT_INT8}, {"int4", MODEL_DTYPE_AUTO, MODEL_QUANT_INT4},
 };
 
@@ -148,7 +148,7 @@ fail:
 int main(int argc, char **argv)
 {
     if (argc < 2 || strcmp(argv[1], "--help") == 0) {
-        fprintf(stderr, "usage: bench_engine MODEL_DIR [--types f32,bf16,bf16c,auto,int8,int4] "
+        fprintf(stderr, "usage: bench_engine MODEL_DIR [--types f32,bf16,auto,int8,int4] "
                         "[--prompt-len N] [--decode N] [--devices N] [--threads N] "
                         "[--moe-top-k K] [--repeat R]\n");
         return 2;
@@ -182,7 +182,7 @@ int main(int argc, char **argv)
         for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
             if (strcmp(types[i].name, tok) == 0) t = &types[i];
         if (!t || n_types == 16) {
-            fprintf(stderr, "bench_engine: unknown type '%s' (f32, bf16, bf16c, auto, int8, int4)\n",
+            fprintf(stderr, "bench_engine: unknown type '%s' (f32, bf16, auto, int8, int4)\n",
                     tok);
             return 2;
         }

@@ -480,7 +480,7 @@ static int device_backend(struct engine *e, struct device *dv, int threads, char
                           size_t errlen)
 {
     if (e->p.backend != ENGINE_BACKEND_CUDA) {
-        bool bf16 = e->m->dtype == MODEL_DTYPE_BF16;
+        bool bf16 = model_computes_bf16(e->m);
         dv->be = e->p.backend == ENGINE_BACKEND_CPU_STAGED ? backend_cpu_create_staged(threads, bf16)
                                                            : backend_cpu_create(threads, bf16);
         return dv->be ? 0

@@ -117,11 +117,14 @@ struct layer_w {
     struct ffn_w dense;              /* dense layers only */
 };
 
-/* What activations and unquantized weights compute in (vLLM's --dtype). */
+/* What activations and unquantized weights compute in (vLLM's --dtype). Matrix products
+ * always accumulate in f32; everything outside them (norms, attention, residual stream) is f32.
+ * "bf16 activations" means the inputs of products with bf16 weights are rounded to bf16 (and
+ * multiplied with AVX512-BF16 dot products where the CPU has them). */
 enum model_dtype {
-    MODEL_DTYPE_AUTO = 0, /* weights as stored; activations f32 */
-    MODEL_DTYPE_BF16 = 1, /* weights bf16 (converted if stored otherwise); bf16 activations
-                             into the matrix products, f32 accumulation */
+    MODEL_DTYPE_AUTO = 0, /* the checkpoint's dtype: weights as stored; a bf16 checkpoint
+                             computes with bf16 activations, f32 and f16 ones with f32 */
+    MODEL_DTYPE_BF16 = 1, /* weights bf16 (converted if stored otherwise), bf16 activations */
     MODEL_DTYPE_F32 = 2,  /* weights converted to f32; f32 throughout (the reference) */
 };
 
@@ -203,6 +206,10 @@ int model_desc_apply_generation_config(struct model_desc *desc, const char *json
  * norm and lm_head; the embedding table is left out (one row is read per token). k is clamped
  * to [0, n_expert]. */
 size_t model_active_params(const struct model *m, int k);
+/* Whether the model computes in bf16 (see enum model_dtype): --dtype bfloat16, or auto with
+ * bf16 matrices. */
+bool model_computes_bf16(const struct model *m);
+
 /* Bytes of weights one decode token reads at top-k `k`, as the model holds them in memory
  * (its dtype or quantization): what model_active_params counts, one embedding row included. */
 size_t model_active_bytes(const struct model *m, int k);

@@ -821,6 +821,14 @@ size_t model_active_params(const struct model *m, int k)
     return n;
 }
 
+bool model_computes_bf16(const struct model *m)
+{
+    if (m->dtype != MODEL_DTYPE_AUTO) return m->dtype == MODEL_DTYPE_BF16;
+    for (int i = 0; i < m->n_mats; i++)
+        if (m->mats[i].type == WTYPE_BF16) return true;
+    return false;
+}
+
 static size_t mat_bytes(const struct wmat *w)
 {
     return w ? wtype_bytes(w->type, w->rows, w->cols) : 0;

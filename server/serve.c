@@ -69,8 +69,8 @@ static const struct opt_def opt_defs[] = {
     {"devices", "MOESERVE_DEVICES", OPT_INT, OFF(devices), 1, 64,
      "devices the experts are spread over: CPU virtual devices, or GPUs 0..N-1 (1)"},
     {"dtype", "MOESERVE_DTYPE", OPT_STR, OFF(dtype), 0, 0,
-     "auto (weights as stored, f32 activations), bfloat16 (bf16 weights and activations into "
-     "the matrix products) or float32 (auto)"},
+     "auto (the checkpoint's: bf16 weights and activations for a bf16 checkpoint), bfloat16 "
+     "or float32 (f32 weights and activations) (auto)"},
     {"quantization", "MOESERVE_QUANTIZATION", OPT_STR, OFF(quantization), 0, 0,
      "none, int8 or int4: quantize attention, expert and LM-head weights at load (none)"},
     {"threads", "MOESERVE_THREADS", OPT_INT, OFF(threads), 0, 1024,

@@ -162,6 +162,12 @@ static void cpu_weight_free(struct backend *be, const struct wmat *w)
 
 /* --- matrix products ---------------------------------------------------------------------- */
 
+/* Under bf16 compute only bf16 weights take bf16 activations; others keep f32 ones. */
+static int rounds_bf16(const struct cpu_backend *b, const struct wmat *w)
+{
+    return b->bf16 && w->type == WTYPE_BF16;
+}
+
 /* Weight rows per task: about four tasks per thread, whole tiles. */
 static int row_chunk(int m, int n_threads)
 {
@@ -194,7 +200,8 @@ static void prep_task(void *ctx, int t, int thread)
 static struct act prepare(struct cpu_backend *b, const struct wmat *w, const float *x, int n,
                           int k, void *buf)
 {
-    struct prep_job j = {.kk = b->kk, .kind = b->kk->act_kind(w->type, b->bf16), .bf16 = b->bf16,
+    struct prep_job j = {.kk = b->kk, .kind = b->kk->act_kind(w->type, b->bf16),
+                         .bf16 = rounds_bf16(b, w),
                          .x = x, .ldx = (size_t)k, .n = n, .k = k, .buf = buf};
     int tasks = (size_t)n * (size_t)k >= 32768 ? b->n_threads : 1;
     j.rows_per_task = (n + tasks - 1) / tasks;
@@ -377,7 +384,8 @@ static void ex_prepare(struct ex_job *j, int e)
     if (atomic_compare_exchange_strong(&b->ex_ready[e], &expected, 1)) {
         const struct be_expert *ex = &j->ex[e];
         int rows = j->off[e + 1] - j->off[e];
-        b->kk->act_prepare(b->kk->act_kind(ex->down->type, b->bf16), b->bf16, j->h + j->hoff[e],
+        b->kk->act_prepare(b->kk->act_kind(ex->down->type, b->bf16), rounds_bf16(b, ex->down),
+                           j->h + j->hoff[e],
                            (size_t)ex->d_ff, rows, ex->d_ff, 0, rows, b->act[1] + b->ex_off[e],
                            &b->ex_act[e]);
         atomic_store_explicit(&b->ex_ready[e], 2, memory_order_release);

@@ -3,7 +3,7 @@
 # Idempotent: packages already present are not reinstalled.
 set -euo pipefail
 
-APT_PACKAGES=(build-essential cmake pkg-config libjansson-dev libpcre2-dev libopenblas-dev
+APT_PACKAGES=(build-essential cmake pkg-config libjansson-dev libpcre2-dev
               libuv1-dev libmicrohttpd-dev python3 python3-pip curl)
 
 SUDO=""

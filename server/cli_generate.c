@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "backend.h"
 #include "cli.h"
 #include "common.h"
 #include "engine.h"
@@ -275,6 +276,10 @@ int cli_generate(int argc, char **argv)
         fprintf(stderr, "moeserve generate: %s\n", err);
         goto out;
     }
+    if (o.backend != ENGINE_BACKEND_CUDA)
+        fprintf(stderr, "cpu kernels: %s (cpu: %s); weights %.1f MB (--dtype %s, --quantization %s)\n",
+                backend_cpu_kernels(), backend_cpu_features(), (double)m->weight_bytes / 1e6,
+                model_dtype_name(m->dtype), model_quant_name(m->quant));
     if (engine_seq_init(e, &seq) != 0) goto oom;
     logits = malloc(sizeof(float) * (size_t)md->vocab);
     smp = smp_create(md->vocab, &o.sp);

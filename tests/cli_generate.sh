@@ -49,6 +49,20 @@ else
     grep -q "CUDA" "$tmp/e" && ok || bad "--device cuda failed without naming CUDA: $(head -c 300 "$tmp/e")"
 fi
 expect_fail 2 "unknown command" frobnicate
+# Weight types: bad values name the accepted ones; each type generates; the kernel set is
+# logged, and a forced portable set is what runs.
+expect_fail 2 "--dtype must be auto, bfloat16 or float32" generate --model "$model" --prompt hi --dtype fp8
+expect_fail 2 "--quantization must be none, int8 or int4" generate --model "$model" --prompt hi --quantization int3
+expect_fail 2 "--dtype must be auto, bfloat16 or float32" serve --model "$model" --port 0 --dtype half16
+expect_fail 2 "--quantization must be none, int8 or int4" serve --model "$model" --port 0 --quantization q4_k
+for flags in "--dtype float32" "--dtype bfloat16" "--quantization int8" "--quantization int4"; do
+    # shellcheck disable=SC2086
+    if "$bin" generate --model "$model" --prompt "ROMEO:" -n 6 $flags >"$tmp/o" 2>"$tmp/e" && [ -s "$tmp/o" ] &&
+        grep -q "^cpu kernels: .*${flags#--* }" "$tmp/e"; then ok; else bad "generate $flags: $(head -c 300 "$tmp/e")"; fi
+done
+MOESERVE_CPU_KERNELS=portable "$bin" generate --model "$model" --prompt "ROMEO:" -n 6 >"$tmp/o" 2>"$tmp/e"
+grep -q "^cpu kernels: portable" "$tmp/e" && ok || bad "MOESERVE_CPU_KERNELS=portable not honoured: $(head -c 300 "$tmp/e")"
+expect_fail 1 "CPU-only" generate --model "$model" --prompt hi --quantization int8 --device cuda
 expect_fail 1 "config.json" generate --model "$tmp/nope" --prompt hi
 expect_fail 1 "exceeds the model's top-k" generate --model "$model" --prompt hi --moe-top-k 5
 

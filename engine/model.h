@@ -168,12 +168,17 @@ struct model {
     void *arena;             /* layers, experts, desc arrays */
     size_t n_params;         /* parameters in the checkpoint that the model uses */
     size_t weight_bytes;     /* bytes of every matrix and vector as held in memory */
+    void *cache_map;         /* `converted` is this mapping of a weight-cache file, or NULL */
+    size_t cache_map_len;
+    char cache_note[640];    /* what the weight cache did ("" when not asked), for logs */
 };
 
 struct model_load_opts {
     bool require_tokenizer; /* default true */
     enum model_dtype dtype;  /* default auto */
     enum model_quant quant;  /* default none */
+    bool cache;              /* keep converted / quantized weights in DIR/.moeserve/ and map
+                                them from there at the next load (default false) */
     int threads;             /* conversion threads; 0 = the online CPUs */
     /* Called while weights are converted/checked with done/total in [0, 1]; may be NULL. */
     void (*progress)(void *ctx, double fraction);

@@ -13,6 +13,7 @@
 
 #include "common.h"
 #include "cpu/pool.h"
+#include "weight_cache.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -268,6 +269,7 @@ struct load_ctx {
     struct mat_src *src; /* (n_mats) */
     const struct model_load_opts *opts;
     size_t conv_bytes, vec_floats;
+    bool from_cache; /* the converted block came from a cache file: nothing to convert */
 };
 
 /* Pass 1 for one matrix: its type in memory, and whether it can be borrowed. */
@@ -440,7 +442,7 @@ static int bind_apply(struct load_ctx *c, char *err, size_t errlen)
     size_t n_tasks = 0, total_rows = 0;
     for (int i = 0; i < m->n_mats; i++)
         if (!c->src[i].borrowed) {
-            n_tasks += ((size_t)m->mats[i].rows + 63) / 64;
+            n_tasks += c->from_cache ? 0 : ((size_t)m->mats[i].rows + 63) / 64;
             total_rows += (size_t)m->mats[i].rows;
             m->mats[i].data = (unsigned char *)m->converted + c->src[i].off;
         }
@@ -449,7 +451,7 @@ static int bind_apply(struct load_ctx *c, char *err, size_t errlen)
     job.tasks = malloc(sizeof *job.tasks * (n_tasks ? n_tasks : 1));
     if (!job.tasks) return ms_errf(err, errlen, "%s: out of memory", m->dir);
     int k = 0;
-    for (int i = 0; i < m->n_mats; i++) {
+    for (int i = 0; i < m->n_mats && !c->from_cache; i++) {
         if (c->src[i].borrowed) continue;
         for (int r = 0; r < m->mats[i].rows; r += 64)
             job.tasks[k++] = (struct conv_task){i, r, r + 64 < m->mats[i].rows ? r + 64 : m->mats[i].rows};
@@ -611,7 +613,10 @@ void model_free(struct model *m)
     free(m->chat_template);
     free(m->dir);
     st_close(m->st);
-    free(m->converted);
+    if (m->cache_map)
+        wcache_unmap(m->cache_map, m->cache_map_len);
+    else
+        free(m->converted);
     free(m->vectors);
     free(m->mats);
     free(m->arena);
@@ -750,7 +755,23 @@ int model_load(const char *dir, const struct model_load_opts *opts, struct model
     lc.p = &plan;
     lc.opts = opts;
     if (bind_check(&lc, m->st, wname, err, errlen) != 0) goto fail;
-    if (lc.conv_bytes && posix_memalign(&m->converted, 64, lc.conv_bytes) != 0) {
+    uint64_t cache_key = 0;
+    char cache_path[4200];
+    if (opts->cache && lc.conv_bytes) {
+        char tag[128], why[MS_ERR_LEN];
+        snprintf(tag, sizeof tag, "dtype=%s quant=%s", model_dtype_name(opts->dtype),
+                 model_quant_name(opts->quant));
+        cache_key = wcache_key(dir, m->st, tag);
+        wcache_path(dir, cache_key, cache_path, sizeof cache_path);
+        const void *data;
+        if (wcache_map(cache_path, cache_key, lc.conv_bytes, &data, &m->cache_map,
+                       &m->cache_map_len, why, sizeof why) == 0) {
+            m->converted = (void *)data;
+            lc.from_cache = true;
+            snprintf(m->cache_note, sizeof m->cache_note, "weights mapped from %.600s", cache_path);
+        }
+    }
+    if (lc.conv_bytes && !lc.from_cache && posix_memalign(&m->converted, 64, lc.conv_bytes) != 0) {
         m->converted = NULL;
         ms_errf(err, errlen, "%s: out of memory converting weights to %s (%zu bytes)", wname,
                 opts->quant != MODEL_QUANT_NONE ? model_quant_name(opts->quant)
@@ -765,6 +786,13 @@ int model_load(const char *dir, const struct model_load_opts *opts, struct model
     m->converted_bytes = lc.conv_bytes;
     m->vector_floats = lc.vec_floats;
     if (bind_apply(&lc, err, errlen) != 0) goto fail;
+    if (cache_key && !lc.from_cache) {
+        char why[MS_ERR_LEN];
+        if (wcache_write(cache_path, cache_key, m->converted, lc.conv_bytes, why, sizeof why) == 0)
+            snprintf(m->cache_note, sizeof m->cache_note, "weights cached in %.600s", cache_path);
+        else
+            snprintf(m->cache_note, sizeof m->cache_note, "weight cache not written: %.600s", why);
+    }
     if (m->desc.tie_embeddings && !m->lm_head) m->lm_head = m->embed;
     m->weight_bytes = 0;
     for (int i = 0; i < m->n_mats; i++)

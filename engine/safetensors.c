@@ -358,6 +358,16 @@ int st_count(const struct st_archive *a)
     return a ? a->n_tensors : 0;
 }
 
+int st_file_count(const struct st_archive *a)
+{
+    return a->n_files;
+}
+
+const char *st_file_path(const struct st_archive *a, int i)
+{
+    return a->files[i].path;
+}
+
 int st_index(const struct st_archive *a, const struct st_tensor *t)
 {
     return (int)(t - a->tensors);

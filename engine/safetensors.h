@@ -51,6 +51,10 @@ void st_close(struct st_archive *a);
 const struct st_tensor *st_find(const struct st_archive *a, const char *name);
 int st_count(const struct st_archive *a);
 const struct st_tensor *st_at(const struct st_archive *a, int i);
+/* The files of the archive (their paths, owned by it). */
+int st_file_count(const struct st_archive *a);
+const char *st_file_path(const struct st_archive *a, int i);
+
 /* The index i of a tensor of the archive (st_at(a, i) == t). */
 int st_index(const struct st_archive *a, const struct st_tensor *t);
 

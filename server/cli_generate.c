@@ -38,6 +38,8 @@ static void generate_usage(FILE *f)
             "                           (default auto)\n"
             "      --quantization Q     none, int8 or int4 weights, made at load (default none)\n"
             "      --threads N          CPU threads (default: all online CPUs)\n"
+            "      --quantization-cache keep converted/quantized weights in MODEL/.moeserve/ and\n"
+            "                           map them from there the next time\n"
             "      --moe-top-k K        experts per token, at most the model's (default: model)\n"
             "      --max-batch-tokens N prefill chunk size (default 512)\n"
             "      --ignore-eos         keep generating past the end-of-sequence token\n"
@@ -82,6 +84,7 @@ struct gen_opts {
     enum engine_backend backend;
     enum model_dtype dtype;
     enum model_quant quant;
+    bool weight_cache;
     int moe_top_k;
     int max_batch;
     bool ignore_eos;
@@ -94,6 +97,7 @@ static int parse_args(int argc, char **argv, struct gen_opts *o)
     enum {
         OPT_TEMP = 256, OPT_TOPP, OPT_TOPK, OPT_MINP, OPT_REP, OPT_SEED, OPT_DEV, OPT_MOEK,
         OPT_BATCH, OPT_IGNORE_EOS, OPT_NO_SPECIAL, OPT_DEVICE, OPT_DTYPE, OPT_QUANT, OPT_THREADS,
+        OPT_WCACHE,
     };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},
@@ -110,6 +114,7 @@ static int parse_args(int argc, char **argv, struct gen_opts *o)
         {"dtype", required_argument, 0, OPT_DTYPE},
         {"quantization", required_argument, 0, OPT_QUANT},
         {"threads", required_argument, 0, OPT_THREADS},
+        {"quantization-cache", no_argument, 0, OPT_WCACHE},
         {"moe-top-k", required_argument, 0, OPT_MOEK},
         {"max-batch-tokens", required_argument, 0, OPT_BATCH},
         {"ignore-eos", no_argument, 0, OPT_IGNORE_EOS},
@@ -170,6 +175,7 @@ static int parse_args(int argc, char **argv, struct gen_opts *o)
             }
             break;
         case OPT_THREADS: rc = parse_int("--threads", optarg, 0, 1024, &o->threads); break;
+        case OPT_WCACHE: o->weight_cache = true; break;
         case OPT_MOEK: rc = parse_int("--moe-top-k", optarg, 1, 512, &o->moe_top_k); break;
         case OPT_BATCH: rc = parse_int("--max-batch-tokens", optarg, 1, 1 << 20, &o->max_batch); break;
         case OPT_IGNORE_EOS: o->ignore_eos = true; break;
@@ -223,10 +229,12 @@ int cli_generate(int argc, char **argv)
     lo.dtype = o.dtype;
     lo.quant = o.quant;
     lo.threads = o.threads;
+    lo.cache = o.weight_cache;
     if (model_load(o.model, &lo, &m, err, sizeof err) != 0) {
         fprintf(stderr, "moeserve generate: %s\n", err);
         return 1;
     }
+    if (m->cache_note[0]) fprintf(stderr, "%s\n", m->cache_note);
     const struct model_desc *md = &m->desc;
     if (o.moe_top_k > md->top_k && md->n_expert > 0) {
         fprintf(stderr, "moeserve generate: --moe-top-k %d exceeds the model's top-k %d\n",

@@ -35,6 +35,7 @@ struct serve_opts {
     long port, max_num_seqs, max_batched, max_model_len, devices, threads, max_waiting, grace_s;
     long kv_bytes;
     long prefix_caching;
+    long weight_cache;
 };
 
 struct opt_def {
@@ -75,6 +76,9 @@ static const struct opt_def opt_defs[] = {
      "none, int8 or int4: quantize attention, expert and LM-head weights at load (none)"},
     {"threads", "MOESERVE_THREADS", OPT_INT, OFF(threads), 0, 1024,
      "CPU threads for the forward pass (0 = all online CPUs)"},
+    {"quantization-cache", "MOESERVE_QUANTIZATION_CACHE", OPT_BOOL, OFF(weight_cache), 0, 1,
+     "keep weights converted or quantized at load in MODEL/.moeserve/ and map them from there "
+     "next time (off)"},
     {"chat-template", "MOESERVE_CHAT_TEMPLATE", OPT_STR, OFF(chat_template), 0, 0,
      "Jinja chat template file overriding tokenizer_config.json's"},
     {"log-format", "MOESERVE_LOG_FORMAT", OPT_STR, OFF(log_format), 0, 0, "text or json (text)"},
@@ -334,12 +338,14 @@ int cli_serve(int argc, char **argv)
     model_dtype_parse(o.dtype, &lo.dtype); /* checked by parse_opts */
     model_quant_parse(o.quantization, &lo.quant);
     lo.threads = (int)o.threads;
+    lo.cache = o.weight_cache != 0;
     if (model_load(o.model, &lo, &m, err, sizeof err) != 0) {
         slog("error", "cannot load the model: %s", err);
         goto out;
     }
     slog("info", "weights: %.1f MB in memory (--dtype %s, --quantization %s)",
          (double)m->weight_bytes / 1e6, model_dtype_name(m->dtype), model_quant_name(m->quant));
+    if (m->cache_note[0]) slog("info", "%s", m->cache_note);
     if (o.chat_template) {
         char *t = read_file(o.chat_template);
         if (!t) {

@@ -168,9 +168,10 @@ static void attention_layer(struct device *dv, int l)
     int qdim = md->n_head * hd, kvdim = md->n_kv_head * hd;
 
     be->ops->rmsnorm(be, dv->h, dv->x, lw->attn_norm, n, d, md->rms_eps);
-    be->ops->matmul(be, dv->q, dv->h, lw->wq, lw->bq, n, d, qdim);
-    be->ops->matmul(be, dv->k, dv->h, lw->wk, lw->bk, n, d, kvdim);
-    be->ops->matmul(be, dv->v, dv->h, lw->wv, lw->bv, n, d, kvdim);
+    float *const qkv[3] = {dv->q, dv->k, dv->v};
+    const struct wmat *const wqkv[3] = {lw->wq, lw->wk, lw->wv};
+    const float *const bqkv[3] = {lw->bq, lw->bk, lw->bv};
+    be->ops->matmul_multi(be, 3, qkv, dv->h, wqkv, bqkv, n, d);
     if (md->qk_norm == QK_NORM_HEAD) {
         be->ops->rmsnorm(be, dv->q, dv->q, lw->q_norm, n * md->n_head, hd, md->rms_eps);
         be->ops->rmsnorm(be, dv->k, dv->k, lw->k_norm, n * md->n_kv_head, hd, md->rms_eps);

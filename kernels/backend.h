@@ -53,6 +53,8 @@ struct be_expert {
     const struct wmat *down; /* (d, d_ff) */
 };
 
+#define BE_MULTI_MAX 4
+
 /* What the ops of a step may ask for at most (reserve): the largest GEMM input, the rows of one
  * matmul or moe_experts call, the experts of one call, and the longest sequence. */
 struct be_reserve {
@@ -101,6 +103,12 @@ struct backend_ops {
     /* y (n, m) = x (n, k) . w (m, k)^T [+ bias (m)]; w a weight handle */
     void (*matmul)(struct backend *be, float *y, const float *x, const struct wmat *w,
                    const float *bias, int n, int k, int m);
+    /* Products of one input with several matrices (count <= BE_MULTI_MAX): y[i] (n, w[i]->rows)
+     * = x (n, k) . w[i]^T [+ bias[i]]; HOST arrays of count pointers (bias entries may be
+     * NULL). The same results as count matmul calls, in one pass where the backend can (the
+     * q, k and v projections of a layer). */
+    void (*matmul_multi)(struct backend *be, int count, float *const *y, const float *x,
+                         const struct wmat *const *w, const float *const *bias, int n, int k);
     /* y (n, d) = x (n, d) * rsqrt(mean(x^2) + eps) * w (d); y may equal x */
     void (*rmsnorm)(struct backend *be, float *y, const float *x, const float *w, int n, int d,
                     float eps);

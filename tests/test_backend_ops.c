@@ -238,6 +238,36 @@ static void check_matmul(struct ops_ctx *t, int n, int k, int m, int with_bias)
     ops_release(t);
 }
 
+/* matmul_multi on the device against separate matmuls on the reference: three matrices of
+ * different heights, the second without a bias. */
+static void check_matmul_multi(struct ops_ctx *t, int n, int k)
+{
+    char shape[64];
+    snprintf(shape, sizeof shape, "n=%d k=%d m=48,16,33", n, k);
+    static const int ms[3] = {48, 16, 33};
+    float *x = ops_rand(t, (size_t)n * k, -1, 1), *rx, *dx;
+    BOTH(x, sizeof(float) * n * k, rx, dx);
+    const struct wmat *rw[3], *dw[3];
+    float *ry[3], *dy[3];
+    const float *rb[3] = {0}, *db[3] = {0};
+    for (int i = 0; i < 3; i++) {
+        float *w = ops_rand(t, (size_t)ms[i] * k, -1, 1), *bias = ops_rand(t, ms[i], -1, 1);
+        rw[i] = ops_weight(t, t->ref, w, ms[i], k);
+        dw[i] = ops_weight(t, t->dut, w, ms[i], k);
+        float *rbi, *dbi;
+        BOTH(bias, sizeof(float) * ms[i], rbi, dbi);
+        if (i != 1) rb[i] = rbi, db[i] = dbi;
+        BOTH(NULL, sizeof(float) * n * ms[i], ry[i], dy[i]);
+    }
+    if (!t->oom) {
+        for (int i = 0; i < 3; i++) t->ref->ops->matmul(t->ref, ry[i], rx, rw[i], rb[i], n, k, ms[i]);
+        t->dut->ops->matmul_multi(t->dut, 3, dy, dx, dw, db, n, k);
+    }
+    for (int i = 0; i < 3; i++)
+        ops_compare_tol(t, "matmul_multi", shape, ry[i], dy[i], (size_t)n * ms[i], OPS_TOL_BF16);
+    ops_release(t);
+}
+
 static void check_rmsnorm(struct ops_ctx *t, int n, int d, int in_place)
 {
     char shape[64];
@@ -619,6 +649,8 @@ static void check_all_ops(struct ops_ctx *t)
     check_matmul(t, 1, 256, 384, 0);
     check_matmul(t, 7, 130, 65, 1);
     check_matmul(t, 64, 512, 1024, 1);
+    check_matmul_multi(t, 1, 64);
+    check_matmul_multi(t, 5, 100);
     check_rmsnorm(t, 5, 1000, 0);
     check_rmsnorm(t, 132, 128, 1);
     check_rope(t, 6, 5, 64, 100);

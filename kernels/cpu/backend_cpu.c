@@ -212,33 +212,71 @@ static struct act prepare(struct cpu_backend *b, const struct wmat *w, const flo
 
 struct mm_job {
     const struct gemm_kernels *kk;
-    const struct wmat *w;
-    struct act a;
-    float *y;
-    int m, chunk;
+    int count;
+    const struct wmat *w[BE_MULTI_MAX];
+    struct act a[BE_MULTI_MAX];
+    float *y[BE_MULTI_MAX];
+    int chunk[BE_MULTI_MAX];
+    int first[BE_MULTI_MAX + 1]; /* task number of each matrix's first chunk */
 };
 
 static void mm_task(void *ctx, int t, int thread)
 {
     struct mm_job *j = ctx;
-    int r0 = t * j->chunk, r1 = r0 + j->chunk < j->m ? r0 + j->chunk : j->m;
-    j->kk->gemm(j->w, &j->a, j->y + r0, (size_t)j->m, r0, r1);
+    int i = 0;
+    while (t >= j->first[i + 1]) i++;
+    int m = j->w[i]->rows, r0 = (t - j->first[i]) * j->chunk[i];
+    int r1 = r0 + j->chunk[i] < m ? r0 + j->chunk[i] : m;
+    j->kk->gemm(j->w[i], &j->a[i], j->y[i] + r0, (size_t)m, r0, r1);
+}
+
+static void add_bias(float *y, const float *bias, int n, int m)
+{
+    for (int i = 0; i < n; i++) {
+        float *row = y + (size_t)i * m;
+        for (int c = 0; c < m; c++) row[c] += bias[c];
+    }
+}
+
+/* One pool job for every matrix's rows; inputs prepared once per distinct preparation (kind
+ * and rounding). act[1] holds a second preparation when the matrices need two. */
+static void cpu_matmul_multi(struct backend *be, int count, float *const *y, const float *x,
+                             const struct wmat *const *w, const float *const *bias, int n, int k)
+{
+    struct cpu_backend *b = cpu_of(be);
+    if (n <= 0 || count <= 0 || count > BE_MULTI_MAX) return;
+    struct mm_job j = {.kk = b->kk, .count = count};
+    int used = 0; /* act buffers in use */
+    for (int i = 0; i < count; i++) {
+        j.w[i] = w[i];
+        j.y[i] = y[i];
+        j.chunk[i] = row_chunk(w[i]->rows, b->n_threads);
+        j.first[i + 1] = j.first[i] + (w[i]->rows + j.chunk[i] - 1) / j.chunk[i];
+        int same = -1;
+        for (int p = 0; p < i && same < 0; p++)
+            if (b->kk->act_kind(w[p]->type, b->bf16) == b->kk->act_kind(w[i]->type, b->bf16) &&
+                rounds_bf16(b, w[p]) == rounds_bf16(b, w[i]))
+                same = p;
+        if (same >= 0) {
+            j.a[i] = j.a[same];
+        } else if (used < 2) {
+            j.a[i] = prepare(b, w[i], x, n, k, b->act[used++]);
+        } else { /* a third kind of preparation: the first i now, the rest after */
+            cpu_matmul_multi(be, i, y, x, w, bias, n, k);
+            cpu_matmul_multi(be, count - i, y + i, x, w + i, bias ? bias + i : NULL, n, k);
+            return;
+        }
+    }
+    pool_run(b->pool, mm_task, &j, j.first[count]);
+    for (int i = 0; i < count; i++)
+        if (bias && bias[i]) add_bias(y[i], bias[i], n, w[i]->rows);
 }
 
 static void cpu_matmul(struct backend *be, float *y, const float *x, const struct wmat *w,
                        const float *bias, int n, int k, int m)
 {
-    struct cpu_backend *b = cpu_of(be);
-    if (n <= 0 || m <= 0) return;
-    struct mm_job j = {.kk = b->kk, .w = w, .y = y, .m = m, .chunk = row_chunk(m, b->n_threads)};
-    j.a = prepare(b, w, x, n, k, b->act[0]);
-    pool_run(b->pool, mm_task, &j, (m + j.chunk - 1) / j.chunk);
-    if (bias) {
-        for (int i = 0; i < n; i++) {
-            float *row = y + (size_t)i * m;
-            for (int c = 0; c < m; c++) row[c] += bias[c];
-        }
-    }
+    if (m <= 0) return;
+    cpu_matmul_multi(be, 1, &y, x, &w, &bias, n, k);
 }
 
 static void cpu_rmsnorm(struct backend *be, float *y, const float *x, const float *w, int n, int d,
@@ -528,6 +566,7 @@ static const struct backend_ops cpu_ops = {
     .weight_upload = cpu_weight_upload,
     .weight_free = cpu_weight_free,
     .matmul = cpu_matmul,
+    .matmul_multi = cpu_matmul_multi,
     .rmsnorm = cpu_rmsnorm,
     .rope = cpu_rope,
     .add = cpu_add,

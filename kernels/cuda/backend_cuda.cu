@@ -304,6 +304,12 @@ static void cb_matmul(struct backend *be, float *y, const float *x, const struct
     if (bias) cb_note(b, cuk_add_bias(b->stream, y, bias, n, m, CB_ERR(b)));
 }
 
+static void cb_matmul_multi(struct backend *be, int count, float *const *y, const float *x,
+                            const struct wmat *const *w, const float *const *bias, int n, int k)
+{
+    for (int i = 0; i < count; i++) cb_matmul(be, y[i], x, w[i], bias ? bias[i] : NULL, n, k, w[i]->rows);
+}
+
 /* Groups [0, G) of b->g_* with pointers A, B, C (host arrays of G each), all bf16 with f32
  * accumulation (the one combination with bf16 inputs that the grouped API takes): one grouped
  * call, or a GEMM per group when that is off or unsupported. The pointer arrays are staged
@@ -523,7 +529,7 @@ static void cb_kv_write(struct backend *be, float *k_cache, float *v_cache, cons
 }
 
 /* Positional (C++17 has no designated initializers): this catches a field added to the table. */
-static_assert(sizeof(struct backend_ops) == 26 * sizeof(void *),
+static_assert(sizeof(struct backend_ops) == 27 * sizeof(void *),
               "struct backend_ops changed: update cuda_ops to match kernels/backend.h");
 
 static const struct backend_ops cuda_ops = {
@@ -539,6 +545,7 @@ static const struct backend_ops cuda_ops = {
     /* .weight_upload */ cb_weight_upload,
     /* .weight_free */ cb_weight_free,
     /* .matmul */ cb_matmul,
+    /* .matmul_multi */ cb_matmul_multi,
     /* .rmsnorm */ cb_rmsnorm,
     /* .rope */ cb_rope,
     /* .add */ cb_add,

@@ -1,5 +1,5 @@
-/* Declarations of the generated Unicode tables in engine/unicode_tables.c (written by
- * tools/gen_unicode_tables.py). Only engine/unicode.c reads them; everything else goes through
+/* Declarations of the generated Unicode tables in engine/text/unicode_tables.c (written by
+ * tools/gen_unicode_tables.py). Only engine/text/unicode.c reads them; everything else goes through
  * the uni_ functions in unicode.h. All tables are sorted by their first field(s). */
 #ifndef MOESERVE_UNICODE_TABLES_H
 #define MOESERVE_UNICODE_TABLES_H

@@ -500,3 +500,34 @@ int32_t smp_sample(struct sampler *s, float *logits, struct smp_logprobs *lp)
     }
     return token;
 }
+
+void smp_row_logprobs(const float *logits, int vocab, int32_t token, int n_top,
+                      struct smp_logprobs *lp)
+{
+    /* NaN logits carry no mass (exp_shifted maps them to 0) and never outrank a number. */
+    float max = -INFINITY;
+    for (int i = 0; i < vocab; i++)
+        if (logits[i] > max) max = logits[i];
+    if (n_top > SMP_MAX_LOGPROBS) n_top = SMP_MAX_LOGPROBS;
+    if (n_top > vocab) n_top = vocab;
+    lp->token = token;
+    if (!(max > -INFINITY) || !isfinite(max)) {
+        /* As smp_sample: no usable distribution reads as the uniform one. */
+        float u = (float)-log((double)vocab);
+        lp->logprob = u;
+        lp->rank = 1;
+        lp->n_top = n_top < 0 ? 0 : n_top;
+        for (int j = 0; j < lp->n_top; j++) {
+            lp->top_token[j] = j;
+            lp->top_logprob[j] = u;
+        }
+        return;
+    }
+    double log_z = log(exp_shifted(logits, vocab, max, 1.0f, NULL));
+    float x = logits[token];
+    int32_t above = 0;
+    for (int i = 0; i < vocab; i++) above += logits[i] > x;
+    lp->rank = above + 1;
+    lp->logprob = (float)((double)x - (double)max - log_z);
+    top_logprobs(logits, vocab, n_top, log_z, max, lp);
+}

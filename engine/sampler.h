@@ -31,6 +31,7 @@ struct smp_logprobs {
     int32_t token;   /* the chosen token */
     float logprob;   /* its log-probability under the model's distribution (raw logits, after
                         penalties, before temperature/top-k/top-p filtering, as vLLM reports) */
+    int32_t rank;    /* 1 + tokens with a larger logit (smp_row_logprobs only; 0 = not set) */
     int n_top;
     int32_t top_token[SMP_MAX_LOGPROBS];
     float top_logprob[SMP_MAX_LOGPROBS];
@@ -45,5 +46,11 @@ void smp_free(struct sampler *s);
 void smp_accept(struct sampler *s, int32_t token, bool generated);
 /* Picks the next token from `logits` (vocab floats, modified in place). Fills `lp` if non-NULL. */
 int32_t smp_sample(struct sampler *s, float *logits, struct smp_logprobs *lp);
+
+/* The log-probability of `token` under the raw distribution softmax(logits) (no penalties, no
+ * temperature: what prompt logprobs report), its rank and the n_top most likely tokens. Reads
+ * logits only; allocates nothing. */
+void smp_row_logprobs(const float *logits, int vocab, int32_t token, int n_top,
+                      struct smp_logprobs *lp);
 
 #endif

@@ -25,7 +25,10 @@ struct sched {
     int n_waiting;
     struct engine_item *items;    /* (max_num_seqs) */
     struct sched_req **item_req;  /* (max_num_seqs) */
-    float *logits;                /* (max_num_seqs, vocab) */
+    /* (max_num_seqs + extra_rows, vocab): one row per item that samples, plus rows for the
+     * prompt positions of prompt-logprob requests (at most extra_rows more per step) */
+    float *logits;
+    int extra_rows;
     char piece[512];
     uint64_t pc_queries, pc_hits; /* prefix cache tokens, copied into st by publish_stats */
 
@@ -74,6 +77,7 @@ void sched_req_params_default(struct sched_req_params *p)
     p->max_tokens = 16;
     smp_params_default(&p->smp);
     p->skip_special = true;
+    p->prompt_logprobs = -1;
 }
 
 /* --- requests ------------------------------------------------------------------------------ */
@@ -87,6 +91,10 @@ struct sched_req *sched_req_create(const int32_t *prompt, int n_prompt,
     }
     if (p->max_tokens < 0 || p->max_tokens > (1 << 24)) {
         ms_errf(err, errlen, "max_tokens %d out of range", p->max_tokens);
+        return NULL;
+    }
+    if (p->prompt_logprobs > SMP_MAX_LOGPROBS) {
+        ms_errf(err, errlen, "prompt_logprobs must be at most %d", SMP_MAX_LOGPROBS);
         return NULL;
     }
     if (p->n_stop < 0 || p->n_stop > SCHED_MAX_STOP) {
@@ -119,6 +127,11 @@ struct sched_req *sched_req_create(const int32_t *prompt, int n_prompt,
         r->out.lps = malloc(sizeof *r->out.lps * (size_t)(p->max_tokens > 0 ? p->max_tokens : 1));
         if (!r->out.lps) goto oom;
     }
+    if (p->prompt_logprobs >= 0) {
+        r->out.prompt_lps = calloc((size_t)n_prompt, sizeof *r->out.prompt_lps);
+        if (!r->out.prompt_lps) goto oom;
+        r->out.n_prompt_lps = 1; /* the first token has no logprob: nothing to wait for */
+    }
     memcpy(r->tokens, prompt, sizeof(int32_t) * (size_t)n_prompt);
     for (int i = 0; i < p->n_stop; i++) {
         memcpy(r->stop_buf[i], p->stop[i], strlen(p->stop[i]) + 1);
@@ -139,6 +152,7 @@ oom:
         free(r->out.tokens);
         free(r->out.text);
         free(r->out.lps);
+        free(r->out.prompt_lps);
         free(r->hold);
         free(r);
     }
@@ -161,6 +175,7 @@ void sched_req_release(struct sched_req *r)
     free(r->out.tokens);
     free(r->out.text);
     free(r->out.lps);
+    free(r->out.prompt_lps);
     free(r->hold);
     free(r);
 }
@@ -220,10 +235,16 @@ int sched_create(struct engine *e, const struct sched_params *p, struct sched **
     s->max_model_len = ep->max_model_len;
     s->prefix_caching = !p->disable_prefix_caching;
     int ns = p->max_num_seqs;
+    /* Prompt-logprob rows: up to 64 MiB of logits per step (at least 16 rows), no more rows
+     * than a step has tokens. */
+    size_t extra = ((size_t)64 << 20) / (sizeof(float) * (size_t)s->vocab);
+    if (extra < 16) extra = 16;
+    if (extra > (size_t)p->max_num_batched_tokens) extra = (size_t)p->max_num_batched_tokens;
+    s->extra_rows = (int)extra;
     s->running = calloc((size_t)ns, sizeof *s->running);
     s->items = calloc((size_t)ns, sizeof *s->items);
     s->item_req = calloc((size_t)ns, sizeof *s->item_req);
-    s->logits = malloc(sizeof(float) * (size_t)ns * (size_t)s->vocab);
+    s->logits = malloc(sizeof(float) * ((size_t)ns + extra) * (size_t)s->vocab);
     if (!s->running || !s->items || !s->item_req || !s->logits) {
         ms_errf(err, errlen, "out of memory");
         goto fail;
@@ -408,6 +429,25 @@ static enum sched_finish accept_token(struct sched *s, struct sched_req *r, floa
     return why;
 }
 
+/* Logprobs of the prompt tokens this step's rows predict (row j of it is position
+ * pos + n_tokens - n_logits + j, which predicts the token after it), published in order. */
+static void record_prompt_lps(struct sched *s, struct sched_req *r, const struct engine_item *it)
+{
+    int next = r->out.n_prompt_lps;
+    int first_pos = it->pos + it->n_tokens - it->n_logits;
+    for (int j = 0; j < it->n_logits; j++) {
+        int q = first_pos + j + 1;
+        if (q < next) continue; /* recorded before a preemption */
+        if (q >= r->n_prompt || q != next) break;
+        smp_row_logprobs(it->logits + (size_t)j * (size_t)s->vocab, s->vocab, r->tokens[q],
+                         r->p.prompt_logprobs, &r->out.prompt_lps[q]);
+        next++;
+    }
+    pthread_mutex_lock(&r->mu);
+    r->out.n_prompt_lps = next;
+    pthread_mutex_unlock(&r->mu);
+}
+
 /* --- planning ------------------------------------------------------------------------------ */
 
 static void wait_push_front(struct sched *s, struct sched_req *r)
@@ -507,7 +547,27 @@ static void preempt(struct sched *s, int i)
     pthread_mutex_unlock(&s->st_mu);
 }
 
-static void add_item(struct sched *s, int *n_items, struct sched_req *r, int n)
+/* Whether r still waits for logprobs of some prompt tokens. */
+static bool prompt_lps_pending(const struct sched_req *r)
+{
+    return r->out.prompt_lps && r->out.n_prompt_lps < r->n_prompt;
+}
+
+/* Logit rows of a step: each item that samples takes one, a prompt-logprob chunk one per
+ * token; those beyond the first come out of the step's extra rows. */
+struct rows {
+    int used, extra_left;
+};
+
+/* Cuts a chunk of n tokens of r to the logit rows left (a prompt-logprob chunk needs a row
+ * per token). Returns the tokens the chunk may have, >= 1. */
+static int fit_rows(const struct rows *rw, const struct sched_req *r, int n)
+{
+    if (prompt_lps_pending(r) && n > rw->extra_left + 1) n = rw->extra_left + 1;
+    return n;
+}
+
+static void add_item(struct sched *s, int *n_items, struct rows *rw, struct sched_req *r, int n)
 {
     struct engine_item *it = &s->items[*n_items];
     bool last = r->n_computed + n == r->n_total;
@@ -516,8 +576,14 @@ static void add_item(struct sched *s, int *n_items, struct sched_req *r, int n)
     it->n_tokens = n;
     it->pos = r->n_computed;
     it->moe_top_k = r->p.moe_top_k;
-    it->n_logits = last ? 1 : 0;
-    it->logits = s->logits + (size_t)*n_items * (size_t)s->vocab;
+    /* max_tokens 0 samples nothing: its last chunk needs no row of its own */
+    it->n_logits = last && r->p.max_tokens > 0 ? 1 : 0;
+    if (prompt_lps_pending(r)) {
+        it->n_logits = n;
+        rw->extra_left -= n - 1;
+    }
+    it->logits = s->logits + (size_t)rw->used * (size_t)s->vocab;
+    rw->used += it->n_logits;
     s->item_req[*n_items] = r;
     (*n_items)++;
 }
@@ -534,6 +600,10 @@ static int take_cached_prefix(struct sched *s, struct sched_req *r)
 {
     struct kv_cache *kv = engine_kv(s->e);
     int max_blocks = (r->n_total - 1) / kv->block_size;
+    /* Computing position p gives token p+1's logprob: cached positions must all precede the
+     * first token whose logprob is still missing. */
+    if (prompt_lps_pending(r) && max_blocks > (r->out.n_prompt_lps - 1) / kv->block_size)
+        max_blocks = (r->out.n_prompt_lps - 1) / kv->block_size;
     int n = kv_seq_match(kv, &r->kv, cache_key(r), r->tokens, max_blocks);
     r->n_computed = n * kv->block_size;
     return r->n_computed;
@@ -562,12 +632,14 @@ static int plan(struct sched *s)
     int budget = s->p.max_num_batched_tokens;
     int free_blocks = kv_free_blocks(kv);
     int n_items = 0;
+    struct rows rw = {.used = 0, .extra_left = s->extra_rows};
 
     /* Running sequences first, oldest first; when blocks run out, preempt the newest. */
     for (int i = 0; i < s->n_running && budget > 0;) {
         struct sched_req *r = s->running[i];
         int n = r->n_total - r->n_computed;
         if (n > budget) n = budget;
+        n = fit_rows(&rw, r, n);
         int need = blocks_needed(s, r, n);
         bool self_preempted = false;
         while (need > free_blocks) {
@@ -583,7 +655,7 @@ static int plan(struct sched *s)
         if (self_preempted) break;
         free_blocks -= need;
         budget -= n;
-        add_item(s, &n_items, r, n);
+        add_item(s, &n_items, &rw, r, n);
         i++;
     }
 
@@ -608,6 +680,7 @@ static int plan(struct sched *s)
         }
         int n = r->n_total - r->n_computed;
         if (n > budget) n = budget;
+        n = fit_rows(&rw, r, n);
         int need = blocks_needed(s, r, n);
         if (need > free_blocks) {
             if (hit > 0) {
@@ -635,7 +708,7 @@ static int plan(struct sched *s)
         s->running[s->n_running++] = r;
         free_blocks -= need;
         budget -= n;
-        add_item(s, &n_items, r, n);
+        add_item(s, &n_items, &rw, r, n);
     }
     return n_items;
 }
@@ -692,9 +765,13 @@ int sched_step(struct sched *s)
         if (it->pos < r->n_prompt) n_prompt_tok += (it->pos + it->n_tokens < r->n_prompt
                                                         ? it->n_tokens
                                                         : r->n_prompt - it->pos);
-        if (it->n_logits == 0) continue;
-        enum sched_finish why = accept_token(s, r, it->logits);
-        n_gen_tok++;
+        if (prompt_lps_pending(r)) record_prompt_lps(s, r, it);
+        if (r->n_computed < r->n_total) continue; /* a prefill chunk before the last */
+        enum sched_finish why = SCHED_FINISH_LENGTH; /* max_tokens 0: done after the prefill */
+        if (r->p.max_tokens > 0) {
+            why = accept_token(s, r, it->logits + (size_t)(it->n_logits - 1) * (size_t)s->vocab);
+            n_gen_tok++;
+        }
         if (why != SCHED_FINISH_NONE) {
             for (int j = 0; j < s->n_running; j++)
                 if (s->running[j] == r) {

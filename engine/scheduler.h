@@ -7,6 +7,12 @@
  * so it later resumes exactly where it stopped. Sampling, stop strings, EOS and length limits
  * and incremental detokenization happen here, so a request's output queue holds final text.
  *
+ * Prompt logprobs (sched_req_params.prompt_logprobs): the prefill chunks of such a request ask
+ * the engine for logits at every position, so each prompt token's logprob comes from the
+ * forward pass that computes its K/V anyway; the rows are bounded per step (a chunk is cut to
+ * the rows left), and positions whose logprobs are still missing are never skipped by the
+ * prefix cache. max_tokens == 0 is valid: the request ends ("length") when its prefill is done.
+ *
  * Prefix caching (on unless sched_params.disable_prefix_caching): when a request is admitted
  * with nothing computed, it takes the longest run of cached full KV blocks matching its tokens
  * (kv_seq_match) and its prefill starts after them; at least the last token is always computed
@@ -61,6 +67,8 @@ struct sched_req_params {
     bool ignore_eos;
     bool skip_special;      /* drop special tokens from the text (default true) */
     int moe_top_k;          /* 0 = the model's */
+    int prompt_logprobs;    /* < 0: off; else record every prompt token's logprob (from the
+                               prefill the request runs anyway) with this many alternatives */
     int n_stop;
     const char *stop[SCHED_MAX_STOP]; /* stop strings (not included in the text) */
 };
@@ -74,6 +82,11 @@ struct sched_out {
     int32_t *tokens;          /* (max_tokens) generated token ids */
     struct smp_logprobs *lps; /* (max_tokens) when logprobs were asked for, else NULL */
     int n_tokens;
+    /* (n_prompt) when prompt_logprobs >= 0, else NULL: entry q is prompt token q's logprob given
+     * the tokens before it (entry 0, the first token, has none and stays zeroed). Entries
+     * [1, n_prompt_lps) are published; n_prompt_lps == n_prompt once the prefill is done. */
+    struct smp_logprobs *prompt_lps;
+    int n_prompt_lps;
     int n_cached_tokens;      /* prompt tokens whose K/V came from the prefix cache */
     enum sched_finish finish; /* set once, after the last text and tokens are published */
     char error[128];

@@ -3,6 +3,7 @@
  * drives steps. See scheduler.h for the threading and ownership rules. */
 #include "scheduler.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -133,6 +134,28 @@ struct sched_req *sched_req_create(const int32_t *prompt, int n_prompt,
         r->out.n_prompt_lps = 1; /* the first token has no logprob: nothing to wait for */
     }
     memcpy(r->tokens, prompt, sizeof(int32_t) * (size_t)n_prompt);
+    /* The id lists belong to the caller: keep copies (the sampler is created later). */
+    if (p->n_stop_ids > 0) {
+        r->stop_ids = malloc(sizeof *r->stop_ids * (size_t)p->n_stop_ids);
+        if (!r->stop_ids) goto oom;
+        memcpy(r->stop_ids, p->stop_ids, sizeof *r->stop_ids * (size_t)p->n_stop_ids);
+    }
+    if (p->smp.n_bias > 0) {
+        r->bias = malloc(sizeof *r->bias * (size_t)p->smp.n_bias);
+        if (!r->bias) goto oom;
+        memcpy(r->bias, p->smp.bias, sizeof *r->bias * (size_t)p->smp.n_bias);
+    }
+    if (p->smp.n_allowed > 0) {
+        r->allowed = malloc(sizeof *r->allowed * (size_t)p->smp.n_allowed);
+        if (!r->allowed) goto oom;
+        memcpy(r->allowed, p->smp.allowed, sizeof *r->allowed * (size_t)p->smp.n_allowed);
+    }
+    r->p.stop_ids = r->stop_ids;
+    r->p.n_stop_ids = r->stop_ids ? p->n_stop_ids : 0;
+    r->p.smp.bias = r->bias;
+    r->p.smp.n_bias = r->bias ? p->smp.n_bias : 0;
+    r->p.smp.allowed = r->allowed;
+    r->p.smp.n_allowed = r->allowed ? p->smp.n_allowed : 0;
     for (int i = 0; i < p->n_stop; i++) {
         memcpy(r->stop_buf[i], p->stop[i], strlen(p->stop[i]) + 1);
         r->p.stop[i] = r->stop_buf[i];
@@ -154,6 +177,9 @@ oom:
         free(r->out.lps);
         free(r->out.prompt_lps);
         free(r->hold);
+        free(r->stop_ids);
+        free(r->bias);
+        free(r->allowed);
         free(r);
     }
     ms_errf(err, errlen, "out of memory");
@@ -177,6 +203,9 @@ void sched_req_release(struct sched_req *r)
     free(r->out.lps);
     free(r->out.prompt_lps);
     free(r->hold);
+    free(r->stop_ids);
+    free(r->bias);
+    free(r->allowed);
     free(r);
 }
 
@@ -290,28 +319,32 @@ static void out_append(struct sched_req *r, const char *t, size_t n)
 
 /* Feeds newly decoded text through the stop-string filter: publishes what can no longer be
  * the start of a stop string, holds back the rest. Returns true when a stop string matched
- * (the text before it is published, the rest dropped). Called with r->mu held. */
+ * (the text before it is published, and the stop string itself with include_stop_str; the
+ * rest dropped). Before min_tokens no stop string counts. Called with r->mu held. */
 static bool feed_text(struct sched_req *r, const char *t, size_t n)
 {
-    if (r->p.n_stop == 0) {
+    if (r->p.n_stop == 0 || r->n_total - r->n_prompt < r->p.min_tokens) {
+        out_append(r, r->hold, r->hold_len);
+        r->hold_len = 0;
         out_append(r, t, n);
         return false;
     }
     if (r->hold_len + n > r->hold_cap) n = r->hold_cap - r->hold_len; /* cannot happen */
     memcpy(r->hold + r->hold_len, t, n);
     r->hold_len += n;
-    size_t best = r->hold_len;
+    size_t best = r->hold_len, best_len = 0;
     for (int i = 0; i < r->p.n_stop; i++) {
         const char *st = r->p.stop[i];
         size_t sl = strlen(st);
         for (size_t k = 0; k + sl <= r->hold_len && k < best; k++)
             if (memcmp(r->hold + k, st, sl) == 0) {
                 best = k;
+                best_len = sl;
                 break;
             }
     }
     if (best < r->hold_len) {
-        out_append(r, r->hold, best);
+        out_append(r, r->hold, best + (r->p.include_stop_str ? best_len : 0));
         r->hold_len = 0;
         return true;
     }
@@ -385,11 +418,27 @@ static bool is_eos(const struct model *m, int32_t t)
     return false;
 }
 
+static bool is_stop_id(const struct sched_req *r, int32_t t)
+{
+    for (int i = 0; i < r->p.n_stop_ids; i++)
+        if (r->p.stop_ids[i] == t) return true;
+    return false;
+}
+
 /* Samples the next token of r from its logits row and publishes it. Returns the finish reason
  * (SCHED_FINISH_NONE to continue). */
 static enum sched_finish accept_token(struct sched *s, struct sched_req *r, float *row)
 {
     struct smp_logprobs lp = {0};
+    if (r->n_total - r->n_prompt < r->p.min_tokens) {
+        /* min_tokens: nothing that would end the request may be drawn yet */
+        for (int i = 0; i < s->m->desc.n_eos && !r->p.ignore_eos; i++)
+            if (s->m->desc.eos_ids[i] >= 0 && s->m->desc.eos_ids[i] < s->vocab)
+                row[s->m->desc.eos_ids[i]] = -INFINITY;
+        for (int i = 0; i < r->p.n_stop_ids; i++)
+            if (r->p.stop_ids[i] >= 0 && r->p.stop_ids[i] < s->vocab)
+                row[r->p.stop_ids[i]] = -INFINITY;
+    }
     int32_t t = smp_sample(r->smp, row, r->p.logprobs ? &lp : NULL);
     smp_accept(r->smp, t, true);
     double now = ms_now();
@@ -406,7 +455,8 @@ static enum sched_finish accept_token(struct sched *s, struct sched_req *r, floa
     int n_gen = r->n_total - r->n_prompt;
 
     enum sched_finish why = SCHED_FINISH_NONE;
-    bool eos = !r->p.ignore_eos && is_eos(s->m, t);
+    bool stop_id = is_stop_id(r, t);
+    bool eos = !r->p.ignore_eos && is_eos(s->m, t) && !stop_id;
     pthread_mutex_lock(&r->mu);
     r->out.tokens[r->out.n_tokens] = t;
     if (r->out.lps) r->out.lps[r->out.n_tokens] = lp;
@@ -416,11 +466,13 @@ static enum sched_finish accept_token(struct sched *s, struct sched_req *r, floa
     } else if (s->m->tok) {
         int w = tok_stream_push(s->m->tok, &r->ts, t, s->piece, sizeof s->piece);
         if (w > 0 && feed_text(r, s->piece, (size_t)w)) why = SCHED_FINISH_STOP;
+        if (stop_id) why = SCHED_FINISH_STOP;
     }
+    if (stop_id && !s->m->tok) why = SCHED_FINISH_STOP;
     if (why == SCHED_FINISH_NONE && (n_gen >= r->p.max_tokens || r->n_total >= s->max_model_len))
         why = SCHED_FINISH_LENGTH;
-    if (why != SCHED_FINISH_NONE && !(why == SCHED_FINISH_STOP && !eos) && s->m->tok) {
-        /* finished by EOS or length: the decoder may hold an incomplete character */
+    if (why != SCHED_FINISH_NONE && !(why == SCHED_FINISH_STOP && !eos && !stop_id) && s->m->tok) {
+        /* finished by EOS, a stop id or length: the decoder may hold an incomplete character */
         int w = tok_stream_flush(s->m->tok, &r->ts, s->piece, sizeof s->piece);
         if (w > 0 && feed_text(r, s->piece, (size_t)w)) why = SCHED_FINISH_STOP;
     }
@@ -588,10 +640,12 @@ static void add_item(struct sched *s, int *n_items, struct rows *rw, struct sche
     (*n_items)++;
 }
 
-/* Namespace of r's cached blocks: K/V depend on the expert budget, not only on the tokens. */
+/* Namespace of r's cached blocks: K/V depend on the expert budget, not only on the tokens;
+ * a cache_salt (vLLM's) keeps a client's prefixes apart from everyone else's. */
 static uint64_t cache_key(const struct sched_req *r)
 {
-    return r->p.moe_top_k > 0 ? (uint64_t)r->p.moe_top_k : 0;
+    uint64_t k = r->p.moe_top_k > 0 ? (uint64_t)r->p.moe_top_k : 0;
+    return r->p.cache_salt ? k ^ (r->p.cache_salt * 0x9e3779b97f4a7c15ull) : k;
 }
 
 /* For a waiting request with nothing computed: takes its longest cached prefix, always leaving

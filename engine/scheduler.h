@@ -71,6 +71,12 @@ struct sched_req_params {
                                prefill the request runs anyway) with this many alternatives */
     int n_stop;
     const char *stop[SCHED_MAX_STOP]; /* stop strings (not included in the text) */
+    bool include_stop_str;  /* keep the matched stop string in the text */
+    const int32_t *stop_ids; /* (n_stop_ids) tokens that end the request ("stop") like EOS,
+                                their text kept unless special and skipped; copied */
+    int n_stop_ids;
+    int min_tokens;         /* EOS, stop_ids and stop strings count only from this many on */
+    uint64_t cache_salt;    /* requests share cached prefix blocks only with the same salt */
 };
 
 void sched_req_params_default(struct sched_req_params *p);
@@ -105,6 +111,9 @@ struct sched_req {
     int cap;                  /* n_prompt + max_tokens */
     struct sched_req_params p;
     char stop_buf[SCHED_MAX_STOP][SCHED_MAX_STOP_LEN + 1];
+    int32_t *stop_ids;        /* (p.n_stop_ids) own copy */
+    struct smp_bias *bias;    /* (p.smp.n_bias) own copy */
+    int32_t *allowed;         /* (p.smp.n_allowed) own copy */
     double t_arrival;
 
     /* scheduler thread only */

@@ -6,6 +6,10 @@
 
 #include <stdint.h>
 
+struct uni_gc_range {
+    uint32_t first, last;
+    uint8_t gc; /* enum uni_gc */
+};
 struct uni_ccc_entry {
     uint32_t cp;
     uint8_t ccc; /* canonical combining class, nonzero */
@@ -19,6 +23,9 @@ struct uni_comp_entry {
     uint32_t cp;   /* ... compose to this primary composite */
 };
 
+extern const char uni_tables_version[]; /* the UCD version, "16.0.0" */
+extern const struct uni_gc_range uni_gc_table[]; /* assigned code points only */
+extern const int uni_gc_count;
 extern const struct uni_ccc_entry uni_ccc_table[];
 extern const int uni_ccc_count;
 extern const struct uni_decomp_entry uni_decomp_table[];

@@ -363,3 +363,8 @@ int tok_token_bytes(const struct tokenizer *t, int32_t id, char *out, size_t cap
     }
     return b.failed ? -1 : (int)b.len;
 }
+
+bool tok_decode_strips_first_space(const struct tokenizer *t)
+{
+    return t->dec == DEC_PIECES && t->strip_start > 0 && t->strip_ch == ' ';
+}

@@ -62,6 +62,10 @@ int tok_stream_flush(const struct tokenizer *tok, struct tok_stream *s, char *ou
  * Writes at most cap-1 bytes plus a NUL; returns the length, or -1 (bad id or cap too small). */
 int tok_token_bytes(const struct tokenizer *tok, int32_t id, char *out, size_t cap);
 
+/* Whether decoding drops one leading space of the first token (SentencePiece's Strip step):
+ * the text of a sequence is then its pieces joined, less that space. */
+bool tok_decode_strips_first_space(const struct tokenizer *tok);
+
 int tok_vocab_size(const struct tokenizer *tok);       /* ids are 0..size-1, added tokens included */
 int32_t tok_bos_id(const struct tokenizer *tok);       /* -1 when none */
 int32_t tok_eos_id(const struct tokenizer *tok);       /* -1 when none */

@@ -156,6 +156,7 @@ struct sched_req *sched_req_create(const int32_t *prompt, int n_prompt,
     r->p.smp.n_bias = r->bias ? p->smp.n_bias : 0;
     r->p.smp.allowed = r->allowed;
     r->p.smp.n_allowed = r->allowed ? p->smp.n_allowed : 0;
+    grm_retain(p->grammar);
     for (int i = 0; i < p->n_stop; i++) {
         memcpy(r->stop_buf[i], p->stop[i], strlen(p->stop[i]) + 1);
         r->p.stop[i] = r->stop_buf[i];
@@ -196,6 +197,8 @@ void sched_req_release(struct sched_req *r)
     if (!r || atomic_fetch_sub(&r->refs, 1) != 1) return;
     /* The scheduler frees the KV table and sampler before dropping its reference. */
     smp_free(r->smp);
+    grm_matcher_free(r->gm);
+    grm_release(r->p.grammar);
     pthread_mutex_destroy(&r->mu);
     free(r->tokens);
     free(r->out.tokens);
@@ -425,11 +428,33 @@ static bool is_stop_id(const struct sched_req *r, int32_t t)
     return false;
 }
 
+static void warn(struct sched *s, const struct sched_req *r, const char *msg)
+{
+    if (s->p.obs.on_warning) s->p.obs.on_warning(s->p.obs.ctx, r->id, msg);
+}
+
+/* Ends r without a new token (its grammar is complete or allows nothing): the decoder may
+ * still hold an incomplete character. Returns SCHED_FINISH_STOP. */
+static enum sched_finish stop_without_token(struct sched *s, struct sched_req *r)
+{
+    pthread_mutex_lock(&r->mu);
+    if (s->m->tok) {
+        int w = tok_stream_flush(s->m->tok, &r->ts, s->piece, sizeof s->piece);
+        if (w > 0) feed_text(r, s->piece, (size_t)w);
+    }
+    pthread_mutex_unlock(&r->mu);
+    return SCHED_FINISH_STOP;
+}
+
 /* Samples the next token of r from its logits row and publishes it. Returns the finish reason
  * (SCHED_FINISH_NONE to continue). */
 static enum sched_finish accept_token(struct sched *s, struct sched_req *r, float *row)
 {
     struct smp_logprobs lp = {0};
+    if (r->gm && grm_mask(r->gm, row) == 0) {
+        warn(s, r, "the grammar allows no token here; the output ends");
+        return stop_without_token(s, r);
+    }
     if (r->n_total - r->n_prompt < r->p.min_tokens) {
         /* min_tokens: nothing that would end the request may be drawn yet */
         for (int i = 0; i < s->m->desc.n_eos && !r->p.ignore_eos; i++)
@@ -440,6 +465,17 @@ static enum sched_finish accept_token(struct sched *s, struct sched_req *r, floa
                 row[r->p.stop_ids[i]] = -INFINITY;
     }
     int32_t t = smp_sample(r->smp, row, r->p.logprobs ? &lp : NULL);
+    /* Every token impossible (the grammar, logit_bias and allowed_token_ids left none): the
+     * sampler's stand-in is no answer. */
+    if (row[t] == -INFINITY && (r->gm || r->p.smp.n_bias > 0 || r->p.smp.n_allowed > 0)) {
+        warn(s, r, "no token is allowed (grammar, logit_bias and allowed_token_ids together); "
+                   "the output ends");
+        return stop_without_token(s, r);
+    }
+    if (r->gm && grm_accept(r->gm, t) != 0) {
+        warn(s, r, "the grammar refused the drawn token; the output ends");
+        return stop_without_token(s, r);
+    }
     smp_accept(r->smp, t, true);
     double now = ms_now();
     if (r->n_total == r->n_prompt) {
@@ -456,7 +492,8 @@ static enum sched_finish accept_token(struct sched *s, struct sched_req *r, floa
 
     enum sched_finish why = SCHED_FINISH_NONE;
     bool stop_id = is_stop_id(r, t);
-    bool eos = !r->p.ignore_eos && is_eos(s->m, t) && !stop_id;
+    /* with a grammar, EOS was allowed only where the output may end: it ends it */
+    bool eos = (!r->p.ignore_eos || r->gm) && is_eos(s->m, t) && !stop_id;
     pthread_mutex_lock(&r->mu);
     r->out.tokens[r->out.n_tokens] = t;
     if (r->out.lps) r->out.lps[r->out.n_tokens] = lp;
@@ -469,9 +506,13 @@ static enum sched_finish accept_token(struct sched *s, struct sched_req *r, floa
         if (stop_id) why = SCHED_FINISH_STOP;
     }
     if (stop_id && !s->m->tok) why = SCHED_FINISH_STOP;
+    /* A complete structured output ends here, whatever ignore_eos says: nothing may follow. */
+    bool grammar_end = why == SCHED_FINISH_NONE && r->gm && grm_must_end(r->gm);
+    if (grammar_end) why = SCHED_FINISH_STOP;
     if (why == SCHED_FINISH_NONE && (n_gen >= r->p.max_tokens || r->n_total >= s->max_model_len))
         why = SCHED_FINISH_LENGTH;
-    if (why != SCHED_FINISH_NONE && !(why == SCHED_FINISH_STOP && !eos && !stop_id) && s->m->tok) {
+    if (why != SCHED_FINISH_NONE && !(why == SCHED_FINISH_STOP && !eos && !stop_id && !grammar_end) &&
+        s->m->tok) {
         /* finished by EOS, a stop id or length: the decoder may hold an incomplete character */
         int w = tok_stream_flush(s->m->tok, &r->ts, s->piece, sizeof s->piece);
         if (w > 0 && feed_text(r, s->piece, (size_t)w)) why = SCHED_FINISH_STOP;
@@ -669,6 +710,10 @@ static int admit(struct sched *s, struct sched_req *r)
     if (!r->kv_init) {
         if (engine_seq_init(s->e, &r->kv) != 0) return -1;
         r->kv_init = true;
+    }
+    if (r->p.grammar && !r->gm) {
+        r->gm = grm_matcher_create(r->p.grammar);
+        if (!r->gm) return -1;
     }
     if (!r->smp) {
         r->smp = smp_create(s->vocab, &r->p.smp);

@@ -13,6 +13,9 @@
  * the rows left), and positions whose logprobs are still missing are never skipped by the
  * prefix cache. max_tokens == 0 is valid: the request ends ("length") when its prefill is done.
  *
+ * Structured output (sched_req_params.grammar): before each draw the request's grammar matcher
+ * masks the logits (engine/grammar), after it the matcher takes the token.
+ *
  * Prefix caching (on unless sched_params.disable_prefix_caching): when a request is admitted
  * with nothing computed, it takes the longest run of cached full KV blocks matching its tokens
  * (kv_seq_match) and its prefill starts after them; at least the last token is always computed
@@ -41,6 +44,7 @@
 #include <stdint.h>
 
 #include "engine.h"
+#include "grammar.h"
 #include "sampler.h"
 #include "tokenizer.h"
 
@@ -77,6 +81,10 @@ struct sched_req_params {
     int n_stop_ids;
     int min_tokens;         /* EOS, stop_ids and stop strings count only from this many on */
     uint64_t cache_salt;    /* requests share cached prefix blocks only with the same salt */
+    /* Structured output: only tokens this grammar allows are drawn (sched_req_create takes a
+     * reference). The request ends ("stop") when the grammar is complete and nothing may
+     * follow, or when it allows no token at all (then with a warning, on_warning). */
+    struct grm_grammar *grammar;
 };
 
 void sched_req_params_default(struct sched_req_params *p);
@@ -114,6 +122,7 @@ struct sched_req {
     int32_t *stop_ids;        /* (p.n_stop_ids) own copy */
     struct smp_bias *bias;    /* (p.smp.n_bias) own copy */
     int32_t *allowed;         /* (p.smp.n_allowed) own copy */
+    struct grm_matcher *gm;   /* the grammar's state, created at admission; NULL without one */
     double t_arrival;
 
     /* scheduler thread only */
@@ -157,6 +166,8 @@ struct sched_observer {
     void (*on_finish)(void *ctx, enum sched_finish why, int n_prompt, int n_generated,
                       double e2e_s);
     void (*on_step)(void *ctx, int n_tokens, int n_seqs);
+    /* Something about one request a log should show (e.g. its grammar allowed no token). */
+    void (*on_warning)(void *ctx, uint64_t req_id, const char *msg);
 };
 
 struct sched_params {

@@ -168,6 +168,25 @@ static json_t *text_obj(const struct proto_choice *c)
     return s ? s : json_string("\xef\xbf\xbd");
 }
 
+static json_t *tool_calls_arr(const struct proto_choice *c, bool chunk)
+{
+    json_t *arr = json_array();
+    for (int i = 0; i < c->n_calls; i++) {
+        char id[96];
+        snprintf(id, sizeof id, "%s_%d", c->call_id ? c->call_id : "call", c->call_index0 + i);
+        json_t *fn = json_object();
+        json_object_set_new(fn, "name", json_string(c->calls[i].name));
+        json_object_set_new(fn, "arguments", json_string(c->calls[i].arguments));
+        json_t *t = json_object();
+        if (chunk) json_object_set_new(t, "index", json_integer(c->call_index0 + i));
+        json_object_set_new(t, "id", json_string(id));
+        json_object_set_new(t, "type", json_string("function"));
+        json_object_set_new(t, "function", fn);
+        json_array_append_new(arr, t);
+    }
+    return arr;
+}
+
 static json_t *choice_obj(enum proto_kind kind, const struct proto_choice *c, bool chunk,
                           bool role, const struct tokenizer *tok)
 {
@@ -176,7 +195,11 @@ static json_t *choice_obj(enum proto_kind kind, const struct proto_choice *c, bo
     if (kind == PROTO_CHAT) {
         json_t *msg = json_object();
         if (!chunk || role) json_object_set_new(msg, "role", json_string("assistant"));
-        if (!chunk || c->text_len > 0 || role) json_object_set_new(msg, "content", text_obj(c));
+        if (!chunk && c->n_calls > 0 && c->text_len == 0)
+            json_object_set_new(msg, "content", json_null()); /* as OpenAI: calls only */
+        else if (!chunk || c->text_len > 0 || role)
+            json_object_set_new(msg, "content", text_obj(c));
+        if (c->n_calls > 0) json_object_set_new(msg, "tool_calls", tool_calls_arr(c, chunk));
         json_object_set_new(o, chunk ? "delta" : "message", msg);
         json_object_set_new(o, "logprobs", c->lps ? chat_logprobs(c, tok) : json_null());
     } else {

@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "proto/request.h"
+#include "proto/toolcall.h"
 #include "sampler.h"
 #include "tokenizer.h"
 
@@ -34,6 +35,12 @@ struct proto_choice {
     bool echo_logprobs;
     bool prompt_logprobs;          /* add vLLM's `prompt_logprobs` list */
     bool tokens_as_ids;            /* logprob tokens as "token_id:N" */
+    /* chat: tool calls, as message.tool_calls or (chunks) delta.tool_calls; their ids are
+     * "<call_id>_<index>", index counting from call_index0 among the choice's calls */
+    const struct tc_call *calls;
+    int n_calls;
+    int call_index0;
+    const char *call_id;
 };
 
 struct proto_usage {

@@ -21,6 +21,7 @@
 #include <time.h>
 
 #include "common.h"
+#include "grammar.h"
 #include "jinja.h"
 #include "proto/request.h"
 #include "proto/response.h"
@@ -36,6 +37,7 @@ struct http_server {
     const struct model *m;
     struct sched *s;
     jinja_template *chat;     /* m->chat_template parsed once at ready; NULL if none/invalid */
+    struct grm_vocab *gvocab; /* the token trie structured output masks with (built at ready) */
     char chat_err[MS_ERR_LEN];/* why chat is NULL when the model has a template */
     int port;
     atomic_int active;
@@ -50,6 +52,8 @@ struct choice_state {
     char *echo;          /* completions with echo: the prompt text, sent first */
     size_t echo_len;
     size_t chars_sent;   /* characters (code points) sent, echo included: text_offset */
+    struct tc_stream tcs;/* tool calls: where the output's parsing stands */
+    int calls_sent;
     int prompt_tokens;
 };
 
@@ -61,7 +65,10 @@ struct gen {
     bool echo_lps;             /* echo + logprobs: the prompt's logprobs lead each choice's */
     bool plp_field;            /* vLLM prompt_logprobs asked for */
     bool tokens_as_ids;
+    bool tools;                /* chat with tool calls to parse out of the output */
+    enum tc_syntax tc_syn;
     char id[64];
+    char call_id[80];          /* tool-call ids: "<call_id>_<index>" */
     long created;
     int n;                     /* scheduler requests: prompts x n_per_prompt */
     int n_per_prompt;          /* requests per prompt: request k belongs to prompt k / n_per_prompt */
@@ -336,8 +343,10 @@ static char *gen_body(struct gen *g, int *status, struct proto_error *e)
     int *order = calloc(n_choices, sizeof *order);
     char *body = NULL;
     int completion = 0, n_ch = 0;
+    struct tc_call **calls = calloc(n_choices, sizeof *calls);
+    int *n_calls = calloc(n_choices, sizeof *n_calls);
     *status = 200;
-    if (!ch || !texts || !order) goto out;
+    if (!ch || !texts || !order || !calls || !n_calls) goto out;
     for (int i = 0; i < g->n; i++) {
         struct sched_req *r = g->reqs[i];
         sched_req_lock(r);
@@ -376,6 +385,20 @@ static char *gen_body(struct gen *g, int *status, struct proto_error *e)
             c->text = texts[n_ch];
             c->text_len = el + r->out.text_len;
             c->finish_reason = finish_name(r->out.finish);
+            if (g->tools) {
+                char *content = NULL;
+                if (tc_parse(g->tc_syn, texts[n_ch], c->text_len, &content, &calls[n_ch],
+                             &n_calls[n_ch]) != 0)
+                    goto out;
+                free(texts[n_ch]);
+                c->text = texts[n_ch] = content;
+                c->text_len = strlen(content);
+                c->calls = calls[n_ch];
+                c->n_calls = n_calls[n_ch];
+                c->call_id = g->call_id;
+                if (n_calls[n_ch] > 0 && r->out.finish == SCHED_FINISH_STOP)
+                    c->finish_reason = "tool_calls";
+            }
             if (g->logprobs) {
                 c->lps = r->out.lps;
                 c->n_lps = r->out.n_tokens;
@@ -391,6 +414,9 @@ static char *gen_body(struct gen *g, int *status, struct proto_error *e)
                            g->h->m->tok);
 out:
     for (int i = 0; texts && i < n_ch; i++) free(texts[i]);
+    for (int i = 0; calls && i < n_ch; i++) tc_calls_free(calls[i], n_calls[i]);
+    free(calls);
+    free(n_calls);
     free(texts);
     free(order);
     free(ch);
@@ -412,6 +438,34 @@ static bool pend_add(struct gen *g, char *frame)
     g->pend_len += n;
     free(frame);
     return true;
+}
+
+/* Tool calls while streaming: the content of r's text[0, tl) that is certainly not part of a
+ * call (a new string, *len bytes) and the calls completed since the last time. Under r's lock.
+ * Returns -1 when out of memory. */
+static int tool_delta(struct gen *g, struct choice_state *cs, const struct sched_req *r,
+                      size_t tl, bool final, char **content, size_t *len, struct tc_call **calls,
+                      int *n_calls)
+{
+    char *buf = malloc(tl - cs->tcs.pos + 1);
+    if (!buf) return -1;
+    size_t w = 0;
+    for (;;) {
+        size_t from, to;
+        int rc = tc_stream_step(&cs->tcs, r->out.text, tl, final, &from, &to, calls, n_calls);
+        if (rc < 0) {
+            free(buf);
+            return -1;
+        }
+        memcpy(buf + w, r->out.text + from, to - from);
+        w += to - from;
+        if (rc == 0) break;
+    }
+    w = tc_strip_markers(g->tc_syn, buf, w);
+    buf[w] = '\0';
+    *content = buf;
+    *len = w;
+    return 0;
 }
 
 /* Turns new output of every choice into SSE frames. Returns true when frames were added. */
@@ -445,6 +499,16 @@ static bool gen_collect(struct gen *g)
             char *text = r->out.text + cs->text_sent;
             size_t len = tl - cs->text_sent;
             char *joined = NULL;
+            struct tc_call *calls = NULL;
+            int n_calls = 0;
+            if (g->tools) {
+                if (tool_delta(g, cs, r, tl, fin != SCHED_FINISH_NONE, &joined, &len, &calls,
+                               &n_calls) != 0) {
+                    sched_req_unlock(r);
+                    return added;
+                }
+                text = joined;
+            }
             if (cs->echo && !cs->role_sent) {
                 joined = malloc(cs->echo_len + len + 1);
                 if (joined) {
@@ -462,9 +526,21 @@ static bool gen_collect(struct gen *g)
                 .tokens_as_ids = g->tokens_as_ids,
             };
             if (!cs->role_sent) choice_prompt(g, r, &c);
-            frame = proto_resp_chunk(g->kind, g->id, g->created, g->h->model_name, &c,
-                                     g->kind == PROTO_CHAT && !cs->role_sent, NULL,
-                                     g->h->m->tok);
+            c.calls = calls;
+            c.n_calls = n_calls;
+            c.call_index0 = cs->calls_sent;
+            c.call_id = g->call_id;
+            if (fin == SCHED_FINISH_STOP && cs->calls_sent + n_calls > 0)
+                c.finish_reason = "tool_calls";
+            /* nothing to say yet (a call's text is held back): no empty delta */
+            bool empty = g->tools && len == 0 && n_calls == 0 && cs->role_sent &&
+                         fin == SCHED_FINISH_NONE && !(g->logprobs && nt > cs->tok_sent);
+            if (!empty)
+                frame = proto_resp_chunk(g->kind, g->id, g->created, g->h->model_name, &c,
+                                         g->kind == PROTO_CHAT && !cs->role_sent, NULL,
+                                         g->h->m->tok);
+            if (frame) cs->calls_sent += n_calls;
+            tc_calls_free(calls, n_calls);
             for (size_t b = 0; frame && b < len; b++)
                 cs->chars_sent += ((unsigned char)text[b] & 0xC0) != 0x80;
             free(joined);
@@ -581,6 +657,56 @@ static void req_params(const struct gen *g, const struct proto_req *pr, int max_
     sp->cache_salt = salt_hash(pr->cache_salt);
 }
 
+/* Compiles the request's structured-output constraint. A JSON Schema keyword the compiler
+ * lacks is named in the message. */
+static int compile_guide(struct http_server *h, const struct proto_req *pr,
+                         struct grm_grammar **out, struct proto_error *e)
+{
+    enum grm_kind kind = GRM_EBNF;
+    switch (pr->guide_kind) {
+    case PROTO_GUIDE_JSON_OBJECT: kind = GRM_JSON_OBJECT; break;
+    case PROTO_GUIDE_JSON_SCHEMA: kind = GRM_JSON_SCHEMA; break;
+    case PROTO_GUIDE_REGEX: kind = GRM_REGEX; break;
+    case PROTO_GUIDE_CHOICE: kind = GRM_CHOICE; break;
+    default: break;
+    }
+    if (!h->gvocab)
+        return proto_fail(e, 500, NULL, NULL, "structured output needs the model's tokenizer");
+    char err[MS_ERR_LEN], kw[64];
+    if (grm_compile(kind, pr->guide, h->gvocab, out, err, sizeof err, kw, sizeof kw) != 0)
+        return proto_fail(e, 400, pr->guide_param,
+                          kw[0] ? "unsupported_schema_keyword" : "invalid_grammar", "'%s': %s",
+                          pr->guide_param, err);
+    return 0;
+}
+
+/* tool_choice required or named: a grammar that makes the output one call (or, with
+ * parallel_tool_calls, one or more) in the model's syntax. */
+static int compile_tool_grammar(struct http_server *h, const struct proto_req *pr,
+                                enum tc_syntax syn, struct grm_grammar **grammar,
+                                struct proto_error *e)
+{
+    if (*grammar) {
+        grm_release(*grammar);
+        *grammar = NULL;
+        return proto_fail(e, 400, "tool_choice", "invalid_value",
+                          "tool_choice %s cannot be combined with %s",
+                          pr->tool_choice == PROTO_TOOL_REQUIRED ? "required" : "(a function)",
+                          pr->guide_param);
+    }
+    char *ebnf = NULL, err[MS_ERR_LEN], kw[64] = "";
+    int rc = tc_grammar(syn, pr->tools_json,
+                        pr->tool_choice == PROTO_TOOL_NAMED ? pr->tool_choice_name : NULL,
+                        pr->parallel_tool_calls, &ebnf, err, sizeof err, kw, sizeof kw);
+    if (rc == 0 && !h->gvocab) rc = ms_errf(err, sizeof err, "the model has no tokenizer");
+    if (rc == 0) rc = grm_compile(GRM_EBNF, ebnf, h->gvocab, grammar, err, sizeof err, NULL, 0);
+    free(ebnf);
+    if (rc != 0)
+        return proto_fail(e, 400, kw[0] ? "tools" : "tool_choice",
+                          kw[0] ? "unsupported_schema_keyword" : "invalid_value", "%s", err);
+    return 0;
+}
+
 /* The echoed prompt of a completion: its text, or the decoded ids when it came as ids or was
  * truncated. */
 static char *echo_text(const struct tokenizer *tok, const char *text, const int32_t *ids, int n)
@@ -614,12 +740,15 @@ static int gen_submit(struct http_server *h, struct gen *g, struct proto_req *pr
                           "'moe_top_k' must be at most the model's %d experts per token",
                           m->desc.top_k);
     if (check_ids(pr, m->desc.vocab, e) != 0) return -1;
-    if (pr->guide_kind != PROTO_GUIDE_NONE)
-        return proto_fail(e, 400, pr->guide_param, "unsupported_parameter",
-                          "'%s': structured output is not supported yet", pr->guide_param);
-    if (pr->tools_json && pr->tool_choice != PROTO_TOOL_NONE)
-        return proto_fail(e, 400, "tool_choice", "unsupported_parameter",
-                          "tool calling is not supported yet: use tool_choice none");
+    struct grm_grammar *grammar = NULL;
+    if (pr->guide_kind != PROTO_GUIDE_NONE && compile_guide(h, pr, &grammar, e) != 0) return -1;
+    if (pr->kind == PROTO_CHAT && pr->tools_json && pr->tool_choice != PROTO_TOOL_NONE) {
+        g->tools = true;
+        g->tc_syn = tc_syntax_of(m->tok);
+        if ((pr->tool_choice == PROTO_TOOL_REQUIRED || pr->tool_choice == PROTO_TOOL_NAMED) &&
+            compile_tool_grammar(h, pr, g->tc_syn, &grammar, e) != 0)
+            return -1;
+    }
     /* struct proto_bias and struct smp_bias have the same fields: copy, do not alias */
     struct smp_bias *bias = NULL;
     if (pr->n_logit_bias > 0) {
@@ -691,6 +820,9 @@ static int gen_submit(struct http_server *h, struct gen *g, struct proto_req *pr
             int k = p * g->n_per_prompt + j;
             struct sched_req_params sp;
             req_params(g, pr, max_tokens, j, bias, &sp);
+            sp.grammar = grammar;
+            /* a syntax of special tokens must survive into the text to be parsed */
+            if (g->tools && tc_needs_special_tokens(g->tc_syn)) sp.skip_special = false;
             char err[MS_ERR_LEN];
             g->reqs[k] = sched_req_create(ids, n_ids, &sp, err, sizeof err);
             if (!g->reqs[k]) {
@@ -700,6 +832,7 @@ static int gen_submit(struct http_server *h, struct gen *g, struct proto_req *pr
                 goto out;
             }
             g->cs[k].prompt_tokens = n_ids;
+            tc_stream_init(&g->cs[k].tcs, g->tc_syn);
             if (pr->echo) {
                 g->cs[k].echo = echo_text(m->tok, text, ids, n_ids);
                 g->cs[k].echo_len = g->cs[k].echo ? strlen(g->cs[k].echo) : 0;
@@ -721,6 +854,7 @@ static int gen_submit(struct http_server *h, struct gen *g, struct proto_req *pr
     rc = 0;
 out:
     free(bias);
+    grm_release(grammar); /* each request holds its own reference */
     return rc;
 }
 
@@ -757,6 +891,7 @@ static enum MHD_Result handle_generate(struct http_server *h, struct MHD_Connect
     snprintf(g->id, sizeof g->id, "%s-%llx%08llx", kind == PROTO_CHAT ? "chatcmpl" : "cmpl",
              (unsigned long long)g->created,
              (unsigned long long)atomic_fetch_add(&h->next_id, 1));
+    snprintf(g->call_id, sizeof g->call_id, "call_%s", strchr(g->id, '-') + 1);
     pthread_mutex_init(&g->mu, NULL);
     atomic_fetch_add(&h->active, 1);
     cn->g = g;
@@ -1027,6 +1162,7 @@ void http_set_ready(struct http_server *h, const struct model *m, struct sched *
     /* Parse the chat template once; every chat request renders the parsed form. */
     if (m->chat_template)
         h->chat = jinja_template_parse(m->chat_template, h->chat_err, sizeof h->chat_err);
+    if (m->tok) h->gvocab = grm_vocab_build(m->tok, m->desc.vocab, m->desc.eos_ids, m->desc.n_eos);
     atomic_store(&h->state, HTTP_READY);
 }
 
@@ -1045,6 +1181,7 @@ void http_stop(struct http_server *h)
     if (!h) return;
     MHD_stop_daemon(h->d);
     jinja_template_free(h->chat);
+    grm_vocab_free(h->gvocab);
     free(h->host);
     free(h->model_name);
     free(h->api_key);

@@ -72,6 +72,7 @@ static void put_literal(struct txt *t, const char *s, size_t n)
 
 struct js {
     struct txt out;
+    const char *pfx; /* rule-name prefix (several schemas in one grammar) */
     json_t *root;
     int n_rules;
     const char *ref_names[MAX_REFS];
@@ -145,7 +146,7 @@ static int new_rule(struct js *j)
 /* Writes "rN ::= body\n". */
 static void emit(struct js *j, int rule, const struct txt *body)
 {
-    putf(&j->out, "r%d ::= ", rule);
+    putf(&j->out, "%sr%d ::= ", j->pfx, rule);
     put(&j->out, body->p ? body->p : "\"\"", body->p ? body->len : 2);
     put(&j->out, "\n", 1);
 }
@@ -258,7 +259,7 @@ static int gen_array(struct js *j, json_t *s, int depth, struct txt *b)
     } else {
         int r = gen(j, items, depth + 1);
         if (r < 0) return -1;
-        snprintf(item, sizeof item, "r%d", r);
+        snprintf(item, sizeof item, "%sr%d", j->pfx, r);
     }
     char more[80];
     snprintf(more, sizeof more, "( \",\" ws %s ws )", item);
@@ -325,9 +326,9 @@ static int gen_object(struct js *j, json_t *s, int depth, struct txt *b)
         } else {
             int r = gen(j, addl, depth + 1);
             if (r < 0) goto out;
-            putf(b, "\"{\" ws ( json_string ws \":\" ws r%d ws ( \",\" ws json_string ws \":\" ws "
-                    "r%d ws )* )? \"}\"",
-                 r, r);
+            putf(b, "\"{\" ws ( json_string ws \":\" ws %sr%d ws ( \",\" ws json_string ws \":\" ws "
+                    "%sr%d ws )* )? \"}\"",
+                 j->pfx, r, j->pfx, r);
         }
         rc = 0;
         goto out;
@@ -346,7 +347,7 @@ static int gen_object(struct js *j, json_t *s, int depth, struct txt *b)
         }
         put_literal(&m, q, strlen(q));
         free(q);
-        if (vr >= 0) putf(&m, " ws \":\" ws r%d ws", vr);
+        if (vr >= 0) putf(&m, " ws \":\" ws %sr%d ws", j->pfx, vr);
         else puts_(&m, " ws \":\" ws json_value ws");
         kv[k] = new_rule(j);
         emit(j, kv[k], &m);
@@ -359,10 +360,10 @@ static int gen_object(struct js *j, json_t *s, int depth, struct txt *b)
         for (int c = 0; c < 2; c++) {
             struct txt body = {0};
             if (c) puts_(&body, "\",\" ws ");
-            putf(&body, "r%d", kv[kk]);
-            if (next[1] >= 0) putf(&body, " r%d", next[1]);
+            putf(&body, "%sr%d", j->pfx, kv[kk]);
+            if (next[1] >= 0) putf(&body, " %sr%d", j->pfx, next[1]);
             if (!required[kk]) {
-                if (next[c] >= 0) putf(&body, " | r%d", next[c]);
+                if (next[c] >= 0) putf(&body, " | %sr%d", j->pfx, next[c]);
                 else puts_(&body, " | \"\"");
             }
             cur[c] = new_rule(j);
@@ -372,7 +373,7 @@ static int gen_object(struct js *j, json_t *s, int depth, struct txt *b)
         next[0] = cur[0];
         next[1] = cur[1];
     }
-    putf(b, "\"{\" ws r%d \"}\"", next[0]);
+    putf(b, "\"{\" ws %sr%d \"}\"", j->pfx, next[0]);
     rc = 0;
 out:
     free(names);
@@ -469,7 +470,7 @@ static int gen(struct js *j, json_t *s, int depth)
         j->ref_rule[j->n_refs++] = rule;
         int tr = gen(j, target, depth + 1);
         if (tr < 0) return -1;
-        putf(&b, "r%d", tr);
+        putf(&b, "%sr%d", j->pfx, tr);
         emit(j, rule, &b);
         free(b.p);
         return rule;
@@ -496,7 +497,7 @@ static int gen(struct js *j, json_t *s, int depth)
             return fail(j, "allOf", "JSON Schema: 'allOf' is supported with one schema only");
         int r = gen(j, json_array_get(all, 0), depth + 1);
         if (r < 0) return -1;
-        putf(&b, "r%d", r);
+        putf(&b, "%sr%d", j->pfx, r);
         goto done;
     }
     if (any) {
@@ -507,7 +508,7 @@ static int gen(struct js *j, json_t *s, int depth)
         {
             int r = gen(j, v, depth + 1);
             if (r < 0) return -1;
-            putf(&b, i ? " | r%d" : "r%d", r);
+            putf(&b, i ? " | %sr%d" : "%sr%d", j->pfx, r);
         }
         goto done;
     }
@@ -541,7 +542,7 @@ static int gen(struct js *j, json_t *s, int depth)
             int r = new_rule(j);
             emit(j, r, &alt);
             free(alt.p);
-            putf(&b, i ? " | r%d" : "r%d", r);
+            putf(&b, i ? " | %sr%d" : "%sr%d", j->pfx, r);
         }
     } else {
         return fail(j, "type", "JSON Schema: 'type' must be a string or an array of strings");
@@ -555,27 +556,58 @@ done:
     return rule;
 }
 
+/* The rules of one schema, named with prefix, its start rule "<prefix>root". */
+static int schema_rules(const char *schema_json, const char *prefix, struct txt *out, char *err,
+                        size_t errlen, char *bad_keyword, size_t kwlen)
+{
+    json_error_t je;
+    json_t *root = json_loads(schema_json, JSON_DECODE_ANY, &je);
+    if (!root) return ms_errf(err, errlen, "JSON Schema: invalid JSON: %s", je.text);
+    struct js j = {.root = root, .pfx = prefix, .err = err, .errlen = errlen,
+                   .kw = bad_keyword, .kwlen = kwlen};
+    j.out = *out;
+    int r = gen(&j, root, 0);
+    json_decref(root);
+    if (r >= 0) putf(&j.out, "%sroot ::= %sr%d\n", prefix, prefix, r);
+    *out = j.out;
+    if (r < 0 || out->failed) {
+        if (!j.failed) ms_errf(err, errlen, "out of memory");
+        return -1;
+    }
+    return 0;
+}
+
 int jschema_to_ebnf(const char *schema_json, char **out, char *err, size_t errlen,
                     char *bad_keyword, size_t kwlen)
 {
     *out = NULL;
-    json_error_t je;
-    json_t *root = json_loads(schema_json, JSON_DECODE_ANY, &je);
-    if (!root) return ms_errf(err, errlen, "JSON Schema: invalid JSON: %s", je.text);
-    struct js j = {.root = root, .err = err, .errlen = errlen, .kw = bad_keyword, .kwlen = kwlen};
-    put(&j.out, BASE, strlen(BASE));
-    int r = gen(&j, root, 0);
-    json_decref(root);
-    if (r < 0 || j.out.failed) {
-        if (!j.failed) ms_errf(err, errlen, "out of memory");
-        free(j.out.p);
+    struct txt t = {0};
+    puts_(&t, BASE);
+    if (schema_rules(schema_json, "", &t, err, errlen, bad_keyword, kwlen) < 0) {
+        free(t.p);
         return -1;
     }
-    putf(&j.out, "root ::= r%d\n", r);
-    if (j.out.failed) {
-        free(j.out.p);
-        return ms_errf(err, errlen, "out of memory");
-    }
-    *out = j.out.p;
+    *out = t.p;
     return 0;
+}
+
+int jschema_rules(const char *schema_json, const char *prefix, char **text, char *err,
+                  size_t errlen, char *bad_keyword, size_t kwlen)
+{
+    struct txt t = {0};
+    puts_(&t, *text ? *text : "");
+    free(*text);
+    *text = NULL;
+    int rc = schema_rules(schema_json, prefix, &t, err, errlen, bad_keyword, kwlen);
+    if (rc < 0 || t.failed) {
+        free(t.p);
+        return rc < 0 ? -1 : ms_errf(err, errlen, "out of memory");
+    }
+    *text = t.p;
+    return 0;
+}
+
+const char *jschema_base_rules(void)
+{
+    return BASE;
 }

@@ -23,6 +23,13 @@
 int jschema_to_ebnf(const char *schema_json, char **out, char *err, size_t errlen,
                     char *bad_keyword, size_t kwlen);
 
+/* Appends to *text (malloc'd or NULL; replaced by a new buffer) the rules of one schema, all
+ * named with `prefix` and starting at "<prefix>root", without the shared json_* and ws rules
+ * (jschema_base_rules, to be added once): several schemas in one grammar. Same errors. */
+int jschema_rules(const char *schema_json, const char *prefix, char **text, char *err,
+                  size_t errlen, char *bad_keyword, size_t kwlen);
+const char *jschema_base_rules(void);
+
 /* The regular-expression translator of grm_compile.c (used for "pattern"). */
 int grm_regex_to_ebnf(const char *re, char **out, char *err, size_t errlen);
 

@@ -1,23 +1,24 @@
 /* Matching (see grammar.h): the vocabulary's byte trie, the matcher's stack sets and the
  * token mask. A stack is a chain of nodes {pos, parent}: pos is the next element of some rule
  * alternative, parent the node to continue at when that alternative ends (-1: the end of the
- * output). Stacks share their lower nodes. A stack set lists top nodes, each at a byte-set
- * element ("expanded": rule references and alternative ends are resolved eagerly), plus a
- * flag telling whether the output may end there.
+ * output). Nodes are hash-consed (one index per distinct {pos, parent}), so equal stacks are
+ * equal indices. A state is a sorted set of top nodes, each at a byte-set element (rule
+ * references and alternative ends are expanded eagerly), plus whether the output may end
+ * there; states are interned too.
  *
- * Memory: a matcher allocates its node pool, scratch sets and DFS frames once. Nodes [0, live)
- * hold the current stacks; the mask's walk and grm_accept build on top of them and the walk
- * drops what it built when it backtracks. grm_accept then copies the surviving stacks down to
- * a fresh pool (a compaction), so the pool does not fill up over a long output. */
+ * That makes the matcher a DFA built lazily: advancing a state by a byte is computed once and
+ * then found in a transition table, so the trie walk mostly costs one lookup per trie node
+ * (inside a JSON string every ordinary byte leads back to the same state). The token mask of
+ * a state is kept in a small cache, so a state met again (the next token inside the same
+ * string) costs a copy. Everything is allocated at matcher creation; when the tables fill up,
+ * grm_accept starts them over from the current state (the stacks are re-interned), never
+ * allocating. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "grm_internal.h"
 
-#define POOL_NODES (1 << 16)   /* stack nodes of a matcher */
-#define MAX_SET 512            /* stacks kept in one set (more: the rest are dropped) */
-#define SCRATCH_INTS (1 << 16) /* room for the sets of the mask's walk */
 
 /* ---- the vocabulary trie -------------------------------------------------------------- */
 
@@ -165,53 +166,122 @@ int grm_vocab_nodes(const struct grm_vocab *v)
 
 /* ---- the matcher ------------------------------------------------------------------------ */
 
+#define POOL_NODES (1 << 18)    /* interned stack nodes */
+#define MAX_STATES (1 << 15)    /* interned states */
+#define STATE_INTS (1 << 19)    /* their tops, all together */
+#define MAX_SET 1024            /* tops in one state (more: the rest are dropped) */
+#define TRANS_SLOTS (1 << 18)   /* transition table (power of two) */
+#define MASK_CACHE 8            /* token masks kept */
+#define DEAD (-1)
+
 struct gnode {
     int32_t pos, parent;
 };
 
-/* A stack set in the scratch area: tops at sets[off .. off + n). */
-struct gset {
-    int off, n;
+struct gstate {
+    int32_t off, n; /* tops: state_tops[off .. off + n) */
     bool end;
 };
 
+struct mask_slot {
+    int32_t state; /* -1: empty */
+    int32_t count;
+    uint32_t used; /* recency */
+    uint8_t *bits; /* (vocab / 8 rounded up) */
+};
+
 struct frame {
-    int32_t trie;     /* trie node */
-    int32_t k, k_end; /* next child edge */
-    struct gset set;  /* the stacks after this node's bytes */
-    int node_top;     /* pool top after building them */
-    int scratch_top;  /* scratch top after them */
+    int32_t trie, k, k_end, state;
 };
 
 struct grm_matcher {
     const struct grm_grammar *g;
     const struct grm_vocab *v;
-    struct gnode *pool, *pool2; /* (POOL_NODES) */
-    int32_t *fwd;               /* (POOL_NODES) compaction: new index of an old node, -1 */
-    int top;                    /* pool nodes in use */
-    int live;                   /* nodes of the current stacks: [0, live) */
-    bool overflow;              /* the pool or a set ran out of room */
-    int32_t *scratch;           /* (SCRATCH_INTS) sets */
-    int scratch_top;
-    struct gset cur;            /* the current set; its tops are in cur_tops */
-    int32_t *cur_tops;          /* (MAX_SET) */
-    int32_t *work;              /* (POOL_NODES) expansion worklist */
-    struct frame *frames;       /* (max_depth + 2) */
-    uint8_t *allowed;           /* (vocab / 8 rounded up) */
+    struct gnode *pool;
+    int n_nodes;
+    int32_t *node_slot;   /* (2 * POOL_NODES) node intern table, -1 empty */
+    uint32_t *stamp;      /* (POOL_NODES) expansion visit marks */
+    uint32_t cur_stamp;
+    struct gstate *states;
+    int n_states;
+    int32_t *state_tops;  /* (STATE_INTS) */
+    int n_tops;
+    int32_t *state_slot;  /* (2 * MAX_STATES) state intern table */
+    uint64_t *trans_key;  /* (TRANS_SLOTS) state << 8 | byte, UINT64_MAX empty */
+    int32_t *trans_val;
+    int n_trans;
+    bool full;            /* a table ran out: start over at the next accept */
+    int32_t cur;          /* the current state */
+    int32_t *work;        /* (POOL_NODES) expansion worklist */
+    int32_t *tops;        /* (MAX_SET) a state being built */
+    struct frame *frames; /* (max_depth + 2) */
+    struct mask_slot cache[MASK_CACHE];
+    uint32_t clock;
 };
 
-static int new_node(struct grm_matcher *m, int32_t pos, int32_t parent)
+static uint32_t mix(uint64_t x)
 {
-    if (m->top >= POOL_NODES) {
-        m->overflow = true;
-        return -2;
-    }
-    m->pool[m->top] = (struct gnode){pos, parent};
-    return m->top++;
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    return (uint32_t)x;
 }
 
-/* Adds x's stacks, expanded to byte-set tops, to the set being built at scratch[s->off..]. */
-static void expand(struct grm_matcher *m, int32_t x, struct gset *s)
+/* The node {pos, parent}, interned; -2 when the pool is full. */
+static int32_t node(struct grm_matcher *m, int32_t pos, int32_t parent)
+{
+    uint32_t mask = 2 * POOL_NODES - 1;
+    uint32_t h = mix((uint64_t)(uint32_t)pos << 32 | (uint32_t)parent) & mask;
+    for (;; h = (h + 1) & mask) {
+        int32_t i = m->node_slot[h];
+        if (i < 0) break;
+        if (m->pool[i].pos == pos && m->pool[i].parent == parent) return i;
+    }
+    if (m->n_nodes >= POOL_NODES) {
+        m->full = true;
+        return -2;
+    }
+    m->pool[m->n_nodes] = (struct gnode){pos, parent};
+    m->stamp[m->n_nodes] = 0;
+    m->node_slot[h] = m->n_nodes;
+    return m->n_nodes++;
+}
+
+static int cmp_i32(const void *a, const void *b)
+{
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The state with tops[0..n) (sorted, distinct) and end, interned; DEAD when it is empty or a
+ * table is full. */
+static int32_t state(struct grm_matcher *m, const int32_t *tops, int n, bool end)
+{
+    if (n == 0 && !end) return DEAD;
+    uint64_t h64 = end ? 0x9e3779b97f4a7c15ull : 0;
+    for (int i = 0; i < n; i++) h64 = (h64 ^ (uint32_t)tops[i]) * 0x100000001b3ull;
+    uint32_t mask = 2 * MAX_STATES - 1, h = mix(h64) & mask;
+    for (;; h = (h + 1) & mask) {
+        int32_t s = m->state_slot[h];
+        if (s < 0) break;
+        const struct gstate *st = &m->states[s];
+        if (st->n == n && st->end == end &&
+            memcmp(m->state_tops + st->off, tops, sizeof *tops * (size_t)n) == 0)
+            return s;
+    }
+    if (m->n_states >= MAX_STATES || m->n_tops + n > STATE_INTS) {
+        m->full = true;
+        return DEAD;
+    }
+    memcpy(m->state_tops + m->n_tops, tops, sizeof *tops * (size_t)n);
+    m->states[m->n_states] = (struct gstate){.off = m->n_tops, .n = n, .end = end};
+    m->n_tops += n;
+    m->state_slot[h] = m->n_states;
+    return m->n_states++;
+}
+
+/* Adds the byte-set tops reachable from node x (or the end, x == -1) to m->tops. */
+static void expand(struct grm_matcher *m, int32_t x, int *n, bool *end)
 {
     const struct grm_grammar *g = m->g;
     int nw = 0;
@@ -219,97 +289,108 @@ static void expand(struct grm_matcher *m, int32_t x, struct gset *s)
     while (nw > 0) {
         int32_t y = m->work[--nw];
         if (y < 0) {
-            if (y == -1) s->end = true;
+            if (y == -1) *end = true;
             continue;
         }
+        if (m->stamp[y] == m->cur_stamp) continue; /* reached twice: same stacks */
+        m->stamp[y] = m->cur_stamp;
         uint32_t el = g->els[m->pool[y].pos];
-        switch (GRM_EL_KIND(el)) {
-        case GRM_EL_SET: {
-            int32_t pos = m->pool[y].pos, parent = m->pool[y].parent;
-            bool dup = false;
-            for (int i = 0; i < s->n && !dup; i++) {
-                const struct gnode *o = &m->pool[m->scratch[s->off + i]];
-                dup = o->pos == pos && o->parent == parent;
-            }
-            if (dup) break;
-            if (s->n >= MAX_SET || s->off + s->n >= SCRATCH_INTS) {
-                m->overflow = true;
-                break;
-            }
-            m->scratch[s->off + s->n++] = y;
-            break;
-        }
-        case GRM_EL_END:
+        if (GRM_EL_KIND(el) == GRM_EL_SET) {
+            if (*n < MAX_SET) m->tops[(*n)++] = y;
+            else m->full = true;
+        } else if (GRM_EL_KIND(el) == GRM_EL_END) {
             m->work[nw++] = m->pool[y].parent;
-            break;
-        default: { /* a rule reference */
+        } else {
             int r = (int)GRM_EL_IDX(el);
             int32_t pos = m->pool[y].pos;
-            /* continue after the reference; a reference ending its alternative continues
-             * straight at the parent (no node for an END) */
+            /* a reference that ends its alternative continues straight at the parent */
             int32_t cont = GRM_EL_KIND(g->els[pos + 1]) == GRM_EL_END
                                ? m->pool[y].parent
-                               : new_node(m, pos + 1, m->pool[y].parent);
-            if (cont == -2) break;
-            for (int a = g->rule_alt[r]; a < g->rule_alt[r + 1]; a++) {
-                int32_t z = new_node(m, g->alt_start[a], cont);
-                if (z < 0) break;
-                if (nw >= POOL_NODES) {
-                    m->overflow = true;
-                    break;
-                }
-                m->work[nw++] = z;
+                               : node(m, pos + 1, m->pool[y].parent);
+            if (cont == -2) continue;
+            for (int a = g->rule_alt[r]; a < g->rule_alt[r + 1] && nw < POOL_NODES; a++) {
+                int32_t z = node(m, g->alt_start[a], cont);
+                if (z >= 0) m->work[nw++] = z;
             }
         }
-        }
     }
 }
 
-/* The set reached from `in` by byte b, built at the scratch top. */
-static struct gset advance(struct grm_matcher *m, const int32_t *in, int n_in, unsigned char b)
+/* Sorts and dedups m->tops[0..n) and interns the state. */
+static int32_t finish_state(struct grm_matcher *m, int n, bool end)
 {
-    struct gset s = {.off = m->scratch_top, .n = 0, .end = false};
+    qsort(m->tops, (size_t)n, sizeof *m->tops, cmp_i32);
+    int k = 0;
+    for (int i = 0; i < n; i++)
+        if (k == 0 || m->tops[k - 1] != m->tops[i]) m->tops[k++] = m->tops[i];
+    return state(m, m->tops, k, end);
+}
+
+/* The state after byte b from state s (DEAD when no stack survives). */
+static int32_t step(struct grm_matcher *m, int32_t s, unsigned char b)
+{
+    uint64_t key = (uint64_t)(uint32_t)s << 8 | b;
+    uint32_t mask = TRANS_SLOTS - 1, h = mix(key) & mask;
+    for (;; h = (h + 1) & mask) {
+        if (m->trans_key[h] == UINT64_MAX) break;
+        if (m->trans_key[h] == key) return m->trans_val[h];
+    }
     const struct grm_grammar *g = m->g;
-    for (int i = 0; i < n_in; i++) {
-        const struct gnode *x = &m->pool[in[i]];
+    const struct gstate *st = &m->states[s];
+    int n = 0;
+    bool end = false;
+    m->cur_stamp++;
+    for (int i = 0; i < st->n; i++) {
+        const struct gnode *x = &m->pool[m->state_tops[st->off + i]];
         if (!grm_set_has(&g->sets[GRM_EL_IDX(g->els[x->pos])], b)) continue;
-        int32_t y = GRM_EL_KIND(g->els[x->pos + 1]) == GRM_EL_END
-                        ? x->parent
-                        : new_node(m, x->pos + 1, x->parent);
-        if (y == -2) continue;
-        expand(m, y, &s);
+        int32_t y = GRM_EL_KIND(g->els[x->pos + 1]) == GRM_EL_END ? x->parent
+                                                                   : node(m, x->pos + 1, x->parent);
+        if (y != -2) expand(m, y, &n, &end);
     }
-    return s;
+    int32_t t = finish_state(m, n, end);
+    if (m->n_trans < TRANS_SLOTS / 2 && !(t == DEAD && m->full)) {
+        m->trans_key[h] = key;
+        m->trans_val[h] = t;
+        m->n_trans++;
+    }
+    return t;
 }
 
-/* Makes set s (tops in scratch) the current set: copies its stacks to the bottom of a fresh
- * pool and swaps pools. */
-static void compact(struct grm_matcher *m, struct gset s)
+static void reset_tables(struct grm_matcher *m)
 {
-    int old_top = m->top;
-    for (int i = 0; i < old_top; i++) m->fwd[i] = -1;
-    int n = 0;
-    int32_t *chain = m->work; /* free while compacting */
-    for (int i = 0; i < s.n; i++) {
-        /* map the chain from this top down to the first node already mapped, bottom up */
-        int depth = 0;
-        for (int32_t x = m->scratch[s.off + i]; x >= 0 && m->fwd[x] < 0; x = m->pool[x].parent)
-            chain[depth++] = x;
-        while (depth > 0) {
-            int32_t y = chain[--depth];
-            int32_t par = m->pool[y].parent;
-            m->pool2[n] = (struct gnode){m->pool[y].pos, par < 0 ? par : m->fwd[par]};
-            m->fwd[y] = n++;
-        }
+    m->n_nodes = m->n_states = m->n_tops = m->n_trans = 0;
+    memset(m->node_slot, 0xff, sizeof *m->node_slot * 2 * POOL_NODES);
+    memset(m->state_slot, 0xff, sizeof *m->state_slot * 2 * MAX_STATES);
+    memset(m->trans_key, 0xff, sizeof *m->trans_key * TRANS_SLOTS);
+    for (int i = 0; i < MASK_CACHE; i++) m->cache[i].state = -1;
+    m->full = false;
+}
+
+/* Starts the tables over, keeping the current state's stacks (re-interned). */
+static void restart(struct grm_matcher *m)
+{
+    const struct gstate *st = &m->states[m->cur];
+    int n = st->n;
+    bool end = st->end;
+    /* copy the stacks out: chains of (pos) from top to bottom, into work (as pos lists) */
+    int32_t *buf = m->work;
+    int w = 0;
+    for (int i = 0; i < n; i++) {
+        int start = w++;
+        for (int32_t x = m->state_tops[st->off + i]; x >= 0 && w < POOL_NODES; x = m->pool[x].parent)
+            buf[w++] = m->pool[x].pos;
+        buf[start] = w - start - 1; /* chain length */
     }
-    int cn = 0;
-    for (int i = 0; i < s.n; i++) m->cur_tops[cn++] = m->fwd[m->scratch[s.off + i]];
-    struct gnode *t = m->pool;
-    m->pool = m->pool2;
-    m->pool2 = t;
-    m->top = m->live = n;
-    m->cur = (struct gset){.off = 0, .n = cn, .end = s.end};
-    m->scratch_top = 0;
+    reset_tables(m);
+    int k = 0;
+    for (int r = 0; r < w;) {
+        int len = buf[r];
+        int32_t parent = -1;
+        for (int j = r + len; j > r && parent != -2; j--) parent = node(m, buf[j], parent);
+        if (parent >= 0 && k < MAX_SET) m->tops[k++] = parent;
+        r += len + 1;
+    }
+    m->cur = finish_state(m, k, end);
 }
 
 struct grm_matcher *grm_matcher_create(const struct grm_grammar *g)
@@ -317,29 +398,37 @@ struct grm_matcher *grm_matcher_create(const struct grm_grammar *g)
     struct grm_matcher *m = calloc(1, sizeof *m);
     if (!m) return NULL;
     const struct grm_vocab *v = g->vocab;
+    size_t mb = ((size_t)v->vocab + 7) / 8;
     m->g = g;
     m->v = v;
     m->pool = malloc(sizeof *m->pool * POOL_NODES);
-    m->pool2 = malloc(sizeof *m->pool2 * POOL_NODES);
-    m->fwd = malloc(sizeof *m->fwd * POOL_NODES);
+    m->node_slot = malloc(sizeof *m->node_slot * 2 * POOL_NODES);
+    m->stamp = malloc(sizeof *m->stamp * POOL_NODES);
+    m->states = malloc(sizeof *m->states * MAX_STATES);
+    m->state_tops = malloc(sizeof *m->state_tops * STATE_INTS);
+    m->state_slot = malloc(sizeof *m->state_slot * 2 * MAX_STATES);
+    m->trans_key = malloc(sizeof *m->trans_key * TRANS_SLOTS);
+    m->trans_val = malloc(sizeof *m->trans_val * TRANS_SLOTS);
     m->work = malloc(sizeof *m->work * POOL_NODES);
-    m->scratch = malloc(sizeof *m->scratch * SCRATCH_INTS);
-    m->cur_tops = malloc(sizeof *m->cur_tops * MAX_SET);
+    m->tops = malloc(sizeof *m->tops * MAX_SET);
     m->frames = malloc(sizeof *m->frames * (size_t)(v->max_depth + 2));
-    m->allowed = malloc(((size_t)v->vocab + 7) / 8);
-    if (!m->pool || !m->pool2 || !m->fwd || !m->work || !m->scratch || !m->cur_tops ||
-        !m->frames || !m->allowed) {
+    bool ok = m->pool && m->node_slot && m->stamp && m->states && m->state_tops &&
+              m->state_slot && m->trans_key && m->trans_val && m->work && m->tops && m->frames;
+    for (int i = 0; i < MASK_CACHE && ok; i++) ok = (m->cache[i].bits = malloc(mb)) != NULL;
+    if (!ok) {
         grm_matcher_free(m);
         return NULL;
     }
+    reset_tables(m);
     int start = v->strip_first_space ? g->root_sp : g->root;
-    struct gset s = {.off = 0};
+    int n = 0;
+    bool end = false;
+    m->cur_stamp++;
     for (int a = g->rule_alt[start]; a < g->rule_alt[start + 1]; a++) {
-        int32_t x = new_node(m, g->alt_start[a], -1);
-        if (x >= 0) expand(m, x, &s);
+        int32_t x = node(m, g->alt_start[a], -1);
+        if (x >= 0) expand(m, x, &n, &end);
     }
-    m->scratch_top = s.n;
-    compact(m, s);
+    m->cur = finish_state(m, n, end);
     return m;
 }
 
@@ -347,13 +436,17 @@ void grm_matcher_free(struct grm_matcher *m)
 {
     if (!m) return;
     free(m->pool);
-    free(m->pool2);
-    free(m->fwd);
+    free(m->node_slot);
+    free(m->stamp);
+    free(m->states);
+    free(m->state_tops);
+    free(m->state_slot);
+    free(m->trans_key);
+    free(m->trans_val);
     free(m->work);
-    free(m->scratch);
-    free(m->cur_tops);
+    free(m->tops);
     free(m->frames);
-    free(m->allowed);
+    for (int i = 0; i < MASK_CACHE; i++) free(m->cache[i].bits);
     free(m);
 }
 
@@ -364,89 +457,94 @@ static bool is_eos(const struct grm_vocab *v, int32_t id)
     return false;
 }
 
-int grm_mask(struct grm_matcher *m, float *logits)
+/* The allowed tokens of state s (the eos ids left out) into bits; returns their count. */
+static int walk(struct grm_matcher *m, int32_t s, uint8_t *bits)
 {
     const struct grm_vocab *v = m->v;
-    memset(m->allowed, 0, ((size_t)v->vocab + 7) / 8);
-    int count = 0;
-    /* the current set's tops, copied to the scratch bottom as the root frame's set */
-    memcpy(m->scratch, m->cur_tops, sizeof *m->scratch * (size_t)m->cur.n);
-    m->scratch_top = m->cur.n;
-    m->top = m->live;
-    int d = 0;
+    memset(bits, 0, ((size_t)v->vocab + 7) / 8);
+    if (m->states[s].n == 0) return 0;
+    int count = 0, d = 0;
     m->frames[0] = (struct frame){.trie = 0, .k = v->child_first[0], .k_end = v->child_first[1],
-                                  .set = {.off = 0, .n = m->cur.n, .end = m->cur.end},
-                                  .node_top = m->live, .scratch_top = m->cur.n};
+                                  .state = s};
     while (d >= 0) {
         struct frame *f = &m->frames[d];
-        if (f->k == f->k_end || f->set.n == 0) {
+        if (f->k == f->k_end) {
             d--;
             continue;
         }
         int32_t c = v->child[f->k];
         unsigned char b = v->child_byte[f->k];
         f->k++;
-        m->top = f->node_top; /* what an earlier sibling built is garbage now */
-        m->scratch_top = f->scratch_top;
-        struct gset s = advance(m, m->scratch + f->set.off, f->set.n, b);
-        if (s.n == 0 && !s.end) continue;
-        for (int t = v->tok_first[c]; t < v->tok_first[c + 1]; t++) {
-            int32_t id = v->tok_ids[t];
-            m->allowed[id >> 3] |= (uint8_t)(1u << (id & 7));
+        int32_t t = step(m, f->state, b);
+        if (t == DEAD) continue;
+        for (int i = v->tok_first[c]; i < v->tok_first[c + 1]; i++) {
+            int32_t id = v->tok_ids[i];
+            bits[id >> 3] |= (uint8_t)(1u << (id & 7));
             count++;
         }
-        if (s.n > 0 && v->child_first[c] < v->child_first[c + 1]) {
+        if (m->states[t].n > 0 && v->child_first[c] < v->child_first[c + 1])
             m->frames[++d] = (struct frame){.trie = c, .k = v->child_first[c],
-                                            .k_end = v->child_first[c + 1], .set = s,
-                                            .node_top = m->top,
-                                            .scratch_top = s.off + s.n};
-        }
+                                            .k_end = v->child_first[c + 1], .state = t};
     }
-    m->top = m->live;
-    m->scratch_top = 0;
-    if (m->cur.end)
-        for (int i = 0; i < v->n_eos; i++) {
-            int32_t id = v->eos[i];
-            if (!((m->allowed[id >> 3] >> (id & 7)) & 1)) count++;
-            m->allowed[id >> 3] |= (uint8_t)(1u << (id & 7));
-        }
+    return count;
+}
+
+int grm_mask(struct grm_matcher *m, float *logits)
+{
+    const struct grm_vocab *v = m->v;
+    if (m->cur == DEAD) {
+        for (int i = 0; i < v->vocab; i++) logits[i] = -INFINITY;
+        return 0;
+    }
+    struct mask_slot *slot = NULL;
+    for (int i = 0; i < MASK_CACHE && !slot; i++)
+        if (m->cache[i].state == m->cur) slot = &m->cache[i];
+    if (!slot) {
+        slot = &m->cache[0];
+        for (int i = 1; i < MASK_CACHE; i++)
+            if (m->cache[i].used < slot->used) slot = &m->cache[i];
+        slot->count = walk(m, m->cur, slot->bits);
+        slot->state = m->full ? -1 : m->cur; /* a cut-short walk is not kept */
+    }
+    slot->used = ++m->clock;
+    const uint8_t *bits = slot->bits;
+    int count = slot->count;
+    bool end = m->states[m->cur].end;
     for (int i = 0; i < v->vocab; i++)
-        if (!((m->allowed[i >> 3] >> (i & 7)) & 1)) logits[i] = -INFINITY;
+        if (!((bits[i >> 3] >> (i & 7)) & 1) && !(end && is_eos(v, i))) logits[i] = -INFINITY;
+    if (end) count += v->n_eos;
     return count;
 }
 
 int grm_accept_bytes(struct grm_matcher *m, const char *bytes, size_t n)
 {
-    m->top = m->live;
-    m->scratch_top = 0;
-    memcpy(m->scratch, m->cur_tops, sizeof *m->scratch * (size_t)m->cur.n);
-    struct gset s = {.off = 0, .n = m->cur.n, .end = m->cur.end};
-    m->scratch_top = s.n;
+    if (m->cur == DEAD) return -1;
+    if (m->full) restart(m);
+    int32_t s = m->cur;
     for (size_t i = 0; i < n; i++) {
-        struct gset t = advance(m, m->scratch + s.off, s.n, (unsigned char)bytes[i]);
-        if (t.n == 0 && !(t.end && i + 1 == n)) {
-            m->top = m->live;
-            m->scratch_top = 0;
-            return -1;
-        }
-        m->scratch_top = t.off + t.n;
-        s = t;
+        s = step(m, s, (unsigned char)bytes[i]);
+        if (s == DEAD) return -1;
+        if (m->states[s].n == 0 && i + 1 < n) return -1;
     }
-    compact(m, s);
+    m->cur = s;
+    /* keep well clear of the limits: the next walk may need room */
+    if (m->full || m->n_nodes > POOL_NODES / 2 || m->n_states > MAX_STATES / 2 ||
+        m->n_tops > STATE_INTS / 2)
+        restart(m);
     return 0;
 }
 
 int grm_accept(struct grm_matcher *m, int32_t id)
 {
     const struct grm_vocab *v = m->v;
-    if (is_eos(v, id)) return m->cur.end ? 0 : -1;
+    if (is_eos(v, id)) return m->cur != DEAD && m->states[m->cur].end ? 0 : -1;
     if (id < 0 || id >= v->vocab) return -1;
     const struct grm_vocab_ext *x = (const struct grm_vocab_ext *)v;
-    int32_t node = x->tok_node[id];
-    if (node < 0) return -1;
+    int32_t nd = x->tok_node[id];
+    if (nd < 0) return -1;
     char buf[256];
     int len = 0;
-    for (int32_t y = node; y > 0 && len < (int)sizeof buf; y = x->node_parent[y]) buf[len++] = (char)x->node_byte[y];
+    for (int32_t y = nd; y > 0 && len < (int)sizeof buf; y = x->node_parent[y]) buf[len++] = (char)x->node_byte[y];
     for (int i = 0; i < len / 2; i++) {
         char t = buf[i];
         buf[i] = buf[len - 1 - i];
@@ -457,10 +555,10 @@ int grm_accept(struct grm_matcher *m, int32_t id)
 
 bool grm_can_end(const struct grm_matcher *m)
 {
-    return m->cur.end;
+    return m->cur != DEAD && m->states[m->cur].end;
 }
 
 bool grm_must_end(const struct grm_matcher *m)
 {
-    return m->cur.end && m->cur.n == 0;
+    return m->cur != DEAD && m->states[m->cur].end && m->states[m->cur].n == 0;
 }

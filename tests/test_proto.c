@@ -2,6 +2,7 @@
  * prompt and message shapes, defaults, and the JSON shape of responses, SSE chunks and
  * error objects. */
 #include <jansson.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -297,10 +298,62 @@ static void test_responses(void)
     json_decref(o);
 }
 
+/* The names in every "KEY: [a, b, ...]" line of text, joined as " a b ... ". */
+static void list_names(const char *text, const char *key, char *out, size_t cap)
+{
+    size_t w = 0, kl = strlen(key);
+    out[0] = '\0';
+    for (const char *p = strstr(text, key); p; p = strstr(p + kl, key)) {
+        if (p[kl] != ':') continue;
+        const char *a = strchr(p, '['), *z = a ? strchr(a, ']') : NULL;
+        if (!a || !z) continue;
+        for (const char *c = a + 1; c < z && w + 2 < cap; c++)
+            out[w++] = (*c == ',' || *c == ' ') ? ' ' : *c;
+        out[w++] = ' ';
+        out[w] = '\0';
+    }
+}
+
+/* proto/openapi.yaml describes every field of proto_fields the way the server treats it. */
+static void test_openapi_matches_table(const char *tests)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/../proto/openapi.yaml", tests);
+    FILE *f = fopen(path, "rb");
+    CHECKF(f != NULL, "%s", path);
+    if (!f) return;
+    static char text[1 << 16];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    static char noop[8192], refused[8192];
+    list_names(text, "x-no-effect", noop + 1, sizeof noop - 1);
+    list_names(text, "x-refused", refused + 1, sizeof refused - 1);
+    noop[0] = refused[0] = ' ';
+    for (int i = 0; i < proto_n_fields; i++) {
+        const struct proto_field *fl = &proto_fields[i];
+        char word[80], prop[80];
+        snprintf(word, sizeof word, " %s ", fl->name);
+        snprintf(prop, sizeof prop, " %s:", fl->name);
+        bool in_noop = strstr(noop, word) != NULL, in_refused = strstr(refused, word) != NULL;
+        bool documented = strstr(text, prop) != NULL;
+        switch (fl->how) {
+        case PROTO_FIELD_IMPL:
+            CHECKF(documented, "openapi.yaml does not describe '%s'", fl->name);
+            break;
+        case PROTO_FIELD_NOOP:
+            CHECKF(in_noop, "'%s' is missing from x-no-effect", fl->name);
+            break;
+        case PROTO_FIELD_UNSUP:
+            CHECKF(in_refused, "'%s' is missing from x-refused", fl->name);
+            break;
+        }
+    }
+}
+
 int main(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
+    test_openapi_matches_table(argc > 1 ? argv[1] : "tests");
     test_validation();
     test_values();
     test_responses();

@@ -5,6 +5,7 @@
  * x? is (x | ""), x* is a right-recursive rule, x{m,n} m copies and a chain of n-m optional
  * ones. Code-point classes become alternatives of UTF-8 byte-range sequences. */
 #include <jansson.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -608,15 +609,9 @@ static int parse_ebnf(struct gb *b, const char *src)
     return 0;
 }
 
-/* ---- other forms as EBNF text ---------------------------------------------------------- */
+/* ---- the EBNF text buffer (grm_internal.h) ---------------------------------------------- */
 
-struct txt {
-    char *p;
-    size_t len, cap;
-    bool failed;
-};
-
-static void put(struct txt *t, const char *s, size_t n)
+void grm_txt_put(struct grm_txt *t, const char *s, size_t n)
 {
     if (t->failed) return;
     if (t->len + n + 1 > t->cap) {
@@ -635,33 +630,40 @@ static void put(struct txt *t, const char *s, size_t n)
     t->p[t->len] = '\0';
 }
 
-static void puts_(struct txt *t, const char *s)
+void grm_txt_puts(struct grm_txt *t, const char *s)
 {
-    put(t, s, strlen(s));
+    grm_txt_put(t, s, strlen(s));
 }
 
-static void put_cp(struct txt *t, uint32_t cp)
+void grm_txt_putf(struct grm_txt *t, const char *fmt, ...)
+{
+    char buf[256];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    if (n >= (int)sizeof buf) n = (int)sizeof buf - 1;
+    grm_txt_put(t, buf, (size_t)n);
+}
+
+void grm_txt_literal(struct grm_txt *t, const char *s, size_t n)
+{
+    grm_txt_puts(t, "\"");
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '"' || c == '\\' || c < 0x20 || c == 0x7f) grm_txt_putf(t, "\\x%02X", c);
+        else grm_txt_put(t, (const char *)&c, 1);
+    }
+    grm_txt_puts(t, "\"");
+}
+
+/* ---- other forms as EBNF text ---------------------------------------------------------- */
+
+static void put_cp(struct grm_txt *t, uint32_t cp)
 {
     char buf[16];
     snprintf(buf, sizeof buf, "\\U%08X", cp);
-    puts_(t, buf);
-}
-
-/* A quoted EBNF literal of the bytes s[0..n). */
-static void put_literal(struct txt *t, const char *s, size_t n)
-{
-    put(t, "\"", 1);
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (c == '"' || c == '\\' || c < 0x20 || c == 0x7f) {
-            char buf[8];
-            snprintf(buf, sizeof buf, "\\x%02X", c);
-            puts_(t, buf);
-        } else {
-            put(t, (const char *)&c, 1);
-        }
-    }
-    put(t, "\"", 1);
+    grm_txt_puts(t, buf);
 }
 
 static int choice_to_ebnf(const char *json, char **out, char *err, size_t errlen)
@@ -672,8 +674,8 @@ static int choice_to_ebnf(const char *json, char **out, char *err, size_t errlen
         json_decref(arr);
         return ms_errf(err, errlen, "choices must be a non-empty JSON array of strings");
     }
-    struct txt t = {0};
-    puts_(&t, "root ::= ");
+    struct grm_txt t = {0};
+    grm_txt_puts(&t, "root ::= ");
     size_t i;
     json_t *v;
     json_array_foreach(arr, i, v)
@@ -683,8 +685,8 @@ static int choice_to_ebnf(const char *json, char **out, char *err, size_t errlen
             free(t.p);
             return ms_errf(err, errlen, "choice %zu is not a string", i);
         }
-        if (i) puts_(&t, " | ");
-        put_literal(&t, json_string_value(v), json_string_length(v));
+        if (i) grm_txt_puts(&t, " | ");
+        grm_txt_literal(&t, json_string_value(v), json_string_length(v));
     }
     json_decref(arr);
     if (t.failed) {
@@ -696,7 +698,7 @@ static int choice_to_ebnf(const char *json, char **out, char *err, size_t errlen
 }
 
 /* A regex class "[...]" (after the '[') as code-point ranges; escapes \d \w \s inside. */
-static int regex_class(const char *re, size_t *i, size_t n, struct txt *t, char *err,
+static int regex_class(const char *re, size_t *i, size_t n, struct grm_txt *t, char *err,
                        size_t errlen)
 {
     bool neg = false;
@@ -704,7 +706,7 @@ static int regex_class(const char *re, size_t *i, size_t n, struct txt *t, char 
         neg = true;
         (*i)++;
     }
-    put(t, neg ? "[^" : "[", neg ? 2 : 1);
+    grm_txt_put(t, neg ? "[^" : "[", neg ? 2 : 1);
     bool first = true;
     while (*i < n && (re[*i] != ']' || first)) {
         first = false;
@@ -712,9 +714,9 @@ static int regex_class(const char *re, size_t *i, size_t n, struct txt *t, char 
         if (re[*i] == '\\' && *i + 1 < n) {
             char e = re[*i + 1];
             *i += 2;
-            if (e == 'd') { puts_(t, "0-9"); continue; }
-            if (e == 'w') { puts_(t, "a-zA-Z0-9_"); continue; }
-            if (e == 's') { puts_(t, " \\t\\n\\r\\f\\v"); continue; }
+            if (e == 'd') { grm_txt_puts(t, "0-9"); continue; }
+            if (e == 'w') { grm_txt_puts(t, "a-zA-Z0-9_"); continue; }
+            if (e == 's') { grm_txt_puts(t, " \\t\\n\\r\\f\\v"); continue; }
             if (e == 'D' || e == 'W' || e == 'S' || e == 'p' || e == 'P')
                 return ms_errf(err, errlen, "regex: \\%c inside a class is not supported", e);
             if (e == 'n') lo = '\n';
@@ -738,7 +740,7 @@ static int regex_class(const char *re, size_t *i, size_t n, struct txt *t, char 
         } else if (re[*i] == '-' ) {
             (*i)++;
             bool range_end = *i < n && re[*i] != ']' && !first;
-            puts_(t, range_end ? "-" : "\\-");
+            grm_txt_puts(t, range_end ? "-" : "\\-");
             continue;
         } else {
             int k = uni_utf8_next((const unsigned char *)re + *i, n - *i, &lo);
@@ -749,12 +751,12 @@ static int regex_class(const char *re, size_t *i, size_t n, struct txt *t, char 
     }
     if (*i >= n) return ms_errf(err, errlen, "regex: unterminated class");
     (*i)++;
-    put(t, "]", 1);
+    grm_txt_put(t, "]", 1);
     return 0;
 }
 
 /* Translates a regular expression (Python/JS syntax subset, matched whole) into EBNF. */
-static int regex_to_ebnf_text(const char *re, struct txt *t, char *err, size_t errlen)
+static int regex_to_ebnf_text(const char *re, struct grm_txt *t, char *err, size_t errlen)
 {
     size_t n = strlen(re), i = 0;
     if (n && re[0] == '^') i = 1;
@@ -781,22 +783,22 @@ static int regex_to_ebnf_text(const char *re, struct txt *t, char *err, size_t e
                 i++;
             }
             depth++;
-            puts_(t, " (");
+            grm_txt_puts(t, " (");
             continue;
         }
         if (c == ')') {
             if (--depth < 0) return ms_errf(err, errlen, "regex: unbalanced ')'");
-            puts_(t, " )");
+            grm_txt_puts(t, " )");
             i++;
             continue;
         }
         if (c == '|') {
-            puts_(t, " |");
+            grm_txt_puts(t, " |");
             i++;
             continue;
         }
         if (c == '*' || c == '+' || c == '?') {
-            put(t, &c, 1);
+            grm_txt_put(t, &c, 1);
             i++;
             if (i < n && re[i] == '?') i++; /* lazy: the same strings */
             if (i < n && re[i] == '+') return ms_errf(err, errlen, "regex: possessive quantifiers are not supported");
@@ -806,28 +808,28 @@ static int regex_to_ebnf_text(const char *re, struct txt *t, char *err, size_t e
             size_t k = i + 1;
             while (k < n && ((re[k] >= '0' && re[k] <= '9') || re[k] == ',')) k++;
             if (k < n && re[k] == '}' && k > i + 1 && re[i + 1] != ',') {
-                put(t, re + i, k + 1 - i);
+                grm_txt_put(t, re + i, k + 1 - i);
                 i = k + 1;
                 if (i < n && re[i] == '?') i++;
                 continue;
             }
-            puts_(t, " \"{\"");
+            grm_txt_puts(t, " \"{\"");
             i++;
             continue;
         }
         if (c == '[') {
             i++;
-            put(t, " ", 1);
+            grm_txt_put(t, " ", 1);
             if (regex_class(re, &i, n, t, err, errlen) < 0) return -1;
             continue;
         }
         if (c == '.') {
-            puts_(t, " [^\\n]");
+            grm_txt_puts(t, " [^\\n]");
             i++;
             continue;
         }
         if (c == '^' || c == '$') return ms_errf(err, errlen, "regex: anchors are supported only at the ends");
-        put(t, " ", 1);
+        grm_txt_put(t, " ", 1);
         if (c == '\\' && i + 1 < n) {
             char e = re[i + 1];
             i += 2;
@@ -847,13 +849,13 @@ static int regex_to_ebnf_text(const char *re, struct txt *t, char *err, size_t e
             default: break;
             }
             if (cls) {
-                puts_(t, cls);
+                grm_txt_puts(t, cls);
                 continue;
             }
             if (e == 'x' || e == 'u') {
                 i -= 2;
                 size_t j = i;
-                put(t, "[", 1);
+                grm_txt_put(t, "[", 1);
                 /* reuse the class reader on a one-item class */
                 char tmp[16];
                 int k = e == 'x' ? 4 : 6;
@@ -867,13 +869,13 @@ static int regex_to_ebnf_text(const char *re, struct txt *t, char *err, size_t e
             }
             if ((e >= 'a' && e <= 'z') || (e >= 'A' && e <= 'Z') || (e >= '0' && e <= '9'))
                 return ms_errf(err, errlen, "regex: \\%c (anchors, back-references, ...) is not supported", e);
-            put_literal(t, &e, 1);
+            grm_txt_literal(t, &e, 1);
             continue;
         }
         uint32_t cp;
         int k = uni_utf8_next((const unsigned char *)re + i, n - i, &cp);
         if (k <= 0) return ms_errf(err, errlen, "regex: invalid UTF-8");
-        put_literal(t, re + i, (size_t)k);
+        grm_txt_literal(t, re + i, (size_t)k);
         i += (size_t)k;
     }
     if (depth != 0) return ms_errf(err, errlen, "regex: unbalanced '('");
@@ -883,13 +885,13 @@ static int regex_to_ebnf_text(const char *re, struct txt *t, char *err, size_t e
 int grm_regex_to_ebnf(const char *re, char **out, char *err, size_t errlen);
 int grm_regex_to_ebnf(const char *re, char **out, char *err, size_t errlen)
 {
-    struct txt t = {0};
+    struct grm_txt t = {0};
     if (regex_to_ebnf_text(re, &t, err, errlen) < 0 || t.failed) {
         if (t.failed) ms_errf(err, errlen, "out of memory");
         free(t.p);
         return -1;
     }
-    put(&t, "", 0);
+    grm_txt_put(&t, "", 0);
     if (t.failed) {
         free(t.p);
         return ms_errf(err, errlen, "out of memory");

@@ -5,6 +5,7 @@
 
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "grammar.h"
@@ -59,5 +60,18 @@ struct grm_vocab {
     int32_t *tok_ids;        /* (tokens in the trie) */
     int max_depth;           /* longest token, bytes */
 };
+
+/* A growable text buffer for the EBNF being written (grm_compile.c, json_schema.c): `failed`
+ * records running out of memory and makes later writes no-ops; p is NUL-terminated. */
+struct grm_txt {
+    char *p;
+    size_t len, cap;
+    bool failed;
+};
+void grm_txt_put(struct grm_txt *t, const char *s, size_t n);
+void grm_txt_puts(struct grm_txt *t, const char *s);
+void grm_txt_putf(struct grm_txt *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* A quoted EBNF literal of the bytes s[0..n) (quotes, backslashes, controls as \xHH). */
+void grm_txt_literal(struct grm_txt *t, const char *s, size_t n);
 
 #endif

@@ -10,68 +10,15 @@
 #include <string.h>
 
 #include "common.h"
+#include "grm_internal.h"
 #include "json_schema.h"
 
 #define MAX_DEPTH 64
 #define MAX_REFS 256
 #define MAX_COUNT 1000 /* minItems, maxItems, minLength, maxLength */
 
-struct txt {
-    char *p;
-    size_t len, cap;
-    bool failed;
-};
-
-static void put(struct txt *t, const char *s, size_t n)
-{
-    if (t->failed) return;
-    if (t->len + n + 1 > t->cap) {
-        size_t cap = t->cap ? t->cap * 2 : 512;
-        while (cap < t->len + n + 1) cap *= 2;
-        char *q = realloc(t->p, cap);
-        if (!q) {
-            t->failed = true;
-            return;
-        }
-        t->p = q;
-        t->cap = cap;
-    }
-    memcpy(t->p + t->len, s, n);
-    t->len += n;
-    t->p[t->len] = '\0';
-}
-
-static void puts_(struct txt *t, const char *s)
-{
-    put(t, s, strlen(s));
-}
-
-static void putf(struct txt *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void putf(struct txt *t, const char *fmt, ...)
-{
-    char buf[256];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
-    if (n >= (int)sizeof buf) n = (int)sizeof buf - 1;
-    put(t, buf, (size_t)n);
-}
-
-/* A quoted EBNF literal of the bytes s[0..n). */
-static void put_literal(struct txt *t, const char *s, size_t n)
-{
-    puts_(t, "\"");
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (c == '"' || c == '\\' || c < 0x20 || c == 0x7f) putf(t, "\\x%02X", c);
-        else put(t, (const char *)&c, 1);
-    }
-    puts_(t, "\"");
-}
-
 struct js {
-    struct txt out;
+    struct grm_txt out;
     const char *pfx; /* rule-name prefix (several schemas in one grammar) */
     json_t *root;
     int n_rules;
@@ -144,11 +91,11 @@ static int new_rule(struct js *j)
 }
 
 /* Writes "rN ::= body\n". */
-static void emit(struct js *j, int rule, const struct txt *body)
+static void emit(struct js *j, int rule, const struct grm_txt *body)
 {
-    putf(&j->out, "%sr%d ::= ", j->pfx, rule);
-    put(&j->out, body->p ? body->p : "\"\"", body->p ? body->len : 2);
-    put(&j->out, "\n", 1);
+    grm_txt_putf(&j->out, "%sr%d ::= ", j->pfx, rule);
+    grm_txt_put(&j->out, body->p ? body->p : "\"\"", body->p ? body->len : 2);
+    grm_txt_put(&j->out, "\n", 1);
 }
 
 static int count_kw(struct js *j, json_t *s, const char *k, long dflt, long *out)
@@ -163,14 +110,14 @@ static int count_kw(struct js *j, json_t *s, const char *k, long dflt, long *out
 }
 
 /* "x{lo,hi}" with hi < 0 unbounded. */
-static void put_repeat(struct txt *b, const char *x, long lo, long hi)
+static void put_repeat(struct grm_txt *b, const char *x, long lo, long hi)
 {
-    if (lo == 0 && hi < 0) putf(b, "%s*", x);
-    else if (hi < 0) putf(b, "%s{%ld,}", x, lo);
-    else putf(b, "%s{%ld,%ld}", x, lo, hi);
+    if (lo == 0 && hi < 0) grm_txt_putf(b, "%s*", x);
+    else if (hi < 0) grm_txt_putf(b, "%s{%ld,}", x, lo);
+    else grm_txt_putf(b, "%s{%ld,%ld}", x, lo, hi);
 }
 
-static int gen_string(struct js *j, json_t *s, struct txt *b)
+static int gen_string(struct js *j, json_t *s, struct grm_txt *b)
 {
     json_t *fmt = json_object_get(s, "format");
     json_t *pat = json_object_get(s, "pattern");
@@ -191,7 +138,7 @@ static int gen_string(struct js *j, json_t *s, struct txt *b)
         if (pat || json_object_get(s, "minLength") || json_object_get(s, "maxLength"))
             return fail(j, pat ? "pattern" : "minLength",
                         "JSON Schema: a string with a format takes no pattern or length bounds");
-        putf(b, "\"\\\"\" %s \"\\\"\"", rule);
+        grm_txt_putf(b, "\"\\\"\" %s \"\\\"\"", rule);
         return 0;
     }
     if (pat) {
@@ -225,19 +172,19 @@ static int gen_string(struct js *j, json_t *s, struct txt *b)
         char err[256];
         if (grm_regex_to_ebnf(re, &ebnf, err, sizeof err) < 0)
             return fail(j, "pattern", "JSON Schema: pattern: %s", err);
-        puts_(b, "\"\\\"\" (");
-        put(b, ebnf, strlen(ebnf));
-        puts_(b, " ) \"\\\"\"");
+        grm_txt_puts(b, "\"\\\"\" (");
+        grm_txt_put(b, ebnf, strlen(ebnf));
+        grm_txt_puts(b, " ) \"\\\"\"");
         free(ebnf);
         return 0;
     }
-    puts_(b, "\"\\\"\" ");
+    grm_txt_puts(b, "\"\\\"\" ");
     put_repeat(b, "json_char", lo, hi);
-    puts_(b, " \"\\\"\"");
+    grm_txt_puts(b, " \"\\\"\"");
     return 0;
 }
 
-static int gen_array(struct js *j, json_t *s, int depth, struct txt *b)
+static int gen_array(struct js *j, json_t *s, int depth, struct grm_txt *b)
 {
     json_t *items = json_object_get(s, "items");
     json_t *uniq = json_object_get(s, "uniqueItems");
@@ -250,7 +197,7 @@ static int gen_array(struct js *j, json_t *s, int depth, struct txt *b)
     if (items && json_is_false(items)) hi = 0;
     if (hi == 0) {
         if (lo > 0) return fail(j, "minItems", "JSON Schema: items false with minItems > 0");
-        puts_(b, "\"[\" ws \"]\"");
+        grm_txt_puts(b, "\"[\" ws \"]\"");
         return 0;
     }
     char item[32];
@@ -264,18 +211,18 @@ static int gen_array(struct js *j, json_t *s, int depth, struct txt *b)
     char more[80];
     snprintf(more, sizeof more, "( \",\" ws %s ws )", item);
     if (lo == 0) {
-        putf(b, "\"[\" ws ( %s ws ", item);
+        grm_txt_putf(b, "\"[\" ws ( %s ws ", item);
         put_repeat(b, more, 0, hi < 0 ? -1 : hi - 1);
-        puts_(b, " )? \"]\"");
+        grm_txt_puts(b, " )? \"]\"");
     } else {
-        putf(b, "\"[\" ws %s ws ", item);
+        grm_txt_putf(b, "\"[\" ws %s ws ", item);
         put_repeat(b, more, lo - 1, hi < 0 ? -1 : hi - 1);
-        puts_(b, " \"]\"");
+        grm_txt_puts(b, " \"]\"");
     }
     return 0;
 }
 
-static int gen_object(struct js *j, json_t *s, int depth, struct txt *b)
+static int gen_object(struct js *j, json_t *s, int depth, struct grm_txt *b)
 {
     json_t *props = json_object_get(s, "properties");
     json_t *req = json_object_get(s, "required");
@@ -320,13 +267,13 @@ static int gen_object(struct js *j, json_t *s, int depth, struct txt *b)
     if (n == 0) {
         /* no named properties: any members, their values as additionalProperties says */
         if (addl && json_is_false(addl)) {
-            puts_(b, "\"{\" ws \"}\"");
+            grm_txt_puts(b, "\"{\" ws \"}\"");
         } else if (!addl || json_is_true(addl)) {
-            puts_(b, "json_object");
+            grm_txt_puts(b, "json_object");
         } else {
             int r = gen(j, addl, depth + 1);
             if (r < 0) goto out;
-            putf(b, "\"{\" ws ( json_string ws \":\" ws %sr%d ws ( \",\" ws json_string ws \":\" ws "
+            grm_txt_putf(b, "\"{\" ws ( json_string ws \":\" ws %sr%d ws ( \",\" ws json_string ws \":\" ws "
                     "%sr%d ws )* )? \"}\"",
                  j->pfx, r, j->pfx, r);
         }
@@ -337,7 +284,7 @@ static int gen_object(struct js *j, json_t *s, int depth, struct txt *b)
     for (size_t k = 0; k < n; k++) {
         int vr = schemas[k] ? gen(j, schemas[k], depth + 1) : -1;
         if (schemas[k] && vr < 0) goto out;
-        struct txt m = {0};
+        struct grm_txt m = {0};
         json_t *tmp = json_string(names[k]);
         char *q = tmp ? json_dumps(tmp, JSON_ENCODE_ANY | JSON_COMPACT) : NULL;
         json_decref(tmp);
@@ -345,10 +292,10 @@ static int gen_object(struct js *j, json_t *s, int depth, struct txt *b)
             fail(j, NULL, "out of memory");
             goto out;
         }
-        put_literal(&m, q, strlen(q));
+        grm_txt_literal(&m, q, strlen(q));
         free(q);
-        if (vr >= 0) putf(&m, " ws \":\" ws %sr%d ws", j->pfx, vr);
-        else puts_(&m, " ws \":\" ws json_value ws");
+        if (vr >= 0) grm_txt_putf(&m, " ws \":\" ws %sr%d ws", j->pfx, vr);
+        else grm_txt_puts(&m, " ws \":\" ws json_value ws");
         kv[k] = new_rule(j);
         emit(j, kv[k], &m);
         free(m.p);
@@ -358,13 +305,13 @@ static int gen_object(struct js *j, json_t *s, int depth, struct txt *b)
     for (size_t kk = n; kk-- > 0;) {
         int cur[2];
         for (int c = 0; c < 2; c++) {
-            struct txt body = {0};
-            if (c) puts_(&body, "\",\" ws ");
-            putf(&body, "%sr%d", j->pfx, kv[kk]);
-            if (next[1] >= 0) putf(&body, " %sr%d", j->pfx, next[1]);
+            struct grm_txt body = {0};
+            if (c) grm_txt_puts(&body, "\",\" ws ");
+            grm_txt_putf(&body, "%sr%d", j->pfx, kv[kk]);
+            if (next[1] >= 0) grm_txt_putf(&body, " %sr%d", j->pfx, next[1]);
             if (!required[kk]) {
-                if (next[c] >= 0) putf(&body, " | %sr%d", j->pfx, next[c]);
-                else puts_(&body, " | \"\"");
+                if (next[c] >= 0) grm_txt_putf(&body, " | %sr%d", j->pfx, next[c]);
+                else grm_txt_puts(&body, " | \"\"");
             }
             cur[c] = new_rule(j);
             emit(j, cur[c], &body);
@@ -373,7 +320,7 @@ static int gen_object(struct js *j, json_t *s, int depth, struct txt *b)
         next[0] = cur[0];
         next[1] = cur[1];
     }
-    putf(b, "\"{\" ws %sr%d \"}\"", j->pfx, next[0]);
+    grm_txt_putf(b, "\"{\" ws %sr%d \"}\"", j->pfx, next[0]);
     rc = 0;
 out:
     free(names);
@@ -383,23 +330,23 @@ out:
     return rc;
 }
 
-static int gen_type(struct js *j, json_t *s, const char *t, int depth, struct txt *b)
+static int gen_type(struct js *j, json_t *s, const char *t, int depth, struct grm_txt *b)
 {
     if (strcmp(t, "string") == 0) return gen_string(j, s, b);
     if (strcmp(t, "integer") == 0) {
-        puts_(b, "json_int");
+        grm_txt_puts(b, "json_int");
         return 0;
     }
     if (strcmp(t, "number") == 0) {
-        puts_(b, "json_number");
+        grm_txt_puts(b, "json_number");
         return 0;
     }
     if (strcmp(t, "boolean") == 0) {
-        puts_(b, "\"true\" | \"false\"");
+        grm_txt_puts(b, "\"true\" | \"false\"");
         return 0;
     }
     if (strcmp(t, "null") == 0) {
-        puts_(b, "\"null\"");
+        grm_txt_puts(b, "\"null\"");
         return 0;
     }
     if (strcmp(t, "object") == 0) return gen_object(j, s, depth, b);
@@ -439,10 +386,10 @@ static int gen(struct js *j, json_t *s, int depth)
 {
     if (j->failed) return -1;
     if (depth > MAX_DEPTH) return fail(j, NULL, "JSON Schema: nested too deeply");
-    struct txt b = {0};
+    struct grm_txt b = {0};
     int rule = -1;
     if (json_is_true(s)) {
-        puts_(&b, "json_value");
+        grm_txt_puts(&b, "json_value");
         goto done;
     }
     if (json_is_false(s)) return fail(j, NULL, "JSON Schema: the schema false matches nothing");
@@ -470,7 +417,7 @@ static int gen(struct js *j, json_t *s, int depth)
         j->ref_rule[j->n_refs++] = rule;
         int tr = gen(j, target, depth + 1);
         if (tr < 0) return -1;
-        putf(&b, "%sr%d", j->pfx, tr);
+        grm_txt_putf(&b, "%sr%d", j->pfx, tr);
         emit(j, rule, &b);
         free(b.p);
         return rule;
@@ -486,8 +433,8 @@ static int gen(struct js *j, json_t *s, int depth)
             json_t *val = cst ? cst : json_array_get(list, i);
             char *lit = json_dumps(val, JSON_ENCODE_ANY | JSON_COMPACT);
             if (!lit) return fail(j, NULL, "out of memory");
-            if (i) puts_(&b, " | ");
-            put_literal(&b, lit, strlen(lit));
+            if (i) grm_txt_puts(&b, " | ");
+            grm_txt_literal(&b, lit, strlen(lit));
             free(lit);
         }
         goto done;
@@ -497,7 +444,7 @@ static int gen(struct js *j, json_t *s, int depth)
             return fail(j, "allOf", "JSON Schema: 'allOf' is supported with one schema only");
         int r = gen(j, json_array_get(all, 0), depth + 1);
         if (r < 0) return -1;
-        putf(&b, "%sr%d", j->pfx, r);
+        grm_txt_putf(&b, "%sr%d", j->pfx, r);
         goto done;
     }
     if (any) {
@@ -508,7 +455,7 @@ static int gen(struct js *j, json_t *s, int depth)
         {
             int r = gen(j, v, depth + 1);
             if (r < 0) return -1;
-            putf(&b, i ? " | %sr%d" : "%sr%d", j->pfx, r);
+            grm_txt_putf(&b, i ? " | %sr%d" : "%sr%d", j->pfx, r);
         }
         goto done;
     }
@@ -525,7 +472,7 @@ static int gen(struct js *j, json_t *s, int depth)
                    json_object_get(s, "minLength") || json_object_get(s, "maxLength")) {
             if (gen_type(j, s, "string", depth, &b) < 0) return -1;
         } else {
-            puts_(&b, "json_value");
+            grm_txt_puts(&b, "json_value");
         }
     } else if (json_is_string(type)) {
         if (gen_type(j, s, json_string_value(type), depth, &b) < 0) return -1;
@@ -534,7 +481,7 @@ static int gen(struct js *j, json_t *s, int depth)
         json_array_foreach(type, i, v)
         {
             if (!json_is_string(v)) return fail(j, "type", "JSON Schema: bad 'type'");
-            struct txt alt = {0};
+            struct grm_txt alt = {0};
             if (gen_type(j, s, json_string_value(v), depth, &alt) < 0) {
                 free(alt.p);
                 return -1;
@@ -542,12 +489,12 @@ static int gen(struct js *j, json_t *s, int depth)
             int r = new_rule(j);
             emit(j, r, &alt);
             free(alt.p);
-            putf(&b, i ? " | %sr%d" : "%sr%d", j->pfx, r);
+            grm_txt_putf(&b, i ? " | %sr%d" : "%sr%d", j->pfx, r);
         }
     } else {
         return fail(j, "type", "JSON Schema: 'type' must be a string or an array of strings");
     }
-    if (nullable) puts_(&b, " | \"null\"");
+    if (nullable) grm_txt_puts(&b, " | \"null\"");
 done:
     if (b.failed) return fail(j, NULL, "out of memory");
     rule = new_rule(j);
@@ -557,7 +504,7 @@ done:
 }
 
 /* The rules of one schema, named with prefix, its start rule "<prefix>root". */
-static int schema_rules(const char *schema_json, const char *prefix, struct txt *out, char *err,
+static int schema_rules(const char *schema_json, const char *prefix, struct grm_txt *out, char *err,
                         size_t errlen, char *bad_keyword, size_t kwlen)
 {
     json_error_t je;
@@ -568,7 +515,7 @@ static int schema_rules(const char *schema_json, const char *prefix, struct txt 
     j.out = *out;
     int r = gen(&j, root, 0);
     json_decref(root);
-    if (r >= 0) putf(&j.out, "%sroot ::= %sr%d\n", prefix, prefix, r);
+    if (r >= 0) grm_txt_putf(&j.out, "%sroot ::= %sr%d\n", prefix, prefix, r);
     *out = j.out;
     if (r < 0 || out->failed) {
         if (!j.failed) ms_errf(err, errlen, "out of memory");
@@ -581,8 +528,8 @@ int jschema_to_ebnf(const char *schema_json, char **out, char *err, size_t errle
                     char *bad_keyword, size_t kwlen)
 {
     *out = NULL;
-    struct txt t = {0};
-    puts_(&t, BASE);
+    struct grm_txt t = {0};
+    grm_txt_puts(&t, BASE);
     if (schema_rules(schema_json, "", &t, err, errlen, bad_keyword, kwlen) < 0) {
         free(t.p);
         return -1;
@@ -594,8 +541,8 @@ int jschema_to_ebnf(const char *schema_json, char **out, char *err, size_t errle
 int jschema_rules(const char *schema_json, const char *prefix, char **text, char *err,
                   size_t errlen, char *bad_keyword, size_t kwlen)
 {
-    struct txt t = {0};
-    puts_(&t, *text ? *text : "");
+    struct grm_txt t = {0};
+    grm_txt_puts(&t, *text ? *text : "");
     free(*text);
     *text = NULL;
     int rc = schema_rules(schema_json, prefix, &t, err, errlen, bad_keyword, kwlen);

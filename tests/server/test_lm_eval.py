@@ -31,9 +31,6 @@ def task_dir():
     return os.path.join(srvtest.tests_dir(), "lm_eval")
 
 
-def model_dir():
-    return os.path.join(os.path.dirname(srvtest.tests_dir()), "models", "mohge-small")
-
 
 def args_of(sample):
     """[(context, continuation)] of a logged sample, in either lm-eval layout."""
@@ -57,7 +54,7 @@ def lls_of(sample):
 class LmEvalTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.srv = srvtest.Server(model=model_dir(), name=NAME).start()
+        cls.srv = srvtest.Server(model=srvtest.bundled_model(), name=NAME).start()
         cls.tmp = tempfile.TemporaryDirectory(prefix="moeserve-lmeval-")
         out = os.path.join(cls.tmp.name, "out")
         env = dict(os.environ, HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1",
@@ -97,7 +94,7 @@ class LmEvalTest(unittest.TestCase):
     def reference(self, lines):
         """Engine loglikelihoods of "ctxlen ids..." lines, by build/logprob_ref."""
         ref = os.path.join(os.path.dirname(srvtest.binary()), "logprob_ref")
-        p = subprocess.run([ref, model_dir()], input="".join(l + "\n" for l in lines),
+        p = subprocess.run([ref, srvtest.bundled_model()], input="".join(l + "\n" for l in lines),
                            capture_output=True, text=True, timeout=300)
         self.assertEqual(p.returncode, 0, p.stderr)
         return [float(x) for x in p.stdout.split()]

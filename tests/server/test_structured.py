@@ -8,7 +8,6 @@ gives a JSON object, the client's Pydantic parse() works, a schema keyword the c
 is a 400 naming it, and a grammar that allows no token ends the output with "stop" and a
 logged warning rather than a hang."""
 import json
-import os
 import random
 import re
 import unittest
@@ -24,9 +23,6 @@ except ImportError:  # pragma: no cover
 NAME = "mohge-small"
 N_SCHEMAS = 50
 
-
-def model_dir():
-    return os.path.join(os.path.dirname(srvtest.tests_dir()), "models", "mohge-small")
 
 
 class SchemaMaker:
@@ -89,7 +85,7 @@ class SchemaMaker:
 class StructuredTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.srv = srvtest.Server(model=model_dir(), name=NAME).start()
+        cls.srv = srvtest.Server(model=srvtest.bundled_model(), name=NAME).start()
         cls.client = openai.OpenAI(base_url=cls.srv.base + "/v1", api_key="unused",
                                    max_retries=0, timeout=120)
 

@@ -6,7 +6,6 @@ round trip (assistant tool_calls + tool message with tool_call_id), tool_choice 
 "auto" answering in text, and refusals (a forced call with response_format, an unknown
 function name)."""
 import json
-import os
 import unittest
 
 import srvtest
@@ -30,15 +29,12 @@ PARAMS = {"get_weather": WEATHER, "add": ADD}
 MSGS = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
-def model_dir():
-    return os.path.join(os.path.dirname(srvtest.tests_dir()), "models", "mohge-small")
-
 
 @unittest.skipIf(openai is None, "openai and jsonschema are needed (tools/setup.sh)")
 class ToolsTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.srv = srvtest.Server(model=model_dir(), name=NAME).start()
+        cls.srv = srvtest.Server(model=srvtest.bundled_model(), name=NAME).start()
         cls.client = openai.OpenAI(base_url=cls.srv.base + "/v1", api_key="unused",
                                    max_retries=0, timeout=120)
 

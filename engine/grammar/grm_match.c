@@ -166,11 +166,13 @@ int grm_vocab_nodes(const struct grm_vocab *v)
 
 /* ---- the matcher ------------------------------------------------------------------------ */
 
-#define POOL_NODES (1 << 18)    /* interned stack nodes */
-#define MAX_STATES (1 << 15)    /* interned states */
-#define STATE_INTS (1 << 19)    /* their tops, all together */
+/* Table sizes: about 6 MB a matcher (only requests with a grammar have one), allocated at its
+ * creation. */
+#define POOL_NODES (1 << 17)    /* interned stack nodes */
+#define MAX_STATES (1 << 14)    /* interned states */
+#define STATE_INTS (1 << 18)    /* their tops, all together */
 #define MAX_SET 1024            /* tops in one state (more: the rest are dropped) */
-#define TRANS_SLOTS (1 << 18)   /* transition table (power of two) */
+#define TRANS_SLOTS (1 << 17)   /* transition table (power of two) */
 #define MASK_CACHE 8            /* token masks kept */
 #define DEAD (-1)
 
@@ -516,16 +518,49 @@ int grm_mask(struct grm_matcher *m, float *logits)
     return count;
 }
 
-int grm_accept_bytes(struct grm_matcher *m, const char *bytes, size_t n)
+/* The state after bytes from the current one, or DEAD. */
+static int32_t run(struct grm_matcher *m, const char *bytes, size_t n)
 {
-    if (m->cur == DEAD) return -1;
+    if (m->cur == DEAD) return DEAD;
     if (m->full) restart(m);
     int32_t s = m->cur;
     for (size_t i = 0; i < n; i++) {
         s = step(m, s, (unsigned char)bytes[i]);
-        if (s == DEAD) return -1;
-        if (m->states[s].n == 0 && i + 1 < n) return -1;
+        if (s == DEAD) return DEAD;
+        if (m->states[s].n == 0 && i + 1 < n) return DEAD;
     }
+    return s;
+}
+
+/* The bytes of token id (false when it has none in the trie). */
+static bool token_bytes(const struct grm_vocab *v, int32_t id, char *buf, int *len)
+{
+    const struct grm_vocab_ext *x = (const struct grm_vocab_ext *)v;
+    int32_t nd = id >= 0 && id < v->vocab ? x->tok_node[id] : -1;
+    if (nd < 0) return false;
+    int n = 0;
+    for (int32_t y = nd; y > 0 && n < 256; y = x->node_parent[y]) buf[n++] = (char)x->node_byte[y];
+    for (int i = 0; i < n / 2; i++) {
+        char t = buf[i];
+        buf[i] = buf[n - 1 - i];
+        buf[n - 1 - i] = t;
+    }
+    *len = n;
+    return true;
+}
+
+bool grm_allows(struct grm_matcher *m, int32_t id)
+{
+    if (is_eos(m->v, id)) return grm_can_end(m);
+    char buf[256];
+    int len;
+    return token_bytes(m->v, id, buf, &len) && run(m, buf, (size_t)len) != DEAD;
+}
+
+int grm_accept_bytes(struct grm_matcher *m, const char *bytes, size_t n)
+{
+    int32_t s = run(m, bytes, n);
+    if (s == DEAD) return -1;
     m->cur = s;
     /* keep well clear of the limits: the next walk may need room */
     if (m->full || m->n_nodes > POOL_NODES / 2 || m->n_states > MAX_STATES / 2 ||
@@ -536,20 +571,10 @@ int grm_accept_bytes(struct grm_matcher *m, const char *bytes, size_t n)
 
 int grm_accept(struct grm_matcher *m, int32_t id)
 {
-    const struct grm_vocab *v = m->v;
-    if (is_eos(v, id)) return m->cur != DEAD && m->states[m->cur].end ? 0 : -1;
-    if (id < 0 || id >= v->vocab) return -1;
-    const struct grm_vocab_ext *x = (const struct grm_vocab_ext *)v;
-    int32_t nd = x->tok_node[id];
-    if (nd < 0) return -1;
+    if (is_eos(m->v, id)) return grm_can_end(m) ? 0 : -1;
     char buf[256];
-    int len = 0;
-    for (int32_t y = nd; y > 0 && len < (int)sizeof buf; y = x->node_parent[y]) buf[len++] = (char)x->node_byte[y];
-    for (int i = 0; i < len / 2; i++) {
-        char t = buf[i];
-        buf[i] = buf[len - 1 - i];
-        buf[len - 1 - i] = t;
-    }
+    int len;
+    if (!token_bytes(m->v, id, buf, &len)) return -1;
     return grm_accept_bytes(m, buf, (size_t)len);
 }
 

@@ -56,6 +56,14 @@ class LmEvalTest(unittest.TestCase):
     def setUpClass(cls):
         cls.srv = srvtest.Server(model=srvtest.bundled_model(), name=NAME).start()
         cls.tmp = tempfile.TemporaryDirectory(prefix="moeserve-lmeval-")
+        try:
+            cls.run_lm_eval()
+        except BaseException:
+            cls.tearDownClass()  # unittest skips it when setUpClass fails
+            raise
+
+    @classmethod
+    def run_lm_eval(cls):
         out = os.path.join(cls.tmp.name, "out")
         env = dict(os.environ, HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1",
                    HF_HOME=os.path.join(cls.tmp.name, "hf"), TOKENIZERS_PARALLELISM="false")

@@ -32,6 +32,10 @@ struct sampler {
     int32_t *seen;        /* (vocab) distinct ids seen in prompt or output, first n_seen valid */
     int n_seen;
     struct smp_cand *cand; /* (vocab) scratch: tokens still in the running */
+    struct smp_bias *bias; /* (n_bias) the finite biases to add */
+    int n_bias;
+    uint8_t *keep;         /* (vocab / 8 rounded up) tokens logit_bias/allowed leave possible,
+                              or NULL: all */
 };
 
 void smp_params_default(struct smp_params *p)
@@ -62,6 +66,64 @@ static uint64_t clock_seed(const void *self)
 }
 
 /* ---- lifetime --------------------------------------------------------------------------- */
+
+/* Turns logit_bias and allowed_token_ids into a keep bitmap (bans, forcing, the allowed set)
+ * and a list of the finite biases, so a step pays one pass over the bitmap at most. */
+static int set_bias(struct sampler *s, const struct smp_params *p)
+{
+    if (!p || (p->n_bias <= 0 && p->n_allowed <= 0)) return 0;
+    size_t nb = ((size_t)s->vocab + 7) / 8;
+    bool forced = false;
+    for (int i = 0; i < p->n_bias; i++) forced |= p->bias[i].bias >= 100.0f;
+    bool masked = forced || p->n_allowed > 0;
+    for (int i = 0; i < p->n_bias; i++) masked |= p->bias[i].bias <= -100.0f;
+    s->bias = malloc(sizeof *s->bias * (size_t)(p->n_bias > 0 ? p->n_bias : 1));
+    s->keep = masked ? malloc(nb) : NULL;
+    if (!s->bias || (masked && !s->keep)) return -1;
+    if (s->keep) {
+        /* start from the allowed set (all without one), then forcing, then bans */
+        memset(s->keep, p->n_allowed > 0 ? 0x00 : 0xff, nb);
+        for (int i = 0; i < p->n_allowed; i++)
+            if (p->allowed[i] >= 0 && p->allowed[i] < s->vocab)
+                s->keep[p->allowed[i] >> 3] |= (uint8_t)(1u << (p->allowed[i] & 7));
+        if (forced) {
+            uint8_t *f = calloc(1, nb);
+            if (!f) return -1;
+            for (int i = 0; i < p->n_bias; i++) {
+                int32_t t = p->bias[i].id;
+                if (p->bias[i].bias >= 100.0f && t >= 0 && t < s->vocab)
+                    f[t >> 3] |= (uint8_t)(1u << (t & 7));
+            }
+            for (size_t i = 0; i < nb; i++) s->keep[i] &= f[i];
+            free(f);
+        }
+        for (int i = 0; i < p->n_bias; i++) {
+            int32_t t = p->bias[i].id;
+            if (p->bias[i].bias <= -100.0f && t >= 0 && t < s->vocab)
+                s->keep[t >> 3] &= (uint8_t)~(1u << (t & 7));
+        }
+    }
+    /* Every allowed token banned: keep the row as it is rather than leave nothing. */
+    bool any = false;
+    for (size_t i = 0; s->keep && i < nb && !any; i++) any = s->keep[i] != 0;
+    if (s->keep && !any) {
+        free(s->keep);
+        s->keep = NULL;
+    }
+    for (int i = 0; i < p->n_bias; i++)
+        if (p->bias[i].id >= 0 && p->bias[i].id < s->vocab && fabsf(p->bias[i].bias) < 100.0f)
+            s->bias[s->n_bias++] = p->bias[i];
+    return 0;
+}
+
+/* Adds the biases and removes what they and allowed_token_ids leave impossible. */
+static void apply_bias(const struct sampler *s, float *logits)
+{
+    for (int i = 0; i < s->n_bias; i++) logits[s->bias[i].id] += s->bias[i].bias;
+    if (!s->keep) return;
+    for (int i = 0; i < s->vocab; i++)
+        if (!((s->keep[i >> 3] >> (i & 7)) & 1)) logits[i] = -INFINITY;
+}
 
 struct sampler *smp_create(int vocab, const struct smp_params *p)
 {
@@ -96,6 +158,12 @@ struct sampler *smp_create(int vocab, const struct smp_params *p)
     if (s->p.n_logprobs < 0) s->p.n_logprobs = 0;
     if (s->p.n_logprobs > SMP_MAX_LOGPROBS) s->p.n_logprobs = SMP_MAX_LOGPROBS;
 
+    if (set_bias(s, p) != 0) {
+        smp_free(s);
+        return NULL;
+    }
+    s->p.bias = NULL; /* the caller's arrays are not kept */
+    s->p.allowed = NULL;
     ms_rng_seed(&s->rng, s->p.has_seed ? s->p.seed : clock_seed(s));
     return s;
 }
@@ -103,6 +171,8 @@ struct sampler *smp_create(int vocab, const struct smp_params *p)
 void smp_free(struct sampler *s)
 {
     if (!s) return;
+    free(s->bias);
+    free(s->keep);
     free(s->cand); /* the start of the one block */
     free(s);
 }
@@ -452,6 +522,7 @@ static int32_t draw(struct sampler *s, const float *logits, float max, double *l
 int32_t smp_sample(struct sampler *s, float *logits, struct smp_logprobs *lp)
 {
     const int vocab = s->vocab;
+    apply_bias(s, logits);
     apply_penalties(s, logits);
 
     /* NaN is "impossible" (-inf), +inf "certain" (largest float), so the arithmetic below stays
@@ -499,4 +570,35 @@ int32_t smp_sample(struct sampler *s, float *logits, struct smp_logprobs *lp)
                      lp);
     }
     return token;
+}
+
+void smp_row_logprobs(const float *logits, int vocab, int32_t token, int n_top,
+                      struct smp_logprobs *lp)
+{
+    /* NaN logits carry no mass (exp_shifted maps them to 0) and never outrank a number. */
+    float max = -INFINITY;
+    for (int i = 0; i < vocab; i++)
+        if (logits[i] > max) max = logits[i];
+    if (n_top > SMP_MAX_LOGPROBS) n_top = SMP_MAX_LOGPROBS;
+    if (n_top > vocab) n_top = vocab;
+    lp->token = token;
+    if (!(max > -INFINITY) || !isfinite(max)) {
+        /* As smp_sample: no usable distribution reads as the uniform one. */
+        float u = (float)-log((double)vocab);
+        lp->logprob = u;
+        lp->rank = 1;
+        lp->n_top = n_top < 0 ? 0 : n_top;
+        for (int j = 0; j < lp->n_top; j++) {
+            lp->top_token[j] = j;
+            lp->top_logprob[j] = u;
+        }
+        return;
+    }
+    double log_z = log(exp_shifted(logits, vocab, max, 1.0f, NULL));
+    float x = logits[token];
+    int32_t above = 0;
+    for (int i = 0; i < vocab; i++) above += logits[i] > x;
+    lp->rank = above + 1;
+    lp->logprob = (float)((double)x - (double)max - log_z);
+    top_logprobs(logits, vocab, n_top, log_z, max, lp);
 }

@@ -12,6 +12,13 @@
 
 #define SMP_MAX_LOGPROBS 20
 
+/* A bias added to one token's logit (OpenAI logit_bias). -100 bans the token; +100 forces it:
+ * only tokens biased +100 stay possible. */
+struct smp_bias {
+    int32_t id;
+    float bias;
+};
+
 struct smp_params {
     float temperature;        /* 0 = greedy */
     float top_p;              /* 1 = off */
@@ -23,6 +30,10 @@ struct smp_params {
     uint64_t seed;
     bool has_seed;            /* without a seed, the sampler seeds itself from the clock */
     int n_logprobs;           /* top alternatives to report, 0..SMP_MAX_LOGPROBS */
+    const struct smp_bias *bias; /* (n_bias) logit biases, applied first; copied by smp_create */
+    int n_bias;
+    const int32_t *allowed;   /* (n_allowed) vLLM allowed_token_ids, or NULL: all; copied */
+    int n_allowed;
 };
 
 void smp_params_default(struct smp_params *p);
@@ -30,7 +41,9 @@ void smp_params_default(struct smp_params *p);
 struct smp_logprobs {
     int32_t token;   /* the chosen token */
     float logprob;   /* its log-probability under the model's distribution (raw logits, after
-                        penalties, before temperature/top-k/top-p filtering, as vLLM reports) */
+                        logit_bias, allowed_token_ids and penalties, before temperature/top-k/
+                        top-p filtering) */
+    int32_t rank;    /* 1 + tokens with a larger logit (smp_row_logprobs only; 0 = not set) */
     int n_top;
     int32_t top_token[SMP_MAX_LOGPROBS];
     float top_logprob[SMP_MAX_LOGPROBS];
@@ -38,12 +51,19 @@ struct smp_logprobs {
 
 struct sampler;
 
-/* Returns NULL on allocation failure or vocab <= 0. */
+/* Returns NULL on allocation failure or vocab <= 0. Ids in bias/allowed outside [0, vocab)
+ * are ignored (the server refuses them first). */
 struct sampler *smp_create(int vocab, const struct smp_params *p);
 void smp_free(struct sampler *s);
 /* Records a prompt token (repetition penalty) or generated token (all penalties). */
 void smp_accept(struct sampler *s, int32_t token, bool generated);
 /* Picks the next token from `logits` (vocab floats, modified in place). Fills `lp` if non-NULL. */
 int32_t smp_sample(struct sampler *s, float *logits, struct smp_logprobs *lp);
+
+/* The log-probability of `token` under the raw distribution softmax(logits) (no penalties, no
+ * temperature: what prompt logprobs report), its rank and the n_top most likely tokens. Reads
+ * logits only; allocates nothing. */
+void smp_row_logprobs(const float *logits, int vocab, int32_t token, int n_top,
+                      struct smp_logprobs *lp);
 
 #endif

@@ -3,6 +3,7 @@
  * drives steps. See scheduler.h for the threading and ownership rules. */
 #include "scheduler.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,7 +26,10 @@ struct sched {
     int n_waiting;
     struct engine_item *items;    /* (max_num_seqs) */
     struct sched_req **item_req;  /* (max_num_seqs) */
-    float *logits;                /* (max_num_seqs, vocab) */
+    /* (max_num_seqs + extra_rows, vocab): one row per item that samples, plus rows for the
+     * prompt positions of prompt-logprob requests (at most extra_rows more per step) */
+    float *logits;
+    int extra_rows;
     char piece[512];
     uint64_t pc_queries, pc_hits; /* prefix cache tokens, copied into st by publish_stats */
 
@@ -74,6 +78,7 @@ void sched_req_params_default(struct sched_req_params *p)
     p->max_tokens = 16;
     smp_params_default(&p->smp);
     p->skip_special = true;
+    p->prompt_logprobs = -1;
 }
 
 /* --- requests ------------------------------------------------------------------------------ */
@@ -87,6 +92,10 @@ struct sched_req *sched_req_create(const int32_t *prompt, int n_prompt,
     }
     if (p->max_tokens < 0 || p->max_tokens > (1 << 24)) {
         ms_errf(err, errlen, "max_tokens %d out of range", p->max_tokens);
+        return NULL;
+    }
+    if (p->prompt_logprobs > SMP_MAX_LOGPROBS) {
+        ms_errf(err, errlen, "prompt_logprobs must be at most %d", SMP_MAX_LOGPROBS);
         return NULL;
     }
     if (p->n_stop < 0 || p->n_stop > SCHED_MAX_STOP) {
@@ -119,7 +128,35 @@ struct sched_req *sched_req_create(const int32_t *prompt, int n_prompt,
         r->out.lps = malloc(sizeof *r->out.lps * (size_t)(p->max_tokens > 0 ? p->max_tokens : 1));
         if (!r->out.lps) goto oom;
     }
+    if (p->prompt_logprobs >= 0) {
+        r->out.prompt_lps = calloc((size_t)n_prompt, sizeof *r->out.prompt_lps);
+        if (!r->out.prompt_lps) goto oom;
+        r->out.n_prompt_lps = 1; /* the first token has no logprob: nothing to wait for */
+    }
     memcpy(r->tokens, prompt, sizeof(int32_t) * (size_t)n_prompt);
+    /* The id lists belong to the caller: keep copies (the sampler is created later). */
+    if (p->n_stop_ids > 0) {
+        r->stop_ids = malloc(sizeof *r->stop_ids * (size_t)p->n_stop_ids);
+        if (!r->stop_ids) goto oom;
+        memcpy(r->stop_ids, p->stop_ids, sizeof *r->stop_ids * (size_t)p->n_stop_ids);
+    }
+    if (p->smp.n_bias > 0) {
+        r->bias = malloc(sizeof *r->bias * (size_t)p->smp.n_bias);
+        if (!r->bias) goto oom;
+        memcpy(r->bias, p->smp.bias, sizeof *r->bias * (size_t)p->smp.n_bias);
+    }
+    if (p->smp.n_allowed > 0) {
+        r->allowed = malloc(sizeof *r->allowed * (size_t)p->smp.n_allowed);
+        if (!r->allowed) goto oom;
+        memcpy(r->allowed, p->smp.allowed, sizeof *r->allowed * (size_t)p->smp.n_allowed);
+    }
+    r->p.stop_ids = r->stop_ids;
+    r->p.n_stop_ids = r->stop_ids ? p->n_stop_ids : 0;
+    r->p.smp.bias = r->bias;
+    r->p.smp.n_bias = r->bias ? p->smp.n_bias : 0;
+    r->p.smp.allowed = r->allowed;
+    r->p.smp.n_allowed = r->allowed ? p->smp.n_allowed : 0;
+    grm_retain(p->grammar);
     for (int i = 0; i < p->n_stop; i++) {
         memcpy(r->stop_buf[i], p->stop[i], strlen(p->stop[i]) + 1);
         r->p.stop[i] = r->stop_buf[i];
@@ -139,7 +176,11 @@ oom:
         free(r->out.tokens);
         free(r->out.text);
         free(r->out.lps);
+        free(r->out.prompt_lps);
         free(r->hold);
+        free(r->stop_ids);
+        free(r->bias);
+        free(r->allowed);
         free(r);
     }
     ms_errf(err, errlen, "out of memory");
@@ -156,12 +197,18 @@ void sched_req_release(struct sched_req *r)
     if (!r || atomic_fetch_sub(&r->refs, 1) != 1) return;
     /* The scheduler frees the KV table and sampler before dropping its reference. */
     smp_free(r->smp);
+    grm_matcher_free(r->gm);
+    grm_release(r->p.grammar);
     pthread_mutex_destroy(&r->mu);
     free(r->tokens);
     free(r->out.tokens);
     free(r->out.text);
     free(r->out.lps);
+    free(r->out.prompt_lps);
     free(r->hold);
+    free(r->stop_ids);
+    free(r->bias);
+    free(r->allowed);
     free(r);
 }
 
@@ -220,10 +267,16 @@ int sched_create(struct engine *e, const struct sched_params *p, struct sched **
     s->max_model_len = ep->max_model_len;
     s->prefix_caching = !p->disable_prefix_caching;
     int ns = p->max_num_seqs;
+    /* Prompt-logprob rows: up to 64 MiB of logits per step (at least 16 rows), no more rows
+     * than a step has tokens. */
+    size_t extra = ((size_t)64 << 20) / (sizeof(float) * (size_t)s->vocab);
+    if (extra < 16) extra = 16;
+    if (extra > (size_t)p->max_num_batched_tokens) extra = (size_t)p->max_num_batched_tokens;
+    s->extra_rows = (int)extra;
     s->running = calloc((size_t)ns, sizeof *s->running);
     s->items = calloc((size_t)ns, sizeof *s->items);
     s->item_req = calloc((size_t)ns, sizeof *s->item_req);
-    s->logits = malloc(sizeof(float) * (size_t)ns * (size_t)s->vocab);
+    s->logits = malloc(sizeof(float) * ((size_t)ns + extra) * (size_t)s->vocab);
     if (!s->running || !s->items || !s->item_req || !s->logits) {
         ms_errf(err, errlen, "out of memory");
         goto fail;
@@ -269,28 +322,32 @@ static void out_append(struct sched_req *r, const char *t, size_t n)
 
 /* Feeds newly decoded text through the stop-string filter: publishes what can no longer be
  * the start of a stop string, holds back the rest. Returns true when a stop string matched
- * (the text before it is published, the rest dropped). Called with r->mu held. */
+ * (the text before it is published, and the stop string itself with include_stop_str; the
+ * rest dropped). Before min_tokens no stop string counts. Called with r->mu held. */
 static bool feed_text(struct sched_req *r, const char *t, size_t n)
 {
-    if (r->p.n_stop == 0) {
+    if (r->p.n_stop == 0 || r->n_total - r->n_prompt < r->p.min_tokens) {
+        out_append(r, r->hold, r->hold_len);
+        r->hold_len = 0;
         out_append(r, t, n);
         return false;
     }
     if (r->hold_len + n > r->hold_cap) n = r->hold_cap - r->hold_len; /* cannot happen */
     memcpy(r->hold + r->hold_len, t, n);
     r->hold_len += n;
-    size_t best = r->hold_len;
+    size_t best = r->hold_len, best_len = 0;
     for (int i = 0; i < r->p.n_stop; i++) {
         const char *st = r->p.stop[i];
         size_t sl = strlen(st);
         for (size_t k = 0; k + sl <= r->hold_len && k < best; k++)
             if (memcmp(r->hold + k, st, sl) == 0) {
                 best = k;
+                best_len = sl;
                 break;
             }
     }
     if (best < r->hold_len) {
-        out_append(r, r->hold, best);
+        out_append(r, r->hold, best + (r->p.include_stop_str ? best_len : 0));
         r->hold_len = 0;
         return true;
     }
@@ -364,12 +421,61 @@ static bool is_eos(const struct model *m, int32_t t)
     return false;
 }
 
+static bool is_stop_id(const struct sched_req *r, int32_t t)
+{
+    for (int i = 0; i < r->p.n_stop_ids; i++)
+        if (r->p.stop_ids[i] == t) return true;
+    return false;
+}
+
+static void warn(struct sched *s, const struct sched_req *r, const char *msg)
+{
+    if (s->p.obs.on_warning) s->p.obs.on_warning(s->p.obs.ctx, r->id, msg);
+}
+
+/* Ends r without a new token (its grammar is complete or allows nothing): the decoder may
+ * still hold an incomplete character. Returns SCHED_FINISH_STOP. */
+static enum sched_finish stop_without_token(struct sched *s, struct sched_req *r)
+{
+    pthread_mutex_lock(&r->mu);
+    if (s->m->tok) {
+        int w = tok_stream_flush(s->m->tok, &r->ts, s->piece, sizeof s->piece);
+        if (w > 0) feed_text(r, s->piece, (size_t)w);
+    }
+    pthread_mutex_unlock(&r->mu);
+    return SCHED_FINISH_STOP;
+}
+
 /* Samples the next token of r from its logits row and publishes it. Returns the finish reason
  * (SCHED_FINISH_NONE to continue). */
 static enum sched_finish accept_token(struct sched *s, struct sched_req *r, float *row)
 {
     struct smp_logprobs lp = {0};
+    if (r->gm && grm_mask(r->gm, row) == 0) {
+        warn(s, r, "the grammar allows no token here; the output ends");
+        return stop_without_token(s, r);
+    }
+    if (r->n_total - r->n_prompt < r->p.min_tokens) {
+        /* min_tokens: nothing that would end the request may be drawn yet */
+        for (int i = 0; i < s->m->desc.n_eos && !r->p.ignore_eos; i++)
+            if (s->m->desc.eos_ids[i] >= 0 && s->m->desc.eos_ids[i] < s->vocab)
+                row[s->m->desc.eos_ids[i]] = -INFINITY;
+        for (int i = 0; i < r->p.n_stop_ids; i++)
+            if (r->p.stop_ids[i] >= 0 && r->p.stop_ids[i] < s->vocab)
+                row[r->p.stop_ids[i]] = -INFINITY;
+    }
     int32_t t = smp_sample(r->smp, row, r->p.logprobs ? &lp : NULL);
+    /* Every token impossible (the grammar, logit_bias and allowed_token_ids left none): the
+     * sampler's stand-in is no answer. */
+    if (row[t] == -INFINITY && (r->gm || r->p.smp.n_bias > 0 || r->p.smp.n_allowed > 0)) {
+        warn(s, r, "no token is allowed (grammar, logit_bias and allowed_token_ids together); "
+                   "the output ends");
+        return stop_without_token(s, r);
+    }
+    if (r->gm && grm_accept(r->gm, t) != 0) {
+        warn(s, r, "the grammar refused the drawn token; the output ends");
+        return stop_without_token(s, r);
+    }
     smp_accept(r->smp, t, true);
     double now = ms_now();
     if (r->n_total == r->n_prompt) {
@@ -385,7 +491,9 @@ static enum sched_finish accept_token(struct sched *s, struct sched_req *r, floa
     int n_gen = r->n_total - r->n_prompt;
 
     enum sched_finish why = SCHED_FINISH_NONE;
-    bool eos = !r->p.ignore_eos && is_eos(s->m, t);
+    bool stop_id = is_stop_id(r, t);
+    /* with a grammar, EOS was allowed only where the output may end: it ends it */
+    bool eos = (!r->p.ignore_eos || r->gm) && is_eos(s->m, t) && !stop_id;
     pthread_mutex_lock(&r->mu);
     r->out.tokens[r->out.n_tokens] = t;
     if (r->out.lps) r->out.lps[r->out.n_tokens] = lp;
@@ -395,17 +503,42 @@ static enum sched_finish accept_token(struct sched *s, struct sched_req *r, floa
     } else if (s->m->tok) {
         int w = tok_stream_push(s->m->tok, &r->ts, t, s->piece, sizeof s->piece);
         if (w > 0 && feed_text(r, s->piece, (size_t)w)) why = SCHED_FINISH_STOP;
+        if (stop_id) why = SCHED_FINISH_STOP;
     }
+    if (stop_id && !s->m->tok) why = SCHED_FINISH_STOP;
+    /* A complete structured output ends here, whatever ignore_eos says: nothing may follow. */
+    bool grammar_end = why == SCHED_FINISH_NONE && r->gm && grm_must_end(r->gm);
+    if (grammar_end) why = SCHED_FINISH_STOP;
     if (why == SCHED_FINISH_NONE && (n_gen >= r->p.max_tokens || r->n_total >= s->max_model_len))
         why = SCHED_FINISH_LENGTH;
-    if (why != SCHED_FINISH_NONE && !(why == SCHED_FINISH_STOP && !eos) && s->m->tok) {
-        /* finished by EOS or length: the decoder may hold an incomplete character */
+    if (why != SCHED_FINISH_NONE && !(why == SCHED_FINISH_STOP && !eos && !stop_id && !grammar_end) &&
+        s->m->tok) {
+        /* finished by EOS, a stop id or length: the decoder may hold an incomplete character */
         int w = tok_stream_flush(s->m->tok, &r->ts, s->piece, sizeof s->piece);
         if (w > 0 && feed_text(r, s->piece, (size_t)w)) why = SCHED_FINISH_STOP;
     }
     if (why == SCHED_FINISH_NONE && r->out.notify) r->out.notify(r->out.notify_ctx);
     pthread_mutex_unlock(&r->mu);
     return why;
+}
+
+/* Logprobs of the prompt tokens this step's rows predict (row j of it is position
+ * pos + n_tokens - n_logits + j, which predicts the token after it), published in order. */
+static void record_prompt_lps(struct sched *s, struct sched_req *r, const struct engine_item *it)
+{
+    int next = r->out.n_prompt_lps;
+    int first_pos = it->pos + it->n_tokens - it->n_logits;
+    for (int j = 0; j < it->n_logits; j++) {
+        int q = first_pos + j + 1;
+        if (q < next) continue; /* recorded before a preemption */
+        if (q >= r->n_prompt || q != next) break;
+        smp_row_logprobs(it->logits + (size_t)j * (size_t)s->vocab, s->vocab, r->tokens[q],
+                         r->p.prompt_logprobs, &r->out.prompt_lps[q]);
+        next++;
+    }
+    pthread_mutex_lock(&r->mu);
+    r->out.n_prompt_lps = next;
+    pthread_mutex_unlock(&r->mu);
 }
 
 /* --- planning ------------------------------------------------------------------------------ */
@@ -507,7 +640,27 @@ static void preempt(struct sched *s, int i)
     pthread_mutex_unlock(&s->st_mu);
 }
 
-static void add_item(struct sched *s, int *n_items, struct sched_req *r, int n)
+/* Whether r still waits for logprobs of some prompt tokens. */
+static bool prompt_lps_pending(const struct sched_req *r)
+{
+    return r->out.prompt_lps && r->out.n_prompt_lps < r->n_prompt;
+}
+
+/* Logit rows of a step: each item that samples takes one, a prompt-logprob chunk one per
+ * token; those beyond the first come out of the step's extra rows. */
+struct rows {
+    int used, extra_left;
+};
+
+/* Cuts a chunk of n tokens of r to the logit rows left (a prompt-logprob chunk needs a row
+ * per token). Returns the tokens the chunk may have, >= 1. */
+static int fit_rows(const struct rows *rw, const struct sched_req *r, int n)
+{
+    if (prompt_lps_pending(r) && n > rw->extra_left + 1) n = rw->extra_left + 1;
+    return n;
+}
+
+static void add_item(struct sched *s, int *n_items, struct rows *rw, struct sched_req *r, int n)
 {
     struct engine_item *it = &s->items[*n_items];
     bool last = r->n_computed + n == r->n_total;
@@ -516,16 +669,24 @@ static void add_item(struct sched *s, int *n_items, struct sched_req *r, int n)
     it->n_tokens = n;
     it->pos = r->n_computed;
     it->moe_top_k = r->p.moe_top_k;
-    it->n_logits = last ? 1 : 0;
-    it->logits = s->logits + (size_t)*n_items * (size_t)s->vocab;
+    /* max_tokens 0 samples nothing: its last chunk needs no row of its own */
+    it->n_logits = last && r->p.max_tokens > 0 ? 1 : 0;
+    if (prompt_lps_pending(r)) {
+        it->n_logits = n;
+        rw->extra_left -= n - 1;
+    }
+    it->logits = s->logits + (size_t)rw->used * (size_t)s->vocab;
+    rw->used += it->n_logits;
     s->item_req[*n_items] = r;
     (*n_items)++;
 }
 
-/* Namespace of r's cached blocks: K/V depend on the expert budget, not only on the tokens. */
+/* Namespace of r's cached blocks: K/V depend on the expert budget, not only on the tokens;
+ * a cache_salt (vLLM's) keeps a client's prefixes apart from everyone else's. */
 static uint64_t cache_key(const struct sched_req *r)
 {
-    return r->p.moe_top_k > 0 ? (uint64_t)r->p.moe_top_k : 0;
+    uint64_t k = r->p.moe_top_k > 0 ? (uint64_t)r->p.moe_top_k : 0;
+    return r->p.cache_salt ? k ^ (r->p.cache_salt * 0x9e3779b97f4a7c15ull) : k;
 }
 
 /* For a waiting request with nothing computed: takes its longest cached prefix, always leaving
@@ -534,6 +695,10 @@ static int take_cached_prefix(struct sched *s, struct sched_req *r)
 {
     struct kv_cache *kv = engine_kv(s->e);
     int max_blocks = (r->n_total - 1) / kv->block_size;
+    /* Computing position p gives token p+1's logprob: cached positions must all precede the
+     * first token whose logprob is still missing. */
+    if (prompt_lps_pending(r) && max_blocks > (r->out.n_prompt_lps - 1) / kv->block_size)
+        max_blocks = (r->out.n_prompt_lps - 1) / kv->block_size;
     int n = kv_seq_match(kv, &r->kv, cache_key(r), r->tokens, max_blocks);
     r->n_computed = n * kv->block_size;
     return r->n_computed;
@@ -545,6 +710,10 @@ static int admit(struct sched *s, struct sched_req *r)
     if (!r->kv_init) {
         if (engine_seq_init(s->e, &r->kv) != 0) return -1;
         r->kv_init = true;
+    }
+    if (r->p.grammar && !r->gm) {
+        r->gm = grm_matcher_create(r->p.grammar);
+        if (!r->gm) return -1;
     }
     if (!r->smp) {
         r->smp = smp_create(s->vocab, &r->p.smp);
@@ -562,12 +731,14 @@ static int plan(struct sched *s)
     int budget = s->p.max_num_batched_tokens;
     int free_blocks = kv_free_blocks(kv);
     int n_items = 0;
+    struct rows rw = {.used = 0, .extra_left = s->extra_rows};
 
     /* Running sequences first, oldest first; when blocks run out, preempt the newest. */
     for (int i = 0; i < s->n_running && budget > 0;) {
         struct sched_req *r = s->running[i];
         int n = r->n_total - r->n_computed;
         if (n > budget) n = budget;
+        n = fit_rows(&rw, r, n);
         int need = blocks_needed(s, r, n);
         bool self_preempted = false;
         while (need > free_blocks) {
@@ -583,7 +754,7 @@ static int plan(struct sched *s)
         if (self_preempted) break;
         free_blocks -= need;
         budget -= n;
-        add_item(s, &n_items, r, n);
+        add_item(s, &n_items, &rw, r, n);
         i++;
     }
 
@@ -608,6 +779,7 @@ static int plan(struct sched *s)
         }
         int n = r->n_total - r->n_computed;
         if (n > budget) n = budget;
+        n = fit_rows(&rw, r, n);
         int need = blocks_needed(s, r, n);
         if (need > free_blocks) {
             if (hit > 0) {
@@ -635,7 +807,7 @@ static int plan(struct sched *s)
         s->running[s->n_running++] = r;
         free_blocks -= need;
         budget -= n;
-        add_item(s, &n_items, r, n);
+        add_item(s, &n_items, &rw, r, n);
     }
     return n_items;
 }
@@ -692,9 +864,13 @@ int sched_step(struct sched *s)
         if (it->pos < r->n_prompt) n_prompt_tok += (it->pos + it->n_tokens < r->n_prompt
                                                         ? it->n_tokens
                                                         : r->n_prompt - it->pos);
-        if (it->n_logits == 0) continue;
-        enum sched_finish why = accept_token(s, r, it->logits);
-        n_gen_tok++;
+        if (prompt_lps_pending(r)) record_prompt_lps(s, r, it);
+        if (r->n_computed < r->n_total) continue; /* a prefill chunk before the last */
+        enum sched_finish why = SCHED_FINISH_LENGTH; /* max_tokens 0: done after the prefill */
+        if (r->p.max_tokens > 0) {
+            why = accept_token(s, r, it->logits + (size_t)(it->n_logits - 1) * (size_t)s->vocab);
+            n_gen_tok++;
+        }
         if (why != SCHED_FINISH_NONE) {
             for (int j = 0; j < s->n_running; j++)
                 if (s->running[j] == r) {

@@ -7,6 +7,15 @@
  * so it later resumes exactly where it stopped. Sampling, stop strings, EOS and length limits
  * and incremental detokenization happen here, so a request's output queue holds final text.
  *
+ * Prompt logprobs (sched_req_params.prompt_logprobs): the prefill chunks of such a request ask
+ * the engine for logits at every position, so each prompt token's logprob comes from the
+ * forward pass that computes its K/V anyway; the rows are bounded per step (a chunk is cut to
+ * the rows left), and positions whose logprobs are still missing are never skipped by the
+ * prefix cache. max_tokens == 0 is valid: the request ends ("length") when its prefill is done.
+ *
+ * Structured output (sched_req_params.grammar): before each draw the request's grammar matcher
+ * masks the logits (engine/grammar), after it the matcher takes the token.
+ *
  * Prefix caching (on unless sched_params.disable_prefix_caching): when a request is admitted
  * with nothing computed, it takes the longest run of cached full KV blocks matching its tokens
  * (kv_seq_match) and its prefill starts after them; at least the last token is always computed
@@ -35,6 +44,7 @@
 #include <stdint.h>
 
 #include "engine.h"
+#include "grammar.h"
 #include "sampler.h"
 #include "tokenizer.h"
 
@@ -61,8 +71,20 @@ struct sched_req_params {
     bool ignore_eos;
     bool skip_special;      /* drop special tokens from the text (default true) */
     int moe_top_k;          /* 0 = the model's */
+    int prompt_logprobs;    /* < 0: off; else record every prompt token's logprob (from the
+                               prefill the request runs anyway) with this many alternatives */
     int n_stop;
     const char *stop[SCHED_MAX_STOP]; /* stop strings (not included in the text) */
+    bool include_stop_str;  /* keep the matched stop string in the text */
+    const int32_t *stop_ids; /* (n_stop_ids) tokens that end the request ("stop") like EOS,
+                                their text kept unless special and skipped; copied */
+    int n_stop_ids;
+    int min_tokens;         /* EOS, stop_ids and stop strings count only from this many on */
+    uint64_t cache_salt;    /* requests share cached prefix blocks only with the same salt */
+    /* Structured output: only tokens this grammar allows are drawn (sched_req_create takes a
+     * reference). The request ends ("stop") when the grammar is complete and nothing may
+     * follow, or when it allows no token at all (then with a warning, on_warning). */
+    struct grm_grammar *grammar;
 };
 
 void sched_req_params_default(struct sched_req_params *p);
@@ -74,6 +96,11 @@ struct sched_out {
     int32_t *tokens;          /* (max_tokens) generated token ids */
     struct smp_logprobs *lps; /* (max_tokens) when logprobs were asked for, else NULL */
     int n_tokens;
+    /* (n_prompt) when prompt_logprobs >= 0, else NULL: entry q is prompt token q's logprob given
+     * the tokens before it (entry 0, the first token, has none and stays zeroed). Entries
+     * [1, n_prompt_lps) are published; n_prompt_lps == n_prompt once the prefill is done. */
+    struct smp_logprobs *prompt_lps;
+    int n_prompt_lps;
     int n_cached_tokens;      /* prompt tokens whose K/V came from the prefix cache */
     enum sched_finish finish; /* set once, after the last text and tokens are published */
     char error[128];
@@ -92,6 +119,10 @@ struct sched_req {
     int cap;                  /* n_prompt + max_tokens */
     struct sched_req_params p;
     char stop_buf[SCHED_MAX_STOP][SCHED_MAX_STOP_LEN + 1];
+    int32_t *stop_ids;        /* (p.n_stop_ids) own copy */
+    struct smp_bias *bias;    /* (p.smp.n_bias) own copy */
+    int32_t *allowed;         /* (p.smp.n_allowed) own copy */
+    struct grm_matcher *gm;   /* the grammar's state, created at admission; NULL without one */
     double t_arrival;
 
     /* scheduler thread only */
@@ -135,6 +166,8 @@ struct sched_observer {
     void (*on_finish)(void *ctx, enum sched_finish why, int n_prompt, int n_generated,
                       double e2e_s);
     void (*on_step)(void *ctx, int n_tokens, int n_seqs);
+    /* Something about one request a log should show (e.g. its grammar allowed no token). */
+    void (*on_warning)(void *ctx, uint64_t req_id, const char *msg);
 };
 
 struct sched_params {

@@ -1,6 +1,8 @@
 /* Request parsing and validation for the OpenAI-compatible endpoints (see request.h). Each
  * field has one small getter that checks its JSON type and range and names the field in the
- * error, so the error a client sees always says which field to fix. */
+ * error, so the error a client sees always says which field to fix. Before any getter runs,
+ * every key of the body is looked up in proto_fields: unknown keys and unsupported fields with
+ * a non-neutral value are refused there, so a getter never has to think about them. */
 #include "proto/request.h"
 
 #include <jansson.h>
@@ -34,6 +36,137 @@ const char *proto_error_type(int status)
     case 503: return "service_unavailable_error";
     default: return "server_error";
     }
+}
+
+/* --- the fields ----------------------------------------------------------------------------- */
+
+#define CMPL PROTO_K_CMPL
+#define CHAT PROTO_K_CHAT
+#define BOTH (PROTO_K_CMPL | PROTO_K_CHAT)
+#define IMPL PROTO_FIELD_IMPL
+#define NOOP PROTO_FIELD_NOOP
+#define UNSUP PROTO_FIELD_UNSUP
+
+const struct proto_field proto_fields[] = {
+    /* OpenAI, both endpoints */
+    {"model", BOTH, IMPL, NULL},
+    {"frequency_penalty", BOTH, IMPL, NULL},
+    {"presence_penalty", BOTH, IMPL, NULL},
+    {"logit_bias", BOTH, IMPL, NULL},
+    {"logprobs", BOTH, IMPL, NULL},
+    {"max_tokens", BOTH, IMPL, NULL},
+    {"n", BOTH, IMPL, NULL},
+    {"seed", BOTH, IMPL, NULL},
+    {"stop", BOTH, IMPL, NULL},
+    {"stream", BOTH, IMPL, NULL},
+    {"stream_options", BOTH, IMPL, NULL},
+    {"temperature", BOTH, IMPL, NULL},
+    {"top_p", BOTH, IMPL, NULL},
+    {"best_of", BOTH, IMPL, NULL},
+    {"response_format", BOTH, IMPL, NULL},
+    /* OpenAI, accepted with no effect on the output (the allow-list in README.md) */
+    {"user", BOTH, NOOP, NULL},
+    {"metadata", BOTH, NOOP, NULL},
+    {"store", BOTH, NOOP, NULL},
+    {"service_tier", BOTH, NOOP, NULL},
+    {"safety_identifier", BOTH, NOOP, NULL},
+    {"prompt_cache_key", BOTH, NOOP, NULL},
+    {"prompt_cache_retention", BOTH, NOOP, NULL},
+    /* OpenAI completions */
+    {"prompt", CMPL, IMPL, NULL},
+    {"echo", CMPL, IMPL, NULL},
+    {"suffix", CMPL, UNSUP, "\"\""},
+    /* OpenAI chat */
+    {"messages", CHAT, IMPL, NULL},
+    {"max_completion_tokens", CHAT, IMPL, NULL},
+    {"top_logprobs", CHAT, IMPL, NULL},
+    {"tools", CHAT, IMPL, NULL},
+    {"tool_choice", CHAT, IMPL, NULL},
+    {"parallel_tool_calls", CHAT, IMPL, NULL},
+    {"functions", CHAT, UNSUP, "[]"},
+    {"function_call", CHAT, UNSUP, NULL},
+    {"audio", CHAT, UNSUP, NULL},
+    {"modalities", CHAT, UNSUP, "[\"text\"]"},
+    {"prediction", CHAT, UNSUP, NULL},
+    {"reasoning_effort", CHAT, UNSUP, NULL},
+    {"web_search_options", CHAT, UNSUP, NULL},
+    {"verbosity", CHAT, UNSUP, NULL},
+    /* vLLM's sampling and output extras, both endpoints */
+    {"top_k", BOTH, IMPL, NULL},
+    {"min_p", BOTH, IMPL, NULL},
+    {"repetition_penalty", BOTH, IMPL, NULL},
+    {"ignore_eos", BOTH, IMPL, NULL},
+    {"min_tokens", BOTH, IMPL, NULL},
+    {"stop_token_ids", BOTH, IMPL, NULL},
+    {"include_stop_str_in_output", BOTH, IMPL, NULL},
+    {"skip_special_tokens", BOTH, IMPL, NULL},
+    /* Only slow (Python) tokenizers insert these spaces; tokenizer.json ones never do, in
+     * transformers and vLLM alike, so both values give the same text. */
+    {"spaces_between_special_tokens", BOTH, NOOP, NULL},
+    {"prompt_logprobs", BOTH, IMPL, NULL},
+    {"allowed_token_ids", BOTH, IMPL, NULL},
+    {"truncate_prompt_tokens", BOTH, IMPL, NULL},
+    {"return_tokens_as_token_ids", BOTH, IMPL, NULL},
+    {"add_special_tokens", BOTH, IMPL, NULL},
+    {"cache_salt", BOTH, IMPL, NULL},
+    {"guided_json", BOTH, IMPL, NULL},
+    {"guided_regex", BOTH, IMPL, NULL},
+    {"guided_choice", BOTH, IMPL, NULL},
+    {"guided_grammar", BOTH, IMPL, NULL},
+    {"guided_decoding_backend", BOTH, NOOP, NULL}, /* there is one backend: engine/grammar */
+    {"request_id", BOTH, NOOP, NULL},
+    {"use_beam_search", BOTH, UNSUP, "false"},
+    {"length_penalty", BOTH, UNSUP, "1"},
+    {"bad_words", BOTH, UNSUP, "[]"},
+    {"logits_processors", BOTH, UNSUP, "[]"},
+    {"return_token_ids", BOTH, UNSUP, "false"},
+    {"priority", BOTH, UNSUP, "0"},
+    {"kv_transfer_params", BOTH, UNSUP, NULL},
+    {"vllm_xargs", BOTH, UNSUP, NULL},
+    {"guided_whitespace_pattern", BOTH, UNSUP, NULL},
+    {"structural_tag", BOTH, UNSUP, NULL},
+    {"structured_outputs", BOTH, UNSUP, NULL},
+    {"prompt_embeds", CMPL, UNSUP, NULL},
+    /* vLLM chat */
+    {"add_generation_prompt", CHAT, IMPL, NULL},
+    {"chat_template_kwargs", CHAT, IMPL, NULL},
+    {"continue_final_message", CHAT, UNSUP, "false"},
+    {"chat_template", CHAT, UNSUP, NULL},
+    {"documents", CHAT, UNSUP, NULL},
+    {"mm_processor_kwargs", CHAT, UNSUP, NULL},
+    {"echo", CHAT, UNSUP, "false"},
+    /* moeserve */
+    {"moe_top_k", BOTH, IMPL, NULL},
+};
+const int proto_n_fields = (int)(sizeof proto_fields / sizeof *proto_fields);
+
+/* Refuses keys outside the table and unsupported fields that ask for something. */
+static int check_fields(json_t *o, unsigned kind_bit, struct proto_error *e)
+{
+    const char *key;
+    json_t *v;
+    json_object_foreach(o, key, v)
+    {
+        const struct proto_field *f = NULL;
+        for (int i = 0; i < proto_n_fields && !f; i++)
+            if ((proto_fields[i].kinds & kind_bit) && strcmp(proto_fields[i].name, key) == 0)
+                f = &proto_fields[i];
+        if (!f)
+            return proto_fail(e, 400, key, "unknown_parameter",
+                              "unrecognized request argument '%s'", key);
+        if (f->how != PROTO_FIELD_UNSUP || json_is_null(v)) continue;
+        json_t *neutral = f->neutral ? json_loads(f->neutral, JSON_DECODE_ANY, NULL) : NULL;
+        bool same = neutral && (json_equal(neutral, v) ||
+                                (json_is_number(neutral) && json_is_number(v) &&
+                                 json_number_value(neutral) == json_number_value(v)));
+        json_decref(neutral);
+        if (!same)
+            return proto_fail(e, 400, key, "unsupported_parameter",
+                              "'%s' is not supported by this server%s%s", key,
+                              f->neutral ? "; only this value is accepted: " : "",
+                              f->neutral ? f->neutral : "");
+    }
+    return 0;
 }
 
 /* --- field getters: 0 = absent (out untouched), 1 = set, -1 = error ---------------------- */
@@ -234,6 +367,30 @@ static int get_messages(json_t *o, struct proto_req *r, struct proto_error *e, b
         }
         json_object_set(nm, "role", role);
         json_object_set_new(nm, "content", text);
+        /* The other keys a message may carry reach the template as given (null ones are
+         * dropped there); anything else is refused rather than lost. */
+        const char *key;
+        json_t *mv;
+        json_object_foreach(m, key, mv)
+        {
+            static const char *pass[] = {"name", "tool_calls", "tool_call_id",
+                                         "reasoning_content", "reasoning", "thinking"};
+            if (strcmp(key, "role") == 0 || strcmp(key, "content") == 0) continue;
+            if (strcmp(key, "refusal") == 0 && json_is_null(mv)) continue;
+            bool passed = false;
+            for (size_t k = 0; k < sizeof pass / sizeof *pass; k++)
+                passed |= strcmp(key, pass[k]) == 0;
+            if (!passed ||
+                (strcmp(key, "tool_calls") == 0 && !json_is_array(mv) && !json_is_null(mv))) {
+                json_decref(nm);
+                json_decref(out);
+                return proto_fail(e, 400, "messages", passed ? "invalid_type" : "unknown_parameter",
+                                  passed ? "messages[%zu].%s must be an array"
+                                         : "unrecognized argument messages[%zu].%s",
+                                  i, key);
+            }
+            json_object_set(nm, key, mv);
+        }
         json_array_append_new(out, nm);
         continue;
     bad_msg:
@@ -296,13 +453,277 @@ static int get_string(json_t *o, const char *k, char **out, struct proto_error *
     return 1;
 }
 
+/* An array of token ids (ints >= 0), at most `max` of them, into a new array. */
+static int get_id_list(json_t *o, const char *k, int max, int32_t **out, int *n,
+                       struct proto_error *e)
+{
+    json_t *v = json_object_get(o, k);
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_array(v))
+        return proto_fail(e, 400, k, "invalid_type", "'%s' must be an array of token ids", k);
+    if (json_array_size(v) > (size_t)max)
+        return proto_fail(e, 400, k, "invalid_value", "'%s' holds at most %d ids", k, max);
+    if (json_array_size(v) == 0) return 0;
+    return get_ids(v, k, out, n, e) < 0 ? -1 : 1;
+}
+
+static int cmp_bias(const void *a, const void *b)
+{
+    int32_t x = ((const struct proto_bias *)a)->id, y = ((const struct proto_bias *)b)->id;
+    return (x > y) - (x < y);
+}
+
+/* logit_bias: {"token id": bias in [-100, 100]} */
+static int get_logit_bias(json_t *o, struct proto_req *r, struct proto_error *e)
+{
+    json_t *v = json_object_get(o, "logit_bias");
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_object(v))
+        return proto_fail(e, 400, "logit_bias", "invalid_type",
+                          "'logit_bias' must be an object mapping token ids to biases");
+    size_t n = json_object_size(v);
+    if (n > PROTO_MAX_LOGIT_BIAS)
+        return proto_fail(e, 400, "logit_bias", "invalid_value",
+                          "'logit_bias' holds at most %d entries", PROTO_MAX_LOGIT_BIAS);
+    if (n == 0) return 0;
+    r->logit_bias = calloc(n, sizeof *r->logit_bias);
+    if (!r->logit_bias) return proto_fail(e, 500, NULL, NULL, "out of memory");
+    const char *key;
+    json_t *b;
+    json_object_foreach(v, key, b)
+    {
+        char *end;
+        long id = strtol(key, &end, 10);
+        if (!*key || *end || id < 0 || id > INT32_MAX || (key[0] == '0' && key[1]))
+            return proto_fail(e, 400, "logit_bias", "invalid_value",
+                              "'logit_bias' keys must be token ids, got '%s'", key);
+        if (!json_is_number(b) || json_number_value(b) < -100 || json_number_value(b) > 100)
+            return proto_fail(e, 400, "logit_bias", "invalid_value",
+                              "'logit_bias' values must be numbers in [-100, 100]");
+        r->logit_bias[r->n_logit_bias++] =
+            (struct proto_bias){.id = (int32_t)id, .bias = (float)json_number_value(b)};
+    }
+    qsort(r->logit_bias, (size_t)r->n_logit_bias, sizeof *r->logit_bias, cmp_bias);
+    return 0;
+}
+
+/* Sets the one structured-output constraint; a second one is refused. */
+static int set_guide(struct proto_req *r, enum proto_guide kind, const char *param, char *text,
+                     struct proto_error *e)
+{
+    if (!text) return proto_fail(e, 500, NULL, NULL, "out of memory");
+    if (r->guide_kind != PROTO_GUIDE_NONE) {
+        free(text);
+        return proto_fail(e, 400, param, "invalid_value",
+                          "give at most one of response_format (json_object or json_schema), "
+                          "guided_json, guided_regex, guided_choice and guided_grammar");
+    }
+    r->guide_kind = kind;
+    r->guide = text;
+    r->guide_param = param;
+    return 0;
+}
+
+static int get_response_format(json_t *o, struct proto_req *r, struct proto_error *e)
+{
+    json_t *rf = json_object_get(o, "response_format");
+    if (!rf || json_is_null(rf)) return 0;
+    const char *type = json_string_value(json_object_get(rf, "type"));
+    if (!json_is_object(rf) || !type)
+        return proto_fail(e, 400, "response_format", "invalid_type",
+                          "'response_format' must be an object with a 'type'");
+    const char *key;
+    json_t *v;
+    json_object_foreach(rf, key, v)
+    {
+        if (strcmp(key, "type") != 0 && strcmp(key, "json_schema") != 0)
+            return proto_fail(e, 400, "response_format", "unknown_parameter",
+                              "unrecognized argument 'response_format.%s'", key);
+    }
+    if (strcmp(type, "text") == 0) return 0;
+    if (strcmp(type, "json_object") == 0)
+        return set_guide(r, PROTO_GUIDE_JSON_OBJECT, "response_format", strdup("{}"), e);
+    if (strcmp(type, "json_schema") != 0)
+        return proto_fail(e, 400, "response_format.type", "invalid_value",
+                          "'response_format.type' must be text, json_object or json_schema");
+    json_t *js = json_object_get(rf, "json_schema");
+    if (!json_is_object(js))
+        return proto_fail(e, 400, "response_format.json_schema", "invalid_type",
+                          "'response_format.json_schema' must be an object");
+    json_object_foreach(js, key, v)
+    {
+        static const char *known[] = {"name", "schema", "strict", "description"};
+        bool ok = false;
+        for (size_t i = 0; i < sizeof known / sizeof *known; i++) ok |= strcmp(key, known[i]) == 0;
+        if (!ok)
+            return proto_fail(e, 400, "response_format.json_schema", "unknown_parameter",
+                              "unrecognized argument 'response_format.json_schema.%s'", key);
+    }
+    json_t *schema = json_object_get(js, "schema");
+    json_t *strict = json_object_get(js, "strict");
+    json_t *name = json_object_get(js, "name");
+    if (strict && !json_is_null(strict) && !json_is_boolean(strict))
+        return proto_fail(e, 400, "response_format.json_schema.strict", "invalid_type",
+                          "'strict' must be a boolean");
+    if (name && !json_is_string(name))
+        return proto_fail(e, 400, "response_format.json_schema.name", "invalid_type",
+                          "'name' must be a string");
+    if (name && !(r->guide_name = strdup(json_string_value(name))))
+        return proto_fail(e, 500, NULL, NULL, "out of memory");
+    /* No schema: OpenAI's default, any JSON object. */
+    if (!schema || json_is_null(schema))
+        return set_guide(r, PROTO_GUIDE_JSON_OBJECT, "response_format", strdup("{}"), e);
+    if (!json_is_object(schema) && !json_is_boolean(schema))
+        return proto_fail(e, 400, "response_format.json_schema.schema", "invalid_type",
+                          "the schema must be a JSON object");
+    return set_guide(r, PROTO_GUIDE_JSON_SCHEMA, "response_format",
+                     json_dumps(schema, JSON_COMPACT | JSON_ENCODE_ANY), e);
+}
+
+/* vLLM's guided_* fields. */
+static int get_guided(json_t *o, struct proto_req *r, struct proto_error *e)
+{
+    json_t *v = json_object_get(o, "guided_json");
+    if (v && !json_is_null(v)) {
+        if (json_is_string(v)) {
+            json_t *parsed = json_loads(json_string_value(v), JSON_DECODE_ANY, NULL);
+            bool ok = json_is_object(parsed) || json_is_boolean(parsed);
+            char *text = ok ? json_dumps(parsed, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
+            json_decref(parsed);
+            if (!ok)
+                return proto_fail(e, 400, "guided_json", "invalid_value",
+                                  "'guided_json' must be a JSON schema (an object, or its text)");
+            if (set_guide(r, PROTO_GUIDE_JSON_SCHEMA, "guided_json", text, e) < 0) return -1;
+        } else if (json_is_object(v)) {
+            if (set_guide(r, PROTO_GUIDE_JSON_SCHEMA, "guided_json",
+                          json_dumps(v, JSON_COMPACT), e) < 0)
+                return -1;
+        } else {
+            return proto_fail(e, 400, "guided_json", "invalid_type",
+                              "'guided_json' must be a JSON schema (an object, or its text)");
+        }
+    }
+    v = json_object_get(o, "guided_regex");
+    if (v && !json_is_null(v)) {
+        if (!json_is_string(v) || json_string_length(v) == 0)
+            return proto_fail(e, 400, "guided_regex", "invalid_type",
+                              "'guided_regex' must be a non-empty string");
+        if (set_guide(r, PROTO_GUIDE_REGEX, "guided_regex", strdup(json_string_value(v)), e) < 0)
+            return -1;
+    }
+    v = json_object_get(o, "guided_choice");
+    if (v && !json_is_null(v)) {
+        bool ok = json_is_array(v) && json_array_size(v) > 0;
+        size_t i;
+        json_t *c;
+        json_array_foreach(v, i, c) ok = ok && json_is_string(c) && json_string_length(c) > 0;
+        if (!ok)
+            return proto_fail(e, 400, "guided_choice", "invalid_type",
+                              "'guided_choice' must be a non-empty array of non-empty strings");
+        if (set_guide(r, PROTO_GUIDE_CHOICE, "guided_choice", json_dumps(v, JSON_COMPACT), e) < 0)
+            return -1;
+    }
+    v = json_object_get(o, "guided_grammar");
+    if (v && !json_is_null(v)) {
+        if (!json_is_string(v) || json_string_length(v) == 0)
+            return proto_fail(e, 400, "guided_grammar", "invalid_type",
+                              "'guided_grammar' must be a non-empty string");
+        if (set_guide(r, PROTO_GUIDE_GRAMMAR, "guided_grammar", strdup(json_string_value(v)),
+                      e) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* tools, tool_choice, parallel_tool_calls, chat_template_kwargs (chat). */
+static int get_tools(json_t *o, struct proto_req *r, struct proto_error *e)
+{
+    json_t *tools = json_object_get(o, "tools");
+    bool have = tools && !json_is_null(tools);
+    if (have) {
+        if (!json_is_array(tools))
+            return proto_fail(e, 400, "tools", "invalid_type", "'tools' must be an array");
+        size_t i;
+        json_t *t;
+        json_array_foreach(tools, i, t)
+        {
+            json_t *fn = json_object_get(t, "function");
+            const char *type = json_string_value(json_object_get(t, "type"));
+            json_t *name = json_object_get(fn, "name");
+            json_t *params = json_object_get(fn, "parameters");
+            if (!type || strcmp(type, "function") != 0 || !json_is_object(fn) ||
+                !json_is_string(name) || json_string_length(name) == 0)
+                return proto_fail(e, 400, "tools", "invalid_value",
+                                  "tools[%zu] must be {\"type\": \"function\", \"function\": "
+                                  "{\"name\": ..., \"parameters\": {...}}}",
+                                  i);
+            if (params && !json_is_null(params) && !json_is_object(params))
+                return proto_fail(e, 400, "tools", "invalid_value",
+                                  "tools[%zu].function.parameters must be a JSON schema object", i);
+        }
+        if (json_array_size(tools) > 0 &&
+            !(r->tools_json = json_dumps(tools, JSON_COMPACT | JSON_ENSURE_ASCII)))
+            return proto_fail(e, 500, NULL, NULL, "out of memory");
+    }
+    r->tool_choice = r->tools_json ? PROTO_TOOL_AUTO : PROTO_TOOL_NONE;
+    json_t *tc = json_object_get(o, "tool_choice");
+    if (tc && !json_is_null(tc)) {
+        const char *s = json_string_value(tc);
+        if (s && strcmp(s, "none") == 0) {
+            r->tool_choice = PROTO_TOOL_NONE;
+        } else if (s && (strcmp(s, "auto") == 0 || strcmp(s, "required") == 0)) {
+            if (!r->tools_json)
+                return proto_fail(e, 400, "tool_choice", "invalid_value",
+                                  "'tool_choice' %s needs 'tools'", s);
+            r->tool_choice = s[0] == 'a' ? PROTO_TOOL_AUTO : PROTO_TOOL_REQUIRED;
+        } else if (json_is_object(tc)) {
+            const char *type = json_string_value(json_object_get(tc, "type"));
+            const char *name =
+                json_string_value(json_object_get(json_object_get(tc, "function"), "name"));
+            if (!type || strcmp(type, "function") != 0 || !name)
+                return proto_fail(e, 400, "tool_choice", "invalid_value",
+                                  "'tool_choice' must be none, auto, required or {\"type\": "
+                                  "\"function\", \"function\": {\"name\": ...}}");
+            bool found = false;
+            size_t i;
+            json_t *t;
+            json_array_foreach(tools, i, t)
+            {
+                const char *n = json_string_value(
+                    json_object_get(json_object_get(t, "function"), "name"));
+                found |= n && strcmp(n, name) == 0;
+            }
+            if (!r->tools_json || !found)
+                return proto_fail(e, 400, "tool_choice", "invalid_value",
+                                  "'tool_choice' names '%s', which is not in 'tools'", name);
+            r->tool_choice = PROTO_TOOL_NAMED;
+            if (!(r->tool_choice_name = strdup(name)))
+                return proto_fail(e, 500, NULL, NULL, "out of memory");
+        } else {
+            return proto_fail(e, 400, "tool_choice", "invalid_value",
+                              "'tool_choice' must be none, auto, required or a named function");
+        }
+    }
+    if (get_bool(o, "parallel_tool_calls", &r->parallel_tool_calls, e) < 0) return -1;
+    json_t *kw = json_object_get(o, "chat_template_kwargs");
+    if (kw && !json_is_null(kw)) {
+        if (!json_is_object(kw))
+            return proto_fail(e, 400, "chat_template_kwargs", "invalid_type",
+                              "'chat_template_kwargs' must be an object");
+        if (!(r->template_kwargs_json = json_dumps(kw, JSON_COMPACT | JSON_ENSURE_ASCII)))
+            return proto_fail(e, 500, NULL, NULL, "out of memory");
+    }
+    return 0;
+}
+
 /* Sampling and output fields shared by completions and chat. */
 static int get_generation(json_t *o, struct proto_req *r, struct proto_error *e)
 {
     long long x;
     int rc;
     bool chat = r->kind == PROTO_CHAT;
-    if ((rc = get_int(o, "max_tokens", 1, 1 << 24, &x, e)) < 0) return -1;
+    /* completions: max_tokens 0 with echo scores a text without generating (lm-eval) */
+    if ((rc = get_int(o, "max_tokens", chat ? 1 : 0, 1 << 24, &x, e)) < 0) return -1;
     if (rc) r->max_tokens = (int)x;
     if (chat) {
         if ((rc = get_int(o, "max_completion_tokens", 1, 1 << 24, &x, e)) < 0) return -1;
@@ -361,6 +782,46 @@ static int get_generation(json_t *o, struct proto_req *r, struct proto_error *e)
     if (get_bool(o, "ignore_eos", &r->ignore_eos, e) < 0) return -1;
     if ((rc = get_int(o, "moe_top_k", 0, 512, &x, e)) < 0) return -1;
     if (rc) r->moe_top_k = (int)x;
+
+    if ((rc = get_int(o, "prompt_logprobs", 0, PROTO_MAX_LOGPROBS, &x, e)) < 0) return -1;
+    if (rc) r->prompt_logprobs = (int)x;
+    if ((rc = get_int(o, "min_tokens", 0, 1 << 24, &x, e)) < 0) return -1;
+    if (rc) r->min_tokens = (int)x;
+    if (r->max_tokens >= 0 && r->min_tokens > r->max_tokens)
+        return proto_fail(e, 400, "min_tokens", "invalid_value",
+                          "'min_tokens' (%d) must be at most max_tokens (%d)", r->min_tokens,
+                          r->max_tokens);
+    if (get_id_list(o, "stop_token_ids", PROTO_MAX_STOP_IDS, &r->stop_token_ids,
+                    &r->n_stop_token_ids, e) < 0)
+        return -1;
+    if (get_bool(o, "include_stop_str_in_output", &r->include_stop_str, e) < 0) return -1;
+    if (get_bool(o, "skip_special_tokens", &r->skip_special_tokens, e) < 0) return -1;
+    if ((rc = get_int(o, "best_of", 1, PROTO_MAX_BEST_OF, &x, e)) < 0) return -1;
+    if (rc) {
+        if (x < r->n)
+            return proto_fail(e, 400, "best_of", "invalid_value",
+                              "'best_of' (%lld) must be at least n (%d)", x, r->n);
+        if (r->stream && x > r->n)
+            return proto_fail(e, 400, "best_of", "invalid_value",
+                              "'best_of' larger than n cannot be streamed");
+        r->best_of = (int)x;
+    }
+    if (get_logit_bias(o, r, e) < 0) return -1;
+    if (get_id_list(o, "allowed_token_ids", 1 << 20, &r->allowed_token_ids, &r->n_allowed, e) < 0)
+        return -1;
+    json_t *ati = json_object_get(o, "allowed_token_ids");
+    if (json_is_array(ati) && json_array_size(ati) == 0)
+        return proto_fail(e, 400, "allowed_token_ids", "invalid_value",
+                          "'allowed_token_ids' must not be empty");
+    if ((rc = get_int(o, "truncate_prompt_tokens", -1, 1 << 24, &x, e)) < 0) return -1;
+    if (rc && x == 0)
+        return proto_fail(e, 400, "truncate_prompt_tokens", "invalid_value",
+                          "'truncate_prompt_tokens' must be positive (or -1: the model's limit)");
+    if (rc) r->truncate_prompt_tokens = (int)x;
+    if (get_bool(o, "return_tokens_as_token_ids", &r->tokens_as_ids, e) < 0) return -1;
+    if (get_string(o, "cache_salt", &r->cache_salt, e) < 0) return -1;
+    if (get_bool(o, "add_special_tokens", &r->add_special_tokens, e) < 0) return -1;
+    if (get_response_format(o, r, e) < 0 || get_guided(o, r, e) < 0) return -1;
     return 0;
 }
 
@@ -375,7 +836,11 @@ int proto_req_parse(const char *body, size_t len, enum proto_kind kind, struct p
     r->repetition_penalty = 1;
     r->n = 1;
     r->add_generation_prompt = true;
-    r->add_special_tokens = true;
+    /* completions and /tokenize add BOS by default; a rendered chat already holds it */
+    r->add_special_tokens = kind != PROTO_CHAT;
+    r->prompt_logprobs = -1;
+    r->skip_special_tokens = true;
+    r->parallel_tool_calls = true;
     json_error_t je;
     json_t *o = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
     if (!o)
@@ -386,6 +851,9 @@ int proto_req_parse(const char *body, size_t len, enum proto_kind kind, struct p
         proto_fail(e, 400, NULL, "invalid_json", "the body must be a JSON object");
         goto out;
     }
+    if ((kind == PROTO_COMPLETION || kind == PROTO_CHAT) &&
+        check_fields(o, kind == PROTO_CHAT ? PROTO_K_CHAT : PROTO_K_CMPL, e) < 0)
+        goto out;
     if (get_string(o, "model", &r->model, e) < 0) goto out;
     switch (kind) {
     case PROTO_COMPLETION:
@@ -394,6 +862,7 @@ int proto_req_parse(const char *body, size_t len, enum proto_kind kind, struct p
     case PROTO_CHAT:
         if (get_messages(o, r, e, true) < 0 || get_generation(o, r, e) < 0) goto out;
         if (get_bool(o, "add_generation_prompt", &r->add_generation_prompt, e) < 0) goto out;
+        if (get_tools(o, r, e) < 0) goto out;
         break;
     case PROTO_TOKENIZE:
         if (get_prompt(o, r, e, false) < 0 || get_messages(o, r, e, false) < 0) goto out;
@@ -442,5 +911,14 @@ void proto_req_free(struct proto_req *r)
     free(r->messages_json);
     free(r->tokens);
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
+    free(r->stop_token_ids);
+    free(r->logit_bias);
+    free(r->allowed_token_ids);
+    free(r->cache_salt);
+    free(r->guide);
+    free(r->guide_name);
+    free(r->tools_json);
+    free(r->tool_choice_name);
+    free(r->template_kwargs_json);
     memset(r, 0, sizeof *r);
 }

@@ -1,8 +1,11 @@
 /* OpenAI wire requests: parses and validates the JSON bodies of /v1/completions,
  * /v1/chat/completions, /tokenize and /detokenize (jansson) into typed structs, and describes
  * failures as OpenAI error objects (HTTP status, type, the offending field in `param`).
- * Unknown fields are ignored, as the official clients send extras; every known field is
- * type- and range-checked.
+ * Every field a client may send is in one table (proto_fields): implemented, accepted with no
+ * effect (the documented allow-list, e.g. `user`), or not supported. A field outside the table,
+ * or an unsupported one with a value other than its neutral one (false, 0, null...), is a 400
+ * naming it: nothing a client asks for is silently ignored. Known fields are type- and
+ * range-checked.
  *
  * Ownership: proto_req_parse fills a caller-owned struct proto_req whose strings and arrays it
  * allocates; proto_req_free releases them (also after a failed parse, which leaves the struct
@@ -19,6 +22,9 @@
 #define PROTO_MAX_N 16
 #define PROTO_MAX_PROMPTS 64
 #define PROTO_MAX_LOGPROBS 20
+#define PROTO_MAX_LOGIT_BIAS 1024 /* logit_bias entries */
+#define PROTO_MAX_STOP_IDS 64     /* stop_token_ids */
+#define PROTO_MAX_BEST_OF 16
 
 struct proto_error {
     int status;          /* HTTP status: 400, 401, 404, 405, 413, 429, 500, 503 */
@@ -37,6 +43,49 @@ enum proto_kind {
     PROTO_CHAT,
     PROTO_TOKENIZE,   /* {"prompt": str} or {"messages": [...]}, add_special_tokens */
     PROTO_DETOKENIZE, /* {"tokens": [ids]} */
+};
+
+/* How the server treats a request field (see proto_fields). */
+enum proto_field_how {
+    PROTO_FIELD_IMPL,  /* implemented */
+    PROTO_FIELD_NOOP,  /* accepted, no effect on the output (the documented allow-list) */
+    PROTO_FIELD_UNSUP, /* 400 unless null or its neutral value */
+};
+
+#define PROTO_K_CMPL 1u
+#define PROTO_K_CHAT 2u
+
+struct proto_field {
+    const char *name;
+    unsigned kinds;           /* PROTO_K_CMPL | PROTO_K_CHAT */
+    enum proto_field_how how;
+    const char *neutral;      /* UNSUP: the JSON value that asks for nothing (NULL: only null) */
+};
+
+/* Every field of OpenAI's and vLLM's completion and chat requests, and moeserve's own. */
+extern const struct proto_field proto_fields[];
+extern const int proto_n_fields;
+
+/* Structured output: what the output must match. */
+enum proto_guide {
+    PROTO_GUIDE_NONE,
+    PROTO_GUIDE_JSON_OBJECT, /* response_format json_object: any JSON object */
+    PROTO_GUIDE_JSON_SCHEMA, /* response_format json_schema, guided_json: `guide` is the schema */
+    PROTO_GUIDE_REGEX,       /* guided_regex: `guide` is the pattern */
+    PROTO_GUIDE_CHOICE,      /* guided_choice: `guide` is a JSON array of strings */
+    PROTO_GUIDE_GRAMMAR,     /* guided_grammar: `guide` is EBNF (see engine/grammar) */
+};
+
+enum proto_tool_choice {
+    PROTO_TOOL_AUTO,     /* the model may call tools (default when tools are given) */
+    PROTO_TOOL_NONE,     /* tools are shown to the template, no call is parsed */
+    PROTO_TOOL_REQUIRED, /* at least one call, enforced by the grammar sampler */
+    PROTO_TOOL_NAMED,    /* exactly this function (tool_choice_name) */
+};
+
+struct proto_bias {
+    int32_t id;
+    float bias;
 };
 
 /* One prompt of a completion: text or token ids. */
@@ -77,6 +126,32 @@ struct proto_req {
     bool echo;
     bool ignore_eos;
     int moe_top_k;              /* 0 = the model's */
+
+    int prompt_logprobs;        /* vLLM prompt_logprobs: -1 = off, else alternatives (0..20) */
+    int min_tokens;             /* EOS and stop conditions are held off until this many */
+    int32_t *stop_token_ids;    /* (n_stop_token_ids) */
+    int n_stop_token_ids;
+    bool include_stop_str;      /* include_stop_str_in_output */
+    int best_of;                /* 0 = n; else best_of >= n samples, the n best returned */
+    bool skip_special_tokens;   /* default true */
+    struct proto_bias *logit_bias; /* (n_logit_bias) sorted by id, ids unique */
+    int n_logit_bias;
+    int32_t *allowed_token_ids; /* (n_allowed) or NULL */
+    int n_allowed;
+    int truncate_prompt_tokens; /* 0 = off; else keep the last k prompt tokens */
+    bool tokens_as_ids;         /* return_tokens_as_token_ids */
+    char *cache_salt;           /* NULL or a salt separating this request's prefix cache */
+
+    enum proto_guide guide_kind;
+    char *guide;                /* see enum proto_guide */
+    char *guide_name;           /* json_schema.name, or NULL */
+    const char *guide_param;    /* the field that asked for it (static string) */
+
+    char *tools_json;           /* chat: the tools array as given (for the template), or NULL */
+    enum proto_tool_choice tool_choice;
+    char *tool_choice_name;     /* PROTO_TOOL_NAMED */
+    bool parallel_tool_calls;   /* default true */
+    char *template_kwargs_json; /* chat_template_kwargs object, or NULL */
 };
 
 /* Parses `len` bytes of JSON. Returns 0, or -1 with e filled (400 for bad JSON or fields). */

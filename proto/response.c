@@ -10,16 +10,38 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Text of one token as the client sees it in logprobs. */
-static json_t *token_str(const struct tokenizer *tok, int32_t id)
+#include "unicode.h"
+
+/* The bytes of one token as the client sees them in logprobs (see proto_resp_body); *len gets
+ * their count. Returns a string, or NULL with the bytes in buf when they are not UTF-8. */
+static int token_bytes(const struct tokenizer *tok, int32_t id, bool as_id, char *buf,
+                       size_t cap)
+{
+    int n = tok && !as_id ? tok_token_bytes(tok, id, buf, cap) : -1;
+    if (n < 0) n = snprintf(buf, cap, "token_id:%d", id);
+    return n;
+}
+
+static json_t *token_str(const struct tokenizer *tok, int32_t id, bool as_id)
 {
     char buf[256];
-    long n = tok ? tok_decode(tok, &id, 1, false, buf, sizeof buf) : -1;
-    if (n < 0 || (size_t)n >= sizeof buf) {
-        snprintf(buf, sizeof buf, "token_id:%d", id);
-        n = (long)strlen(buf);
-    }
-    return json_stringn_nocheck(buf, (size_t)n);
+    int n = token_bytes(tok, id, as_id, buf, sizeof buf);
+    if (uni_utf8_valid(buf, (size_t)n)) return json_stringn_nocheck(buf, (size_t)n);
+    char esc[sizeof buf * 4 + 8];
+    int w = snprintf(esc, sizeof esc, "bytes:");
+    for (int i = 0; i < n; i++)
+        w += snprintf(esc + w, sizeof esc - (size_t)w, "\\x%02x", (unsigned char)buf[i]);
+    return json_stringn_nocheck(esc, (size_t)w);
+}
+
+/* Characters (code points) a token adds to the text: its bytes that start a character. */
+static size_t token_chars(const struct tokenizer *tok, int32_t id, bool as_id)
+{
+    char buf[256];
+    int n = token_bytes(tok, id, as_id, buf, sizeof buf);
+    size_t c = 0;
+    for (int i = 0; i < n; i++) c += ((unsigned char)buf[i] & 0xC0) != 0x80;
+    return c;
 }
 
 static json_t *logprob_num(float lp)
@@ -28,24 +50,24 @@ static json_t *logprob_num(float lp)
     return json_real(isfinite(lp) ? lp : -9999.0);
 }
 
-static json_t *chat_logprobs(const struct smp_logprobs *lps, int n, const struct tokenizer *tok)
+static json_t *chat_logprobs(const struct proto_choice *c, const struct tokenizer *tok)
 {
     json_t *content = json_array();
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < c->n_lps; i++) {
+        const struct smp_logprobs *lp = &c->lps[i];
         json_t *t = json_object();
-        json_t *s = token_str(tok, lps[i].token);
+        char raw[256];
+        int n = token_bytes(tok, lp->token, c->tokens_as_ids, raw, sizeof raw);
         json_t *bytes = json_array();
-        const char *sv = json_string_value(s);
-        for (size_t b = 0; b < json_string_length(s); b++)
-            json_array_append_new(bytes, json_integer((unsigned char)sv[b]));
-        json_object_set_new(t, "token", s);
-        json_object_set_new(t, "logprob", logprob_num(lps[i].logprob));
+        for (int b = 0; b < n; b++) json_array_append_new(bytes, json_integer((unsigned char)raw[b]));
+        json_object_set_new(t, "token", token_str(tok, lp->token, c->tokens_as_ids));
+        json_object_set_new(t, "logprob", logprob_num(lp->logprob));
         json_object_set_new(t, "bytes", bytes);
         json_t *tops = json_array();
-        for (int k = 0; k < lps[i].n_top; k++) {
+        for (int k = 0; k < lp->n_top; k++) {
             json_t *tt = json_object();
-            json_object_set_new(tt, "token", token_str(tok, lps[i].top_token[k]));
-            json_object_set_new(tt, "logprob", logprob_num(lps[i].top_logprob[k]));
+            json_object_set_new(tt, "token", token_str(tok, lp->top_token[k], c->tokens_as_ids));
+            json_object_set_new(tt, "logprob", logprob_num(lp->top_logprob[k]));
             json_array_append_new(tops, tt);
         }
         json_object_set_new(t, "top_logprobs", tops);
@@ -56,33 +78,68 @@ static json_t *chat_logprobs(const struct smp_logprobs *lps, int n, const struct
     return o;
 }
 
-static json_t *completion_logprobs(const struct smp_logprobs *lps, int n, size_t offset0,
-                                   const struct tokenizer *tok)
+/* Appends one token's entry to the legacy parallel arrays; lp == NULL: the first prompt token,
+ * which has no logprob. */
+static void legacy_entry(json_t *o, int32_t id, const struct smp_logprobs *lp, size_t *off,
+                         const struct tokenizer *tok, bool as_id)
 {
-    json_t *tokens = json_array(), *tlp = json_array(), *tops = json_array(),
-           *offs = json_array();
-    size_t off = offset0;
-    for (int i = 0; i < n; i++) {
-        json_t *s = token_str(tok, lps[i].token);
-        size_t slen = json_string_length(s);
-        json_array_append_new(tokens, s);
-        json_array_append_new(tlp, logprob_num(lps[i].logprob));
-        json_t *top = json_object();
-        for (int k = 0; k < lps[i].n_top; k++) {
-            json_t *ts = token_str(tok, lps[i].top_token[k]);
-            json_object_set_new(top, json_string_value(ts), logprob_num(lps[i].top_logprob[k]));
-            json_decref(ts);
-        }
-        json_array_append_new(tops, top);
-        json_array_append_new(offs, json_integer((json_int_t)off));
-        off += slen;
+    json_array_append_new(json_object_get(o, "tokens"), token_str(tok, id, as_id));
+    json_array_append_new(json_object_get(o, "token_logprobs"),
+                          lp ? logprob_num(lp->logprob) : json_null());
+    json_t *top = lp ? json_object() : json_null();
+    for (int k = 0; lp && k < lp->n_top; k++) {
+        json_t *ts = token_str(tok, lp->top_token[k], as_id);
+        json_object_set_new(top, json_string_value(ts), logprob_num(lp->top_logprob[k]));
+        json_decref(ts);
     }
+    json_array_append_new(json_object_get(o, "top_logprobs"), top);
+    json_array_append_new(json_object_get(o, "text_offset"), json_integer((json_int_t)*off));
+    *off += token_chars(tok, id, as_id);
+}
+
+static json_t *completion_logprobs(const struct proto_choice *c, const struct tokenizer *tok)
+{
     json_t *o = json_object();
-    json_object_set_new(o, "tokens", tokens);
-    json_object_set_new(o, "token_logprobs", tlp);
-    json_object_set_new(o, "top_logprobs", tops);
-    json_object_set_new(o, "text_offset", offs);
+    json_object_set_new(o, "tokens", json_array());
+    json_object_set_new(o, "token_logprobs", json_array());
+    json_object_set_new(o, "top_logprobs", json_array());
+    json_object_set_new(o, "text_offset", json_array());
+    size_t off = c->text_offset;
+    if (c->echo_logprobs && c->prompt_lps)
+        for (int q = 0; q < c->n_prompt; q++)
+            legacy_entry(o, c->prompt_ids[q], q > 0 ? &c->prompt_lps[q] : NULL, &off, tok,
+                         c->tokens_as_ids);
+    for (int i = 0; i < c->n_lps; i++)
+        legacy_entry(o, c->lps[i].token, &c->lps[i], &off, tok, c->tokens_as_ids);
     return o;
+}
+
+/* vLLM's prompt_logprobs: [null, {"id": {"logprob", "rank", "decoded_token"}, ...}, ...] with
+ * the prompt token and its top alternatives at each position. */
+static json_t *prompt_logprobs_list(const struct proto_choice *c, const struct tokenizer *tok)
+{
+    json_t *arr = json_array();
+    for (int q = 0; q < c->n_prompt; q++) {
+        if (q == 0 || !c->prompt_lps) {
+            json_array_append_new(arr, json_null());
+            continue;
+        }
+        const struct smp_logprobs *lp = &c->prompt_lps[q];
+        json_t *d = json_object();
+        char key[16];
+        for (int k = -1; k < lp->n_top; k++) {
+            int32_t id = k < 0 ? lp->token : lp->top_token[k];
+            snprintf(key, sizeof key, "%d", id);
+            if (json_object_get(d, key)) continue; /* the token is among its top ones */
+            json_t *e = json_object();
+            json_object_set_new(e, "logprob", logprob_num(k < 0 ? lp->logprob : lp->top_logprob[k]));
+            json_object_set_new(e, "rank", json_integer(k < 0 ? lp->rank : k + 1));
+            json_object_set_new(e, "decoded_token", token_str(tok, id, c->tokens_as_ids));
+            json_object_set_new(d, key, e);
+        }
+        json_array_append_new(arr, d);
+    }
+    return arr;
 }
 
 static json_t *usage_obj(const struct proto_usage *u)
@@ -111,6 +168,25 @@ static json_t *text_obj(const struct proto_choice *c)
     return s ? s : json_string("\xef\xbf\xbd");
 }
 
+static json_t *tool_calls_arr(const struct proto_choice *c, bool chunk)
+{
+    json_t *arr = json_array();
+    for (int i = 0; i < c->n_calls; i++) {
+        char id[96];
+        snprintf(id, sizeof id, "%s_%d", c->call_id ? c->call_id : "call", c->call_index0 + i);
+        json_t *fn = json_object();
+        json_object_set_new(fn, "name", json_string(c->calls[i].name));
+        json_object_set_new(fn, "arguments", json_string(c->calls[i].arguments));
+        json_t *t = json_object();
+        if (chunk) json_object_set_new(t, "index", json_integer(c->call_index0 + i));
+        json_object_set_new(t, "id", json_string(id));
+        json_object_set_new(t, "type", json_string("function"));
+        json_object_set_new(t, "function", fn);
+        json_array_append_new(arr, t);
+    }
+    return arr;
+}
+
 static json_t *choice_obj(enum proto_kind kind, const struct proto_choice *c, bool chunk,
                           bool role, const struct tokenizer *tok)
 {
@@ -119,15 +195,19 @@ static json_t *choice_obj(enum proto_kind kind, const struct proto_choice *c, bo
     if (kind == PROTO_CHAT) {
         json_t *msg = json_object();
         if (!chunk || role) json_object_set_new(msg, "role", json_string("assistant"));
-        if (!chunk || c->text_len > 0 || role) json_object_set_new(msg, "content", text_obj(c));
+        if (!chunk && c->n_calls > 0 && c->text_len == 0)
+            json_object_set_new(msg, "content", json_null()); /* as OpenAI: calls only */
+        else if (!chunk || c->text_len > 0 || role)
+            json_object_set_new(msg, "content", text_obj(c));
+        if (c->n_calls > 0) json_object_set_new(msg, "tool_calls", tool_calls_arr(c, chunk));
         json_object_set_new(o, chunk ? "delta" : "message", msg);
-        json_object_set_new(o, "logprobs",
-                            c->lps ? chat_logprobs(c->lps, c->n_lps, tok) : json_null());
+        json_object_set_new(o, "logprobs", c->lps ? chat_logprobs(c, tok) : json_null());
     } else {
         json_object_set_new(o, "text", text_obj(c));
         json_object_set_new(o, "logprobs",
-                            c->lps ? completion_logprobs(c->lps, c->n_lps, c->text_offset, tok)
-                                   : json_null());
+                            c->lps || c->echo_logprobs ? completion_logprobs(c, tok) : json_null());
+        if (c->prompt_logprobs)
+            json_object_set_new(o, "prompt_logprobs", prompt_logprobs_list(c, tok));
     }
     json_object_set_new(o, "finish_reason", finish_obj(c->finish_reason));
     return o;
@@ -163,6 +243,8 @@ char *proto_resp_body(enum proto_kind kind, const char *id, long created, const 
     for (int i = 0; i < n_choices; i++)
         json_array_append_new(arr, choice_obj(kind, &choices[i], false, false, tok));
     json_object_set_new(o, "choices", arr);
+    if (kind == PROTO_CHAT && n_choices > 0 && choices[0].prompt_logprobs)
+        json_object_set_new(o, "prompt_logprobs", prompt_logprobs_list(&choices[0], tok));
     if (usage) json_object_set_new(o, "usage", usage_obj(usage));
     return dump(o);
 }
@@ -193,7 +275,7 @@ char *proto_resp_chunk(enum proto_kind kind, const char *id, long created, const
     return sse(dump(o));
 }
 
-char *proto_resp_models(const char *model, long created, int max_model_len)
+static json_t *model_obj(const char *model, long created, int max_model_len)
 {
     json_t *m = json_object();
     json_object_set_new(m, "id", json_string(model));
@@ -201,6 +283,66 @@ char *proto_resp_models(const char *model, long created, int max_model_len)
     json_object_set_new(m, "created", json_integer(created));
     json_object_set_new(m, "owned_by", json_string("moeserve"));
     json_object_set_new(m, "max_model_len", json_integer(max_model_len));
+    return m;
+}
+
+char *proto_resp_model(const char *model, long created, int max_model_len)
+{
+    return dump(model_obj(model, created, max_model_len));
+}
+
+#ifndef MOESERVE_VERSION
+#define MOESERVE_VERSION "unknown"
+#endif
+#ifndef MOESERVE_COMMIT
+#define MOESERVE_COMMIT "unknown"
+#endif
+#ifndef MOESERVE_SANITIZE_OPT
+#define MOESERVE_SANITIZE_OPT ""
+#endif
+
+char *proto_resp_version(void)
+{
+    json_t *b = json_object();
+#ifdef MOESERVE_HAVE_CUDA
+    json_object_set_new(b, "cuda", json_true());
+#else
+    json_object_set_new(b, "cuda", json_false());
+#endif
+#ifdef MOESERVE_HAVE_NCCL
+    json_object_set_new(b, "nccl", json_true());
+#else
+    json_object_set_new(b, "nccl", json_false());
+#endif
+    json_object_set_new(b, "sanitize", json_string(MOESERVE_SANITIZE_OPT));
+#ifdef MOESERVE_NATIVE_OPT
+    json_object_set_new(b, "native", json_true());
+#else
+    json_object_set_new(b, "native", json_false());
+#endif
+    json_t *o = json_object();
+    json_object_set_new(o, "version", json_string(MOESERVE_VERSION));
+    json_object_set_new(o, "commit", json_string(MOESERVE_COMMIT));
+    json_object_set_new(o, "build", b);
+    return dump(o);
+}
+
+char *proto_resp_tokenizer_info(const char *bos, const char *eos, const char *chat_template,
+                                int max_model_len, int vocab_size)
+{
+    json_t *o = json_object();
+    json_object_set_new(o, "bos_token", bos ? json_string(bos) : json_null());
+    json_object_set_new(o, "eos_token", eos ? json_string(eos) : json_null());
+    json_object_set_new(o, "pad_token", json_null());
+    json_object_set_new(o, "chat_template", chat_template ? json_string(chat_template) : json_null());
+    json_object_set_new(o, "model_max_length", json_integer(max_model_len));
+    json_object_set_new(o, "vocab_size", json_integer(vocab_size));
+    return dump(o);
+}
+
+char *proto_resp_models(const char *model, long created, int max_model_len)
+{
+    json_t *m = model_obj(model, created, max_model_len);
     json_t *arr = json_array();
     json_array_append_new(arr, m);
     json_t *o = json_object();

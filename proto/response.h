@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "proto/request.h"
+#include "proto/toolcall.h"
 #include "sampler.h"
 #include "tokenizer.h"
 
@@ -23,7 +24,23 @@ struct proto_choice {
     const char *finish_reason;     /* "stop", "length" or NULL */
     const struct smp_logprobs *lps; /* (n_lps) when logprobs were asked for, else NULL */
     int n_lps;
-    size_t text_offset;            /* completions logprobs: offset of this text in the choice */
+    size_t text_offset;            /* completions logprobs: offset of this text in the choice,
+                                      in characters (code points), as OpenAI counts */
+    /* The prompt's own logprobs: with echo_logprobs (completions echo + logprobs) they lead
+     * the `logprobs` arrays, entry 0 null as OpenAI has it; prompt_logprobs adds vLLM's
+     * `prompt_logprobs` list. prompt_lps: (n_prompt), entry q for token q; entry 0 unused. */
+    const int32_t *prompt_ids;
+    const struct smp_logprobs *prompt_lps;
+    int n_prompt;
+    bool echo_logprobs;
+    bool prompt_logprobs;          /* add vLLM's `prompt_logprobs` list */
+    bool tokens_as_ids;            /* logprob tokens as "token_id:N" */
+    /* chat: tool calls, as message.tool_calls or (chunks) delta.tool_calls; their ids are
+     * "<call_id>_<index>", index counting from call_index0 among the choice's calls */
+    const struct tc_call *calls;
+    int n_calls;
+    int call_index0;
+    const char *call_id;
 };
 
 struct proto_usage {
@@ -33,7 +50,9 @@ struct proto_usage {
 };
 
 /* The full (non-streaming) body. kind: PROTO_COMPLETION or PROTO_CHAT. tok renders logprob
- * token strings. */
+ * token strings: each token's own bytes (tok_token_bytes), so they join up to the text; a
+ * token that is not whole UTF-8 reads "bytes:\\xNN..." (chat also gives its `bytes`). A
+ * chat body carries vLLM's prompt_logprobs at the top level, from choices[0]. */
 char *proto_resp_body(enum proto_kind kind, const char *id, long created, const char *model,
                       const struct proto_choice *choices, int n_choices,
                       const struct proto_usage *usage, const struct tokenizer *tok);
@@ -48,6 +67,13 @@ char *proto_resp_chunk(enum proto_kind kind, const char *id, long created, const
 #define PROTO_SSE_DONE "data: [DONE]\n\n"
 
 char *proto_resp_models(const char *model, long created, int max_model_len);
+char *proto_resp_model(const char *model, long created, int max_model_len); /* /v1/models/{id} */
+/* GET /version: {"version", "commit", "build": {"cuda", "sanitize", "native"}} */
+char *proto_resp_version(void);
+/* GET /tokenizer_info (vLLM's; lm-eval's remote tokenizer reads it): the special tokens and
+ * chat template (each may be NULL), the context length and vocabulary size. */
+char *proto_resp_tokenizer_info(const char *bos, const char *eos, const char *chat_template,
+                                int max_model_len, int vocab_size);
 char *proto_resp_tokenize(const int32_t *ids, int n, int max_model_len);
 char *proto_resp_detokenize(const char *text, size_t len);
 char *proto_resp_error(const struct proto_error *e);

@@ -21,6 +21,7 @@
 #include <time.h>
 
 #include "common.h"
+#include "grammar.h"
 #include "jinja.h"
 #include "proto/request.h"
 #include "proto/response.h"
@@ -36,6 +37,7 @@ struct http_server {
     const struct model *m;
     struct sched *s;
     jinja_template *chat;     /* m->chat_template parsed once at ready; NULL if none/invalid */
+    struct grm_vocab *gvocab; /* the token trie structured output masks with (built at ready) */
     char chat_err[MS_ERR_LEN];/* why chat is NULL when the model has a template */
     int port;
     atomic_int active;
@@ -49,6 +51,9 @@ struct choice_state {
     bool finish_sent, role_sent;
     char *echo;          /* completions with echo: the prompt text, sent first */
     size_t echo_len;
+    size_t chars_sent;   /* characters (code points) sent, echo included: text_offset */
+    struct tc_stream tcs;/* tool calls: where the output's parsing stands */
+    int calls_sent;
     int prompt_tokens;
 };
 
@@ -57,10 +62,17 @@ struct gen {
     struct MHD_Connection *c;
     enum proto_kind kind;
     bool stream, include_usage, logprobs;
+    bool echo_lps;             /* echo + logprobs: the prompt's logprobs lead each choice's */
+    bool plp_field;            /* vLLM prompt_logprobs asked for */
+    bool tokens_as_ids;
+    bool tools;                /* chat with tool calls to parse out of the output */
+    enum tc_syntax tc_syn;
     char id[64];
+    char call_id[80];          /* tool-call ids: "<call_id>_<index>" */
     long created;
-    int n;
-    int n_per_prompt;          /* choices per prompt: choice k belongs to prompt k / n_per_prompt */
+    int n;                     /* scheduler requests: prompts x n_per_prompt */
+    int n_per_prompt;          /* requests per prompt: request k belongs to prompt k / n_per_prompt */
+    int n_out;                 /* choices per prompt in the answer (n; best_of picks them) */
     struct sched_req **reqs;   /* (n) */
     struct choice_state *cs;   /* (n) */
     int prompt_tokens;         /* each prompt counted once */
@@ -82,6 +94,15 @@ struct conn {
 
 /* --- helpers ------------------------------------------------------------------------------- */
 
+static bool is_get_route(const char *route)
+{
+    static const char *const get_routes[] = {"/v1/models", "/v1/models/{id}", "/health",
+                                             "/metrics", "/version", "/tokenizer_info"};
+    for (size_t i = 0; i < sizeof get_routes / sizeof *get_routes; i++)
+        if (strcmp(route, get_routes[i]) == 0) return true;
+    return false;
+}
+
 static enum MHD_Result send_text(struct http_server *h, struct MHD_Connection *c,
                                  const char *route, int status, char *body, const char *ctype)
 {
@@ -101,11 +122,7 @@ static enum MHD_Result send_text(struct http_server *h, struct MHD_Connection *c
     MHD_add_response_header(r, "Content-Type", ctype);
     if (status == 429) MHD_add_response_header(r, "Retry-After", "1");
     if (status == 405)
-        MHD_add_response_header(r, "Allow", strcmp(route, "/v1/models") == 0 ||
-                                                    strcmp(route, "/health") == 0 ||
-                                                    strcmp(route, "/metrics") == 0
-                                                ? "GET"
-                                                : "POST");
+        MHD_add_response_header(r, "Allow", is_get_route(route) ? "GET" : "POST");
     if (status == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
     enum MHD_Result rc = MHD_queue_response(c, (unsigned)status, r);
     MHD_destroy_response(r);
@@ -183,7 +200,10 @@ static int render_chat(const struct http_server *h, const struct proto_req *pr, 
     int32_t bos = tok_bos_id(tok), eos = tok_eos_id(tok);
     const char *bos_s = bos >= 0 ? tok_token_str(tok, bos) : NULL;
     const char *eos_s = eos >= 0 ? tok_token_str(tok, eos) : NULL;
+    /* tools reach the template whatever tool_choice is, as transformers passes them */
     struct jinja_chat_args args = {.messages_json = pr->messages_json,
+                                   .tools_json = pr->tools_json,
+                                   .extra_json = pr->template_kwargs_json,
                                    .add_generation_prompt = pr->add_generation_prompt,
                                    .bos_token = bos_s ? bos_s : "",
                                    .eos_token = eos_s ? eos_s : ""};
@@ -293,56 +313,112 @@ static int gen_cached_tokens(struct gen *g)
     return cached;
 }
 
-/* The full body once every choice finished. */
+/* Sum of the chosen tokens' logprobs: how best_of ranks a request's samples. */
+static double cum_logprob(const struct sched_req *r)
+{
+    double sum = 0.0;
+    for (int t = 0; r->out.lps && t < r->out.n_tokens; t++) sum += r->out.lps[t].logprob;
+    return sum;
+}
+
+/* Fills the prompt-logprob part of a choice from its finished (or prefilled) request. */
+static void choice_prompt(const struct gen *g, const struct sched_req *r, struct proto_choice *c)
+{
+    c->echo_logprobs = g->echo_lps;
+    c->prompt_logprobs = g->plp_field;
+    c->tokens_as_ids = g->tokens_as_ids;
+    if (!g->echo_lps && !g->plp_field) return;
+    c->prompt_ids = r->tokens; /* the prompt part never changes */
+    c->prompt_lps = r->out.prompt_lps;
+    c->n_prompt = r->n_prompt;
+}
+
+/* The full body once every choice finished. With best_of, each prompt's samples are ranked by
+ * cumulative logprob and its n best become its choices. */
 static char *gen_body(struct gen *g, int *status, struct proto_error *e)
 {
     size_t n_choices = g->n > 0 ? (size_t)g->n : 1;
     struct proto_choice *ch = calloc(n_choices, sizeof *ch);
     char **texts = calloc(n_choices, sizeof *texts);
+    int *order = calloc(n_choices, sizeof *order);
     char *body = NULL;
-    int completion = 0;
+    int completion = 0, n_ch = 0;
+    struct tc_call **calls = calloc(n_choices, sizeof *calls);
+    int *n_calls = calloc(n_choices, sizeof *n_calls);
     *status = 200;
-    if (!ch || !texts) goto out;
+    if (!ch || !texts || !order || !calls || !n_calls) goto out;
     for (int i = 0; i < g->n; i++) {
         struct sched_req *r = g->reqs[i];
         sched_req_lock(r);
-        if (r->out.finish == SCHED_FINISH_ERROR || r->out.finish == SCHED_FINISH_ABORT) {
-            proto_fail(e, r->out.finish == SCHED_FINISH_ERROR ? 500 : 503, NULL, NULL,
-                       "generation failed: %s", r->out.error);
-            *status = e->status;
-            sched_req_unlock(r);
-            goto out;
-        }
-        size_t el = g->cs[i].echo_len;
-        texts[i] = malloc(el + r->out.text_len + 1);
-        if (!texts[i]) {
-            sched_req_unlock(r);
-            goto out;
-        }
-        if (el) memcpy(texts[i], g->cs[i].echo, el);
-        memcpy(texts[i] + el, r->out.text, r->out.text_len);
-        ch[i].index = i;
-        ch[i].text = texts[i];
-        ch[i].text_len = el + r->out.text_len;
-        ch[i].finish_reason = finish_name(r->out.finish);
+        enum sched_finish f = r->out.finish;
         completion += r->out.n_tokens;
         sched_req_unlock(r);
-    }
-    /* Logprob arrays only grow and the request is finished: safe to read unlocked now. */
-    for (int i = 0; i < g->n; i++)
-        if (g->logprobs) {
-            ch[i].lps = g->reqs[i]->out.lps;
-            ch[i].n_lps = g->reqs[i]->out.n_tokens;
-            ch[i].text_offset = g->cs[i].echo_len;
+        if (f == SCHED_FINISH_ERROR || f == SCHED_FINISH_ABORT) {
+            proto_fail(e, f == SCHED_FINISH_ERROR ? 500 : 503, NULL, NULL,
+                       "generation failed: %s", r->out.error);
+            *status = e->status;
+            goto out;
         }
+    }
+    /* Every request finished: their outputs no longer change and are read unlocked. */
+    for (int p = 0; p < g->n / g->n_per_prompt; p++) {
+        int base = p * g->n_per_prompt;
+        for (int j = 0; j < g->n_per_prompt; j++) order[base + j] = base + j;
+        for (int j = 1; j < g->n_per_prompt && g->n_out < g->n_per_prompt; j++)
+            for (int k = j; k > 0 && cum_logprob(g->reqs[order[base + k]]) >
+                                         cum_logprob(g->reqs[order[base + k - 1]]);
+                 k--) {
+                int t = order[base + k];
+                order[base + k] = order[base + k - 1];
+                order[base + k - 1] = t;
+            }
+        for (int j = 0; j < g->n_out; j++) {
+            int i = order[base + j];
+            struct sched_req *r = g->reqs[i];
+            struct proto_choice *c = &ch[n_ch];
+            size_t el = g->cs[i].echo_len;
+            texts[n_ch] = malloc(el + r->out.text_len + 1);
+            if (!texts[n_ch]) goto out;
+            if (el) memcpy(texts[n_ch], g->cs[i].echo, el);
+            memcpy(texts[n_ch] + el, r->out.text, r->out.text_len);
+            c->index = n_ch;
+            c->text = texts[n_ch];
+            c->text_len = el + r->out.text_len;
+            c->finish_reason = finish_name(r->out.finish);
+            if (g->tools) {
+                char *content = NULL;
+                if (tc_parse(g->tc_syn, texts[n_ch], c->text_len, &content, &calls[n_ch],
+                             &n_calls[n_ch]) != 0)
+                    goto out;
+                free(texts[n_ch]);
+                c->text = texts[n_ch] = content;
+                c->text_len = strlen(content);
+                c->calls = calls[n_ch];
+                c->n_calls = n_calls[n_ch];
+                c->call_id = g->call_id;
+                if (n_calls[n_ch] > 0 && r->out.finish == SCHED_FINISH_STOP)
+                    c->finish_reason = "tool_calls";
+            }
+            if (g->logprobs) {
+                c->lps = r->out.lps;
+                c->n_lps = r->out.n_tokens;
+            }
+            choice_prompt(g, r, c);
+            n_ch++;
+        }
+    }
     struct proto_usage u = {.prompt_tokens = g->prompt_tokens,
                             .completion_tokens = completion,
                             .cached_tokens = gen_cached_tokens(g)};
-    body = proto_resp_body(g->kind, g->id, g->created, g->h->model_name, ch, g->n, &u,
+    body = proto_resp_body(g->kind, g->id, g->created, g->h->model_name, ch, n_ch, &u,
                            g->h->m->tok);
 out:
-    for (int i = 0; texts && i < g->n; i++) free(texts[i]);
+    for (int i = 0; texts && i < n_ch; i++) free(texts[i]);
+    for (int i = 0; calls && i < n_ch; i++) tc_calls_free(calls[i], n_calls[i]);
+    free(calls);
+    free(n_calls);
     free(texts);
+    free(order);
     free(ch);
     return body;
 }
@@ -364,6 +440,34 @@ static bool pend_add(struct gen *g, char *frame)
     return true;
 }
 
+/* Tool calls while streaming: the content of r's text[0, tl) that is certainly not part of a
+ * call (a new string, *len bytes) and the calls completed since the last time. Under r's lock.
+ * Returns -1 when out of memory. */
+static int tool_delta(struct gen *g, struct choice_state *cs, const struct sched_req *r,
+                      size_t tl, bool final, char **content, size_t *len, struct tc_call **calls,
+                      int *n_calls)
+{
+    char *buf = malloc(tl - cs->tcs.pos + 1);
+    if (!buf) return -1;
+    size_t w = 0;
+    for (;;) {
+        size_t from, to;
+        int rc = tc_stream_step(&cs->tcs, r->out.text, tl, final, &from, &to, calls, n_calls);
+        if (rc < 0) {
+            free(buf);
+            return -1;
+        }
+        memcpy(buf + w, r->out.text + from, to - from);
+        w += to - from;
+        if (rc == 0) break;
+    }
+    w = tc_strip_markers(g->tc_syn, buf, w);
+    buf[w] = '\0';
+    *content = buf;
+    *len = w;
+    return 0;
+}
+
 /* Turns new output of every choice into SSE frames. Returns true when frames were added. */
 static bool gen_collect(struct gen *g)
 {
@@ -382,6 +486,10 @@ static bool gen_collect(struct gen *g)
         enum sched_finish fin = r->out.finish;
         bool has_new = tl > cs->text_sent || (g->logprobs && nt > cs->tok_sent) ||
                        fin != SCHED_FINISH_NONE || (cs->echo && !cs->role_sent);
+        /* A choice's first chunk carries its prompt logprobs: wait for the prefill. */
+        if ((g->echo_lps || g->plp_field) && !cs->role_sent && r->out.prompt_lps &&
+            r->out.n_prompt_lps < r->n_prompt && fin == SCHED_FINISH_NONE)
+            has_new = false;
         char *frame = NULL;
         if (fin == SCHED_FINISH_ERROR) {
             struct proto_error e;
@@ -391,6 +499,16 @@ static bool gen_collect(struct gen *g)
             char *text = r->out.text + cs->text_sent;
             size_t len = tl - cs->text_sent;
             char *joined = NULL;
+            struct tc_call *calls = NULL;
+            int n_calls = 0;
+            if (g->tools) {
+                if (tool_delta(g, cs, r, tl, fin != SCHED_FINISH_NONE, &joined, &len, &calls,
+                               &n_calls) != 0) {
+                    sched_req_unlock(r);
+                    return added;
+                }
+                text = joined;
+            }
             if (cs->echo && !cs->role_sent) {
                 joined = malloc(cs->echo_len + len + 1);
                 if (joined) {
@@ -404,11 +522,27 @@ static bool gen_collect(struct gen *g)
                 .index = i, .text = text, .text_len = len, .finish_reason = finish_name(fin),
                 .lps = g->logprobs ? r->out.lps + cs->tok_sent : NULL,
                 .n_lps = g->logprobs ? nt - cs->tok_sent : 0,
-                .text_offset = cs->text_sent + (cs->role_sent ? cs->echo_len : 0),
+                .text_offset = cs->chars_sent,
+                .tokens_as_ids = g->tokens_as_ids,
             };
-            frame = proto_resp_chunk(g->kind, g->id, g->created, g->h->model_name, &c,
-                                     g->kind == PROTO_CHAT && !cs->role_sent, NULL,
-                                     g->h->m->tok);
+            if (!cs->role_sent) choice_prompt(g, r, &c);
+            c.calls = calls;
+            c.n_calls = n_calls;
+            c.call_index0 = cs->calls_sent;
+            c.call_id = g->call_id;
+            if (fin == SCHED_FINISH_STOP && cs->calls_sent + n_calls > 0)
+                c.finish_reason = "tool_calls";
+            /* nothing to say yet (a call's text is held back): no empty delta */
+            bool empty = g->tools && len == 0 && n_calls == 0 && cs->role_sent &&
+                         fin == SCHED_FINISH_NONE && !(g->logprobs && nt > cs->tok_sent);
+            if (!empty)
+                frame = proto_resp_chunk(g->kind, g->id, g->created, g->h->model_name, &c,
+                                         g->kind == PROTO_CHAT && !cs->role_sent, NULL,
+                                         g->h->m->tok);
+            if (frame) cs->calls_sent += n_calls;
+            tc_calls_free(calls, n_calls);
+            for (size_t b = 0; frame && b < len; b++)
+                cs->chars_sent += ((unsigned char)text[b] & 0xC0) != 0x80;
             free(joined);
         }
         sched_req_unlock(r);
@@ -458,14 +592,146 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
     }
 }
 
-/* Builds and submits one scheduler request per choice. Returns 0 or -1 with e. */
+/* Token ids a request names (logit_bias, stop_token_ids, allowed_token_ids) must exist. */
+static int check_ids(const struct proto_req *pr, int vocab, struct proto_error *e)
+{
+    for (int i = 0; i < pr->n_logit_bias; i++)
+        if (pr->logit_bias[i].id >= vocab)
+            return proto_fail(e, 400, "logit_bias", "invalid_value",
+                              "token id %d out of range [0, %d)", pr->logit_bias[i].id, vocab);
+    for (int i = 0; i < pr->n_stop_token_ids; i++)
+        if (pr->stop_token_ids[i] >= vocab)
+            return proto_fail(e, 400, "stop_token_ids", "invalid_value",
+                              "token id %d out of range [0, %d)", pr->stop_token_ids[i], vocab);
+    for (int i = 0; i < pr->n_allowed; i++)
+        if (pr->allowed_token_ids[i] >= vocab)
+            return proto_fail(e, 400, "allowed_token_ids", "invalid_value",
+                              "token id %d out of range [0, %d)", pr->allowed_token_ids[i], vocab);
+    return 0;
+}
+
+/* FNV-1a of a cache_salt (0 = none). */
+static uint64_t salt_hash(const char *salt)
+{
+    if (!salt) return 0;
+    uint64_t x = 1469598103934665603ull;
+    for (const char *c = salt; *c; c++) x = (x ^ (unsigned char)*c) * 1099511628211ull;
+    return x ? x : 1;
+}
+
+/* The scheduler parameters every request of pr shares (j: the sample's index, for the seed). */
+static void req_params(const struct gen *g, const struct proto_req *pr, int max_tokens, int j,
+                       struct smp_bias *bias, struct sched_req_params *sp)
+{
+    sched_req_params_default(sp);
+    sp->max_tokens = max_tokens;
+    sp->smp.temperature = (float)pr->temperature;
+    sp->smp.top_p = (float)pr->top_p;
+    sp->smp.top_k = pr->top_k;
+    sp->smp.min_p = (float)pr->min_p;
+    sp->smp.presence_penalty = (float)pr->presence_penalty;
+    sp->smp.frequency_penalty = (float)pr->frequency_penalty;
+    sp->smp.repetition_penalty = (float)pr->repetition_penalty;
+    sp->smp.has_seed = pr->has_seed;
+    sp->smp.seed = (uint64_t)pr->seed + (uint64_t)j;
+    /* best_of ranks samples by their cumulative logprob: record them even if not shown */
+    sp->logprobs = pr->logprobs || g->n_per_prompt > g->n_out;
+    sp->smp.n_logprobs = pr->top_logprobs < SMP_MAX_LOGPROBS ? pr->top_logprobs : SMP_MAX_LOGPROBS;
+    sp->smp.bias = bias;
+    sp->smp.n_bias = pr->n_logit_bias;
+    sp->smp.allowed = pr->allowed_token_ids;
+    sp->smp.n_allowed = pr->n_allowed;
+    sp->ignore_eos = pr->ignore_eos;
+    sp->skip_special = pr->skip_special_tokens;
+    sp->moe_top_k = pr->moe_top_k;
+    sp->prompt_logprobs = -1;
+    if (g->plp_field) sp->prompt_logprobs = pr->prompt_logprobs;
+    if (g->echo_lps && pr->top_logprobs > sp->prompt_logprobs)
+        sp->prompt_logprobs = pr->top_logprobs;
+    sp->n_stop = pr->n_stop;
+    for (int s = 0; s < pr->n_stop; s++) sp->stop[s] = pr->stop[s];
+    sp->include_stop_str = pr->include_stop_str;
+    sp->stop_ids = pr->stop_token_ids;
+    sp->n_stop_ids = pr->n_stop_token_ids;
+    sp->min_tokens = pr->min_tokens;
+    sp->cache_salt = salt_hash(pr->cache_salt);
+}
+
+/* Compiles the request's structured-output constraint. A JSON Schema keyword the compiler
+ * lacks is named in the message. */
+static int compile_guide(struct http_server *h, const struct proto_req *pr,
+                         struct grm_grammar **out, struct proto_error *e)
+{
+    enum grm_kind kind = GRM_EBNF;
+    switch (pr->guide_kind) {
+    case PROTO_GUIDE_JSON_OBJECT: kind = GRM_JSON_OBJECT; break;
+    case PROTO_GUIDE_JSON_SCHEMA: kind = GRM_JSON_SCHEMA; break;
+    case PROTO_GUIDE_REGEX: kind = GRM_REGEX; break;
+    case PROTO_GUIDE_CHOICE: kind = GRM_CHOICE; break;
+    default: break;
+    }
+    if (!h->gvocab)
+        return proto_fail(e, 500, NULL, NULL, "structured output needs the model's tokenizer");
+    char err[MS_ERR_LEN], kw[64];
+    if (grm_compile(kind, pr->guide, h->gvocab, out, err, sizeof err, kw, sizeof kw) != 0)
+        return proto_fail(e, 400, pr->guide_param,
+                          kw[0] ? "unsupported_schema_keyword" : "invalid_grammar", "'%s': %s",
+                          pr->guide_param, err);
+    return 0;
+}
+
+/* tool_choice required or named: a grammar that makes the output one call (or, with
+ * parallel_tool_calls, one or more) in the model's syntax. */
+static int compile_tool_grammar(struct http_server *h, const struct proto_req *pr,
+                                enum tc_syntax syn, struct grm_grammar **grammar,
+                                struct proto_error *e)
+{
+    if (*grammar) {
+        grm_release(*grammar);
+        *grammar = NULL;
+        return proto_fail(e, 400, "tool_choice", "invalid_value",
+                          "tool_choice %s cannot be combined with %s",
+                          pr->tool_choice == PROTO_TOOL_REQUIRED ? "required" : "(a function)",
+                          pr->guide_param);
+    }
+    char *ebnf = NULL, err[MS_ERR_LEN], kw[64] = "";
+    int rc = tc_grammar(syn, pr->tools_json,
+                        pr->tool_choice == PROTO_TOOL_NAMED ? pr->tool_choice_name : NULL,
+                        pr->parallel_tool_calls, &ebnf, err, sizeof err, kw, sizeof kw);
+    if (rc == 0 && !h->gvocab) rc = ms_errf(err, sizeof err, "the model has no tokenizer");
+    if (rc == 0) rc = grm_compile(GRM_EBNF, ebnf, h->gvocab, grammar, err, sizeof err, NULL, 0);
+    free(ebnf);
+    if (rc != 0)
+        return proto_fail(e, 400, kw[0] ? "tools" : "tool_choice",
+                          kw[0] ? "unsupported_schema_keyword" : "invalid_value", "%s", err);
+    return 0;
+}
+
+/* The echoed prompt of a completion: its text, or the decoded ids when it came as ids or was
+ * truncated. */
+static char *echo_text(const struct tokenizer *tok, const char *text, const int32_t *ids, int n)
+{
+    if (text) return strdup(text);
+    char tmp[1];
+    long need = tok_decode(tok, ids, n, false, tmp, sizeof tmp);
+    char *s = need >= 0 ? malloc((size_t)need + 1) : NULL;
+    if (s) tok_decode(tok, ids, n, false, s, (size_t)need + 1);
+    return s;
+}
+
+/* Builds and submits the scheduler requests: per prompt, n (or best_of) samples. Returns 0 or
+ * -1 with e. */
 static int gen_submit(struct http_server *h, struct gen *g, struct proto_req *pr,
                       struct proto_error *e)
 {
     const struct model *m = h->m;
     int n_prompts = pr->kind == PROTO_CHAT ? 1 : pr->n_prompts;
-    g->n = n_prompts * pr->n;
-    g->n_per_prompt = pr->n;
+    g->n_out = pr->n;
+    g->n_per_prompt = pr->best_of > pr->n ? pr->best_of : pr->n;
+    g->n = n_prompts * g->n_per_prompt;
+    g->echo_lps = pr->echo && pr->logprobs;
+    g->plp_field = pr->prompt_logprobs >= 0;
+    g->tokens_as_ids = pr->tokens_as_ids;
     g->reqs = calloc((size_t)g->n, sizeof *g->reqs);
     g->cs = calloc((size_t)g->n, sizeof *g->cs);
     if (!g->reqs || !g->cs) return proto_fail(e, 500, NULL, NULL, "out of memory");
@@ -473,18 +739,37 @@ static int gen_submit(struct http_server *h, struct gen *g, struct proto_req *pr
         return proto_fail(e, 400, "moe_top_k", "invalid_value",
                           "'moe_top_k' must be at most the model's %d experts per token",
                           m->desc.top_k);
+    if (check_ids(pr, m->desc.vocab, e) != 0) return -1;
+    struct grm_grammar *grammar = NULL;
+    if (pr->guide_kind != PROTO_GUIDE_NONE && compile_guide(h, pr, &grammar, e) != 0) return -1;
+    if (pr->kind == PROTO_CHAT && pr->tools_json && pr->tool_choice != PROTO_TOOL_NONE) {
+        g->tools = true;
+        g->tc_syn = tc_syntax_of(m->tok);
+        if ((pr->tool_choice == PROTO_TOOL_REQUIRED || pr->tool_choice == PROTO_TOOL_NAMED) &&
+            compile_tool_grammar(h, pr, g->tc_syn, &grammar, e) != 0)
+            return -1;
+    }
+    /* struct proto_bias and struct smp_bias have the same fields: copy, do not alias */
+    struct smp_bias *bias = NULL;
+    if (pr->n_logit_bias > 0) {
+        bias = malloc(sizeof *bias * (size_t)pr->n_logit_bias);
+        if (!bias) return proto_fail(e, 500, NULL, NULL, "out of memory");
+        for (int i = 0; i < pr->n_logit_bias; i++)
+            bias[i] = (struct smp_bias){pr->logit_bias[i].id, pr->logit_bias[i].bias};
+    }
+    int rc = -1;
     for (int p = 0; p < n_prompts; p++) {
         int32_t *ids = NULL;
         int n_ids;
         const char *text = NULL;
         char *rendered = NULL;
         if (pr->kind == PROTO_CHAT) {
-            if (render_chat(h, pr, &rendered, e) != 0) return -1;
-            n_ids = encode(m->tok, rendered, false, &ids);
+            if (render_chat(h, pr, &rendered, e) != 0) goto out;
+            n_ids = encode(m->tok, rendered, pr->add_special_tokens, &ids);
             text = rendered;
         } else if (pr->prompts[p].text) {
             text = pr->prompts[p].text;
-            n_ids = encode(m->tok, text, true, &ids);
+            n_ids = encode(m->tok, text, pr->add_special_tokens, &ids);
         } else {
             ids = pr->prompts[p].ids;
             n_ids = pr->prompts[p].n_ids;
@@ -493,73 +778,63 @@ static int gen_submit(struct http_server *h, struct gen *g, struct proto_req *pr
                 if (ids[i] >= m->desc.vocab) {
                     int32_t bad = ids[i]; /* read before the free */
                     free(ids);
-                    return proto_fail(e, 400, "prompt", "invalid_value",
-                                      "token id %d out of range [0, %d)", bad, m->desc.vocab);
+                    proto_fail(e, 400, "prompt", "invalid_value",
+                               "token id %d out of range [0, %d)", bad, m->desc.vocab);
+                    goto out;
                 }
         }
         if (n_ids < 0) {
             free(rendered);
-            return proto_fail(e, 500, NULL, NULL, "cannot tokenize the prompt");
+            proto_fail(e, 500, NULL, NULL, "cannot tokenize the prompt");
+            goto out;
         }
         int limit = h->cfg.max_model_len;
+        /* truncate_prompt_tokens: keep the last k tokens (-1: as many as the model takes) */
+        int keep = pr->truncate_prompt_tokens < 0 ? limit - 1 : pr->truncate_prompt_tokens;
+        if (pr->truncate_prompt_tokens != 0 && n_ids > keep) {
+            memmove(ids, ids + (n_ids - keep), sizeof *ids * (size_t)keep);
+            n_ids = keep;
+            text = NULL; /* echo the tokens kept */
+        }
         if (n_ids == 0 || n_ids >= limit) {
             free(ids);
             free(rendered);
-            return proto_fail(e, 400, pr->kind == PROTO_CHAT ? "messages" : "prompt",
-                              "invalid_value",
-                              "the prompt has %d tokens; it must have 1 to %d (max_model_len %d "
-                              "leaves room for at least one new token)",
-                              n_ids, limit - 1, limit);
+            proto_fail(e, 400, pr->kind == PROTO_CHAT ? "messages" : "prompt", "invalid_value",
+                       "the prompt has %d tokens; it must have 1 to %d (max_model_len %d "
+                       "leaves room for at least one new token)",
+                       n_ids, limit - 1, limit);
+            goto out;
         }
-        int max_tokens = pr->max_tokens > 0 ? pr->max_tokens : limit - n_ids;
+        int max_tokens = pr->max_tokens >= 0 ? pr->max_tokens : limit - n_ids;
         if (n_ids + max_tokens > limit) {
             free(ids);
             free(rendered);
-            return proto_fail(e, 400, "max_tokens", "invalid_value",
-                              "this model's maximum context length is %d tokens; the prompt has "
-                              "%d tokens and max_tokens is %d",
-                              limit, n_ids, max_tokens);
+            proto_fail(e, 400, "max_tokens", "invalid_value",
+                       "this model's maximum context length is %d tokens; the prompt has "
+                       "%d tokens and max_tokens is %d",
+                       limit, n_ids, max_tokens);
+            goto out;
         }
         g->prompt_tokens += n_ids;
-        for (int j = 0; j < pr->n; j++) {
-            int k = p * pr->n + j;
+        for (int j = 0; j < g->n_per_prompt; j++) {
+            int k = p * g->n_per_prompt + j;
             struct sched_req_params sp;
-            sched_req_params_default(&sp);
-            sp.max_tokens = max_tokens;
-            sp.smp.temperature = (float)pr->temperature;
-            sp.smp.top_p = (float)pr->top_p;
-            sp.smp.top_k = pr->top_k;
-            sp.smp.min_p = (float)pr->min_p;
-            sp.smp.presence_penalty = (float)pr->presence_penalty;
-            sp.smp.frequency_penalty = (float)pr->frequency_penalty;
-            sp.smp.repetition_penalty = (float)pr->repetition_penalty;
-            sp.smp.has_seed = pr->has_seed;
-            sp.smp.seed = (uint64_t)pr->seed + (uint64_t)j;
-            sp.logprobs = pr->logprobs;
-            sp.smp.n_logprobs = pr->top_logprobs < SMP_MAX_LOGPROBS ? pr->top_logprobs
-                                                                    : SMP_MAX_LOGPROBS;
-            sp.ignore_eos = pr->ignore_eos;
-            sp.moe_top_k = pr->moe_top_k;
-            sp.n_stop = pr->n_stop;
-            for (int s = 0; s < pr->n_stop; s++) sp.stop[s] = pr->stop[s];
+            req_params(g, pr, max_tokens, j, bias, &sp);
+            sp.grammar = grammar;
+            /* a syntax of special tokens must survive into the text to be parsed */
+            if (g->tools && tc_needs_special_tokens(g->tc_syn)) sp.skip_special = false;
             char err[MS_ERR_LEN];
             g->reqs[k] = sched_req_create(ids, n_ids, &sp, err, sizeof err);
             if (!g->reqs[k]) {
                 free(ids);
                 free(rendered);
-                return proto_fail(e, 400, NULL, NULL, "%s", err);
+                proto_fail(e, 400, NULL, NULL, "%s", err);
+                goto out;
             }
             g->cs[k].prompt_tokens = n_ids;
+            tc_stream_init(&g->cs[k].tcs, g->tc_syn);
             if (pr->echo) {
-                if (text) {
-                    g->cs[k].echo = strdup(text);
-                } else {
-                    char tmp[1];
-                    long need = tok_decode(m->tok, ids, n_ids, false, tmp, sizeof tmp);
-                    g->cs[k].echo = need >= 0 ? malloc((size_t)need + 1) : NULL;
-                    if (g->cs[k].echo)
-                        tok_decode(m->tok, ids, n_ids, false, g->cs[k].echo, (size_t)need + 1);
-                }
+                g->cs[k].echo = echo_text(m->tok, text, ids, n_ids);
                 g->cs[k].echo_len = g->cs[k].echo ? strlen(g->cs[k].echo) : 0;
             }
         }
@@ -569,12 +844,18 @@ static int gen_submit(struct http_server *h, struct gen *g, struct proto_req *pr
     for (int k = 0; k < g->n; k++) {
         sched_req_set_notify(g->reqs[k], gen_notify, g);
         char err[MS_ERR_LEN];
-        int rc = sched_submit(h->s, g->reqs[k], err, sizeof err);
-        if (rc != 0)
-            return proto_fail(e, rc == SCHED_EFULL ? 429 : rc == SCHED_ECLOSED ? 503 : 400,
-                              NULL, rc == SCHED_EFULL ? "rate_limit_exceeded" : NULL, "%s", err);
+        int src = sched_submit(h->s, g->reqs[k], err, sizeof err);
+        if (src != 0) {
+            proto_fail(e, src == SCHED_EFULL ? 429 : src == SCHED_ECLOSED ? 503 : 400, NULL,
+                       src == SCHED_EFULL ? "rate_limit_exceeded" : NULL, "%s", err);
+            goto out;
+        }
     }
-    return 0;
+    rc = 0;
+out:
+    free(bias);
+    grm_release(grammar); /* each request holds its own reference */
+    return rc;
 }
 
 static enum MHD_Result gen_poll(struct http_server *h, struct MHD_Connection *c,
@@ -610,6 +891,7 @@ static enum MHD_Result handle_generate(struct http_server *h, struct MHD_Connect
     snprintf(g->id, sizeof g->id, "%s-%llx%08llx", kind == PROTO_CHAT ? "chatcmpl" : "cmpl",
              (unsigned long long)g->created,
              (unsigned long long)atomic_fetch_add(&h->next_id, 1));
+    snprintf(g->call_id, sizeof g->call_id, "call_%s", strchr(g->id, '-') + 1);
     pthread_mutex_init(&g->mu, NULL);
     atomic_fetch_add(&h->active, 1);
     cn->g = g;
@@ -703,7 +985,7 @@ static enum MHD_Result handle_tokenize(struct http_server *h, struct MHD_Connect
 
 static const char *const known_routes[] = {"/v1/completions", "/v1/chat/completions",
                                            "/v1/models", "/health", "/metrics", "/tokenize",
-                                           "/detokenize"};
+                                           "/detokenize", "/version", "/tokenizer_info"};
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
                                   const char *method, const char *version,
@@ -717,6 +999,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         cn->route = "other";
         for (size_t i = 0; i < sizeof known_routes / sizeof *known_routes; i++)
             if (strcmp(url, known_routes[i]) == 0) cn->route = known_routes[i];
+        if (strncmp(url, "/v1/models/", 11) == 0 && url[11]) cn->route = "/v1/models/{id}";
         *con_cls = cn;
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
         if (cl && strtoull(cl, NULL, 10) > h->cfg.max_body) {
@@ -756,8 +1039,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     bool get = strcmp(method, "GET") == 0, post = strcmp(method, "POST") == 0;
     if (strcmp(route, "other") == 0)
         return fail(h, c, route, 404, NULL, "not_found", "no such route");
-    bool want_get = strcmp(route, "/v1/models") == 0 || strcmp(route, "/health") == 0 ||
-                    strcmp(route, "/metrics") == 0;
+    bool want_get = is_get_route(route);
     if ((want_get && !get) || (!want_get && !post))
         return fail(h, c, route, 405, NULL, "method_not_allowed", "method not allowed");
 
@@ -786,6 +1068,22 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (strcmp(route, "/v1/models") == 0)
         return send_json(h, c, route, 200,
                          proto_resp_models(h->model_name, h->created, h->cfg.max_model_len));
+    if (strcmp(route, "/v1/models/{id}") == 0) {
+        if (strcmp(url + 11, h->model_name) != 0)
+            return fail(h, c, route, 404, NULL, "model_not_found", "no such model");
+        return send_json(h, c, route, 200,
+                         proto_resp_model(h->model_name, h->created, h->cfg.max_model_len));
+    }
+    if (strcmp(route, "/version") == 0) return send_json(h, c, route, 200, proto_resp_version());
+    if (strcmp(route, "/tokenizer_info") == 0) {
+        const struct tokenizer *tok = h->m->tok;
+        int32_t bos = tok_bos_id(tok), eos = tok_eos_id(tok);
+        return send_json(h, c, route, 200,
+                         proto_resp_tokenizer_info(bos >= 0 ? tok_token_str(tok, bos) : NULL,
+                                                   eos >= 0 ? tok_token_str(tok, eos) : NULL,
+                                                   h->m->chat_template, h->cfg.max_model_len,
+                                                   tok_vocab_size(tok)));
+    }
     if (strcmp(route, "/tokenize") == 0) return handle_tokenize(h, c, cn, false);
     if (strcmp(route, "/detokenize") == 0) return handle_tokenize(h, c, cn, true);
     if (state == HTTP_DRAINING)
@@ -864,6 +1162,7 @@ void http_set_ready(struct http_server *h, const struct model *m, struct sched *
     /* Parse the chat template once; every chat request renders the parsed form. */
     if (m->chat_template)
         h->chat = jinja_template_parse(m->chat_template, h->chat_err, sizeof h->chat_err);
+    if (m->tok) h->gvocab = grm_vocab_build(m->tok, m->desc.vocab, m->desc.eos_ids, m->desc.n_eos);
     atomic_store(&h->state, HTTP_READY);
 }
 
@@ -882,6 +1181,7 @@ void http_stop(struct http_server *h)
     if (!h) return;
     MHD_stop_daemon(h->d);
     jinja_template_free(h->chat);
+    grm_vocab_free(h->gvocab);
     free(h->host);
     free(h->model_name);
     free(h->api_key);

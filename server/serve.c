@@ -269,6 +269,13 @@ static void slog(const char *level, const char *fmt, ...)
     }
 }
 
+/* Scheduler warnings about one request (e.g. a grammar that allowed no token). */
+static void log_sched_warning(void *ctx, uint64_t req_id, const char *msg)
+{
+    (void)ctx;
+    slog("warning", "request %llu: %s", (unsigned long long)req_id, msg);
+}
+
 static char *read_file(const char *path)
 {
     FILE *f = fopen(path, "rb");
@@ -374,6 +381,7 @@ int cli_serve(int argc, char **argv)
                               .max_waiting = (int)o.max_waiting,
                               .disable_prefix_caching = !o.prefix_caching,
                               .obs = metrics_observer(mt)};
+    sp.obs.on_warning = log_sched_warning;
     if (sched_create(e, &sp, &s, err, sizeof err) != 0 || sched_start(s, err, sizeof err) != 0) {
         slog("error", "%s", err);
         goto out;

@@ -2,6 +2,7 @@
  * prompt and message shapes, defaults, and the JSON shape of responses, SSE chunks and
  * error objects. */
 #include <jansson.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,8 +45,9 @@ static void test_validation(void)
     OK(C, "{\"prompt\":[\"a\",\"b\"]}");
     OK(C, "{\"prompt\":[1,2,3]}");
     OK(C, "{\"prompt\":[[1,2],[3]]}");
-    OK(C, "{\"prompt\":\"x\",\"unknown_field\":{\"a\":1}}");
-    BAD(C, "{\"prompt\":\"x\",\"max_tokens\":0}", "max_tokens");
+    BAD(C, "{\"prompt\":\"x\",\"unknown_field\":{\"a\":1}}", "unknown_field");
+    OK(C, "{\"prompt\":\"x\",\"max_tokens\":0,\"echo\":true,\"logprobs\":1}");
+    BAD(C, "{\"prompt\":\"x\",\"max_tokens\":-1}", "max_tokens");
     BAD(C, "{\"prompt\":\"x\",\"max_tokens\":\"5\"}", "max_tokens");
     BAD(C, "{\"prompt\":\"x\",\"max_tokens\":1.5}", "max_tokens");
     BAD(C, "{\"prompt\":\"x\",\"temperature\":-0.1}", "temperature");
@@ -76,7 +78,9 @@ static void test_validation(void)
     BAD(C, "{\"prompt\":\"x\",\"moe_top_k\":-1}", "moe_top_k");
     BAD(C, "{\"prompt\":\"x\",\"max_tokens\":1,\"max_tokens\":2}", "");
 
-    BAD(H, "{\"prompt\":\"x\"}", "messages");
+    BAD(H, "{\"prompt\":\"x\"}", "prompt");
+    BAD(H, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":0}",
+        "max_tokens");
     BAD(H, "{\"messages\":[]}", "messages");
     BAD(H, "{\"messages\":\"hi\"}", "messages");
     BAD(H, "{\"messages\":[{\"role\":\"wizard\",\"content\":\"x\"}]}", "messages");
@@ -90,6 +94,60 @@ static void test_validation(void)
         "max_completion_tokens");
     OK(H, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":true,"
           "\"top_logprobs\":3,\"stream\":true,\"stream_options\":{\"include_usage\":true}}");
+
+    /* The allow-list, unsupported fields at their neutral value, and everything new. */
+    const char *M = "\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]";
+    char b[512];
+#define HB(fmt) (snprintf(b, sizeof b, "{%s," fmt "}", M), b)
+    OK(C, "{\"prompt\":\"x\",\"user\":\"u\",\"metadata\":{\"a\":\"b\"},\"store\":false,"
+          "\"spaces_between_special_tokens\":false,\"use_beam_search\":false,\"priority\":0,"
+          "\"length_penalty\":1.0,\"suffix\":null,\"bad_words\":[]}");
+    BAD(C, "{\"prompt\":\"x\",\"suffix\":\"end\"}", "suffix");
+    BAD(C, "{\"prompt\":\"x\",\"use_beam_search\":true}", "use_beam_search");
+    BAD(C, "{\"prompt\":\"x\",\"length_penalty\":0.5}", "length_penalty");
+    BAD(C, "{\"prompt\":\"x\",\"messages\":[]}", "messages");
+    BAD(C, "{\"prompt\":\"x\",\"top_logprobs\":2}", "top_logprobs");
+    BAD(H, HB("\"echo\":true"), "echo");
+    OK(H, HB("\"echo\":false"));
+    BAD(H, HB("\"functions\":[{\"name\":\"f\"}]"), "functions");
+    BAD(H, HB("\"modalities\":[\"audio\"]"), "modalities");
+    OK(H, HB("\"modalities\":[\"text\"]"));
+    BAD(C, "{\"prompt\":\"x\",\"logit_bias\":{\"a\":1}}", "logit_bias");
+    BAD(C, "{\"prompt\":\"x\",\"logit_bias\":{\"1\":101}}", "logit_bias");
+    BAD(C, "{\"prompt\":\"x\",\"logit_bias\":{\"01\":1}}", "logit_bias");
+    BAD(C, "{\"prompt\":\"x\",\"logit_bias\":[1]}", "logit_bias");
+    BAD(C, "{\"prompt\":\"x\",\"stop_token_ids\":[1,-1]}", "stop_token_ids");
+    BAD(C, "{\"prompt\":\"x\",\"min_tokens\":5,\"max_tokens\":4}", "min_tokens");
+    BAD(C, "{\"prompt\":\"x\",\"n\":3,\"best_of\":2}", "best_of");
+    BAD(C, "{\"prompt\":\"x\",\"best_of\":2,\"stream\":true}", "best_of");
+    BAD(C, "{\"prompt\":\"x\",\"prompt_logprobs\":21}", "prompt_logprobs");
+    BAD(C, "{\"prompt\":\"x\",\"allowed_token_ids\":[]}", "allowed_token_ids");
+    BAD(C, "{\"prompt\":\"x\",\"truncate_prompt_tokens\":0}", "truncate_prompt_tokens");
+    BAD(C, "{\"prompt\":\"x\",\"guided_choice\":[]}", "guided_choice");
+    BAD(C, "{\"prompt\":\"x\",\"guided_json\":\"{not json\"}", "guided_json");
+    BAD(C, "{\"prompt\":\"x\",\"guided_regex\":\"a\",\"guided_choice\":[\"b\"]}",
+        "guided_choice");
+    BAD(H, HB("\"response_format\":{\"type\":\"xml\"}"), "response_format.type");
+    BAD(H, HB("\"response_format\":{\"type\":\"json_schema\"}"),
+        "response_format.json_schema");
+    BAD(H, HB("\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"schema\":{},"
+              "\"extra\":1}}"),
+        "response_format.json_schema");
+    OK(H, HB("\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"n\","
+             "\"schema\":{\"type\":\"object\"},\"strict\":true}}"));
+    BAD(H, HB("\"tools\":[{\"type\":\"function\"}]"), "tools");
+    BAD(H, HB("\"tool_choice\":\"required\""), "tool_choice");
+    BAD(H, HB("\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],"
+              "\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"g\"}}"),
+        "tool_choice");
+    OK(H, HB("\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}],"
+             "\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"f\"}}"));
+    BAD(H, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\",\"colour\":1}]}", "messages");
+    OK(H, "{\"messages\":[{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"c\","
+          "\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]},"
+          "{\"role\":\"tool\",\"tool_call_id\":\"c\",\"content\":\"1\"}]}");
+    BAD(H, HB("\"chat_template_kwargs\":[1]"), "chat_template_kwargs");
+#undef HB
 
     BAD(PROTO_TOKENIZE, "{}", "prompt");
     BAD(PROTO_TOKENIZE, "{\"prompt\":[1,2]}", "prompt");
@@ -117,6 +175,21 @@ static void test_values(void)
     CHECK(r.has_seed && r.seed == -3 && r.n == 2 && r.n_stop == 2 && strcmp(r.stop[1], "yz") == 0);
     CHECK(r.stream && r.include_usage && r.logprobs && r.top_logprobs == 2 && r.echo);
     CHECK(r.ignore_eos && r.moe_top_k == 1 && r.repetition_penalty > 1.19);
+    CHECK(r.prompt_logprobs == -1 && r.skip_special_tokens && r.add_special_tokens);
+    proto_req_free(&r);
+
+    body = "{\"prompt\":\"x\",\"logit_bias\":{\"7\":-100,\"3\":2.5},\"stop_token_ids\":[4,5],"
+           "\"min_tokens\":2,\"include_stop_str_in_output\":true,\"best_of\":3,"
+           "\"skip_special_tokens\":false,\"prompt_logprobs\":0,\"allowed_token_ids\":[1,2],"
+           "\"truncate_prompt_tokens\":-1,\"return_tokens_as_token_ids\":true,"
+           "\"guided_json\":\"{\\\"type\\\":\\\"integer\\\"}\"}";
+    CHECKF(proto_req_parse(body, strlen(body), PROTO_COMPLETION, &r, &e) == 0, "%s", e.message);
+    CHECK(r.n_logit_bias == 2 && r.logit_bias[0].id == 3 && r.logit_bias[1].bias == -100);
+    CHECK(r.n_stop_token_ids == 2 && r.stop_token_ids[1] == 5 && r.min_tokens == 2);
+    CHECK(r.include_stop_str && r.best_of == 3 && !r.skip_special_tokens);
+    CHECK(r.prompt_logprobs == 0 && r.n_allowed == 2 && r.truncate_prompt_tokens == -1);
+    CHECK(r.tokens_as_ids && r.guide_kind == PROTO_GUIDE_JSON_SCHEMA && r.guide &&
+          strcmp(r.guide, "{\"type\":\"integer\"}") == 0);
     proto_req_free(&r);
 
     body = "{\"prompt\":\"x\"}";
@@ -225,10 +298,62 @@ static void test_responses(void)
     json_decref(o);
 }
 
+/* The names in every "KEY: [a, b, ...]" line of text, joined as " a b ... ". */
+static void list_names(const char *text, const char *key, char *out, size_t cap)
+{
+    size_t w = 0, kl = strlen(key);
+    out[0] = '\0';
+    for (const char *p = strstr(text, key); p; p = strstr(p + kl, key)) {
+        if (p[kl] != ':') continue;
+        const char *a = strchr(p, '['), *z = a ? strchr(a, ']') : NULL;
+        if (!a || !z) continue;
+        for (const char *c = a + 1; c < z && w + 2 < cap; c++)
+            out[w++] = (*c == ',' || *c == ' ') ? ' ' : *c;
+        out[w++] = ' ';
+        out[w] = '\0';
+    }
+}
+
+/* proto/openapi.yaml describes every field of proto_fields the way the server treats it. */
+static void test_openapi_matches_table(const char *tests)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/../proto/openapi.yaml", tests);
+    FILE *f = fopen(path, "rb");
+    CHECKF(f != NULL, "%s", path);
+    if (!f) return;
+    static char text[1 << 16];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    static char noop[8192], refused[8192];
+    list_names(text, "x-no-effect", noop + 1, sizeof noop - 1);
+    list_names(text, "x-refused", refused + 1, sizeof refused - 1);
+    noop[0] = refused[0] = ' ';
+    for (int i = 0; i < proto_n_fields; i++) {
+        const struct proto_field *fl = &proto_fields[i];
+        char word[80], prop[80];
+        snprintf(word, sizeof word, " %s ", fl->name);
+        snprintf(prop, sizeof prop, " %s:", fl->name);
+        bool in_noop = strstr(noop, word) != NULL, in_refused = strstr(refused, word) != NULL;
+        bool documented = strstr(text, prop) != NULL;
+        switch (fl->how) {
+        case PROTO_FIELD_IMPL:
+            CHECKF(documented, "openapi.yaml does not describe '%s'", fl->name);
+            break;
+        case PROTO_FIELD_NOOP:
+            CHECKF(in_noop, "'%s' is missing from x-no-effect", fl->name);
+            break;
+        case PROTO_FIELD_UNSUP:
+            CHECKF(in_refused, "'%s' is missing from x-refused", fl->name);
+            break;
+        }
+    }
+}
+
 int main(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
+    test_openapi_matches_table(argc > 1 ? argv[1] : "tests");
     test_validation();
     test_values();
     test_responses();

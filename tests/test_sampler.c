@@ -671,10 +671,65 @@ static void test_timing(void)
     free(row);
 }
 
+/* logit_bias (+-100 force and ban, finite ones added) and allowed_token_ids. */
+static void test_bias(void)
+{
+    enum { V = 8 };
+    float base[V] = {5, 4, 3, 2, 1, 0, -1, -2};
+    float row[V];
+    struct smp_params p;
+    smp_params_default(&p);
+    p.temperature = 0;
+    /* -100 on the greedy token moves greedy to the next */
+    struct smp_bias ban[] = {{0, -100.0f}};
+    p.bias = ban;
+    p.n_bias = 1;
+    struct sampler *s = smp_create(V, &p);
+    memcpy(row, base, sizeof row);
+    CHECK(s && smp_sample(s, row, NULL) == 1 && row[0] == -INFINITY);
+    smp_free(s);
+    /* a finite bias is added: +3.5 on token 2 makes it the top */
+    struct smp_bias add[] = {{2, 3.5f}};
+    p.bias = add;
+    s = smp_create(V, &p);
+    memcpy(row, base, sizeof row);
+    CHECK(s && smp_sample(s, row, NULL) == 2);
+    smp_free(s);
+    /* +100 forces: at temperature 1, only forced tokens come out */
+    struct smp_bias force[] = {{6, 100.0f}, {7, 100.0f}};
+    p.bias = force;
+    p.n_bias = 2;
+    p.temperature = 1;
+    p.has_seed = true;
+    p.seed = 9;
+    s = smp_create(V, &p);
+    for (int i = 0; i < 200 && s; i++) {
+        memcpy(row, base, sizeof row);
+        int32_t t = smp_sample(s, row, NULL);
+        CHECK(t == 6 || t == 7);
+    }
+    smp_free(s);
+    /* allowed_token_ids, with a ban inside the set */
+    int32_t allowed[] = {3, 5, 7};
+    p.bias = ban;
+    p.n_bias = 1;
+    ban[0].id = 3;
+    p.allowed = allowed;
+    p.n_allowed = 3;
+    s = smp_create(V, &p);
+    for (int i = 0; i < 200 && s; i++) {
+        memcpy(row, base, sizeof row);
+        int32_t t = smp_sample(s, row, NULL);
+        CHECK(t == 5 || t == 7);
+    }
+    smp_free(s);
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
     (void)argv;
+    test_bias();
     test_greedy();
     test_temperature_freqs();
     test_top_k();

@@ -223,6 +223,40 @@ static void run_tokenizer(const char *tests_dir, const char *unpacked_dir,
     tok_free(tok);
 }
 
+/* tok_token_bytes: each token's own bytes join up to the encoded text (SentencePiece's word
+ * marker as a space, byte-fallback and byte-level tokens as raw bytes). */
+static void check_token_bytes(const char *unpacked, const char *name, const char *text,
+                              const char *want_join)
+{
+    char path[4096], err[MS_ERR_LEN];
+    snprintf(path, sizeof path, "%s/tokenizers/%s/tokenizer.json", unpacked, name);
+    struct tokenizer *tok = NULL;
+    if (tok_load(path, NULL, &tok, err, sizeof err) != 0) {
+        CHECKF(0, "%s", err);
+        return;
+    }
+    int32_t ids[256];
+    int n = tok_encode(tok, text, strlen(text), false, ids, 256);
+    char joined[1024];
+    size_t w = 0;
+    bool partial = false;
+    for (int i = 0; i < n && n <= 256; i++) {
+        char b[256];
+        int k = tok_token_bytes(tok, ids[i], b, sizeof b);
+        CHECK(k > 0 && w + (size_t)k < sizeof joined);
+        if (k <= 0 || w + (size_t)k >= sizeof joined) break;
+        partial |= !uni_utf8_valid(b, (size_t)k);
+        memcpy(joined + w, b, (size_t)k);
+        w += (size_t)k;
+    }
+    joined[w] = '\0';
+    CHECKF(strcmp(joined, want_join) == 0, "%s: pieces join to '%s', want '%s'", name, joined,
+           want_join);
+    printf("%s: %d tokens join up to the text%s\n", name, n,
+           partial ? " (some are partial UTF-8)" : "");
+    tok_free(tok);
+}
+
 int main(int argc, char **argv)
 {
     const char *dir = argc > 1 ? argv[1] : "tests";
@@ -234,6 +268,24 @@ int main(int argc, char **argv)
         {"gptoss", 199998, 200002, "<|start|>"},
     };
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) run_tokenizer(dir, unpacked, &all[i]);
+    const char *text = "The myth of caf\xc3\xa9 \xf0\x9f\x98\x80 \xe4\xbd\xa0\xe5\xa5\xbd";
+    char spaced[128];
+    snprintf(spaced, sizeof spaced, " %s", text); /* SentencePiece prepends the word marker */
+    check_token_bytes(unpacked, "llama2", text, spaced);
+    check_token_bytes(unpacked, "qwen3", text, text);
+    check_token_bytes(unpacked, "gptoss", text, text);
+    {
+        char path[4096], err2[MS_ERR_LEN];
+        snprintf(path, sizeof path, "%s/tokenizers/llama2/tokenizer.json", unpacked);
+        struct tokenizer *t = NULL;
+        if (tok_load(path, NULL, &t, err2, sizeof err2) == 0) {
+            char b[64];
+            int32_t id = tok_token_id(t, "\xe2\x96\x81myth");
+            CHECK(id >= 0 && tok_token_bytes(t, id, b, sizeof b) == 5 && strcmp(b, " myth") == 0);
+            CHECK(tok_decode_strips_first_space(t));
+            tok_free(t);
+        }
+    }
 
     /* Load errors come back as -1 with a reason naming the file. */
     struct tokenizer *tok = (struct tokenizer *)1;

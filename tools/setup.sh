@@ -26,7 +26,16 @@ if ! command -v promtool >/dev/null 2>&1; then
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends prometheus
 fi
+pip_install() {
+    python3 -m pip install -q "$@" || python3 -m pip install -q --break-system-packages "$@"
+}
 if ! python3 -c "import openai" >/dev/null 2>&1; then
     echo "setup: pip install openai"
-    python3 -m pip install -q openai || python3 -m pip install -q --break-system-packages openai
+    pip_install openai
+fi
+# tests/server/test_lm_eval.py runs lm-evaluation-harness (its API extra: no torch needed);
+# the structured-output tests validate with jsonschema.
+if ! python3 -c "import lm_eval, jsonschema" >/dev/null 2>&1; then
+    echo "setup: pip install lm-eval[api] jsonschema"
+    pip_install "lm-eval[api]==0.4.13" jsonschema
 fi

@@ -37,6 +37,11 @@ def fixture_model(name="mixtral"):
     return os.path.join(tests_dir(), "fixtures", "models", name)
 
 
+def bundled_model():
+    """The bundled model folder (models/mohge-small), next to tests/."""
+    return os.path.join(os.path.dirname(tests_dir()), "models", "mohge-small")
+
+
 def free_port():
     """A port the kernel just handed out; the server binds it right after (tiny race only
     with other processes doing the same, retried by Server.start)."""

@@ -18,6 +18,13 @@ MESSAGES = [{"role": "system", "content": "You are terse."},
             {"role": "user", "content": "Say hello."}]
 
 
+def token_bytes(tok):
+    """The bytes a logprob token stands for."""
+    if tok.startswith("bytes:"):
+        return bytes(int(h, 16) for h in tok[6:].split("\\x")[1:])
+    return tok.encode("utf-8")
+
+
 @unittest.skipIf(openai is None, "the openai package is not installed (tools/setup.sh)")
 class OpenAIClientTest(unittest.TestCase):
     @classmethod
@@ -181,7 +188,13 @@ class OpenAIClientTest(unittest.TestCase):
         self.assertEqual(len(lp.tokens), 6)
         self.assertEqual(len(lp.token_logprobs), 6)
         self.assertEqual(len(lp.top_logprobs), 6)
-        self.assertEqual("".join(lp.tokens), r.choices[0].text)
+        # Each token is its own bytes ("bytes:\\xNN" when not whole UTF-8): they join up to
+        # the text, and text_offset counts the characters before each.
+        joined = b"".join(token_bytes(t) for t in lp.tokens)
+        self.assertEqual(joined.decode("utf-8", "replace"), r.choices[0].text)
+        for i, off in enumerate(lp.text_offset):
+            self.assertEqual(off, sum(1 for b in b"".join(token_bytes(t) for t in lp.tokens[:i])
+                                      if b & 0xC0 != 0x80))
         for tok, l, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
             self.assertLessEqual(l, 0.0)
             self.assertLessEqual(len(top), 3)

@@ -332,3 +332,39 @@ int tok_stream_flush(const struct tokenizer *t, struct tok_stream *st, char *out
     return (int)o.len;
 }
 
+
+int tok_token_bytes(const struct tokenizer *t, int32_t id, char *out, size_t cap)
+{
+    size_t n;
+    const char *s = tok_entry(t, id, &n);
+    if (!s) return -1;
+    struct buf b = {.p = out, .cap = cap, .fixed = true};
+    if (cap == 0) return -1;
+    out[0] = '\0';
+    bool added = false;
+    for (int i = 0; i < t->n_added && !added; i++) added = t->added[i].id == id;
+    if (added) {
+        buf_put(&b, s, n); /* added tokens decode to their content in every style */
+    } else if (t->dec == DEC_BYTELEVEL && byte_level_mappable(t, s, n)) {
+        for (size_t i = 0; i < n && !b.failed;) {
+            size_t used;
+            char chunk[64];
+            size_t w = byte_level_chunk(t, s + i, n - i, &used, chunk, sizeof chunk);
+            buf_put(&b, chunk, w);
+            i += used;
+        }
+    } else if (t->dec == DEC_PIECES && t->dec_byte_fallback && byte_token_value(s, n) >= 0) {
+        char byte = (char)byte_token_value(s, n);
+        buf_put(&b, &byte, 1);
+    } else if (t->dec == DEC_PIECES) {
+        put_replaced(t, &b, s, n); /* "\u2581myth" -> " myth": no start-of-text stripping */
+    } else {
+        buf_put(&b, s, n);
+    }
+    return b.failed ? -1 : (int)b.len;
+}
+
+bool tok_decode_strips_first_space(const struct tokenizer *t)
+{
+    return t->dec == DEC_PIECES && t->strip_start > 0 && t->strip_ch == ' ';
+}

@@ -1,5 +1,5 @@
-/* Internals shared by the tokenizer's files: engine/tokenizer.c (loading, encoding, lookups)
- * and engine/tok_decode.c (decoding and streaming). Nothing outside those two includes this;
+/* Internals shared by the tokenizer's files: engine/text/tokenizer.c (loading, encoding, lookups)
+ * and engine/text/tok_decode.c (decoding and streaming). Nothing outside those two includes this;
  * the public interface is tokenizer.h. The structure is filled once by tok_load and read-only
  * afterwards. */
 #ifndef MOESERVE_TOK_INTERNAL_H

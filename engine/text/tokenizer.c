@@ -2,7 +2,8 @@
  * pipeline as the `tokenizers` library: repair invalid UTF-8, split out added tokens that are
  * matched on the raw text (leftmost-longest), normalize each remaining piece (NFC, Prepend,
  * Replace), split out added tokens declared `normalized`, pre-tokenize (regex Split steps
- * through PCRE2 with UTF+UCP, ByteLevel), then run BPE on each word: merges are applied by rank
+ * through PCRE2 with UTF+UCP, their Unicode classes rewritten into explicit ranges from our
+ * Unicode 16 tables, ByteLevel), then run BPE on each word: merges are applied by rank
  * with a binary heap over a linked list of symbols, so a word of n characters costs
  * O(n log n). Decoding lives in tok_decode.c; the shared structure is in tok_internal.h.
  *
@@ -160,60 +161,118 @@ static int trie_insert(struct trie *tr, const char *s, size_t n, int32_t added)
  * Oniguruma engine behind `tokenizers` does not (U+180E left White_Space in Unicode 6.3). */
 static const char WS_CLASS[] = "\\t\\n\\x0b\\f\\r\\x20\\x{85}\\x{a0}\\x{1680}\\x{2000}-\\x{200a}\\x{2028}\\x{2029}\\x{202f}\\x{205f}\\x{3000}";
 
-/* Copies a regex replacing \s (and \S outside classes) by explicit White_Space classes. */
-static char *rewrite_whitespace(const char *pat)
+struct pat {
+    char *p;
+    size_t len, cap;
+    bool failed;
+};
+
+static void pat_put(struct pat *o, const char *s, size_t n)
+{
+    if (o->failed) return;
+    if (grow((void **)&o->p, &o->cap, o->len + n + 1, 1)) {
+        o->failed = true;
+        return;
+    }
+    memcpy(o->p + o->len, s, n);
+    o->len += n;
+    o->p[o->len] = '\0';
+}
+
+/* Copies a regex with its Unicode classes made explicit, so that matching follows the
+ * project's Unicode 16 tables and not the system PCRE2's older ones: \s (and \S outside
+ * classes) become the White_Space class, \p{X} / \P{X} / \pX the ranges of that general
+ * category or group. Sets *bad_prop to an unknown property's offset (else -1). */
+static char *rewrite_classes(const char *pat, long *bad_prop)
 {
     size_t n = strlen(pat), wl = strlen(WS_CLASS);
-    char *out = malloc(n * (wl + 4) + 1);
-    if (!out) return NULL;
-    size_t w = 0;
+    struct pat o = {0};
     bool in_class = false;
-    for (size_t i = 0; i < n; i++) {
+    *bad_prop = -1;
+    pat_put(&o, "", 0);
+    for (size_t i = 0; i < n && !o.failed; i++) {
         char c = pat[i];
         if (c == '\\' && i + 1 < n) {
             char d = pat[i + 1];
             if (d == 'Q') { /* a quoted literal is copied as is */
                 const char *e = strstr(pat + i + 2, "\\E");
                 size_t end = e ? (size_t)(e - pat) + 2 : n;
-                memcpy(out + w, pat + i, end - i);
-                w += end - i;
+                pat_put(&o, pat + i, end - i);
                 i = end - 1;
                 continue;
             }
             if (d == 's' || (d == 'S' && !in_class)) {
-                if (!in_class) out[w++] = '[';
-                if (d == 'S') out[w++] = '^';
-                memcpy(out + w, WS_CLASS, wl);
-                w += wl;
-                if (!in_class) out[w++] = ']';
+                pat_put(&o, d == 'S' ? "[^" : "[", in_class ? 0 : d == 'S' ? 2 : 1);
+                pat_put(&o, WS_CLASS, wl);
+                if (!in_class) pat_put(&o, "]", 1);
+            } else if (d == 'p' || d == 'P') {
+                const char *name = pat + i + 2;
+                size_t nl = 1, skip = 3;
+                if (i + 2 < n && pat[i + 2] == '{') {
+                    const char *close = strchr(pat + i + 3, '}');
+                    if (!close) {
+                        *bad_prop = (long)i;
+                        free(o.p);
+                        return NULL;
+                    }
+                    name = pat + i + 3;
+                    nl = (size_t)(close - name);
+                    skip = 3 + nl + 1;
+                }
+                bool neg = d == 'P';
+                if (nl > 0 && name[0] == '^') { /* \p{^L} is \P{L} */
+                    neg = !neg;
+                    name++;
+                    nl--;
+                }
+                bool unknown;
+                char *body = uni_class_body(name, nl, neg, &unknown);
+                if (!body) {
+                    if (unknown) *bad_prop = (long)i;
+                    free(o.p);
+                    return NULL;
+                }
+                if (!in_class) pat_put(&o, "[", 1);
+                pat_put(&o, body, strlen(body));
+                if (!in_class) pat_put(&o, "]", 1);
+                free(body);
+                i += skip - 1;
+                continue;
             } else {
-                out[w++] = c;
-                out[w++] = d;
+                pat_put(&o, pat + i, 2);
             }
             i++;
             continue;
         }
         if (!in_class && c == '[') {
             in_class = true;
-            out[w++] = c;
-            if (i + 1 < n && pat[i + 1] == '^') out[w++] = pat[++i];
-            if (i + 1 < n && pat[i + 1] == ']') out[w++] = pat[++i]; /* a literal ']' first */
+            pat_put(&o, &c, 1);
+            if (i + 1 < n && pat[i + 1] == '^') pat_put(&o, &pat[++i], 1);
+            if (i + 1 < n && pat[i + 1] == ']') pat_put(&o, &pat[++i], 1); /* a literal ']' first */
             continue;
         }
         if (in_class && c == ']') in_class = false;
-        out[w++] = c;
+        pat_put(&o, &c, 1);
     }
-    out[w] = '\0';
-    return out;
+    if (o.failed) {
+        free(o.p);
+        return NULL;
+    }
+    return o.p;
 }
 
 static pcre2_code *compile_regex(const char *raw, char *err, size_t errlen, const char *path)
 {
     int code;
     PCRE2_SIZE off;
-    char *pat = rewrite_whitespace(raw);
+    long bad_prop;
+    char *pat = rewrite_classes(raw, &bad_prop);
     if (!pat) {
-        ms_errf(err, errlen, "%s: out of memory", path);
+        if (bad_prop >= 0)
+            ms_errf(err, errlen, "%s: pre-tokenizer regex: unknown Unicode property at offset %ld",
+                    path, bad_prop);
+        else
+            ms_errf(err, errlen, "%s: out of memory", path);
         return NULL;
     }
     pcre2_code *re = pcre2_compile((PCRE2_SPTR)pat, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP, &code, &off, NULL);

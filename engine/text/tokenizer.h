@@ -55,6 +55,17 @@ int tok_stream_push(const struct tokenizer *tok, struct tok_stream *s, int32_t i
 /* Emits what is left (an incomplete character becomes U+FFFD, as a full decode would). */
 int tok_stream_flush(const struct tokenizer *tok, struct tok_stream *s, char *out, size_t cap);
 
+/* The bytes token `id` stands for on its own, as a piece of a longer text: byte-level tokens
+ * give their raw bytes (possibly part of a UTF-8 character), SentencePiece pieces their text
+ * with the word marker as a space (no start-of-text stripping) and byte-fallback tokens their
+ * byte, added tokens their content. So the pieces of a sequence concatenate to its text.
+ * Writes at most cap-1 bytes plus a NUL; returns the length, or -1 (bad id or cap too small). */
+int tok_token_bytes(const struct tokenizer *tok, int32_t id, char *out, size_t cap);
+
+/* Whether decoding drops one leading space of the first token (SentencePiece's Strip step):
+ * the text of a sequence is then its pieces joined, less that space. */
+bool tok_decode_strips_first_space(const struct tokenizer *tok);
+
 int tok_vocab_size(const struct tokenizer *tok);       /* ids are 0..size-1, added tokens included */
 int32_t tok_bos_id(const struct tokenizer *tok);       /* -1 when none */
 int32_t tok_eos_id(const struct tokenizer *tok);       /* -1 when none */

@@ -1,10 +1,11 @@
-/* UTF-8 decoding and repair, White_Space and NFC normalization for the tokenizer (see
- * unicode.h). NFC follows UAX #15: full canonical decomposition (Hangul algorithmically, the
+/* UTF-8 decoding and repair, White_Space, general categories and their regex classes, and NFC
+ * normalization for the tokenizer (see unicode.h). NFC follows UAX #15: full canonical decomposition (Hangul algorithmically, the
  * rest from the generated tables), canonical ordering of combining marks, then canonical
  * composition with the blocking rule. Text made only of code points below U+0300 is already
  * NFC and is copied as is, which keeps the common ASCII case cheap. */
 #include "unicode.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -274,4 +275,110 @@ long uni_nfc(const char *s, size_t n, char **out)
     free(d);
     *out = buf;
     return (long)w;
+}
+
+/* ---- general categories -------------------------------------------------------------- */
+
+const char *uni_version(void)
+{
+    return uni_tables_version;
+}
+
+enum uni_gc uni_category(uint32_t cp)
+{
+    int lo = 0, hi = uni_gc_count - 1;
+    while (lo <= hi) {
+        int mid = (lo + hi) / 2;
+        if (cp < uni_gc_table[mid].first) hi = mid - 1;
+        else if (cp > uni_gc_table[mid].last) lo = mid + 1;
+        else return (enum uni_gc)uni_gc_table[mid].gc;
+    }
+    return UNI_CN;
+}
+
+/* Bit mask of the categories a property names; 0 when unknown. */
+static uint32_t prop_mask(const char *p, size_t n)
+{
+    static const char names[] = "LuLlLtLmLoMnMcMeNdNlNoPcPdPsPePiPfPoSmScSkSoZsZlZpCcCfCsCo";
+    if (n == 2 && (memcmp(p, "LC", 2) == 0 || memcmp(p, "L&", 2) == 0))
+        return 1u << UNI_LU | 1u << UNI_LL | 1u << UNI_LT;
+    if (n == 2) {
+        for (int k = 0; k < UNI_CN; k++)
+            if (memcmp(names + 2 * k, p, 2) == 0) return 1u << k;
+        return memcmp(p, "Cn", 2) == 0 ? 1u << UNI_CN : 0;
+    }
+    if (n != 1) return 0;
+    uint32_t m = 0;
+    for (int k = 0; k < UNI_CN; k++)
+        if (names[2 * k] == p[0]) m |= 1u << k;
+    if (p[0] == 'C') m |= 1u << UNI_CN;
+    return m;
+}
+
+struct sbuf {
+    char *p;
+    size_t len, cap;
+    bool failed;
+};
+
+static void sbuf_range(struct sbuf *b, uint32_t a, uint32_t z)
+{
+    if (b->failed) return;
+    if (b->len + 32 > b->cap) {
+        size_t c = b->cap ? b->cap * 2 : 1024;
+        char *q = realloc(b->p, c);
+        if (!q) {
+            b->failed = true;
+            return;
+        }
+        b->p = q;
+        b->cap = c;
+    }
+    int w = a == z ? snprintf(b->p + b->len, b->cap - b->len, "\\x{%X}", a)
+                   : snprintf(b->p + b->len, b->cap - b->len, "\\x{%X}-\\x{%X}", a, z);
+    b->len += (size_t)w;
+}
+
+/* Adds [a, z] minus the surrogates. */
+static void sbuf_range_utf(struct sbuf *b, uint32_t a, uint32_t z)
+{
+    if (a <= 0xDFFF && z >= 0xD800) {
+        if (a < 0xD800) sbuf_range(b, a, 0xD7FF);
+        if (z > 0xDFFF) sbuf_range(b, 0xE000, z);
+        return;
+    }
+    sbuf_range(b, a, z);
+}
+
+char *uni_class_body(const char *prop, size_t n, bool negate, bool *unknown)
+{
+    uint32_t mask = prop_mask(prop, n);
+    *unknown = mask == 0;
+    if (!mask) return NULL;
+    if (negate) mask = ~mask & ((2u << UNI_CN) - 1);
+    struct sbuf b = {0};
+    /* Walk the assigned ranges; the gaps between them are Cn. */
+    uint32_t run_a = 0, next = 0;
+    bool in_run = false;
+    for (int i = 0; i <= uni_gc_count; i++) {
+        uint32_t first = i < uni_gc_count ? uni_gc_table[i].first : 0x110000;
+        if (first > next) { /* unassigned gap [next, first) */
+            bool on = mask >> UNI_CN & 1;
+            if (on && !in_run) run_a = next;
+            if (!on && in_run) sbuf_range_utf(&b, run_a, next - 1);
+            in_run = on;
+        }
+        if (i == uni_gc_count) break;
+        bool on = mask >> uni_gc_table[i].gc & 1;
+        if (on && !in_run) run_a = first;
+        if (!on && in_run) sbuf_range_utf(&b, run_a, first - 1);
+        in_run = on;
+        next = uni_gc_table[i].last + 1;
+    }
+    if (in_run) sbuf_range_utf(&b, run_a, 0x10FFFF);
+    if (b.failed || !b.p) {
+        free(b.p);
+        return NULL;
+    }
+    return b.p;
 }

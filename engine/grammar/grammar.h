@@ -1,0 +1,84 @@
+/* Grammar-constrained decoding (structured output): a grammar compiled from EBNF (GBNF style,
+ * below), a regular expression, a list of choices or a JSON Schema decides, token by token,
+ * which tokens may come next; the sampler only sees those.
+ *
+ * The grammar works on bytes. Every text form compiles to rules whose elements are byte sets
+ * and rule references; code-point classes become the UTF-8 byte sequences of their ranges. A
+ * matcher holds the set of parse stacks (graph-structured: stacks share their lower frames)
+ * that are alive after the bytes so far. To find the allowed tokens it walks a byte trie of
+ * the vocabulary (struct grm_vocab, one per tokenizer) depth first, advancing the stacks by
+ * each edge's byte and cutting a subtree as soon as no stack survives, so the cost follows the
+ * tokens the grammar can still take, not the vocabulary size times token length.
+ *
+ * EBNF (what guided_grammar accepts; the GBNF dialect of llama.cpp and xgrammar):
+ *     root   ::= rule body; the grammar starts at `root`        # comments run to the line end
+ *     name   ::= alt ( "|" alt )*       alt: items, possibly none (the empty string)
+ *     item   ::= primary ( "*" | "+" | "?" | "{m}" | "{m,}" | "{m,n}" )?
+ *     primary::= "literal" | [class] | [^class] | . | name | ( alternatives )
+ * Literals and classes take \n \t \r \\ \" \] \- \xHH (a byte in a literal, a code point in a
+ * class) \uHHHH \UHHHHHHHH; classes hold code points and ranges a-z; `.` is any character.
+ * Left recursion (also through rules that can match nothing) is refused, so matching always
+ * terminates.
+ *
+ * Ownership: a grm_grammar is immutable once compiled, reference counted (grm_retain /
+ * grm_release, any thread) and keeps its grm_vocab borrowed: the vocab must outlive it. A
+ * matcher belongs to one sequence; it allocates everything it will use at creation, so
+ * grm_mask and grm_accept never allocate. */
+#ifndef MOESERVE_GRAMMAR_H
+#define MOESERVE_GRAMMAR_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tokenizer.h"
+
+struct grm_vocab;
+struct grm_grammar;
+struct grm_matcher;
+
+enum grm_kind {
+    GRM_EBNF,        /* text: EBNF as above */
+    GRM_REGEX,       /* text: a regular expression the whole output must match */
+    GRM_CHOICE,      /* text: a JSON array of strings; the output is one of them */
+    GRM_JSON_SCHEMA, /* text: a JSON Schema (see json_schema.h for what is supported) */
+    GRM_JSON_OBJECT, /* any JSON object (text ignored) */
+};
+
+/* The byte trie of a tokenizer's tokens (special tokens left out: only eos ids may end a
+ * constrained output). vocab: the model's vocabulary size (ids at or past the tokenizer's are
+ * never allowed). Returns NULL when out of memory. */
+struct grm_vocab *grm_vocab_build(const struct tokenizer *tok, int vocab, const int32_t *eos,
+                                  int n_eos);
+void grm_vocab_free(struct grm_vocab *v);
+int grm_vocab_nodes(const struct grm_vocab *v); /* trie nodes (benchmarks) */
+
+/* Compiles `text` of `kind`. On failure returns -1 with the reason in err and, when the
+ * reason is one keyword of a JSON Schema, that keyword in bad_keyword (may be NULL). */
+int grm_compile(enum grm_kind kind, const char *text, const struct grm_vocab *v,
+                struct grm_grammar **out, char *err, size_t errlen, char *bad_keyword,
+                size_t kwlen);
+void grm_retain(struct grm_grammar *g);
+void grm_release(struct grm_grammar *g);
+
+/* A matcher at the grammar's start. Returns NULL when out of memory. */
+struct grm_matcher *grm_matcher_create(const struct grm_grammar *g);
+void grm_matcher_free(struct grm_matcher *m);
+
+/* Sets logits[i] to -inf for every token the grammar does not allow next (row of the model's
+ * vocab size); an eos id stays allowed only where the output may end. Returns the number of
+ * tokens left allowed (0: nothing can continue). */
+int grm_mask(struct grm_matcher *m, float *logits);
+/* Advances by token id. Returns 0, or -1 when the grammar does not allow it (the matcher is
+ * then unchanged). An eos id is allowed where the output may end and changes nothing. */
+int grm_accept(struct grm_matcher *m, int32_t id);
+/* Whether grm_accept would take token id, leaving the matcher's position as it is. */
+bool grm_allows(struct grm_matcher *m, int32_t id);
+/* Advances by raw bytes (tests, tools): 0 or -1 as grm_accept. */
+int grm_accept_bytes(struct grm_matcher *m, const char *bytes, size_t n);
+/* The output so far is complete (may end here). */
+bool grm_can_end(const struct grm_matcher *m);
+/* The output is complete and nothing may follow. */
+bool grm_must_end(const struct grm_matcher *m);
+
+#endif

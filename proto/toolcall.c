@@ -1,0 +1,317 @@
+/* Tool-call syntaxes (see toolcall.h). A call is a block between an open and a close marker;
+ * what lies between is parsed per syntax (a JSON object with name and arguments, or DeepSeek's
+ * name line and fenced JSON). Streaming holds back text that may be the start of an open
+ * marker and everything inside an open block, so content never shows a call's syntax. */
+#include "proto/toolcall.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "json_schema.h"
+
+#define DS_CALLS_BEGIN "<\xef\xbd\x9ctool\xe2\x96\x81" "calls\xe2\x96\x81" "begin\xef\xbd\x9c>"
+#define DS_CALLS_END "<\xef\xbd\x9ctool\xe2\x96\x81" "calls\xe2\x96\x81" "end\xef\xbd\x9c>"
+#define DS_CALL_BEGIN "<\xef\xbd\x9ctool\xe2\x96\x81" "call\xe2\x96\x81" "begin\xef\xbd\x9c>"
+#define DS_CALL_END "<\xef\xbd\x9ctool\xe2\x96\x81" "call\xe2\x96\x81" "end\xef\xbd\x9c>"
+#define DS_SEP "<\xef\xbd\x9ctool\xe2\x96\x81sep\xef\xbd\x9c>"
+
+static const char *open_marker(enum tc_syntax s)
+{
+    return s == TC_DEEPSEEK ? DS_CALL_BEGIN : "<tool_call>";
+}
+
+static const char *close_marker(enum tc_syntax s)
+{
+    return s == TC_DEEPSEEK ? DS_CALL_END : "</tool_call>";
+}
+
+enum tc_syntax tc_syntax_of(const struct tokenizer *tok)
+{
+    return tok && tok_token_id(tok, DS_CALLS_BEGIN) >= 0 ? TC_DEEPSEEK : TC_HERMES;
+}
+
+bool tc_needs_special_tokens(enum tc_syntax syn)
+{
+    return syn == TC_DEEPSEEK;
+}
+
+void tc_calls_free(struct tc_call *calls, int n)
+{
+    for (int i = 0; calls && i < n; i++) {
+        free(calls[i].name);
+        free(calls[i].arguments);
+    }
+    free(calls);
+}
+
+static const char *find(const char *s, size_t n, const char *needle)
+{
+    size_t m = strlen(needle);
+    for (size_t i = 0; i + m <= n; i++)
+        if (memcmp(s + i, needle, m) == 0) return s + i;
+    return NULL;
+}
+
+/* Arguments as compact JSON text: an object is dumped, a string holding JSON is kept. */
+static char *args_text(json_t *a)
+{
+    if (!a || json_is_null(a)) return strdup("{}");
+    if (json_is_string(a)) {
+        json_t *p = json_loads(json_string_value(a), JSON_DECODE_ANY, NULL);
+        bool ok = json_is_object(p);
+        json_decref(p);
+        return ok ? strdup(json_string_value(a)) : NULL;
+    }
+    return json_is_object(a) ? json_dumps(a, JSON_COMPACT) : NULL;
+}
+
+/* Parses the inside of one block; returns 1 with *c filled, 0 when it is no call, -1 OOM. */
+static int parse_block(enum tc_syntax syn, const char *s, size_t n, struct tc_call *c)
+{
+    json_t *args = NULL, *obj = NULL;
+    char *name = NULL;
+    if (syn == TC_HERMES) {
+        obj = json_loadb(s, n, 0, NULL);
+        const char *nm = json_string_value(json_object_get(obj, "name"));
+        args = json_object_get(obj, "arguments");
+        if (!args) args = json_object_get(obj, "parameters");
+        if (!nm || !*nm) goto no;
+        name = strdup(nm);
+        json_incref(args);
+    } else {
+        /* function<｜tool▁sep｜>NAME\n```json\nARGS\n``` */
+        const char *sep = find(s, n, DS_SEP);
+        if (!sep) goto no;
+        const char *nm = sep + strlen(DS_SEP);
+        const char *nl = memchr(nm, '\n', (size_t)(s + n - nm));
+        if (!nl || nl == nm) goto no;
+        name = malloc((size_t)(nl - nm) + 1);
+        if (!name) return -1;
+        memcpy(name, nm, (size_t)(nl - nm));
+        name[nl - nm] = '\0';
+        const char *body = nl + 1, *end = s + n;
+        if ((size_t)(end - body) >= 7 && memcmp(body, "```json", 7) == 0) body += 7;
+        while (end > body && (end[-1] == '\n' || end[-1] == ' ')) end--;
+        if (end - body >= 3 && memcmp(end - 3, "```", 3) == 0) end -= 3;
+        args = json_loadb(body, (size_t)(end - body), 0, NULL);
+        if (!args) goto no;
+    }
+    char *a = args_text(args);
+    json_decref(args);
+    json_decref(obj);
+    if (!a) {
+        free(name);
+        return 0;
+    }
+    c->name = name;
+    c->arguments = a;
+    return 1;
+no:
+    free(name);
+    json_decref(obj);
+    return 0;
+}
+
+static int push_call(struct tc_call **calls, int *n, struct tc_call c)
+{
+    struct tc_call *g = realloc(*calls, sizeof *g * (size_t)(*n + 1));
+    if (!g) {
+        free(c.name);
+        free(c.arguments);
+        return -1;
+    }
+    g[(*n)++] = c;
+    *calls = g;
+    return 0;
+}
+
+size_t tc_strip_markers(enum tc_syntax syn, char *content, size_t len)
+{
+    if (syn != TC_DEEPSEEK) return len;
+    const char *drop[] = {DS_CALLS_BEGIN, DS_CALLS_END};
+    for (int d = 0; d < 2; d++) {
+        size_t m = strlen(drop[d]);
+        for (char *at; (at = (char *)find(content, len, drop[d]));) {
+            memmove(at, at + m, len - (size_t)(at - content) - m);
+            len -= m;
+        }
+    }
+    return len;
+}
+
+void tc_stream_init(struct tc_stream *s, enum tc_syntax syn)
+{
+    memset(s, 0, sizeof *s);
+    s->syn = syn;
+}
+
+int tc_stream_step(struct tc_stream *s, const char *text, size_t len, bool final, size_t *from,
+                   size_t *to, struct tc_call **calls, int *n_calls)
+{
+    const char *om = open_marker(s->syn), *cm = close_marker(s->syn);
+    size_t ol = strlen(om), cl = strlen(cm);
+    *from = *to = s->pos;
+    if (!s->in_block) {
+        const char *o = find(text + s->pos, len - s->pos, om);
+        if (!o) {
+            /* hold back a tail that may start the open marker */
+            size_t keep = 0;
+            for (size_t k = ol - 1; k > 0 && !final; k--)
+                if (k <= len - s->pos && memcmp(text + len - k, om, k) == 0) {
+                    keep = k;
+                    break;
+                }
+            *to = len - keep;
+            s->pos = *to;
+            return 0;
+        }
+        *to = (size_t)(o - text);
+        s->in_block = true;
+        s->block_at = *to;
+        s->pos = *to + ol;
+    }
+    const char *c = find(text + s->pos, len - s->pos, cm);
+    if (!c) {
+        if (final) { /* an unfinished block is plain text */
+            s->in_block = false;
+            s->pos = len;
+            if (*to == *from) *from = s->block_at;
+            *to = len;
+        }
+        return *to > *from ? 1 : 0;
+    }
+    struct tc_call call;
+    const char *inner = text + s->block_at + ol;
+    int rc = parse_block(s->syn, inner, (size_t)(c - inner), &call);
+    if (rc < 0) return -1;
+    size_t end = (size_t)(c - text) + cl;
+    s->in_block = false;
+    s->pos = end;
+    if (rc == 0) { /* not a call after all: the block is content */
+        if (*to == *from) *from = s->block_at;
+        *to = end;
+        return 1;
+    }
+    if (push_call(calls, n_calls, call) < 0) return -1;
+    return 1;
+}
+
+static bool is_space(char c)
+{
+    return c == ' ' || c == '\n' || c == '\t' || c == '\r';
+}
+
+int tc_parse(enum tc_syntax syn, const char *text, size_t len, char **content,
+             struct tc_call **calls, int *n_calls)
+{
+    char *out = malloc(len + 1);
+    if (!out) return -1;
+    size_t w = 0;
+    struct tc_stream st;
+    tc_stream_init(&st, syn);
+    for (;;) {
+        size_t from, to;
+        int rc = tc_stream_step(&st, text, len, true, &from, &to, calls, n_calls);
+        if (rc < 0) {
+            free(out);
+            return -1;
+        }
+        memcpy(out + w, text + from, to - from);
+        w += to - from;
+        if (rc == 0 && st.pos >= len) break;
+    }
+    w = tc_strip_markers(syn, out, w);
+    size_t a = 0;
+    while (a < w && is_space(out[a])) a++;
+    while (w > a && is_space(out[w - 1])) w--;
+    memmove(out, out + a, w - a);
+    out[w - a] = '\0';
+    *content = out;
+    return 0;
+}
+
+int tc_grammar(enum tc_syntax syn, const char *tools_json, const char *only_name, bool parallel,
+               char **out, char *err, size_t errlen, char *bad_keyword, size_t kwlen)
+{
+    *out = NULL;
+    if (syn != TC_HERMES)
+        return ms_errf(err, errlen,
+                       "forcing a tool call is not supported for this model's tool-call syntax "
+                       "(its markers are special tokens)");
+    json_t *tools = json_loads(tools_json, 0, NULL);
+    char *rules = strdup(jschema_base_rules());
+    char *calls = NULL;
+    size_t calls_len = 0;
+    int rc = -1, n = 0;
+    size_t i;
+    json_t *t;
+    if (!tools || !rules) {
+        ms_errf(err, errlen, "out of memory");
+        goto out;
+    }
+    json_array_foreach(tools, i, t)
+    {
+        json_t *fn = json_object_get(t, "function");
+        const char *name = json_string_value(json_object_get(fn, "name"));
+        if (!name || (only_name && strcmp(name, only_name) != 0)) continue;
+        json_t *params = json_object_get(fn, "parameters");
+        char *schema = params && !json_is_null(params) ? json_dumps(params, JSON_COMPACT)
+                                                       : strdup("{\"type\":\"object\"}");
+        char prefix[32];
+        snprintf(prefix, sizeof prefix, "t%zu_", i);
+        int r = schema ? jschema_rules(schema, prefix, &rules, err, errlen, bad_keyword, kwlen)
+                       : ms_errf(err, errlen, "out of memory");
+        free(schema);
+        if (r < 0) goto out;
+        /* "{\"name\": \"NAME\", \"arguments\": " tK_root "}" as EBNF, the name escaped */
+        json_t *js = json_string(name);
+        char *qn = js ? json_dumps(js, JSON_ENCODE_ANY) : NULL;
+        json_decref(js);
+        if (!qn) {
+            ms_errf(err, errlen, "out of memory");
+            goto out;
+        }
+        size_t need = calls_len + strlen(qn) * 4 + 128;
+        char *grown = realloc(calls, need);
+        if (!grown) {
+            free(qn);
+            ms_errf(err, errlen, "out of memory");
+            goto out;
+        }
+        calls = grown;
+        int w = snprintf(calls + calls_len, need - calls_len, "%s\"{\\\"name\\\": ", n ? " | " : "");
+        calls_len += (size_t)w;
+        for (const char *c = qn; *c; c++) {
+            if (*c == '"' || *c == '\\') calls[calls_len++] = '\\';
+            calls[calls_len++] = *c;
+        }
+        free(qn);
+        w = snprintf(calls + calls_len, need - calls_len, ", \\\"arguments\\\": \" %sroot \"}\"", prefix);
+        calls_len += (size_t)w;
+        n++;
+    }
+    if (n == 0) {
+        ms_errf(err, errlen, "no tool to call");
+        goto out;
+    }
+    size_t total = strlen(rules) + calls_len + 256;
+    char *g = malloc(total);
+    if (!g) {
+        ms_errf(err, errlen, "out of memory");
+        goto out;
+    }
+    snprintf(g, total,
+             "%scall ::= %.*s\nblock ::= \"<tool_call>\\n\" call \"\\n</tool_call>\"\n"
+             "root ::= block%s\n",
+             rules, (int)calls_len, calls, parallel ? " ( \"\\n\" block )*" : "");
+    *out = g;
+    rc = 0;
+out:
+    json_decref(tools);
+    free(rules);
+    free(calls);
+    return rc;
+}

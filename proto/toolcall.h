@@ -1,0 +1,64 @@
+/* Tool calls in model output: the syntaxes models write them in, parsed into OpenAI's
+ * message.tool_calls (whole outputs and streams), and the grammar that makes a model write
+ * them when tool_choice is "required" or names a function.
+ *
+ *   TC_HERMES   Qwen3, Qwen2.5, Hermes and any ChatML model (the default):
+ *               <tool_call>\n{"name": "f", "arguments": {...}}\n</tool_call>, one block a call
+ *   TC_DEEPSEEK DeepSeek-V3: <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f
+ *               \n```json\n{...}\n```<｜tool▁call▁end｜>...<｜tool▁calls▁end｜> (parsed; a
+ *               grammar for it is refused: its markers are special tokens)
+ * gpt-oss's harmony format is not supported yet (the model is not either).
+ *
+ * Ownership: results are malloc'd and owned by the caller (tc_calls_free); inputs borrowed. */
+#ifndef MOESERVE_PROTO_TOOLCALL_H
+#define MOESERVE_PROTO_TOOLCALL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "tokenizer.h"
+
+enum tc_syntax { TC_HERMES, TC_DEEPSEEK };
+
+struct tc_call {
+    char *name;
+    char *arguments; /* JSON text of the arguments object (compact) */
+};
+
+/* The syntax a tokenizer's model writes tool calls in. */
+enum tc_syntax tc_syntax_of(const struct tokenizer *tok);
+/* Whether the syntax's markers are special tokens (the text must keep special tokens). */
+bool tc_needs_special_tokens(enum tc_syntax syn);
+
+/* Splits a whole output into its content (a new string: the text outside well-formed calls,
+ * the syntax's outer markers dropped, trimmed) and its calls (appended to *calls, *n_calls).
+ * A block that does not parse stays in the content. Returns 0, or -1 when out of memory. */
+int tc_parse(enum tc_syntax syn, const char *text, size_t len, char **content,
+             struct tc_call **calls, int *n_calls);
+void tc_calls_free(struct tc_call *calls, int n);
+
+/* Streaming: the output so far is fed whole each time; each step reports the content that can
+ * no longer turn out to be part of a call (text[*from, *to)) and the calls completed since the
+ * last step. With final, everything left is content. */
+struct tc_stream {
+    enum tc_syntax syn;
+    size_t pos;      /* text before this is reported */
+    bool in_block;
+    size_t block_at; /* where the open block started */
+};
+void tc_stream_init(struct tc_stream *s, enum tc_syntax syn);
+/* Removes the syntax's outer markers (DeepSeek's calls begin/end) from content in place;
+ * returns the new length. */
+size_t tc_strip_markers(enum tc_syntax syn, char *content, size_t len);
+/* Reports at most one call per step: call it again while it returns 1 (progress). Returns 1,
+ * 0 (nothing more now) or -1 (out of memory). */
+int tc_stream_step(struct tc_stream *s, const char *text, size_t len, bool final, size_t *from,
+                   size_t *to, struct tc_call **calls, int *n_calls);
+
+/* EBNF forcing one call (parallel: one or more) of the tools (a JSON array as OpenAI sends),
+ * or of the one named. Returns 0 with a malloc'd grammar, or -1 with a reason (a parameters
+ * schema the grammar compiler lacks: its keyword in bad_keyword). */
+int tc_grammar(enum tc_syntax syn, const char *tools_json, const char *only_name, bool parallel,
+               char **out, char *err, size_t errlen, char *bad_keyword, size_t kwlen);
+
+#endif

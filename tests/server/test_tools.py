@@ -1,0 +1,123 @@
+"""Tool calling through the official openai client on the bundled model: tool_choice
+"required" and a named function (enforced by the grammar sampler, so even a model never trained
+on tools answers with a well-formed call), streaming (delta.tool_calls) and not, the arguments
+valid against the function's parameter schema, finish_reason "tool_calls", a role "tool"
+round trip (assistant tool_calls + tool message with tool_call_id), tool_choice "none" and
+"auto" answering in text, and refusals (a forced call with response_format, an unknown
+function name)."""
+import json
+import unittest
+
+import srvtest
+
+try:
+    import openai
+    import jsonschema
+except ImportError:  # pragma: no cover
+    openai = None
+
+NAME = "mohge-small"
+WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 16},
+                                            "days": {"type": "integer"}},
+           "required": ["city"], "additionalProperties": False}
+ADD = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+       "required": ["a", "b"], "additionalProperties": False}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather",
+                                           "parameters": WEATHER}},
+         {"type": "function", "function": {"name": "add", "parameters": ADD}}]
+PARAMS = {"get_weather": WEATHER, "add": ADD}
+MSGS = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+
+@unittest.skipIf(openai is None, "openai and jsonschema are needed (tools/setup.sh)")
+class ToolsTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.srv = srvtest.Server(model=srvtest.bundled_model(), name=NAME).start()
+        cls.client = openai.OpenAI(base_url=cls.srv.base + "/v1", api_key="unused",
+                                   max_retries=0, timeout=120)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.srv.__exit__(None, None, None)
+
+    def check_call(self, name, arguments, want=None):
+        self.assertIn(name, PARAMS)
+        if want:
+            self.assertEqual(name, want)
+        args = json.loads(arguments)
+        jsonschema.validate(args, PARAMS[name])
+        return args
+
+    def test_required_non_streaming(self):
+        for seed in range(4):
+            r = self.client.chat.completions.create(
+                model=NAME, messages=MSGS, tools=TOOLS, tool_choice="required", temperature=1,
+                seed=seed, max_tokens=200, parallel_tool_calls=False)
+            c = r.choices[0]
+            self.assertEqual(c.finish_reason, "tool_calls")
+            self.assertIsNone(c.message.content)
+            self.assertEqual(len(c.message.tool_calls), 1)
+            tc = c.message.tool_calls[0]
+            self.assertEqual(tc.type, "function")
+            self.assertTrue(tc.id.startswith("call_"))
+            self.check_call(tc.function.name, tc.function.arguments)
+
+    def test_named_streaming(self):
+        stream = self.client.chat.completions.create(
+            model=NAME, messages=MSGS, tools=TOOLS,
+            tool_choice={"type": "function", "function": {"name": "add"}}, temperature=1,
+            seed=5, max_tokens=200, parallel_tool_calls=False, stream=True)
+        calls, content, finish = {}, "", None
+        for chunk in stream:
+            d = chunk.choices[0].delta
+            content += d.content or ""
+            for tc in d.tool_calls or []:
+                cur = calls.setdefault(tc.index, {"id": None, "name": "", "arguments": ""})
+                cur["id"] = tc.id or cur["id"]
+                cur["name"] += tc.function.name or ""
+                cur["arguments"] += tc.function.arguments or ""
+            finish = chunk.choices[0].finish_reason or finish
+        self.assertEqual(finish, "tool_calls")
+        self.assertEqual(content, "")
+        self.assertEqual(list(calls), [0])
+        self.check_call(calls[0]["name"], calls[0]["arguments"], want="add")
+
+    def test_round_trip_and_text_modes(self):
+        r = self.client.chat.completions.create(
+            model=NAME, messages=MSGS, tools=TOOLS, tool_choice="required", temperature=0,
+            max_tokens=200, parallel_tool_calls=False)
+        tc = r.choices[0].message.tool_calls[0]
+        msgs = MSGS + [
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": tc.id, "type": "function",
+                 "function": {"name": tc.function.name, "arguments": tc.function.arguments}}]},
+            {"role": "tool", "tool_call_id": tc.id, "content": "sunny, 21 C"}]
+        for choice in ("none", "auto"):
+            r = self.client.chat.completions.create(model=NAME, messages=msgs, tools=TOOLS,
+                                                    tool_choice=choice, max_tokens=12,
+                                                    temperature=0)
+            c = r.choices[0]
+            self.assertIn(c.finish_reason, ("stop", "length"))
+            self.assertIsInstance(c.message.content, str)
+        # the tool message reached the template: the prompt holds its content
+        st, _, tok = srvtest.post_json(self.srv.port, "/tokenize", {"messages": msgs})
+        self.assertEqual(st, 200)
+        st, _, text = srvtest.post_json(self.srv.port, "/detokenize", {"tokens": tok["tokens"]})
+        self.assertIn("sunny, 21 C", text["prompt"])
+
+    def test_refusals(self):
+        with self.assertRaises(openai.BadRequestError) as cm:
+            self.client.chat.completions.create(
+                model=NAME, messages=MSGS, tools=TOOLS, tool_choice="required", max_tokens=5,
+                response_format={"type": "json_object"})
+        self.assertIn("tool_choice", str(cm.exception))
+        with self.assertRaises(openai.BadRequestError):
+            self.client.chat.completions.create(
+                model=NAME, messages=MSGS, tools=TOOLS, max_tokens=5,
+                tool_choice={"type": "function", "function": {"name": "nope"}})
+
+
+if __name__ == "__main__":
+    srvtest.main()

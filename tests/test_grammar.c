@@ -1,0 +1,214 @@
+/* Tests of engine/grammar: EBNF, regex, choice and JSON Schema compilation (what is accepted,
+ * what is refused and how the error names it), byte-level matching of strings, and the token
+ * mask against brute force (every token tried on a second matcher) on the bundled model's
+ * vocabulary and on Qwen3's 151k-token one. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "grammar.h"
+#include "test.h"
+#include "tokenizer.h"
+
+static struct grm_grammar *compile(enum grm_kind k, const char *text, const struct grm_vocab *v,
+                                   char *err, char *kw)
+{
+    struct grm_grammar *g = NULL;
+    if (grm_compile(k, text, v, &g, err, MS_ERR_LEN, kw, 64) != 0) return NULL;
+    return g;
+}
+
+/* Whether the whole string s is accepted (and may end there). */
+static bool matches(const struct grm_grammar *g, const char *s)
+{
+    struct grm_matcher *m = grm_matcher_create(g);
+    if (!m) return false;
+    bool ok = grm_accept_bytes(m, s, strlen(s)) == 0 && grm_can_end(m);
+    grm_matcher_free(m);
+    return ok;
+}
+
+static void expect_matches(enum grm_kind k, const char *text, const struct grm_vocab *v,
+                           const char *const *yes, const char *const *no, int line)
+{
+    char err[MS_ERR_LEN], kw[64];
+    struct grm_grammar *g = compile(k, text, v, err, kw);
+    CHECKF(g != NULL, "line %d: %s", line, err);
+    if (!g) return;
+    for (int i = 0; yes[i]; i++) CHECKF(matches(g, yes[i]), "line %d: should match '%s'", line, yes[i]);
+    for (int i = 0; no[i]; i++) CHECKF(!matches(g, no[i]), "line %d: should not match '%s'", line, no[i]);
+    grm_release(g);
+}
+#define MATCHES(k, text, v, ...) do { \
+    const char *const *y_ = (const char *const[]){__VA_ARGS__}; \
+    const char *const *n_ = y_; while (*n_) n_++; n_++; \
+    expect_matches(k, text, v, y_, n_, __LINE__); } while (0)
+
+static void expect_error(enum grm_kind k, const char *text, const struct grm_vocab *v,
+                         const char *in_msg, const char *keyword, int line)
+{
+    char err[MS_ERR_LEN] = "", kw[64] = "";
+    struct grm_grammar *g = compile(k, text, v, err, kw);
+    CHECKF(g == NULL, "line %d: '%s' compiled", line, text);
+    grm_release(g);
+    CHECKF(strstr(err, in_msg) != NULL, "line %d: error '%s' lacks '%s'", line, err, in_msg);
+    if (keyword) CHECKF(strcmp(kw, keyword) == 0, "line %d: keyword '%s', want '%s'", line, kw, keyword);
+}
+#define BAD(k, text, v, msg, kw) expect_error(k, text, v, msg, kw, __LINE__)
+
+static void test_compile(const struct grm_vocab *v)
+{
+    /* lists: accepted strings, NULL, refused strings, NULL */
+    MATCHES(GRM_EBNF, "root ::= \"a\" [0-9]+ (\"x\" | \"yz\")?  # comment\n", v,
+            "a1", "a123x", "a9yz", NULL, "a", "ax", "a1y", "a1xx", "b1", NULL);
+    MATCHES(GRM_EBNF, "root ::= item{2,3}\nitem ::= [a-b] | \"-\"", v, "ab", "a-b", NULL, "a",
+            "abab", NULL);
+    MATCHES(GRM_EBNF, "root ::= [\\u00e9-\\u00fc]+ [^a-z]", v, "\xc3\xa9\xc3\xbc!",
+            "\xc3\xa9\xe2\x82\xac", NULL, "\xc3\xa9", "e!", "\xc3\xa9z", NULL);
+    MATCHES(GRM_EBNF, "root ::= . \"\\x01\" \"\"", v, "\xf0\x9f\x98\x80\x01", "a\x01", NULL,
+            "ab", "\x01", NULL);
+    MATCHES(GRM_REGEX, "^[a-c]{2}\\d+(x|yz)?$", v, "ab1", "cc42yz", NULL, "a1", "ab", "ab1y",
+            NULL);
+    MATCHES(GRM_REGEX, "(?P<year>[0-9]{4})-(?:0[1-9]|1[0-2])", v, "2024-01", "1999-12", NULL,
+            "2024-13", "24-01", NULL);
+    MATCHES(GRM_REGEX, "a.c|\\.\\*", v, "abc", "a\xc3\xa9" "c", ".*", NULL, "a\nc", "ac", NULL);
+    MATCHES(GRM_CHOICE, "[\"yes\", \"no\", \"n\\\"a\"]", v, "yes", "no", "n\"a", NULL, "ye",
+            "yesno", NULL);
+    MATCHES(GRM_JSON_OBJECT, "", v, "{}", "{\"a\": [1, 2.5e3, null, true, \"x\\n\"]}",
+            "{ \"k\" : {\"n\": -0}}", NULL, "[]", "{", "{\"a\" 1}", "{\"a\":01}", NULL);
+    const char *schema =
+        "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":5},"
+        "\"age\":{\"type\":\"integer\"},\"tags\":{\"type\":\"array\",\"items\":{\"enum\":[\"a\","
+        "\"b\"]},\"minItems\":1,\"maxItems\":2},\"when\":{\"type\":\"string\",\"format\":"
+        "\"date\"},\"kind\":{\"anyOf\":[{\"const\":1},{\"type\":\"null\"}]},\"next\":{\"$ref\":"
+        "\"#/$defs/node\"}},\"required\":[\"name\",\"tags\"],\"additionalProperties\":false,"
+        "\"$defs\":{\"node\":{\"type\":[\"object\",\"null\"],\"properties\":{\"next\":{\"$ref\":"
+        "\"#/$defs/node\"}}}}}";
+    MATCHES(GRM_JSON_SCHEMA, schema, v, "{\"name\":\"bob\",\"tags\":[\"a\"]}",
+            "{\"name\": \"\", \"age\": -12, \"tags\": [\"a\", \"b\"], \"when\": \"2024-02-28\", "
+            "\"kind\": null, \"next\": {\"next\": {\"next\": null}}}",
+            "{\"name\":\"x\",\"tags\":[\"b\"],\"kind\":1}", NULL,
+            "{\"tags\":[\"a\"]}", "{\"name\":\"toolong\",\"tags\":[\"a\"]}",
+            "{\"name\":\"x\",\"tags\":[]}", "{\"name\":\"x\",\"tags\":[\"a\",\"a\",\"a\"]}",
+            "{\"tags\":[\"a\"],\"name\":\"x\"}", "{\"name\":\"x\",\"tags\":[\"a\"],\"zz\":1}",
+            "{\"name\":\"x\",\"tags\":[\"a\"],\"when\":\"2024-02-30\"}", NULL);
+    MATCHES(GRM_JSON_SCHEMA, "{\"type\":\"string\",\"pattern\":\"^[A-Z]{2}-[0-9]+$\"}", v,
+            "\"AB-12\"", NULL, "\"A-1\"", "AB-12", NULL);
+
+    BAD(GRM_EBNF, "root ::= x\n", v, "'x' is used but not defined", NULL);
+    BAD(GRM_EBNF, "start ::= \"a\"", v, "no 'root' rule", NULL);
+    BAD(GRM_EBNF, "root ::= root \"a\" | \"b\"", v, "left-recursive", NULL);
+    BAD(GRM_EBNF, "root ::= x* \"a\"\nx ::= \"b\"?", v, "left-recursive", NULL);
+    BAD(GRM_EBNF, "root ::= \"a\" | \"b\nroot2 ::= x", v, "unterminated", NULL);
+    BAD(GRM_EBNF, "root ::= [z-a]", v, "backwards", NULL);
+    BAD(GRM_EBNF, "root ::= \"a\"{5,2}", v, "repetition", NULL);
+    BAD(GRM_EBNF, "root ::= \"a\"\nroot ::= \"b\"", v, "defined twice", NULL);
+    BAD(GRM_REGEX, "a(?=b)", v, "lookaround", NULL);
+    BAD(GRM_REGEX, "(a", v, "unbalanced", NULL);
+    BAD(GRM_REGEX, "a\\1", v, "not supported", NULL);
+    BAD(GRM_CHOICE, "[]", v, "non-empty", NULL);
+    BAD(GRM_JSON_SCHEMA, "{\"type\":\"integer\",\"minimum\":3}", v, "'minimum'", "minimum");
+    BAD(GRM_JSON_SCHEMA, "{\"oneOf\":[{\"type\":\"string\"}]}", v, "'oneOf'", "oneOf");
+    BAD(GRM_JSON_SCHEMA, "{\"type\":\"object\",\"properties\":{\"a\":{\"not\":{}}}}", v, "'not'",
+        "not");
+    BAD(GRM_JSON_SCHEMA, "{\"type\":\"string\",\"format\":\"email\"}", v, "email", "format");
+    BAD(GRM_JSON_SCHEMA, "{\"$ref\":\"#/$defs/missing\"}", v, "cannot resolve", "$ref");
+    BAD(GRM_JSON_SCHEMA, "{\"type\":\"string\",\"pattern\":\"^[^a]$\"}", v, "negated", "pattern");
+    BAD(GRM_JSON_SCHEMA, "{\"type\":\"bogus\"}", v, "unknown type", "type");
+    BAD(GRM_JSON_SCHEMA, "[1", v, "invalid JSON", NULL);
+}
+
+/* Mask of the matcher after `prefix` versus trying each token on another matcher. */
+static void check_mask(const struct grm_grammar *g, const struct grm_vocab *v, int vocab,
+                       const char *prefix, int stride, const char *what)
+{
+    struct grm_matcher *m = grm_matcher_create(g);
+    float *row = malloc(sizeof *row * (size_t)vocab);
+    if (!m || !row || grm_accept_bytes(m, prefix, strlen(prefix)) != 0) {
+        CHECKF(0, "%s: prefix '%s' refused", what, prefix);
+        grm_matcher_free(m);
+        free(row);
+        return;
+    }
+    for (int i = 0; i < vocab; i++) row[i] = 0.0f;
+    int n = grm_mask(m, row);
+    int allowed = 0, wrong = 0;
+    /* brute force on a second matcher, whose tables fill independently of the walk's */
+    struct grm_matcher *b = grm_matcher_create(g);
+    CHECK(b && grm_accept_bytes(b, prefix, strlen(prefix)) == 0);
+    for (int id = 0; id < vocab && b; id++) {
+        if (id % stride != 0 && row[id] != 0.0f) continue; /* every allowed one, a sample of the rest */
+        bool ok = grm_allows(b, id);
+        bool masked_ok = row[id] == 0.0f;
+        allowed += ok;
+        if (ok != masked_ok && wrong++ < 3)
+            fprintf(stderr, "%s after '%s': token %d mask %d, brute force %d\n", what, prefix,
+                    id, masked_ok, ok);
+    }
+    grm_matcher_free(b);
+    CHECKF(wrong == 0, "%s: %d tokens disagree", what, wrong);
+    if (stride == 1) CHECKF(n == allowed, "%s: mask count %d, brute force %d", what, n, allowed);
+    CHECK(allowed > 0);
+    grm_matcher_free(m);
+    free(row);
+}
+
+static void test_mask(const char *tok_path, const char *cfg, int stride, const char *what)
+{
+    char err[MS_ERR_LEN], kw[64];
+    struct tokenizer *tok = NULL;
+    if (tok_load(tok_path, cfg, &tok, err, sizeof err) != 0) {
+        CHECKF(0, "%s", err);
+        return;
+    }
+    int vocab = tok_vocab_size(tok);
+    int32_t eos = tok_eos_id(tok);
+    struct grm_vocab *v = grm_vocab_build(tok, vocab, &eos, eos >= 0 ? 1 : 0);
+    CHECK(v != NULL);
+    const char *schema = "{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\"},"
+                         "\"n\":{\"type\":\"integer\"},\"ok\":{\"type\":\"boolean\"}},"
+                         "\"required\":[\"city\",\"n\"]}";
+    struct grm_grammar *g = v ? compile(GRM_JSON_SCHEMA, schema, v, err, kw) : NULL;
+    CHECKF(g != NULL, "%s", err);
+    if (g) {
+        const char *prefixes[] = {"", "{", "{\"ci", "{\"city\": \"Par", "{\"city\": \"Paris\", ",
+                                  "{\"city\": \"Paris\", \"n\": 12", "{\"city\":\"P\",\"n\":1}"};
+        for (size_t i = 0; i < sizeof prefixes / sizeof *prefixes; i++)
+            check_mask(g, v, vocab, prefixes[i], stride, what);
+        /* EOS only once the object is closed */
+        struct grm_matcher *m = grm_matcher_create(g);
+        float *row = calloc((size_t)vocab, sizeof *row);
+        if (m && row && eos >= 0) {
+            grm_mask(m, row);
+            CHECK(row[eos] == -INFINITY);
+            CHECK(grm_accept(m, eos) == -1);
+            CHECK(grm_accept_bytes(m, "{\"city\":\"P\",\"n\":1}", 18) == 0);
+            CHECK(grm_can_end(m) && grm_must_end(m));
+            memset(row, 0, sizeof *row * (size_t)vocab);
+            CHECK(grm_mask(m, row) == 1 && row[eos] == 0.0f);
+            CHECK(grm_accept(m, eos) == 0);
+        }
+        free(row);
+        grm_matcher_free(m);
+        if (stride == 1) test_compile(v);
+    }
+    grm_release(g);
+    grm_vocab_free(v);
+    tok_free(tok);
+}
+
+int main(int argc, char **argv)
+{
+    const char *tests = argc > 1 ? argv[1] : "tests";
+    const char *built = argc > 2 ? argv[2] : "build/fixtures";
+    char path[4096], cfg[4096];
+    snprintf(path, sizeof path, "%s/../models/mohge-small/tokenizer.json", tests);
+    snprintf(cfg, sizeof cfg, "%s/../models/mohge-small/tokenizer_config.json", tests);
+    test_mask(path, cfg, 1, "mohge-small");
+    snprintf(path, sizeof path, "%s/tokenizers/qwen3/tokenizer.json", built);
+    snprintf(cfg, sizeof cfg, "%s/fixtures/tokenizers/qwen3/tokenizer_config.json", tests);
+    test_mask(path, cfg, 97, "qwen3");
+    return test_done("test_grammar");
+}

@@ -1,0 +1,110 @@
+/* Tests of proto/toolcall: parsing tool calls out of model output in the Hermes/Qwen3 and
+ * DeepSeek-V3 syntaxes (whole and streamed in every split), malformed blocks left as content,
+ * and the grammar that forces a call compiling and accepting exactly well-formed calls. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "grammar.h"
+#include "proto/toolcall.h"
+#include "test.h"
+
+#define DS_BEGIN "<\xef\xbd\x9ctool\xe2\x96\x81" "calls\xe2\x96\x81" "begin\xef\xbd\x9c>"
+#define DS_END "<\xef\xbd\x9ctool\xe2\x96\x81" "calls\xe2\x96\x81" "end\xef\xbd\x9c>"
+#define DS_CB "<\xef\xbd\x9ctool\xe2\x96\x81" "call\xe2\x96\x81" "begin\xef\xbd\x9c>"
+#define DS_CE "<\xef\xbd\x9ctool\xe2\x96\x81" "call\xe2\x96\x81" "end\xef\xbd\x9c>"
+#define DS_SEP "<\xef\xbd\x9ctool\xe2\x96\x81sep\xef\xbd\x9c>"
+
+/* Parses text whole, then streamed with every prefix length as a step; both must agree. */
+static void check(enum tc_syntax syn, const char *text, const char *want_content,
+                  const char *const *want, int n_want)
+{
+    char *content = NULL;
+    struct tc_call *calls = NULL;
+    int n = 0;
+    CHECK(tc_parse(syn, text, strlen(text), &content, &calls, &n) == 0);
+    CHECKF(content && strcmp(content, want_content) == 0, "content '%s', want '%s'", content,
+           want_content);
+    CHECKF(n == n_want, "%d calls, want %d", n, n_want);
+    for (int i = 0; i < n && i < n_want; i++) {
+        CHECKF(strcmp(calls[i].name, want[2 * i]) == 0, "name %s", calls[i].name);
+        CHECKF(strcmp(calls[i].arguments, want[2 * i + 1]) == 0, "args %s", calls[i].arguments);
+    }
+    tc_calls_free(calls, n);
+    free(content);
+    size_t len = strlen(text);
+    for (size_t cut = 1; cut <= len; cut++) {
+        struct tc_stream st;
+        tc_stream_init(&st, syn);
+        char *streamed = calloc(len + 1, 1);
+        size_t w = 0;
+        calls = NULL;
+        n = 0;
+        for (size_t upto = cut;; upto = upto + cut < len ? upto + cut : len) {
+            bool final = upto == len;
+            size_t from, to;
+            int rc;
+            do {
+                rc = tc_stream_step(&st, text, upto, final, &from, &to, &calls, &n);
+                memcpy(streamed + w, text + from, to - from);
+                w += to - from;
+            } while (rc > 0);
+            if (final) break;
+        }
+        w = tc_strip_markers(syn, streamed, w);
+        streamed[w] = '\0';
+        /* whole-parse content is trimmed; compare trimmed */
+        char *a = streamed;
+        while (*a == ' ' || *a == '\n') a++;
+        size_t al = strlen(a);
+        while (al && (a[al - 1] == ' ' || a[al - 1] == '\n')) a[--al] = '\0';
+        CHECKF(strcmp(a, want_content) == 0 && n == n_want, "step %zu: '%s', %d calls", cut, a, n);
+        tc_calls_free(calls, n);
+        free(streamed);
+    }
+}
+
+int main(void)
+{
+    check(TC_HERMES, "plain text", "plain text", NULL, 0);
+    check(TC_HERMES,
+          "Let me look.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+          "\"Paris\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1, "
+          "\"b\": 2}}\n</tool_call>",
+          "Let me look.", (const char *const[]){"get_weather", "{\"city\":\"Paris\"}", "add",
+                                                 "{\"a\":1,\"b\":2}"},
+          2);
+    check(TC_HERMES, "<tool_call>{\"name\": \"f\", \"arguments\": \"{\\\"x\\\": 1}\"}</tool_call>",
+          "", (const char *const[]){"f", "{\"x\": 1}"}, 1);
+    check(TC_HERMES, "a <tool_call>not json</tool_call> b", "a <tool_call>not json</tool_call> b",
+          NULL, 0);
+    check(TC_HERMES, "x <tool_call>{\"name\": \"f\"", "x <tool_call>{\"name\": \"f\"", NULL, 0);
+    check(TC_DEEPSEEK,
+          "ok" DS_BEGIN DS_CB "function" DS_SEP "get_weather\n```json\n{\"city\": \"Rome\"}\n```"
+          DS_CE DS_END,
+          "ok", (const char *const[]){"get_weather", "{\"city\":\"Rome\"}"}, 1);
+
+    /* the forcing grammar: exactly {"name": ..., "arguments": {...}} in a block */
+    const char *tools = "[{\"type\":\"function\",\"function\":{\"name\":\"add\",\"parameters\":"
+                        "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},"
+                        "\"required\":[\"a\"]}}},{\"type\":\"function\",\"function\":{\"name\":"
+                        "\"ping\"}}]";
+    char *ebnf = NULL, err[MS_ERR_LEN], kw[64] = "";
+    CHECKF(tc_grammar(TC_HERMES, tools, NULL, false, &ebnf, err, sizeof err, kw, sizeof kw) == 0,
+           "%s", err);
+    char *ds = NULL;
+    CHECK(tc_grammar(TC_DEEPSEEK, tools, NULL, false, &ds, err, sizeof err, kw, sizeof kw) == -1);
+    struct grm_grammar *g = NULL;
+    CHECKF(ebnf && grm_compile(GRM_EBNF, ebnf, NULL, &g, err, sizeof err, NULL, 0) == 0, "%s", err);
+    free(ebnf);
+    grm_release(g);
+    char *bad = NULL;
+    CHECK(tc_grammar(TC_HERMES, "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":"
+                                "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\","
+                                "\"maximum\":3}}}}}]",
+                     NULL, true, &bad, err, sizeof err, kw, sizeof kw) == -1);
+    CHECK(strcmp(kw, "maximum") == 0);
+    CHECK(tc_grammar(TC_HERMES, tools, "nope", true, &bad, err, sizeof err, kw, sizeof kw) == -1);
+    return test_done("test_toolcall");
+}

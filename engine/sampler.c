@@ -32,6 +32,7 @@ struct sampler {
     int32_t *seen;        /* (vocab) distinct ids seen in prompt or output, first n_seen valid */
     int n_seen;
     struct smp_cand *cand; /* (vocab) scratch: tokens still in the running */
+    double *block;         /* (vocab / 64 + 1) scratch: mass of each run of 64 tokens */
     struct smp_bias *bias; /* (n_bias) the finite biases to add */
     int n_bias;
     uint8_t *keep;         /* (vocab / 8 rounded up) tokens logit_bias/allowed leave possible,
@@ -131,15 +132,18 @@ struct sampler *smp_create(int vocab, const struct smp_params *p)
     struct sampler *s = calloc(1, sizeof *s);
     if (!s) return NULL;
     size_t n = (size_t)vocab;
-    /* One block: cand (8-byte items) | count | seen (4-byte items) | the prompt bitmap. */
-    unsigned char *block =
-        calloc(1, n * sizeof(struct smp_cand) + 2 * n * sizeof(int32_t) + (n + 7) / 8);
+    /* One block: block sums (doubles) | cand (8-byte items) | count | seen (4-byte items) | the
+     * prompt bitmap. */
+    size_t nb = n / 64 + 1;
+    unsigned char *block = calloc(1, nb * sizeof(double) + n * sizeof(struct smp_cand) +
+                                         2 * n * sizeof(int32_t) + (n + 7) / 8);
     if (!block) {
         free(s);
         return NULL;
     }
     s->vocab = vocab;
-    s->cand = (struct smp_cand *)block;
+    s->block = (double *)block;
+    s->cand = (struct smp_cand *)(s->block + nb);
     s->count = (int32_t *)(s->cand + n);
     s->seen = s->count + n;
     s->prompt_seen = (uint8_t *)(s->seen + n);
@@ -173,7 +177,7 @@ void smp_free(struct sampler *s)
     if (!s) return;
     free(s->bias);
     free(s->keep);
-    free(s->cand); /* the start of the one block */
+    free(s->block); /* the start of the one block */
     free(s);
 }
 
@@ -279,8 +283,10 @@ static inline smp_v4f exp4_nonpos(smp_v4f x)
 }
 
 /* Returns sum_i exp((x[i] - max) * inv_t) over x[0, n) (every x[i] <= max, none NaN), and if
- * out is non-NULL stores each term with its id in out[i]. */
-static double exp_shifted(const float *x, int n, float max, float inv_t, struct smp_cand *out)
+ * out is non-NULL stores each term with its id in out[i]; if blocks is non-NULL, the mass of
+ * each run of 64 terms in blocks[i / 64]. */
+static double exp_shifted(const float *x, int n, float max, float inv_t, struct smp_cand *out,
+                          double *blocks)
 {
     double mass = 0.0;
     smp_v4f acc = {0, 0, 0, 0};
@@ -300,12 +306,48 @@ static double exp_shifted(const float *x, int n, float max, float inv_t, struct 
             }
         }
         acc += w;
-        if ((i & 63) == 60) { /* float partial sums of 64 terms, then double */
-            mass += (double)acc[0] + (double)acc[1] + (double)acc[2] + (double)acc[3];
+        if ((i & 63) == 60 || i + 4 >= n) { /* float partial sums of 64 terms, then double */
+            double b = (double)acc[0] + (double)acc[1] + (double)acc[2] + (double)acc[3];
+            if (blocks) blocks[i / 64] = b;
+            mass += b;
             acc = (smp_v4f){0, 0, 0, 0};
         }
     }
-    return mass + (double)acc[0] + (double)acc[1] + (double)acc[2] + (double)acc[3];
+    return mass;
+}
+
+/* Plain temperature sampling (no top-k, top-p or min-p): the draw walks the 64-token block
+ * masses to the block holding it, then that block's terms, so no vocab-sized candidate list is
+ * written or scanned. */
+static int32_t draw_plain(struct sampler *s, const float *logits, float max, float inv_t,
+                          double *log_z1)
+{
+    const int vocab = s->vocab, nb = (vocab + 63) / 64;
+    double mass = exp_shifted(logits, vocab, max, inv_t, NULL, s->block);
+    *log_z1 = inv_t == 1.0f ? log(mass) : NAN;
+    double u = ms_rng_uniform(&s->rng) * mass, acc = 0.0;
+    int b = 0;
+    while (b < nb - 1 && u >= acc + s->block[b]) acc += s->block[b++];
+    /* the block's terms, as exp_shifted computed them */
+    int i0 = b * 64, i1 = i0 + 64 < vocab ? i0 + 64 : vocab;
+    int32_t last = -1;
+    for (int i = i0; i < i1; i += 4) {
+        smp_v4f v = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+        for (int j = 0; j < 4 && i + j < i1; j++) v[j] = logits[i + j];
+        smp_v4f w = exp4_nonpos((v - max) * inv_t);
+        for (int j = 0; j < 4 && i + j < i1; j++) {
+            if (w[j] <= 0.0f) continue;
+            acc += w[j];
+            last = i + j;
+            if (u < acc) return last;
+        }
+    }
+    /* rounding left u past the block's end: its last possible token (the block holds mass, so
+     * there is one; else the first possible token overall) */
+    if (last >= 0) return last;
+    for (int i = 0; i < vocab; i++)
+        if (logits[i] == max) return i;
+    return 0;
 }
 
 /* Sum of c[lo, hi).w in double, four independent chains. */
@@ -462,13 +504,13 @@ static int32_t draw(struct sampler *s, const float *logits, float max, double *l
     const float temp = s->p.temperature, top_p = s->p.top_p, min_p = s->p.min_p;
     const float inv_t = 1.0f / temp;
     struct smp_cand *c = s->cand;
-    double mass = exp_shifted(logits, vocab, max, inv_t, c);
-    *log_z1 = temp == 1.0f ? log(mass) : NAN;
-
     int k = s->p.top_k;
     if (top_p <= 0.0f) k = 1; /* "nucleus of nothing": only the top token */
     const bool top_k_on = k > 0 && k < vocab;
     const bool top_p_on = top_p > 0.0f && top_p < 1.0f;
+    if (!top_k_on && !top_p_on && !(min_p > 0.0f)) return draw_plain(s, logits, max, inv_t, log_z1);
+    double mass = exp_shifted(logits, vocab, max, inv_t, c, NULL);
+    *log_z1 = temp == 1.0f ? log(mass) : NAN;
     /* Keep w > 0 (the top token has w == 1). Without top-k two exact cuts come first, so the
      * selections below see few candidates on peaked distributions: min-p (w >= min_p, as the
      * top's w is 1), and the top-p tail: all tokens under t = (1 - top_p) * mass / vocab hold
@@ -519,6 +561,40 @@ static int32_t draw(struct sampler *s, const float *logits, float max, double *l
 
 /* ---- the step --------------------------------------------------------------------------- */
 
+/* Max of a row, four lanes at a time; NaN becomes -inf and +inf the largest float first (in
+ * the rare rows that hold any). */
+static float row_max_clean(float *x, int n)
+{
+    smp_v4f mx = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    smp_v4i bad = {0, 0, 0, 0};
+    const smp_v4f inf = {INFINITY, INFINITY, INFINITY, INFINITY};
+    int i = 0;
+    for (; i + 4 <= n; i += 4) {
+        smp_v4f v;
+        memcpy(&v, x + i, sizeof v);
+        bad |= (v != v) | (v == inf);
+        for (int j = 0; j < 4; j++) mx[j] = v[j] > mx[j] ? v[j] : mx[j];
+    }
+    float m = -INFINITY;
+    for (int j = 0; j < 4; j++) m = mx[j] > m ? mx[j] : m;
+    bool any = bad[0] | bad[1] | bad[2] | bad[3];
+    for (; i < n; i++) {
+        any |= isnan(x[i]) || x[i] == INFINITY;
+        m = x[i] > m ? x[i] : m;
+    }
+    if (!any) return m;
+    m = -INFINITY;
+    for (i = 0; i < n; i++) {
+        if (isnan(x[i]))
+            x[i] = -INFINITY;
+        else if (x[i] == INFINITY)
+            x[i] = FLT_MAX;
+        m = x[i] > m ? x[i] : m;
+    }
+    return m;
+}
+
+
 int32_t smp_sample(struct sampler *s, float *logits, struct smp_logprobs *lp)
 {
     const int vocab = s->vocab;
@@ -526,21 +602,11 @@ int32_t smp_sample(struct sampler *s, float *logits, struct smp_logprobs *lp)
     apply_penalties(s, logits);
 
     /* NaN is "impossible" (-inf), +inf "certain" (largest float), so the arithmetic below stays
-     * finite; the same pass finds the max and the greedy argmax (first, i.e. lowest id). */
-    float max = -INFINITY;
+     * finite. One vector pass finds the max and whether any NaN or +inf needs that; the greedy
+     * argmax (first, i.e. lowest id, of the max) is found after. */
+    float max = row_max_clean(logits, vocab);
     int32_t arg = 0;
-    for (int i = 0; i < vocab; i++) {
-        float x = logits[i];
-        if (isnan(x)) {
-            logits[i] = x = -INFINITY;
-        } else if (x == INFINITY) {
-            logits[i] = x = FLT_MAX;
-        }
-        if (x > max) {
-            max = x;
-            arg = i;
-        }
-    }
+    while (arg < vocab - 1 && logits[arg] != max) arg++;
 
     if (max == -INFINITY) {
         /* Nothing is possible: token 0, reported as under the uniform distribution (the limit
@@ -563,7 +629,7 @@ int32_t smp_sample(struct sampler *s, float *logits, struct smp_logprobs *lp)
     if (s->p.temperature >= 1e-5f) token = draw(s, logits, max, &log_z);
 
     if (lp) {
-        if (isnan(log_z)) log_z = log(exp_shifted(logits, vocab, max, 1.0f, NULL));
+        if (isnan(log_z)) log_z = log(exp_shifted(logits, vocab, max, 1.0f, NULL, NULL));
         lp->token = token;
         lp->logprob = (float)((double)logits[token] - (double)max - log_z);
         top_logprobs(logits, vocab, s->p.n_logprobs < vocab ? s->p.n_logprobs : vocab, log_z, max,
@@ -594,7 +660,7 @@ void smp_row_logprobs(const float *logits, int vocab, int32_t token, int n_top,
         }
         return;
     }
-    double log_z = log(exp_shifted(logits, vocab, max, 1.0f, NULL));
+    double log_z = log(exp_shifted(logits, vocab, max, 1.0f, NULL, NULL));
     float x = logits[token];
     int32_t above = 0;
     for (int i = 0; i < vocab; i++) above += logits[i] > x;

@@ -189,9 +189,12 @@ out:
 int main(int argc, char **argv)
 {
     const char *tests = argc > 1 ? argv[1] : "tests";
-    static const char *f32[] = {"mixtral", "mixtral_sharded", "qwen2_moe", "qwen3_moe", "olmoe"};
-    static const char *bf16[] = {"mixtral_bf16", "qwen2_moe_bf16", "qwen3_moe_bf16",
-                                 "olmoe_bf16"};
+    static const char *f32[] = {"mixtral",     "mixtral_sharded",   "qwen2_moe",  "qwen3_moe",
+                                "olmoe",       "deepseek_v2",       "deepseek_v2_group",
+                                "deepseek_v3"};
+    static const char *bf16[] = {"mixtral_bf16",     "qwen2_moe_bf16",         "qwen3_moe_bf16",
+                                 "olmoe_bf16",       "deepseek_v2_bf16",       "deepseek_v2_group_bf16",
+                                 "deepseek_v3_bf16"};
     for (size_t i = 0; i < sizeof f32 / sizeof f32[0]; i++)
         check_model(tests, f32[i], false, MODEL_DTYPE_AUTO);
     for (size_t i = 0; i < sizeof bf16 / sizeof bf16[0]; i++) {

@@ -49,6 +49,16 @@ ROUTE_FN int route_argmax_free(const float *v, const uint32_t *taken, int n)
     return best;
 }
 
+/* A softmax's maximum and the sum of exp(logit - maximum) over n logits. */
+ROUTE_FN void route_softmax_norm(const float *logits, int n, float *mx, float *sum)
+{
+    float m = -INFINITY, s = 0.0f;
+    for (int e = 0; e < n; e++) m = logits[e] > m ? logits[e] : m;
+    for (int e = 0; e < n; e++) s += expf(logits[e] - m);
+    *mx = m;
+    *sum = s;
+}
+
 /* Softmax over the experts, top-k by probability, optionally renormalized over the k kept. */
 ROUTE_FN void route_softmax_topk(const struct be_route *r, const float *logits, int k,
                                  int32_t *idx, float *w)
@@ -56,10 +66,8 @@ ROUTE_FN void route_softmax_topk(const struct be_route *r, const float *logits, 
     int E = r->n_expert;
     uint32_t taken[ROUTE_MASK_WORDS];
     route_mask_clear(taken);
-    float mx = -INFINITY;
-    for (int e = 0; e < E; e++) mx = logits[e] > mx ? logits[e] : mx;
-    float sum = 0.0f;
-    for (int e = 0; e < E; e++) sum += expf(logits[e] - mx);
+    float mx, sum;
+    route_softmax_norm(logits, E, &mx, &sum);
     float wsum = 0.0f;
     for (int j = 0; j < k; j++) {
         int best = route_argmax_free(logits, taken, E);
@@ -90,10 +98,8 @@ ROUTE_FN void route_softmax_group(const struct be_route *r, const float *logits,
     uint32_t kept[ROUTE_MASK_WORDS], taken[ROUTE_MASK_WORDS];
     route_mask_clear(kept);
     route_mask_clear(taken);
-    float mx = -INFINITY;
-    for (int e = 0; e < E; e++) mx = logits[e] > mx ? logits[e] : mx;
-    float sum = 0.0f;
-    for (int e = 0; e < E; e++) sum += expf(logits[e] - mx);
+    float mx, sum;
+    route_softmax_norm(logits, E, &mx, &sum);
     /* softmax is monotone: a group's best probability is that of its best logit */
     for (int g = 0; g < G; g++) {
         float b = -INFINITY;

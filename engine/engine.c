@@ -54,10 +54,13 @@ struct device {
     /* activations, (T, ...) with T = max_batch_tokens */
     float *x;          /* (T, d_model) residual stream */
     float *h;          /* (T, d_model) normed */
-    float *q;          /* (T, n_head*head_dim) */
-    float *k;          /* (T, n_kv_head*head_dim) */
-    float *v;          /* (T, n_kv_head*head_dim) */
-    float *att;        /* (T, n_head*head_dim) */
+    float *q;          /* (T, n_head*head_dim); MLA: also the heads' values (T, n_head*v_head_dim) */
+    float *k;          /* (T, n_kv_head*head_dim); MLA: the q_lora rows, then the latent rows
+                          (T, kv_lora_rank + qk_rope_dim) */
+    float *v;          /* (T, n_kv_head*head_dim); MLA: unused */
+    float *att;        /* (T, n_head*head_dim); MLA: attention over the latent
+                          (T, n_head, kv_lora_rank) */
+    float *qlat;       /* MLA: absorbed queries (T, n_head, kv_lora_rank + qk_rope_dim) */
     float *tmp;        /* (T, d_model) */
     float *scores;     /* (max_model_len) attention scratch */
     int32_t *in;       /* (4T) this step's ids, positions, expert budgets, sequences: */
@@ -96,7 +99,7 @@ struct engine {
     struct kv_cache kv;
     int blocks_per_seq;   /* KV blocks of a max_model_len sequence */
     int *owner;           /* (n_expert) */
-    float *cos_sin;       /* (max_model_len, head_dim/2, 2) */
+    float *cos_sin;       /* (max_model_len, rope_dim/2, 2) */
     float attn_scale;
     int max_ff;
 
@@ -196,6 +199,62 @@ static void attention_layer(struct device *dv, int l)
                        md->n_head, md->n_kv_head, hd, md->sliding_window, e->attn_scale,
                        dv->scores);
     be->ops->matmul(be, dv->tmp, dv->att, lw->wo, NULL, n, qdim, d);
+    be->ops->add(be, dv->x, dv->tmp, n, d);
+}
+
+/* Multi-head latent attention (DeepSeek), absorbed: per token the cache holds the RMS-normed
+ * latent c (kvr) and the rotated rope key (dr). Head h's score against position t is
+ * q_nope . (W_UK_h c_t) + q_rope . k_rope_t = (W_UK_h^T q_nope) . c_t + q_rope . k_rope_t, so the
+ * query is carried into latent space once (qlat = [W_UK_h^T q_nope, rope(q_rope)], kvr + dr
+ * wide) and attention runs over the cached rows themselves as one KV head shared by all heads,
+ * with the latent as value; each head's output latent then goes through its value
+ * up-projection W_UV_h and o_proj. Keys and values of past positions are never expanded. */
+static void mla_attention_layer(struct device *dv, int l)
+{
+    struct engine *e = dv->e;
+    const struct model_desc *md = &e->m->desc;
+    const struct layer_w *lw = &dv->w.layers[l];
+    struct backend *be = dv->be;
+    int n = dv->n_tok, d = md->d_model, H = md->n_head, qk = md->head_dim;
+    int dn = md->qk_nope_dim, dr = md->qk_rope_dim, dvh = md->v_head_dim;
+    int kvr = md->kv_lora_rank, lat = kvr + dr, qr = md->q_lora_rank;
+    float *ckv = dv->k, *vout = dv->q;
+
+    be->ops->rmsnorm(be, dv->h, dv->x, lw->attn_norm, n, d, md->rms_eps);
+    if (lw->wq_a) {
+        be->ops->matmul(be, dv->k, dv->h, lw->wq_a, NULL, n, d, qr);
+        be->ops->rmsnorm(be, dv->k, dv->k, lw->q_a_norm, n, qr, md->rms_eps);
+        be->ops->matmul(be, dv->q, dv->k, lw->wq_b, NULL, n, qr, H * qk);
+    } else {
+        be->ops->matmul(be, dv->q, dv->h, lw->wq, NULL, n, d, H * qk);
+    }
+    /* The cache row: normed latent, then the rope key rotated in place. */
+    be->ops->matmul(be, ckv, dv->h, lw->wkv_a, NULL, n, d, lat);
+    be->ops->rmsnorm_ld(be, ckv, ckv, lw->kv_a_norm, n, kvr, lat, md->rms_eps);
+    be->ops->rope_ex(be, ckv + kvr, lat, ckv + kvr, lat, dv->pos, n, 1, dr, md->rope_interleave,
+                     dv->cos_sin);
+    struct be_tokens tk = {.tables = dv->blocks, .table_stride = e->blocks_per_seq,
+                           .seq = dv->tok_seq, .pos = dv->pos};
+    be->ops->kv_write(be, dv->kv_k[l], NULL, ckv, NULL, &tk, e->kv.block_size, n, lat);
+
+    /* Absorbed queries. */
+    be->ops->rope_ex(be, dv->qlat + kvr, lat, dv->q + dn, qk, dv->pos, n, H, dr,
+                     md->rope_interleave, dv->cos_sin);
+    for (int h = 0; h < H; h++) {
+        struct wmat uk = wmat_rows(lw->w_uk_t, h * kvr, kvr); /* (kvr, dn) */
+        be->ops->matmul_ld(be, dv->qlat + (size_t)h * lat, H * lat, dv->q + (size_t)h * qk, H * qk,
+                           &uk, n, dn, kvr);
+    }
+    struct be_attn a = {.n_head = H, .n_kv_head = 1, .k_dim = lat, .v_dim = kvr, .k_row = lat,
+                        .v_row = lat, .window = md->sliding_window, .scale = e->attn_scale};
+    be->ops->attention_ex(be, dv->att, dv->qlat, dv->kv_k[l], dv->kv_k[l], &tk, e->kv.block_size,
+                          n, &a, dv->scores);
+    for (int h = 0; h < H; h++) {
+        struct wmat uv = wmat_rows(lw->wkv_b, h * (dn + dvh) + dn, dvh); /* (dvh, kvr) */
+        be->ops->matmul_ld(be, vout + (size_t)h * dvh, H * dvh, dv->att + (size_t)h * kvr, H * kvr,
+                           &uv, n, kvr, dvh);
+    }
+    be->ops->matmul(be, dv->tmp, vout, lw->wo, NULL, n, H * dvh, d);
     be->ops->add(be, dv->x, dv->tmp, n, d);
 }
 
@@ -318,7 +377,10 @@ static void device_forward(struct device *dv)
                     sizeof(int32_t) * (size_t)(dv->item1 - dv->item0) * e->blocks_per_seq);
     be->ops->embed(be, dv->x, dv->w.embed, dv->ids, n, md->d_model);
     for (int l = 0; l < md->n_layer; l++) {
-        attention_layer(dv, l);
+        if (md->attn == ATTN_KIND_MLA)
+            mla_attention_layer(dv, l);
+        else
+            attention_layer(dv, l);
         ffn_layer(dv, l);
     }
     logits_out(dv);
@@ -456,11 +518,19 @@ static int device_weights(struct engine *e, struct device *dv)
         lw->bv = dev_vec(dv, src->bv, kvdim, &ok);
         lw->q_norm = dev_vec(dv, src->q_norm, qn, &ok);
         lw->k_norm = dev_vec(dv, src->k_norm, kn, &ok);
+        lw->wq_a = dev_weight(dv, src->wq_a, &ok);
+        lw->q_a_norm = dev_vec(dv, src->q_a_norm, (size_t)md->q_lora_rank, &ok);
+        lw->wq_b = dev_weight(dv, src->wq_b, &ok);
+        lw->wkv_a = dev_weight(dv, src->wkv_a, &ok);
+        lw->kv_a_norm = dev_vec(dv, src->kv_a_norm, (size_t)md->kv_lora_rank, &ok);
+        lw->wkv_b = dev_weight(dv, src->wkv_b, &ok);
+        lw->w_uk_t = dev_weight(dv, src->w_uk_t, &ok);
         if (!md->layer_is_moe[l]) {
             dev_ffn(dv, &lw->dense, &src->dense, &ok);
             continue;
         }
         lw->router = dev_weight(dv, src->router, &ok);
+        lw->router_bias = dev_vec(dv, src->router_bias, (size_t)md->n_expert, &ok);
         lw->group_router = dev_weight(dv, src->group_router, &ok);
         lw->shared_gate = dev_weight(dv, src->shared_gate, &ok);
         lw->experts = ffn;
@@ -473,7 +543,7 @@ static int device_weights(struct engine *e, struct device *dv)
             dev_ffn(dv, ffn, &src->shared[i], &ok);
     }
     dv->cos_sin = (float *)dev_vec(dv, e->cos_sin,
-                                   (size_t)e->p.max_model_len * (size_t)md->head_dim, &ok);
+                                   (size_t)e->p.max_model_len * (size_t)md->rope_dim, &ok);
     return ok ? 0 : -1;
 }
 
@@ -528,6 +598,19 @@ static int device_init(struct engine *e, struct device *dv, int rank, int thread
     size_t T = (size_t)e->p.max_batch_tokens;
     size_t d = (size_t)md->d_model;
     size_t qdim = (size_t)md->n_head * md->head_dim, kvdim = (size_t)md->n_kv_head * md->head_dim;
+    size_t attdim = qdim, qlat = 0, widest_in = qdim;
+    if (md->attn == ATTN_KIND_MLA) {
+        size_t H = (size_t)md->n_head, kvr = (size_t)md->kv_lora_rank;
+        size_t lat = kvr + (size_t)md->qk_rope_dim, vd = H * (size_t)md->v_head_dim;
+        qdim = qdim > vd ? qdim : vd;
+        kvdim = lat > (size_t)md->q_lora_rank ? lat : (size_t)md->q_lora_rank;
+        attdim = H * kvr;
+        qlat = H * lat;
+        /* GEMM inputs: q_lora rows, latents per head (strided rows count whole), values */
+        widest_in = attdim > vd ? attdim : vd;
+        if ((size_t)md->q_lora_rank > widest_in) widest_in = (size_t)md->q_lora_rank;
+        if (H * (size_t)md->head_dim > widest_in) widest_in = H * (size_t)md->head_dim;
+    }
     bool ok = true;
 
     dv->rank = rank;
@@ -538,9 +621,10 @@ static int device_init(struct engine *e, struct device *dv, int rank, int thread
     dv->h = dev_alloc(dv, T * d * sizeof(float), &ok);
     dv->tmp = dev_alloc(dv, T * d * sizeof(float), &ok);
     dv->q = dev_alloc(dv, T * qdim * sizeof(float), &ok);
-    dv->att = dev_alloc(dv, T * qdim * sizeof(float), &ok);
+    dv->att = dev_alloc(dv, T * attdim * sizeof(float), &ok);
     dv->k = dev_alloc(dv, T * kvdim * sizeof(float), &ok);
-    dv->v = dev_alloc(dv, T * kvdim * sizeof(float), &ok);
+    dv->v = dev_alloc(dv, T * (md->attn == ATTN_KIND_MLA ? 1 : kvdim) * sizeof(float), &ok);
+    dv->qlat = qlat ? dev_alloc(dv, T * qlat * sizeof(float), &ok) : NULL;
     dv->scores = dev_alloc(dv, (size_t)e->p.max_model_len * sizeof(float), &ok);
     dv->in = dev_alloc(dv, 4 * T * sizeof(int32_t), &ok);
     size_t bt = (size_t)e->p.max_seqs * (size_t)e->blocks_per_seq;
@@ -569,7 +653,7 @@ static int device_init(struct engine *e, struct device *dv, int rank, int thread
         return ms_errf(err, errlen, "out of memory for device %d MoE buffers", rank);
     /* Largest GEMM input: a token batch (T rows of up to max(d, qdim, ffn widths)) or the
      * routed rows (T * top_k rows of up to max(d, widest expert)). */
-    int widest = max_int(max_int((int)d, (int)qdim), max_int(dense_ff, md->shared_d_ff));
+    int widest = max_int(max_int((int)d, (int)widest_in), max_int(dense_ff, md->shared_d_ff));
     int widest_expert = (int)d;
     for (int x = 0; x < md->n_expert; x++) widest_expert = max_int(widest_expert, md->expert_d_ff[x]);
     size_t elems = T * (size_t)widest;
@@ -578,7 +662,9 @@ static int device_init(struct engine *e, struct device *dv, int rank, int thread
     struct be_reserve rs = {.max_elems = elems > routed ? elems : routed,
                             .max_rows = max_int(dv->moe.max_rows, max_int((int)T, dv->logit_rows)),
                             .max_experts = max_int(md->n_expert, 1),
-                            .max_ctx = e->p.max_model_len};
+                            .max_ctx = e->p.max_model_len,
+                            .max_heads = md->attn == ATTN_KIND_MLA ? md->n_head
+                                                                  : md->n_head / md->n_kv_head};
     if (logit_in > rs.max_elems) rs.max_elems = logit_in;
     if (be->ops->reserve(be, &rs) != 0)
         return ms_errf(err, errlen, "out of memory for device %d GEMM workspace", rank);
@@ -596,7 +682,7 @@ static void device_release(struct device *dv)
     struct backend *be = dv->be;
     void *bufs[] = {dv->x,  dv->h,      dv->tmp, dv->q,     dv->att,
                     dv->k,  dv->v,      dv->scores, dv->in, dv->blocks, dv->logits,
-                    dv->lrows};
+                    dv->lrows, dv->qlat};
     if (be->ops->host_memory) dv->h_lrows = NULL; /* the same buffer as lrows */
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->ops->free(be, bufs[i]);
@@ -633,8 +719,10 @@ static void device_release(struct device *dv)
 static int device_kv(struct engine *e, char *err, size_t errlen)
 {
     const struct model_desc *md = &e->m->desc;
-    size_t per_layer = (size_t)e->kv.n_blocks * (size_t)e->kv.block_size *
-                       (size_t)md->n_kv_head * (size_t)md->head_dim * sizeof(float);
+    size_t k_layer = (size_t)e->kv.n_blocks * (size_t)e->kv.block_size * (size_t)e->kv.k_row *
+                     sizeof(float);
+    size_t v_layer = (size_t)e->kv.n_blocks * (size_t)e->kv.block_size * (size_t)e->kv.v_row *
+                     sizeof(float);
     if (e->sticky) {
         e->block_dev = malloc(sizeof(int32_t) * (size_t)e->kv.n_blocks);
         e->dev_seqs = calloc((size_t)e->n_dev, sizeof(int));
@@ -657,12 +745,12 @@ static int device_kv(struct engine *e, char *err, size_t errlen)
         if (!dv->kv_k || !dv->kv_v)
             return ms_errf(err, errlen, "out of memory for device %d's KV tables", r);
         for (int l = 0; l < md->n_layer; l++) {
-            dv->kv_k[l] = dv->be->ops->alloc(dv->be, per_layer);
-            dv->kv_v[l] = dv->be->ops->alloc(dv->be, per_layer);
-            if (!dv->kv_k[l] || !dv->kv_v[l])
+            dv->kv_k[l] = dv->be->ops->alloc(dv->be, k_layer);
+            dv->kv_v[l] = v_layer ? dv->be->ops->alloc(dv->be, v_layer) : NULL;
+            if (!dv->kv_k[l] || (v_layer && !dv->kv_v[l]))
                 return ms_errf(err, errlen, "out of memory for device %d's KV cache (%zu bytes "
                                             "a layer)",
-                               r, 2 * per_layer);
+                               r, k_layer + v_layer);
         }
     }
     return 0;
@@ -740,19 +828,51 @@ static int bind_comm_streams(struct engine *e, char *err, size_t errlen)
     return 0;
 }
 
+/* The frequency of pair j of `dim` rotated dims: theta^(-2j/dim), or YaRN's blend (transformers'
+ * _compute_yarn_parameters, in the same float32 arithmetic): extrapolated frequencies for the
+ * fast-turning pairs, interpolated ones (divided by the factor) for the slow ones, linearly
+ * ramped between the correction range [low, high] given by beta_fast / beta_slow rotations. */
+static float rope_inv_freq(const struct model_desc *md, int j)
+{
+    int dim = md->rope_dim;
+    float pos_freq = powf(md->rope_theta, (float)(2 * j) / (float)dim);
+    if (!md->rope_yarn) return 1.0f / pos_freq;
+    double base = md->rope_theta, orig = md->yarn_orig_max_pos;
+    double low = (dim * log(orig / (md->yarn_beta_fast * 2 * M_PI))) / (2 * log(base));
+    double high = (dim * log(orig / (md->yarn_beta_slow * 2 * M_PI))) / (2 * log(base));
+    if (md->yarn_truncate) {
+        low = floor(low);
+        high = ceil(high);
+    }
+    low = low > 0 ? low : 0;
+    high = high < dim - 1 ? high : dim - 1;
+    if (low == high) high += 0.001;
+    float ramp = ((float)j - (float)low) / (float)(high - low);
+    ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
+    float extra_factor = 1.0f - ramp;
+    float extra = 1.0f / pos_freq, inter = 1.0f / (md->yarn_factor * pos_freq);
+    return inter * (1.0f - extra_factor) + extra * extra_factor;
+}
+
 static int build_rope_table(struct engine *e)
 {
     const struct model_desc *md = &e->m->desc;
-    int half = md->head_dim / 2;
-    e->cos_sin = malloc(sizeof(float) * 2 * (size_t)half * e->p.max_model_len);
+    int half = md->rope_dim / 2;
+    e->cos_sin = malloc(sizeof(float) * 2 * (size_t)(half > 0 ? half : 1) * e->p.max_model_len);
     if (!e->cos_sin) return -1;
     for (int j = 0; j < half; j++) {
-        /* Same float32 arithmetic as the reference: inv_freq = 1 / theta^(2j/hd). */
-        float inv_freq = 1.0f / powf(md->rope_theta, (float)(2 * j) / (float)md->head_dim);
+        /* Same float32 arithmetic as the reference: angle = position * inv_freq, then cos and
+         * sin times the attention factor (1 but for YaRN). */
+        float inv_freq = rope_inv_freq(md, j);
         for (int p = 0; p < e->p.max_model_len; p++) {
             float f = (float)p * inv_freq;
-            e->cos_sin[((size_t)p * half + j) * 2] = cosf(f);
-            e->cos_sin[((size_t)p * half + j) * 2 + 1] = sinf(f);
+            float c = cosf(f), s = sinf(f);
+            if (md->rope_attn_factor != 1.0f) {
+                c *= md->rope_attn_factor;
+                s *= md->rope_attn_factor;
+            }
+            e->cos_sin[((size_t)p * half + j) * 2] = c;
+            e->cos_sin[((size_t)p * half + j) * 2 + 1] = s;
         }
     }
     return 0;
@@ -763,13 +883,7 @@ int engine_create(const struct model *m, const struct engine_params *p, struct e
 {
     const struct model_desc *md = &m->desc;
     *out = NULL;
-    if (md->attn != ATTN_KIND_GQA)
-        return ms_errf(err, errlen, "%s: attention kind not supported by the engine yet",
-                       md->model_type);
-    if (md->router != ROUTER_KIND_SOFTMAX_TOPK && md->router != ROUTER_KIND_MOHGE &&
-        md->n_expert > 0)
-        return ms_errf(err, errlen, "%s: router kind not supported by the engine yet",
-                       md->model_type);
+
     if (p->n_devices < 1 || p->n_devices > 64)
         return ms_errf(err, errlen, "devices must be between 1 and 64, got %d", p->n_devices);
     if (p->backend != ENGINE_BACKEND_CPU && p->backend != ENGINE_BACKEND_CUDA &&
@@ -777,8 +891,8 @@ int engine_create(const struct model *m, const struct engine_params *p, struct e
         return ms_errf(err, errlen, "unknown backend %d", (int)p->backend);
     if (p->max_batch_tokens < 1 || p->max_seqs < 1 || p->kv_block_size < 1)
         return ms_errf(err, errlen, "max_batch_tokens, max_seqs and kv_block_size must be >= 1");
-    if (md->head_dim % 2 != 0)
-        return ms_errf(err, errlen, "head_dim %d must be even for RoPE", md->head_dim);
+    if (md->rope_dim % 2 != 0 || md->rope_dim <= 0)
+        return ms_errf(err, errlen, "rotary width %d must be even for RoPE", md->rope_dim);
 
     struct engine *e = calloc(1, sizeof *e);
     if (!e) return ms_errf(err, errlen, "out of memory");
@@ -792,7 +906,7 @@ int engine_create(const struct model *m, const struct engine_params *p, struct e
                        p->max_model_len, md->max_pos);
     }
     e->n_dev = p->n_devices;
-    e->attn_scale = 1.0f / sqrtf((float)md->head_dim);
+    e->attn_scale = md->attn_scale;
 
     e->owner = malloc(sizeof(int) * (size_t)(md->n_expert > 0 ? md->n_expert : 1));
     e->item_tok0 = malloc(sizeof(int32_t) * (size_t)p->max_seqs);
@@ -841,8 +955,9 @@ int engine_create(const struct model *m, const struct engine_params *p, struct e
         goto fail;
     }
 
-    size_t block_bytes =
-        kv_block_bytes(md->n_layer, md->n_kv_head, md->head_dim, e->p.kv_block_size);
+    int k_row, v_row;
+    model_kv_rows(md, &k_row, &v_row);
+    size_t block_bytes = kv_block_bytes_rows(md->n_layer, k_row, v_row, e->p.kv_block_size);
     size_t blocks_per_seq = (size_t)(e->p.max_model_len + e->p.kv_block_size - 1) /
                             (size_t)e->p.kv_block_size;
     e->blocks_per_seq = (int)blocks_per_seq;
@@ -857,8 +972,8 @@ int engine_create(const struct model *m, const struct engine_params *p, struct e
                 e->p.kv_cache_bytes, n_blocks, block_bytes);
         goto fail;
     }
-    if (kv_create(&e->kv, e->dev[0].be, md->n_layer, md->n_kv_head, md->head_dim,
-                  e->p.kv_block_size, (int)n_blocks, err, errlen) != 0)
+    if (kv_create_rows(&e->kv, e->dev[0].be, md->n_layer, k_row, v_row, e->p.kv_block_size,
+                       (int)n_blocks, err, errlen) != 0)
         goto fail;
     if (device_kv(e, err, errlen) != 0) goto fail;
 

@@ -10,19 +10,35 @@
 
 size_t kv_block_bytes(int n_layer, int n_kv_head, int head_dim, int block_size)
 {
-    return 2 * (size_t)n_layer * block_size * n_kv_head * head_dim * sizeof(float);
+    return kv_block_bytes_rows(n_layer, n_kv_head * head_dim, n_kv_head * head_dim, block_size);
+}
+
+size_t kv_block_bytes_rows(int n_layer, int k_row, int v_row, int block_size)
+{
+    return (size_t)n_layer * block_size * ((size_t)k_row + (size_t)v_row) * sizeof(float);
 }
 
 int kv_create(struct kv_cache *kv, struct backend *be, int n_layer, int n_kv_head, int head_dim,
               int block_size, int n_blocks, char *err, size_t errlen)
+{
+    if (kv_create_rows(kv, be, n_layer, n_kv_head * head_dim, n_kv_head * head_dim, block_size,
+                       n_blocks, err, errlen) != 0)
+        return -1;
+    kv->n_kv_head = n_kv_head;
+    kv->head_dim = head_dim;
+    return 0;
+}
+
+int kv_create_rows(struct kv_cache *kv, struct backend *be, int n_layer, int k_row, int v_row,
+                   int block_size, int n_blocks, char *err, size_t errlen)
 {
     memset(kv, 0, sizeof *kv);
     if (n_blocks < 1 || block_size < 1 || n_blocks > (1 << 30))
         return ms_errf(err, errlen, "KV cache: bad geometry (%d blocks of %d tokens)", n_blocks,
                        block_size);
     kv->n_layer = n_layer;
-    kv->n_kv_head = n_kv_head;
-    kv->head_dim = head_dim;
+    kv->k_row = k_row;
+    kv->v_row = v_row;
     kv->block_size = block_size;
     kv->n_blocks = n_blocks;
     kv->be = be;
@@ -31,7 +47,8 @@ int kv_create(struct kv_cache *kv, struct backend *be, int n_layer, int n_kv_hea
     while (n_buckets < (uint32_t)n_blocks) n_buckets <<= 1;
     kv->bucket_mask = n_buckets - 1;
     size_t nb = (size_t)n_blocks;
-    size_t per_layer = nb * block_size * n_kv_head * head_dim * sizeof(float);
+    size_t k_layer = nb * block_size * (size_t)k_row * sizeof(float);
+    size_t v_layer = nb * block_size * (size_t)v_row * sizeof(float);
     kv->k = calloc((size_t)n_layer, sizeof *kv->k);
     kv->v = calloc((size_t)n_layer, sizeof *kv->v);
     kv->free_list = malloc(sizeof(int32_t) * nb);
@@ -52,9 +69,9 @@ int kv_create(struct kv_cache *kv, struct backend *be, int n_layer, int n_kv_hea
         !kv->buckets || !kv->hnext || !kv->lru_prev || !kv->lru_next)
         goto oom;
     for (int l = 0; l < n_layer; l++) {
-        kv->k[l] = be->ops->alloc(be, per_layer);
-        kv->v[l] = be->ops->alloc(be, per_layer);
-        if (!kv->k[l] || !kv->v[l]) goto oom;
+        kv->k[l] = be->ops->alloc(be, k_layer);
+        kv->v[l] = v_row > 0 ? be->ops->alloc(be, v_layer) : NULL;
+        if (!kv->k[l] || (v_row > 0 && !kv->v[l])) goto oom;
     }
     for (uint32_t i = 0; i < n_buckets; i++) kv->buckets[i] = -1;
     for (int i = 0; i < n_blocks; i++) {
@@ -69,7 +86,7 @@ oom:
     kv_destroy(kv);
     return ms_errf(err, errlen, "KV cache: cannot allocate %d blocks of %d tokens (%.1f MiB)",
                    n_blocks, block_size,
-                   (double)kv_block_bytes(n_layer, n_kv_head, head_dim, block_size) * n_blocks /
+                   (double)kv_block_bytes_rows(n_layer, k_row, v_row, block_size) * n_blocks /
                        (1 << 20));
 }
 

@@ -29,12 +29,14 @@
 
 struct kv_cache {
     int n_layer;
-    int n_kv_head;
+    int n_kv_head;     /* kv_create only (0 after kv_create_rows) */
     int head_dim;
+    int k_row, v_row;  /* floats per token and layer in k and v (MLA: the latent row, v_row 0) */
     int block_size;
     int n_blocks;
     float **k;         /* (n_layer) -> (n_blocks, block_size, n_kv_head, head_dim) */
-    float **v;         /* (n_layer) -> same */
+    float **v;         /* (n_layer) -> (n_blocks, block_size, v_row); NULL entries when
+                          v_row is 0 */
     int32_t *free_list;/* (n_blocks) stack of free (unregistered, unreferenced) block ids */
     int n_free;
     int32_t *refcount; /* (n_blocks) */
@@ -74,8 +76,14 @@ int kv_create(struct kv_cache *kv, struct backend *be, int n_layer, int n_kv_hea
               int block_size, int n_blocks, char *err, size_t errlen);
 void kv_destroy(struct kv_cache *kv);
 
+/* A cache whose tokens hold k_row floats of keys and v_row of values per layer (v_row may be 0:
+ * MLA caches one latent row per token and no values). */
+int kv_create_rows(struct kv_cache *kv, struct backend *be, int n_layer, int k_row, int v_row,
+                   int block_size, int n_blocks, char *err, size_t errlen);
+
 /* Bytes of one block across all layers (K and V). */
 size_t kv_block_bytes(int n_layer, int n_kv_head, int head_dim, int block_size);
+size_t kv_block_bytes_rows(int n_layer, int k_row, int v_row, int block_size);
 
 int kv_seq_init(struct kv_seq *s, int max_tokens, int block_size);
 void kv_seq_free(struct kv_cache *kv, struct kv_seq *s); /* releases blocks and the table */

@@ -25,7 +25,7 @@
 
 enum attn_kind {
     ATTN_KIND_GQA, /* multi/grouped-query attention with RoPE (MHA when n_kv_head == n_head) */
-    ATTN_KIND_MLA, /* DeepSeek multi-head latent attention (not implemented yet) */
+    ATTN_KIND_MLA, /* DeepSeek multi-head latent attention: a compressed KV latent per token */
 };
 
 enum qk_norm_kind {
@@ -36,7 +36,8 @@ enum qk_norm_kind {
 
 enum router_kind {
     ROUTER_KIND_SOFTMAX_TOPK,  /* softmax over experts, top-k; renormalize if norm_topk_prob */
-    ROUTER_KIND_SIGMOID_GROUP, /* DeepSeek-V3: sigmoid + bias, group-limited (not implemented yet) */
+    ROUTER_KIND_SIGMOID_GROUP, /* DeepSeek-V3 noaux_tc: sigmoid + correction bias, group-limited */
+    ROUTER_KIND_SOFTMAX_GROUP, /* DeepSeek-V2 group_limited_greedy: softmax, groups by their best */
     ROUTER_KIND_MOHGE,         /* two-level: sigmoid group router, softmax inside groups */
 };
 
@@ -60,12 +61,36 @@ struct model_desc {
     int max_pos;          /* max_position_embeddings */
     float rms_eps;
     float rope_theta;
+    /* RoPE: the first rope_dim dims of each rotated part turn in pairs (j, j + rope_dim/2), or
+     * (2j, 2j + 1) when rope_interleave (DeepSeek). Frequencies are theta^(-2j/rope_dim), or
+     * YaRN's blend of those and of their 1/yarn_factor interpolation when rope_yarn; cos and
+     * sin are multiplied by rope_attn_factor (YaRN's attention factor, else 1). */
+    int rope_dim;
+    bool rope_interleave;
+    bool rope_yarn;
+    float yarn_factor;
+    float yarn_beta_fast, yarn_beta_slow;
+    int yarn_orig_max_pos;
+    bool yarn_truncate;
+    float yarn_mscale_all_dim;
+    float rope_attn_factor;
+    float attn_scale;     /* softmax scale: 1/sqrt(q.k width), times YaRN's mscale^2 (MLA) */
     int sliding_window;   /* 0 = full attention */
     enum attn_kind attn;
     enum qk_norm_kind qk_norm;
     bool qkv_bias;
     float clip_qkv;       /* olmoe: clamp q/k/v projections to [-clip, clip]; 0 = off */
     bool tie_embeddings;
+
+    /* Multi-head latent attention (ATTN_KIND_MLA, DeepSeek-V2/V3). Per token a latent of
+     * kv_lora_rank values (RMS-normed) and one rope key of qk_rope_dim values shared by all
+     * heads are cached; head_dim is the query/key width qk_nope_dim + qk_rope_dim and
+     * n_kv_head = n_head. */
+    int q_lora_rank;      /* 0: q_proj straight from the hidden state */
+    int kv_lora_rank;
+    int qk_nope_dim;
+    int qk_rope_dim;
+    int v_head_dim;
 
     /* MoE. Layer l is an MoE layer when layer_is_moe[l]; otherwise it has a dense SwiGLU FFN
      * of width dense_d_ff. */
@@ -79,6 +104,8 @@ struct model_desc {
     int n_group;          /* MoHGE / DeepSeek groups (0 = none) */
     int topk_group;       /* groups kept per token */
     int *expert_group;    /* (n_expert) group of each expert, or NULL */
+    float routed_scale;   /* routed_scaling_factor: routed expert weights times this (1) */
+    bool router_bias;     /* DeepSeek-V3: per-expert e_score_correction_bias */
     int n_shared;         /* always-on shared experts */
     int shared_d_ff;      /* width of each shared expert */
     enum shared_gate_kind shared_gate;
@@ -109,7 +136,19 @@ struct layer_w {
     const float *k_norm;    /* (head_dim) or (n_kv_head*head_dim), per qk_norm; or NULL */
     const float *ffn_norm;  /* (d_model) */
 
+    /* MLA (the GQA fields above unused but wo, which is (d_model, n_head*v_head_dim)): */
+    const struct wmat *wq_a;    /* (q_lora_rank, d_model), or NULL (wq is then the q_proj) */
+    const float *q_a_norm;      /* (q_lora_rank) */
+    const struct wmat *wq_b;    /* (n_head*head_dim, q_lora_rank) */
+    const struct wmat *wkv_a;   /* (kv_lora_rank + qk_rope_dim, d_model) latent and rope key */
+    const float *kv_a_norm;     /* (kv_lora_rank) */
+    const struct wmat *wkv_b;   /* (n_head*(qk_nope_dim + v_head_dim), kv_lora_rank): head h's
+                                   key up-projection, then its value up-projection */
+    const struct wmat *w_uk_t;  /* (n_head*kv_lora_rank, qk_nope_dim): each head's key
+                                   up-projection transposed, to absorb it into the query */
+
     const struct wmat *router;       /* (n_expert, d_model) */
+    const float *router_bias;        /* (n_expert) DeepSeek-V3 correction bias, or NULL */
     const struct wmat *group_router; /* (n_group, d_model), MoHGE only */
     struct ffn_w *experts;           /* (n_expert) */
     struct ffn_w *shared;            /* (n_shared) */
@@ -214,6 +253,13 @@ size_t model_active_params(const struct model *m, int k);
 /* Whether the model computes in bf16 (see enum model_dtype): --dtype bfloat16, or auto with
  * bf16 matrices. */
 bool model_computes_bf16(const struct model *m);
+
+/* Floats one token stores per layer in the KV cache: keys k_row and values v_row
+ * (n_kv_head * head_dim each; MLA: the latent and rope key, kv_lora_rank + qk_rope_dim, and no
+ * values). */
+void model_kv_rows(const struct model_desc *md, int *k_row, int *v_row);
+/* KV cache bytes per token over all layers (f32 cache). */
+size_t model_kv_bytes_per_token(const struct model_desc *md);
 
 /* Bytes of weights one decode token reads at top-k `k`, as the model holds them in memory
  * (its dtype or quantization): what model_active_params counts, one embedding row included. */

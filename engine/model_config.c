@@ -1,9 +1,9 @@
 /* config.json -> struct model_desc. Each supported Hugging Face architecture (mixtral,
- * qwen2_moe, qwen3_moe, olmoe, and moeserve's own mohge) is translated into the one
+ * qwen2_moe, qwen3_moe, olmoe, deepseek_v2/v3, and moeserve's own mohge) is translated into the one
  * architecture-neutral description the forward pass reads: attention kind and q/k norm, biases,
  * which layers are MoE, expert widths and groups, shared experts and their gate. Fields are
- * type-checked; anything the engine cannot run exactly (rope scaling, sliding-window layer
- * mixes, activations other than SiLU, MLA) is refused with a message naming the field rather
+ * type-checked; anything the engine cannot run exactly (rope scaling other than YaRN,
+ * sliding-window layer mixes, activations other than SiLU, unknown routing methods) is refused with a message naming the field rather
  * than run approximately. generation_config.json may override the BOS/EOS ids
  * (model_desc_apply_generation_config). */
 #include "model.h"
@@ -11,6 +11,7 @@
 #include "common.h"
 
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -105,31 +106,100 @@ static int cfg_special_ids(json_t *root, struct model_desc *d, const char *path,
     return 0;
 }
 
-/* Checks that the rope is plain RoPE and reads its theta. */
-static int cfg_rope(json_t *root, struct model_desc *d, const char *path, char *err, size_t errlen)
+/* A number field of a rope-scaling object that must be positive when present. */
+static int cfg_pos_num(json_t *obj, const char *key, double def, double *out, const char *path,
+                       char *err, size_t errlen)
+{
+    if (cfg_num(obj, key, def, out, path, err, errlen) != 0) return -1;
+    if (!(*out > 0))
+        return ms_errf(err, errlen, "%s: rope scaling '%s' = %g must be positive", path, key, *out);
+    return 0;
+}
+
+/* YaRN's parameters from a rope_parameters / rope_scaling object (transformers'
+ * _compute_yarn_parameters): factor, original_max_position_embeddings, beta_fast/slow, and the
+ * attention factor (given, or from factor with mscale / mscale_all_dim). *mscale_all_dim is
+ * returned for MLA's softmax scale. */
+static int cfg_yarn(json_t *rs, struct model_desc *d, double *mscale_all_dim, const char *path,
+                    char *err, size_t errlen)
+{
+    double factor = 0, beta_fast = 0, beta_slow = 0, mscale = 0, attn = 0, prf = 1.0;
+    int orig = 0;
+    if (cfg_int(rs, "original_max_position_embeddings", true, 0, &orig, path, err, errlen) ||
+        cfg_positive(orig, "original_max_position_embeddings", path, err, errlen) ||
+        cfg_num(rs, "factor", 0, &factor, path, err, errlen) ||
+        cfg_num(rs, "beta_fast", 0, &beta_fast, path, err, errlen) ||
+        cfg_num(rs, "beta_slow", 0, &beta_slow, path, err, errlen) ||
+        cfg_num(rs, "mscale", 0, &mscale, path, err, errlen) ||
+        cfg_num(rs, "mscale_all_dim", 0, mscale_all_dim, path, err, errlen) ||
+        cfg_num(rs, "attention_factor", 0, &attn, path, err, errlen) ||
+        cfg_num(rs, "partial_rotary_factor", 1.0, &prf, path, err, errlen) ||
+        cfg_bool(rs, "truncate", true, &d->yarn_truncate, path, err, errlen))
+        return -1;
+    if (prf != 1.0)
+        return ms_errf(err, errlen, "%s: rope scaling 'partial_rotary_factor' = %g is not supported",
+                       path, prf);
+    if (factor == 0) factor = (double)d->max_pos / orig; /* as transformers when it is null */
+    if (!(factor > 0))
+        return ms_errf(err, errlen, "%s: rope scaling 'factor' = %g must be positive", path, factor);
+    /* transformers reads `beta_fast or 32`: 0 and absent both mean the default */
+    if (beta_fast == 0) beta_fast = 32;
+    if (beta_slow == 0) beta_slow = 1;
+    if (!(beta_fast > 0) || !(beta_slow > 0))
+        return ms_errf(err, errlen, "%s: rope scaling beta_fast / beta_slow must be positive", path);
+    if (attn == 0) {
+        /* get_mscale(s, m) = 1 for s <= 1, else 0.1 m ln(s) + 1 */
+        double g1 = factor <= 1 ? 1.0 : 0.1 * log(factor) + 1.0;
+        if (mscale != 0 && *mscale_all_dim != 0) {
+            double a = factor <= 1 ? 1.0 : 0.1 * mscale * log(factor) + 1.0;
+            double b = factor <= 1 ? 1.0 : 0.1 * *mscale_all_dim * log(factor) + 1.0;
+            attn = a / b;
+        } else {
+            attn = g1;
+        }
+    } else if (cfg_pos_num(rs, "attention_factor", 1, &attn, path, err, errlen) != 0) {
+        return -1;
+    }
+    d->rope_yarn = true;
+    d->yarn_mscale_all_dim = (float)*mscale_all_dim;
+    d->yarn_factor = (float)factor;
+    d->yarn_beta_fast = (float)beta_fast;
+    d->yarn_beta_slow = (float)beta_slow;
+    d->yarn_orig_max_pos = orig;
+    d->rope_attn_factor = (float)attn;
+    return 0;
+}
+
+/* The rope: plain RoPE, or YaRN (rope_parameters / legacy rope_scaling of type 'yarn'); reads
+ * theta. Other scaling types are refused by name. */
+static int cfg_rope(json_t *root, struct model_desc *d, double *mscale_all_dim, const char *path,
+                    char *err, size_t errlen)
 {
     double theta = 10000.0;
+    *mscale_all_dim = 0;
+    d->rope_attn_factor = 1.0f;
     if (cfg_num(root, "rope_theta", theta, &theta, path, err, errlen) != 0) return -1;
-    json_t *rp = json_object_get(root, "rope_parameters");
-    if (rp && !json_is_null(rp)) {
+    const char *keys[2] = {"rope_parameters", "rope_scaling"};
+    for (int i = 0; i < 2; i++) {
+        json_t *rp = json_object_get(root, keys[i]);
+        if (!rp || json_is_null(rp)) continue;
         if (!json_is_object(rp))
-            return ms_errf(err, errlen, "%s: 'rope_parameters' must be an object", path);
+            return ms_errf(err, errlen, "%s: '%s' must be an object", path, keys[i]);
         json_t *ty = json_object_get(rp, "rope_type");
-        if (ty && !json_is_null(ty) &&
-            (!json_is_string(ty) || strcmp(json_string_value(ty), "default") != 0))
+        if (!ty) ty = json_object_get(rp, "type");
+        const char *tn = json_is_string(ty) ? json_string_value(ty) : NULL;
+        if (ty && !json_is_null(ty) && !tn)
+            return ms_errf(err, errlen, "%s: %s.rope_type must be a string", path, keys[i]);
+        if (tn && strcmp(tn, "yarn") == 0) {
+            if (cfg_yarn(rp, d, mscale_all_dim, path, err, errlen) != 0) return -1;
+        } else if (tn && strcmp(tn, "default") != 0) {
             return ms_errf(err, errlen,
-                           "%s: rope_parameters.rope_type '%s' is not supported (only 'default')",
-                           path, json_is_string(ty) ? json_string_value(ty) : "?");
+                           "%s: %s.rope_type '%.32s' is not supported (only 'default' or 'yarn')",
+                           path, keys[i], tn);
+        } else if (!tn && i == 1) {
+            return ms_errf(err, errlen, "%s: rope_scaling without a type is not supported", path);
+        }
         if (cfg_num(rp, "rope_theta", theta, &theta, path, err, errlen) != 0) return -1;
-    }
-    json_t *rs = json_object_get(root, "rope_scaling");
-    if (rs && !json_is_null(rs)) {
-        json_t *ty = json_is_object(rs) ? json_object_get(rs, "rope_type") : NULL;
-        if (!ty && json_is_object(rs)) ty = json_object_get(rs, "type");
-        if (!json_is_string(ty) || strcmp(json_string_value(ty), "default") != 0)
-            return ms_errf(err, errlen,
-                           "%s: rope_scaling type '%s' is not supported (only null or 'default')",
-                           path, json_is_string(ty) ? json_string_value(ty) : "?");
     }
     if (!(theta > 0))
         return ms_errf(err, errlen, "%s: rope theta %g must be positive", path, theta);
@@ -173,7 +243,11 @@ static int cfg_common(json_t *root, struct model_desc *d, const char *path, char
     if (cfg_num(root, "rms_norm_eps", 1e-6, &eps, path, err, errlen) != 0) return -1;
     if (!(eps > 0)) return ms_errf(err, errlen, "%s: rms_norm_eps must be positive", path);
     d->rms_eps = (float)eps;
-    if (cfg_rope(root, d, path, err, errlen) != 0) return -1;
+    double mscale_all_dim;
+    if (cfg_rope(root, d, &mscale_all_dim, path, err, errlen) != 0) return -1;
+    d->rope_dim = d->head_dim;
+    d->attn_scale = 1.0f / sqrtf((float)d->head_dim);
+    d->routed_scale = 1.0f;
     json_t *act = json_object_get(root, "hidden_act");
     if (act && !json_is_null(act) &&
         (!json_is_string(act) || strcmp(json_string_value(act), "silu") != 0))
@@ -401,6 +475,155 @@ static int cfg_mohge(json_t *root, struct model_desc *d, const char *path, char 
     return cfg_moe_layers(root, d, false, path, err, errlen);
 }
 
+/* A string field that must be one of `allowed` (NULL-terminated); *out = its index, or `def`
+ * when absent or null. */
+static int cfg_choice(json_t *root, const char *key, const char *const *allowed, int def, int *out,
+                      const char *path, char *err, size_t errlen)
+{
+    json_t *v = json_object_get(root, key);
+    *out = def;
+    if (!v || json_is_null(v)) return 0;
+    const char *s = json_string_value(v);
+    if (!s) return ms_errf(err, errlen, "%s: '%s' must be a string", path, key);
+    for (int i = 0; allowed[i]; i++)
+        if (strcmp(s, allowed[i]) == 0) {
+            *out = i;
+            return 0;
+        }
+    char list[160] = "";
+    for (int i = 0; allowed[i]; i++)
+        snprintf(list + strlen(list), sizeof list - strlen(list), "%s'%s'", i ? ", " : "",
+                 allowed[i]);
+    return ms_errf(err, errlen, "%s: %s '%.64s' is not supported (supported: %s)", path, key, s,
+                   list);
+}
+
+/* DeepSeek-V2 / V2-Lite / V3 / R1 (transformers' DeepseekV2/V3 classes): multi-head latent
+ * attention with interleaved rope on the qk_rope_head_dim part, YaRN with mscale in the softmax
+ * scale; the first first_k_dense_replace layers dense (then every moe_layer_freq-th MoE), one
+ * always-on shared FFN of n_shared_experts x moe_intermediate_size under "shared_experts.";
+ * routing: V2 softmax greedy or group_limited_greedy, V3 noaux_tc (sigmoid + correction bias,
+ * groups ranked by their two best), weights times routed_scaling_factor. */
+static int cfg_deepseek(json_t *root, struct model_desc *d, const char *path, char *err,
+                        size_t errlen)
+{
+    bool v3 = strcmp(d->model_type, "deepseek_v3") == 0;
+    bool bias = false;
+    int ff = 0, n_shared = 0, dense_k = 0, freq = 1;
+    double rsf = 1.0;
+    if (cfg_int(root, "q_lora_rank", false, 0, &d->q_lora_rank, path, err, errlen) ||
+        cfg_int(root, "kv_lora_rank", true, 0, &d->kv_lora_rank, path, err, errlen) ||
+        cfg_positive(d->kv_lora_rank, "kv_lora_rank", path, err, errlen) ||
+        cfg_int(root, "qk_nope_head_dim", true, 0, &d->qk_nope_dim, path, err, errlen) ||
+        cfg_int(root, "qk_rope_head_dim", true, 0, &d->qk_rope_dim, path, err, errlen) ||
+        cfg_positive(d->qk_rope_dim, "qk_rope_head_dim", path, err, errlen) ||
+        cfg_int(root, "v_head_dim", true, 0, &d->v_head_dim, path, err, errlen) ||
+        cfg_positive(d->v_head_dim, "v_head_dim", path, err, errlen) ||
+        cfg_bool(root, "attention_bias", false, &bias, path, err, errlen) ||
+        cfg_int(root, "n_routed_experts", true, 0, &d->n_expert, path, err, errlen) ||
+        cfg_int(root, "num_experts_per_tok", true, 0, &d->top_k, path, err, errlen) ||
+        cfg_int(root, "moe_intermediate_size", true, 0, &ff, path, err, errlen) ||
+        cfg_positive(ff, "moe_intermediate_size", path, err, errlen) ||
+        cfg_int(root, "n_shared_experts", false, v3 ? 1 : 2, &n_shared, path, err, errlen) ||
+        cfg_int(root, "first_k_dense_replace", false, v3 ? 3 : 0, &dense_k, path, err, errlen) ||
+        cfg_int(root, "moe_layer_freq", false, 1, &freq, path, err, errlen) ||
+        cfg_positive(freq, "moe_layer_freq", path, err, errlen) ||
+        cfg_num(root, "routed_scaling_factor", v3 ? 2.5 : 1.0, &rsf, path, err, errlen) ||
+        cfg_bool(root, "norm_topk_prob", v3, &d->norm_topk_prob, path, err, errlen) ||
+        cfg_int(root, "n_group", false, 0, &d->n_group, path, err, errlen) ||
+        cfg_int(root, "topk_group", false, 0, &d->topk_group, path, err, errlen))
+        return -1;
+    if (d->q_lora_rank < 0 || d->qk_nope_dim < 0 || n_shared < 0 || dense_k < 0)
+        return ms_errf(err, errlen, "%s: q_lora_rank, qk_nope_head_dim, n_shared_experts and "
+                                    "first_k_dense_replace must not be negative",
+                       path);
+    if (bias) return ms_errf(err, errlen, "%s: attention_bias true is not supported", path);
+    if (d->qk_rope_dim % 2 != 0)
+        return ms_errf(err, errlen, "%s: qk_rope_head_dim %d must be even", path, d->qk_rope_dim);
+    if (d->n_expert <= 0 || d->n_expert > MODEL_MAX_EXPERTS)
+        return ms_errf(err, errlen, "%s: 'n_routed_experts' = %d is out of range (1..%d)", path,
+                       d->n_expert, MODEL_MAX_EXPERTS);
+    if (d->top_k <= 0 || d->top_k > d->n_expert)
+        return ms_errf(err, errlen, "%s: num_experts_per_tok %d must be in 1..n_routed_experts (%d)",
+                       path, d->top_k, d->n_expert);
+    if (!(rsf > 0))
+        return ms_errf(err, errlen, "%s: routed_scaling_factor %g must be positive", path, rsf);
+
+    /* Routing. transformers' V3 router is always sigmoid + noaux_tc and its V2 router always
+     * softmax: any other spelling would run something else than the reference, so it is
+     * refused rather than ignored. */
+    static const char *const v2_methods[] = {"greedy", "group_limited_greedy", NULL};
+    static const char *const v3_methods[] = {"noaux_tc", NULL};
+    static const char *const v2_scoring[] = {"softmax", NULL};
+    static const char *const v3_scoring[] = {"sigmoid", NULL};
+    int method, scoring;
+    if (cfg_choice(root, "topk_method", v3 ? v3_methods : v2_methods, 0, &method, path, err,
+                   errlen) ||
+        cfg_choice(root, "scoring_func", v3 ? v3_scoring : v2_scoring, 0, &scoring, path, err,
+                   errlen))
+        return -1;
+    bool grouped = v3 || method == 1;
+    if (grouped) {
+        if (d->n_group <= 0 || d->n_group > MODEL_MAX_GROUPS || d->n_expert % d->n_group != 0)
+            return ms_errf(err, errlen,
+                           "%s: n_group %d must divide n_routed_experts (%d) and be in 1..%d",
+                           path, d->n_group, d->n_expert, MODEL_MAX_GROUPS);
+        if (d->topk_group <= 0 || d->topk_group > d->n_group ||
+            d->topk_group * (d->n_expert / d->n_group) < d->top_k)
+            return ms_errf(err, errlen,
+                           "%s: topk_group %d must be in 1..n_group (%d) and keep at least "
+                           "num_experts_per_tok experts",
+                           path, d->topk_group, d->n_group);
+    } else {
+        d->n_group = d->topk_group = 0;
+    }
+    if (!v3 && d->norm_topk_prob)
+        /* transformers' DeepseekV2 ignores it while DeepSeek's own code renormalizes (and then
+         * skips routed_scaling_factor): two references disagree, so neither is guessed. */
+        return ms_errf(err, errlen, "%s: norm_topk_prob true is not supported for deepseek_v2",
+                       path);
+    d->router = v3 ? ROUTER_KIND_SIGMOID_GROUP
+                   : method == 1 ? ROUTER_KIND_SOFTMAX_GROUP : ROUTER_KIND_SOFTMAX_TOPK;
+    d->router_bias = v3;
+    d->routed_scale = (float)rsf;
+
+    /* Attention geometry: the query/key width per head, one latent "KV head". */
+    d->attn = ATTN_KIND_MLA;
+    d->head_dim = d->qk_nope_dim + d->qk_rope_dim;
+    d->n_kv_head = d->n_head;
+    d->rope_dim = d->qk_rope_dim;
+    d->rope_interleave = true; /* V2 rotates complex pairs; V3 unless rope_interleave false */
+    if (v3 && cfg_bool(root, "rope_interleave", true, &d->rope_interleave, path, err, errlen) != 0)
+        return -1;
+    double scale = pow((double)d->head_dim, -0.5);
+    if (d->rope_yarn && d->yarn_mscale_all_dim != 0 && d->yarn_factor > 1) {
+        double m = 0.1 * d->yarn_mscale_all_dim * log((double)d->yarn_factor) + 1.0;
+        scale *= m * m;
+    }
+    d->attn_scale = (float)scale;
+
+    /* Layers and experts. */
+    d->expert_d_ff = malloc((size_t)d->n_expert * sizeof *d->expert_d_ff);
+    d->layer_is_moe = calloc((size_t)d->n_layer, sizeof *d->layer_is_moe);
+    if (!d->expert_d_ff || !d->layer_is_moe) return ms_errf(err, errlen, "%s: out of memory", path);
+    for (int e = 0; e < d->n_expert; e++) d->expert_d_ff[e] = ff;
+    bool any_dense = false;
+    for (int l = 0; l < d->n_layer; l++) {
+        d->layer_is_moe[l] = l >= dense_k && l % freq == 0;
+        any_dense |= !d->layer_is_moe[l];
+    }
+    if (any_dense && (cfg_int(root, "intermediate_size", true, 0, &d->dense_d_ff, path, err,
+                              errlen) ||
+                      cfg_positive(d->dense_d_ff, "intermediate_size", path, err, errlen)))
+        return -1;
+    if (n_shared > 0) {
+        d->n_shared = 1;
+        d->shared_d_ff = ff * n_shared;
+    }
+    d->shared_gate = SHARED_GATE_NONE;
+    return 0;
+}
+
 void model_desc_free(struct model_desc *desc)
 {
     if (!desc) return;
@@ -432,11 +655,6 @@ int model_desc_parse(const char *json_text, size_t len, const char *path, struct
         goto out;
     }
     const char *type = json_string_value(mt);
-    if (strcmp(type, "deepseek_v2") == 0 || strcmp(type, "deepseek_v3") == 0) {
-        ms_errf(err, errlen, "%s: model_type '%s' is not supported yet (MLA attention)", path,
-                type);
-        goto out;
-    }
     int (*arch)(json_t *, struct model_desc *, const char *, char *, size_t) = NULL;
     if (strcmp(type, "mixtral") == 0)
         arch = cfg_mixtral;
@@ -448,16 +666,29 @@ int model_desc_parse(const char *json_text, size_t len, const char *path, struct
         arch = cfg_olmoe;
     else if (strcmp(type, "mohge") == 0)
         arch = cfg_mohge;
+    else if (strcmp(type, "deepseek_v2") == 0 || strcmp(type, "deepseek_v3") == 0)
+        arch = cfg_deepseek;
     if (!arch) {
         ms_errf(err, errlen,
                 "%s: unknown model_type '%.64s' (supported: mixtral, qwen2_moe, qwen3_moe, olmoe, "
-                "mohge)",
+                "deepseek_v2, deepseek_v3, mohge)",
                 path, type);
         goto out;
     }
     snprintf(desc->model_type, sizeof desc->model_type, "%s", type);
     if (cfg_common(root, desc, path, err, errlen) != 0 || arch(root, desc, path, err, errlen) != 0)
         goto out;
+    /* Pre-quantized checkpoints: none of their formats is read (FP8 DeepSeek-V3, GPTQ, AWQ...);
+     * refused by name rather than loaded as if the packed tensors were weights. */
+    json_t *qc = json_object_get(root, "quantization_config");
+    if (qc && !json_is_null(qc)) {
+        const char *qm = json_string_value(json_object_get(qc, "quant_method"));
+        ms_errf(err, errlen, "%s: quantization_config.quant_method '%.32s' is not supported for "
+                             "%s (load an unquantized checkpoint; --quantization int8|int4 "
+                             "quantizes at load)",
+                path, qm ? qm : "?", type);
+        goto out;
+    }
     rc = 0;
 out:
     json_decref(root);

@@ -30,6 +30,8 @@ enum bind_kind {
     BIND_MAT_Q,         /* a matrix --quantization applies to */
     BIND_FUSED_GATE_UP, /* (E, 2*ff, d): expert e's gate = rows [0, ff), up = rows [ff, 2ff) */
     BIND_FUSED_DOWN,    /* (E, d, ff) */
+    BIND_MLA_UK_T,      /* MLA kv_b_proj (H*(dn+dv), kvr) -> (H*kvr, dn): each head's key
+                           up-projection transposed (converted, never borrowed) */
 };
 
 struct bind {
@@ -42,13 +44,17 @@ struct bind {
     struct ffn_w *experts;     /* fused kinds: (n_expert) */
     const struct st_tensor *t; /* found in pass 1 */
     int mat0;                  /* matrices: first index into model->mats */
+    bool mla_tiles;            /* BIND_MLA_UK_T: may be quantized */
     size_t vec_off;            /* BIND_VEC converted: offset in model->vectors, or SIZE_MAX */
 };
 
-/* One matrix made from a slice of a tensor. */
+/* One matrix made from a slice of a tensor: nh blocks of hr rows; row r of block h, column c is
+ * element elem0 + h * hstride + r * rs + c * cs of the tensor (plain: nh 1, rs cols, cs 1). */
 struct mat_src {
     const struct st_tensor *t;
     size_t elem0;    /* first element of the slice */
+    int nh, hr;
+    size_t hstride, rs, cs;
     enum wtype to;
     bool borrowed;
     size_t off;      /* converted: byte offset in model->converted */
@@ -90,7 +96,7 @@ static struct bind *plan_add(struct plan *p, enum bind_kind kind, int ndim, int6
     b->shape[1] = s1;
     b->shape[2] = s2;
     b->mat0 = p->n_mats;
-    p->n_mats += kind == BIND_MAT || kind == BIND_MAT_Q ? 1
+    p->n_mats += kind == BIND_MAT || kind == BIND_MAT_Q || kind == BIND_MLA_UK_T ? 1
                  : kind == BIND_FUSED_GATE_UP          ? 2 * (int)s0
                  : kind == BIND_FUSED_DOWN             ? (int)s0
                                                        : 0;
@@ -157,6 +163,35 @@ static int plan_experts(struct plan *p, const struct st_archive *st, struct laye
     return 0;
 }
 
+/* MLA projections of one layer. The absorbed key up-projection is a converted copy of part of
+ * kv_b_proj; quantized only when its per-head blocks fall on whole tiles. */
+static void plan_mla(struct plan *p, struct layer_w *lw, const struct model_desc *d,
+                     const char *pre)
+{
+    const int64_t D = d->d_model, H = d->n_head, qk = d->head_dim, kvr = d->kv_lora_rank;
+    const int64_t dn = d->qk_nope_dim, dv = d->v_head_dim;
+    if (d->q_lora_rank > 0) {
+        plan_mat(p, &lw->wq_a, true, d->q_lora_rank, D, "%sself_attn.q_a_proj.weight", pre);
+        plan_vec(p, &lw->q_a_norm, d->q_lora_rank, "%sself_attn.q_a_layernorm.weight", pre);
+        plan_mat(p, &lw->wq_b, true, H * qk, d->q_lora_rank, "%sself_attn.q_b_proj.weight", pre);
+    } else {
+        plan_mat(p, &lw->wq, true, H * qk, D, "%sself_attn.q_proj.weight", pre);
+    }
+    plan_mat(p, &lw->wkv_a, true, kvr + d->qk_rope_dim, D, "%sself_attn.kv_a_proj_with_mqa.weight",
+             pre);
+    plan_vec(p, &lw->kv_a_norm, kvr, "%sself_attn.kv_a_layernorm.weight", pre);
+    /* The value up-projection is read per head as row slices of kv_b_proj (wmat_rows). */
+    bool tiles = (dn + dv) % WQ_TILE == 0 && dn % WQ_TILE == 0 && kvr % WQ_TILE == 0;
+    plan_mat(p, &lw->wkv_b, tiles, H * (dn + dv), kvr, "%sself_attn.kv_b_proj.weight", pre);
+    struct bind *b = plan_add(p, BIND_MLA_UK_T, 2, H * (dn + dv), kvr, 0,
+                              "%sself_attn.kv_b_proj.weight", pre);
+    if (b) {
+        b->mat = &lw->w_uk_t;
+        b->mla_tiles = tiles;
+    }
+    plan_mat(p, &lw->wo, true, D, H * dv, "%sself_attn.o_proj.weight", pre);
+}
+
 /* Every tensor the description needs, with the pointer it binds. */
 static int plan_model(struct plan *p, struct model *m, const char *wname, bool quant, char *err,
                       size_t errlen)
@@ -177,6 +212,9 @@ static int plan_model(struct plan *p, struct model *m, const char *wname, bool q
         snprintf(pre, sizeof pre, "model.layers.%d.", l);
         plan_vec(p, &lw->attn_norm, D, "%sinput_layernorm.weight", pre);
         plan_vec(p, &lw->ffn_norm, D, "%spost_attention_layernorm.weight", pre);
+        if (d->attn == ATTN_KIND_MLA) {
+            plan_mla(p, lw, d, pre);
+        } else {
         plan_mat(p, &lw->wq, true, q_dim, D, "%sself_attn.q_proj.weight", pre);
         plan_mat(p, &lw->wk, true, kv_dim, D, "%sself_attn.k_proj.weight", pre);
         plan_mat(p, &lw->wv, true, kv_dim, D, "%sself_attn.v_proj.weight", pre);
@@ -191,6 +229,7 @@ static int plan_model(struct plan *p, struct model *m, const char *wname, bool q
             plan_vec(p, &lw->q_norm, full ? q_dim : d->head_dim, "%sself_attn.q_norm.weight", pre);
             plan_vec(p, &lw->k_norm, full ? kv_dim : d->head_dim, "%sself_attn.k_norm.weight", pre);
         }
+        }
         if (!d->layer_is_moe[l]) {
             snprintf(moe, sizeof moe, "%smlp.", pre);
             plan_ffn(p, &lw->dense, d->dense_d_ff, d->d_model, moe, "gate_proj", "up_proj",
@@ -202,6 +241,8 @@ static int plan_model(struct plan *p, struct model *m, const char *wname, bool q
         bool legacy = mixtral && !st_find(m->st, moe);
         snprintf(moe, sizeof moe, "%s%s", pre, legacy ? "block_sparse_moe." : "mlp.");
         plan_mat(p, &lw->router, false, d->n_expert, D, "%sgate.weight", moe);
+        if (d->router_bias)
+            plan_vec(p, &lw->router_bias, d->n_expert, "%sgate.e_score_correction_bias", moe);
         if (d->router == ROUTER_KIND_MOHGE) /* mohge: the sigmoid group router */
             plan_mat(p, &lw->group_router, false, d->n_group, D, "%sgroup_gate.weight", moe);
         if (plan_experts(p, m->st, lw, d, moe, mixtral) != 0)
@@ -211,7 +252,9 @@ static int plan_model(struct plan *p, struct model *m, const char *wname, bool q
                 l);
         for (int s = 0; s < d->n_shared; s++) {
             char sp[128];
-            if (d->n_shared == 1)
+            if (d->attn == ATTN_KIND_MLA) /* DeepSeek: one FFN of all shared experts' width */
+                snprintf(sp, sizeof sp, "%sshared_experts.", moe);
+            else if (d->n_shared == 1)
                 snprintf(sp, sizeof sp, "%sshared_expert.", moe);
             else
                 snprintf(sp, sizeof sp, "%sshared_experts.%d.", moe, s);
@@ -272,16 +315,25 @@ struct load_ctx {
     bool from_cache; /* the converted block came from a cache file: nothing to convert */
 };
 
-/* Pass 1 for one matrix: its type in memory, and whether it can be borrowed. */
-static void plan_matrix(struct load_ctx *c, int idx, const struct st_tensor *t, size_t elem0,
-                        int rows, int cols, bool quantizable)
+/* Pass 1 for one matrix: its type in memory, and whether it can be borrowed (a plain slice
+ * kept in its stored type). src->nh etc. describe the layout (see struct mat_src). */
+static void plan_matrix_ex(struct load_ctx *c, int idx, const struct st_tensor *t, size_t elem0,
+                           int rows, int cols, bool quantizable, int nh, size_t hstride, size_t rs,
+                           size_t cs)
 {
     struct mat_src *ms = &c->src[idx];
     ms->t = t;
     ms->elem0 = elem0;
+    ms->nh = nh;
+    ms->hr = rows / nh;
+    ms->hstride = hstride;
+    ms->rs = rs;
+    ms->cs = cs;
     ms->to = target_wtype(t->dtype, quantizable, c->opts);
     const unsigned char *data = (const unsigned char *)t->data + elem0 * st_dtype_size(t->dtype);
-    ms->borrowed = ms->to == stored_wtype(t->dtype) && (uintptr_t)data % wtype_align(ms->to) == 0;
+    bool plain = nh == 1 && rs == (size_t)cols && cs == 1;
+    ms->borrowed = plain && ms->to == stored_wtype(t->dtype) &&
+                   (uintptr_t)data % wtype_align(ms->to) == 0;
     if (!ms->borrowed) {
         ms->off = c->conv_bytes;
         c->conv_bytes += (wtype_bytes(ms->to, rows, cols) + 63) / 64 * 64;
@@ -291,6 +343,12 @@ static void plan_matrix(struct load_ctx *c, int idx, const struct st_tensor *t, 
     w->rows = rows;
     w->cols = cols;
     w->data = ms->borrowed ? data : NULL;
+}
+
+static void plan_matrix(struct load_ctx *c, int idx, const struct st_tensor *t, size_t elem0,
+                        int rows, int cols, bool quantizable)
+{
+    plan_matrix_ex(c, idx, t, elem0, rows, cols, quantizable, 1, 0, (size_t)cols, 1);
 }
 
 /* Pass 1: find and check every tensor, decide every matrix; sizes in c. */
@@ -320,7 +378,9 @@ static int bind_check(struct load_ctx *c, const struct st_archive *st, const cha
         }
         b->t = t;
         /* a tied head planned for quantization reads the embedding a second time */
-        if (!(b->kind == BIND_MAT_Q && b->mat == &c->m->lm_head)) c->m->n_params += bind_numel(b);
+        if (b->kind == BIND_MLA_UK_T) {
+            /* a transposed copy of part of kv_b_proj, counted there */
+        } else if (!(b->kind == BIND_MAT_Q && b->mat == &c->m->lm_head)) c->m->n_params += bind_numel(b);
         else if (!c->m->desc.tie_embeddings) c->m->n_params += bind_numel(b);
         int rows = (int)b->shape[b->ndim - 2 >= 0 ? b->ndim - 2 : 0];
         int cols = (int)b->shape[b->ndim - 1];
@@ -343,6 +403,14 @@ static int bind_check(struct load_ctx *c, const struct st_archive *st, const cha
                 plan_matrix(c, b->mat0 + 2 * e, t, base, ff, dm, true);
                 plan_matrix(c, b->mat0 + 2 * e + 1, t, base + (size_t)ff * dm, ff, dm, true);
             }
+            break;
+        }
+        case BIND_MLA_UK_T: {
+            /* head h's block: row j, column i = kv_b_proj[h*(dn+dv) + i][j] */
+            const struct model_desc *d = &c->m->desc;
+            int H = d->n_head, kvr = d->kv_lora_rank, dn = d->qk_nope_dim;
+            plan_matrix_ex(c, b->mat0, t, 0, H * kvr, dn, b->mla_tiles, H,
+                           (size_t)(dn + d->v_head_dim) * (size_t)kvr, 1, (size_t)kvr);
             break;
         }
         case BIND_FUSED_DOWN:
@@ -376,10 +444,18 @@ static void conv_run(void *ctx, int i, int thread)
     const struct conv_task *t = &j->tasks[i];
     const struct mat_src *ms = &c->src[t->mat];
     const struct wmat *w = &c->m->mats[t->mat];
-    const unsigned char *src =
-        (const unsigned char *)ms->t->data + ms->elem0 * st_dtype_size(ms->t->dtype);
-    wmat_convert(w->type, (void *)w->data, stored_wsrc(ms->t->dtype), src, w->rows, w->cols, t->r0,
-                 t->r1);
+    size_t es = st_dtype_size(ms->t->dtype);
+    const unsigned char *src = (const unsigned char *)ms->t->data + ms->elem0 * es;
+    /* Block by block (one block for plain matrices); blocks of a quantized matrix start on
+     * whole tiles (plan_mla), so each block's rows are a matrix of their own. */
+    for (int h = t->r0 / ms->hr; h < ms->nh && h * ms->hr < t->r1; h++) {
+        int b0 = h * ms->hr, r0 = t->r0 > b0 ? t->r0 - b0 : 0;
+        int r1 = t->r1 - b0 < ms->hr ? t->r1 - b0 : ms->hr;
+        struct wmat blk = wmat_rows(w, b0, ms->hr);
+        wmat_convert_strided(w->type, (void *)blk.data, stored_wsrc(ms->t->dtype),
+                             src + (size_t)h * ms->hstride * es, ms->hr, w->cols, ms->rs, ms->cs,
+                             r0, r1);
+    }
     size_t done = atomic_fetch_add(&j->done_rows, (size_t)(t->r1 - t->r0)) + (size_t)(t->r1 - t->r0);
     if (thread == 0 && c->opts->progress && j->total_rows)
         c->opts->progress(c->opts->progress_ctx, (double)done / (double)j->total_rows);
@@ -427,7 +503,7 @@ static int bind_apply(struct load_ctx *c, char *err, size_t errlen)
                 wmat_convert(WTYPE_F32, dst, stored_wsrc(b->t->dtype), b->t->data, 1, (int)n, 0, 1);
                 *b->vec = dst;
             }
-        } else if (b->kind == BIND_MAT || b->kind == BIND_MAT_Q) {
+        } else if (b->kind == BIND_MAT || b->kind == BIND_MAT_Q || b->kind == BIND_MLA_UK_T) {
             *b->mat = &m->mats[b->mat0];
         } else if (b->kind == BIND_FUSED_GATE_UP) {
             for (int64_t e = 0; e < b->shape[0]; e++) {
@@ -834,7 +910,15 @@ size_t model_active_params(const struct model *m, int k)
     /* The embedding is a row lookup: only lm_head and the final norm count outside layers. */
     size_t n = (size_t)d->vocab * D + D;
     for (int l = 0; l < d->n_layer; l++) {
-        n += 2 * D + 2 * q * D + 2 * kv * D;
+        if (d->attn == ATTN_KIND_MLA) {
+            size_t H = (size_t)d->n_head, qk = (size_t)d->head_dim, qr = (size_t)d->q_lora_rank;
+            size_t kvr = (size_t)d->kv_lora_rank, dr = (size_t)d->qk_rope_dim;
+            n += 2 * D + (qr ? qr * D + qr + H * qk * qr : H * qk * D) + (kvr + dr) * D + kvr +
+                 H * ((size_t)d->qk_nope_dim + (size_t)d->v_head_dim) * kvr +
+                 D * H * (size_t)d->v_head_dim;
+        } else {
+            n += 2 * D + 2 * q * D + 2 * kv * D;
+        }
         if (d->qkv_bias) n += q + 2 * kv;
         if (d->qk_norm == QK_NORM_HEAD) n += 2 * (size_t)d->head_dim;
         if (d->qk_norm == QK_NORM_FULL) n += q + kv;
@@ -842,11 +926,29 @@ size_t model_active_params(const struct model *m, int k)
             n += 3 * D * (size_t)d->dense_d_ff;
             continue;
         }
-        n += (size_t)d->n_expert * D + (size_t)d->n_group * D;
+        n += (size_t)d->n_expert * D + (d->router == ROUTER_KIND_MOHGE ? (size_t)d->n_group * D : 0);
+        if (d->router_bias) n += (size_t)d->n_expert;
         n += 3 * D * routed_width + 3 * D * (size_t)d->shared_d_ff * (size_t)d->n_shared;
         if (d->shared_gate == SHARED_GATE_SIGMOID) n += D;
     }
     return n;
+}
+
+void model_kv_rows(const struct model_desc *md, int *k_row, int *v_row)
+{
+    if (md->attn == ATTN_KIND_MLA) {
+        *k_row = md->kv_lora_rank + md->qk_rope_dim;
+        *v_row = 0;
+    } else {
+        *k_row = *v_row = md->n_kv_head * md->head_dim;
+    }
+}
+
+size_t model_kv_bytes_per_token(const struct model_desc *md)
+{
+    int k_row, v_row;
+    model_kv_rows(md, &k_row, &v_row);
+    return (size_t)md->n_layer * ((size_t)k_row + (size_t)v_row) * sizeof(float);
 }
 
 bool model_computes_bf16(const struct model *m)
@@ -881,6 +983,9 @@ size_t model_active_bytes(const struct model *m, int k)
         const struct layer_w *lw = &m->layers[l];
         n += 4 * 2 * D + mat_bytes(lw->wq) + mat_bytes(lw->wk) + mat_bytes(lw->wv) +
              mat_bytes(lw->wo);
+        if (d->attn == ATTN_KIND_MLA) /* the absorbed copy is read instead of kv_b's key half */
+            n += mat_bytes(lw->wq_a) + mat_bytes(lw->wq_b) + mat_bytes(lw->wkv_a) +
+                 mat_bytes(lw->wkv_b) + 4 * ((size_t)d->q_lora_rank + (size_t)d->kv_lora_rank);
         if (d->qkv_bias) n += 4 * (q + 2 * kv);
         if (d->qk_norm == QK_NORM_HEAD) n += 4 * 2 * (size_t)d->head_dim;
         if (d->qk_norm == QK_NORM_FULL) n += 4 * (q + kv);
@@ -889,6 +994,7 @@ size_t model_active_bytes(const struct model *m, int k)
             continue;
         }
         n += mat_bytes(lw->router) + mat_bytes(lw->group_router) + mat_bytes(lw->shared_gate);
+        if (lw->router_bias) n += 4 * (size_t)d->n_expert;
         for (int s = 0; s < d->n_shared; s++) n += ffn_bytes(&lw->shared[s]);
         /* the k largest routed experts: an upper bound for mixed widths */
         int taken[MODEL_MAX_EXPERTS] = {0};

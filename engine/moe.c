@@ -117,14 +117,17 @@ void moe_mohge_placement(const struct model_desc *md, int n_dev, int *owner)
 
 void moe_route_desc(const struct model_desc *md, struct be_route *r)
 {
-    r->kind = md->router == ROUTER_KIND_MOHGE ? BE_ROUTE_MOHGE : BE_ROUTE_SOFTMAX_TOPK;
+    r->kind = md->router == ROUTER_KIND_MOHGE           ? BE_ROUTE_MOHGE
+              : md->router == ROUTER_KIND_SIGMOID_GROUP ? BE_ROUTE_SIGMOID_GROUP
+              : md->router == ROUTER_KIND_SOFTMAX_GROUP ? BE_ROUTE_SOFTMAX_GROUP
+                                                        : BE_ROUTE_SOFTMAX_TOPK;
     r->n_expert = md->n_expert;
     r->top_k = md->top_k;
     r->n_group = md->n_group;
     r->topk_group = md->topk_group;
     r->norm_topk = md->norm_topk_prob;
-    r->bias = NULL; /* sigmoid_group (DeepSeek-V3) models are not loaded yet */
-    r->scale = 1.0f;
+    r->bias = NULL; /* per layer: moe_route sets it */
+    r->scale = md->routed_scale;
 }
 
 void moe_route(const struct model *m, int layer, struct backend *be, const float *h, int n,
@@ -134,6 +137,7 @@ void moe_route(const struct model *m, int layer, struct backend *be, const float
     int E = md->n_expert;
     struct be_route r;
     moe_route_desc(md, &r);
+    r.bias = m->layers[layer].router_bias;
     float *glog = logits + (size_t)n * E; /* (n, G), MoHGE only */
     be->ops->matmul(be, logits, h, m->layers[layer].router, NULL, n, md->d_model, E);
     if (r.kind == BE_ROUTE_MOHGE)

@@ -78,7 +78,8 @@ void moe_scratch_release(struct moe_scratch *s, struct backend *be);
 void moe_route(const struct model *m, int layer, struct backend *be, const float *h, int n,
                const int32_t *tok_k, float *logits, int32_t *top_idx, float *top_w);
 
-/* The routing rule of a model for the backend's route op. */
+/* The routing rule of a model for the backend's route op (bias NULL: moe_route sets the layer's
+ * correction bias). */
 void moe_route_desc(const struct model_desc *md, struct be_route *r);
 
 /* MoHGE All-size Group-decoupling placement (DESIGN.md): experts are listed interleaved across

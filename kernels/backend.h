@@ -32,6 +32,9 @@ enum be_route_kind {
     BE_ROUTE_SIGMOID_GROUP = 2,/* DeepSeek-V3: sigmoid scores + correction bias, groups ranked
                                   by their two best, top-k in the kept groups, weights the
                                   unbiased scores (renormalized), times `scale` */
+    BE_ROUTE_SOFTMAX_GROUP = 3,/* DeepSeek-V2 group_limited_greedy: softmax over experts, groups
+                                  ranked by their best probability, top-k in the kept groups,
+                                  weights the probabilities times `scale` */
 };
 
 struct be_route {
@@ -42,7 +45,8 @@ struct be_route {
     int topk_group;  /* MoHGE */
     int norm_topk;   /* softmax, sigmoid_group: renormalize the k kept weights */
     const float *bias; /* sigmoid_group: (n_expert) score correction, backend memory */
-    float scale;     /* sigmoid_group: routed scaling factor */
+    float scale;     /* routed scaling factor (1 for the models without one; MoHGE ignores
+                        it) */
 };
 
 /* One expert's SwiGLU FFN: weight handles from weight_upload. */
@@ -62,6 +66,22 @@ struct be_reserve {
     int max_rows;
     int max_experts;
     int max_ctx;
+    int max_heads;   /* query heads sharing one KV head (MLA: all heads); 0 = up to 64 */
+};
+
+/* Geometry of one attention_ex call. Query head h reads KV head h / (n_head / n_kv_head), whose
+ * key is k_dim floats at offset kvh * k_dim of a k_cache row (k_row floats per token) and whose
+ * value is v_dim floats at offset kvh * v_dim of a v_cache row (v_row floats). MLA passes one
+ * KV head whose key is the cached [latent, rope key] row and whose value is the latent part of
+ * the same row (v_cache == k_cache). */
+struct be_attn {
+    int n_head, n_kv_head;
+    int k_dim, v_dim;
+    int k_row, v_row;
+    int window;          /* > 0: only the last `window` positions */
+    float scale;
+    const float *sinks;  /* (n_head) a logit per head added to the softmax denominator (gpt-oss),
+                            or NULL */
 };
 
 /* The tokens of a paged-attention call (HOST struct of backend pointers): token i belongs to the
@@ -165,9 +185,32 @@ struct backend_ops {
                       const float *v_cache, const struct be_tokens *tk, int block_size, int n,
                       int n_head, int n_kv_head, int head_dim, int window, float scale,
                       float *scratch);
-    /* Writes k/v rows (n, row) of n tokens (see be_tokens) at their positions into the cache. */
+    /* Writes k/v rows (n, row) of n tokens (see be_tokens) at their positions into the cache.
+     * v_cache and v NULL: only k is written (MLA's latent cache has no values). */
     void (*kv_write)(struct backend *be, float *k_cache, float *v_cache, const float *k,
                      const float *v, const struct be_tokens *tk, int block_size, int n, int row);
+
+    /* Ops for models whose tensors are read in parts (MLA, gpt-oss). */
+    /* y (n, m) = x (n, k) . w (m, k)^T with rows of x ldx floats apart and of y ldy apart
+     * (column slices of wider activations: MLA's per-head projections). */
+    void (*matmul_ld)(struct backend *be, float *y, int ldy, const float *x, int ldx,
+                      const struct wmat *w, int n, int k, int m);
+    /* The first d floats of each of n rows ld floats apart: y = x * rsqrt(mean(x^2) + eps) * w;
+     * y may equal x. */
+    void (*rmsnorm_ld)(struct backend *be, float *y, const float *x, const float *w, int n, int d,
+                       int ld, float eps);
+    /* RoPE of rot_dim floats of each of n_head heads of n tokens at positions pos: head h of
+     * token i is read at x + (i * n_head + h) * x_stride and written at y + (i * n_head + h) *
+     * y_stride (y may equal x with the same stride). Pairs (j, j + rot_dim/2), or (2j, 2j + 1)
+     * when interleave; cos_sin (max_pos, rot_dim/2, 2). */
+    void (*rope_ex)(struct backend *be, float *y, int y_stride, const float *x, int x_stride,
+                    const int32_t *pos, int n, int n_head, int rot_dim, int interleave,
+                    const float *cos_sin);
+    /* attention with the geometry of *a (HOST struct; sinks backend memory):
+     * q (n, n_head, k_dim) -> out (n, n_head, v_dim). scratch as for attention. */
+    void (*attention_ex)(struct backend *be, float *out, const float *q, const float *k_cache,
+                         const float *v_cache, const struct be_tokens *tk, int block_size, int n,
+                         const struct be_attn *a, float *scratch);
 };
 
 struct backend {

@@ -49,6 +49,16 @@ ROUTE_FN int route_argmax_free(const float *v, const uint32_t *taken, int n)
     return best;
 }
 
+/* A softmax's maximum and the sum of exp(logit - maximum) over n logits. */
+ROUTE_FN void route_softmax_norm(const float *logits, int n, float *mx, float *sum)
+{
+    float m = -INFINITY, s = 0.0f;
+    for (int e = 0; e < n; e++) m = logits[e] > m ? logits[e] : m;
+    for (int e = 0; e < n; e++) s += expf(logits[e] - m);
+    *mx = m;
+    *sum = s;
+}
+
 /* Softmax over the experts, top-k by probability, optionally renormalized over the k kept. */
 ROUTE_FN void route_softmax_topk(const struct be_route *r, const float *logits, int k,
                                  int32_t *idx, float *w)
@@ -56,10 +66,8 @@ ROUTE_FN void route_softmax_topk(const struct be_route *r, const float *logits, 
     int E = r->n_expert;
     uint32_t taken[ROUTE_MASK_WORDS];
     route_mask_clear(taken);
-    float mx = -INFINITY;
-    for (int e = 0; e < E; e++) mx = logits[e] > mx ? logits[e] : mx;
-    float sum = 0.0f;
-    for (int e = 0; e < E; e++) sum += expf(logits[e] - mx);
+    float mx, sum;
+    route_softmax_norm(logits, E, &mx, &sum);
     float wsum = 0.0f;
     for (int j = 0; j < k; j++) {
         int best = route_argmax_free(logits, taken, E);
@@ -70,6 +78,50 @@ ROUTE_FN void route_softmax_topk(const struct be_route *r, const float *logits, 
     }
     if (r->norm_topk)
         for (int j = 0; j < k; j++) w[j] /= wsum;
+    for (int j = 0; j < k; j++) w[j] *= r->scale;
+}
+
+/* DeepSeek-V2 group_limited_greedy, as transformers' DeepseekV2TopkRouter: p = softmax(logits);
+ * a group's score is its largest p; the topk_group best groups are kept and the other experts'
+ * p count as 0; the top-k experts by that; their weights are p times scale. */
+ROUTE_FN float route_group_p(const float *logits, int e, float mx, float sum, const uint32_t *kept,
+                             int epg)
+{
+    return route_mask_has(kept, e / epg) ? expf(logits[e] - mx) / sum : 0.0f;
+}
+
+ROUTE_FN void route_softmax_group(const struct be_route *r, const float *logits, int k,
+                                  int32_t *idx, float *w)
+{
+    int E = r->n_expert, G = r->n_group, epg = E / G;
+    float gs[ROUTE_MAX_GROUPS];
+    uint32_t kept[ROUTE_MASK_WORDS], taken[ROUTE_MASK_WORDS];
+    route_mask_clear(kept);
+    route_mask_clear(taken);
+    float mx, sum;
+    route_softmax_norm(logits, E, &mx, &sum);
+    /* softmax is monotone: a group's best probability is that of its best logit */
+    for (int g = 0; g < G; g++) {
+        float b = -INFINITY;
+        for (int i = 0; i < epg; i++) b = logits[g * epg + i] > b ? logits[g * epg + i] : b;
+        gs[g] = expf(b - mx) / sum;
+    }
+    for (int j = 0; j < r->topk_group; j++) route_mask_set(kept, route_argmax_free(gs, kept, G));
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        float bp = 0.0f;
+        for (int e = 0; e < E; e++) {
+            if (route_mask_has(taken, e)) continue;
+            float p = route_group_p(logits, e, mx, sum, kept, epg);
+            if (best < 0 || p > bp) {
+                best = e;
+                bp = p;
+            }
+        }
+        route_mask_set(taken, best);
+        idx[j] = best;
+        w[j] = bp * r->scale;
+    }
 }
 
 /* MoHGE two-level routing (DESIGN.md): sigmoid group scores, keep the top-kg groups and
@@ -206,6 +258,8 @@ ROUTE_FN void route_token(const struct be_route *r, const float *logits, const f
         route_mohge(r, logits + (size_t)t * r->n_expert, glog + (size_t)t * r->n_group, k, ti, tw);
     else if (r->kind == BE_ROUTE_SIGMOID_GROUP)
         route_sigmoid_group(r, logits + (size_t)t * r->n_expert, k, ti, tw);
+    else if (r->kind == BE_ROUTE_SOFTMAX_GROUP)
+        route_softmax_group(r, logits + (size_t)t * r->n_expert, k, ti, tw);
     else
         route_softmax_topk(r, logits + (size_t)t * r->n_expert, k, ti, tw);
     for (int j = k; j < K; j++) {

@@ -58,18 +58,19 @@ static size_t src_elem_bytes(enum wsrc from)
     return from == WSRC_F32 ? 4 : 2;
 }
 
-/* One tile-block of 16 rows x 32 columns (zero beyond the matrix) as f32. */
-static void gather_block(enum wsrc from, const unsigned char *src, int rows, int cols, int tile,
-                         int block, float v[WQ_TILE][WQ_BLOCK], int *ncols)
+/* One tile-block of 16 rows x 32 columns (zero beyond the matrix) as f32; element (r, c) of the
+ * source is rs * r + cs * c elements from src. */
+static void gather_block(enum wsrc from, const unsigned char *src, int rows, int cols, size_t rs,
+                         size_t cs, int tile, int block, float v[WQ_TILE][WQ_BLOCK], int *ncols)
 {
-    size_t rb = (size_t)cols * src_elem_bytes(from);
     int c0 = block * WQ_BLOCK;
     *ncols = cols - c0 < WQ_BLOCK ? cols - c0 : WQ_BLOCK;
     for (int r = 0; r < WQ_TILE; r++) {
         int row = tile * WQ_TILE + r;
         for (int c = 0; c < WQ_BLOCK; c++)
-            v[r][c] = row < rows && c < *ncols ? src_at(from, src + (size_t)row * rb, (size_t)(c0 + c))
-                                               : 0.0f;
+            v[r][c] = row < rows && c < *ncols
+                          ? src_at(from, src, (size_t)row * rs + (size_t)(c0 + c) * cs)
+                          : 0.0f;
     }
 }
 
@@ -119,6 +120,12 @@ static void quantize_q4_block(unsigned char *rec, float v[WQ_TILE][WQ_BLOCK], in
 void wmat_convert(enum wtype to, void *dst, enum wsrc from, const void *src, int rows, int cols,
                   int r0, int r1)
 {
+    wmat_convert_strided(to, dst, from, src, rows, cols, (size_t)cols, 1, r0, r1);
+}
+
+void wmat_convert_strided(enum wtype to, void *dst, enum wsrc from, const void *src, int rows,
+                          int cols, size_t rs, size_t cs, int r0, int r1)
+{
     const unsigned char *s = src;
     size_t eb = src_elem_bytes(from);
     if (to == WTYPE_Q8 || to == WTYPE_Q4) {
@@ -127,7 +134,7 @@ void wmat_convert(enum wtype to, void *dst, enum wsrc from, const void *src, int
         for (int t = r0 / WQ_TILE; t * WQ_TILE < r1; t++)
             for (int b = 0; b < nb; b++) {
                 int ncols;
-                gather_block(from, s, rows, cols, t, b, v, &ncols);
+                gather_block(from, s, rows, cols, rs, cs, t, b, v, &ncols);
                 unsigned char *rec = (unsigned char *)dst + wq_record_offset(to, cols, t, b);
                 if (to == WTYPE_Q8)
                     quantize_q8_block(rec, v);
@@ -137,14 +144,15 @@ void wmat_convert(enum wtype to, void *dst, enum wsrc from, const void *src, int
         return;
     }
     for (int r = r0; r < r1; r++) {
-        const unsigned char *row = s + (size_t)r * (size_t)cols * eb;
-        if ((to == WTYPE_F32 && from == WSRC_F32) || (to == WTYPE_BF16 && from == WSRC_BF16) ||
-            (to == WTYPE_F16 && from == WSRC_F16)) {
+        const unsigned char *row = s + (size_t)r * rs * eb;
+        if (cs == 1 && ((to == WTYPE_F32 && from == WSRC_F32) ||
+                        (to == WTYPE_BF16 && from == WSRC_BF16) ||
+                        (to == WTYPE_F16 && from == WSRC_F16))) {
             memcpy((unsigned char *)dst + (size_t)r * cols * eb, row, (size_t)cols * eb);
             continue;
         }
         for (int c = 0; c < cols; c++) {
-            float f = src_at(from, row, (size_t)c);
+            float f = src_at(from, row, (size_t)c * cs);
             size_t i = (size_t)r * cols + c;
             if (to == WTYPE_F32)
                 ((float *)dst)[i] = f;

@@ -67,6 +67,20 @@ static inline size_t wq_record_offset(enum wtype t, int cols, int tile, int bloc
     return ((size_t)tile * (size_t)wq_blocks(cols) + (size_t)block) * rec;
 }
 
+/* Rows [r0, r0 + n) of w as a matrix of their own, sharing w's data (Q types: r0 a multiple of
+ * WQ_TILE). */
+static inline struct wmat wmat_rows(const struct wmat *w, int r0, int n)
+{
+    struct wmat v = *w;
+    v.rows = n;
+    if (wtype_is_quant(w->type))
+        v.data = (const unsigned char *)w->data + wq_record_offset(w->type, w->cols, r0 / WQ_TILE, 0);
+    else
+        v.data = (const unsigned char *)w->data +
+                 (size_t)r0 * (size_t)w->cols * (w->type == WTYPE_F32 ? 4u : 2u);
+    return v;
+}
+
 /* Source element types for conversion: a tensor as stored (possibly unaligned bytes). */
 enum wsrc {
     WSRC_F32 = 0,
@@ -80,6 +94,13 @@ enum wsrc {
  * filled by several threads. Reads `src` bytewise, so any alignment works. */
 void wmat_convert(enum wtype to, void *dst, enum wsrc from, const void *src, int rows, int cols,
                   int r0, int r1);
+
+/* wmat_convert from a source laid out with strides: element (r, c) of the (rows, cols) matrix is
+ * rs * r + cs * c elements from src (rs = cols, cs = 1: row-major; rs = 1, cs = rows: the
+ * transpose of a row-major (cols, rows) matrix). Used for weights a model multiplies by their
+ * transpose (MLA's absorbed key projection) or stores interleaved. */
+void wmat_convert_strided(enum wtype to, void *dst, enum wsrc from, const void *src, int rows,
+                          int cols, size_t rs, size_t cs, int r0, int r1);
 
 /* Row r of w as f32 (cols floats): exact for f32/f16/bf16, the dequantized values for Q. */
 void wmat_row_f32(const struct wmat *w, int r, float *out);

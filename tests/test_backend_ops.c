@@ -643,6 +643,109 @@ static void check_attention_batch(struct ops_ctx *t, int n_seq, int n_head, int 
     ops_release(t);
 }
 
+/* matmul_ld: column slices in and out (MLA's per-head projections). */
+static void check_matmul_ld(struct ops_ctx *t, int n, int k, int m, int ldx, int ldy)
+{
+    char shape[64];
+    snprintf(shape, sizeof shape, "n=%d k=%d m=%d ldx=%d ldy=%d", n, k, m, ldx, ldy);
+    float *x = ops_rand(t, (size_t)n * ldx, -1, 1), *w = ops_rand(t, (size_t)m * k, -1, 1);
+    float *y0 = ops_rand(t, (size_t)n * ldy, -1, 1); /* columns outside the slice stay */
+    float *rx, *dx, *ry, *dy;
+    BOTH(x, sizeof(float) * n * ldx, rx, dx);
+    BOTH(y0, sizeof(float) * n * ldy, ry, dy);
+    const struct wmat *rw = ops_weight(t, t->ref, w, m, k);
+    const struct wmat *dw = ops_weight(t, t->dut, w, m, k);
+    RUN2(t->ref->ops->matmul_ld(t->ref, ry + 1, ldy, rx + 2, ldx, rw, n, k, m),
+         t->dut->ops->matmul_ld(t->dut, dy + 1, ldy, dx + 2, ldx, dw, n, k, m));
+    ops_compare_tol(t, "matmul_ld", shape, ry, dy, (size_t)n * ldy, OPS_TOL_BF16);
+    ops_release(t);
+}
+
+static void check_rmsnorm_ld(struct ops_ctx *t, int n, int d, int ld)
+{
+    char shape[64];
+    snprintf(shape, sizeof shape, "n=%d d=%d ld=%d", n, d, ld);
+    float *x = ops_rand(t, (size_t)n * ld, -2, 2), *w = ops_rand(t, (size_t)d, 0.5f, 1.5f);
+    float *rx, *dx, *rw, *dw;
+    BOTH(x, sizeof(float) * n * ld, rx, dx);
+    BOTH(w, sizeof(float) * d, rw, dw);
+    RUN2(t->ref->ops->rmsnorm_ld(t->ref, rx, rx, rw, n, d, ld, 1e-6f),
+         t->dut->ops->rmsnorm_ld(t->dut, dx, dx, dw, n, d, ld, 1e-6f));
+    ops_compare(t, "rmsnorm_ld", shape, rx, dx, (size_t)n * ld);
+    ops_release(t);
+}
+
+/* rope_ex from one strided layout into another, rotate-half or interleaved pairs. */
+static void check_rope_ex(struct ops_ctx *t, int n, int n_head, int xs, int ys, int rot,
+                          int interleave, int max_pos)
+{
+    char shape[64];
+    snprintf(shape, sizeof shape, "n=%d h=%d x%d->y%d rot=%d%s", n, n_head, xs, ys, rot,
+             interleave ? " interleaved" : "");
+    int half = rot / 2;
+    size_t nx = (size_t)n * n_head * xs, ny = (size_t)n * n_head * ys;
+    float *x = ops_rand(t, nx, -1, 1), *y = ops_rand(t, ny, -1, 1);
+    float *cs = ops_host(t, sizeof(float) * max_pos * half * 2);
+    int32_t *pos = ops_host(t, sizeof(int32_t) * n);
+    if (cs && pos) {
+        for (int i = 0; i < max_pos * half; i++) {
+            float a = ops_uniform(t, -3.14159f, 3.14159f);
+            cs[2 * i] = 1.3f * cosf(a), cs[2 * i + 1] = 1.3f * sinf(a); /* YaRN's factor */
+        }
+        for (int i = 0; i < n; i++) pos[i] = ops_int(t, 0, max_pos);
+    }
+    float *rx, *dx, *ry, *dy, *rcs, *dcs;
+    int32_t *rp, *dp;
+    BOTH(x, sizeof(float) * nx, rx, dx);
+    BOTH(y, sizeof(float) * ny, ry, dy);
+    BOTH(cs, sizeof(float) * max_pos * half * 2, rcs, dcs);
+    BOTH(pos, sizeof(int32_t) * n, rp, dp);
+    /* the rotated part at an offset inside each head where the layout leaves room */
+    int xo = xs > rot ? 1 : 0, yo = ys > rot + 2 ? 3 : 0;
+    RUN2(t->ref->ops->rope_ex(t->ref, ry + yo, ys, rx + xo, xs, rp, n, n_head, rot, interleave,
+                              rcs),
+         t->dut->ops->rope_ex(t->dut, dy + yo, ys, dx + xo, xs, dp, n, n_head, rot, interleave,
+                              dcs));
+    ops_compare(t, "rope_ex", shape, ry, dy, ny);
+    ops_release(t);
+}
+
+/* attention_ex: MLA (every head over one latent row, the value its first v_dim floats, the
+ * cache written without values) and GQA with sinks and a window. */
+static void check_attention_ex(struct ops_ctx *t, int pos0, int n, int n_head, int n_kv, int k_dim,
+                               int v_dim, int mla, int sinks, int window)
+{
+    char shape[80];
+    snprintf(shape, sizeof shape, "p0=%d n=%d h=%d/%d k=%d v=%d%s%s w=%d", pos0, n, n_head, n_kv,
+             k_dim, v_dim, mla ? " mla" : "", sinks ? " sinks" : "", window);
+    int bs = 8, k_row = n_kv * k_dim, v_row = mla ? k_row : n_kv * v_dim;
+    int n_blocks = (pos0 + n + bs - 1) / bs + 2;
+    size_t kc_n = (size_t)n_blocks * bs * k_row, vc_n = (size_t)n_blocks * bs * v_row;
+    size_t qn = (size_t)n * n_head * k_dim, on = (size_t)n * n_head * v_dim;
+    int32_t *bt = ops_block_table(t, 0, n_blocks);
+    float *rq, *dq, *rkc, *dkc, *rvc = NULL, *dvc = NULL, *ro, *dout, *rk, *dk, *rs = NULL,
+                                                                       *ds = NULL;
+    int32_t *rb, *db;
+    BOTH(ops_rand(t, qn, -1, 1), sizeof(float) * qn, rq, dq);
+    BOTH(ops_rand(t, kc_n, -1, 1), sizeof(float) * kc_n, rkc, dkc);
+    if (!mla) BOTH(ops_rand(t, vc_n, -1, 1), sizeof(float) * vc_n, rvc, dvc);
+    BOTH(ops_rand(t, (size_t)n * k_row, -1, 1), sizeof(float) * n * k_row, rk, dk);
+    BOTH(bt, sizeof(int32_t) * n_blocks, rb, db);
+    BOTH(NULL, sizeof(float) * on, ro, dout);
+    if (sinks) BOTH(ops_rand(t, (size_t)n_head, -1, 3), sizeof(float) * n_head, rs, ds);
+    struct be_tokens rt = {.tables = rb, .pos0 = pos0}, dt = {.tables = db, .pos0 = pos0};
+    struct be_attn ra = {n_head, n_kv, k_dim, v_dim, k_row, v_row, window, 0.1f, rs}, da = ra;
+    da.sinks = ds;
+    if (mla) /* the latent rows of this step, keys only */
+        RUN2(t->ref->ops->kv_write(t->ref, rkc, NULL, rk, NULL, &rt, bs, n, k_row),
+             t->dut->ops->kv_write(t->dut, dkc, NULL, dk, NULL, &dt, bs, n, k_row));
+    RUN2(t->ref->ops->attention_ex(t->ref, ro, rq, rkc, mla ? rkc : rvc, &rt, bs, n, &ra, NULL),
+         t->dut->ops->attention_ex(t->dut, dout, dq, dkc, mla ? dkc : dvc, &dt, bs, n, &da, NULL));
+    if (mla) ops_compare(t, "kv_write (keys)", shape, rkc, dkc, kc_n);
+    ops_compare(t, "attention_ex", shape, ro, dout, on);
+    ops_release(t);
+}
+
 static void check_all_ops(struct ops_ctx *t)
 {
     printf("%-16s %-34s %10s %10s  %s\n", "op", "shape", "rel_err", "max_abs", "result");
@@ -678,6 +781,16 @@ static void check_all_ops(struct ops_ctx *t)
     check_attention(t, 2500, 1, 2, 2, 64, 16, 1500, 0.5f); /* long window */
     check_attention_batch(t, 7, 4, 2, 64, 16);
     check_attention_batch(t, 40, 8, 1, 128, 8);
+    check_matmul_ld(t, 5, 48, 64, 200, 150);
+    check_matmul_ld(t, 33, 128, 512, 1152, 2304);
+    check_rmsnorm_ld(t, 7, 512, 576);
+    check_rope_ex(t, 6, 1, 576, 576, 64, 1, 100);   /* MLA rope key in the latent row */
+    check_rope_ex(t, 5, 16, 192, 576, 64, 1, 100);  /* MLA query rope part into qlat */
+    check_rope_ex(t, 4, 8, 64, 64, 64, 0, 300);     /* rotate-half, in its own layout */
+    check_attention_ex(t, 30, 1, 16, 1, 576, 512, 1, 0, 0); /* MLA decode, V3 widths */
+    check_attention_ex(t, 0, 13, 4, 1, 48, 32, 1, 0, 0);    /* MLA prefill */
+    check_attention_ex(t, 40, 6, 8, 2, 64, 64, 0, 1, 16);   /* sinks, sliding window */
+    check_attention_ex(t, 200, 1, 4, 4, 64, 64, 0, 1, 0);   /* sinks, decode */
 }
 
 #ifdef MOESERVE_HAVE_NCCL

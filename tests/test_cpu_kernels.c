@@ -261,6 +261,71 @@ static void test_elementwise(const struct gemm_kernels *kk)
     }
 }
 
+/* attn_head_ex in double precision: keys hdk wide and values hdv wide from rows krow / vrow
+ * apart, an optional sink logit per head in the denominator. */
+static void attn_ref(double *out, const float *q, int group, int hdk, int hdv, const float *kc,
+                     const float *vc, const int32_t *table, int bs, size_t krow, size_t vrow,
+                     int start, int pos, double scale, const float *sinks)
+{
+    for (int g = 0; g < group; g++) {
+        double mx = sinks ? sinks[g] : -1e300, s[512], sum = 0;
+        for (int t = start; t <= pos; t++) {
+            const float *k = kc + ((size_t)table[t / bs] * bs + t % bs) * krow;
+            double d = 0;
+            for (int i = 0; i < hdk; i++) d += (double)q[g * hdk + i] * k[i];
+            s[t - start] = d * scale;
+            mx = s[t - start] > mx ? s[t - start] : mx;
+        }
+        for (int t = start; t <= pos; t++) sum += exp(s[t - start] - mx);
+        if (sinks) sum += exp(sinks[g] - mx);
+        for (int i = 0; i < hdv; i++) out[g * hdv + i] = 0;
+        for (int t = start; t <= pos; t++) {
+            const float *v = vc + ((size_t)table[t / bs] * bs + t % bs) * vrow;
+            for (int i = 0; i < hdv; i++) out[g * hdv + i] += exp(s[t - start] - mx) / sum * v[i];
+        }
+    }
+}
+
+/* MLA's shape (all heads over one latent row, value = the row's first hdv floats) and gpt-oss's
+ * sinks, against portable C and double precision. */
+static void test_attention_ex(const struct gemm_kernels *kk)
+{
+    int bs = 4, blocks = 40, pos = 150;
+    int32_t table[40];
+    for (int i = 0; i < blocks; i++) table[i] = (i * 11 + 5) % blocks;
+    static const struct {
+        int group, hdk, hdv, start, sinks;
+    } cases[] = {{8, 80, 64, 0, 0}, {16, 576, 512, 0, 0}, {4, 64, 64, 23, 1}, {2, 48, 32, 0, 1}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        int group = cases[c].group, hdk = cases[c].hdk, hdv = cases[c].hdv;
+        size_t row = (size_t)hdk, n_cache = (size_t)blocks * bs * row;
+        float *kc = malloc(sizeof(float) * n_cache), *q = malloc(sizeof(float) * group * hdk);
+        float *o1 = malloc(sizeof(float) * group * hdv), *o2 = malloc(sizeof(float) * group * hdv);
+        float *sc = malloc(sizeof(float) * group * (pos + 1)), sinks[16];
+        double *ref = malloc(sizeof(double) * group * hdv);
+        for (size_t i = 0; i < n_cache; i++) kc[i] = urand(-1, 1);
+        for (int i = 0; i < group * hdk; i++) q[i] = urand(-1, 1);
+        for (int g = 0; g < group; g++) sinks[g] = urand(-1, 3);
+        const float *sk = cases[c].sinks ? sinks : NULL;
+        float scale = 1.0f / sqrtf((float)hdk);
+        kk->attn_head_ex(o1, q, group, hdk, hdv, kc, kc, table, bs, row, row, 0, 0,
+                         cases[c].start, pos, scale, sk, sc);
+        gemm_kernels_portable()->attn_head_ex(o2, q, group, hdk, hdv, kc, kc, table, bs, row, row,
+                                              0, 0, cases[c].start, pos, scale, sk, sc);
+        attn_ref(ref, q, group, hdk, hdv, kc, kc, table, bs, row, row, cases[c].start, pos, scale,
+                 sk);
+        double e = rel_err(o1, o2, (size_t)group * hdv), num = 0, den = 0;
+        for (int i = 0; i < group * hdv; i++) {
+            num += (o1[i] - ref[i]) * (o1[i] - ref[i]);
+            den += ref[i] * ref[i];
+        }
+        CHECKF(e <= 1e-5, "%s attention_ex case %zu vs portable: %.3g", kk->name, c, e);
+        CHECKF(sqrt(num / den) <= 1e-5, "%s attention_ex case %zu vs double: %.3g", kk->name, c,
+               sqrt(num / den));
+        free(kc), free(q), free(o1), free(o2), free(sc), free(ref);
+    }
+}
+
 int main(void)
 {
     test_f16();
@@ -275,6 +340,7 @@ int main(void)
         }
         test_gemm_table(tables[i]);
         test_elementwise(tables[i]);
+        test_attention_ex(tables[i]);
     }
     return test_done("test_cpu_kernels");
 }

@@ -65,19 +65,30 @@ static void check_model(const char *tests, const char *name, bool bf16, enum mod
     if (!e1 || !a || !b) goto done;
 
     double worst = 0.0, worst_native = 0.0;
+    int served_used = 0, served_total = 0;
     for (int i = 0; i < np; i++) {
         size_t cnt = (size_t)p[i].n * V;
         CHECK(golden_prefill(e1, &p[i], 0, a) == 0);
         if (served) {
-            /* transformers computing in bf16, whose own rounding is ~1e-2; compared where it
-             * routed every layer like its f32 run (a flipped expert is another computation,
-             * not rounding). */
+            /* transformers computing in bf16, whose own rounding is ~1e-2; compared at the
+             * positions before the first one where it routed a layer differently from its f32
+             * run: a flipped expert is another computation, not rounding, and attention carries
+             * it into every later position (DeepSeek-V3's scaled group routing moves them by
+             * several percent). */
+            int32_t *causal = malloc(sizeof(int32_t) * (size_t)p[i].n);
+            int flip = p[i].n;
+            for (int t = 0; t < p[i].n && causal; t++) {
+                if (p[i].route_agrees && !p[i].route_agrees[t] && flip == p[i].n) flip = t;
+                causal[t] = t < flip;
+            }
             int used = 0;
-            double rn = norm_err_masked(a, p[i].logits, p[i].route_agrees, p[i].n, V, &used);
-            worst_native = rn > worst_native ? rn : worst_native;
-            CHECKF(used >= p[i].n - 2, "%s prompt %d: only %d of %d positions comparable", name, i,
-                   used, p[i].n);
-            CHECKF(rn <= 2e-2, "%s prompt %d: rel err %.3g vs transformers in bf16", name, i, rn);
+            double rn = causal ? norm_err_masked(a, p[i].logits, causal, p[i].n, V, &used) : 1.0;
+            free(causal);
+            served_used += used;
+            served_total += p[i].n;
+            if (used > 0) worst_native = rn > worst_native ? rn : worst_native;
+            CHECKF(used == 0 || rn <= 2e-2, "%s prompt %d: rel err %.3g vs transformers in bf16",
+                   name, i, rn);
         } else {
             /* the reference's own arithmetic: f32 (bf16 weights upcast, for a bf16 model) */
             double r = golden_rel_err(a, bf16 ? p[i].logits_f32 : p[i].logits, cnt);
@@ -97,9 +108,13 @@ static void check_model(const char *tests, const char *name, bool bf16, enum mod
             engine_free(en);
         }
     }
-    if (served)
-        printf("%-16s --dtype auto:    %.2e (norm-wise) vs transformers computing in bf16\n", name,
-               worst_native);
+    if (served) {
+        CHECKF(3 * served_used >= served_total, "%s: only %d of %d positions comparable", name,
+               served_used, served_total);
+        printf("%-16s --dtype auto:    %.2e (norm-wise) vs transformers computing in bf16 (%d of "
+               "%d positions before a routing flip)\n",
+               name, worst_native, served_used, served_total);
+    }
     else
         printf("%-16s --dtype %-7s max rel err %.2e%s\n", name, model_dtype_name(dtype), worst,
                bf16 ? " (f32-computed reference)" : "");
@@ -189,9 +204,12 @@ out:
 int main(int argc, char **argv)
 {
     const char *tests = argc > 1 ? argv[1] : "tests";
-    static const char *f32[] = {"mixtral", "mixtral_sharded", "qwen2_moe", "qwen3_moe", "olmoe"};
-    static const char *bf16[] = {"mixtral_bf16", "qwen2_moe_bf16", "qwen3_moe_bf16",
-                                 "olmoe_bf16"};
+    static const char *f32[] = {"mixtral",     "mixtral_sharded",   "qwen2_moe",  "qwen3_moe",
+                                "olmoe",       "deepseek_v2",       "deepseek_v2_group",
+                                "deepseek_v3"};
+    static const char *bf16[] = {"mixtral_bf16",     "qwen2_moe_bf16",         "qwen3_moe_bf16",
+                                 "olmoe_bf16",       "deepseek_v2_bf16",       "deepseek_v2_group_bf16",
+                                 "deepseek_v3_bf16"};
     for (size_t i = 0; i < sizeof f32 / sizeof f32[0]; i++)
         check_model(tests, f32[i], false, MODEL_DTYPE_AUTO);
     for (size_t i = 0; i < sizeof bf16 / sizeof bf16[0]; i++) {

@@ -406,12 +406,16 @@ static void test_broken(void)
     expect_load_fail(make_tiny("foo", &foo), false, "config.json", "unknown model_type 'foo'",
                      "supported: mixtral, qwen2_moe, qwen3_moe, olmoe", "unknown model_type");
     struct tiny ds = {.model_type = "deepseek_v3"};
-    expect_load_fail(make_tiny("ds", &ds), false, "model_type 'deepseek_v3' is not supported yet",
-                     "MLA", NULL, "deepseek");
+    expect_load_fail(make_tiny("ds", &ds), false, "config.json", "kv_lora_rank", NULL,
+                     "deepseek without its MLA fields");
     struct tiny yarn = {.extra_config =
                             ", \"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4}"};
-    expect_load_fail(make_tiny("yarn", &yarn), false, "config.json", "rope_scaling", "yarn",
-                     "rope scaling");
+    expect_load_fail(make_tiny("yarn", &yarn), false, "config.json",
+                     "original_max_position_embeddings", NULL, "yarn without its context");
+    struct tiny ntk = {.extra_config =
+                           ", \"rope_scaling\": {\"type\": \"dynamic\", \"factor\": 4}"};
+    expect_load_fail(make_tiny("ntk", &ntk), false, "config.json", "rope_scaling",
+                     "'dynamic'", "rope scaling");
     struct tiny gelu = {.extra_config = ", \"hidden_act\": \"gelu\""};
     /* the later duplicate key wins in jansson; either way the value must be refused */
     expect_load_fail(make_tiny("gelu", &gelu), false, "config.json", "hidden_act", "gelu", "gelu");
@@ -551,7 +555,7 @@ static void test_parse(void)
          "hidden_size 64 is not a multiple"},
         {"{\"model_type\": \"olmoe\", \"hidden_size\": 64, \"num_hidden_layers\": -1}",
          "num_hidden_layers"},
-        {"{\"model_type\": \"deepseek_v2\"}", "not supported yet (MLA attention)"},
+        {"{\"model_type\": \"deepseek_v2\"}", "missing 'num_hidden_layers'"},
         {"{\"model_type\": \"mohge\"}", "missing 'num_hidden_layers'"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {

@@ -82,9 +82,18 @@ static void check_model(const char *tests, const char *name, enum model_quant qu
     bool ok = quantized(mq->lm_head) && !quantized(mq->embed);
     for (int l = 0; l < md->n_layer; l++) {
         const struct layer_w *q = &mq->layers[l], *r = &mr->layers[l];
+        if (md->attn == ATTN_KIND_MLA) {
+            /* every projection, the absorbed key copy included (its own quantization) */
+            ok = ok && quantized(q->wkv_a) && quantized(q->wkv_b) && quantized(q->w_uk_t) &&
+                 quantized(q->wo) && (q->wq_a ? quantized(q->wq_b) : quantized(q->wq));
+            take(&d, q->wq, r->wq), take(&d, q->wq_a, r->wq_a), take(&d, q->wq_b, r->wq_b);
+            take(&d, q->wkv_a, r->wkv_a), take(&d, q->wkv_b, r->wkv_b);
+            take(&d, q->w_uk_t, r->w_uk_t), take(&d, q->wo, r->wo);
+        } else {
         ok = ok && quantized(q->wq) && quantized(q->wk) && quantized(q->wv) && quantized(q->wo);
         take(&d, q->wq, r->wq), take(&d, q->wk, r->wk), take(&d, q->wv, r->wv);
         take(&d, q->wo, r->wo);
+        }
         if (!md->layer_is_moe[l]) {
             ok = ok && quantized(q->dense.gate);
             take_ffn(&d, &q->dense, &r->dense);
@@ -138,7 +147,10 @@ static void check_model(const char *tests, const char *name, enum model_quant qu
     printf("%-16s %s: per-position error vs its weights dequantized in f32: median %.2e, "
            "90th percentile %.2e, max %.2e (%d positions)\n",
            name, model_quant_name(quant), med, p90, mx, n_err);
-    CHECKF(med <= TOL_MEDIAN && p90 <= TOL_P90 && mx <= TOL_MAX,
+    /* DeepSeek-V3's group-limited routing flips two experts at once and scales them by 2.5: a
+     * flipped position moves further (~0.6 here); median and 90th percentile are as tight. */
+    double tol_max = md->router == ROUTER_KIND_SIGMOID_GROUP ? 0.7 : TOL_MAX;
+    CHECKF(med <= TOL_MEDIAN && p90 <= TOL_P90 && mx <= tol_max,
            "%s %s: median %.3g, 90th percentile %.3g, max %.3g", name, model_quant_name(quant),
            med, p90, mx);
     engine_free(eq);
@@ -156,7 +168,8 @@ int main(int argc, char **argv)
     const char *tests = argc > 1 ? argv[1] : "tests";
     static const char *names[] = {"mixtral",      "qwen2_moe",      "qwen3_moe", "olmoe",
                                   "mohge_tiny",   "mixtral_bf16",   "qwen2_moe_bf16",
-                                  "qwen3_moe_bf16", "olmoe_bf16"};
+                                  "qwen3_moe_bf16", "olmoe_bf16",   "deepseek_v2",
+                                  "deepseek_v2_group", "deepseek_v3", "deepseek_v3_bf16"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         check_model(tests, names[i], MODEL_QUANT_INT8);
         check_model(tests, names[i], MODEL_QUANT_INT4);

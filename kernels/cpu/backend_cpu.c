@@ -118,8 +118,10 @@ static int cpu_reserve(struct backend *be, const struct be_reserve *r)
     size_t rows = (size_t)(r->max_rows > 0 ? r->max_rows : 1);
     b->act_bytes = act_bound(r->max_elems, rows) + 64 * (size_t)E;
     b->tmp_per_thread = rows * EXPERT_CHUNK;
-    /* scores: the query heads of one KV head; GQA groups are small, 64 heads is generous */
-    b->scores_per_thread = (size_t)(r->max_ctx > 0 ? r->max_ctx : 1) * 64;
+    /* scores: the query heads of one KV head; GQA groups are small, 64 heads is generous; MLA
+     * shares its one latent between all heads (max_heads) */
+    b->scores_per_thread =
+        (size_t)(r->max_ctx > 0 ? r->max_ctx : 1) * (size_t)(r->max_heads > 64 ? r->max_heads : 64);
     b->max_experts = E;
     b->max_tasks = 0;
     b->act[0] = alloc64(b->act_bytes);
@@ -196,18 +198,25 @@ static void prep_task(void *ctx, int t, int thread)
     if (t == 0) j->out = a;
 }
 
-/* x (n, k) into buf as the activations w's kernels read; over the pool when large. */
-static struct act prepare(struct cpu_backend *b, const struct wmat *w, const float *x, int n,
-                          int k, void *buf)
+/* x (n, k), rows ldx floats apart, into buf as the activations w's kernels read; over the pool
+ * when large. */
+static struct act prepare_ld(struct cpu_backend *b, const struct wmat *w, const float *x,
+                             size_t ldx, int n, int k, void *buf)
 {
     struct prep_job j = {.kk = b->kk, .kind = b->kk->act_kind(w->type, b->bf16),
                          .bf16 = rounds_bf16(b, w),
-                         .x = x, .ldx = (size_t)k, .n = n, .k = k, .buf = buf};
+                         .x = x, .ldx = ldx, .n = n, .k = k, .buf = buf};
     int tasks = (size_t)n * (size_t)k >= 32768 ? b->n_threads : 1;
     j.rows_per_task = (n + tasks - 1) / tasks;
     tasks = (n + j.rows_per_task - 1) / j.rows_per_task;
     pool_run(b->pool, prep_task, &j, tasks);
     return j.out;
+}
+
+static struct act prepare(struct cpu_backend *b, const struct wmat *w, const float *x, int n,
+                          int k, void *buf)
+{
+    return prepare_ld(b, w, x, (size_t)k, n, k, buf);
 }
 
 struct mm_job {
@@ -216,6 +225,7 @@ struct mm_job {
     const struct wmat *w[BE_MULTI_MAX];
     struct act a[BE_MULTI_MAX];
     float *y[BE_MULTI_MAX];
+    size_t ldy[BE_MULTI_MAX];
     int chunk[BE_MULTI_MAX];
     int first[BE_MULTI_MAX + 1]; /* task number of each matrix's first chunk */
 };
@@ -227,29 +237,23 @@ static void mm_task(void *ctx, int t, int thread)
     while (t >= j->first[i + 1]) i++;
     int m = j->w[i]->rows, r0 = (t - j->first[i]) * j->chunk[i];
     int r1 = r0 + j->chunk[i] < m ? r0 + j->chunk[i] : m;
-    j->kk->gemm(j->w[i], &j->a[i], j->y[i] + r0, (size_t)m, r0, r1);
+    j->kk->gemm(j->w[i], &j->a[i], j->y[i] + r0, j->ldy[i], r0, r1);
 }
 
-static void add_bias(float *y, const float *bias, int n, int m)
+/* Products of x (n, k; rows ldx apart) with count matrices into y[i] (rows ldy[i] apart), plus
+ * biases: one pool job for every matrix's rows, inputs prepared once per distinct preparation
+ * (kind and rounding); act[1] holds a second preparation when the matrices need two. */
+static void matmul_run(struct cpu_backend *b, int count, float *const *y, const size_t *ldy,
+                       const float *x, size_t ldx, const struct wmat *const *w,
+                       const float *const *bias, int n, int k)
 {
-    for (int i = 0; i < n; i++) {
-        float *row = y + (size_t)i * m;
-        for (int c = 0; c < m; c++) row[c] += bias[c];
-    }
-}
-
-/* One pool job for every matrix's rows; inputs prepared once per distinct preparation (kind
- * and rounding). act[1] holds a second preparation when the matrices need two. */
-static void cpu_matmul_multi(struct backend *be, int count, float *const *y, const float *x,
-                             const struct wmat *const *w, const float *const *bias, int n, int k)
-{
-    struct cpu_backend *b = cpu_of(be);
     if (n <= 0 || count <= 0 || count > BE_MULTI_MAX) return;
     struct mm_job j = {.kk = b->kk, .count = count};
     int used = 0; /* act buffers in use */
     for (int i = 0; i < count; i++) {
         j.w[i] = w[i];
         j.y[i] = y[i];
+        j.ldy[i] = ldy[i];
         j.chunk[i] = row_chunk(w[i]->rows, b->n_threads);
         j.first[i + 1] = j.first[i] + (w[i]->rows + j.chunk[i] - 1) / j.chunk[i];
         int same = -1;
@@ -260,31 +264,51 @@ static void cpu_matmul_multi(struct backend *be, int count, float *const *y, con
         if (same >= 0) {
             j.a[i] = j.a[same];
         } else if (used < 2) {
-            j.a[i] = prepare(b, w[i], x, n, k, b->act[used++]);
+            j.a[i] = prepare_ld(b, w[i], x, ldx, n, k, b->act[used++]);
         } else { /* a third kind of preparation: the first i now, the rest after */
-            cpu_matmul_multi(be, i, y, x, w, bias, n, k);
-            cpu_matmul_multi(be, count - i, y + i, x, w + i, bias ? bias + i : NULL, n, k);
+            matmul_run(b, i, y, ldy, x, ldx, w, bias, n, k);
+            matmul_run(b, count - i, y + i, ldy + i, x, ldx, w + i, bias ? bias + i : NULL, n, k);
             return;
         }
     }
     pool_run(b->pool, mm_task, &j, j.first[count]);
-    for (int i = 0; i < count; i++)
-        if (bias && bias[i]) add_bias(y[i], bias[i], n, w[i]->rows);
+    for (int i = 0; i < count; i++) {
+        if (!bias || !bias[i]) continue;
+        for (int r = 0; r < n; r++) {
+            float *row = y[i] + (size_t)r * ldy[i];
+            for (int c = 0; c < w[i]->rows; c++) row[c] += bias[i][c];
+        }
+    }
+}
+
+static void cpu_matmul_multi(struct backend *be, int count, float *const *y, const float *x,
+                             const struct wmat *const *w, const float *const *bias, int n, int k)
+{
+    size_t ldy[BE_MULTI_MAX];
+    for (int i = 0; i < count && i < BE_MULTI_MAX; i++) ldy[i] = (size_t)w[i]->rows;
+    matmul_run(cpu_of(be), count, y, ldy, x, (size_t)k, w, bias, n, k);
+}
+
+static void cpu_matmul_ld(struct backend *be, float *y, int ldy, const float *x, int ldx,
+                          const struct wmat *w, int n, int k, int m)
+{
+    size_t ld = (size_t)ldy;
+    if (m > 0) matmul_run(cpu_of(be), 1, &y, &ld, x, (size_t)ldx, &w, NULL, n, k);
 }
 
 static void cpu_matmul(struct backend *be, float *y, const float *x, const struct wmat *w,
                        const float *bias, int n, int k, int m)
 {
-    if (m <= 0) return;
-    cpu_matmul_multi(be, 1, &y, x, &w, &bias, n, k);
+    size_t ld = (size_t)m;
+    if (m > 0) matmul_run(cpu_of(be), 1, &y, &ld, x, (size_t)k, &w, &bias, n, k);
 }
 
-static void cpu_rmsnorm(struct backend *be, float *y, const float *x, const float *w, int n, int d,
-                        float eps)
+static void cpu_rmsnorm_ld(struct backend *be, float *y, const float *x, const float *w, int n,
+                           int d, int ld, float eps)
 {
     for (int i = 0; i < n; i++) {
-        const float *xi = x + (size_t)i * d;
-        float *yi = y + (size_t)i * d;
+        const float *xi = x + (size_t)i * ld;
+        float *yi = y + (size_t)i * ld;
         float ss = 0.0f;
         for (int j = 0; j < d; j++) ss += xi[j] * xi[j];
         float inv = 1.0f / sqrtf(ss / (float)d + eps);
@@ -292,22 +316,38 @@ static void cpu_rmsnorm(struct backend *be, float *y, const float *x, const floa
     }
 }
 
-static void cpu_rope(struct backend *be, float *x, const int32_t *pos, int n, int n_head,
-                     int head_dim, const float *cos_sin)
+static void cpu_rmsnorm(struct backend *be, float *y, const float *x, const float *w, int n, int d,
+                        float eps)
 {
-    int half = head_dim / 2;
+    cpu_rmsnorm_ld(be, y, x, w, n, d, d, eps);
+}
+
+static void cpu_rope_ex(struct backend *be, float *y, int y_stride, const float *x, int x_stride,
+                        const int32_t *pos, int n, int n_head, int rot_dim, int interleave,
+                        const float *cos_sin)
+{
+    int half = rot_dim / 2;
+    /* element j of a pair and its partner */
+    int step = interleave ? 2 : 1, other = interleave ? 1 : half;
     for (int i = 0; i < n; i++) {
         const float *cs = cos_sin + (size_t)pos[i] * half * 2;
         for (int h = 0; h < n_head; h++) {
-            float *v = x + ((size_t)i * n_head + h) * head_dim;
+            const float *u = x + ((size_t)i * n_head + h) * x_stride;
+            float *v = y + ((size_t)i * n_head + h) * y_stride;
             for (int j = 0; j < half; j++) {
                 float c = cs[2 * j], s = cs[2 * j + 1];
-                float a = v[j], b = v[j + half];
-                v[j] = a * c - b * s;
-                v[j + half] = b * c + a * s;
+                float a = u[j * step], b = u[j * step + other];
+                v[j * step] = a * c - b * s;
+                v[j * step + other] = b * c + a * s;
             }
         }
     }
+}
+
+static void cpu_rope(struct backend *be, float *x, const int32_t *pos, int n, int n_head,
+                     int head_dim, const float *cos_sin)
+{
+    cpu_rope_ex(be, x, head_dim, x, head_dim, pos, n, n_head, head_dim, 0, cos_sin);
 }
 
 static void cpu_add(struct backend *be, float *y, const float *x, int n, int d)
@@ -513,7 +553,7 @@ static void cpu_kv_write(struct backend *be, float *k_cache, float *v_cache, con
         int p = tok_pos(tk, i);
         size_t off = ((size_t)bt[p / block_size] * block_size + p % block_size) * row;
         memcpy(k_cache + off, k + (size_t)i * row, sizeof(float) * row);
-        memcpy(v_cache + off, v + (size_t)i * row, sizeof(float) * row);
+        if (v_cache) memcpy(v_cache + off, v + (size_t)i * row, sizeof(float) * row);
     }
 }
 
@@ -522,22 +562,35 @@ struct att_job {
     float *out;
     const float *q, *k_cache, *v_cache;
     const struct be_tokens *tk;
-    int block_size, n_head, n_kv_head, head_dim, window;
-    float scale;
+    int block_size;
+    const struct be_attn *a;
 };
 
 /* One task = one token and one KV head (its GQA group of query heads). */
 static void att_task(void *ctx, int t, int thread)
 {
     struct att_job *j = ctx;
-    int i = t / j->n_kv_head, kvh = t % j->n_kv_head, group = j->n_head / j->n_kv_head;
+    const struct be_attn *a = j->a;
+    int i = t / a->n_kv_head, kvh = t % a->n_kv_head, group = a->n_head / a->n_kv_head;
     int pos = tok_pos(j->tk, i);
-    int start = j->window > 0 && pos - j->window + 1 > 0 ? pos - j->window + 1 : 0;
-    size_t q0 = ((size_t)i * j->n_head + (size_t)kvh * group) * j->head_dim;
-    j->b->kk->attn_head(j->out + q0, j->q + q0, group, j->head_dim, j->k_cache, j->v_cache,
-                        tok_table(j->tk, i), j->block_size, (size_t)j->n_kv_head * j->head_dim,
-                        (size_t)kvh * j->head_dim, start, pos, j->scale,
-                        j->b->scores + (size_t)thread * j->b->scores_per_thread);
+    int start = a->window > 0 && pos - a->window + 1 > 0 ? pos - a->window + 1 : 0;
+    size_t h0 = (size_t)i * a->n_head + (size_t)kvh * group;
+    j->b->kk->attn_head_ex(j->out + h0 * a->v_dim, j->q + h0 * a->k_dim, group, a->k_dim, a->v_dim,
+                           j->k_cache, j->v_cache, tok_table(j->tk, i), j->block_size,
+                           (size_t)a->k_row, (size_t)a->v_row, (size_t)kvh * a->k_dim,
+                           (size_t)kvh * a->v_dim, start, pos, a->scale,
+                           a->sinks ? a->sinks + (size_t)kvh * group : NULL,
+                           j->b->scores + (size_t)thread * j->b->scores_per_thread);
+}
+
+static void cpu_attention_ex(struct backend *be, float *out, const float *q, const float *k_cache,
+                             const float *v_cache, const struct be_tokens *tk, int block_size,
+                             int n, const struct be_attn *a, float *scratch)
+{
+    struct cpu_backend *b = cpu_of(be);
+    struct att_job j = {.b = b, .out = out, .q = q, .k_cache = k_cache, .v_cache = v_cache,
+                        .tk = tk, .block_size = block_size, .a = a};
+    pool_run(b->pool, att_task, &j, n * a->n_kv_head);
 }
 
 static void cpu_attention(struct backend *be, float *out, const float *q, const float *k_cache,
@@ -545,12 +598,10 @@ static void cpu_attention(struct backend *be, float *out, const float *q, const 
                           int n_head, int n_kv_head, int head_dim, int window, float scale,
                           float *scratch)
 {
-    struct cpu_backend *b = cpu_of(be);
-    struct att_job j = {.b = b, .out = out, .q = q, .k_cache = k_cache, .v_cache = v_cache,
-                        .tk = tk, .block_size = block_size, .n_head = n_head,
-                        .n_kv_head = n_kv_head, .head_dim = head_dim, .window = window,
-                        .scale = scale};
-    pool_run(b->pool, att_task, &j, n * n_kv_head);
+    struct be_attn a = {.n_head = n_head, .n_kv_head = n_kv_head, .k_dim = head_dim,
+                        .v_dim = head_dim, .k_row = n_kv_head * head_dim,
+                        .v_row = n_kv_head * head_dim, .window = window, .scale = scale};
+    cpu_attention_ex(be, out, q, k_cache, v_cache, tk, block_size, n, &a, scratch);
 }
 
 static const struct backend_ops cpu_ops = {
@@ -581,6 +632,10 @@ static const struct backend_ops cpu_ops = {
     .moe_experts = cpu_moe_experts,
     .attention = cpu_attention,
     .kv_write = cpu_kv_write,
+    .matmul_ld = cpu_matmul_ld,
+    .rmsnorm_ld = cpu_rmsnorm_ld,
+    .rope_ex = cpu_rope_ex,
+    .attention_ex = cpu_attention_ex,
 };
 
 /* Staged variant: copies weights, and tells the engine its memory is not host memory, so the

@@ -76,6 +76,13 @@ struct gemm_kernels {
     void (*attn_head)(float *out, const float *q, int group, int hd, const float *k_cache,
                       const float *v_cache, const int32_t *table, int block_size, size_t row,
                       size_t head_off, int start, int pos, float scale, float *scratch);
+    /* The same with keys hdk and values hdv wide, K and V rows krow / vrow floats apart with
+     * this head's part at koff / voff (MLA reads both from one latent row), and an optional
+     * sink logit per query head in the softmax denominator (sinks (group) or NULL). */
+    void (*attn_head_ex)(float *out, const float *q, int group, int hdk, int hdv,
+                         const float *k_cache, const float *v_cache, const int32_t *table,
+                         int block_size, size_t krow, size_t vrow, size_t koff, size_t voff,
+                         int start, int pos, float scale, const float *sinks, float *scratch);
 };
 
 size_t gemm_act_bytes(enum act_kind kind, int n, int k);

@@ -414,6 +414,7 @@ static void v_exp_inplace(float *x, int n, float sub, float *sum)
 #define ATTN_AXPYS v_axpys
 #define ATTN_EXP v_exp_inplace
 #define ATTN_NAME v_attn_head
+#define ATTN_NAME_EX v_attn_head_ex
 #include "attn_impl.h"
 
 const struct gemm_kernels gemm_avx2 = {
@@ -423,6 +424,7 @@ const struct gemm_kernels gemm_avx2 = {
     .gemm = v_gemm,
     .silu_mul = v_silu_mul,
     .attn_head = v_attn_head,
+    .attn_head_ex = v_attn_head_ex,
 };
 
 #else

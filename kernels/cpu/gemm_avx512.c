@@ -395,6 +395,7 @@ static void x_exp_inplace(float *x, int n, float sub, float *sum)
 #define ATTN_AXPYS x_axpys
 #define ATTN_EXP x_exp_inplace
 #define ATTN_NAME x_attn_head
+#define ATTN_NAME_EX x_attn_head_ex
 #include "attn_impl.h"
 
 const struct gemm_kernels gemm_avx512 = {
@@ -404,6 +405,7 @@ const struct gemm_kernels gemm_avx512 = {
     .gemm = x_gemm,
     .silu_mul = x_silu_mul,
     .attn_head = x_attn_head,
+    .attn_head_ex = x_attn_head_ex,
 };
 
 #else

@@ -148,6 +148,7 @@ static void p_exp_inplace(float *x, int n, float sub, float *sum)
 #define ATTN_AXPYS p_axpys
 #define ATTN_EXP p_exp_inplace
 #define ATTN_NAME p_attn_head
+#define ATTN_NAME_EX p_attn_head_ex
 #include "attn_impl.h"
 
 const struct gemm_kernels gemm_portable = {
@@ -157,4 +158,5 @@ const struct gemm_kernels gemm_portable = {
     .gemm = p_gemm,
     .silu_mul = p_silu_mul,
     .attn_head = p_attn_head,
+    .attn_head_ex = p_attn_head_ex,
 };

@@ -5,7 +5,8 @@
  * (one warp per key row, lanes across head_dim, so each key row is read coalesced), the running
  * maximum and sum are rescaled when a chunk raises the maximum, and each thread accumulates
  * AT_DIMS_PER_THREAD output dimensions in registers. Any context length takes the same path;
- * short contexts are simply one chunk. Correctness first: no tensor cores, no split-K over the
+ * short contexts are simply one chunk. Keys and values may differ in width and row layout
+ * (MLA's latent rows), and a per-head sink logit may join the denominator (gpt-oss). Correctness first: no tensor cores, no split-K over the
  * context (a long decode uses only n_head blocks). */
 #include <math.h>
 
@@ -16,17 +17,19 @@
 #define AT_CHUNK           1024
 #define AT_DIMS_PER_THREAD (CUK_ATTN_MAX_HEAD_DIM / AT_THREADS)
 
-/* out, q: (n, n_head, head_dim); caches: (n_blocks, block_size, n_kv_head, head_dim);
- * grid = n * n_head; dynamic shared memory = (head_dim + AT_CHUNK) floats. */
+/* out: (n, n_head, v_dim), q: (n, n_head, k_dim); caches: (n_blocks, block_size, k_row) and
+ * (n_blocks, block_size, v_row), KV head kvh at kvh * k_dim / kvh * v_dim of a row (struct
+ * be_attn); grid = n * n_head; dynamic shared memory = (k_dim + AT_CHUNK) floats. */
 static __global__ void __launch_bounds__(AT_THREADS)
     at_attention_kernel(float *out, const float *q, const float *k_cache, const float *v_cache,
-                        struct be_tokens tk, int block_size, int n_head, int n_kv_head,
-                        int head_dim, int window, float scale)
+                        struct be_tokens tk, int block_size, struct be_attn a)
 {
     extern __shared__ float at_smem[];
     __shared__ float red[32];
-    float *qs = at_smem;            /* (head_dim) */
-    float *sc = at_smem + head_dim; /* (AT_CHUNK) scores, then probabilities */
+    int n_head = a.n_head, head_dim = a.v_dim, window = a.window;
+    float scale = a.scale;
+    float *qs = at_smem;             /* (k_dim) */
+    float *sc = at_smem + a.k_dim;   /* (AT_CHUNK) scores, then probabilities */
 
     int i = blockIdx.x / n_head;
     int h = blockIdx.x % n_head;
@@ -34,12 +37,11 @@ static __global__ void __launch_bounds__(AT_THREADS)
     const int32_t *block_table =
         tk.seq ? tk.tables + (size_t)tk.seq[i] * (size_t)tk.table_stride : tk.tables;
     int start = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
-    int kvh = h / (n_head / n_kv_head);
-    size_t row = (size_t)n_kv_head * (size_t)head_dim;
-    const float *qh = q + ((size_t)i * n_head + h) * (size_t)head_dim;
+    int kvh = h / (n_head / a.n_kv_head);
+    const float *qh = q + ((size_t)i * n_head + h) * (size_t)a.k_dim;
     int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, n_warp = blockDim.x >> 5;
 
-    for (int j = tid; j < head_dim; j += blockDim.x)
+    for (int j = tid; j < a.k_dim; j += blockDim.x)
         qs[j] = qh[j];
     __syncthreads();
 
@@ -56,10 +58,10 @@ static __global__ void __launch_bounds__(AT_THREADS)
             int p = c0 + t;
             const float *kt =
                 k_cache +
-                ((size_t)block_table[p / block_size] * block_size + p % block_size) * row +
-                (size_t)kvh * head_dim;
+                ((size_t)block_table[p / block_size] * block_size + p % block_size) * a.k_row +
+                (size_t)kvh * a.k_dim;
             float s = 0.0f;
-            for (int j = lane; j < head_dim; j += 32)
+            for (int j = lane; j < a.k_dim; j += 32)
                 s += qs[j] * kt[j];
             for (int o = 16; o > 0; o >>= 1)
                 s += __shfl_xor_sync(0xffffffffu, s, o);
@@ -89,22 +91,30 @@ static __global__ void __launch_bounds__(AT_THREADS)
         for (int r = 0; r < AT_DIMS_PER_THREAD; r++) {
             int j = tid + r * AT_THREADS;
             if (j < head_dim) {
-                float a = acc[r] * alpha;
+                float o = acc[r] * alpha;
                 for (int t = 0; t < len; t++) {
                     int p = c0 + t;
                     const float *vt =
                         v_cache +
-                        ((size_t)block_table[p / block_size] * block_size + p % block_size) * row +
+                        ((size_t)block_table[p / block_size] * block_size + p % block_size) *
+                            a.v_row +
                         (size_t)kvh * head_dim;
-                    a += sc[t] * vt[j];
+                    o += sc[t] * vt[j];
                 }
-                acc[r] = a;
+                acc[r] = o;
             }
         }
         __syncthreads(); /* the next chunk overwrites sc */
     }
 
-    float inv = 1.0f / l;
+    /* A sink is one more logit in the denominator, with no value. */
+    float rescale = 1.0f;
+    if (a.sinks) {
+        float sk = a.sinks[h], new_m = fmaxf(m, sk);
+        rescale = expf(m - new_m);
+        l = l * rescale + expf(sk - new_m);
+    }
+    float inv = rescale / l;
     float *oh = out + ((size_t)i * n_head + h) * (size_t)head_dim;
 #pragma unroll
     for (int r = 0; r < AT_DIMS_PER_THREAD; r++) {
@@ -113,28 +123,40 @@ static __global__ void __launch_bounds__(AT_THREADS)
     }
 }
 
+int cuk_attention_ex(cudaStream_t st, float *out, const float *q, const float *k_cache,
+                     const float *v_cache, const struct be_tokens *tk, int block_size, int n,
+                     const struct be_attn *a, char *err, size_t errlen)
+{
+    if (n <= 0 || a->n_head <= 0) return 0;
+    if (a->v_dim <= 0 || a->v_dim > CUK_ATTN_MAX_HEAD_DIM || a->k_dim <= 0 ||
+        a->k_dim > CUK_ATTN_MAX_K_DIM || a->n_kv_head <= 0 || a->n_head % a->n_kv_head != 0 ||
+        block_size <= 0 || tk->pos0 < 0 || a->k_row < a->n_kv_head * a->k_dim ||
+        a->v_row < a->n_kv_head * a->v_dim) {
+        if (err && errlen)
+            snprintf(err, errlen,
+                     "attention: unsupported shape (key width %d, max %d; value width %d, max %d; "
+                     "n_head %d, n_kv_head %d; block_size %d; pos0 %d)",
+                     a->k_dim, CUK_ATTN_MAX_K_DIM, a->v_dim, CUK_ATTN_MAX_HEAD_DIM, a->n_head,
+                     a->n_kv_head, block_size, tk->pos0);
+        return -1;
+    }
+    size_t blocks = (size_t)n * (size_t)a->n_head;
+    if (blocks > 0x7fffffffu) {
+        if (err && errlen) snprintf(err, errlen, "attention: %zu blocks exceed one grid", blocks);
+        return -1;
+    }
+    size_t smem = sizeof(float) * ((size_t)a->k_dim + AT_CHUNK);
+    at_attention_kernel<<<(unsigned)blocks, AT_THREADS, smem, st>>>(out, q, k_cache, v_cache, *tk,
+                                                                    block_size, *a);
+    return CUDA_LAUNCH_CHECK("at_attention_kernel", err, errlen);
+}
+
 int cuk_attention(cudaStream_t st, float *out, const float *q, const float *k_cache,
                   const float *v_cache, const struct be_tokens *tk, int block_size, int n,
                   int n_head, int n_kv_head, int head_dim, int window, float scale, char *err,
                   size_t errlen)
 {
-    if (n <= 0 || n_head <= 0) return 0;
-    if (head_dim <= 0 || head_dim > CUK_ATTN_MAX_HEAD_DIM || n_kv_head <= 0 ||
-        n_head % n_kv_head != 0 || block_size <= 0 || tk->pos0 < 0) {
-        if (err && errlen)
-            snprintf(err, errlen,
-                     "attention: unsupported shape (head_dim %d, max %d; n_head %d, n_kv_head %d; "
-                     "block_size %d; pos0 %d)",
-                     head_dim, CUK_ATTN_MAX_HEAD_DIM, n_head, n_kv_head, block_size, tk->pos0);
-        return -1;
-    }
-    size_t blocks = (size_t)n * (size_t)n_head;
-    if (blocks > 0x7fffffffu) {
-        if (err && errlen) snprintf(err, errlen, "attention: %zu blocks exceed one grid", blocks);
-        return -1;
-    }
-    size_t smem = sizeof(float) * ((size_t)head_dim + AT_CHUNK);
-    at_attention_kernel<<<(unsigned)blocks, AT_THREADS, smem, st>>>(
-        out, q, k_cache, v_cache, *tk, block_size, n_head, n_kv_head, head_dim, window, scale);
-    return CUDA_LAUNCH_CHECK("at_attention_kernel", err, errlen);
+    struct be_attn a = {n_head, n_kv_head, head_dim, head_dim, n_kv_head * head_dim,
+                        n_kv_head * head_dim, window, scale, NULL};
+    return cuk_attention_ex(st, out, q, k_cache, v_cache, tk, block_size, n, &a, err, errlen);
 }

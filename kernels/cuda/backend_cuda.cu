@@ -528,8 +528,55 @@ static void cb_kv_write(struct backend *be, float *k_cache, float *v_cache, cons
     cb_note(b, cuk_kv_write(b->stream, k_cache, v_cache, k, v, tk, block_size, n, row, CB_ERR(b)));
 }
 
+/* y (n, m), rows ldy apart = x (n, k), rows ldx apart . w^T: the input gathered to bf16 rows,
+ * the output written in place by cuBLAS's leading dimension. */
+static void cb_matmul_ld(struct backend *be, float *y, int ldy, const float *x, int ldx,
+                         const struct wmat *w, int n, int k, int m)
+{
+    struct cuda_backend *b = cb_of(be);
+    if (n <= 0 || m <= 0 || k <= 0 || cb_enter(b) < 0) return;
+    if ((size_t)n * (size_t)k > b->ws_elems) {
+        ms_errf(b->last, sizeof b->last,
+                "matmul_ld: input of %zu elements exceeds the reserved workspace of %zu",
+                (size_t)n * (size_t)k, b->ws_elems);
+        cb_note(b, -1);
+        return;
+    }
+    if (cb_note(b, cuk_to_bf16_ld(b->stream, b->ws, x, n, k, ldx, CB_ERR(b))) < 0) return;
+    cb_gemm(b, y, ldy, b->ws, k, w->data, k, n, k, m);
+}
+
+static void cb_rmsnorm_ld(struct backend *be, float *y, const float *x, const float *w, int n,
+                          int d, int ld, float eps)
+{
+    struct cuda_backend *b = cb_of(be);
+    if (cb_enter(b) < 0) return;
+    cb_note(b, cuk_rmsnorm_ld(b->stream, y, x, w, n, d, ld, eps, CB_ERR(b)));
+}
+
+static void cb_rope_ex(struct backend *be, float *y, int y_stride, const float *x, int x_stride,
+                       const int32_t *pos, int n, int n_head, int rot_dim, int interleave,
+                       const float *cos_sin)
+{
+    struct cuda_backend *b = cb_of(be);
+    if (cb_enter(b) < 0) return;
+    cb_note(b, cuk_rope_ex(b->stream, y, y_stride, x, x_stride, pos, n, n_head, rot_dim,
+                           interleave, cos_sin, CB_ERR(b)));
+}
+
+static void cb_attention_ex(struct backend *be, float *out, const float *q, const float *k_cache,
+                            const float *v_cache, const struct be_tokens *tk, int block_size,
+                            int n, const struct be_attn *a, float *scratch)
+{
+    struct cuda_backend *b = cb_of(be);
+    (void)scratch;
+    if (cb_enter(b) < 0) return;
+    cb_note(b, cuk_attention_ex(b->stream, out, q, k_cache, v_cache, tk, block_size, n, a,
+                                CB_ERR(b)));
+}
+
 /* Positional (C++17 has no designated initializers): this catches a field added to the table. */
-static_assert(sizeof(struct backend_ops) == 27 * sizeof(void *),
+static_assert(sizeof(struct backend_ops) == 31 * sizeof(void *),
               "struct backend_ops changed: update cuda_ops to match kernels/backend.h");
 
 static const struct backend_ops cuda_ops = {
@@ -560,6 +607,10 @@ static const struct backend_ops cuda_ops = {
     /* .moe_experts */ cb_moe_experts,
     /* .attention */ cb_attention,
     /* .kv_write */ cb_kv_write,
+    /* .matmul_ld */ cb_matmul_ld,
+    /* .rmsnorm_ld */ cb_rmsnorm_ld,
+    /* .rope_ex */ cb_rope_ex,
+    /* .attention_ex */ cb_attention_ex,
 };
 
 extern "C" int backend_cuda_device_count(void)

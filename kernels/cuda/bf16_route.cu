@@ -21,12 +21,14 @@ static __device__ inline void br_cvt(float *d, __nv_bfloat16 s)
     *d = __bfloat162float(s);
 }
 
+/* dst[i] = src[i] for the `total` elements of rows of k: source rows ld apart (ld == k:
+ * contiguous), destination contiguous. */
 template <typename D, typename S>
-static __global__ void br_convert_kernel(D *dst, const S *src, size_t total)
+static __global__ void br_convert_kernel(D *dst, const S *src, size_t total, size_t k, size_t ld)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
          i += (size_t)gridDim.x * blockDim.x)
-        br_cvt(&dst[i], src[i]);
+        br_cvt(&dst[i], src[ld == k ? i : i / k * ld + i % k]);
 }
 
 template <typename D, typename S>
@@ -34,7 +36,18 @@ static int br_convert(cudaStream_t st, D *dst, const S *src, size_t total, char 
                       size_t errlen)
 {
     if (total == 0) return 0;
-    br_convert_kernel<D, S><<<cuk_blocks(total, BR_THREADS), BR_THREADS, 0, st>>>(dst, src, total);
+    br_convert_kernel<D, S><<<cuk_blocks(total, BR_THREADS), BR_THREADS, 0, st>>>(dst, src, total,
+                                                                                 total, total);
+    return CUDA_LAUNCH_CHECK("br_convert_kernel", err, errlen);
+}
+
+int cuk_to_bf16_ld(cudaStream_t st, void *dst, const float *src, int n, int k, int ld, char *err,
+                   size_t errlen)
+{
+    size_t total = (size_t)n * (size_t)k;
+    if (total == 0) return 0;
+    br_convert_kernel<__nv_bfloat16, float><<<cuk_blocks(total, BR_THREADS), BR_THREADS, 0, st>>>(
+        (__nv_bfloat16 *)dst, src, total, (size_t)k, (size_t)ld);
     return CUDA_LAUNCH_CHECK("br_convert_kernel", err, errlen);
 }
 

@@ -69,6 +69,13 @@ int cuk_rmsnorm(cudaStream_t st, float *y, const float *x, const float *w, int n
                 char *err, size_t errlen);
 int cuk_rope(cudaStream_t st, float *x, const int32_t *pos, int n, int n_head, int head_dim,
              const float *cos_sin, char *err, size_t errlen);
+/* rows ld floats apart, the first d of each normed (backend.h rmsnorm_ld) */
+int cuk_rmsnorm_ld(cudaStream_t st, float *y, const float *x, const float *w, int n, int d, int ld,
+                   float eps, char *err, size_t errlen);
+/* backend.h rope_ex */
+int cuk_rope_ex(cudaStream_t st, float *y, int y_stride, const float *x, int x_stride,
+                const int32_t *pos, int n, int n_head, int rot_dim, int interleave,
+                const float *cos_sin, char *err, size_t errlen);
 
 /* rows.cu */
 int cuk_gather_rows(cudaStream_t st, float *dst, const float *src, const int32_t *idx, int n, int d,
@@ -85,6 +92,9 @@ int cuk_kv_write(cudaStream_t st, float *k_cache, float *v_cache, const float *k
 struct be_route;
 int cuk_to_bf16(cudaStream_t st, void *dst, const float *src, size_t total, char *err,
                 size_t errlen);
+/* dst (n, k) bf16 contiguous from src (n, k) f32 with rows ld floats apart */
+int cuk_to_bf16_ld(cudaStream_t st, void *dst, const float *src, int n, int k, int ld, char *err,
+                   size_t errlen);
 int cuk_bf16_to_f32(cudaStream_t st, float *dst, const void *src, size_t total, char *err,
                     size_t errlen);
 int cuk_swiglu_bf16(cudaStream_t st, void *out, const void *gate, const void *up, size_t total,
@@ -94,8 +104,13 @@ int cuk_embed_bf16(cudaStream_t st, float *out, const void *table, const int32_t
 int cuk_route(cudaStream_t st, int32_t *idx, float *w, const float *logits, const float *glog,
               const int32_t *tok_k, int n, const struct be_route *r, char *err, size_t errlen);
 
-/* attention.cu; head_dim <= CUK_ATTN_MAX_HEAD_DIM. */
+/* attention.cu; head_dim (value width) <= CUK_ATTN_MAX_HEAD_DIM, key width <= CUK_ATTN_MAX_K_DIM
+ * (MLA: kv_lora_rank + qk_rope_dim = 576 for DeepSeek-V3). */
 #define CUK_ATTN_MAX_HEAD_DIM 512
+#define CUK_ATTN_MAX_K_DIM 4096
+int cuk_attention_ex(cudaStream_t st, float *out, const float *q, const float *k_cache,
+                     const float *v_cache, const struct be_tokens *tk, int block_size, int n,
+                     const struct be_attn *a, char *err, size_t errlen);
 int cuk_attention(cudaStream_t st, float *out, const float *q, const float *k_cache,
                   const float *v_cache, const struct be_tokens *tk, int block_size, int n,
                   int n_head, int n_kv_head, int head_dim, int window, float scale, char *err,

@@ -60,10 +60,10 @@ static __global__ void rw_kv_write_kernel(float *k_cache, float *v_cache, const 
         ((size_t)block_table[p / block_size] * (size_t)block_size + (size_t)(p % block_size)) *
         (size_t)row;
     const float *ki = k + (size_t)i * (size_t)row;
-    const float *vi = v + (size_t)i * (size_t)row;
+    const float *vi = v ? v + (size_t)i * (size_t)row : NULL;
     for (int c = threadIdx.x; c < row; c += blockDim.x) {
         k_cache[off + c] = ki[c];
-        v_cache[off + c] = vi[c];
+        if (v_cache) v_cache[off + c] = vi[c]; /* MLA: no values */
     }
 }
 

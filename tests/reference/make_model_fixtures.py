@@ -28,6 +28,10 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers.utils import logging as hf_logging
 from transformers import (
     AutoModelForCausalLM,
+    DeepseekV2Config,
+    DeepseekV2ForCausalLM,
+    DeepseekV3Config,
+    DeepseekV3ForCausalLM,
     GenerationConfig,
     MixtralConfig,
     MixtralForCausalLM,
@@ -134,11 +138,88 @@ ARCHS = {
 }
 
 
+# DeepSeek (multi-head latent attention): 4 heads whose q/k width (nope 16 + rope 16) differs from
+# the value width (32) and from the latent (32 or 48), all multiples of 16 so int8/int4 tiles
+# fall on head boundaries. MLA keeps one latent "KV head": num_key_value_heads = heads.
+MLA = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    bos_token_id=None,
+    eos_token_id=0,
+    pad_token_id=None,
+    tie_word_embeddings=False,
+    qk_nope_head_dim=16,
+    qk_rope_head_dim=16,
+    v_head_dim=32,
+    moe_intermediate_size=32,
+    intermediate_size=128,  # the dense first layers
+    n_routed_experts=8,
+    num_experts_per_tok=2,
+)
+ARCHS["deepseek_v2"] = (
+    DeepseekV2ForCausalLM,
+    DeepseekV2Config(
+        **MLA,
+        num_hidden_layers=3,
+        max_position_embeddings=512,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        q_lora_rank=None,  # q_proj straight from the hidden state
+        kv_lora_rank=32,
+        first_k_dense_replace=1,
+        n_shared_experts=2,
+        topk_method="greedy",
+        routed_scaling_factor=1.5,
+    ),
+)
+ARCHS["deepseek_v2_group"] = (
+    DeepseekV2ForCausalLM,
+    DeepseekV2Config(
+        **MLA,
+        num_hidden_layers=2,
+        max_position_embeddings=512,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        q_lora_rank=32,
+        kv_lora_rank=48,
+        first_k_dense_replace=0,
+        n_shared_experts=1,
+        topk_method="group_limited_greedy",
+        n_group=4,
+        topk_group=2,
+    ),
+)
+# V3: noaux_tc with a non-zero correction bias, YaRN past a 64-position original context (the
+# prompts plus continuations reach 73), mscale != mscale_all_dim so that both the cos/sin
+# attention factor and the softmax scale's mscale^2 are exercised.
+ARCHS["deepseek_v3"] = (
+    DeepseekV3ForCausalLM,
+    DeepseekV3Config(
+        **MLA,
+        num_hidden_layers=3,
+        max_position_embeddings=256,  # = factor x original, as DeepSeek-V3's config
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                         "original_max_position_embeddings": 64, "beta_fast": 32,
+                         "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 0.8},
+        q_lora_rank=32,
+        kv_lora_rank=48,
+        first_k_dense_replace=1,
+        n_shared_experts=1,
+        n_group=4,
+        topk_group=2,
+        norm_topk_prob=True,
+        routed_scaling_factor=2.5,
+    ),
+)
+
 # Per-architecture weight seed offsets, picked (by trying a few) so that no token's k-th and
 # (k+1)-th router logits are within ROUTER_GAP_MIN of each other on the reference sequences:
 # a near tie would make expert choice, and so the expected logits, hinge on rounding.
-SEED_OFFSET = {"qwen3_moe": 1}
+SEED_OFFSET = {"qwen3_moe": 1, "deepseek_v2": 4, "deepseek_v2_group": 5, "deepseek_v3": 11}
 ROUTER_GAP_MIN = 1e-3
+# DeepSeek-V2 ranks softmax probabilities (~1/8 each here), whose gaps are ~100x smaller than
+# logit gaps for the same routing margin; still ~1000x above f32 rounding of a probability.
+ROUTER_GAP_MIN_PROB = 2e-5
 
 
 def train_tokenizer(data_path):
@@ -175,7 +256,9 @@ def make_weights_nondegenerate(model, seed):
     gives logits spread over several units and clearly separated router scores."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for name, p in model.named_parameters():  # fixed order: deterministic
+        params = list(model.named_parameters())
+        params += [(n, b) for n, b in model.named_buffers() if n.endswith("e_score_correction_bias")]
+        for name, p in params:  # fixed order: deterministic
             r = torch.randn(tuple(p.shape), generator=g, dtype=torch.float32)
             fan_in = p.shape[-1]
             if name.endswith("norm.weight"):
@@ -186,6 +269,8 @@ def make_weights_nondegenerate(model, seed):
                 v = 0.5 * r
             elif name.endswith("mlp.gate.weight"):  # router (n_experts, hidden)
                 v = 0.4 * r
+            elif name.endswith("e_score_correction_bias"):  # V3: reorders the choice
+                v = 0.3 * r
             elif "shared_expert_gate" in name:
                 v = 0.5 * r
             elif name.startswith("lm_head"):
@@ -253,17 +338,46 @@ def greedy(model, ids):
     return new.to(torch.int32), margins, eos_top, mismatch
 
 
+def choice_scores(model, layer, rl):
+    """The scores a router ranks experts by, and (grouped routers) its group scores; None for
+    groups otherwise. DeepSeek V2 group_limited_greedy ranks groups by their best softmax
+    probability, V3 by the sum of their two best sigmoid + bias."""
+    cfg = model.config
+    if cfg.model_type == "deepseek_v3":
+        s = rl.float().sigmoid() + model.model.layers[layer].mlp.gate.e_score_correction_bias
+        g = s.view(-1, cfg.n_group, s.shape[-1] // cfg.n_group).topk(2, dim=-1)[0].sum(-1)
+        return s, g
+    if cfg.model_type == "deepseek_v2":
+        p = rl.float().softmax(-1)
+        if cfg.topk_method == "group_limited_greedy":
+            return p, p.view(-1, cfg.n_group, p.shape[-1] // cfg.n_group).max(-1).values
+        return p, None
+    return rl.float(), None
+
+
 @torch.no_grad()
 def min_router_gap(model, sequences):
-    """Smallest gap between the k-th and (k+1)-th router logit over all MoE layers/tokens."""
+    """Smallest gap between the k-th and (k+1)-th score an expert (and a group, for grouped
+    routers) is chosen by, over all MoE layers/tokens."""
     k = model.config.num_experts_per_tok
+    kg = getattr(model.config, "topk_group", None)
     gap = math.inf
     for seq in sequences:
         out = model(input_ids=torch.tensor([seq], dtype=torch.long), output_router_logits=True)
-        for rl in out.router_logits or ():
-            if rl is not None:
-                top = torch.topk(rl.float(), k + 1, dim=-1).values
-                gap = min(gap, float((top[:, k - 1] - top[:, k]).min()))
+        moe_layers = [i for i, l in enumerate(model.model.layers) if hasattr(l.mlp, "gate")
+                      and not hasattr(l.mlp, "gate_proj")]
+        for li, rl in zip(moe_layers, [r for r in (out.router_logits or ()) if r is not None]):
+            s, g = choice_scores(model, li, rl)
+            if g is not None:
+                gt = torch.topk(g, kg + 1, dim=-1).values if kg < g.shape[-1] else None
+                if gt is not None:
+                    gap = min(gap, float((gt[:, kg - 1] - gt[:, kg]).min()))
+                keep = torch.topk(g, kg, dim=-1).indices
+                mask = torch.zeros_like(g).scatter_(1, keep, 1).repeat_interleave(
+                    s.shape[-1] // g.shape[-1], dim=-1)
+                s = s.masked_fill(mask == 0, -1e9)
+            top = torch.topk(s, k + 1, dim=-1).values
+            gap = min(gap, float((top[:, k - 1] - top[:, k]).min()))
     return gap
 
 
@@ -271,9 +385,19 @@ def min_router_gap(model, sequences):
 def route_sets(model, ids):
     """(n_moe_layers, n, k) chosen experts per token, sorted, from the router logits."""
     k = model.config.num_experts_per_tok
+    kg = getattr(model.config, "topk_group", None)
     out = model(input_ids=torch.tensor([ids], dtype=torch.long), output_router_logits=True)
-    sets = [torch.topk(rl.float(), k, dim=-1).indices.sort(-1).values
-            for rl in (out.router_logits or ()) if rl is not None]
+    moe_layers = [i for i, l in enumerate(model.model.layers) if hasattr(l.mlp, "gate")
+                  and not hasattr(l.mlp, "gate_proj")]
+    sets = []
+    for li, rl in zip(moe_layers, [r for r in (out.router_logits or ()) if r is not None]):
+        s, g = choice_scores(model, li, rl)
+        if g is not None:
+            keep = torch.topk(g, kg, dim=-1).indices
+            mask = torch.zeros_like(g).scatter_(1, keep, 1).repeat_interleave(
+                s.shape[-1] // g.shape[-1], dim=-1)
+            s = s.masked_fill(mask == 0, -1e9)
+        sets.append(torch.topk(s, k, dim=-1).indices.sort(-1).values)
     return torch.stack(sets)
 
 
@@ -333,7 +457,8 @@ def write_reference(model_dir, prompts, f32_model, bf16_model=None):
         seqs = prompts  # the f32-compute references of the bf16 weights
     gap = min_router_gap(f32_model, seqs)  # f32 compute: what a CPU engine must reproduce
     notes.append(f"min router gap {gap:.4f}")
-    if gap < ROUTER_GAP_MIN:
+    prob = f32_model.config.model_type == "deepseek_v2"
+    if gap < (ROUTER_GAP_MIN_PROB if prob else ROUTER_GAP_MIN):
         notes.append("WARNING: near-tie routing, change SEED_OFFSET")
     return (min(margins) if margins else None), spread, notes
 

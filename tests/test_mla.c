@@ -1,0 +1,177 @@
+/* DeepSeek-V2/V3 beyond the golden logits of test_forward: how config.json becomes the model
+ * description (MLA geometry, YaRN and its softmax mscale, routing rules), the config values
+ * refused by name, the latent KV cache's size per token (kv_lora_rank + qk_rope_head_dim
+ * floats per layer, no values). int8/int4 loads are checked by test_quant. */
+#include <jansson.h>
+#include <math.h>
+
+#include "common.h"
+#include "engine.h"
+#include "golden.h"
+#include "model.h"
+#include "test.h"
+
+/* The fixture's config.json with `patch` (a JSON object) merged over it, parsed into d. */
+static int parse_patched(const char *tests, const char *name, const char *patch,
+                         struct model_desc *d, char *err, size_t errlen)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/fixtures/models/%s/config.json", tests, name);
+    json_error_t je;
+    json_t *root = json_load_file(path, 0, &je);
+    json_t *p = patch ? json_loads(patch, 0, &je) : NULL;
+    if (!root || (patch && !p)) {
+        json_decref(root);
+        json_decref(p);
+        return ms_errf(err, errlen, "cannot read %s or the patch", path);
+    }
+    if (p) json_object_update(root, p);
+    char *text = json_dumps(root, 0);
+    int rc = text ? model_desc_parse(text, strlen(text), path, d, err, errlen) : -1;
+    free(text);
+    json_decref(root);
+    json_decref(p);
+    return rc;
+}
+
+static void test_descriptions(const char *tests)
+{
+    struct model_desc d;
+    char err[MS_ERR_LEN];
+    int rc = parse_patched(tests, "deepseek_v3", NULL, &d, err, sizeof err);
+    CHECKF(rc == 0, "%s", err);
+    if (rc == 0) {
+        CHECK(d.attn == ATTN_KIND_MLA && d.router == ROUTER_KIND_SIGMOID_GROUP && d.router_bias);
+        CHECK(d.q_lora_rank == 32 && d.kv_lora_rank == 48 && d.qk_nope_dim == 16 &&
+              d.qk_rope_dim == 16 && d.v_head_dim == 32 && d.head_dim == 32);
+        CHECK(d.rope_dim == 16 && d.rope_interleave && d.rope_yarn && d.yarn_factor == 4.0f &&
+              d.yarn_orig_max_pos == 64);
+        /* softmax scale = 32^-0.5 * (0.1 * 0.8 * ln 4 + 1)^2; cos/sin factor = mscale(4, 1) /
+         * mscale(4, 0.8) */
+        double m = 0.1 * 0.8 * log(4.0) + 1.0;
+        CHECK(fabs(d.attn_scale - pow(32.0, -0.5) * m * m) < 1e-7);
+        CHECK(fabs(d.rope_attn_factor - (0.1 * log(4.0) + 1.0) / m) < 1e-7);
+        CHECK(d.n_group == 4 && d.topk_group == 2 && d.norm_topk_prob && d.routed_scale == 2.5f);
+        CHECK(!d.layer_is_moe[0] && d.layer_is_moe[1] && d.layer_is_moe[2]);
+        CHECK(d.n_shared == 1 && d.shared_d_ff == 32 && d.dense_d_ff == 128);
+        model_desc_free(&d);
+    }
+    rc = parse_patched(tests, "deepseek_v2", NULL, &d, err, sizeof err);
+    CHECKF(rc == 0, "%s", err);
+    if (rc == 0) {
+        CHECK(d.router == ROUTER_KIND_SOFTMAX_TOPK && !d.router_bias && d.routed_scale == 1.5f);
+        CHECK(d.q_lora_rank == 0 && d.n_shared == 1 && d.shared_d_ff == 64 && !d.rope_yarn);
+        CHECK(d.n_group == 0 && d.rope_interleave);
+        model_desc_free(&d);
+    }
+    rc = parse_patched(tests, "deepseek_v2_group", NULL, &d, err, sizeof err);
+    CHECKF(rc == 0, "%s", err);
+    if (rc == 0) {
+        CHECK(d.router == ROUTER_KIND_SOFTMAX_GROUP && d.n_group == 4 && d.topk_group == 2);
+        CHECK(d.layer_is_moe[0] && d.layer_is_moe[1]);
+        model_desc_free(&d);
+    }
+    /* moe_layer_freq: DeepSeek's rule, MoE from first_k_dense_replace on every freq-th layer */
+    rc = parse_patched(tests, "deepseek_v3", "{\"moe_layer_freq\": 2, \"num_hidden_layers\": 5}",
+                       &d, err, sizeof err);
+    CHECKF(rc == 0, "%s", err);
+    if (rc == 0) {
+        CHECK(!d.layer_is_moe[0] && !d.layer_is_moe[1] && d.layer_is_moe[2] &&
+              !d.layer_is_moe[3] && d.layer_is_moe[4]);
+        model_desc_free(&d);
+    }
+
+    /* Refused, naming the field and the value. */
+    static const struct {
+        const char *model, *patch, *want1, *want2;
+    } bad[] = {
+        {"deepseek_v2", "{\"topk_method\": \"noaux_tc\"}", "topk_method", "'noaux_tc'"},
+        {"deepseek_v2", "{\"topk_method\": \"random\"}", "topk_method", "'random'"},
+        {"deepseek_v3", "{\"topk_method\": \"greedy\"}", "topk_method", "'greedy'"},
+        {"deepseek_v3", "{\"scoring_func\": \"softmax\"}", "scoring_func", "'softmax'"},
+        {"deepseek_v2", "{\"scoring_func\": \"sigmoid\"}", "scoring_func", "'sigmoid'"},
+        {"deepseek_v3",
+         "{\"rope_parameters\": {\"rope_type\": \"longrope\", \"rope_theta\": 10000.0}}",
+         "rope_type", "'longrope'"},
+        {"deepseek_v3", "{\"rope_scaling\": {\"type\": \"linear\", \"factor\": 2}}", "rope_scaling",
+         "'linear'"},
+        {"deepseek_v3", "{\"quantization_config\": {\"quant_method\": \"fp8\"}}",
+         "quantization_config.quant_method", "'fp8'"},
+        {"deepseek_v2", "{\"norm_topk_prob\": true}", "norm_topk_prob", "deepseek_v2"},
+        {"deepseek_v2", "{\"attention_bias\": true}", "attention_bias", "true"},
+        {"deepseek_v3", "{\"n_group\": 3}", "n_group 3", "n_routed_experts"},
+        {"deepseek_v3", "{\"topk_group\": 0}", "topk_group 0", NULL},
+        {"deepseek_v3", "{\"qk_rope_head_dim\": 15}", "qk_rope_head_dim", "15"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        err[0] = '\0';
+        rc = parse_patched(tests, bad[i].model, bad[i].patch, &d, err, sizeof err);
+        CHECKF(rc == -1 && strstr(err, bad[i].want1) &&
+                   (!bad[i].want2 || strstr(err, bad[i].want2)),
+               "case %zu (%s): %s", i, bad[i].patch, err);
+        if (rc == 0) model_desc_free(&d);
+    }
+}
+
+/* The latent cache: per token and layer kv_lora_rank + qk_rope_head_dim floats, no values. */
+static void test_kv_bytes(const char *tests)
+{
+    struct model_desc d;
+    char err[MS_ERR_LEN];
+    /* DeepSeek-V2-Lite and V3 shapes (their config.json fields that matter here). */
+    static const char *shapes[] = {
+        "{\"num_hidden_layers\": 27, \"kv_lora_rank\": 512, \"qk_rope_head_dim\": 64, "
+        "\"qk_nope_head_dim\": 128, \"v_head_dim\": 128, \"num_attention_heads\": 16, "
+        "\"num_key_value_heads\": 16, \"hidden_size\": 2048, \"q_lora_rank\": null, "
+        "\"n_routed_experts\": 64, \"num_experts_per_tok\": 6, \"n_group\": 1, \"topk_group\": 1, "
+        "\"model_type\": \"deepseek_v2\", \"topk_method\": \"greedy\", \"norm_topk_prob\": false}",
+        "{\"num_hidden_layers\": 61, \"kv_lora_rank\": 512, \"qk_rope_head_dim\": 64, "
+        "\"qk_nope_head_dim\": 128, \"v_head_dim\": 128, \"num_attention_heads\": 128, "
+        "\"num_key_value_heads\": 128, \"hidden_size\": 7168, \"q_lora_rank\": 1536, "
+        "\"n_routed_experts\": 256, \"num_experts_per_tok\": 8, \"n_group\": 8, \"topk_group\": 4}",
+    };
+    static const size_t want[] = {576u * 27u * 4u, 576u * 61u * 4u};
+    for (int i = 0; i < 2; i++) {
+        int rc = parse_patched(tests, "deepseek_v3", shapes[i], &d, err, sizeof err);
+        CHECKF(rc == 0, "%s", err);
+        if (rc != 0) continue;
+        size_t got = model_kv_bytes_per_token(&d);
+        CHECKF(got == want[i], "%s: %zu bytes per token, want %zu", i ? "V3" : "V2-Lite", got,
+               want[i]);
+        printf("KV cache bytes per token, %s shape: %zu (full K/V would be %zu)\n",
+               i ? "DeepSeek-V3" : "DeepSeek-V2-Lite", got,
+               (size_t)d.n_layer * d.n_head * (size_t)(d.head_dim + d.v_head_dim) * 4);
+        model_desc_free(&d);
+    }
+
+    /* The engine's pool holds exactly that. */
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/fixtures/models/deepseek_v3", tests);
+    struct model *m = NULL;
+    struct model_load_opts lo;
+    model_load_opts_default(&lo);
+    int rc = model_load(dir, &lo, &m, err, sizeof err);
+    CHECKF(rc == 0, "%s", err);
+    if (rc != 0) return;
+    struct engine *e = golden_engine(m, 1);
+    CHECK(e != NULL);
+    if (e) {
+        const struct kv_cache *kv = engine_kv(e);
+        int lat = m->desc.kv_lora_rank + m->desc.qk_rope_dim;
+        CHECK(kv->k_row == lat && kv->v_row == 0 && kv->v[0] == NULL);
+        CHECK(kv_block_bytes_rows(kv->n_layer, kv->k_row, kv->v_row, kv->block_size) ==
+              (size_t)lat * (size_t)m->desc.n_layer * sizeof(float) * (size_t)kv->block_size);
+        CHECK(model_kv_bytes_per_token(&m->desc) ==
+              (size_t)lat * (size_t)m->desc.n_layer * sizeof(float));
+        engine_free(e);
+    }
+    model_free(m);
+}
+
+int main(int argc, char **argv)
+{
+    const char *tests = argc > 1 ? argv[1] : "tests";
+    test_descriptions(tests);
+    test_kv_bytes(tests);
+    return test_done("test_mla");
+}

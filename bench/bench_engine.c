@@ -6,6 +6,8 @@
  *   make_synthetic_model /tmp/mixtral100m --params 100M --dtype bf16
  *   bench_engine /tmp/mixtral100m [--types f32,bf16,int8,int4] [--prompt-len 256] [--decode 64]
  *                [--devices 1] [--threads N] [--moe-top-k K] [--repeat R]
+ *   bench_engine DIR --dtype auto|bfloat16|float32 [--quantization none|int8|int4] ...
+ *                (one row with the server's flags instead of --types)
  *
  * Types: f32 (--dtype float32), bf16 (--dtype bfloat16: bf16 weights and activations; what
  * auto is on a bf16 checkpoint), auto (the checkpoint's dtype), int8 and int4
@@ -148,12 +150,14 @@ fail:
 int main(int argc, char **argv)
 {
     if (argc < 2 || strcmp(argv[1], "--help") == 0) {
-        fprintf(stderr, "usage: bench_engine MODEL_DIR [--types f32,bf16,auto,int8,int4] "
-                        "[--prompt-len N] [--decode N] [--devices N] [--threads N] "
-                        "[--moe-top-k K] [--repeat R]\n");
+        fprintf(stderr, "usage: bench_engine MODEL_DIR [--types f32,bf16,auto,int8,int4 | --dtype D "
+                        "--quantization Q] [--prompt-len N] [--decode N] [--devices N] "
+                        "[--threads N] [--moe-top-k K] [--repeat R]\n");
         return 2;
     }
     const char *dir = argv[1], *type_list = "auto";
+    struct type_spec custom = {"flags", MODEL_DTYPE_AUTO, MODEL_QUANT_NONE};
+    bool use_custom = false;
     int prompt_len = 256, n_decode = 64, devices = 1, threads = 0, moe_k = 0, repeat = 2;
     for (int i = 2; i + 1 < argc; i += 2) {
         const char *v = argv[i + 1];
@@ -164,6 +168,11 @@ int main(int argc, char **argv)
         else if (strcmp(argv[i], "--threads") == 0) threads = atoi(v);
         else if (strcmp(argv[i], "--moe-top-k") == 0) moe_k = atoi(v);
         else if (strcmp(argv[i], "--repeat") == 0) repeat = atoi(v);
+        else if (strcmp(argv[i], "--dtype") == 0 && model_dtype_parse(v, &custom.dtype) == 0)
+            use_custom = true;
+        else if (strcmp(argv[i], "--quantization") == 0 &&
+                 model_quant_parse(v, &custom.quant) == 0)
+            use_custom = true;
         else {
             fprintf(stderr, "bench_engine: unknown option %s\n", argv[i]);
             return 2;
@@ -175,6 +184,12 @@ int main(int argc, char **argv)
     }
     const struct type_spec *chosen[16];
     int n_types = 0;
+    if (use_custom) {
+        custom.name = custom.quant != MODEL_QUANT_NONE ? model_quant_name(custom.quant)
+                                                       : model_dtype_name(custom.dtype);
+        chosen[n_types++] = &custom;
+        type_list = "";
+    }
     char list[256];
     snprintf(list, sizeof list, "%s", type_list);
     for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {

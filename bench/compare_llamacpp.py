@@ -343,11 +343,11 @@ def table(args, results):
             "|---|---|---:|---:|---:|---|"]
     for t in args.types:
         r = results[t]
-        for key, name, _ in metrics:
+        for i, (key, name, _) in enumerate(metrics):
             a, b = r["llama"].get(key), r["moeserve"].get(key)
             ratio = "%.2f" % (b / a) if a and b else "n/a"
             rows.append("| %s | %s | %s | %s | %s | %s |" % (t, name % sub, fmt(a), fmt(b), ratio,
-                                                             r["moeserve_mode"]))
+                                                             r["moeserve_mode"] if i == 0 else ""))
     return "\n".join(rows)
 
 
@@ -510,6 +510,7 @@ def main():
                                  "tokens/request" % (side, t, c, b["errors"], b["by_chunks"],
                                                      b["tok_per_req"]))
 
+    notes.append("load average at the end %s" % " ".join("%.2f" % x for x in os.getloadavg()))
     tab = table(args, results)
     print()
     print("moeserve vs llama.cpp, %s synthetic Mixtral (%s), prompt %d, decode %d, server "

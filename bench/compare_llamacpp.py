@@ -31,6 +31,7 @@ usage:
   python3 bench/compare_llamacpp.py --llama-cpp ~/llama.cpp [--size 100M|1B] [--threads 2]
       [--repeat 2] [--types F32,BF16,Q8_0,Q4_0,Q4_1] [--work DIR] [--build build]
       [--convert-python PY] [--skip-server] [--skip-micro] [--json OUT.json] [--markdown OUT.md]
+  python3 bench/compare_llamacpp.py --from-json RUN1.json RUN2.json   # best of several runs
 """
 import argparse
 import gzip
@@ -354,6 +355,38 @@ def table(args, results):
 # ---------------------------------------------------------------------------------------------
 
 
+def merge_runs(args):
+    """Prints the table of the best value of each cell over several runs' --json files (the
+    same model and settings): on a shared machine one run's repeats can all fall in a busy
+    spell."""
+    runs = []
+    for path in args.from_json:
+        with open(path) as f:
+            runs.append(json.load(f))
+    for k, v in runs[0].get("settings", {}).items():
+        setattr(args, k, v)
+    lower_better = {key for key, _, higher in server_metrics(args) if not higher}
+    merged = {}
+    for run_ in runs:
+        for t, r in run_["results"].items():
+            m = merged.setdefault(t, {"llama": {}, "moeserve": {}, "moeserve_mode":
+                                      r["moeserve_mode"]})
+            for side in ("llama", "moeserve"):
+                for key, v in r[side].items():
+                    old = m[side].get(key)
+                    pick = min if key in lower_better else max
+                    m[side][key] = v if old is None else pick(old, v)
+    if isinstance(args.types, str):
+        args.types = args.types.split(",")
+    args.types = [t for t in args.types if t in merged]
+    print("best of %d runs (%s)" % (len(runs), ", ".join(args.from_json)))
+    for i, run_ in enumerate(runs):
+        for n in run_["notes"]:
+            print("- run %d: %s" % (i + 1, n))
+    print()
+    print(table(args, merged))
+
+
 def detect(args):
     """What the llama.cpp and moeserve builds at hand can do."""
     for tool in ("llama-bench", "llama-server", "llama-quantize", "llama-batched-bench"):
@@ -396,7 +429,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n\n", 1)[1])
-    ap.add_argument("--llama-cpp", required=True, help="a built llama.cpp source tree")
+    ap.add_argument("--llama-cpp", help="a built llama.cpp source tree (required)")
     ap.add_argument("--llama-bin", help="its binaries (default: LLAMA_CPP/build/bin)")
     ap.add_argument("--llama-cpp-commit", help="label for its commit when it is no git checkout")
     ap.add_argument("--size", default="100M", help="model size for make_synthetic_model (100M, 1B)")
@@ -423,7 +456,13 @@ def main():
     ap.add_argument("--skip-server", action="store_true", help="no server benchmarks")
     ap.add_argument("--json", help="write every result here")
     ap.add_argument("--markdown", help="write the table and the commands here")
+    ap.add_argument("--from-json", nargs="+", metavar="FILE",
+                    help="measure nothing: the best of earlier runs' --json files, as one table")
     args = ap.parse_args()
+    if args.from_json:
+        return merge_runs(args)
+    if not args.llama_cpp:
+        ap.error("--llama-cpp DIR is required")
     args.llama_cpp = os.path.abspath(args.llama_cpp)
     args.llama_bin = args.llama_bin or os.path.join(args.llama_cpp, "build", "bin")
     args.build = os.path.abspath(args.build)
@@ -521,7 +560,11 @@ def main():
     print(tab)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"notes": notes, "results": results, "commands": COMMANDS}, f, indent=1,
+            settings = {k: getattr(args, k) for k in ("size", "types", "prompt_len", "decode",
+                                                       "concurrency", "max_tokens", "skip_micro",
+                                                       "skip_server")}
+            json.dump({"settings": settings, "notes": notes, "results": results,
+                       "commands": COMMANDS}, f, indent=1,
                       default=str)
     if args.markdown:
         with open(args.markdown, "w") as f:

@@ -355,6 +355,21 @@ def table(args, results):
 # ---------------------------------------------------------------------------------------------
 
 
+def save_json(args, notes, results, types):
+    """--json: the types measured so far (written after each, so a run cut short still counts
+    for --from-json)."""
+    if not args.json:
+        return
+    settings = {k: getattr(args, k) for k in ("size", "prompt_len", "decode", "concurrency",
+                                              "max_tokens", "skip_micro", "skip_server")}
+    settings["types"] = types
+    with open(args.json + ".tmp", "w") as f:
+        json.dump({"settings": settings, "notes": notes,
+                   "results": {t: results[t] for t in types}, "commands": COMMANDS}, f, indent=1,
+                  default=str)
+    os.replace(args.json + ".tmp", args.json)
+
+
 def merge_runs(args):
     """Prints the table of the best value of each cell over several runs' --json files (the
     same model and settings): on a shared machine one run's repeats can all fall in a busy
@@ -548,6 +563,7 @@ def main():
                     notes.append("%s %s c=%s: %d errors, %d requests counted by chunks, %.1f "
                                  "tokens/request" % (side, t, c, b["errors"], b["by_chunks"],
                                                      b["tok_per_req"]))
+        save_json(args, notes, results, args.types[:args.types.index(t) + 1])
 
     notes.append("load average at the end %s" % " ".join("%.2f" % x for x in os.getloadavg()))
     tab = table(args, results)
@@ -558,14 +574,7 @@ def main():
         print("- " + n)
     print()
     print(tab)
-    if args.json:
-        with open(args.json, "w") as f:
-            settings = {k: getattr(args, k) for k in ("size", "types", "prompt_len", "decode",
-                                                       "concurrency", "max_tokens", "skip_micro",
-                                                       "skip_server")}
-            json.dump({"settings": settings, "notes": notes, "results": results,
-                       "commands": COMMANDS}, f, indent=1,
-                      default=str)
+    save_json(args, notes, results, args.types)
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write("\n".join("- " + n for n in notes) + "\n\n" + tab + "\n\n## Commands\n\n```\n"

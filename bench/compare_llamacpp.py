@@ -8,13 +8,14 @@ What it does:
      F32 file with llama-quantize --pure (every tensor the named type) to Q8_0, Q4_0, Q4_1;
   3. llama.cpp: llama-bench prefill pp256 and decode tg64 at depth 0, and tg64 at depth 256
      (llama-bench -d where that version has it, else llama-batched-bench -npp 256 -ntg 64);
-  4. moeserve: build/bench_engine --prompt-len 256 --decode 64 (prefill, decode at depth 256) and
-     --prompt-len 1 --decode 64 (decode at depth 0), passing --dtype float32|bfloat16 or
-     --quantization int8|int4 for the type; without those flags (older bench_engine) F32 and BF16
-     run the default (bf16 weights expanded to f32) and the quantized types are n/a;
+  4. moeserve: build/bench_engine --prompt-len 256 --decode 64 with --dtype float32|bfloat16 or
+     --quantization int8|int4 for the type and --threads THREADS (one row: prefill, decode at
+     depth 0 and at depth 256); an older bench_engine without those flags runs twice (prompt 256,
+     then prompt 1 for depth 0), F32 and BF16 run its default (bf16 weights expanded to f32) and
+     the quantized types are n/a;
   5. bench/bench_server.py at concurrency 1,8,32 (128 tokens per request) against llama-server
      (started here: -t/-tb THREADS, -np 32 slots, continuous batching) and against moeserve serve
-     (bench_server.py --binary, same --dtype/--quantization flags);
+     (bench_server.py --binary, same --dtype/--quantization/--threads flags);
   6. prints one table, type x metric: llama.cpp, moeserve, and moeserve/llama.cpp.
 Each measurement runs --repeat times (default 2) and the best is kept: the machine may be shared.
 Before the numbers, a check that the two engines run the same model: moeserve generate and
@@ -199,6 +200,23 @@ def llama_micro(args, gguf):
 def moeserve_micro(args, hf, flags):
     """The same three numbers from bench_engine, or {'error': text}."""
     bench = os.path.join(args.build, "bench_engine")
+    flags = flags + args.ms_engine_threads
+    if args.ms_engine_rows:
+        # one row per weight type: name, weights MB, load s, prefill, decode at depth 0 and at
+        # depth --prompt-len (tok/s, each the best of --repeat runs), then roofline figures
+        code, out = run([bench, hf, "--prompt-len", str(args.prompt_len), "--decode",
+                         str(args.decode), "--repeat", str(args.repeat)] + flags, check=False)
+        if code != 0:
+            return {"error": out.strip().splitlines()[-1] if out.strip() else "exit %d" % code}
+        for line in out.splitlines():
+            f = line.split()
+            try:
+                nums = [float(x.rstrip("%")) for x in f[1:6]]
+            except ValueError:
+                continue
+            if len(nums) == 5:
+                return {"pp": nums[2], "tg0": nums[3], "tg256": nums[4]}
+        return {"error": "no result row in bench_engine's output"}
     res = {}
     for _ in range(args.repeat):
         for prompt, keys in ((args.prompt_len, ("pp", "tg256")), (1, ("tg0",))):
@@ -289,7 +307,7 @@ def same_model_check(args, hf, server):
     n = 16
     flags = MOESERVE_FLAGS["F32"] if args.ms_generate_flags["--dtype"] else []
     cmd = [os.path.join(args.build, "moeserve"), "generate", "--model", hf, "--prompt",
-           CHECK_PROMPT, "-n", str(n)] + flags
+           CHECK_PROMPT, "-n", str(n)] + flags + args.ms_generate_threads
     COMMANDS.append(" ".join(shlex.quote(c) for c in cmd))
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                        errors="replace", timeout=300)  # the text on stdout, timings on stderr
@@ -415,11 +433,15 @@ def detect(args):
     args.llama_has_depth = "--n-depth" in h
     _, h = run([os.path.join(args.build, "bench_engine"), "--help"], check=False, quiet=True)
     args.ms_engine_flags = {f: f in h for f in ("--dtype", "--quantization")}
+    args.ms_engine_rows = "--types" in h  # newer bench_engine: one table row per weight type
+    args.ms_engine_threads = ["--threads", str(args.threads)] if "--threads" in h else []
     _, h = run([os.path.join(args.build, "moeserve"), "serve", "--help"], check=False, quiet=True)
     args.ms_serve_flags = {f: f in h for f in ("--dtype", "--quantization")}
+    args.ms_serve_threads = ["--threads", str(args.threads)] if "--threads" in h else []
     _, h = run([os.path.join(args.build, "moeserve"), "generate", "--help"], check=False,
                quiet=True)
     args.ms_generate_flags = {f: f in h for f in ("--dtype", "--quantization")}
+    args.ms_generate_threads = ["--threads", str(args.threads)] if "--threads" in h else []
     code, out = run(["git", "-C", args.llama_cpp, "rev-parse", "HEAD"], check=False, quiet=True)
     args.llama_commit = args.llama_cpp_commit or (out.strip() if code == 0 else "unknown")
     code, out = run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], check=False, quiet=True)
@@ -490,17 +512,20 @@ def main():
 
     detect(args)
     ncpu = os.cpu_count()
-    notes = ["llama.cpp %s (%s); moeserve %s; %d threads for llama.cpp, moeserve uses all %d "
-             "online cores; best of %d runs; load average at start %s"
-             % (args.llama_commit, args.llama_bin, args.moeserve_commit, args.threads, ncpu,
-                args.repeat, " ".join("%.2f" % x for x in os.getloadavg()))]
-    if args.threads != ncpu:
+    ms_threads = ("--threads %d" % args.threads if args.ms_engine_threads and args.ms_serve_threads
+                  else "all %d online cores (no --threads flag)" % ncpu)
+    notes = ["llama.cpp %s (%s); moeserve %s; threads: llama.cpp %d, moeserve %s; %d cores; best "
+             "of %d runs; load average at start %s"
+             % (args.llama_commit, args.llama_bin, args.moeserve_commit, args.threads, ms_threads,
+                ncpu, args.repeat, " ".join("%.2f" % x for x in os.getloadavg()))]
+    if args.threads != ncpu and not (args.ms_engine_threads and args.ms_serve_threads):
         notes.append("WARNING: --threads %d but moeserve uses all %d cores" % (args.threads, ncpu))
     if not args.llama_has_depth:
         notes.append("this llama-bench has no -d: decode at depth %d is llama-batched-bench "
                      "-npp %d -ntg %d -npl 1" % (args.prompt_len, args.prompt_len, args.decode))
-    notes.append("moeserve decode at depth 0 is bench_engine --prompt-len 1 --decode %d; at depth"
-                 " %d, --prompt-len %d" % (args.decode, args.prompt_len, args.prompt_len))
+    if not args.ms_engine_rows:
+        notes.append("moeserve decode at depth 0 is bench_engine --prompt-len 1 --decode %d; at "
+                     "depth %d, --prompt-len %d" % (args.decode, args.prompt_len, args.prompt_len))
     for f, ok in args.ms_engine_flags.items():
         if not ok:
             notes.append("moeserve's bench_engine has no %s flag yet" % f)
@@ -548,8 +573,8 @@ def main():
                 key = tuple(sflags)
                 if key not in done_server:
                     extra = ["--binary", os.path.join(args.build, "moeserve"), "--model", hf]
-                    if sflags:
-                        extra += ["--server-args", " ".join(sflags)]
+                    if sflags or args.ms_serve_threads:
+                        extra += ["--server-args", " ".join(sflags + args.ms_serve_threads)]
                     done_server[key] = bench_server(args, extra, "moeserve-" + t)
                 r["moeserve_server"] = done_server[key]
                 r["moeserve"].update(flatten_server(done_server[key]))

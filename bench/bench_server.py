@@ -10,7 +10,12 @@ connection setup as real clients pay it.
   python3 bench/bench_server.py --url http://127.0.0.1:8000 --concurrency 1,8,32,64
 
 TTFT is measured from sending the request to the first SSE chunk carrying text; tokens/s is the
-sum of usage.completion_tokens over the wall time of the whole level (all clients running).
+sum of generated tokens over the wall time of the whole level (all clients running). A request's
+generated tokens are its usage.completion_tokens (moeserve, vLLM and llama-server send a usage
+object with the last chunk); a server that sends none is counted by its chunks that carry text,
+which is a lower bound when it merges tokens into one chunk (e.g. to finish a UTF-8 character):
+the "tok/req" column and a note say which count was used, so engines are compared alike.
+`--json FILE` also writes the levels' results as JSON.
 """
 import argparse
 import http.client
@@ -42,7 +47,8 @@ def get(host, port, path, timeout=5):
 
 
 def one_request(host, port, body, headers):
-    """Returns (ttft seconds, completion tokens, e2e seconds)."""
+    """Returns (ttft seconds, completion tokens, e2e seconds, True when the tokens are the
+    server's usage.completion_tokens, False when they are the count of text chunks)."""
     t0 = time.perf_counter()
     c = http.client.HTTPConnection(host, port, timeout=600)
     try:
@@ -50,23 +56,31 @@ def one_request(host, port, body, headers):
         r = c.getresponse()
         if r.status != 200:
             raise RuntimeError("HTTP %d: %r" % (r.status, r.read()[:200]))
-        ttft, tokens = None, 0
+        ttft, usage_tokens, text_chunks = None, None, 0
         for line in r:
             if not line.startswith(b"data: "):
                 continue
             data = line[6:].strip()
             if data == b"[DONE]":
                 break
-            # parse only what is needed (the first text chunk, the usage chunk): the client
-            # shares the CPUs with the server
-            if ttft is None:
+            # parse only what is needed (the first text chunk, the usage chunk), and find text
+            # without parsing (an empty text is `"text":""` in both servers' compact JSON): the
+            # client shares the CPUs with the server
+            has_text = b'"text":' in data and b'"text":""' not in data
+            if ttft is None and has_text:
                 chunk = json.loads(data)
-                if chunk["choices"] and chunk["choices"][0]["text"]:
+                if chunk["choices"] and chunk["choices"][0].get("text"):
                     ttft = time.perf_counter() - t0
-            if b'"usage":{' in data:
-                tokens = json.loads(data)["usage"]["completion_tokens"]
-        return ttft if ttft is not None else time.perf_counter() - t0, tokens, \
-            time.perf_counter() - t0
+            if has_text:
+                text_chunks += 1
+            if b'"usage"' in data:
+                usage = json.loads(data).get("usage")
+                if isinstance(usage, dict) and "completion_tokens" in usage:
+                    usage_tokens = usage["completion_tokens"]
+        e2e = time.perf_counter() - t0
+        by_usage = usage_tokens is not None
+        return ttft if ttft is not None else e2e, usage_tokens if by_usage else text_chunks, \
+            e2e, by_usage
     finally:
         c.close()
 
@@ -108,6 +122,8 @@ def run_level(host, port, conc, n_requests, body, headers):
     ttfts = [r[0] for r in results]
     toks = sum(r[1] for r in results)
     return {"conc": conc, "requests": len(results), "errors": len(errors), "wall": wall,
+            "tokens": toks, "tok_per_req": toks / len(results) if results else 0.0,
+            "counted_by_chunks": sum(1 for r in results if not r[3]),
             "tok_s": toks / wall if wall > 0 else 0.0, "req_s": len(results) / wall,
             "ttft_p50": percentile(ttfts, 50), "ttft_p99": percentile(ttfts, 99),
             "e2e_p50": percentile([r[2] for r in results], 50), "first_error":
@@ -123,9 +139,12 @@ def main():
     ap.add_argument("--concurrency", default="1,8,32")
     ap.add_argument("--requests", type=int, default=0,
                     help="requests per level (default: max(16, 4 x concurrency))")
+    ap.add_argument("--requests-per-client", type=int, default=0,
+                    help="instead of --requests: max(8, this x concurrency) per level")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--prompt", default="The history of the world, in brief:")
     ap.add_argument("--api-key", default=os.environ.get("MOESERVE_API_KEY", ""))
+    ap.add_argument("--json", help="also write the levels' results to this file as JSON")
     args = ap.parse_args()
 
     proc = None
@@ -162,17 +181,28 @@ def main():
         one_request(host, port, body, headers)  # warm-up
         print("server %s:%d  model %s  max_tokens %d  prompt %r" % (
             host, port, name or "?", args.max_tokens, args.prompt))
-        print("%5s %8s %6s %10s %8s %11s %11s %10s" % ("conc", "requests", "errors", "gen tok/s",
-                                                       "req/s", "TTFT p50 ms", "TTFT p99 ms",
-                                                       "e2e p50 s"))
+        print("%5s %8s %6s %10s %8s %11s %11s %10s %8s" % (
+            "conc", "requests", "errors", "gen tok/s", "req/s", "TTFT p50 ms", "TTFT p99 ms",
+            "e2e p50 s", "tok/req"))
+        levels = []
         for conc in [int(c) for c in args.concurrency.split(",")]:
-            n = args.requests or max(16, 4 * conc)
+            n = args.requests or (max(8, args.requests_per_client * conc)
+                                   if args.requests_per_client else max(16, 4 * conc))
             r = run_level(host, port, conc, n, body, headers)
-            print("%5d %8d %6d %10.1f %8.2f %11.2f %11.2f %10.3f" % (
+            levels.append(r)
+            print("%5d %8d %6d %10.1f %8.2f %11.2f %11.2f %10.3f %8.1f" % (
                 r["conc"], r["requests"], r["errors"], r["tok_s"], r["req_s"],
-                r["ttft_p50"] * 1e3, r["ttft_p99"] * 1e3, r["e2e_p50"]), flush=True)
+                r["ttft_p50"] * 1e3, r["ttft_p99"] * 1e3, r["e2e_p50"], r["tok_per_req"]),
+                flush=True)
             if r["errors"]:
                 print("      first error: %s" % r["first_error"])
+            if r["counted_by_chunks"]:
+                print("      %d request(s) had no usage object: counted by text chunks (a lower "
+                      "bound)" % r["counted_by_chunks"])
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"server": "%s:%d" % (host, port), "model": name,
+                           "max_tokens": args.max_tokens, "levels": levels}, f, indent=1)
     finally:
         if proc:
             proc.send_signal(signal.SIGTERM)

@@ -7,8 +7,12 @@
  * on write order), norms are 1. Tensors are streamed to disk in chunks through stw_begin /
  * stw_write_tensor, so memory stays at one chunk whatever the model size.
  *
+ * --tokenizer DIR copies DIR's tokenizer.json (and tokenizer_config.json, or writes one naming the
+ * tokens of ids 1 and 2 as bos/eos) so that servers and converters can use the folder; the
+ * tokenizer must fit the vocabulary (the Llama-2 tokenizer fits the default 32000).
+ *
  * usage: make_synthetic_model OUT_DIR [--params 100M] [--dtype f32|bf16] [--experts 8]
- *                             [--top-k 2] [--seed S] [--vocab 32000] */
+ *                             [--top-k 2] [--seed S] [--vocab 32000] [--tokenizer DIR] */
 #include "common.h"
 #include "rng.h"
 #include "st_writer.h"
@@ -21,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #define CHUNK (1u << 20) /* elements generated per write */
 
@@ -87,20 +92,23 @@ static int parse_count(const char *s, double *out)
     return 0;
 }
 
+/* rope_theta is written twice, in rope_parameters (transformers 5) and at the top level
+ * (transformers 4), and head_dim explicitly, so that converters that read only the older form
+ * (e.g. to GGUF) see the same model. */
 static int write_configs(const char *dir, const struct shapes *s, const char *dtype)
 {
     char path[4096];
-    json_t *cfg =
-        json_pack("{s:[s], s:s, s:i, s:i, s:i, s:i, s:i, s:n, s:i, s:i, s:i, s:i, s:i, s:f, s:s, "
-                  "s:{s:f, s:s}, s:n, s:b, s:i, s:i, s:s}",
-                  "architectures", "MixtralForCausalLM", "model_type", "mixtral", "hidden_size",
-                  s->d, "num_hidden_layers", s->layers, "num_attention_heads", s->heads,
-                  "num_key_value_heads", s->kv, "intermediate_size", s->ff, "head_dim",
-                  "num_local_experts", s->experts, "num_experts_per_tok", s->top_k, "vocab_size",
-                  s->vocab, "max_position_embeddings", 4096, "bos_token_id", 1, "rms_norm_eps",
-                  1e-5, "hidden_act", "silu", "rope_parameters", "rope_theta", 1e6, "rope_type",
-                  "default", "sliding_window", "tie_word_embeddings", 0, "eos_token_id", 2,
-                  "pad_token_id", 0, "dtype", strcmp(dtype, "bf16") == 0 ? "bfloat16" : "float32");
+    json_t *cfg = json_pack(
+        "{s:[s], s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:s, "
+        "s:{s:f, s:s}, s:f, s:n, s:b, s:i, s:i, s:s}",
+        "architectures", "MixtralForCausalLM", "model_type", "mixtral", "hidden_size", s->d,
+        "num_hidden_layers", s->layers, "num_attention_heads", s->heads, "num_key_value_heads",
+        s->kv, "intermediate_size", s->ff, "head_dim", 64, "num_local_experts", s->experts,
+        "num_experts_per_tok", s->top_k, "vocab_size", s->vocab, "max_position_embeddings", 4096,
+        "bos_token_id", 1, "rms_norm_eps", 1e-5, "hidden_act", "silu", "rope_parameters",
+        "rope_theta", 1e6, "rope_type", "default", "rope_theta", 1e6, "sliding_window",
+        "tie_word_embeddings", 0, "eos_token_id", 2, "pad_token_id", 0, "dtype",
+        strcmp(dtype, "bf16") == 0 ? "bfloat16" : "float32");
     json_t *gen = json_pack("{s:i, s:i}", "bos_token_id", 1, "eos_token_id", 2);
     int rc = -1;
     if (!cfg || !gen) goto out;
@@ -113,6 +121,103 @@ out:
     if (rc != 0) fprintf(stderr, "make_synthetic_model: cannot write %s/config.json\n", dir);
     json_decref(cfg);
     json_decref(gen);
+    return rc;
+}
+
+/* Copies src to dst byte for byte. */
+static int copy_file(const char *src, const char *dst)
+{
+    FILE *in = fopen(src, "rb"), *out = in ? fopen(dst, "wb") : NULL;
+    char buf[1 << 16];
+    size_t k;
+    int rc = in && out ? 0 : -1;
+    while (rc == 0 && (k = fread(buf, 1, sizeof buf, in)) > 0)
+        if (fwrite(buf, 1, k, out) != k) rc = -1;
+    if (in && ferror(in)) rc = -1;
+    if (in) fclose(in);
+    if (out && fclose(out) != 0) rc = -1;
+    if (rc != 0) fprintf(stderr, "make_synthetic_model: cannot copy %s to %s\n", src, dst);
+    return rc;
+}
+
+/* The text of token `id` in a tokenizer.json (added tokens first, then the model's vocab), or
+ * NULL. Borrowed from `tj`. */
+static const char *token_text(json_t *tj, int id)
+{
+    size_t i;
+    json_t *t;
+    json_array_foreach(json_object_get(tj, "added_tokens"), i, t)
+    {
+        if (json_integer_value(json_object_get(t, "id")) == id)
+            return json_string_value(json_object_get(t, "content"));
+    }
+    const char *key;
+    json_t *v;
+    json_object_foreach(json_object_get(json_object_get(tj, "model"), "vocab"), key, v)
+    {
+        if (json_is_integer(v) && json_integer_value(v) == id) return key;
+    }
+    return NULL;
+}
+
+/* Puts the tokenizer of folder `src` into `dir`: tokenizer.json as is, after checking that every
+ * id fits `vocab`, and tokenizer_config.json as is or, when src has none, one with the tokens of
+ * ids 1 and 2 (the config's bos/eos ids) as bos_token/eos_token. */
+static int add_tokenizer(const char *dir, const char *src, int vocab)
+{
+    char from[4096], to[4096];
+    json_error_t je;
+    json_t *cfg = NULL;
+    int rc = -1;
+    snprintf(from, sizeof from, "%s/tokenizer.json", src);
+    json_t *tj = json_load_file(from, 0, &je);
+    if (!tj) {
+        fprintf(stderr, "make_synthetic_model: %s:%d: %s\n", from, je.line, je.text);
+        return -1;
+    }
+    json_int_t max_id = -1;
+    size_t i;
+    const char *key;
+    json_t *v;
+    json_array_foreach(json_object_get(tj, "added_tokens"), i, v)
+    {
+        json_int_t id = json_integer_value(json_object_get(v, "id"));
+        if (id > max_id) max_id = id;
+    }
+    json_object_foreach(json_object_get(json_object_get(tj, "model"), "vocab"), key, v)
+    {
+        if (json_integer_value(v) > max_id) max_id = json_integer_value(v);
+    }
+    if (max_id < 0 || max_id >= vocab) {
+        fprintf(stderr,
+                "make_synthetic_model: %s: token ids up to %lld do not fit --vocab %d (or the "
+                "file has no vocabulary)\n",
+                from, (long long)max_id, vocab);
+        goto out;
+    }
+    snprintf(to, sizeof to, "%s/tokenizer.json", dir);
+    if (copy_file(from, to) != 0) goto out;
+    snprintf(from, sizeof from, "%s/tokenizer_config.json", src);
+    snprintf(to, sizeof to, "%s/tokenizer_config.json", dir);
+    if (access(from, F_OK) == 0) {
+        rc = copy_file(from, to);
+        goto out;
+    }
+    const char *bos = token_text(tj, 1), *eos = token_text(tj, 2);
+    if (!bos || !eos) {
+        fprintf(stderr, "make_synthetic_model: %s has no tokens 1 and 2 for bos/eos\n", src);
+        goto out;
+    }
+    cfg = json_pack("{s:s, s:s, s:b, s:b}", "bos_token", bos, "eos_token", eos, "add_bos_token", 1,
+                    "add_eos_token", 0);
+    if (!cfg || json_dump_file(cfg, to, JSON_INDENT(2)) != 0) {
+        fprintf(stderr, "make_synthetic_model: cannot write %s\n", to);
+        goto out;
+    }
+    rc = 0;
+out:
+    json_decref(cfg);
+    json_decref(tj);
     return rc;
 }
 
@@ -149,11 +254,11 @@ int main(int argc, char **argv)
     if (argc < 2 || argv[1][0] == '-') {
         fprintf(stderr,
                 "usage: %s OUT_DIR [--params 100M] [--dtype f32|bf16] [--experts 8] "
-                "[--top-k 2] [--seed S] [--vocab 32000]\n",
+                "[--top-k 2] [--seed S] [--vocab 32000] [--tokenizer DIR]\n",
                 argv[0]);
         return 2;
     }
-    const char *dir = argv[1], *dtype = "f32";
+    const char *dir = argv[1], *dtype = "f32", *tokenizer = NULL;
     double target = 100e6;
     struct shapes s = {.experts = 8, .top_k = 2, .vocab = 32000};
     uint64_t seed = 1234;
@@ -173,6 +278,8 @@ int main(int argc, char **argv)
             seed = strtoull(v, NULL, 0);
         else if (!bad && strcmp(a, "--vocab") == 0)
             bad = (s.vocab = atoi(v)) <= 0;
+        else if (!bad && strcmp(a, "--tokenizer") == 0)
+            tokenizer = v;
         else
             bad = true;
         if (bad) {
@@ -199,6 +306,7 @@ int main(int argc, char **argv)
         return 1;
     }
     if (write_configs(dir, &s, dtype) != 0) return 1;
+    if (tokenizer && add_tokenizer(dir, tokenizer, s.vocab) != 0) return 1;
 
     /* Declarations first: the header needs every shape before any data. */
     size_t nd = 3 + (size_t)s.layers * (8 + 3 * (size_t)s.experts);

@@ -1,0 +1,610 @@
+#!/usr/bin/env python3
+"""compare_llamacpp: moeserve and llama.cpp side by side on the CPU, on the same weights, in one run.
+
+What it does:
+  1. makes a Mixtral-shaped random model with build/make_synthetic_model (bf16 safetensors, the
+     Llama-2 tokenizer from tests/fixtures, vocab 32000) in WORK/hf;
+  2. converts it with llama.cpp's own convert_hf_to_gguf.py to F32 and BF16 GGUF and quantizes the
+     F32 file with llama-quantize --pure (every tensor the named type) to Q8_0, Q4_0, Q4_1;
+  3. llama.cpp: llama-bench prefill pp256 and decode tg64 at depth 0, and tg64 at depth 256
+     (llama-bench -d where that version has it, else llama-batched-bench -npp 256 -ntg 64);
+  4. moeserve: build/bench_engine --prompt-len 256 --decode 64 with --dtype float32|bfloat16 or
+     --quantization int8|int4 for the type and --threads THREADS (one row: prefill, decode at
+     depth 0 and at depth 256); an older bench_engine without those flags runs twice (prompt 256,
+     then prompt 1 for depth 0), F32 and BF16 run its default (bf16 weights expanded to f32) and
+     the quantized types are n/a;
+  5. bench/bench_server.py at concurrency 1,8,32 (128 tokens per request) against llama-server
+     (started here: -t/-tb THREADS, -np 32 slots, continuous batching) and against moeserve serve
+     (bench_server.py --binary, same --dtype/--quantization/--threads flags);
+  6. prints one table, type x metric: llama.cpp, moeserve, and moeserve/llama.cpp.
+Each measurement runs --repeat times (default 2) and the best is kept: the machine may be shared.
+Before the numbers, a check that the two engines run the same model: moeserve generate and
+llama-server (F32, temperature 0) must continue a prompt with the same 16 tokens' text.
+
+llama.cpp is not part of moeserve: build it yourself (CPU, Release, native), e.g.
+  cmake -B build -DGGML_NATIVE=ON -DGGML_CUDA=OFF -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release
+  cmake --build build -j --target llama-bench llama-batched-bench llama-server llama-quantize
+and give its converter a Python with torch, transformers, numpy, safetensors and sentencepiece
+(--convert-python; the Llama-2 tokenizer is converted from tokenizer.json, which needs
+transformers).
+
+usage:
+  python3 bench/compare_llamacpp.py --llama-cpp ~/llama.cpp [--size 100M|1B] [--threads 2]
+      [--repeat 2] [--types F32,BF16,Q8_0,Q4_0,Q4_1] [--work DIR] [--build build]
+      [--convert-python PY] [--skip-server] [--skip-micro] [--json OUT.json] [--markdown OUT.md]
+  python3 bench/compare_llamacpp.py --from-json RUN1.json RUN2.json   # best of several runs
+"""
+import argparse
+import gzip
+import json
+import os
+import re
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TYPES = ["F32", "BF16", "Q8_0", "Q4_0", "Q4_1"]
+# moeserve's flags for the weights of each GGUF type (bench_engine, serve and generate share them)
+MOESERVE_FLAGS = {"F32": ["--dtype", "float32"], "BF16": ["--dtype", "bfloat16"],
+                  "Q8_0": ["--quantization", "int8"], "Q4_0": ["--quantization", "int4"],
+                  "Q4_1": ["--quantization", "int4"]}
+CHECK_PROMPT = "The history of the world, in brief:"
+COMMANDS = []  # every command run, for the report
+
+
+def log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+def run(cmd, timeout=3600, check=True, env=None, quiet=False):
+    """Runs cmd (a list), returns (exit status, stdout + stderr)."""
+    line = " ".join(shlex.quote(c) for c in cmd)
+    COMMANDS.append(line)
+    if not quiet:
+        log("$ " + line)
+    try:
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           errors="replace", timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        if check:
+            sys.exit("timed out after %ds: %s" % (timeout, line))
+        return 124, "timed out after %ds" % timeout
+    if check and p.returncode != 0:
+        sys.exit("failed (%d): %s\n%s" % (p.returncode, line, p.stdout[-3000:]))
+    return p.returncode, p.stdout
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_json(port, path, body=None, timeout=5):
+    req = urllib.request.Request("http://127.0.0.1:%d%s" % (port, path),
+                                 data=json.dumps(body).encode() if body is not None else None,
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+# ---------------------------------------------------------------------------------------------
+# the model, once for both engines
+
+
+def make_model(args):
+    """WORK/hf: the synthetic model with the tokenizer; remade only when its recipe changes."""
+    hf = os.path.join(args.work, "hf")
+    tok = os.path.join(args.work, "tokenizer")
+    os.makedirs(tok, exist_ok=True)
+    src = args.tokenizer
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        plain, gz = os.path.join(src, name), os.path.join(src, name + ".gz")
+        if os.path.exists(plain):
+            shutil.copyfile(plain, os.path.join(tok, name))
+        elif os.path.exists(gz):
+            with gzip.open(gz, "rb") as f, open(os.path.join(tok, name), "wb") as g:
+                shutil.copyfileobj(f, g)
+        elif name == "tokenizer.json":
+            sys.exit("no tokenizer.json(.gz) in %s" % src)
+    recipe = [os.path.join(args.build, "make_synthetic_model"), hf, "--params", args.size,
+              "--dtype", "bf16", "--tokenizer", tok]
+    stamp = os.path.join(hf, "made_with.json")
+    try:
+        with open(stamp) as f:
+            if json.load(f) == recipe[2:] and os.path.exists(os.path.join(hf, "model.safetensors")):
+                log("model: %s (already made)" % hf)
+                return hf
+    except (OSError, ValueError):
+        pass
+    shutil.rmtree(hf, ignore_errors=True)
+    code, out = run(recipe, check=False)
+    if code != 0 and "--tokenizer" in out:
+        sys.exit("%s has no --tokenizer option: rebuild it (cmake --build %s)\n%s"
+                 % (recipe[0], args.build, out))
+    if code != 0:
+        sys.exit(out)
+    log(out.strip())
+    with open(stamp, "w") as f:
+        json.dump(recipe[2:], f)
+    return hf
+
+
+def make_ggufs(args, hf):
+    """{type: path}: F32 and BF16 by llama.cpp's converter, the rest by llama-quantize --pure."""
+    out = os.path.join(args.work, "gguf")
+    os.makedirs(out, exist_ok=True)
+    src_time = os.path.getmtime(os.path.join(hf, "model.safetensors"))
+    paths = {}
+
+    def fresh(p):
+        return os.path.exists(p) and os.path.getmtime(p) >= src_time
+
+    converter = os.path.join(args.llama_cpp, "convert_hf_to_gguf.py")
+    quantize = os.path.join(args.llama_bin, "llama-quantize")
+    for t in ["F32"] + [t for t in args.types if t != "F32"]:
+        p = os.path.join(out, "model-%s.gguf" % t)
+        paths[t] = p
+        if fresh(p):
+            continue
+        if t in ("F32", "BF16"):
+            code, text = run([args.convert_python, converter, hf, "--outtype", t.lower(),
+                              "--outfile", p], check=False)
+            if code != 0:
+                sys.exit("llama.cpp's converter failed; it needs torch, transformers, numpy, "
+                         "safetensors and sentencepiece in %s (--convert-python):\n%s"
+                         % (args.convert_python, text[-3000:]))
+        else:
+            run([quantize, "--pure", paths["F32"], p, t, str(args.threads)])
+    return {t: paths[t] for t in args.types}
+
+
+# ---------------------------------------------------------------------------------------------
+# single-stream benchmarks
+
+
+def llama_micro(args, gguf):
+    """{'pp': prefill t/s, 'tg0': decode t/s at depth 0, 'tg256': at depth 256}: best samples.
+    llama-bench runs each test repeat + 1 times: its first sample may pay for page faults that
+    bench_engine's warm-up step keeps out of moeserve's numbers."""
+    bench = os.path.join(args.llama_bin, "llama-bench")
+    base = [bench, "-m", gguf, "-t", str(args.threads), "-r", str(args.repeat + 1), "-o", "json",
+            "-p", str(args.prompt_len), "-n", str(args.decode)]
+    depth = args.llama_has_depth
+    _, out = run(base + (["-d", "0,%d" % args.prompt_len] if depth else []))
+    res = {}
+    for r in json.loads(out[out.index("["):]):
+        best = max(r.get("samples_ts") or [r["avg_ts"]])
+        d = r.get("n_depth", 0)
+        if r["n_prompt"] > 0 and r["n_gen"] == 0 and d == 0:
+            res["pp"] = best
+        elif r["n_gen"] > 0 and r["n_prompt"] == 0:
+            res["tg0" if d == 0 else "tg256"] = best
+    if not depth:  # decode after a prompt of prompt_len tokens
+        bb = os.path.join(args.llama_bin, "llama-batched-bench")
+        for _ in range(args.repeat + 1):
+            _, out = run([bb, "-m", gguf, "-c", str(args.prompt_len + args.decode + 64), "-npp",
+                          str(args.prompt_len), "-ntg", str(args.decode), "-npl", "1", "-t",
+                          str(args.threads), "-tb", str(args.threads), "--output-format", "jsonl"])
+            for line in out.splitlines():
+                if line.startswith('{"n_kv_max"'):
+                    res["tg256"] = max(res.get("tg256", 0.0), json.loads(line)["speed_tg"])
+    return res
+
+
+def moeserve_micro(args, hf, flags):
+    """The same three numbers from bench_engine, or {'error': text}."""
+    bench = os.path.join(args.build, "bench_engine")
+    flags = flags + args.ms_engine_threads
+    if args.ms_engine_rows:
+        # one row per weight type: name, weights MB, load s, prefill, decode at depth 0 and at
+        # depth --prompt-len (tok/s, each the best of --repeat runs), then roofline figures
+        code, out = run([bench, hf, "--prompt-len", str(args.prompt_len), "--decode",
+                         str(args.decode), "--repeat", str(args.repeat)] + flags, check=False)
+        if code != 0:
+            return {"error": out.strip().splitlines()[-1] if out.strip() else "exit %d" % code}
+        for line in out.splitlines():
+            f = line.split()
+            try:
+                nums = [float(x.rstrip("%")) for x in f[1:6]]
+            except ValueError:
+                continue
+            if len(nums) == 5:
+                return {"pp": nums[2], "tg0": nums[3], "tg256": nums[4]}
+        return {"error": "no result row in bench_engine's output"}
+    res = {}
+    for _ in range(args.repeat):
+        for prompt, keys in ((args.prompt_len, ("pp", "tg256")), (1, ("tg0",))):
+            code, out = run([bench, hf, "--prompt-len", str(prompt), "--decode",
+                             str(args.decode)] + flags, check=False)
+            if code != 0:
+                return {"error": out.strip().splitlines()[-1] if out.strip() else "exit %d" % code}
+            got = {"pp": re.search(r"prefill tokens/s\s+([\d.]+)", out),
+                   "tg256": re.search(r"decode tokens/s\s+([\d.]+)", out)}
+            got["tg0"] = got["tg256"]
+            for k in keys:
+                if got[k]:
+                    res[k] = max(res.get(k, 0.0), float(got[k].group(1)))
+    return res
+
+
+# ---------------------------------------------------------------------------------------------
+# server benchmarks
+
+
+def bench_server(args, extra, tag):
+    """Runs bench/bench_server.py --repeat times; per level the best tok/s and the best TTFT p50."""
+    best = {}
+    for i in range(args.repeat):
+        out_json = os.path.join(args.work, "logs", "server-%s-%d.json" % (tag, i))
+        cmd = [sys.executable, os.path.join(ROOT, "bench", "bench_server.py"), "--concurrency",
+               args.concurrency, "--max-tokens", str(args.max_tokens), "--json", out_json]
+        if args.requests_per_client:
+            cmd += ["--requests-per-client", str(args.requests_per_client)]
+        code, out = run(cmd + extra, check=False, timeout=args.server_timeout)
+        log(out.rstrip())
+        if code != 0 or not os.path.exists(out_json):
+            return {"error": (out.strip().splitlines() or ["exit %d" % code])[-1]}
+        with open(out_json) as f:
+            levels = json.load(f)["levels"]
+        os.remove(out_json)
+        for lv in levels:
+            b = best.setdefault(lv["conc"], {"tok_s": 0.0, "ttft_p50": float("inf"),
+                                             "tok_per_req": lv["tok_per_req"], "errors": 0,
+                                             "by_chunks": 0})
+            b["tok_s"] = max(b["tok_s"], lv["tok_s"])
+            b["ttft_p50"] = min(b["ttft_p50"], lv["ttft_p50"])
+            b["errors"] += lv["errors"]
+            b["by_chunks"] += lv["counted_by_chunks"]
+            b["tok_per_req"] = min(b["tok_per_req"], lv["tok_per_req"])
+    return best
+
+
+class LlamaServer:
+    """llama-server on a free loopback port with as many slots as the top concurrency."""
+
+    def __init__(self, args, gguf, tag):
+        self.port = free_port()
+        slots = max(int(c) for c in args.concurrency.split(","))
+        ctx = slots * (args.max_tokens + 256)  # each slot gets ctx / slots positions
+        cmd = [os.path.join(args.llama_bin, "llama-server"), "-m", gguf, "--host", "127.0.0.1",
+               "--port", str(self.port), "-t", str(args.threads), "-tb", str(args.threads),
+               "-np", str(slots), "-c", str(ctx), "--cont-batching"]
+        COMMANDS.append(" ".join(shlex.quote(c) for c in cmd))
+        log("$ " + COMMANDS[-1])
+        self.log = open(os.path.join(args.work, "logs", "llama-server-%s.log" % tag), "w")
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                if http_json(self.port, "/health").get("status") == "ok":
+                    return
+            except (OSError, ValueError):
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.close()
+                sys.exit("llama-server did not become healthy; see %s" % self.log.name)
+            time.sleep(0.2)
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+def same_model_check(args, hf, server):
+    """Greedy continuation of CHECK_PROMPT by moeserve generate and by llama-server (F32)."""
+    n = 16
+    flags = MOESERVE_FLAGS["F32"] if args.ms_generate_flags["--dtype"] else []
+    cmd = [os.path.join(args.build, "moeserve"), "generate", "--model", hf, "--prompt",
+           CHECK_PROMPT, "-n", str(n)] + flags + args.ms_generate_threads
+    COMMANDS.append(" ".join(shlex.quote(c) for c in cmd))
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                       errors="replace", timeout=300)  # the text on stdout, timings on stderr
+    if p.returncode != 0:
+        return "moeserve generate failed: " + p.stderr.strip()[-200:]
+    ours = p.stdout.strip()
+    theirs = http_json(server.port, "/v1/completions",
+                       {"prompt": CHECK_PROMPT, "max_tokens": n, "temperature": 0},
+                       timeout=120)["choices"][0]["text"].strip()
+    if ours == theirs:
+        return "same greedy continuation (%d tokens): %r" % (n, ours)
+    return "DIFFERENT greedy continuations: moeserve %r, llama.cpp %r" % (ours, theirs)
+
+
+# ---------------------------------------------------------------------------------------------
+# the table
+
+METRICS = [("pp", "prefill pp%(p)d, tok/s", True), ("tg0", "decode tg%(d)d @ depth 0, tok/s", True),
+           ("tg256", "decode tg%(d)d @ depth %(p)d, tok/s", True)]
+
+
+def server_metrics(args):
+    m = []
+    for c in [int(c) for c in args.concurrency.split(",")]:
+        m.append(("srv%d" % c, "server c=%d, gen tok/s" % c, True))
+    for c in [int(c) for c in args.concurrency.split(",")]:
+        m.append(("ttft%d" % c, "server c=%d, TTFT p50 ms (lower is better)" % c, False))
+    return m
+
+
+def flatten_server(best):
+    if "error" in best:
+        return best
+    res = {}
+    for c, b in best.items():
+        res["srv%d" % c] = b["tok_s"]
+        res["ttft%d" % c] = b["ttft_p50"] * 1e3
+    return res
+
+
+def fmt(v):
+    if v is None:
+        return "n/a"
+    return "%.1f" % v if v < 1000 else "%.0f" % v
+
+
+def table(args, results):
+    metrics = ([] if args.skip_micro else METRICS) + ([] if args.skip_server else
+                                                      server_metrics(args))
+    sub = {"p": args.prompt_len, "d": args.decode}
+    rows = ["| type | metric | llama.cpp | moeserve | moeserve / llama.cpp | moeserve ran as |",
+            "|---|---|---:|---:|---:|---|"]
+    for t in args.types:
+        r = results[t]
+        for i, (key, name, _) in enumerate(metrics):
+            a, b = r["llama"].get(key), r["moeserve"].get(key)
+            ratio = "%.2f" % (b / a) if a and b else "n/a"
+            rows.append("| %s | %s | %s | %s | %s | %s |" % (t, name % sub, fmt(a), fmt(b), ratio,
+                                                             r["moeserve_mode"] if i == 0 else ""))
+    return "\n".join(rows)
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def save_json(args, notes, results, types):
+    """--json: the types measured so far (written after each, so a run cut short still counts
+    for --from-json)."""
+    if not args.json:
+        return
+    settings = {k: getattr(args, k) for k in ("size", "prompt_len", "decode", "concurrency",
+                                              "max_tokens", "skip_micro", "skip_server")}
+    settings["types"] = types
+    with open(args.json + ".tmp", "w") as f:
+        json.dump({"settings": settings, "notes": notes,
+                   "results": {t: results[t] for t in types}, "commands": COMMANDS}, f, indent=1,
+                  default=str)
+    os.replace(args.json + ".tmp", args.json)
+
+
+def merge_runs(args):
+    """Prints the table of the best value of each cell over several runs' --json files (the
+    same model and settings): on a shared machine one run's repeats can all fall in a busy
+    spell."""
+    runs = []
+    for path in args.from_json:
+        with open(path) as f:
+            runs.append(json.load(f))
+    for k, v in runs[0].get("settings", {}).items():
+        setattr(args, k, v)
+    lower_better = {key for key, _, higher in server_metrics(args) if not higher}
+    merged = {}
+    for run_ in runs:
+        for t, r in run_["results"].items():
+            m = merged.setdefault(t, {"llama": {}, "moeserve": {}, "moeserve_mode":
+                                      r["moeserve_mode"]})
+            for side in ("llama", "moeserve"):
+                for key, v in r[side].items():
+                    old = m[side].get(key)
+                    pick = min if key in lower_better else max
+                    m[side][key] = v if old is None else pick(old, v)
+    if isinstance(args.types, str):
+        args.types = args.types.split(",")
+    args.types = [t for t in args.types if t in merged]
+    print("best of %d runs (%s)" % (len(runs), ", ".join(args.from_json)))
+    for i, run_ in enumerate(runs):
+        for n in run_["notes"]:
+            print("- run %d: %s" % (i + 1, n))
+    print()
+    print(table(args, merged))
+
+
+def detect(args):
+    """What the llama.cpp and moeserve builds at hand can do."""
+    for tool in ("llama-bench", "llama-server", "llama-quantize", "llama-batched-bench"):
+        if not os.access(os.path.join(args.llama_bin, tool), os.X_OK):
+            sys.exit("%s not found in %s: build llama.cpp first (see --help)" % (tool,
+                                                                                  args.llama_bin))
+    for tool in ("make_synthetic_model", "bench_engine", "moeserve"):
+        if not os.access(os.path.join(args.build, tool), os.X_OK):
+            sys.exit("%s not found in %s: cmake --build %s" % (tool, args.build, args.build))
+    _, h = run([os.path.join(args.llama_bin, "llama-bench"), "--help"], check=False, quiet=True)
+    args.llama_has_depth = "--n-depth" in h
+    _, h = run([os.path.join(args.build, "bench_engine"), "--help"], check=False, quiet=True)
+    args.ms_engine_flags = {f: f in h for f in ("--dtype", "--quantization")}
+    args.ms_engine_rows = "--types" in h  # newer bench_engine: one table row per weight type
+    args.ms_engine_threads = ["--threads", str(args.threads)] if "--threads" in h else []
+    _, h = run([os.path.join(args.build, "moeserve"), "serve", "--help"], check=False, quiet=True)
+    args.ms_serve_flags = {f: f in h for f in ("--dtype", "--quantization")}
+    args.ms_serve_threads = ["--threads", str(args.threads)] if "--threads" in h else []
+    _, h = run([os.path.join(args.build, "moeserve"), "generate", "--help"], check=False,
+               quiet=True)
+    args.ms_generate_flags = {f: f in h for f in ("--dtype", "--quantization")}
+    args.ms_generate_threads = ["--threads", str(args.threads)] if "--threads" in h else []
+    code, out = run(["git", "-C", args.llama_cpp, "rev-parse", "HEAD"], check=False, quiet=True)
+    args.llama_commit = args.llama_cpp_commit or (out.strip() if code == 0 else "unknown")
+    code, out = run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], check=False, quiet=True)
+    args.moeserve_commit = out.strip() if code == 0 else "unknown"
+    code, out = run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
+                    check=False, quiet=True)
+    if code == 0 and out.strip():
+        args.moeserve_commit += " + uncommitted changes"
+
+
+def moeserve_flags(args, t, have):
+    """(flags, label) for type t, or (None, why) when this moeserve cannot run it."""
+    flags = MOESERVE_FLAGS[t]
+    if have[flags[0]]:
+        return flags, " ".join(flags)
+    if t in ("F32", "BF16"):
+        return [], "default (no %s flag: bf16 weights expanded to f32)" % flags[0]
+    return None, "n/a (no %s flag yet)" % flags[0]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=__doc__.split("\n\n", 1)[1])
+    ap.add_argument("--llama-cpp", help="a built llama.cpp source tree (required)")
+    ap.add_argument("--llama-bin", help="its binaries (default: LLAMA_CPP/build/bin)")
+    ap.add_argument("--llama-cpp-commit", help="label for its commit when it is no git checkout")
+    ap.add_argument("--size", default="100M", help="model size for make_synthetic_model (100M, 1B)")
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"), help="moeserve's build dir")
+    ap.add_argument("--work", help="models, GGUF files, logs (default: /tmp/moeserve-vs-llamacpp-"
+                    "SIZE)")
+    ap.add_argument("--tokenizer", default=os.path.join(ROOT, "tests", "fixtures", "tokenizers",
+                                                        "llama2"),
+                    help="folder with tokenizer.json(.gz) and tokenizer_config.json(.gz)")
+    ap.add_argument("--convert-python", default=os.environ.get("LLAMA_CPP_PYTHON", "python3"),
+                    help="Python for convert_hf_to_gguf.py (env LLAMA_CPP_PYTHON)")
+    ap.add_argument("--types", default=",".join(TYPES))
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=2, help="runs of each measurement; best kept")
+    ap.add_argument("--prompt-len", type=int, default=256)
+    ap.add_argument("--decode", type=int, default=64)
+    ap.add_argument("--concurrency", default="1,8,32")
+    ap.add_argument("--max-tokens", type=int, default=128, help="tokens per server request")
+    ap.add_argument("--requests-per-client", type=int, default=2,
+                    help="server requests per level: max(8, this x concurrency); 0: "
+                    "bench_server.py's default")
+    ap.add_argument("--server-timeout", type=int, default=1800)
+    ap.add_argument("--skip-micro", action="store_true", help="no llama-bench / bench_engine")
+    ap.add_argument("--skip-server", action="store_true", help="no server benchmarks")
+    ap.add_argument("--json", help="write every result here")
+    ap.add_argument("--markdown", help="write the table and the commands here")
+    ap.add_argument("--from-json", nargs="+", metavar="FILE",
+                    help="measure nothing: the best of earlier runs' --json files, as one table")
+    args = ap.parse_args()
+    if args.from_json:
+        return merge_runs(args)
+    if not args.llama_cpp:
+        ap.error("--llama-cpp DIR is required")
+    args.llama_cpp = os.path.abspath(args.llama_cpp)
+    args.llama_bin = args.llama_bin or os.path.join(args.llama_cpp, "build", "bin")
+    args.build = os.path.abspath(args.build)
+    args.work = os.path.abspath(args.work or "/tmp/moeserve-vs-llamacpp-%s" % args.size)
+    args.types = [t.strip() for t in args.types.split(",") if t.strip()]
+    for t in args.types:
+        if t not in TYPES:
+            sys.exit("unknown type %s (one of %s)" % (t, ",".join(TYPES)))
+    os.makedirs(os.path.join(args.work, "logs"), exist_ok=True)
+
+    detect(args)
+    ncpu = os.cpu_count()
+    ms_threads = ("--threads %d" % args.threads if args.ms_engine_threads and args.ms_serve_threads
+                  else "all %d online cores (no --threads flag)" % ncpu)
+    notes = ["llama.cpp %s (%s); moeserve %s; threads: llama.cpp %d, moeserve %s; %d cores; best "
+             "of %d runs; load average at start %s"
+             % (args.llama_commit, args.llama_bin, args.moeserve_commit, args.threads, ms_threads,
+                ncpu, args.repeat, " ".join("%.2f" % x for x in os.getloadavg()))]
+    if args.threads != ncpu and not (args.ms_engine_threads and args.ms_serve_threads):
+        notes.append("WARNING: --threads %d but moeserve uses all %d cores" % (args.threads, ncpu))
+    if not args.llama_has_depth:
+        notes.append("this llama-bench has no -d: decode at depth %d is llama-batched-bench "
+                     "-npp %d -ntg %d -npl 1" % (args.prompt_len, args.prompt_len, args.decode))
+    if not args.ms_engine_rows:
+        notes.append("moeserve decode at depth 0 is bench_engine --prompt-len 1 --decode %d; at "
+                     "depth %d, --prompt-len %d" % (args.decode, args.prompt_len, args.prompt_len))
+    for f, ok in args.ms_engine_flags.items():
+        if not ok:
+            notes.append("moeserve's bench_engine has no %s flag yet" % f)
+    for f, ok in args.ms_serve_flags.items():
+        if not ok:
+            notes.append("`moeserve serve` has no %s flag yet" % f)
+    for n in notes:
+        log(n)
+
+    hf = make_model(args)
+    ggufs = make_ggufs(args, hf)
+    results = {t: {"llama": {}, "moeserve": {}, "moeserve_mode": ""} for t in args.types}
+    done_micro, done_server = {}, {}  # moeserve runs by flags: types that map alike run once
+
+    if "F32" in ggufs and not args.skip_server:
+        srv = LlamaServer(args, ggufs["F32"], "check")
+        try:
+            notes.append("same-model check: " + same_model_check(args, hf, srv))
+        finally:
+            srv.close()
+        log(notes[-1])
+
+    for t in args.types:
+        r = results[t]
+        eflags, elabel = moeserve_flags(args, t, args.ms_engine_flags)
+        sflags, slabel = moeserve_flags(args, t, args.ms_serve_flags)
+        r["moeserve_mode"] = elabel if elabel == slabel else "engine: %s; serve: %s" % (elabel,
+                                                                                       slabel)
+        if not args.skip_micro:
+            r["llama"].update(llama_micro(args, ggufs[t]))
+            if eflags is not None:
+                key = tuple(eflags)
+                if key not in done_micro:
+                    done_micro[key] = moeserve_micro(args, hf, eflags)
+                r["moeserve"].update(done_micro[key])
+        if not args.skip_server:
+            srv = LlamaServer(args, ggufs[t], t)
+            try:
+                r["llama_server"] = bench_server(args, ["--url", "http://127.0.0.1:%d" % srv.port],
+                                                 "llama-" + t)
+            finally:
+                srv.close()
+            r["llama"].update(flatten_server(r["llama_server"]))
+            if sflags is not None:
+                key = tuple(sflags)
+                if key not in done_server:
+                    extra = ["--binary", os.path.join(args.build, "moeserve"), "--model", hf]
+                    if sflags or args.ms_serve_threads:
+                        extra += ["--server-args", " ".join(sflags + args.ms_serve_threads)]
+                    done_server[key] = bench_server(args, extra, "moeserve-" + t)
+                r["moeserve_server"] = done_server[key]
+                r["moeserve"].update(flatten_server(done_server[key]))
+        for side in ("llama", "moeserve"):
+            if "error" in r[side]:
+                notes.append("%s %s: %s" % (side, t, r[side].pop("error")))
+        for side in ("llama_server", "moeserve_server"):
+            for c, b in (r.get(side) or {}).items():
+                if isinstance(b, dict) and (b["errors"] or b["by_chunks"]
+                                            or b["tok_per_req"] != args.max_tokens):
+                    notes.append("%s %s c=%s: %d errors, %d requests counted by chunks, %.1f "
+                                 "tokens/request" % (side, t, c, b["errors"], b["by_chunks"],
+                                                     b["tok_per_req"]))
+        save_json(args, notes, results, args.types[:args.types.index(t) + 1])
+
+    notes.append("load average at the end %s" % " ".join("%.2f" % x for x in os.getloadavg()))
+    tab = table(args, results)
+    print()
+    print("moeserve vs llama.cpp, %s synthetic Mixtral (%s), prompt %d, decode %d, server "
+          "max_tokens %d" % (args.size, hf, args.prompt_len, args.decode, args.max_tokens))
+    for n in notes:
+        print("- " + n)
+    print()
+    print(tab)
+    save_json(args, notes, results, args.types)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write("\n".join("- " + n for n in notes) + "\n\n" + tab + "\n\n## Commands\n\n```\n"
+                    + "\n".join(COMMANDS) + "\n```\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -13,7 +13,8 @@
  * eight vpdpbusd (unsigned weights x signed int8 activations, 4 products per lane each) give the
  * exact integer dot products of 16 rows, then one scale multiply-add. Q8 weights are signed, so
  * they are flipped to unsigned (q + 128) and the block's 128 * sum(x) taken back off, exactly,
- * in integers. */
+ * in integers. MXFP4 nibbles go through a 16-entry table (vpshufb) to twice their e2m1 value
+ * plus 12, unsigned; 12 * sum(x) comes back off the same way. */
 #include <immintrin.h>
 #include <math.h>
 #include <string.h>
@@ -256,6 +257,18 @@ tile(const int tw, const void *w, size_t ldw, const unsigned char *x, size_t ldx
 /* R activation rows (<= QR) against one tile of 16 weight rows; y lanes are the tile's rows. */
 #define QR 4
 
+/* Sixteen e8m0 scales as 2^(e - 128) (the kernel's integers are twice the e2m1 values): the
+ * exponent field e - 1 for e >= 2, the subnormals 2^-127 and 2^-128 for e = 1 and 0. */
+static inline __m512 mx_scales(__m128i e8)
+{
+    __m512i e = _mm512_cvtepu8_epi32(e8);
+    __m512i normal = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+    __m512i sub = _mm512_srlv_epi32(_mm512_set1_epi32(0x400000),
+                                    _mm512_sub_epi32(_mm512_set1_epi32(1), e));
+    __mmask16 small = _mm512_cmplt_epi32_mask(e, _mm512_set1_epi32(2));
+    return _mm512_castsi512_ps(_mm512_mask_blend_epi32(small, normal, sub));
+}
+
 static inline __attribute__((always_inline)) void
 tile_q(enum wtype type, const unsigned char *recs, int nb, const struct act *a, int i0, float *y,
        size_t ldy, int rows, const int R)
@@ -272,13 +285,28 @@ tile_q(enum wtype type, const unsigned char *recs, int nb, const struct act *a, 
         dx[i] = a->dx + (size_t)(i0 + i) * a->nb;
         isum[i] = a->isum + (size_t)(i0 + i) * a->nb;
     }
-    size_t rec_bytes = type == WTYPE_Q8 ? WQ8_RECORD : WQ4_RECORD;
+    /* MXFP4: twice each e2m1 value plus 12, by nibble (a 16-byte table in every lane) */
+    const __m512i mx_lut = _mm512_broadcast_i32x4(
+        _mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+    size_t rec_bytes = wq_record_bytes(type);
     for (int b = 0; b < nb; b++, recs += rec_bytes) {
-        __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)recs));
-        __m512 m = type == WTYPE_Q4 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(recs + 32)))
-                                    : _mm512_setzero_ps();
+        __m512 d, m = _mm512_setzero_ps();
+        if (type == WTYPE_MXFP4) {
+            d = mx_scales(_mm_loadu_si128((const __m128i *)recs));
+        } else {
+            d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)recs));
+            if (type == WTYPE_Q4) m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(recs + 32)));
+        }
         __m512i wv[8];
-        if (type == WTYPE_Q8) {
+        if (type == WTYPE_MXFP4) {
+            const unsigned char *q = recs + WQ_TILE;
+            _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++)
+            {
+                __m512i v = _mm512_loadu_si512(q + 64 * p);
+                wv[p] = _mm512_shuffle_epi8(mx_lut, _mm512_and_si512(v, lo4));
+                wv[p + 4] = _mm512_shuffle_epi8(mx_lut, _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4));
+            }
+        } else if (type == WTYPE_Q8) {
             const __m512i *q = (const __m512i *)(recs + 32);
             _Pragma("GCC unroll 8") for (int p = 0; p < 8; p++) wv[p] =
                 _mm512_xor_si512(_mm512_loadu_si512(q + p), flip);
@@ -298,6 +326,7 @@ tile_q(enum wtype type, const unsigned char *recs, int nb, const struct act *a, 
             _Pragma("GCC unroll 8") for (int p = 0; p < 8; p++) s =
                 _mm512_dpbusd_epi32(s, wv[p], _mm512_set1_epi32(xb[p]));
             if (type == WTYPE_Q8) s = _mm512_sub_epi32(s, _mm512_set1_epi32(128 * isum[i][b]));
+            if (type == WTYPE_MXFP4) s = _mm512_sub_epi32(s, _mm512_set1_epi32(12 * isum[i][b]));
             __m512 sc = _mm512_mul_ps(d, _mm512_set1_ps(dx[i][b]));
             acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), sc, acc[i]);
             if (type == WTYPE_Q4)
@@ -325,7 +354,8 @@ static void x_gemm(const struct wmat *w, const struct act *a, float *y, size_t l
         gemm_float(TW_BF16_EO, w->data, 2, w->cols, a, y, ldy, r0, r1);
         return;
     case WTYPE_Q8:
-    case WTYPE_Q4: gemm_q(w, a, y, ldy, r0, r1); return;
+    case WTYPE_Q4:
+    case WTYPE_MXFP4: gemm_q(w, a, y, ldy, r0, r1); return;
     }
 }
 

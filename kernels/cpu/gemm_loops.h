@@ -54,14 +54,18 @@ static void gemm_q(const struct wmat *w, const struct act *a, float *y, size_t l
         for (; i + QR <= a->n; i += QR) {
             if (w->type == WTYPE_Q8)
                 tile_q(WTYPE_Q8, recs, nb, a, i, yt + (size_t)i * ldy, ldy, rows, QR);
-            else
+            else if (w->type == WTYPE_Q4)
                 tile_q(WTYPE_Q4, recs, nb, a, i, yt + (size_t)i * ldy, ldy, rows, QR);
+            else
+                tile_q(WTYPE_MXFP4, recs, nb, a, i, yt + (size_t)i * ldy, ldy, rows, QR);
         }
         for (; i < a->n; i++) {
             if (w->type == WTYPE_Q8)
                 tile_q(WTYPE_Q8, recs, nb, a, i, yt + (size_t)i * ldy, ldy, rows, 1);
-            else
+            else if (w->type == WTYPE_Q4)
                 tile_q(WTYPE_Q4, recs, nb, a, i, yt + (size_t)i * ldy, ldy, rows, 1);
+            else
+                tile_q(WTYPE_MXFP4, recs, nb, a, i, yt + (size_t)i * ldy, ldy, rows, 1);
         }
     }
 }

@@ -77,7 +77,16 @@ static float q_dot(const struct wmat *w, const struct act *a, int i, int r)
         const uint16_t *scale = (const uint16_t *)rec;
         const int8_t *x = xq + b * 32;
         int32_t p = 0;
-        if (w->type == WTYPE_Q8) {
+        if (w->type == WTYPE_MXFP4) {
+            /* twice the e2m1 values, so the scale is 2^(e - 128) */
+            const unsigned char *nib = rec + WQ_TILE;
+            for (int c = 0; c < 32; c++) {
+                int quad = c / 4;
+                unsigned q = nib[((quad % 4) * WQ_TILE + lane) * 4 + c % 4] >> (4 * (quad / 4));
+                p += mxfp4_value2(q) * x[c];
+            }
+            acc += ldexpf(1.0f, rec[lane] - 128) * dx[b] * (float)p;
+        } else if (w->type == WTYPE_Q8) {
             const int8_t *q = (const int8_t *)(rec + 2 * WQ_TILE);
             for (int c = 0; c < 32; c++) p += (int32_t)q[((c / 4) * WQ_TILE + lane) * 4 + c % 4] * x[c];
             acc += ms_f16_to_f32(scale[lane]) * dx[b] * (float)p;

@@ -126,11 +126,12 @@ struct run {
     void *buf;
 };
 
-/* y (n, m) with table kk: activations prepared, then output rows in one call. */
+/* y (n, m) with table kk: activations prepared, then output rows in one call. int8: MXFP4
+ * weights with int8 activations (what the backend picks under --quantization). */
 static void run_gemm(const struct gemm_kernels *kk, const struct wmat *w, const float *x, int n,
-                     int k, int bf16, struct run *out)
+                     int k, int bf16, int int8, struct run *out)
 {
-    enum act_kind kind = kk->act_kind(w->type, bf16);
+    enum act_kind kind = int8 ? ACT_Q8 : kk->act_kind(w->type, bf16);
     out->buf = xalloc(gemm_act_bytes(kind, n, k));
     kk->act_prepare(kind, bf16, x, (size_t)k, n, k, 0, n, out->buf, &out->a);
     out->y = malloc(sizeof(float) * (size_t)n * w->rows);
@@ -203,7 +204,8 @@ static void test_gemm_table(const struct gemm_kernels *kk)
                                        WTYPE_MXFP4};
     int cases = 0;
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
-        for (int bf16 = 0; bf16 <= (types[ti] == WTYPE_BF16); bf16++)
+        /* bf16: bf16 compute for bf16 weights; int8 activations for MXFP4 ones */
+        for (int bf16 = 0; bf16 <= (types[ti] == WTYPE_BF16 || types[ti] == WTYPE_MXFP4); bf16++)
             for (size_t a = 0; a < sizeof ks / sizeof ks[0]; a++)
                 for (size_t b = 0; b < sizeof ms / sizeof ms[0]; b++) {
                     int k = ks[a], m = ms[b], n = ns[(a + b) % 6];
@@ -224,20 +226,24 @@ static void test_gemm_table(const struct gemm_kernels *kk)
                     }
                     struct wmat w = {t, m, k, wd};
                     struct run rr, rk;
-                    run_gemm(ref, &w, x, n, k, bf16, &rr);
-                    run_gemm(kk, &w, x, n, k, bf16, &rk);
+                    int int8 = t == WTYPE_MXFP4 && bf16;
+                    if (int8) bf16 = 0;
+                    run_gemm(ref, &w, x, n, k, bf16, int8, &rr);
+                    run_gemm(kk, &w, x, n, k, bf16, int8, &rk);
                     char what[96];
                     snprintf(what, sizeof what, "%s %s%s n=%d k=%d m=%d", kk->name, wtype_name(t),
-                             bf16 ? " (bf16 compute)" : "", n, k, m);
+                             bf16 ? " (bf16 compute)" : int8 ? " (int8 activations)" : "", n, k, m);
                     /* the table against the portable one */
                     double e = rel_err(rk.y, rr.y, (size_t)n * m);
                     CHECKF(e <= 2e-5, "%s: %.3g from the portable kernels", what, e);
                     /* the portable one against double precision */
                     float *row = malloc(sizeof(float) * (size_t)k);
                     double num = 0, den = 0;
-                    enum act_kind kind = wtype_is_quant(t)              ? ACT_Q8
-                                         : bf16                          ? ACT_BF16
-                                                                         : ACT_F32;
+                    enum act_kind kind = rk.a.kind == ACT_Q8 ? ACT_Q8
+                                         : bf16                  ? ACT_BF16
+                                                                 : ACT_F32;
+                    CHECKF((rk.a.kind == ACT_Q8) == (int8 || (wtype_is_quant(t) && t != WTYPE_MXFP4)),
+                           "%s: activation kind %d", what, (int)rk.a.kind);
                     for (int i = 0; i < n; i++)
                         for (int r = 0; r < m; r++) {
                             double want = ref_dot(&w, x + (size_t)i * k, k, r, kind, row);
@@ -275,6 +281,7 @@ static void test_gemm_table(const struct gemm_kernels *kk)
                     free(wf);
                     free(x);
                     cases++;
+                    if (int8) bf16 = 1; /* the loop's own variable */
                 }
     printf("%-9s gemm: %d cases against portable C and double precision\n", kk->name, cases);
 }

@@ -93,6 +93,7 @@ static inline __m512 exp512(__m512 x)
 
 static enum act_kind x_act_kind(enum wtype t, int bf16_compute)
 {
+    if (t == WTYPE_MXFP4) return ACT_F32;
     if (wtype_is_quant(t)) return ACT_Q8;
     if (t == WTYPE_BF16) return bf16_compute && cpu_has_avx512_bf16() ? ACT_BF16 : ACT_EO;
     return ACT_F32;
@@ -337,6 +338,62 @@ tile_q(enum wtype type, const unsigned char *recs, int nb, const struct act *a, 
         _mm512_mask_storeu_ps(y + (size_t)i * ldy, mask16(rows), acc[i]);
 }
 
+/* Sixteen e8m0 scales as f32 2^(e - 127): the exponent field e, or the subnormal 2^-127 for
+ * e = 0. */
+static inline __m512 mx_scales_f32(const unsigned char *p)
+{
+    __m512i e = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+    __mmask16 zero = _mm512_cmpeq_epi32_mask(e, _mm512_setzero_si512());
+    return _mm512_castsi512_ps(
+        _mm512_mask_blend_epi32(zero, _mm512_slli_epi32(e, 23), _mm512_set1_epi32(0x400000)));
+}
+
+/* MXFP4 against f32 activations: a 64-byte vector of a record holds 4 columns of the 16 rows
+ * per nibble half; byte i of each lane is column 4p + i (low nibble) and 4(p + 4) + i (high),
+ * turned into the 16 rows' f32 weights by one vpermps over the e2m1 table. */
+static inline __attribute__((always_inline)) void
+tile_mx(const unsigned char *recs, int nb, const struct act *a, int i0, float *y, size_t ldy,
+        int rows, const int R)
+{
+    const __m512 lut = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f,
+                                      -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f);
+    const __m512i lo4 = _mm512_set1_epi32(0x0f);
+    __m512 acc[QR];
+    const float *x[QR];
+    _Pragma("GCC unroll 4") for (int i = 0; i < R; i++)
+    {
+        acc[i] = _mm512_setzero_ps();
+        x[i] = (const float *)((const unsigned char *)a->data + (size_t)(i0 + i) * a->stride);
+    }
+    for (int b = 0; b < nb; b++, recs += WMX4_RECORD) {
+        __m512 blk[QR];
+        _Pragma("GCC unroll 4") for (int i = 0; i < R; i++) blk[i] = _mm512_setzero_ps();
+        const unsigned char *q = recs + WQ_TILE;
+        _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++)
+        {
+            __m512i v = _mm512_loadu_si512(q + 64 * p);
+            __m512i vs[4] = {v, _mm512_srli_epi32(v, 8), _mm512_srli_epi32(v, 16),
+                             _mm512_srli_epi32(v, 24)};
+            _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++)
+            {
+                __m512 wl = _mm512_permutexvar_ps(_mm512_and_si512(vs[c], lo4), lut);
+                __m512 wh =
+                    _mm512_permutexvar_ps(_mm512_and_si512(_mm512_srli_epi32(vs[c], 4), lo4), lut);
+                _Pragma("GCC unroll 4") for (int i = 0; i < R; i++)
+                {
+                    const float *xb = x[i] + 32 * b;
+                    blk[i] = _mm512_fmadd_ps(wl, _mm512_set1_ps(xb[4 * p + c]), blk[i]);
+                    blk[i] = _mm512_fmadd_ps(wh, _mm512_set1_ps(xb[4 * (p + 4) + c]), blk[i]);
+                }
+            }
+        }
+        __m512 sc = mx_scales_f32(recs);
+        _Pragma("GCC unroll 4") for (int i = 0; i < R; i++) acc[i] = _mm512_fmadd_ps(blk[i], sc, acc[i]);
+    }
+    _Pragma("GCC unroll 4") for (int i = 0; i < R; i++)
+        _mm512_mask_storeu_ps(y + (size_t)i * ldy, mask16(rows), acc[i]);
+}
+
 #include "gemm_loops.h"
 
 static void x_gemm(const struct wmat *w, const struct act *a, float *y, size_t ldy, int r0, int r1)
@@ -353,9 +410,15 @@ static void x_gemm(const struct wmat *w, const struct act *a, float *y, size_t l
 #endif
         gemm_float(TW_BF16_EO, w->data, 2, w->cols, a, y, ldy, r0, r1);
         return;
+    case WTYPE_MXFP4:
+        if (a->kind == ACT_F32) {
+            gemm_mx(w, a, y, ldy, r0, r1);
+            return;
+        }
+        gemm_q(w, a, y, ldy, r0, r1);
+        return;
     case WTYPE_Q8:
-    case WTYPE_Q4:
-    case WTYPE_MXFP4: gemm_q(w, a, y, ldy, r0, r1); return;
+    case WTYPE_Q4: gemm_q(w, a, y, ldy, r0, r1); return;
     }
 }
 

@@ -4,8 +4,10 @@
  * between the two is the int8 quantization of activations (per block of 32) that the int8 dot
  * products need, so the bound is the size of that rounding, not of weight quantization. Also
  * checks which matrices are quantized (attention, experts, dense FFNs, LM head) and which stay
- * as they are (embeddings, routers). */
+ * as they are (embeddings, routers; gpt-oss's MXFP4 experts stay MXFP4, then multiplied with
+ * int8 activations too). */
 #include <math.h>
+#include <string.h>
 
 #include "common.h"
 #include "engine.h"
@@ -102,6 +104,11 @@ static void check_model(const char *tests, const char *name, enum model_quant qu
         ok = ok && !quantized(q->router) && !quantized(q->group_router);
         for (int e = 0; e < md->n_expert; e++) {
             ok = ok && quantized(q->experts[e].gate) && quantized(q->experts[e].down);
+            /* MXFP4 experts (gpt-oss) stay MXFP4: already 4-bit, requantizing adds error */
+            enum wtype want = strncmp(name, "gpt_oss", 7) == 0 ? WTYPE_MXFP4
+                              : quant == MODEL_QUANT_INT8      ? WTYPE_Q8
+                                                               : WTYPE_Q4;
+            ok = ok && q->experts[e].gate->type == want && q->experts[e].down->type == want;
             take_ffn(&d, &q->experts[e], &r->experts[e]);
         }
         for (int s = 0; s < md->n_shared; s++) take_ffn(&d, &q->shared[s], &r->shared[s]);
@@ -169,7 +176,8 @@ int main(int argc, char **argv)
     static const char *names[] = {"mixtral",      "qwen2_moe",      "qwen3_moe", "olmoe",
                                   "mohge_tiny",   "mixtral_bf16",   "qwen2_moe_bf16",
                                   "qwen3_moe_bf16", "olmoe_bf16",   "deepseek_v2",
-                                  "deepseek_v2_group", "deepseek_v3", "deepseek_v3_bf16"};
+                                  "deepseek_v2_group", "deepseek_v3", "deepseek_v3_bf16",
+                                  "gpt_oss",      "gpt_oss_bf16"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         check_model(tests, names[i], MODEL_QUANT_INT8);
         check_model(tests, names[i], MODEL_QUANT_INT4);

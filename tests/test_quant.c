@@ -157,7 +157,12 @@ static void check_model(const char *tests, const char *name, enum model_quant qu
     /* DeepSeek-V3's group-limited routing flips two experts at once and scales them by 2.5: a
      * flipped position moves further (~0.6 here); median and 90th percentile are as tight. */
     double tol_max = md->router == ROUTER_KIND_SIGMOID_GROUP ? 0.7 : TOL_MAX;
-    CHECKF(med <= TOL_MEDIAN && p90 <= TOL_P90 && mx <= tol_max,
+    /* gpt-oss's fixture amplifies any rounding about 3x the others (transformers' own bf16 run
+     * is 2.5-3.5% from its f32 run there, ~1% elsewhere: test_forward prints both), so int8
+     * activations move it 3x as far. */
+    double amp = md->expert_act == FFN_ACT_SWIGLU_OAI ? 3.0 : 1.0;
+    if (amp > 1) tol_max = 0.8; /* a position routed otherwise: another computation */
+    CHECKF(med <= amp * TOL_MEDIAN && p90 <= amp * TOL_P90 && mx <= tol_max,
            "%s %s: median %.3g, 90th percentile %.3g, max %.3g", name, model_quant_name(quant),
            med, p90, mx);
     engine_free(eq);

@@ -119,6 +119,17 @@ static void quantize_q4_block(unsigned char *rec, float v[WQ_TILE][WQ_BLOCK], in
     }
 }
 
+/* Element i of a float-type matrix (f32, bf16 rounded to nearest even, or f16). */
+static void store_float(enum wtype to, void *dst, size_t i, float f)
+{
+    if (to == WTYPE_F32)
+        ((float *)dst)[i] = f;
+    else if (to == WTYPE_BF16)
+        ((uint16_t *)dst)[i] = ms_f32_to_bf16(f);
+    else
+        ((uint16_t *)dst)[i] = ms_f32_to_f16(f);
+}
+
 /* e2m1: sign bit 3, exponent bits 2-1, mantissa bit 0; twice the value is an integer. */
 static const int8_t e2m1_x2[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
@@ -174,13 +185,7 @@ void wmat_convert_mxfp4(enum wtype to, void *dst, const void *blocks, const void
         for (int c = 0; c < cols; c++) {
             const unsigned char *src = bl + row * (size_t)cols / 2;
             float f = ldexpf(mxfp4_value(mx_src_code(src, c)), sc[row * (size_t)nb + c / 32] - 127);
-            size_t i = (size_t)r * cols + c;
-            if (to == WTYPE_F32)
-                ((float *)dst)[i] = f;
-            else if (to == WTYPE_BF16)
-                ((uint16_t *)dst)[i] = ms_f32_to_bf16(f);
-            else
-                ((uint16_t *)dst)[i] = ms_f32_to_f16(f);
+            store_float(to, dst, (size_t)r * cols + c, f);
         }
     }
 }
@@ -219,16 +224,8 @@ void wmat_convert_strided(enum wtype to, void *dst, enum wsrc from, const void *
             memcpy((unsigned char *)dst + (size_t)r * cols * eb, row, (size_t)cols * eb);
             continue;
         }
-        for (int c = 0; c < cols; c++) {
-            float f = src_at(from, row, (size_t)c * cs);
-            size_t i = (size_t)r * cols + c;
-            if (to == WTYPE_F32)
-                ((float *)dst)[i] = f;
-            else if (to == WTYPE_BF16)
-                ((uint16_t *)dst)[i] = ms_f32_to_bf16(f);
-            else
-                ((uint16_t *)dst)[i] = ms_f32_to_f16(f);
-        }
+        for (int c = 0; c < cols; c++)
+            store_float(to, dst, (size_t)r * cols + c, src_at(from, row, (size_t)c * cs));
     }
 }
 

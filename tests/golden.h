@@ -163,4 +163,18 @@ static inline int golden_parse_patched(const char *tests, const char *name, cons
     return rc;
 }
 
+/* Copies a file (tests that work on a modified copy of a fixture); 0 or -1. */
+static inline int golden_copy_file(const char *from, const char *to)
+{
+    FILE *a = fopen(from, "rb"), *b = fopen(to, "wb");
+    char buf[65536];
+    size_t n;
+    int rc = a && b ? 0 : -1;
+    while (rc == 0 && (n = fread(buf, 1, sizeof buf, a)) > 0)
+        if (fwrite(buf, 1, n, b) != n) rc = -1;
+    if (a) fclose(a);
+    if (b && fclose(b) != 0) rc = -1;
+    return rc;
+}
+
 #endif

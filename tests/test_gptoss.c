@@ -171,19 +171,6 @@ static void test_loads(const char *tests)
     }
 }
 
-static int copy_file(const char *from, const char *to)
-{
-    FILE *a = fopen(from, "rb"), *b = fopen(to, "wb");
-    char buf[65536];
-    size_t n;
-    int rc = a && b ? 0 : -1;
-    while (rc == 0 && (n = fread(buf, 1, sizeof buf, a)) > 0)
-        if (fwrite(buf, 1, n, b) != n) rc = -1;
-    if (a) fclose(a);
-    if (b && fclose(b) != 0) rc = -1;
-    return rc;
-}
-
 /* A scale byte 0xFF (NaN in e8m0) is refused at load, naming the tensor. */
 static void test_nan_scale(const char *tests)
 {
@@ -196,7 +183,7 @@ static void test_nan_scale(const char *tests)
     for (int i = 0; i < 2; i++) {
         snprintf(src, sizeof src, "%s/fixtures/models/gpt_oss/%s", tests, files[i]);
         snprintf(dst, sizeof dst, "%s/%s", tmp, files[i]);
-        CHECK(copy_file(src, dst) == 0);
+        CHECK(golden_copy_file(src, dst) == 0);
     }
     /* the header says where layer 1's down_proj scales are */
     FILE *f = fopen(dst, "r+b");

@@ -1,17 +1,26 @@
-/* make_synthetic_model: writes a Mixtral-shaped model folder with random weights (config.json,
- * generation_config.json, model.safetensors; no tokenizer) of about a requested parameter
- * count, for benchmarks and load tests at sizes no fixture has. Shapes: the hidden size and
- * layer count come from a ladder by target size, 64-wide heads with half as many KV heads, and
- * the expert width is solved so that the total lands near the target. Weights are uniform with
- * std 1/sqrt(fan_in) from a per-tensor seeded xoshiro256** (so a tensor's values do not depend
- * on write order), norms are 1. Tensors are streamed to disk in chunks through stw_begin /
- * stw_write_tensor, so memory stays at one chunk whatever the model size.
+/* make_synthetic_model: writes a model folder with random weights (config.json,
+ * generation_config.json, model.safetensors; no tokenizer) for benchmarks and load tests at
+ * sizes no fixture has. Two shapes:
+ *   mixtral (default): about --params parameters in all: the hidden size and layer count come
+ *     from a ladder by target size, 64-wide heads with half as many KV heads, and the expert
+ *     width is solved so that the total lands near the target; or, with --active, about that
+ *     many parameters per token (--hidden and --layers then set the rest, GQA 4:1): the
+ *     equal-active-parameters counterpart of a deepseek folder.
+ *   deepseek: DeepSeek-V2-Lite's layer (hidden 2048, 16 heads of MLA with kv_lora_rank 512,
+ *     nope/rope/v 128/64/128, top-6 of experts of width 1408 plus 2 shared, the first layer
+ *     dense of width 10944), with --layers layers and --experts routed experts (V2-Lite: 27
+ *     and 64) so that it fits a machine.
+ * Weights are uniform with std 1/sqrt(fan_in) from a per-tensor seeded xoshiro256** (so a
+ * tensor's values do not depend on write order), norms are 1. Tensors are streamed to disk in
+ * chunks through stw_begin / stw_write_tensor, so memory stays at one chunk whatever the model
+ * size.
  *
  * --tokenizer DIR copies DIR's tokenizer.json (and tokenizer_config.json, or writes one naming the
  * tokens of ids 1 and 2 as bos/eos) so that servers and converters can use the folder; the
  * tokenizer must fit the vocabulary (the Llama-2 tokenizer fits the default 32000).
  *
- * usage: make_synthetic_model OUT_DIR [--params 100M] [--dtype f32|bf16] [--experts 8]
+ * usage: make_synthetic_model OUT_DIR [--arch mixtral|deepseek] [--params 100M] [--active N]
+ *                             [--hidden D] [--layers L] [--dtype f32|bf16] [--experts 8]
  *                             [--top-k 2] [--seed S] [--vocab 32000] [--tokenizer DIR] */
 #include "common.h"
 #include "rng.h"
@@ -45,7 +54,34 @@ static float rng_unit(struct ms_rng *r)
 
 struct shapes {
     int d, layers, heads, kv, ff, experts, top_k, vocab;
+    bool deepseek;
 };
+
+/* DeepSeek-V2-Lite's per-layer shapes (its config.json). */
+enum {
+    DS_HIDDEN = 2048, DS_HEADS = 16, DS_KV_LORA = 512, DS_NOPE = 128, DS_ROPE = 64, DS_V = 128,
+    DS_MOE_FF = 1408, DS_TOP_K = 6, DS_SHARED = 2, DS_DENSE_FF = 10944,
+};
+
+/* Parameters one token uses in a mixtral-shaped model (as model_active_params counts them:
+ * attention, norms, router, top_k experts per layer, final norm and LM head). */
+static double active_params(const struct shapes *s)
+{
+    double d = s->d, hd = 64;
+    double layer = 2 * d + 2 * d * s->heads * hd + 2 * d * s->kv * hd + (double)s->experts * d +
+                   3.0 * d * s->ff * s->top_k;
+    return (double)s->vocab * d + d + s->layers * layer;
+}
+
+/* --active: the expert width that gives about `target` active parameters (a multiple of 64). */
+static void solve_active(double target, struct shapes *s)
+{
+    s->heads = s->d / 64;
+    s->kv = s->heads / 4 > 0 ? s->heads / 4 : 1;
+    s->ff = 0;
+    double rest = target - active_params(s), per_ff = 3.0 * s->d * s->top_k * s->layers;
+    s->ff = 64 * (int)fmax(1.0, floor(rest / per_ff / 64.0 + 0.5));
+}
 
 static size_t total_params(const struct shapes *s)
 {
@@ -92,23 +128,56 @@ static int parse_count(const char *s, double *out)
     return 0;
 }
 
-/* rope_theta is written twice, in rope_parameters (transformers 5) and at the top level
- * (transformers 4), and head_dim explicitly, so that converters that read only the older form
- * (e.g. to GGUF) see the same model. */
+/* DeepSeek-V2's config.json for shapes s (greedy softmax routing as V2-Lite). */
+static json_t *deepseek_config(const struct shapes *s, const char *dtype)
+{
+    json_t *c = json_pack("{s:[s], s:s, s:s, s:s, s:s, s:n, s:b, s:{s:f, s:s}}", "architectures",
+                          "DeepseekV2ForCausalLM", "model_type", "deepseek_v2", "topk_method",
+                          "greedy", "scoring_func", "softmax", "hidden_act", "silu",
+                          "q_lora_rank", "tie_word_embeddings", 0, "rope_parameters",
+                          "rope_theta", 1e4, "rope_type", "default");
+    const struct {
+        const char *k;
+        int v;
+    } ints[] = {{"hidden_size", s->d},           {"num_hidden_layers", s->layers},
+                {"num_attention_heads", DS_HEADS}, {"num_key_value_heads", DS_HEADS},
+                {"kv_lora_rank", DS_KV_LORA},    {"qk_nope_head_dim", DS_NOPE},
+                {"qk_rope_head_dim", DS_ROPE},   {"v_head_dim", DS_V},
+                {"n_routed_experts", s->experts}, {"num_experts_per_tok", s->top_k},
+                {"moe_intermediate_size", DS_MOE_FF}, {"n_shared_experts", DS_SHARED},
+                {"first_k_dense_replace", 1},    {"intermediate_size", DS_DENSE_FF},
+                {"moe_layer_freq", 1},           {"vocab_size", s->vocab},
+                {"max_position_embeddings", 4096}, {"bos_token_id", 1},
+                {"eos_token_id", 2},             {"pad_token_id", 0}};
+    for (size_t i = 0; c && i < sizeof ints / sizeof ints[0]; i++)
+        json_object_set_new(c, ints[i].k, json_integer(ints[i].v));
+    if (c) {
+        json_object_set_new(c, "routed_scaling_factor", json_real(1.0));
+        json_object_set_new(c, "rms_norm_eps", json_real(1e-6));
+        json_object_set_new(c, "norm_topk_prob", json_false());
+        json_object_set_new(c, "dtype", json_string(strcmp(dtype, "bf16") == 0 ? "bfloat16"
+                                                                                : "float32"));
+    }
+    return c;
+}
+
+/* The mixtral config writes rope_theta twice, in rope_parameters (transformers 5) and at the top
+ * level (transformers 4), and head_dim explicitly, so that converters that read only the older
+ * form (e.g. to GGUF) see the same model. */
 static int write_configs(const char *dir, const struct shapes *s, const char *dtype)
 {
     char path[4096];
-    json_t *cfg = json_pack(
-        "{s:[s], s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:s, "
-        "s:{s:f, s:s}, s:f, s:n, s:b, s:i, s:i, s:s}",
-        "architectures", "MixtralForCausalLM", "model_type", "mixtral", "hidden_size", s->d,
-        "num_hidden_layers", s->layers, "num_attention_heads", s->heads, "num_key_value_heads",
-        s->kv, "intermediate_size", s->ff, "head_dim", 64, "num_local_experts", s->experts,
-        "num_experts_per_tok", s->top_k, "vocab_size", s->vocab, "max_position_embeddings", 4096,
-        "bos_token_id", 1, "rms_norm_eps", 1e-5, "hidden_act", "silu", "rope_parameters",
-        "rope_theta", 1e6, "rope_type", "default", "rope_theta", 1e6, "sliding_window",
-        "tie_word_embeddings", 0, "eos_token_id", 2, "pad_token_id", 0, "dtype",
-        strcmp(dtype, "bf16") == 0 ? "bfloat16" : "float32");
+    json_t *cfg = s->deepseek ? deepseek_config(s, dtype) :
+        json_pack("{s:[s], s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:s, "
+                  "s:{s:f, s:s}, s:f, s:n, s:b, s:i, s:i, s:s}",
+                  "architectures", "MixtralForCausalLM", "model_type", "mixtral", "hidden_size",
+                  s->d, "num_hidden_layers", s->layers, "num_attention_heads", s->heads,
+                  "num_key_value_heads", s->kv, "intermediate_size", s->ff, "head_dim", 64,
+                  "num_local_experts", s->experts, "num_experts_per_tok", s->top_k, "vocab_size",
+                  s->vocab, "max_position_embeddings", 4096, "bos_token_id", 1, "rms_norm_eps",
+                  1e-5, "hidden_act", "silu", "rope_parameters", "rope_theta", 1e6, "rope_type",
+                  "default", "rope_theta", 1e6, "sliding_window", "tie_word_embeddings", 0, "eos_token_id", 2,
+                  "pad_token_id", 0, "dtype", strcmp(dtype, "bf16") == 0 ? "bfloat16" : "float32");
     json_t *gen = json_pack("{s:i, s:i}", "bos_token_id", 1, "eos_token_id", 2);
     int rc = -1;
     if (!cfg || !gen) goto out;
@@ -253,20 +322,29 @@ int main(int argc, char **argv)
 {
     if (argc < 2 || argv[1][0] == '-') {
         fprintf(stderr,
-                "usage: %s OUT_DIR [--params 100M] [--dtype f32|bf16] [--experts 8] "
-                "[--top-k 2] [--seed S] [--vocab 32000] [--tokenizer DIR]\n",
+                "usage: %s OUT_DIR [--arch mixtral|deepseek] [--params 100M] [--active N] "
+                "[--hidden D] [--layers L] [--dtype f32|bf16] [--experts 8] [--top-k 2] "
+                "[--seed S] [--vocab 32000] [--tokenizer DIR]\n",
                 argv[0]);
         return 2;
     }
     const char *dir = argv[1], *dtype = "f32", *tokenizer = NULL;
-    double target = 100e6;
-    struct shapes s = {.experts = 8, .top_k = 2, .vocab = 32000};
+    double target = 100e6, active = 0;
+    struct shapes s = {.experts = 0, .top_k = 0, .vocab = 32000};
     uint64_t seed = 1234;
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         bool bad = v == NULL;
         if (!bad && strcmp(a, "--params") == 0)
             bad = parse_count(v, &target) != 0;
+        else if (!bad && strcmp(a, "--active") == 0)
+            bad = parse_count(v, &active) != 0;
+        else if (!bad && strcmp(a, "--arch") == 0)
+            bad = !(s.deepseek = strcmp(v, "deepseek") == 0) && strcmp(v, "mixtral") != 0;
+        else if (!bad && strcmp(a, "--hidden") == 0)
+            bad = (s.d = atoi(v)) <= 0 || s.d % 64 != 0;
+        else if (!bad && strcmp(a, "--layers") == 0)
+            bad = (s.layers = atoi(v)) <= 0;
         else if (!bad && strcmp(a, "--dtype") == 0) {
             dtype = v;
             bad = strcmp(v, "f32") != 0 && strcmp(v, "bf16") != 0;
@@ -288,18 +366,44 @@ int main(int argc, char **argv)
         }
         i++;
     }
+    if (!s.experts) s.experts = s.deepseek ? 64 : 8;
+    if (!s.top_k) s.top_k = s.deepseek ? DS_TOP_K : 2;
     if (s.top_k > s.experts) {
         fprintf(stderr, "make_synthetic_model: --top-k %d exceeds --experts %d\n", s.top_k,
                 s.experts);
         return 2;
     }
-    pick_shapes(target, &s);
-    size_t total = total_params(&s);
-    printf("mixtral-shaped: hidden %d, layers %d, heads %d (kv %d, head_dim 64), experts %d "
-           "(top-%d) of width %d, vocab %d\n",
-           s.d, s.layers, s.heads, s.kv, s.experts, s.top_k, s.ff, s.vocab);
-    printf("parameters: %.1fM (target %.1fM)%s, dtype %s\n", (double)total / 1e6, target / 1e6,
-           (double)total > 1.5 * target ? " - target too small for this vocab" : "", dtype);
+    if (s.deepseek) {
+        s.d = DS_HIDDEN;
+        s.heads = s.kv = DS_HEADS;
+        s.ff = DS_MOE_FF;
+        if (!s.layers) s.layers = 4;
+        printf("deepseek-v2-lite-shaped: hidden %d, layers %d (the first dense, %d wide), %d MLA "
+               "heads (kv_lora_rank %d, nope/rope/v %d/%d/%d), %d experts (top-%d) of width %d "
+               "+ %d shared, vocab %d, dtype %s\n",
+               s.d, s.layers, DS_DENSE_FF, DS_HEADS, DS_KV_LORA, DS_NOPE, DS_ROPE, DS_V,
+               s.experts, s.top_k, s.ff, DS_SHARED, s.vocab, dtype);
+    } else if (active > 0) {
+        if (!s.d || !s.layers) {
+            fprintf(stderr, "make_synthetic_model: --active needs --hidden and --layers\n");
+            return 2;
+        }
+        solve_active(active, &s);
+        printf("mixtral-shaped: hidden %d, layers %d, heads %d (kv %d, head_dim 64), experts %d "
+               "(top-%d) of width %d, vocab %d; active parameters %.1fM (target %.1fM), total "
+               "%.1fM, dtype %s\n",
+               s.d, s.layers, s.heads, s.kv, s.experts, s.top_k, s.ff, s.vocab,
+               active_params(&s) / 1e6, active / 1e6, (double)total_params(&s) / 1e6, dtype);
+    } else {
+        pick_shapes(target, &s);
+        size_t total = total_params(&s);
+        printf("mixtral-shaped: hidden %d, layers %d, heads %d (kv %d, head_dim 64), experts %d "
+               "(top-%d) of width %d, vocab %d\n",
+               s.d, s.layers, s.heads, s.kv, s.experts, s.top_k, s.ff, s.vocab);
+        printf("parameters: %.1fM (target %.1fM)%s, dtype %s\n", (double)total / 1e6,
+               target / 1e6, (double)total > 1.5 * target ? " - target too small for this vocab" : "",
+               dtype);
+    }
 
     if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
         fprintf(stderr, "make_synthetic_model: cannot create %s: %s\n", dir, strerror(errno));
@@ -309,7 +413,7 @@ int main(int argc, char **argv)
     if (tokenizer && add_tokenizer(dir, tokenizer, s.vocab) != 0) return 1;
 
     /* Declarations first: the header needs every shape before any data. */
-    size_t nd = 3 + (size_t)s.layers * (8 + 3 * (size_t)s.experts);
+    size_t nd = 3 + (size_t)s.layers * (12 + 3 * (size_t)s.experts);
     struct decl *decls = calloc(nd, sizeof *decls);
     void *buf = malloc(CHUNK * sizeof(float));
     struct stw *w = stw_new();
@@ -329,7 +433,32 @@ int main(int argc, char **argv)
     DECL(s.vocab, s.d, "model.embed_tokens.weight");
     DECL(s.d, 0, "model.norm.weight");
     DECL(s.vocab, s.d, "lm_head.weight");
-    for (int l = 0; l < s.layers; l++) {
+    for (int l = 0; l < s.layers && s.deepseek; l++) {
+        const int qk = DS_NOPE + DS_ROPE, H = DS_HEADS;
+        DECL(s.d, 0, "model.layers.%d.input_layernorm.weight", l);
+        DECL(s.d, 0, "model.layers.%d.post_attention_layernorm.weight", l);
+        DECL(H * qk, s.d, "model.layers.%d.self_attn.q_proj.weight", l);
+        DECL(DS_KV_LORA + DS_ROPE, s.d, "model.layers.%d.self_attn.kv_a_proj_with_mqa.weight", l);
+        DECL(DS_KV_LORA, 0, "model.layers.%d.self_attn.kv_a_layernorm.weight", l);
+        DECL(H * (DS_NOPE + DS_V), DS_KV_LORA, "model.layers.%d.self_attn.kv_b_proj.weight", l);
+        DECL(s.d, H * DS_V, "model.layers.%d.self_attn.o_proj.weight", l);
+        const char *p[3] = {"gate_proj", "up_proj", "down_proj"};
+        if (l == 0) { /* first_k_dense_replace 1 */
+            for (int j = 0; j < 3; j++)
+                DECL(j == 2 ? s.d : DS_DENSE_FF, j == 2 ? DS_DENSE_FF : s.d,
+                     "model.layers.%d.mlp.%s.weight", l, p[j]);
+            continue;
+        }
+        DECL(s.experts, s.d, "model.layers.%d.mlp.gate.weight", l);
+        for (int e = 0; e < s.experts; e++)
+            for (int j = 0; j < 3; j++)
+                DECL(j == 2 ? s.d : s.ff, j == 2 ? s.ff : s.d,
+                     "model.layers.%d.mlp.experts.%d.%s.weight", l, e, p[j]);
+        for (int j = 0; j < 3; j++)
+            DECL(j == 2 ? s.d : DS_SHARED * s.ff, j == 2 ? DS_SHARED * s.ff : s.d,
+                 "model.layers.%d.mlp.shared_experts.%s.weight", l, p[j]);
+    }
+    for (int l = 0; l < s.layers && !s.deepseek; l++) {
         DECL(s.d, 0, "model.layers.%d.input_layernorm.weight", l);
         DECL(s.d, 0, "model.layers.%d.post_attention_layernorm.weight", l);
         DECL(q, s.d, "model.layers.%d.self_attn.q_proj.weight", l);

@@ -1,6 +1,7 @@
 /* Engine: device set, step scheduling across device threads, and the forward pass. The forward
  * pass reads only struct model_desc, never the architecture name: attention (GQA + RoPE, with
- * optional qkv bias, q/k norm per head or over the projection, qkv clipping, sliding window),
+ * optional q/k/v/o biases, q/k norm per head or over the projection, qkv clipping, sliding
+ * windows per layer, sink logits; or MLA),
  * then a dense FFN or an MoE layer (router -> dispatch -> experts -> combine, plus shared
  * experts). Every buffer is allocated in engine_create; a step allocates nothing. */
 #include "engine.h"
@@ -195,10 +196,20 @@ static void attention_layer(struct device *dv, int l)
                            .seq = dv->tok_seq, .pos = dv->pos};
     be->ops->kv_write(be, dv->kv_k[l], dv->kv_v[l], dv->k, dv->v, &tk, e->kv.block_size, n,
                       kvdim);
-    be->ops->attention(be, dv->att, dv->q, dv->kv_k[l], dv->kv_v[l], &tk, e->kv.block_size, n,
-                       md->n_head, md->n_kv_head, hd, md->sliding_window, e->attn_scale,
-                       dv->scores);
-    be->ops->matmul(be, dv->tmp, dv->att, lw->wo, NULL, n, qdim, d);
+    if (lw->sinks || md->layer_window) {
+        /* gpt-oss: a sink logit per head, this layer's own window */
+        struct be_attn a = {.n_head = md->n_head, .n_kv_head = md->n_kv_head, .k_dim = hd,
+                            .v_dim = hd, .k_row = kvdim, .v_row = kvdim,
+                            .window = model_layer_window(md, l), .scale = e->attn_scale,
+                            .sinks = lw->sinks};
+        be->ops->attention_ex(be, dv->att, dv->q, dv->kv_k[l], dv->kv_v[l], &tk,
+                              e->kv.block_size, n, &a, dv->scores);
+    } else {
+        be->ops->attention(be, dv->att, dv->q, dv->kv_k[l], dv->kv_v[l], &tk, e->kv.block_size,
+                           n, md->n_head, md->n_kv_head, hd, md->sliding_window, e->attn_scale,
+                           dv->scores);
+    }
+    be->ops->matmul(be, dv->tmp, dv->att, lw->wo, lw->bo, n, qdim, d);
     be->ops->add(be, dv->x, dv->tmp, n, d);
 }
 
@@ -474,12 +485,16 @@ static const float *dev_vec(struct device *dv, const float *host, size_t n, bool
     return p;
 }
 
-static void dev_ffn(struct device *dv, struct ffn_w *dst, const struct ffn_w *src, bool *ok)
+static void dev_ffn(struct device *dv, struct ffn_w *dst, const struct ffn_w *src, size_t d,
+                    bool *ok)
 {
     dst->d_ff = src->d_ff;
     dst->gate = dev_weight(dv, src->gate, ok);
     dst->up = dev_weight(dv, src->up, ok);
     dst->down = dev_weight(dv, src->down, ok);
+    dst->b_gate = dev_vec(dv, src->b_gate, (size_t)src->d_ff, ok);
+    dst->b_up = dev_vec(dv, src->b_up, (size_t)src->d_ff, ok);
+    dst->b_down = dev_vec(dv, src->b_down, d, ok);
 }
 
 /* Builds dv->w: the weights this device needs (attention and dense parts everywhere, experts
@@ -516,6 +531,8 @@ static int device_weights(struct engine *e, struct device *dv)
         lw->bq = dev_vec(dv, src->bq, qdim, &ok);
         lw->bk = dev_vec(dv, src->bk, kvdim, &ok);
         lw->bv = dev_vec(dv, src->bv, kvdim, &ok);
+        lw->bo = dev_vec(dv, src->bo, D, &ok);
+        lw->sinks = dev_vec(dv, src->sinks, (size_t)md->n_head, &ok);
         lw->q_norm = dev_vec(dv, src->q_norm, qn, &ok);
         lw->k_norm = dev_vec(dv, src->k_norm, kn, &ok);
         lw->wq_a = dev_weight(dv, src->wq_a, &ok);
@@ -526,21 +543,22 @@ static int device_weights(struct engine *e, struct device *dv)
         lw->wkv_b = dev_weight(dv, src->wkv_b, &ok);
         lw->w_uk_t = dev_weight(dv, src->w_uk_t, &ok);
         if (!md->layer_is_moe[l]) {
-            dev_ffn(dv, &lw->dense, &src->dense, &ok);
+            dev_ffn(dv, &lw->dense, &src->dense, D, &ok);
             continue;
         }
         lw->router = dev_weight(dv, src->router, &ok);
         lw->router_bias = dev_vec(dv, src->router_bias, (size_t)md->n_expert, &ok);
+        lw->router_b = dev_vec(dv, src->router_b, (size_t)md->n_expert, &ok);
         lw->group_router = dev_weight(dv, src->group_router, &ok);
         lw->shared_gate = dev_weight(dv, src->shared_gate, &ok);
         lw->experts = ffn;
         for (int x = 0; x < md->n_expert; x++, ffn++) {
             ffn->d_ff = src->experts[x].d_ff;
-            if (e->owner[x] == dv->rank) dev_ffn(dv, ffn, &src->experts[x], &ok);
+            if (e->owner[x] == dv->rank) dev_ffn(dv, ffn, &src->experts[x], D, &ok);
         }
         lw->shared = ffn;
         for (int i = 0; i < md->n_shared; i++, ffn++)
-            dev_ffn(dv, ffn, &src->shared[i], &ok);
+            dev_ffn(dv, ffn, &src->shared[i], D, &ok);
     }
     dv->cos_sin = (float *)dev_vec(dv, e->cos_sin,
                                    (size_t)e->p.max_model_len * (size_t)md->rope_dim, &ok);
@@ -554,6 +572,8 @@ static int device_backend(struct engine *e, struct device *dv, int threads, char
         bool bf16 = model_computes_bf16(e->m);
         dv->be = e->p.backend == ENGINE_BACKEND_CPU_STAGED ? backend_cpu_create_staged(threads, bf16)
                                                            : backend_cpu_create(threads, bf16);
+        /* --quantization trades precision for speed everywhere, MXFP4 experts included */
+        if (dv->be) backend_cpu_set_int8_mxfp4(dv->be, e->m->quant != MODEL_QUANT_NONE);
         return dv->be ? 0
                       : ms_errf(err, errlen, "cannot start device %d (%d threads): out of memory "
                                              "or threads",

@@ -7,7 +7,9 @@
  * borrowed from the safetensors mapping (f32/f16/bf16, zero copy), unless the load options ask
  * for another type (--dtype float32|bfloat16: one conversion at load) or for quantization
  * (--quantization int8|int4: attention, experts, dense FFNs and the LM head quantized once at
- * load; embeddings, routers and norms stay as they are). Vectors (norms, biases) are f32,
+ * load; embeddings, routers and norms stay as they are; experts published in MXFP4 are repacked
+ * into WTYPE_MXFP4 and stay 4-bit, or are dequantized exactly for --dtype float32|bfloat16).
+ * Vectors (norms, biases) are f32,
  * converted when stored otherwise. Every pointer below stays valid until model_free.
  *
  * Ownership: model_load returns a model the caller frees with model_free. A model is read-only
@@ -46,6 +48,13 @@ enum shared_gate_kind {
     SHARED_GATE_SIGMOID, /* qwen2_moe: sigmoid(x . w_gate) scales the shared expert */
 };
 
+/* The activation of the experts' FFNs. */
+enum ffn_act {
+    FFN_ACT_SILU,       /* down(silu(gate x) * (up x)) */
+    FFN_ACT_SWIGLU_OAI, /* gpt-oss: g = min(gate x, limit), u = clamp(up x, -limit, limit),
+                           down(g * sigmoid(alpha g) * (u + 1)) */
+};
+
 #define MODEL_MAX_EXPERTS 512
 #define MODEL_MAX_GROUPS 64
 #define MODEL_MAX_EOS 8
@@ -76,9 +85,13 @@ struct model_desc {
     float rope_attn_factor;
     float attn_scale;     /* softmax scale: 1/sqrt(q.k width), times YaRN's mscale^2 (MLA) */
     int sliding_window;   /* 0 = full attention */
+    int *layer_window;    /* (n_layer) each layer's window (0 = full; gpt-oss layer_types), or
+                             NULL: sliding_window for every layer (see model_layer_window) */
     enum attn_kind attn;
     enum qk_norm_kind qk_norm;
     bool qkv_bias;
+    bool o_bias;          /* o_proj has a bias (gpt-oss) */
+    bool attn_sinks;      /* a learned logit per head in the softmax denominator (gpt-oss) */
     float clip_qkv;       /* olmoe: clamp q/k/v projections to [-clip, clip]; 0 = off */
     bool tie_embeddings;
 
@@ -106,6 +119,10 @@ struct model_desc {
     int *expert_group;    /* (n_expert) group of each expert, or NULL */
     float routed_scale;   /* routed_scaling_factor: routed expert weights times this (1) */
     bool router_bias;     /* DeepSeek-V3: per-expert e_score_correction_bias */
+    bool router_logit_bias; /* gpt-oss: the router's linear layer has a bias (on the logits) */
+    enum ffn_act expert_act;/* routed experts' activation; dense and shared FFNs are SiLU */
+    float act_alpha, act_limit; /* FFN_ACT_SWIGLU_OAI */
+    bool expert_bias;     /* routed experts' projections have biases (gpt-oss) */
     int n_shared;         /* always-on shared experts */
     int shared_d_ff;      /* width of each shared expert */
     enum shared_gate_kind shared_gate;
@@ -115,12 +132,15 @@ struct model_desc {
     int n_eos;
 };
 
-/* One SwiGLU FFN: down(silu(gate x) * up x). */
+/* One gated FFN: down(act(gate x + b_gate, up x + b_up)) + b_down (enum ffn_act). */
 struct ffn_w {
     int d_ff;
     const struct wmat *gate; /* (d_ff, d_model) */
     const struct wmat *up;   /* (d_ff, d_model) */
     const struct wmat *down; /* (d_model, d_ff) */
+    const float *b_gate;     /* (d_ff) or NULL (expert_bias only) */
+    const float *b_up;       /* (d_ff) or NULL */
+    const float *b_down;     /* (d_model) or NULL */
 };
 
 struct layer_w {
@@ -132,6 +152,8 @@ struct layer_w {
     const float *bq;        /* (n_head*head_dim) or NULL */
     const float *bk;        /* (n_kv_head*head_dim) or NULL */
     const float *bv;        /* (n_kv_head*head_dim) or NULL */
+    const float *bo;        /* (d_model) or NULL */
+    const float *sinks;     /* (n_head) attention sink logits, or NULL */
     const float *q_norm;    /* (head_dim) or (n_head*head_dim), per qk_norm; or NULL */
     const float *k_norm;    /* (head_dim) or (n_kv_head*head_dim), per qk_norm; or NULL */
     const float *ffn_norm;  /* (d_model) */
@@ -149,6 +171,7 @@ struct layer_w {
 
     const struct wmat *router;       /* (n_expert, d_model) */
     const float *router_bias;        /* (n_expert) DeepSeek-V3 correction bias, or NULL */
+    const float *router_b;           /* (n_expert) gpt-oss router bias on the logits, or NULL */
     const struct wmat *group_router; /* (n_group, d_model), MoHGE only */
     struct ffn_w *experts;           /* (n_expert) */
     struct ffn_w *shared;            /* (n_shared) */
@@ -253,6 +276,12 @@ size_t model_active_params(const struct model *m, int k);
 /* Whether the model computes in bf16 (see enum model_dtype): --dtype bfloat16, or auto with
  * bf16 matrices. */
 bool model_computes_bf16(const struct model *m);
+
+/* The attention window of layer l (0 = full attention). */
+static inline int model_layer_window(const struct model_desc *md, int l)
+{
+    return md->layer_window ? md->layer_window[l] : md->sliding_window;
+}
 
 /* Floats one token stores per layer in the KV cache: keys k_row and values v_row
  * (n_kv_head * head_dim each; MLA: the latent and rope key, kv_lora_rank + qk_rope_dim, and no

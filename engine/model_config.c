@@ -1,5 +1,5 @@
 /* config.json -> struct model_desc. Each supported Hugging Face architecture (mixtral,
- * qwen2_moe, qwen3_moe, olmoe, deepseek_v2/v3, and moeserve's own mohge) is translated into the one
+ * qwen2_moe, qwen3_moe, olmoe, deepseek_v2/v3, gpt_oss, and moeserve's own mohge) is translated into the one
  * architecture-neutral description the forward pass reads: attention kind and q/k norm, biases,
  * which layers are MoE, expert widths and groups, shared experts and their gate. Fields are
  * type-checked; anything the engine cannot run exactly (rope scaling other than YaRN,
@@ -624,9 +624,68 @@ static int cfg_deepseek(json_t *root, struct model_desc *d, const char *path, ch
     return 0;
 }
 
+/* gpt-oss (transformers' GptOss classes): every layer MoE; GQA with biases on q/k/v/o, a sink
+ * logit per head, and sliding-window or full attention per layer_types; rotate-half RoPE,
+ * usually YaRN; a router with a bias whose top-k logits are softmaxed (the softmax over all
+ * experts renormalized over the k kept: the same weights); experts with biases and the clamped
+ * SwiGLU (swiglu_alpha, swiglu_limit) over gate/up stored interleaved. */
+static int cfg_gpt_oss(json_t *root, struct model_desc *d, const char *path, char *err,
+                       size_t errlen)
+{
+    double alpha = 1.702, limit = 7.0;
+    bool bias = true;
+    if (cfg_experts(root, d, "intermediate_size", path, err, errlen) ||
+        cfg_moe_layers(root, d, false, path, err, errlen) ||
+        cfg_int(root, "sliding_window", false, 0, &d->sliding_window, path, err, errlen) ||
+        cfg_bool(root, "attention_bias", true, &bias, path, err, errlen) ||
+        cfg_num(root, "swiglu_alpha", alpha, &alpha, path, err, errlen) ||
+        cfg_num(root, "swiglu_limit", limit, &limit, path, err, errlen))
+        return -1;
+    if (d->n_expert == 0)
+        return ms_errf(err, errlen, "%s: gpt_oss needs num_local_experts > 0", path);
+    if (d->sliding_window < 0)
+        return ms_errf(err, errlen, "%s: 'sliding_window' must be null or positive", path);
+    if (!(limit > 0) || !isfinite(alpha))
+        return ms_errf(err, errlen, "%s: swiglu_limit %g must be positive and swiglu_alpha %g "
+                                    "finite",
+                       path, limit, alpha);
+    d->layer_window = malloc((size_t)d->n_layer * sizeof *d->layer_window);
+    if (!d->layer_window) return ms_errf(err, errlen, "%s: out of memory", path);
+    json_t *lt = json_object_get(root, "layer_types");
+    if (lt && !json_is_null(lt) &&
+        (!json_is_array(lt) || json_array_size(lt) != (size_t)d->n_layer))
+        return ms_errf(err, errlen, "%s: 'layer_types' must list num_hidden_layers (%d) strings",
+                       path, d->n_layer);
+    for (int l = 0; l < d->n_layer; l++) {
+        /* transformers' default: sliding for even layers, full for odd ones */
+        const char *ty = l % 2 == 0 ? "sliding_attention" : "full_attention";
+        if (lt && !json_is_null(lt)) ty = json_string_value(json_array_get(lt, (size_t)l));
+        if (ty && strcmp(ty, "sliding_attention") == 0)
+            d->layer_window[l] = d->sliding_window;
+        else if (ty && strcmp(ty, "full_attention") == 0)
+            d->layer_window[l] = 0;
+        else
+            return ms_errf(err, errlen,
+                           "%s: layer_types[%d] '%.40s' is not supported (supported: "
+                           "'sliding_attention', 'full_attention')",
+                           path, l, ty ? ty : "(not a string)");
+    }
+    d->qkv_bias = d->o_bias = bias;
+    d->attn_sinks = true;
+    d->norm_topk_prob = true;
+    d->router_logit_bias = true;
+    d->expert_act = FFN_ACT_SWIGLU_OAI;
+    d->act_alpha = (float)alpha;
+    d->act_limit = (float)limit;
+    d->expert_bias = true;
+    return 0;
+}
+
 void model_desc_free(struct model_desc *desc)
 {
     if (!desc) return;
+    free(desc->layer_window);
+    desc->layer_window = NULL;
     free(desc->layer_is_moe);
     free(desc->expert_d_ff);
     free(desc->expert_group);
@@ -668,26 +727,33 @@ int model_desc_parse(const char *json_text, size_t len, const char *path, struct
         arch = cfg_mohge;
     else if (strcmp(type, "deepseek_v2") == 0 || strcmp(type, "deepseek_v3") == 0)
         arch = cfg_deepseek;
+    else if (strcmp(type, "gpt_oss") == 0)
+        arch = cfg_gpt_oss;
     if (!arch) {
         ms_errf(err, errlen,
                 "%s: unknown model_type '%.64s' (supported: mixtral, qwen2_moe, qwen3_moe, olmoe, "
-                "deepseek_v2, deepseek_v3, mohge)",
+                "deepseek_v2, deepseek_v3, gpt_oss, mohge)",
                 path, type);
         goto out;
     }
     snprintf(desc->model_type, sizeof desc->model_type, "%s", type);
     if (cfg_common(root, desc, path, err, errlen) != 0 || arch(root, desc, path, err, errlen) != 0)
         goto out;
-    /* Pre-quantized checkpoints: none of their formats is read (FP8 DeepSeek-V3, GPTQ, AWQ...);
+    /* Pre-quantized checkpoints: only gpt-oss's MXFP4 experts are read (the loader finds them
+     * by their _blocks/_scales tensors). Other formats (FP8 DeepSeek-V3, GPTQ, AWQ...) are
      * refused by name rather than loaded as if the packed tensors were weights. */
     json_t *qc = json_object_get(root, "quantization_config");
     if (qc && !json_is_null(qc)) {
         const char *qm = json_string_value(json_object_get(qc, "quant_method"));
-        ms_errf(err, errlen, "%s: quantization_config.quant_method '%.32s' is not supported for "
-                             "%s (load an unquantized checkpoint; --quantization int8|int4 "
-                             "quantizes at load)",
-                path, qm ? qm : "?", type);
-        goto out;
+        bool mxfp4 = arch == cfg_gpt_oss && qm && strcmp(qm, "mxfp4") == 0;
+        if (!mxfp4) {
+            ms_errf(err, errlen,
+                    "%s: quantization_config.quant_method '%.32s' is not supported for %s (%s; "
+                    "--quantization int8|int4 quantizes at load)",
+                    path, qm ? qm : "?", type,
+                    arch == cfg_gpt_oss ? "only 'mxfp4'" : "load an unquantized checkpoint");
+            goto out;
+        }
     }
     rc = 0;
 out:

@@ -32,20 +32,30 @@ enum bind_kind {
     BIND_FUSED_DOWN,    /* (E, d, ff) */
     BIND_MLA_UK_T,      /* MLA kv_b_proj (H*(dn+dv), kvr) -> (H*kvr, dn): each head's key
                            up-projection transposed (converted, never borrowed) */
+    BIND_MX_GATE_UP,    /* gpt-oss MXFP4 gate_up_proj_blocks (E, 2*ff, d/32, 16) + _scales
+                           (E, 2*ff, d/32): gate = even rows, up = odd rows */
+    BIND_MX_DOWN,       /* MXFP4 down_proj_blocks (E, d, ff/32, 16) + _scales (E, d, ff/32) */
+    BIND_T_GATE_UP,     /* gpt-oss unquantized gate_up_proj (E, d, 2*ff): (in, out), gate/up
+                           interleaved along out -> converted transposes */
+    BIND_T_DOWN,        /* unquantized down_proj (E, ff, d) -> (d, ff) transposes */
+    BIND_EX_BIAS_GU,    /* gate_up_proj_bias (E, 2*ff): b_gate = even, b_up = odd (converted) */
+    BIND_EX_BIAS_DOWN,  /* down_proj_bias (E, d): b_down, borrowed when f32 */
 };
 
 struct bind {
     char name[128];
     int ndim;
-    int64_t shape[3];
+    int64_t shape[4];
     enum bind_kind kind;
     const float **vec;         /* BIND_VEC */
     const struct wmat **mat;   /* BIND_MAT, BIND_MAT_Q */
     struct ffn_w *experts;     /* fused kinds: (n_expert) */
     const struct st_tensor *t; /* found in pass 1 */
+    const struct st_tensor *t2;/* BIND_MX_*: the scales tensor */
     int mat0;                  /* matrices: first index into model->mats */
     bool mla_tiles;            /* BIND_MLA_UK_T: may be quantized */
-    size_t vec_off;            /* BIND_VEC converted: offset in model->vectors, or SIZE_MAX */
+    size_t vec_off;            /* BIND_VEC, BIND_EX_BIAS_*: offset of the converted floats in
+                                  model->vectors, or SIZE_MAX (borrowed) */
 };
 
 /* One matrix made from a slice of a tensor: nh blocks of hr rows; row r of block h, column c is
@@ -58,6 +68,9 @@ struct mat_src {
     enum wtype to;
     bool borrowed;
     size_t off;      /* converted: byte offset in model->converted */
+    /* MXFP4 source (scales non-NULL): row i of the matrix is row elem0 + i * rs of the blocks
+     * tensor (t) and of scales, both viewed as (rows, cols / 32 blocks) */
+    const struct st_tensor *scales;
 };
 
 struct plan {
@@ -70,6 +83,32 @@ struct plan {
 static struct bind *plan_add(struct plan *p, enum bind_kind kind, int ndim, int64_t s0, int64_t s1,
                              int64_t s2, const char *fmt, ...)
     __attribute__((format(printf, 7, 8)));
+
+/* Matrices a bind makes (entries of model->mats from its mat0 on). */
+static int bind_mats(const struct bind *b)
+{
+    switch (b->kind) {
+    case BIND_MAT:
+    case BIND_MAT_Q:
+    case BIND_MLA_UK_T: return 1;
+    case BIND_FUSED_GATE_UP:
+    case BIND_MX_GATE_UP:
+    case BIND_T_GATE_UP: return 2 * (int)b->shape[0];
+    case BIND_FUSED_DOWN:
+    case BIND_MX_DOWN:
+    case BIND_T_DOWN: return (int)b->shape[0];
+    case BIND_VEC:
+    case BIND_EX_BIAS_GU:
+    case BIND_EX_BIAS_DOWN: return 0;
+    }
+    return 0;
+}
+
+/* Vector binds: floats in memory, borrowed or converted into model->vectors. */
+static bool bind_is_vec(const struct bind *b)
+{
+    return b->kind == BIND_VEC || b->kind == BIND_EX_BIAS_GU || b->kind == BIND_EX_BIAS_DOWN;
+}
 
 static struct bind *plan_add(struct plan *p, enum bind_kind kind, int ndim, int64_t s0, int64_t s1,
                              int64_t s2, const char *fmt, ...)
@@ -96,10 +135,7 @@ static struct bind *plan_add(struct plan *p, enum bind_kind kind, int ndim, int6
     b->shape[1] = s1;
     b->shape[2] = s2;
     b->mat0 = p->n_mats;
-    p->n_mats += kind == BIND_MAT || kind == BIND_MAT_Q || kind == BIND_MLA_UK_T ? 1
-                 : kind == BIND_FUSED_GATE_UP          ? 2 * (int)s0
-                 : kind == BIND_FUSED_DOWN             ? (int)s0
-                                                       : 0;
+    p->n_mats += bind_mats(b);
     return b;
 }
 
@@ -163,6 +199,36 @@ static int plan_experts(struct plan *p, const struct st_archive *st, struct laye
     return 0;
 }
 
+/* gpt-oss experts of one layer under `moe` ("model.layers.3.mlp."): MXFP4 as published
+ * (_blocks + _scales), or unquantized as transformers saves them ((in, out) per expert, gate and
+ * up interleaved); biases either way. */
+static void plan_gptoss_experts(struct plan *p, const struct st_archive *st, struct layer_w *lw,
+                                const struct model_desc *d, const char *moe)
+{
+    int64_t E = d->n_expert, D = d->d_model, ff = d->expert_d_ff[0];
+    char name[160];
+    snprintf(name, sizeof name, "%sexperts.gate_up_proj_blocks", moe);
+    bool mx = st_find(st, name) != NULL;
+    for (int e = 0; e < d->n_expert; e++) lw->experts[e].d_ff = (int)ff;
+    struct bind *b;
+    if (mx) {
+        b = plan_add(p, BIND_MX_GATE_UP, 4, E, 2 * ff, D / 32, "%s", name);
+        if (b) b->shape[3] = 16;
+        if (b) b->experts = lw->experts;
+        b = plan_add(p, BIND_MX_DOWN, 4, E, D, ff / 32, "%sexperts.down_proj_blocks", moe);
+        if (b) b->shape[3] = 16;
+    } else {
+        b = plan_add(p, BIND_T_GATE_UP, 3, E, D, 2 * ff, "%sexperts.gate_up_proj", moe);
+        if (b) b->experts = lw->experts;
+        b = plan_add(p, BIND_T_DOWN, 3, E, ff, D, "%sexperts.down_proj", moe);
+    }
+    if (b) b->experts = lw->experts;
+    b = plan_add(p, BIND_EX_BIAS_GU, 2, E, 2 * ff, 0, "%sexperts.gate_up_proj_bias", moe);
+    if (b) b->experts = lw->experts;
+    b = plan_add(p, BIND_EX_BIAS_DOWN, 2, E, D, 0, "%sexperts.down_proj_bias", moe);
+    if (b) b->experts = lw->experts;
+}
+
 /* MLA projections of one layer. The absorbed key up-projection is a converted copy of part of
  * kv_b_proj; quantized only when its per-head blocks fall on whole tiles. */
 static void plan_mla(struct plan *p, struct layer_w *lw, const struct model_desc *d,
@@ -200,6 +266,12 @@ static int plan_model(struct plan *p, struct model *m, const char *wname, bool q
     const int64_t D = d->d_model, q_dim = (int64_t)d->n_head * d->head_dim,
                   kv_dim = (int64_t)d->n_kv_head * d->head_dim;
     bool mixtral = strcmp(d->model_type, "mixtral") == 0;
+    bool gptoss = strcmp(d->model_type, "gpt_oss") == 0;
+    if (gptoss && (D % 32 != 0 || d->expert_d_ff[0] % 32 != 0) &&
+        st_find(m->st, "model.layers.0.mlp.experts.gate_up_proj_blocks"))
+        return ms_errf(err, errlen, "%s: MXFP4 experts need hidden_size (%d) and "
+                                    "intermediate_size (%d) to be multiples of 32",
+                       wname, d->d_model, d->expert_d_ff[0]);
     plan_mat(p, &m->embed, false, d->vocab, D, "%s", "model.embed_tokens.weight");
     plan_vec(p, &m->norm, D, "%s", "model.norm.weight");
     if (!d->tie_embeddings)
@@ -224,6 +296,8 @@ static int plan_model(struct plan *p, struct model *m, const char *wname, bool q
             plan_vec(p, &lw->bk, kv_dim, "%sself_attn.k_proj.bias", pre);
             plan_vec(p, &lw->bv, kv_dim, "%sself_attn.v_proj.bias", pre);
         }
+        if (d->o_bias) plan_vec(p, &lw->bo, D, "%sself_attn.o_proj.bias", pre);
+        if (d->attn_sinks) plan_vec(p, &lw->sinks, d->n_head, "%sself_attn.sinks", pre);
         if (d->qk_norm != QK_NORM_NONE) {
             bool full = d->qk_norm == QK_NORM_FULL;
             plan_vec(p, &lw->q_norm, full ? q_dim : d->head_dim, "%sself_attn.q_norm.weight", pre);
@@ -234,6 +308,13 @@ static int plan_model(struct plan *p, struct model *m, const char *wname, bool q
             snprintf(moe, sizeof moe, "%smlp.", pre);
             plan_ffn(p, &lw->dense, d->dense_d_ff, d->d_model, moe, "gate_proj", "up_proj",
                      "down_proj");
+            continue;
+        }
+        if (gptoss) {
+            snprintf(moe, sizeof moe, "%smlp.", pre);
+            plan_mat(p, &lw->router, false, d->n_expert, D, "%srouter.weight", moe);
+            plan_vec(p, &lw->router_b, d->n_expert, "%srouter.bias", moe);
+            plan_gptoss_experts(p, m->st, lw, d, moe);
             continue;
         }
         /* transformers 5 may save Mixtral's block under its in-memory name "mlp." */
@@ -351,6 +432,55 @@ static void plan_matrix(struct load_ctx *c, int idx, const struct st_tensor *t, 
     plan_matrix_ex(c, idx, t, elem0, rows, cols, quantizable, 1, 0, (size_t)cols, 1);
 }
 
+/* Pass 1 for a matrix stored in MXFP4 (rows elem0, elem0 + rstep, ... of blocks/scales viewed
+ * as (rows, cols/32) blocks): repacked into WTYPE_MXFP4 (any --quantization too: it is already
+ * 4-bit, and requantizing would only add error), or dequantized for --dtype float32|bfloat16. */
+static void plan_matrix_mx(struct load_ctx *c, int idx, const struct st_tensor *blocks,
+                           const struct st_tensor *scales, size_t row0, size_t rstep, int rows,
+                           int cols)
+{
+    struct mat_src *ms = &c->src[idx];
+    memset(ms, 0, sizeof *ms);
+    ms->t = blocks;
+    ms->scales = scales;
+    ms->elem0 = row0;
+    ms->rs = rstep;
+    ms->nh = 1;
+    ms->hr = rows;
+    ms->to = c->opts->dtype == MODEL_DTYPE_F32    ? WTYPE_F32
+             : c->opts->dtype == MODEL_DTYPE_BF16 ? WTYPE_BF16
+                                                  : WTYPE_MXFP4;
+    ms->off = c->conv_bytes;
+    c->conv_bytes += (wtype_bytes(ms->to, rows, cols) + 63) / 64 * 64;
+    c->m->mats[idx] = (struct wmat){.type = ms->to, .rows = rows, .cols = cols, .data = NULL};
+}
+
+/* The scales tensor of a BIND_MX_* bind: U8 of the blocks' shape less the last dimension, no
+ * 0xFF (NaN in e8m0). */
+static int check_mx_scales(struct bind *b, const struct st_archive *st, char *err, size_t errlen)
+{
+    char name[160];
+    size_t n = strlen(b->name);
+    snprintf(name, sizeof name, "%.*s_scales", (int)(n > 7 ? n - 7 : n), b->name); /* _blocks */
+    const struct st_tensor *t = st_find(st, name);
+    if (!t) return ms_errf(err, errlen, "%s: missing tensor '%s'", b->t->file, name);
+    bool same = t->dtype == ST_DTYPE_U8 && t->ndim == 3;
+    for (int k = 0; same && k < 3; k++) same = t->shape[k] == b->shape[k];
+    if (!same) {
+        char e1[96], e2[160];
+        return ms_errf(err, errlen, "%s: tensor '%s': expected U8 of shape %s, found %s %s",
+                       t->file, name, shape_str(b->shape, 3, e1, sizeof e1),
+                       st_dtype_name(t->dtype), shape_str(t->shape, t->ndim, e2, sizeof e2));
+    }
+    const unsigned char *sc = t->data;
+    for (size_t i = 0; i < t->nbytes; i++)
+        if (sc[i] == 0xFF)
+            return ms_errf(err, errlen, "%s: tensor '%s': scale 0xFF (NaN in e8m0) at byte %zu",
+                           t->file, name, i);
+    b->t2 = t;
+    return 0;
+}
+
 /* Pass 1: find and check every tensor, decide every matrix; sizes in c. */
 static int bind_check(struct load_ctx *c, const struct st_archive *st, const char *wname,
                       char *err, size_t errlen)
@@ -363,7 +493,13 @@ static int bind_check(struct load_ctx *c, const struct st_archive *st, const cha
         struct bind *b = &p->b[i];
         const struct st_tensor *t = st_find(st, b->name);
         if (!t) return ms_errf(err, errlen, "%s: missing tensor '%s'", wname, b->name);
-        if (t->dtype != ST_DTYPE_F32 && t->dtype != ST_DTYPE_BF16 && t->dtype != ST_DTYPE_F16)
+        bool mx = b->kind == BIND_MX_GATE_UP || b->kind == BIND_MX_DOWN;
+        if (mx && t->dtype != ST_DTYPE_U8)
+            return ms_errf(err, errlen, "%s: tensor '%s': dtype %s not supported (MXFP4 blocks "
+                                        "are U8)",
+                           t->file, b->name, st_dtype_name(t->dtype));
+        if (!mx && t->dtype != ST_DTYPE_F32 && t->dtype != ST_DTYPE_BF16 &&
+            t->dtype != ST_DTYPE_F16)
             return ms_errf(err, errlen,
                            "%s: tensor '%s': dtype %s not supported (expected F32, F16 or BF16)",
                            t->file, b->name, st_dtype_name(t->dtype));
@@ -377,21 +513,59 @@ static int bind_check(struct load_ctx *c, const struct st_archive *st, const cha
                            shape_str(t->shape, t->ndim, e2, sizeof e2));
         }
         b->t = t;
+        if (mx && check_mx_scales(b, st, err, errlen) != 0) return -1;
         /* a tied head planned for quantization reads the embedding a second time */
         if (b->kind == BIND_MLA_UK_T) {
             /* a transposed copy of part of kv_b_proj, counted there */
+        } else if (mx) {
+            c->m->n_params += bind_numel(b) * 2; /* two weights a byte */
         } else if (!(b->kind == BIND_MAT_Q && b->mat == &c->m->lm_head)) c->m->n_params += bind_numel(b);
         else if (!c->m->desc.tie_embeddings) c->m->n_params += bind_numel(b);
         int rows = (int)b->shape[b->ndim - 2 >= 0 ? b->ndim - 2 : 0];
         int cols = (int)b->shape[b->ndim - 1];
         switch (b->kind) {
         case BIND_VEC:
+        case BIND_EX_BIAS_DOWN:
             b->vec_off = SIZE_MAX;
             if (t->dtype != ST_DTYPE_F32 || (uintptr_t)t->data % 4 != 0) {
                 b->vec_off = c->vec_floats;
                 c->vec_floats += bind_numel(b);
             }
             break;
+        case BIND_EX_BIAS_GU: /* de-interleaved: always converted */
+            b->vec_off = c->vec_floats;
+            c->vec_floats += bind_numel(b);
+            break;
+        case BIND_MX_GATE_UP:
+        case BIND_MX_DOWN: {
+            /* rows of the (E * out, in) matrix the blocks hold; gate/up alternate rows */
+            bool gu = b->kind == BIND_MX_GATE_UP;
+            int out = (int)b->shape[1] / (gu ? 2 : 1), in = (int)b->shape[2] * 32;
+            for (int e = 0; e < (int)b->shape[0]; e++)
+                for (int h = 0; h < (gu ? 2 : 1); h++)
+                    plan_matrix_mx(c, b->mat0 + (gu ? 2 : 1) * e + h, t, b->t2,
+                                   (size_t)e * (size_t)b->shape[1] + (size_t)h, gu ? 2 : 1, out,
+                                   in);
+            break;
+        }
+        case BIND_T_GATE_UP: {
+            /* expert e's gate row r, column c = t[e][c][2r] (up: [2r + 1]) */
+            int dm = (int)b->shape[1], ff = (int)b->shape[2] / 2;
+            for (int e = 0; e < (int)b->shape[0]; e++)
+                for (int h = 0; h < 2; h++)
+                    plan_matrix_ex(c, b->mat0 + 2 * e + h, t,
+                                   (size_t)e * (size_t)dm * 2 * (size_t)ff + (size_t)h, ff, dm,
+                                   true, 1, 0, 2, 2 * (size_t)ff);
+            break;
+        }
+        case BIND_T_DOWN: {
+            /* expert e's down row r, column c = t[e][c][r] */
+            int ff = (int)b->shape[1], dm = (int)b->shape[2];
+            for (int e = 0; e < (int)b->shape[0]; e++)
+                plan_matrix_ex(c, b->mat0 + e, t, (size_t)e * (size_t)ff * (size_t)dm, dm, ff,
+                               true, 1, 0, 1, (size_t)dm);
+            break;
+        }
         case BIND_MAT:
         case BIND_MAT_Q:
             plan_matrix(c, b->mat0, t, 0, rows, cols, b->kind == BIND_MAT_Q);
@@ -444,6 +618,18 @@ static void conv_run(void *ctx, int i, int thread)
     const struct conv_task *t = &j->tasks[i];
     const struct mat_src *ms = &c->src[t->mat];
     const struct wmat *w = &c->m->mats[t->mat];
+    if (ms->scales) {
+        /* MXFP4: row elem0 of (rows, cols/32 blocks of 16 bytes) and of the scales */
+        size_t nb = (size_t)w->cols / 32;
+        wmat_convert_mxfp4(w->type, (void *)w->data,
+                           (const unsigned char *)ms->t->data + ms->elem0 * nb * 16,
+                           (const unsigned char *)ms->scales->data + ms->elem0 * nb, w->rows,
+                           w->cols, ms->rs, t->r0, t->r1);
+        size_t done = atomic_fetch_add(&j->done_rows, (size_t)(t->r1 - t->r0)) + (size_t)(t->r1 - t->r0);
+        if (thread == 0 && c->opts->progress && j->total_rows)
+            c->opts->progress(c->opts->progress_ctx, (double)done / (double)j->total_rows);
+        return;
+    }
     size_t es = st_dtype_size(ms->t->dtype);
     const unsigned char *src = (const unsigned char *)ms->t->data + ms->elem0 * es;
     /* Block by block (one block for plain matrices); blocks of a quantized matrix start on
@@ -470,18 +656,19 @@ static void release_converted(struct load_ctx *c)
     if (!kept) return; /* only memory is lost, not correctness */
     for (int i = 0; i < c->p->n; i++) {
         const struct bind *b = &c->p->b[i];
-        int nm = b->kind == BIND_VEC ? 0 : b->kind == BIND_FUSED_GATE_UP ? 2 * (int)b->shape[0]
-                                         : b->kind == BIND_FUSED_DOWN    ? (int)b->shape[0]
-                                                                         : 1;
-        bool borrowed = b->kind == BIND_VEC && b->vec_off == SIZE_MAX;
+        int nm = bind_mats(b);
+        bool borrowed = bind_is_vec(b) && b->vec_off == SIZE_MAX;
         for (int k = 0; k < nm; k++) borrowed = borrowed || c->src[b->mat0 + k].borrowed;
         if (borrowed) kept[st_index(st, b->t)] = true;
     }
     for (int i = 0; i < c->p->n; i++) {
-        int idx = st_index(st, c->p->b[i].t);
-        if (kept[idx]) continue;
-        st_release_pages(c->p->b[i].t);
-        kept[idx] = true; /* once */
+        const struct st_tensor *ts[2] = {c->p->b[i].t, c->p->b[i].t2};
+        for (int k = 0; k < 2 && ts[k]; k++) {
+            int idx = st_index(st, ts[k]);
+            if (kept[idx]) continue;
+            st_release_pages(ts[k]);
+            kept[idx] = true; /* once */
+        }
     }
     free(kept);
 }
@@ -505,11 +692,34 @@ static int bind_apply(struct load_ctx *c, char *err, size_t errlen)
             }
         } else if (b->kind == BIND_MAT || b->kind == BIND_MAT_Q || b->kind == BIND_MLA_UK_T) {
             *b->mat = &m->mats[b->mat0];
-        } else if (b->kind == BIND_FUSED_GATE_UP) {
+        } else if (b->kind == BIND_FUSED_GATE_UP || b->kind == BIND_MX_GATE_UP ||
+                   b->kind == BIND_T_GATE_UP) {
             for (int64_t e = 0; e < b->shape[0]; e++) {
                 b->experts[e].gate = &m->mats[b->mat0 + 2 * e];
                 b->experts[e].up = &m->mats[b->mat0 + 2 * e + 1];
             }
+        } else if (b->kind == BIND_EX_BIAS_GU) {
+            /* per expert: the even elements (gate), then the odd ones (up) */
+            int ff = (int)b->shape[1] / 2;
+            size_t es = st_dtype_size(b->t->dtype);
+            for (int64_t e = 0; e < b->shape[0]; e++) {
+                float *dst = m->vectors + b->vec_off + (size_t)e * 2 * ff;
+                wmat_convert_strided(WTYPE_F32, dst, stored_wsrc(b->t->dtype),
+                                     (const unsigned char *)b->t->data + (size_t)e * 2 * ff * es,
+                                     2, ff, 1, 2, 0, 2);
+                b->experts[e].b_gate = dst;
+                b->experts[e].b_up = dst + ff;
+            }
+        } else if (b->kind == BIND_EX_BIAS_DOWN) {
+            const float *all = b->t->data;
+            if (b->vec_off != SIZE_MAX) {
+                float *dst = m->vectors + b->vec_off;
+                wmat_convert(WTYPE_F32, dst, stored_wsrc(b->t->dtype), b->t->data, 1,
+                             (int)bind_numel(b), 0, 1);
+                all = dst;
+            }
+            for (int64_t e = 0; e < b->shape[0]; e++)
+                b->experts[e].b_down = all + (size_t)e * (size_t)b->shape[1];
         } else {
             for (int64_t e = 0; e < b->shape[0]; e++) b->experts[e].down = &m->mats[b->mat0 + e];
         }
@@ -874,7 +1084,7 @@ int model_load(const char *dir, const struct model_load_opts *opts, struct model
     for (int i = 0; i < m->n_mats; i++)
         m->weight_bytes += wtype_bytes(m->mats[i].type, m->mats[i].rows, m->mats[i].cols);
     for (int i = 0; i < plan.n; i++)
-        if (plan.b[i].kind == BIND_VEC) m->weight_bytes += sizeof(float) * bind_numel(&plan.b[i]);
+        if (bind_is_vec(&plan.b[i])) m->weight_bytes += sizeof(float) * bind_numel(&plan.b[i]);
     if (load_tokenizer(m, opts, err, errlen) != 0) goto fail;
     free(plan.b);
     free(lc.src);
@@ -920,6 +1130,8 @@ size_t model_active_params(const struct model *m, int k)
             n += 2 * D + 2 * q * D + 2 * kv * D;
         }
         if (d->qkv_bias) n += q + 2 * kv;
+        if (d->o_bias) n += D;
+        if (d->attn_sinks) n += (size_t)d->n_head;
         if (d->qk_norm == QK_NORM_HEAD) n += 2 * (size_t)d->head_dim;
         if (d->qk_norm == QK_NORM_FULL) n += q + kv;
         if (!d->layer_is_moe[l]) {
@@ -928,6 +1140,8 @@ size_t model_active_params(const struct model *m, int k)
         }
         n += (size_t)d->n_expert * D + (d->router == ROUTER_KIND_MOHGE ? (size_t)d->n_group * D : 0);
         if (d->router_bias) n += (size_t)d->n_expert;
+        if (d->router_logit_bias) n += (size_t)d->n_expert;
+        if (d->expert_bias) n += 2 * routed_width + (size_t)k * D;
         n += 3 * D * routed_width + 3 * D * (size_t)d->shared_d_ff * (size_t)d->n_shared;
         if (d->shared_gate == SHARED_GATE_SIGMOID) n += D;
     }
@@ -966,7 +1180,8 @@ static size_t mat_bytes(const struct wmat *w)
 
 static size_t ffn_bytes(const struct ffn_w *f)
 {
-    return mat_bytes(f->gate) + mat_bytes(f->up) + mat_bytes(f->down);
+    return mat_bytes(f->gate) + mat_bytes(f->up) + mat_bytes(f->down) +
+           4 * ((f->b_gate ? 2 * (size_t)f->d_ff : 0) + (f->b_down ? (size_t)f->down->rows : 0));
 }
 
 size_t model_active_bytes(const struct model *m, int k)
@@ -987,6 +1202,8 @@ size_t model_active_bytes(const struct model *m, int k)
             n += mat_bytes(lw->wq_a) + mat_bytes(lw->wq_b) + mat_bytes(lw->wkv_a) +
                  mat_bytes(lw->wkv_b) + 4 * ((size_t)d->q_lora_rank + (size_t)d->kv_lora_rank);
         if (d->qkv_bias) n += 4 * (q + 2 * kv);
+        if (d->o_bias) n += 4 * D;
+        if (d->attn_sinks) n += 4 * (size_t)d->n_head;
         if (d->qk_norm == QK_NORM_HEAD) n += 4 * 2 * (size_t)d->head_dim;
         if (d->qk_norm == QK_NORM_FULL) n += 4 * (q + kv);
         if (!d->layer_is_moe[l]) {
@@ -995,6 +1212,7 @@ size_t model_active_bytes(const struct model *m, int k)
         }
         n += mat_bytes(lw->router) + mat_bytes(lw->group_router) + mat_bytes(lw->shared_gate);
         if (lw->router_bias) n += 4 * (size_t)d->n_expert;
+        if (lw->router_b) n += 4 * (size_t)d->n_expert;
         for (int s = 0; s < d->n_shared; s++) n += ffn_bytes(&lw->shared[s]);
         /* the k largest routed experts: an upper bound for mixed widths */
         int taken[MODEL_MAX_EXPERTS] = {0};

@@ -139,7 +139,8 @@ void moe_route(const struct model *m, int layer, struct backend *be, const float
     moe_route_desc(md, &r);
     r.bias = m->layers[layer].router_bias;
     float *glog = logits + (size_t)n * E; /* (n, G), MoHGE only */
-    be->ops->matmul(be, logits, h, m->layers[layer].router, NULL, n, md->d_model, E);
+    be->ops->matmul(be, logits, h, m->layers[layer].router, m->layers[layer].router_b, n,
+                    md->d_model, E);
     if (r.kind == BE_ROUTE_MOHGE)
         be->ops->matmul(be, glog, h, m->layers[layer].group_router, NULL, n, md->d_model,
                         md->n_group);
@@ -220,7 +221,11 @@ static bool plan_experts(const struct moe_ctx *ctx, struct moe_scratch *s, int n
         s->expert_cursor[e] = off;
         if (s->expert_count[e] == 0) continue;
         const struct ffn_w *f = &lw->experts[e];
-        s->h_experts[na] = (struct be_expert){f->d_ff, f->gate, f->up, f->down};
+        s->h_experts[na] = (struct be_expert){
+            .d_ff = f->d_ff, .gate = f->gate, .up = f->up, .down = f->down,
+            .b_gate = f->b_gate, .b_up = f->b_up, .b_down = f->b_down,
+            .act = md->expert_act == FFN_ACT_SWIGLU_OAI ? BE_ACT_SWIGLU_OAI : BE_ACT_SILU,
+            .alpha = md->act_alpha, .limit = md->act_limit};
         off += s->expert_count[e];
         s->h_ex_off[++na] = off;
     }

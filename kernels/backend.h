@@ -49,12 +49,26 @@ struct be_route {
                         it) */
 };
 
-/* One expert's SwiGLU FFN: weight handles from weight_upload. */
+/* An expert FFN's activation of (gate, up) -> hidden. */
+enum be_act {
+    BE_ACT_SILU = 0,        /* silu(g) * u */
+    BE_ACT_SWIGLU_OAI = 1,  /* gpt-oss: g' = min(g, limit), u' = clamp(u, -limit, limit),
+                               g' * sigmoid(alpha g') * (u' + 1) */
+};
+
+/* One expert's gated FFN: weight handles from weight_upload; biases (backend memory) added to
+ * the gate and up projections before the activation and to the down projection's output. A
+ * zero-initialized tail (NULL biases, BE_ACT_SILU) is the plain SwiGLU expert. */
 struct be_expert {
     int d_ff;
     const struct wmat *gate; /* (d_ff, d) */
     const struct wmat *up;   /* (d_ff, d) */
     const struct wmat *down; /* (d, d_ff) */
+    const float *b_gate;     /* (d_ff) or NULL */
+    const float *b_up;       /* (d_ff) or NULL */
+    const float *b_down;     /* (d) or NULL */
+    enum be_act act;
+    float alpha, limit;      /* BE_ACT_SWIGLU_OAI */
 };
 
 #define BE_MULTI_MAX 4
@@ -224,6 +238,10 @@ struct backend *backend_cpu_create(int n_threads, bool bf16_compute);
 /* The CPU backend posing as a device with its own memory (host_memory 0, weights copied), so
  * that tests run the engine's upload/download path without a GPU. */
 struct backend *backend_cpu_create_staged(int n_threads, bool bf16_compute);
+/* MXFP4 weights multiply int8-quantized activations (the int8 dot-product kernels: faster, about
+ * 1% error per product) instead of f32 ones (exact); the engine asks for it under
+ * --quantization. Call before the first op. */
+void backend_cpu_set_int8_mxfp4(struct backend *be, bool on);
 /* The kernel set the CPU backend uses on this machine ("avx512", "avx2" or "portable") and the
  * CPU features it was chosen from, for logs. */
 const char *backend_cpu_kernels(void);

@@ -1,5 +1,5 @@
 /* Weight formats: sizes, conversion between float types, quantization into the Q8/Q4 tile
- * layout of weights.h, and dequantization of a row (for embeddings, tests and reference paths).
+ * layout of weights.h, MXFP4 repacking, and dequantization of a row (for embeddings, tests and reference paths).
  * Load-time code: written for clarity, not speed (the loader runs it over threads). */
 #include "weights.h"
 
@@ -16,6 +16,7 @@ const char *wtype_name(enum wtype t)
     case WTYPE_BF16: return "bf16";
     case WTYPE_Q8: return "int8";
     case WTYPE_Q4: return "int4";
+    case WTYPE_MXFP4: return "mxfp4";
     }
     return "?";
 }
@@ -28,9 +29,10 @@ size_t wtype_bytes(enum wtype t, int rows, int cols)
     case WTYPE_F16:
     case WTYPE_BF16: return 2 * n;
     case WTYPE_Q8:
-    case WTYPE_Q4: {
+    case WTYPE_Q4:
+    case WTYPE_MXFP4: {
         size_t tiles = ((size_t)rows + WQ_TILE - 1) / WQ_TILE;
-        return tiles * (size_t)wq_blocks(cols) * (t == WTYPE_Q8 ? WQ8_RECORD : WQ4_RECORD);
+        return tiles * (size_t)wq_blocks(cols) * wq_record_bytes(t);
     }
     }
     return 0;
@@ -117,6 +119,77 @@ static void quantize_q4_block(unsigned char *rec, float v[WQ_TILE][WQ_BLOCK], in
     }
 }
 
+/* Element i of a float-type matrix (f32, bf16 rounded to nearest even, or f16). */
+static void store_float(enum wtype to, void *dst, size_t i, float f)
+{
+    if (to == WTYPE_F32)
+        ((float *)dst)[i] = f;
+    else if (to == WTYPE_BF16)
+        ((uint16_t *)dst)[i] = ms_f32_to_bf16(f);
+    else
+        ((uint16_t *)dst)[i] = ms_f32_to_f16(f);
+}
+
+/* e2m1: sign bit 3, exponent bits 2-1, mantissa bit 0; twice the value is an integer. */
+static const int8_t e2m1_x2[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+int mxfp4_value2(unsigned q)
+{
+    return e2m1_x2[q & 15];
+}
+
+float mxfp4_value(unsigned q)
+{
+    return 0.5f * (float)e2m1_x2[q & 15];
+}
+
+/* Nibble `c` (0..31) of lane r in a tile record whose nibbles start at byte WQ_TILE (MXFP4) --
+ * the Q4 interleave: byte nib[p][r][i] holds column 4p+i (low) and 4(p+4)+i (high). */
+static unsigned mx_tile_code(const unsigned char *rec, int r, int c)
+{
+    int quad = c / 4;
+    return rec[WQ_TILE + ((quad % 4) * WQ_TILE + r) * 4 + c % 4] >> (4 * (quad / 4)) & 15;
+}
+
+/* Code of element c of a published MXFP4 row (16 bytes a block, low nibble first). */
+static unsigned mx_src_code(const unsigned char *row, int c)
+{
+    return row[c / 2] >> (4 * (c & 1)) & 15;
+}
+
+void wmat_convert_mxfp4(enum wtype to, void *dst, const void *blocks, const void *scales,
+                        int rows, int cols, size_t rstep, int r0, int r1)
+{
+    const unsigned char *bl = blocks, *sc = scales;
+    int nb = cols / WQ_BLOCK;
+    if (to == WTYPE_MXFP4) {
+        for (int t = r0 / WQ_TILE; t * WQ_TILE < r1; t++)
+            for (int b = 0; b < nb; b++) {
+                unsigned char *rec = (unsigned char *)dst + wq_record_offset(to, cols, t, b);
+                memset(rec, 0, WMX4_RECORD); /* rows past `rows`: scale 2^-127, codes 0 */
+                for (int r = 0; r < WQ_TILE && t * WQ_TILE + r < rows; r++) {
+                    size_t row = (size_t)(t * WQ_TILE + r) * rstep;
+                    const unsigned char *src = bl + row * (size_t)cols / 2 + (size_t)b * 16;
+                    rec[r] = sc[row * (size_t)nb + (size_t)b];
+                    for (int c = 0; c < WQ_BLOCK; c++) {
+                        int quad = c / 4;
+                        rec[WQ_TILE + ((quad % 4) * WQ_TILE + r) * 4 + c % 4] |=
+                            (unsigned char)(mx_src_code(src, c) << (4 * (quad / 4)));
+                    }
+                }
+            }
+        return;
+    }
+    for (int r = r0; r < r1; r++) {
+        size_t row = (size_t)r * rstep;
+        for (int c = 0; c < cols; c++) {
+            const unsigned char *src = bl + row * (size_t)cols / 2;
+            float f = ldexpf(mxfp4_value(mx_src_code(src, c)), sc[row * (size_t)nb + c / 32] - 127);
+            store_float(to, dst, (size_t)r * cols + c, f);
+        }
+    }
+}
+
 void wmat_convert(enum wtype to, void *dst, enum wsrc from, const void *src, int rows, int cols,
                   int r0, int r1)
 {
@@ -151,16 +224,8 @@ void wmat_convert_strided(enum wtype to, void *dst, enum wsrc from, const void *
             memcpy((unsigned char *)dst + (size_t)r * cols * eb, row, (size_t)cols * eb);
             continue;
         }
-        for (int c = 0; c < cols; c++) {
-            float f = src_at(from, row, (size_t)c * cs);
-            size_t i = (size_t)r * cols + c;
-            if (to == WTYPE_F32)
-                ((float *)dst)[i] = f;
-            else if (to == WTYPE_BF16)
-                ((uint16_t *)dst)[i] = ms_f32_to_bf16(f);
-            else
-                ((uint16_t *)dst)[i] = ms_f32_to_f16(f);
-        }
+        for (int c = 0; c < cols; c++)
+            store_float(to, dst, (size_t)r * cols + c, src_at(from, row, (size_t)c * cs));
     }
 }
 
@@ -179,6 +244,16 @@ void wmat_row_f32(const struct wmat *w, int r, float *out)
     case WTYPE_F16: {
         const uint16_t *p = (const uint16_t *)w->data + (size_t)r * cols;
         for (int c = 0; c < cols; c++) out[c] = ms_f16_to_f32(p[c]);
+        return;
+    }
+    case WTYPE_MXFP4: {
+        int t = r / WQ_TILE, i = r % WQ_TILE;
+        for (int b = 0; b < wq_blocks(cols); b++) {
+            const unsigned char *rec =
+                (const unsigned char *)w->data + wq_record_offset(w->type, cols, t, b);
+            for (int c = 0; c < WQ_BLOCK && b * WQ_BLOCK + c < cols; c++)
+                out[b * WQ_BLOCK + c] = ldexpf(mxfp4_value(mx_tile_code(rec, i, c)), rec[i] - 127);
+        }
         return;
     }
     case WTYPE_Q8:

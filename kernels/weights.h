@@ -14,6 +14,15 @@
  *   Q4 record (320 bytes): f16 scale[16]; f16 min[16]; uint8 nib[4][16][4]
  *                          byte nib[p][r][i] holds column 4p+i in its low nibble and column
  *                          4(p+4)+i in its high nibble;            w = q * scale + min (q 0..15)
+ *   MXFP4 record (272 bytes): uint8 e8m0 scale[16]; uint8 nib[4][16][4] as Q4, each nibble an
+ *                          e2m1 code (sign, 2-bit exponent, 1-bit mantissa: 0, 0.5, 1, 1.5, 2,
+ *                          3, 4, 6 and their negatives)   w = e2m1(q) * 2^(scale - 127)
+ *
+ * MXFP4 is the OCP microscaling format gpt-oss publishes its experts in (blocks of 32 along a
+ * row sharing one power-of-two scale). The loader repacks the checkpoint's row-major blocks into
+ * this tile layout once (same 4.25 bits per weight, nothing expanded), so the int8 kernels read
+ * it like Q4: twice an e2m1 value is an integer in -12..12, so a 16-entry table turns a nibble
+ * into an int8 and the block's dot product is exact in integers.
  *
  * Ownership: a wmat describes memory it does not own (the model's mapping or conversion block,
  * or a backend's copy); it stays valid as long as that memory. */
@@ -33,12 +42,14 @@ enum wtype {
     WTYPE_BF16 = 2,
     WTYPE_Q8 = 3, /* int8, one f16 scale per 32 weights (the manner of Q8_0) */
     WTYPE_Q4 = 4, /* 4-bit, one f16 scale and one f16 min per 32 weights (the manner of Q4_1) */
+    WTYPE_MXFP4 = 5, /* e2m1, one e8m0 (power of two) scale per 32 weights: gpt-oss experts */
 };
 
 #define WQ_TILE 16
 #define WQ_BLOCK 32
 #define WQ8_RECORD 544
 #define WQ4_RECORD 320
+#define WMX4_RECORD 272
 
 struct wmat {
     enum wtype type;
@@ -52,9 +63,14 @@ size_t wtype_bytes(enum wtype t, int rows, int cols);
 /* Alignment the kernels want for `data` (f32 rows are read with unaligned loads, but UBSan
  * holds C code to the element size). */
 size_t wtype_align(enum wtype t);
+/* The tile-layout types (Q8, Q4, MXFP4): read by the int8 kernels with int8 activations. */
 static inline int wtype_is_quant(enum wtype t)
 {
-    return t == WTYPE_Q8 || t == WTYPE_Q4;
+    return t == WTYPE_Q8 || t == WTYPE_Q4 || t == WTYPE_MXFP4;
+}
+static inline size_t wq_record_bytes(enum wtype t)
+{
+    return t == WTYPE_Q8 ? WQ8_RECORD : t == WTYPE_Q4 ? WQ4_RECORD : WMX4_RECORD;
 }
 /* Blocks of one row of a Q matrix, and the byte offset of the record of (tile, block). */
 static inline int wq_blocks(int cols)
@@ -63,8 +79,7 @@ static inline int wq_blocks(int cols)
 }
 static inline size_t wq_record_offset(enum wtype t, int cols, int tile, int block)
 {
-    size_t rec = t == WTYPE_Q8 ? WQ8_RECORD : WQ4_RECORD;
-    return ((size_t)tile * (size_t)wq_blocks(cols) + (size_t)block) * rec;
+    return ((size_t)tile * (size_t)wq_blocks(cols) + (size_t)block) * wq_record_bytes(t);
 }
 
 /* Rows [r0, r0 + n) of w as a matrix of their own, sharing w's data (Q types: r0 a multiple of
@@ -101,6 +116,20 @@ void wmat_convert(enum wtype to, void *dst, enum wsrc from, const void *src, int
  * transpose (MLA's absorbed key projection) or stores interleaved. */
 void wmat_convert_strided(enum wtype to, void *dst, enum wsrc from, const void *src, int rows,
                           int cols, size_t rs, size_t cs, int r0, int r1);
+
+/* An e2m1 code (low 4 bits of q) as f32, and twice that as an integer (-12..12). */
+float mxfp4_value(unsigned q);
+int mxfp4_value2(unsigned q);
+
+/* Converts rows [r0, r1) of a matrix stored in MXFP4 as gpt-oss publishes it into `dst` of type
+ * `to` (WTYPE_MXFP4: repacked into the tile layout, bit-exact; WTYPE_F32 / WTYPE_BF16:
+ * dequantized, exact). Source row i (of `rows`, cols a multiple of 32) has its cols/32 blocks
+ * of 16 bytes (byte j: element 2j in the low nibble, 2j + 1 in the high one) at
+ * blocks + i * rstep * cols / 2 and its e8m0 scales at scales + i * rstep * cols / 32: rstep 2
+ * reads every other row of a tensor whose rows interleave two matrices (gpt-oss's gate/up).
+ * For WTYPE_MXFP4, r0 and r1 are multiples of WQ_TILE (or r1 == rows). */
+void wmat_convert_mxfp4(enum wtype to, void *dst, const void *blocks, const void *scales,
+                        int rows, int cols, size_t rstep, int r0, int r1);
 
 /* Row r of w as f32 (cols floats): exact for f32/f16/bf16, the dequantized values for Q. */
 void wmat_row_f32(const struct wmat *w, int r, float *out);

@@ -88,7 +88,7 @@ const struct proto_field proto_fields[] = {
     {"audio", CHAT, UNSUP, NULL},
     {"modalities", CHAT, UNSUP, "[\"text\"]"},
     {"prediction", CHAT, UNSUP, NULL},
-    {"reasoning_effort", CHAT, UNSUP, NULL},
+    {"reasoning_effort", CHAT, IMPL, NULL}, /* to templates that take it (gpt-oss) */
     {"web_search_options", CHAT, UNSUP, NULL},
     {"verbosity", CHAT, UNSUP, NULL},
     /* vLLM's sampling and output extras, both endpoints */
@@ -635,7 +635,7 @@ static int get_guided(json_t *o, struct proto_req *r, struct proto_error *e)
     return 0;
 }
 
-/* tools, tool_choice, parallel_tool_calls, chat_template_kwargs (chat). */
+/* tools, tool_choice, parallel_tool_calls, chat_template_kwargs, reasoning_effort (chat). */
 static int get_tools(json_t *o, struct proto_req *r, struct proto_error *e)
 {
     json_t *tools = json_object_get(o, "tools");
@@ -706,12 +706,24 @@ static int get_tools(json_t *o, struct proto_req *r, struct proto_error *e)
     }
     if (get_bool(o, "parallel_tool_calls", &r->parallel_tool_calls, e) < 0) return -1;
     json_t *kw = json_object_get(o, "chat_template_kwargs");
-    if (kw && !json_is_null(kw)) {
-        if (!json_is_object(kw))
-            return proto_fail(e, 400, "chat_template_kwargs", "invalid_type",
-                              "'chat_template_kwargs' must be an object");
-        if (!(r->template_kwargs_json = json_dumps(kw, JSON_COMPACT | JSON_ENSURE_ASCII)))
-            return proto_fail(e, 500, NULL, NULL, "out of memory");
+    if (kw && !json_is_null(kw) && !json_is_object(kw))
+        return proto_fail(e, 400, "chat_template_kwargs", "invalid_type",
+                          "'chat_template_kwargs' must be an object");
+    /* reasoning_effort reaches the template as the variable of that name (as vLLM passes it);
+     * chat_template_kwargs, more specific, wins when it sets the same key */
+    if (get_string(o, "reasoning_effort", &r->reasoning_effort, e) < 0) return -1;
+    if (r->reasoning_effort && strcmp(r->reasoning_effort, "low") != 0 &&
+        strcmp(r->reasoning_effort, "medium") != 0 && strcmp(r->reasoning_effort, "high") != 0)
+        return proto_fail(e, 400, "reasoning_effort", "invalid_value",
+                          "'reasoning_effort' must be low, medium or high");
+    json_t *all = kw && !json_is_null(kw) ? json_deep_copy(kw) : r->reasoning_effort ? json_object()
+                                                                                     : NULL;
+    if (all && r->reasoning_effort && !json_object_get(all, "reasoning_effort"))
+        json_object_set_new(all, "reasoning_effort", json_string(r->reasoning_effort));
+    if (all) {
+        r->template_kwargs_json = json_dumps(all, JSON_COMPACT | JSON_ENSURE_ASCII);
+        json_decref(all);
+        if (!r->template_kwargs_json) return proto_fail(e, 500, NULL, NULL, "out of memory");
     }
     return 0;
 }
@@ -877,6 +889,8 @@ int proto_req_parse(const char *body, size_t len, enum proto_kind kind, struct p
         }
         if (get_bool(o, "add_special_tokens", &r->add_special_tokens, e) < 0) goto out;
         if (get_bool(o, "add_generation_prompt", &r->add_generation_prompt, e) < 0) goto out;
+        /* a chat renders as /v1/chat/completions would render it (vLLM's TokenizeChatRequest) */
+        if (r->messages_json && get_tools(o, r, e) < 0) goto out;
         break;
     case PROTO_DETOKENIZE: {
         json_t *t = json_object_get(o, "tokens");
@@ -920,5 +934,6 @@ void proto_req_free(struct proto_req *r)
     free(r->tools_json);
     free(r->tool_choice_name);
     free(r->template_kwargs_json);
+    free(r->reasoning_effort);
     memset(r, 0, sizeof *r);
 }

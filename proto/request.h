@@ -41,7 +41,8 @@ const char *proto_error_type(int status);
 enum proto_kind {
     PROTO_COMPLETION,
     PROTO_CHAT,
-    PROTO_TOKENIZE,   /* {"prompt": str} or {"messages": [...]}, add_special_tokens */
+    PROTO_TOKENIZE,   /* {"prompt": str} or {"messages": [...]} (with tools,
+                         chat_template_kwargs, reasoning_effort), add_special_tokens */
     PROTO_DETOKENIZE, /* {"tokens": [ids]} */
 };
 
@@ -151,7 +152,10 @@ struct proto_req {
     enum proto_tool_choice tool_choice;
     char *tool_choice_name;     /* PROTO_TOOL_NAMED */
     bool parallel_tool_calls;   /* default true */
-    char *template_kwargs_json; /* chat_template_kwargs object, or NULL */
+    char *template_kwargs_json; /* chat_template_kwargs object (reasoning_effort merged in),
+                                   or NULL */
+    char *reasoning_effort;     /* "low" / "medium" / "high", or NULL; the server refuses it
+                                   for a template that does not read it */
 };
 
 /* Parses `len` bytes of JSON. Returns 0, or -1 with e filled (400 for bad JSON or fields). */

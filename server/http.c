@@ -196,6 +196,10 @@ static int render_chat(const struct http_server *h, const struct proto_req *pr, 
     if (!h->chat)
         return proto_fail(e, 400, "messages", "chat_template_error",
                           "the model's chat template does not parse: %s", h->chat_err);
+    /* a field with no effect is refused: the template must read the variable */
+    if (pr->reasoning_effort && !strstr(m->chat_template, "reasoning_effort"))
+        return proto_fail(e, 400, "reasoning_effort", "unsupported_value",
+                          "this model's chat template does not take 'reasoning_effort'");
     const struct tokenizer *tok = m->tok;
     int32_t bos = tok_bos_id(tok), eos = tok_eos_id(tok);
     const char *bos_s = bos >= 0 ? tok_token_str(tok, bos) : NULL;

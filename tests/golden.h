@@ -3,8 +3,11 @@
 #ifndef MOESERVE_GOLDEN_H
 #define MOESERVE_GOLDEN_H
 
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "common.h"
 #include "engine.h"
@@ -135,6 +138,43 @@ static inline int golden_greedy_match(struct engine *e, const struct golden_prom
 out:
     engine_seq_free(e, &s);
     return same;
+}
+
+/* The fixture's config.json with `patch` (a JSON object) merged over it, parsed into d. */
+static inline int golden_parse_patched(const char *tests, const char *name, const char *patch,
+                                       struct model_desc *d, char *err, size_t errlen)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/fixtures/models/%s/config.json", tests, name);
+    json_error_t je;
+    json_t *root = json_load_file(path, 0, &je);
+    json_t *p = patch ? json_loads(patch, 0, &je) : NULL;
+    if (!root || (patch && !p)) {
+        json_decref(root);
+        json_decref(p);
+        return ms_errf(err, errlen, "cannot read %s or the patch", path);
+    }
+    if (p) json_object_update(root, p);
+    char *text = json_dumps(root, 0);
+    int rc = text ? model_desc_parse(text, strlen(text), path, d, err, errlen) : -1;
+    free(text);
+    json_decref(root);
+    json_decref(p);
+    return rc;
+}
+
+/* Copies a file (tests that work on a modified copy of a fixture); 0 or -1. */
+static inline int golden_copy_file(const char *from, const char *to)
+{
+    FILE *a = fopen(from, "rb"), *b = fopen(to, "wb");
+    char buf[65536];
+    size_t n;
+    int rc = a && b ? 0 : -1;
+    while (rc == 0 && (n = fread(buf, 1, sizeof buf, a)) > 0)
+        if (fwrite(buf, 1, n, b) != n) rc = -1;
+    if (a) fclose(a);
+    if (b && fclose(b) != 0) rc = -1;
+    return rc;
 }
 
 #endif

@@ -240,6 +240,42 @@ static void check_matmul(struct ops_ctx *t, int n, int k, int m, int with_bias)
 
 /* matmul_multi on the device against separate matmuls on the reference: three matrices of
  * different heights, the second without a bias. */
+/* MXFP4 weights (gpt-oss experts as published, repacked): the GPU dequantizes them to bf16 at
+ * upload, exactly; the CPU multiplies them with f32 activations. */
+static void check_matmul_mxfp4(struct ops_ctx *t, int n, int k, int m)
+{
+    char shape[64];
+    snprintf(shape, sizeof shape, "n=%d k=%d m=%d mxfp4", n, k, m);
+    unsigned char *bl = ops_host(t, (size_t)m * k / 2), *sc = ops_host(t, (size_t)m * k / 32);
+    struct wmat *host = ops_host(t, sizeof *host);
+    void *data = ops_host(t, wtype_bytes(WTYPE_MXFP4, m, k));
+    if (t->oom || !bl || !sc || !host || !data || t->n_weight + 2 > OPS_MAX_BUFS) {
+        t->oom = 1;
+        return;
+    }
+    for (int i = 0; i < m * k / 2; i++) bl[i] = (unsigned char)ops_int(t, 0, 256);
+    for (int i = 0; i < m * k / 32; i++) sc[i] = (unsigned char)ops_int(t, 120, 128);
+    wmat_convert_mxfp4(WTYPE_MXFP4, data, bl, sc, m, k, 1, 0, m);
+    *host = (struct wmat){WTYPE_MXFP4, m, k, data};
+    const struct wmat *rw = t->ref->ops->weight_upload(t->ref, host);
+    const struct wmat *dw = t->dut->ops->weight_upload(t->dut, host);
+    if (!rw || !dw) {
+        t->oom = 1;
+        return;
+    }
+    t->weight[t->n_weight] = rw;
+    t->weight_owner[t->n_weight++] = t->ref;
+    t->weight[t->n_weight] = dw;
+    t->weight_owner[t->n_weight++] = t->dut;
+    float *rx, *dx, *ry, *dy;
+    BOTH(ops_rand(t, (size_t)n * k, -1, 1), sizeof(float) * n * k, rx, dx);
+    BOTH(NULL, sizeof(float) * n * m, ry, dy);
+    RUN2(t->ref->ops->matmul(t->ref, ry, rx, rw, NULL, n, k, m),
+         t->dut->ops->matmul(t->dut, dy, dx, dw, NULL, n, k, m));
+    ops_compare_tol(t, "matmul", shape, ry, dy, (size_t)n * m, OPS_TOL_BF16);
+    ops_release(t);
+}
+
 static void check_matmul_multi(struct ops_ctx *t, int n, int k)
 {
     char shape[64];
@@ -478,11 +514,13 @@ static void check_route(struct ops_ctx *t, int n, enum be_route_kind kind, int E
     ops_release(t);
 }
 
-/* Expert FFNs of mixed widths over rows grouped by expert, some experts without rows. */
-static void check_moe_experts(struct ops_ctx *t, int n_experts, int d, int max_rows)
+/* Expert FFNs of mixed widths over rows grouped by expert, some experts without rows; oai:
+ * gpt-oss's experts (biases on gate, up and down; the clamped SwiGLU, a limit that binds). */
+static void check_moe_experts(struct ops_ctx *t, int n_experts, int d, int max_rows, int oai)
 {
     char shape[64];
-    snprintf(shape, sizeof shape, "experts=%d d=%d rows<=%d", n_experts, d, max_rows);
+    snprintf(shape, sizeof shape, "experts=%d d=%d rows<=%d%s", n_experts, d, max_rows,
+             oai ? " oai" : "");
     int off[OPS_WS_EXPERTS + 1];
     struct be_expert rex[OPS_WS_EXPERTS], dex[OPS_WS_EXPERTS];
     size_t act = 0;
@@ -501,6 +539,16 @@ static void check_moe_experts(struct ops_ctx *t, int n_experts, int d, int max_r
             if (p == 0) rex[j].gate = rw, dex[j].gate = dw;
             if (p == 1) rex[j].up = rw, dex[j].up = dw;
             if (p == 2) rex[j].down = rw, dex[j].down = dw;
+        }
+        rex[j].b_gate = rex[j].b_up = rex[j].b_down = NULL;
+        dex[j].b_gate = dex[j].b_up = dex[j].b_down = NULL;
+        rex[j].act = dex[j].act = oai ? BE_ACT_SWIGLU_OAI : BE_ACT_SILU;
+        rex[j].alpha = dex[j].alpha = 1.702f;
+        rex[j].limit = dex[j].limit = 0.3f;
+        if (oai) {
+            BOTH(ops_rand(t, (size_t)ff, -0.5f, 0.5f), sizeof(float) * ff, rex[j].b_gate, dex[j].b_gate);
+            BOTH(ops_rand(t, (size_t)ff, -0.5f, 0.5f), sizeof(float) * ff, rex[j].b_up, dex[j].b_up);
+            BOTH(ops_rand(t, (size_t)d, -0.5f, 0.5f), sizeof(float) * d, rex[j].b_down, dex[j].b_down);
         }
     }
     size_t rows_n = (size_t)off[n_experts] * d;
@@ -768,8 +816,11 @@ static void check_all_ops(struct ops_ctx *t)
     check_route(t, 9, BE_ROUTE_MOHGE, 16, 4, 4, 1);
     check_route(t, 200, BE_ROUTE_SIGMOID_GROUP, 64, 8, 8, 4);
     check_route(t, 17, BE_ROUTE_SIGMOID_GROUP, 32, 4, 4, 2);
-    check_moe_experts(t, 6, 64, 20);
-    check_moe_experts(t, 40, 256, 9);
+    check_moe_experts(t, 6, 64, 20, 0);
+    check_moe_experts(t, 40, 256, 9, 0);
+    check_moe_experts(t, 8, 64, 12, 1);
+    check_matmul_mxfp4(t, 3, 96, 40);
+    check_matmul_mxfp4(t, 20, 256, 64);
     check_moe_combine(t, 10, 4, 30, 200);
     check_moe_combine(t, 3, 8, 24, 1024);
     check_kv_write(t, 16, 2, 64, 21, 30);

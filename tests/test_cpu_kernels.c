@@ -4,7 +4,8 @@
  * vector width), for every weight type; plus the claims the engine relies on: a row's result
  * does not depend on how many rows are computed with it or on how the output rows are split
  * between threads (bit for bit), and int8 activations quantize to the same bytes on every
- * table. Also f16 conversion (exhaustive), quantization error bounds, SiLU and attention. */
+ * table. Also f16 conversion (exhaustive), quantization error bounds, MXFP4 repacking and
+ * dequantization (exact), SiLU and attention. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -125,11 +126,12 @@ struct run {
     void *buf;
 };
 
-/* y (n, m) with table kk: activations prepared, then output rows in one call. */
+/* y (n, m) with table kk: activations prepared, then output rows in one call. int8: MXFP4
+ * weights with int8 activations (what the backend picks under --quantization). */
 static void run_gemm(const struct gemm_kernels *kk, const struct wmat *w, const float *x, int n,
-                     int k, int bf16, struct run *out)
+                     int k, int bf16, int int8, struct run *out)
 {
-    enum act_kind kind = kk->act_kind(w->type, bf16);
+    enum act_kind kind = int8 ? ACT_Q8 : kk->act_kind(w->type, bf16);
     out->buf = xalloc(gemm_act_bytes(kind, n, k));
     kk->act_prepare(kind, bf16, x, (size_t)k, n, k, 0, n, out->buf, &out->a);
     out->y = malloc(sizeof(float) * (size_t)n * w->rows);
@@ -146,42 +148,102 @@ static double rel_err(const float *a, const float *b, size_t n)
     return den > 0 ? num / den : num;
 }
 
+/* Random MXFP4 in the published layout (rows, cols / 32 blocks of 16 bytes; a scale a block):
+ * scales around 2^0 with the extremes 0, 1 (subnormal in f32) and 2 mixed in. */
+static void random_mxfp4(unsigned char *blocks, unsigned char *scales, int rows, int cols)
+{
+    for (int i = 0; i < rows * cols / 2; i++) blocks[i] = (unsigned char)(urand(0, 256));
+    for (int i = 0; i < rows * cols / 32; i++) {
+        int e = 120 + (int)urand(0, 12);
+        if (i % 13 == 5) e = i % 3; /* 2^-127, 2^-126, 2^-125 */
+        scales[i] = (unsigned char)e;
+    }
+}
+
+/* MXFP4 as published -> the tile layout and -> f32: both exact against a double-precision
+ * dequantization, every other row read (rstep 2, gpt-oss's interleaved gate/up). */
+static void test_mxfp4_convert(void)
+{
+    int shapes[][2] = {{1, 32}, {17, 64}, {33, 96}, {16, 288}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int rows = shapes[s][0], cols = shapes[s][1], src_rows = 2 * rows;
+        unsigned char *bl = malloc((size_t)src_rows * cols / 2), *sc = malloc((size_t)src_rows * cols / 32);
+        random_mxfp4(bl, sc, src_rows, cols);
+        void *mx = xalloc(wtype_bytes(WTYPE_MXFP4, rows, cols));
+        float *f = malloc(sizeof(float) * (size_t)rows * cols), *back = malloc(sizeof(float) * cols);
+        uint16_t *h = malloc(sizeof(uint16_t) * (size_t)rows * cols);
+        /* odd rows of the source: pointers one source row in */
+        wmat_convert_mxfp4(WTYPE_MXFP4, mx, bl + cols / 2, sc + cols / 32, rows, cols, 2, 0, rows);
+        wmat_convert_mxfp4(WTYPE_F32, f, bl + cols / 2, sc + cols / 32, rows, cols, 2, 0, rows);
+        wmat_convert_mxfp4(WTYPE_BF16, h, bl + cols / 2, sc + cols / 32, rows, cols, 2, 0, rows);
+        struct wmat m = {WTYPE_MXFP4, rows, cols, mx};
+        int bad = 0;
+        for (int r = 0; r < rows; r++) {
+            wmat_row_f32(&m, r, back);
+            for (int c = 0; c < cols; c++) {
+                size_t sr = (size_t)(2 * r + 1);
+                int code = bl[sr * cols / 2 + c / 2] >> (4 * (c & 1)) & 15;
+                double want = (double)mxfp4_value((unsigned)code) * pow(2.0, sc[sr * cols / 32 + c / 32] - 127);
+                size_t i = (size_t)r * cols + c;
+                bad += back[c] != want || f[i] != want || ms_bf16_to_f32(h[i]) != want;
+                bad += mxfp4_value2((unsigned)code) != 2 * mxfp4_value((unsigned)code);
+            }
+        }
+        CHECKF(bad == 0, "mxfp4 %dx%d: %d values differ from the exact dequantization", rows, cols, bad);
+        free(bl), free(sc), free(mx), free(f), free(back), free(h);
+    }
+}
+
 static void test_gemm_table(const struct gemm_kernels *kk)
 {
     const struct gemm_kernels *ref = gemm_kernels_portable();
     static const int ks[] = {1, 7, 16, 31, 32, 33, 64, 100, 257};
     static const int ms[] = {1, 3, 4, 16, 17, 35};
     static const int ns[] = {1, 2, 3, 4, 5, 9};
-    static const enum wtype types[] = {WTYPE_F32, WTYPE_F16, WTYPE_BF16, WTYPE_Q8, WTYPE_Q4};
+    static const enum wtype types[] = {WTYPE_F32, WTYPE_F16, WTYPE_BF16, WTYPE_Q8, WTYPE_Q4,
+                                       WTYPE_MXFP4};
     int cases = 0;
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
-        for (int bf16 = 0; bf16 <= (types[ti] == WTYPE_BF16); bf16++)
+        /* bf16: bf16 compute for bf16 weights; int8 activations for MXFP4 ones */
+        for (int bf16 = 0; bf16 <= (types[ti] == WTYPE_BF16 || types[ti] == WTYPE_MXFP4); bf16++)
             for (size_t a = 0; a < sizeof ks / sizeof ks[0]; a++)
                 for (size_t b = 0; b < sizeof ms / sizeof ms[0]; b++) {
                     int k = ks[a], m = ms[b], n = ns[(a + b) % 6];
                     enum wtype t = types[ti];
+                    if (t == WTYPE_MXFP4) k = (k + 31) / 32 * 32; /* whole blocks, as published */
                     float *wf = malloc(sizeof(float) * (size_t)m * k);
                     float *x = malloc(sizeof(float) * (size_t)n * k);
                     for (int i = 0; i < m * k; i++) wf[i] = urand(-1, 1);
                     for (int i = 0; i < n * k; i++) x[i] = urand(-3, 3);
                     void *wd = xalloc(wtype_bytes(t, m, k));
-                    wmat_convert(t, wd, WSRC_F32, wf, m, k, 0, m);
+                    if (t == WTYPE_MXFP4) {
+                        unsigned char *bl = malloc((size_t)m * k / 2), *sc = malloc((size_t)m * k / 32);
+                        random_mxfp4(bl, sc, m, k);
+                        wmat_convert_mxfp4(t, wd, bl, sc, m, k, 1, 0, m);
+                        free(bl), free(sc);
+                    } else {
+                        wmat_convert(t, wd, WSRC_F32, wf, m, k, 0, m);
+                    }
                     struct wmat w = {t, m, k, wd};
                     struct run rr, rk;
-                    run_gemm(ref, &w, x, n, k, bf16, &rr);
-                    run_gemm(kk, &w, x, n, k, bf16, &rk);
+                    int int8 = t == WTYPE_MXFP4 && bf16;
+                    if (int8) bf16 = 0;
+                    run_gemm(ref, &w, x, n, k, bf16, int8, &rr);
+                    run_gemm(kk, &w, x, n, k, bf16, int8, &rk);
                     char what[96];
                     snprintf(what, sizeof what, "%s %s%s n=%d k=%d m=%d", kk->name, wtype_name(t),
-                             bf16 ? " (bf16 compute)" : "", n, k, m);
+                             bf16 ? " (bf16 compute)" : int8 ? " (int8 activations)" : "", n, k, m);
                     /* the table against the portable one */
                     double e = rel_err(rk.y, rr.y, (size_t)n * m);
                     CHECKF(e <= 2e-5, "%s: %.3g from the portable kernels", what, e);
                     /* the portable one against double precision */
                     float *row = malloc(sizeof(float) * (size_t)k);
                     double num = 0, den = 0;
-                    enum act_kind kind = t == WTYPE_Q8 || t == WTYPE_Q4 ? ACT_Q8
-                                         : bf16                          ? ACT_BF16
-                                                                         : ACT_F32;
+                    enum act_kind kind = rk.a.kind == ACT_Q8 ? ACT_Q8
+                                         : bf16                  ? ACT_BF16
+                                                                 : ACT_F32;
+                    CHECKF((rk.a.kind == ACT_Q8) == (int8 || (wtype_is_quant(t) && t != WTYPE_MXFP4)),
+                           "%s: activation kind %d", what, (int)rk.a.kind);
                     for (int i = 0; i < n; i++)
                         for (int r = 0; r < m; r++) {
                             double want = ref_dot(&w, x + (size_t)i * k, k, r, kind, row);
@@ -219,6 +281,7 @@ static void test_gemm_table(const struct gemm_kernels *kk)
                     free(wf);
                     free(x);
                     cases++;
+                    if (int8) bf16 = 1; /* the loop's own variable */
                 }
     printf("%-9s gemm: %d cases against portable C and double precision\n", kk->name, cases);
 }
@@ -330,6 +393,7 @@ int main(void)
 {
     test_f16();
     test_quant_bounds();
+    test_mxfp4_convert();
     const struct gemm_kernels *tables[] = {gemm_kernels_portable(), gemm_kernels_avx2(),
                                            gemm_kernels_avx512()};
     printf("cpu: %s; kernels chosen: %s\n", cpu_features_string(), gemm_kernels_best()->name);

@@ -64,7 +64,7 @@ static void check_model(const char *tests, const char *name, bool bf16, enum mod
     CHECK(e1 != NULL);
     if (!e1 || !a || !b) goto done;
 
-    double worst = 0.0, worst_native = 0.0;
+    double worst = 0.0, worst_native = 0.0, worst_own = 0.0;
     int served_used = 0, served_total = 0;
     for (int i = 0; i < np; i++) {
         size_t cnt = (size_t)p[i].n * V;
@@ -83,12 +83,21 @@ static void check_model(const char *tests, const char *name, bool bf16, enum mod
             }
             int used = 0;
             double rn = causal ? norm_err_masked(a, p[i].logits, causal, p[i].n, V, &used) : 1.0;
+            /* The bound is 2e-2, or twice transformers' own bf16-vs-f32 distance where that is
+             * larger (gpt-oss's fixture: ~3%, its clamps and sinks amplify rounding): two
+             * independent bf16 computations are about sqrt(2) of one apart. */
+            double own = causal ? norm_err_masked(p[i].logits, p[i].logits_f32, causal, p[i].n, V,
+                                                  &used)
+                                : 0.0;
+            double tol = 2 * own > 2e-2 ? 2 * own : 2e-2;
             free(causal);
             served_used += used;
             served_total += p[i].n;
             if (used > 0) worst_native = rn > worst_native ? rn : worst_native;
-            CHECKF(used == 0 || rn <= 2e-2, "%s prompt %d: rel err %.3g vs transformers in bf16",
-                   name, i, rn);
+            if (used > 0) worst_own = own > worst_own ? own : worst_own;
+            CHECKF(used == 0 || rn <= tol,
+                   "%s prompt %d: rel err %.3g vs transformers in bf16 (bound %.3g)", name, i, rn,
+                   tol);
         } else {
             /* the reference's own arithmetic: f32 (bf16 weights upcast, for a bf16 model) */
             double r = golden_rel_err(a, bf16 ? p[i].logits_f32 : p[i].logits, cnt);
@@ -112,8 +121,8 @@ static void check_model(const char *tests, const char *name, bool bf16, enum mod
         CHECKF(3 * served_used >= served_total, "%s: only %d of %d positions comparable", name,
                served_used, served_total);
         printf("%-16s --dtype auto:    %.2e (norm-wise) vs transformers computing in bf16 (%d of "
-               "%d positions before a routing flip)\n",
-               name, worst_native, served_used, served_total);
+               "%d positions before a routing flip; its own bf16 vs f32: %.2e)\n",
+               name, worst_native, served_used, served_total, worst_own);
     }
     else
         printf("%-16s --dtype %-7s max rel err %.2e%s\n", name, model_dtype_name(dtype), worst,
@@ -216,5 +225,14 @@ int main(int argc, char **argv)
         check_model(tests, bf16[i], true, MODEL_DTYPE_F32);
         check_model(tests, bf16[i], true, MODEL_DTYPE_AUTO);
     }
+    /* gpt-oss as published: MXFP4 experts, kept 4-bit in memory (auto: the MXFP4 kernels with
+     * f32 activations) or dequantized exactly at load (--dtype float32); both within 1e-4. The
+     * same model saved unquantized (experts (in, out), gate/up interleaved) gives the same
+     * logits. */
+    check_model(tests, "gpt_oss", false, MODEL_DTYPE_AUTO);
+    check_model(tests, "gpt_oss", false, MODEL_DTYPE_F32);
+    check_model(tests, "gpt_oss_dense", false, MODEL_DTYPE_AUTO);
+    check_model(tests, "gpt_oss_bf16", true, MODEL_DTYPE_F32);
+    check_model(tests, "gpt_oss_bf16", true, MODEL_DTYPE_AUTO);
     return test_done("test_forward");
 }

@@ -34,7 +34,7 @@ static const char *const MODELS[] = {"mixtral",      "mixtral_bf16",   "mixtral_
                                      "qwen2_moe",    "qwen2_moe_bf16", "qwen3_moe",
                                      "qwen3_moe_bf16", "olmoe",        "olmoe_bf16",
                                      "deepseek_v2",  "deepseek_v2_group", "deepseek_v3",
-                                     "deepseek_v3_bf16",
+                                     "deepseek_v3_bf16", "gpt_oss", "gpt_oss_bf16",
                                      "mohge_tiny"};
 
 static double norm_err(const float *a, const float *ref, size_t n)

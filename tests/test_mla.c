@@ -11,34 +11,11 @@
 #include "model.h"
 #include "test.h"
 
-/* The fixture's config.json with `patch` (a JSON object) merged over it, parsed into d. */
-static int parse_patched(const char *tests, const char *name, const char *patch,
-                         struct model_desc *d, char *err, size_t errlen)
-{
-    char path[600];
-    snprintf(path, sizeof path, "%s/fixtures/models/%s/config.json", tests, name);
-    json_error_t je;
-    json_t *root = json_load_file(path, 0, &je);
-    json_t *p = patch ? json_loads(patch, 0, &je) : NULL;
-    if (!root || (patch && !p)) {
-        json_decref(root);
-        json_decref(p);
-        return ms_errf(err, errlen, "cannot read %s or the patch", path);
-    }
-    if (p) json_object_update(root, p);
-    char *text = json_dumps(root, 0);
-    int rc = text ? model_desc_parse(text, strlen(text), path, d, err, errlen) : -1;
-    free(text);
-    json_decref(root);
-    json_decref(p);
-    return rc;
-}
-
 static void test_descriptions(const char *tests)
 {
     struct model_desc d;
     char err[MS_ERR_LEN];
-    int rc = parse_patched(tests, "deepseek_v3", NULL, &d, err, sizeof err);
+    int rc = golden_parse_patched(tests, "deepseek_v3", NULL, &d, err, sizeof err);
     CHECKF(rc == 0, "%s", err);
     if (rc == 0) {
         CHECK(d.attn == ATTN_KIND_MLA && d.router == ROUTER_KIND_SIGMOID_GROUP && d.router_bias);
@@ -56,7 +33,7 @@ static void test_descriptions(const char *tests)
         CHECK(d.n_shared == 1 && d.shared_d_ff == 32 && d.dense_d_ff == 128);
         model_desc_free(&d);
     }
-    rc = parse_patched(tests, "deepseek_v2", NULL, &d, err, sizeof err);
+    rc = golden_parse_patched(tests, "deepseek_v2", NULL, &d, err, sizeof err);
     CHECKF(rc == 0, "%s", err);
     if (rc == 0) {
         CHECK(d.router == ROUTER_KIND_SOFTMAX_TOPK && !d.router_bias && d.routed_scale == 1.5f);
@@ -64,7 +41,7 @@ static void test_descriptions(const char *tests)
         CHECK(d.n_group == 0 && d.rope_interleave);
         model_desc_free(&d);
     }
-    rc = parse_patched(tests, "deepseek_v2_group", NULL, &d, err, sizeof err);
+    rc = golden_parse_patched(tests, "deepseek_v2_group", NULL, &d, err, sizeof err);
     CHECKF(rc == 0, "%s", err);
     if (rc == 0) {
         CHECK(d.router == ROUTER_KIND_SOFTMAX_GROUP && d.n_group == 4 && d.topk_group == 2);
@@ -72,7 +49,7 @@ static void test_descriptions(const char *tests)
         model_desc_free(&d);
     }
     /* moe_layer_freq: DeepSeek's rule, MoE from first_k_dense_replace on every freq-th layer */
-    rc = parse_patched(tests, "deepseek_v3", "{\"moe_layer_freq\": 2, \"num_hidden_layers\": 5}",
+    rc = golden_parse_patched(tests, "deepseek_v3", "{\"moe_layer_freq\": 2, \"num_hidden_layers\": 5}",
                        &d, err, sizeof err);
     CHECKF(rc == 0, "%s", err);
     if (rc == 0) {
@@ -105,7 +82,7 @@ static void test_descriptions(const char *tests)
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         err[0] = '\0';
-        rc = parse_patched(tests, bad[i].model, bad[i].patch, &d, err, sizeof err);
+        rc = golden_parse_patched(tests, bad[i].model, bad[i].patch, &d, err, sizeof err);
         CHECKF(rc == -1 && strstr(err, bad[i].want1) &&
                    (!bad[i].want2 || strstr(err, bad[i].want2)),
                "case %zu (%s): %s", i, bad[i].patch, err);
@@ -132,7 +109,7 @@ static void test_kv_bytes(const char *tests)
     };
     static const size_t want[] = {576u * 27u * 4u, 576u * 61u * 4u};
     for (int i = 0; i < 2; i++) {
-        int rc = parse_patched(tests, "deepseek_v3", shapes[i], &d, err, sizeof err);
+        int rc = golden_parse_patched(tests, "deepseek_v3", shapes[i], &d, err, sizeof err);
         CHECKF(rc == 0, "%s", err);
         if (rc != 0) continue;
         size_t got = model_kv_bytes_per_token(&d);

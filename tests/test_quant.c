@@ -4,8 +4,10 @@
  * between the two is the int8 quantization of activations (per block of 32) that the int8 dot
  * products need, so the bound is the size of that rounding, not of weight quantization. Also
  * checks which matrices are quantized (attention, experts, dense FFNs, LM head) and which stay
- * as they are (embeddings, routers). */
+ * as they are (embeddings, routers; gpt-oss's MXFP4 experts stay MXFP4, then multiplied with
+ * int8 activations too). */
 #include <math.h>
+#include <string.h>
 
 #include "common.h"
 #include "engine.h"
@@ -102,6 +104,11 @@ static void check_model(const char *tests, const char *name, enum model_quant qu
         ok = ok && !quantized(q->router) && !quantized(q->group_router);
         for (int e = 0; e < md->n_expert; e++) {
             ok = ok && quantized(q->experts[e].gate) && quantized(q->experts[e].down);
+            /* MXFP4 experts (gpt-oss) stay MXFP4: already 4-bit, requantizing adds error */
+            enum wtype want = strncmp(name, "gpt_oss", 7) == 0 ? WTYPE_MXFP4
+                              : quant == MODEL_QUANT_INT8      ? WTYPE_Q8
+                                                               : WTYPE_Q4;
+            ok = ok && q->experts[e].gate->type == want && q->experts[e].down->type == want;
             take_ffn(&d, &q->experts[e], &r->experts[e]);
         }
         for (int s = 0; s < md->n_shared; s++) take_ffn(&d, &q->shared[s], &r->shared[s]);
@@ -150,7 +157,12 @@ static void check_model(const char *tests, const char *name, enum model_quant qu
     /* DeepSeek-V3's group-limited routing flips two experts at once and scales them by 2.5: a
      * flipped position moves further (~0.6 here); median and 90th percentile are as tight. */
     double tol_max = md->router == ROUTER_KIND_SIGMOID_GROUP ? 0.7 : TOL_MAX;
-    CHECKF(med <= TOL_MEDIAN && p90 <= TOL_P90 && mx <= tol_max,
+    /* gpt-oss's fixture amplifies any rounding about 3x the others (transformers' own bf16 run
+     * is 2.5-3.5% from its f32 run there, ~1% elsewhere: test_forward prints both), so int8
+     * activations move it 3x as far. */
+    double amp = md->expert_act == FFN_ACT_SWIGLU_OAI ? 3.0 : 1.0;
+    if (amp > 1) tol_max = 0.8; /* a position routed otherwise: another computation */
+    CHECKF(med <= amp * TOL_MEDIAN && p90 <= amp * TOL_P90 && mx <= tol_max,
            "%s %s: median %.3g, 90th percentile %.3g, max %.3g", name, model_quant_name(quant),
            med, p90, mx);
     engine_free(eq);
@@ -169,7 +181,8 @@ int main(int argc, char **argv)
     static const char *names[] = {"mixtral",      "qwen2_moe",      "qwen3_moe", "olmoe",
                                   "mohge_tiny",   "mixtral_bf16",   "qwen2_moe_bf16",
                                   "qwen3_moe_bf16", "olmoe_bf16",   "deepseek_v2",
-                                  "deepseek_v2_group", "deepseek_v3", "deepseek_v3_bf16"};
+                                  "deepseek_v2_group", "deepseek_v3", "deepseek_v3_bf16",
+                                  "gpt_oss",      "gpt_oss_bf16"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         check_model(tests, names[i], MODEL_QUANT_INT8);
         check_model(tests, names[i], MODEL_QUANT_INT4);

@@ -19,19 +19,6 @@
 #include "model.h"
 #include "test.h"
 
-static int copy_file(const char *from, const char *to)
-{
-    FILE *a = fopen(from, "rb"), *b = fopen(to, "wb");
-    char buf[65536];
-    size_t n;
-    int rc = a && b ? 0 : -1;
-    while (rc == 0 && (n = fread(buf, 1, sizeof buf, a)) > 0)
-        if (fwrite(buf, 1, n, b) != n) rc = -1;
-    if (a) fclose(a);
-    if (b && fclose(b) != 0) rc = -1;
-    return rc;
-}
-
 static int count_cache_files(const char *dir)
 {
     char path[600];
@@ -89,7 +76,7 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < 3; i++) {
         snprintf(from, sizeof from, "%s/fixtures/models/mixtral/%s", tests, files[i]);
         snprintf(to, sizeof to, "%s/%s", dir, files[i]);
-        CHECKF(copy_file(from, to) == 0, "copy %s", from);
+        CHECKF(golden_copy_file(from, to) == 0, "copy %s", from);
     }
 
     struct model *a = load(dir, MODEL_QUANT_INT8, true);
@@ -150,7 +137,7 @@ int main(int argc, char **argv)
         for (size_t i = 0; i < 3; i++) {
             snprintf(from, sizeof from, "%s/fixtures/models/mixtral/%s", tests, files[i]);
             snprintf(to, sizeof to, "%s/%s", other, files[i]);
-            CHECK(copy_file(from, to) == 0);
+            CHECK(golden_copy_file(from, to) == 0);
         }
         snprintf(to, sizeof to, "%s/.moeserve", other);
         FILE *blocker = fopen(to, "w");

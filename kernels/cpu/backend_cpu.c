@@ -25,6 +25,7 @@ struct cpu_backend {
     struct pool *pool;
     const struct gemm_kernels *kk;
     bool bf16;
+    bool int8_mx;         /* MXFP4 weights take int8 activations (backend_cpu_set_int8_mxfp4) */
     int n_threads;
     /* reserve(): two prepared-activation buffers (an op's input; the experts' hidden rows) */
     unsigned char *act[2];
@@ -164,6 +165,13 @@ static void cpu_weight_free(struct backend *be, const struct wmat *w)
 
 /* --- matrix products ---------------------------------------------------------------------- */
 
+/* The activations weights of type t read: the kernel table's choice, but int8 ones for MXFP4
+ * when the backend was told so (--quantization: the faster int8 dot products). */
+static enum act_kind cpu_act_kind(const struct cpu_backend *b, enum wtype t)
+{
+    return t == WTYPE_MXFP4 && b->int8_mx ? ACT_Q8 : b->kk->act_kind(t, b->bf16);
+}
+
 /* Under bf16 compute only bf16 weights take bf16 activations; others keep f32 ones. */
 static int rounds_bf16(const struct cpu_backend *b, const struct wmat *w)
 {
@@ -203,7 +211,7 @@ static void prep_task(void *ctx, int t, int thread)
 static struct act prepare_ld(struct cpu_backend *b, const struct wmat *w, const float *x,
                              size_t ldx, int n, int k, void *buf)
 {
-    struct prep_job j = {.kk = b->kk, .kind = b->kk->act_kind(w->type, b->bf16),
+    struct prep_job j = {.kk = b->kk, .kind = cpu_act_kind(b, w->type),
                          .bf16 = rounds_bf16(b, w),
                          .x = x, .ldx = ldx, .n = n, .k = k, .buf = buf};
     int tasks = (size_t)n * (size_t)k >= 32768 ? b->n_threads : 1;
@@ -258,7 +266,7 @@ static void matmul_run(struct cpu_backend *b, int count, float *const *y, const 
         j.first[i + 1] = j.first[i] + (w[i]->rows + j.chunk[i] - 1) / j.chunk[i];
         int same = -1;
         for (int p = 0; p < i && same < 0; p++)
-            if (b->kk->act_kind(w[p]->type, b->bf16) == b->kk->act_kind(w[i]->type, b->bf16) &&
+            if (cpu_act_kind(b, w[p]->type) == cpu_act_kind(b, w[i]->type) &&
                 rounds_bf16(b, w[p]) == rounds_bf16(b, w[i]))
                 same = p;
         if (same >= 0) {
@@ -421,6 +429,18 @@ static void cpu_route(struct backend *be, int32_t *idx, float *w, const float *l
     for (int t = 0; t < n; t++) route_token(r, logits, glog, tok_k, t, idx, w);
 }
 
+/* gpt-oss's clamped SwiGLU (BE_ACT_SWIGLU_OAI), in the reference's order of operations; out
+ * may be g. */
+static void swiglu_oai(float *out, const float *g, const float *u, int n, float alpha,
+                       float limit)
+{
+    for (int i = 0; i < n; i++) {
+        float gi = g[i] < limit ? g[i] : limit;
+        float ui = u[i] < -limit ? -limit : u[i] > limit ? limit : u[i];
+        out[i] = (ui + 1.0f) * (gi * (1.0f / (1.0f + expf(-(gi * alpha)))));
+    }
+}
+
 /* Expert FFNs in two pool jobs: (1) gate and up of every expert, EXPERT_CHUNK weight rows a
  * task, SiLU(gate) * up written to the expert's hidden rows in `gate`; (2) down, EXPERT_CHUNK
  * rows a task, the first task of each expert preparing its hidden rows as activations (the
@@ -449,8 +469,15 @@ static void ex_up_task(void *ctx, int t, int thread)
     b->kk->gemm(ex->gate, &a, h + r0, (size_t)ex->d_ff, r0, r1);
     b->kk->gemm(ex->up, &a, u, (size_t)w, r0, r1);
     for (int i = 0; i < rows; i++) {
-        float *hi = h + (size_t)i * ex->d_ff + r0;
-        b->kk->silu_mul(hi, hi, u + (size_t)i * w, w);
+        float *hi = h + (size_t)i * ex->d_ff + r0, *ui = u + (size_t)i * w;
+        if (ex->b_gate)
+            for (int c = 0; c < w; c++) hi[c] += ex->b_gate[r0 + c];
+        if (ex->b_up)
+            for (int c = 0; c < w; c++) ui[c] += ex->b_up[r0 + c];
+        if (ex->act == BE_ACT_SWIGLU_OAI)
+            swiglu_oai(hi, hi, ui, w, ex->alpha, ex->limit);
+        else
+            b->kk->silu_mul(hi, hi, ui, w);
     }
 }
 
@@ -462,7 +489,7 @@ static void ex_prepare(struct ex_job *j, int e)
     if (atomic_compare_exchange_strong(&b->ex_ready[e], &expected, 1)) {
         const struct be_expert *ex = &j->ex[e];
         int rows = j->off[e + 1] - j->off[e];
-        b->kk->act_prepare(b->kk->act_kind(ex->down->type, b->bf16), rounds_bf16(b, ex->down),
+        b->kk->act_prepare(cpu_act_kind(b, ex->down->type), rounds_bf16(b, ex->down),
                            j->h + j->hoff[e],
                            (size_t)ex->d_ff, rows, ex->d_ff, 0, rows, b->act[1] + b->ex_off[e],
                            &b->ex_act[e]);
@@ -478,8 +505,12 @@ static void ex_down_task(void *ctx, int t, int thread)
     struct cpu_backend *b = j->b;
     int e = b->tasks[3 * t], r0 = b->tasks[3 * t + 1], r1 = b->tasks[3 * t + 2];
     ex_prepare(j, e);
-    b->kk->gemm(j->ex[e].down, &b->ex_act[e], j->y + (size_t)j->off[e] * j->d + r0, (size_t)j->d,
-                r0, r1);
+    float *y = j->y + (size_t)j->off[e] * j->d + r0;
+    b->kk->gemm(j->ex[e].down, &b->ex_act[e], y, (size_t)j->d, r0, r1);
+    const float *bd = j->ex[e].b_down;
+    if (bd)
+        for (int i = 0; i < j->off[e + 1] - j->off[e]; i++)
+            for (int c = r0; c < r1; c++) y[(size_t)i * j->d + (c - r0)] += bd[c];
 }
 
 /* Fills b->tasks with (expert, r0, r1) for every expert with rows, `width(e)` rows cut in
@@ -521,7 +552,7 @@ static void cpu_moe_experts(struct backend *be, float *y, const float *x, int d,
         b->ex_hoff[e] = h;
         b->ex_off[e] = a;
         h += (size_t)n * (size_t)experts[e].d_ff;
-        a += (gemm_act_bytes(b->kk->act_kind(experts[e].down->type, b->bf16), n, experts[e].d_ff) +
+        a += (gemm_act_bytes(cpu_act_kind(b, experts[e].down->type), n, experts[e].d_ff) +
               63) / 64 * 64;
     }
     int n_up = expert_tasks(b, experts, off, n_experts, 0, d);
@@ -692,6 +723,11 @@ struct backend *backend_cpu_create(int n_threads, bool bf16_compute)
         return NULL;
     }
     return &b->base;
+}
+
+void backend_cpu_set_int8_mxfp4(struct backend *be, bool on)
+{
+    cpu_of(be)->int8_mx = on;
 }
 
 const char *backend_cpu_kernels(void)

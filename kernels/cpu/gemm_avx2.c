@@ -5,7 +5,10 @@
  * is no int8 dot-product instruction here: pmaddubsw (unsigned x signed bytes, pairs summed to
  * 16 bits) then pmaddwd by ones does four products a lane. Its 16-bit sums must not saturate,
  * so Q8 weights enter as |x| (unsigned) against the weights with x's sign moved onto them
- * (|q| <= 127: at most 2 * 127 * 127 per pair), and Q4 nibbles (0..15) enter as they are. */
+ * (|q| <= 127: at most 2 * 127 * 127 per pair), and Q4 nibbles (0..15) enter as they are.
+ * MXFP4 weights take f32 activations by default (nibbles to exact f32 through an 8-entry table
+ * and the sign bit); with int8 activations they become twice their e2m1 value (-12..12, a pshufb
+ * table) and then go as Q8's. */
 #include <immintrin.h>
 #include <math.h>
 #include <string.h>
@@ -75,6 +78,7 @@ static inline __m256 load_part(const float *p, int left)
 
 static enum act_kind v_act_kind(enum wtype t, int bf16_compute)
 {
+    if (t == WTYPE_MXFP4) return ACT_F32;
     if (wtype_is_quant(t)) return ACT_Q8;
     return t == WTYPE_BF16 ? ACT_EO : ACT_F32;
 }
@@ -241,6 +245,18 @@ tile(const int tw, const void *w, size_t ldw, const unsigned char *x, size_t ldx
 
 #define QR 4
 
+/* Eight e8m0 scales as 2^(e - 128) (the kernel's integers are twice the e2m1 values): the
+ * exponent field e - 1 for e >= 2, the subnormals 2^-127 and 2^-128 for e = 1 and 0. */
+static inline __m256 mx_scales8(const unsigned char *p)
+{
+    __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+    __m256i normal = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+    __m256i sub = _mm256_srlv_epi32(_mm256_set1_epi32(0x400000),
+                                    _mm256_sub_epi32(_mm256_set1_epi32(1), e));
+    __m256i small = _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e);
+    return _mm256_castsi256_ps(_mm256_blendv_epi8(normal, sub, small));
+}
+
 /* Four products a lane summed to int32: u8 x s8 byte pairs through 16 bits (no overflow for
  * the operand ranges in the file comment). */
 static inline __m256i dot4(__m256i u, __m256i s)
@@ -264,17 +280,36 @@ tile_q(enum wtype type, const unsigned char *recs, int nb, const struct act *a, 
         dx[i] = a->dx + (size_t)(i0 + i) * a->nb;
         isum[i] = a->isum + (size_t)(i0 + i) * a->nb;
     }
-    size_t rec_bytes = type == WTYPE_Q8 ? WQ8_RECORD : WQ4_RECORD;
+    /* MXFP4: twice each e2m1 value, signed, by nibble (a 16-byte table in both lanes) */
+    const __m256i mx_lut =
+        _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12, 0, 1, 2, 3, 4,
+                         6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+    size_t rec_bytes = wq_record_bytes(type);
     for (int b = 0; b < nb; b++, recs += rec_bytes) {
         __m256 d[2], m[2];
         for (int h = 0; h < 2; h++) {
+            if (type == WTYPE_MXFP4) {
+                d[h] = mx_scales8(recs + 8 * h);
+                m[h] = _mm256_setzero_ps();
+                continue;
+            }
             d[h] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)recs + h));
             m[h] = type == WTYPE_Q4 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(recs + 32) + h))
                                     : _mm256_setzero_ps();
         }
         /* wv[p][h]: quad p (4 columns) of rows 8h..8h+7 */
         __m256i wv[8][2];
-        if (type == WTYPE_Q8) {
+        if (type == WTYPE_MXFP4) {
+            const unsigned char *q = recs + WQ_TILE;
+#pragma GCC unroll 4
+            for (int p = 0; p < 4; p++)
+                for (int h = 0; h < 2; h++) {
+                    __m256i v = _mm256_loadu_si256((const __m256i *)(q + 64 * p + 32 * h));
+                    wv[p][h] = _mm256_shuffle_epi8(mx_lut, _mm256_and_si256(v, lo4));
+                    wv[p + 4][h] =
+                        _mm256_shuffle_epi8(mx_lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4));
+                }
+        } else if (type == WTYPE_Q8) {
             const __m256i *q = (const __m256i *)(recs + 32);
 #pragma GCC unroll 8
             for (int p = 0; p < 8; p++) {
@@ -298,7 +333,7 @@ tile_q(enum wtype type, const unsigned char *recs, int nb, const struct act *a, 
 #pragma GCC unroll 8
             for (int p = 0; p < 8; p++) {
                 __m256i xv = _mm256_set1_epi32(xb[p]);
-                if (type == WTYPE_Q8) {
+                if (type == WTYPE_Q8 || type == WTYPE_MXFP4) {
                     __m256i ax = _mm256_abs_epi8(xv);
                     s0 = _mm256_add_epi32(s0, dot4(ax, _mm256_sign_epi8(wv[p][0], xv)));
                     s1 = _mm256_add_epi32(s1, dot4(ax, _mm256_sign_epi8(wv[p][1], xv)));
@@ -326,6 +361,75 @@ tile_q(enum wtype type, const unsigned char *recs, int nb, const struct act *a, 
     }
 }
 
+/* Eight e8m0 scales as f32 2^(e - 127): the exponent field e, or the subnormal 2^-127 for e = 0. */
+static inline __m256 mx_scales8_f32(const unsigned char *p)
+{
+    __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+    __m256i zero = _mm256_cmpeq_epi32(e, _mm256_setzero_si256());
+    return _mm256_castsi256_ps(
+        _mm256_blendv_epi8(_mm256_slli_epi32(e, 23), _mm256_set1_epi32(0x400000), zero));
+}
+
+/* Eight rows' e2m1 codes (low 4 bits of each lane) as f32: the magnitude from an 8-entry table,
+ * the code's bit 3 moved to the sign. */
+static inline __m256 mx_f32(__m256i code, __m256 lut8)
+{
+    __m256 m = _mm256_permutevar8x32_ps(lut8, _mm256_and_si256(code, _mm256_set1_epi32(7)));
+    __m256i s = _mm256_slli_epi32(_mm256_and_si256(code, _mm256_set1_epi32(8)), 28);
+    return _mm256_xor_ps(m, _mm256_castsi256_ps(s));
+}
+
+/* MXFP4 against f32 activations, as the AVX-512 file does it, rows 8h..8h+7 from the 32-byte
+ * half h of each 64-byte vector. */
+static inline __attribute__((always_inline)) void
+tile_mx(const unsigned char *recs, int nb, const struct act *a, int i0, float *y, size_t ldy,
+        int rows, const int R)
+{
+    const __m256 lut8 = _mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f);
+    __m256 acc[QR][2];
+    const float *x[QR];
+#pragma GCC unroll 4
+    for (int i = 0; i < R; i++) {
+        acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+        x[i] = (const float *)((const unsigned char *)a->data + (size_t)(i0 + i) * a->stride);
+    }
+    for (int b = 0; b < nb; b++, recs += WMX4_RECORD) {
+        __m256 blk[QR][2];
+#pragma GCC unroll 4
+        for (int i = 0; i < R; i++) blk[i][0] = blk[i][1] = _mm256_setzero_ps();
+        const unsigned char *q = recs + WQ_TILE;
+        for (int p = 0; p < 4; p++)
+            for (int h = 0; h < 2; h++) {
+                __m256i v = _mm256_loadu_si256((const __m256i *)(q + 64 * p + 32 * h));
+                __m256i vs[4] = {v, _mm256_srli_epi32(v, 8), _mm256_srli_epi32(v, 16),
+                                 _mm256_srli_epi32(v, 24)};
+#pragma GCC unroll 4
+                for (int c = 0; c < 4; c++) {
+                    __m256 wl = mx_f32(vs[c], lut8), wh = mx_f32(_mm256_srli_epi32(vs[c], 4), lut8);
+#pragma GCC unroll 4
+                    for (int i = 0; i < R; i++) {
+                        const float *xb = x[i] + 32 * b;
+                        blk[i][h] = _mm256_fmadd_ps(wl, _mm256_set1_ps(xb[4 * p + c]), blk[i][h]);
+                        blk[i][h] =
+                            _mm256_fmadd_ps(wh, _mm256_set1_ps(xb[4 * (p + 4) + c]), blk[i][h]);
+                    }
+                }
+            }
+        for (int h = 0; h < 2; h++) {
+            __m256 sc = mx_scales8_f32(recs + 8 * h);
+#pragma GCC unroll 4
+            for (int i = 0; i < R; i++) acc[i][h] = _mm256_fmadd_ps(blk[i][h], sc, acc[i][h]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < R; i++) {
+        float t[16];
+        _mm256_storeu_ps(t, acc[i][0]);
+        _mm256_storeu_ps(t + 8, acc[i][1]);
+        memcpy(y + (size_t)i * ldy, t, sizeof(float) * (size_t)rows);
+    }
+}
+
 #include "gemm_loops.h"
 
 static void v_gemm(const struct wmat *w, const struct act *a, float *y, size_t ldy, int r0, int r1)
@@ -334,6 +438,13 @@ static void v_gemm(const struct wmat *w, const struct act *a, float *y, size_t l
     case WTYPE_F32: gemm_float(TW_F32, w->data, 4, w->cols, a, y, ldy, r0, r1); return;
     case WTYPE_F16: gemm_float(TW_F16, w->data, 2, w->cols, a, y, ldy, r0, r1); return;
     case WTYPE_BF16: gemm_float(TW_BF16_EO, w->data, 2, w->cols, a, y, ldy, r0, r1); return;
+    case WTYPE_MXFP4:
+        if (a->kind == ACT_F32) {
+            gemm_mx(w, a, y, ldy, r0, r1);
+            return;
+        }
+        gemm_q(w, a, y, ldy, r0, r1);
+        return;
     case WTYPE_Q8:
     case WTYPE_Q4: gemm_q(w, a, y, ldy, r0, r1); return;
     }

@@ -13,7 +13,8 @@
  * eight vpdpbusd (unsigned weights x signed int8 activations, 4 products per lane each) give the
  * exact integer dot products of 16 rows, then one scale multiply-add. Q8 weights are signed, so
  * they are flipped to unsigned (q + 128) and the block's 128 * sum(x) taken back off, exactly,
- * in integers. */
+ * in integers. MXFP4 nibbles go through a 16-entry table (vpshufb) to twice their e2m1 value
+ * plus 12, unsigned; 12 * sum(x) comes back off the same way. */
 #include <immintrin.h>
 #include <math.h>
 #include <string.h>
@@ -92,6 +93,7 @@ static inline __m512 exp512(__m512 x)
 
 static enum act_kind x_act_kind(enum wtype t, int bf16_compute)
 {
+    if (t == WTYPE_MXFP4) return ACT_F32;
     if (wtype_is_quant(t)) return ACT_Q8;
     if (t == WTYPE_BF16) return bf16_compute && cpu_has_avx512_bf16() ? ACT_BF16 : ACT_EO;
     return ACT_F32;
@@ -256,6 +258,18 @@ tile(const int tw, const void *w, size_t ldw, const unsigned char *x, size_t ldx
 /* R activation rows (<= QR) against one tile of 16 weight rows; y lanes are the tile's rows. */
 #define QR 4
 
+/* Sixteen e8m0 scales as 2^(e - 128) (the kernel's integers are twice the e2m1 values): the
+ * exponent field e - 1 for e >= 2, the subnormals 2^-127 and 2^-128 for e = 1 and 0. */
+static inline __m512 mx_scales(__m128i e8)
+{
+    __m512i e = _mm512_cvtepu8_epi32(e8);
+    __m512i normal = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+    __m512i sub = _mm512_srlv_epi32(_mm512_set1_epi32(0x400000),
+                                    _mm512_sub_epi32(_mm512_set1_epi32(1), e));
+    __mmask16 small = _mm512_cmplt_epi32_mask(e, _mm512_set1_epi32(2));
+    return _mm512_castsi512_ps(_mm512_mask_blend_epi32(small, normal, sub));
+}
+
 static inline __attribute__((always_inline)) void
 tile_q(enum wtype type, const unsigned char *recs, int nb, const struct act *a, int i0, float *y,
        size_t ldy, int rows, const int R)
@@ -272,13 +286,28 @@ tile_q(enum wtype type, const unsigned char *recs, int nb, const struct act *a, 
         dx[i] = a->dx + (size_t)(i0 + i) * a->nb;
         isum[i] = a->isum + (size_t)(i0 + i) * a->nb;
     }
-    size_t rec_bytes = type == WTYPE_Q8 ? WQ8_RECORD : WQ4_RECORD;
+    /* MXFP4: twice each e2m1 value plus 12, by nibble (a 16-byte table in every lane) */
+    const __m512i mx_lut = _mm512_broadcast_i32x4(
+        _mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+    size_t rec_bytes = wq_record_bytes(type);
     for (int b = 0; b < nb; b++, recs += rec_bytes) {
-        __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)recs));
-        __m512 m = type == WTYPE_Q4 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(recs + 32)))
-                                    : _mm512_setzero_ps();
+        __m512 d, m = _mm512_setzero_ps();
+        if (type == WTYPE_MXFP4) {
+            d = mx_scales(_mm_loadu_si128((const __m128i *)recs));
+        } else {
+            d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)recs));
+            if (type == WTYPE_Q4) m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(recs + 32)));
+        }
         __m512i wv[8];
-        if (type == WTYPE_Q8) {
+        if (type == WTYPE_MXFP4) {
+            const unsigned char *q = recs + WQ_TILE;
+            _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++)
+            {
+                __m512i v = _mm512_loadu_si512(q + 64 * p);
+                wv[p] = _mm512_shuffle_epi8(mx_lut, _mm512_and_si512(v, lo4));
+                wv[p + 4] = _mm512_shuffle_epi8(mx_lut, _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4));
+            }
+        } else if (type == WTYPE_Q8) {
             const __m512i *q = (const __m512i *)(recs + 32);
             _Pragma("GCC unroll 8") for (int p = 0; p < 8; p++) wv[p] =
                 _mm512_xor_si512(_mm512_loadu_si512(q + p), flip);
@@ -298,11 +327,68 @@ tile_q(enum wtype type, const unsigned char *recs, int nb, const struct act *a, 
             _Pragma("GCC unroll 8") for (int p = 0; p < 8; p++) s =
                 _mm512_dpbusd_epi32(s, wv[p], _mm512_set1_epi32(xb[p]));
             if (type == WTYPE_Q8) s = _mm512_sub_epi32(s, _mm512_set1_epi32(128 * isum[i][b]));
+            if (type == WTYPE_MXFP4) s = _mm512_sub_epi32(s, _mm512_set1_epi32(12 * isum[i][b]));
             __m512 sc = _mm512_mul_ps(d, _mm512_set1_ps(dx[i][b]));
             acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), sc, acc[i]);
             if (type == WTYPE_Q4)
                 acc[i] = _mm512_fmadd_ps(m, _mm512_set1_ps(dx[i][b] * (float)isum[i][b]), acc[i]);
         }
+    }
+    _Pragma("GCC unroll 4") for (int i = 0; i < R; i++)
+        _mm512_mask_storeu_ps(y + (size_t)i * ldy, mask16(rows), acc[i]);
+}
+
+/* Sixteen e8m0 scales as f32 2^(e - 127): the exponent field e, or the subnormal 2^-127 for
+ * e = 0. */
+static inline __m512 mx_scales_f32(const unsigned char *p)
+{
+    __m512i e = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+    __mmask16 zero = _mm512_cmpeq_epi32_mask(e, _mm512_setzero_si512());
+    return _mm512_castsi512_ps(
+        _mm512_mask_blend_epi32(zero, _mm512_slli_epi32(e, 23), _mm512_set1_epi32(0x400000)));
+}
+
+/* MXFP4 against f32 activations: a 64-byte vector of a record holds 4 columns of the 16 rows
+ * per nibble half; byte i of each lane is column 4p + i (low nibble) and 4(p + 4) + i (high),
+ * turned into the 16 rows' f32 weights by one vpermps over the e2m1 table. */
+static inline __attribute__((always_inline)) void
+tile_mx(const unsigned char *recs, int nb, const struct act *a, int i0, float *y, size_t ldy,
+        int rows, const int R)
+{
+    const __m512 lut = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f,
+                                      -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f);
+    const __m512i lo4 = _mm512_set1_epi32(0x0f);
+    __m512 acc[QR];
+    const float *x[QR];
+    _Pragma("GCC unroll 4") for (int i = 0; i < R; i++)
+    {
+        acc[i] = _mm512_setzero_ps();
+        x[i] = (const float *)((const unsigned char *)a->data + (size_t)(i0 + i) * a->stride);
+    }
+    for (int b = 0; b < nb; b++, recs += WMX4_RECORD) {
+        __m512 blk[QR];
+        _Pragma("GCC unroll 4") for (int i = 0; i < R; i++) blk[i] = _mm512_setzero_ps();
+        const unsigned char *q = recs + WQ_TILE;
+        _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++)
+        {
+            __m512i v = _mm512_loadu_si512(q + 64 * p);
+            __m512i vs[4] = {v, _mm512_srli_epi32(v, 8), _mm512_srli_epi32(v, 16),
+                             _mm512_srli_epi32(v, 24)};
+            _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++)
+            {
+                __m512 wl = _mm512_permutexvar_ps(_mm512_and_si512(vs[c], lo4), lut);
+                __m512 wh =
+                    _mm512_permutexvar_ps(_mm512_and_si512(_mm512_srli_epi32(vs[c], 4), lo4), lut);
+                _Pragma("GCC unroll 4") for (int i = 0; i < R; i++)
+                {
+                    const float *xb = x[i] + 32 * b;
+                    blk[i] = _mm512_fmadd_ps(wl, _mm512_set1_ps(xb[4 * p + c]), blk[i]);
+                    blk[i] = _mm512_fmadd_ps(wh, _mm512_set1_ps(xb[4 * (p + 4) + c]), blk[i]);
+                }
+            }
+        }
+        __m512 sc = mx_scales_f32(recs);
+        _Pragma("GCC unroll 4") for (int i = 0; i < R; i++) acc[i] = _mm512_fmadd_ps(blk[i], sc, acc[i]);
     }
     _Pragma("GCC unroll 4") for (int i = 0; i < R; i++)
         _mm512_mask_storeu_ps(y + (size_t)i * ldy, mask16(rows), acc[i]);
@@ -323,6 +409,13 @@ static void x_gemm(const struct wmat *w, const struct act *a, float *y, size_t l
         }
 #endif
         gemm_float(TW_BF16_EO, w->data, 2, w->cols, a, y, ldy, r0, r1);
+        return;
+    case WTYPE_MXFP4:
+        if (a->kind == ACT_F32) {
+            gemm_mx(w, a, y, ldy, r0, r1);
+            return;
+        }
+        gemm_q(w, a, y, ldy, r0, r1);
         return;
     case WTYPE_Q8:
     case WTYPE_Q4: gemm_q(w, a, y, ldy, r0, r1); return;

@@ -4,6 +4,8 @@
  *                      x C weight rows (4, ldw elements apart, or 1), outputs ystep apart
  *   tile_q(type, recs, nb, a, i0, y, ldy, rows, R)  quantized weights: R activation rows
  *                                                 (<= QR) x one tile of WQ_TILE weight rows
+ *   tile_mx(recs, nb, a, i0, y, ldy, rows, R)     MXFP4 weights against f32 activations, the
+ *                                                 same shape
  * Outputs go to y[i * ldy + (r - r0)] (see struct gemm_kernels, gemm). */
 
 /* Activation rows are taken in blocks of XB so that they stay in L2 while a thread's weight
@@ -54,14 +56,35 @@ static void gemm_q(const struct wmat *w, const struct act *a, float *y, size_t l
         for (; i + QR <= a->n; i += QR) {
             if (w->type == WTYPE_Q8)
                 tile_q(WTYPE_Q8, recs, nb, a, i, yt + (size_t)i * ldy, ldy, rows, QR);
-            else
+            else if (w->type == WTYPE_Q4)
                 tile_q(WTYPE_Q4, recs, nb, a, i, yt + (size_t)i * ldy, ldy, rows, QR);
+            else
+                tile_q(WTYPE_MXFP4, recs, nb, a, i, yt + (size_t)i * ldy, ldy, rows, QR);
         }
         for (; i < a->n; i++) {
             if (w->type == WTYPE_Q8)
                 tile_q(WTYPE_Q8, recs, nb, a, i, yt + (size_t)i * ldy, ldy, rows, 1);
-            else
+            else if (w->type == WTYPE_Q4)
                 tile_q(WTYPE_Q4, recs, nb, a, i, yt + (size_t)i * ldy, ldy, rows, 1);
+            else
+                tile_q(WTYPE_MXFP4, recs, nb, a, i, yt + (size_t)i * ldy, ldy, rows, 1);
         }
+    }
+}
+
+/* MXFP4 weights with f32 activations (ACT_F32): each e2m1 nibble becomes its exact f32 value,
+ * a block's 32 columns accumulate per row, then the block's power-of-two scale. */
+static void gemm_mx(const struct wmat *w, const struct act *a, float *y, size_t ldy, int r0,
+                    int r1)
+{
+    int nb = wq_blocks(w->cols);
+    for (int t = r0 / WQ_TILE; t * WQ_TILE < r1; t++) {
+        const unsigned char *recs =
+            (const unsigned char *)w->data + wq_record_offset(w->type, w->cols, t, 0);
+        int rows = r1 - t * WQ_TILE < WQ_TILE ? r1 - t * WQ_TILE : WQ_TILE;
+        float *yt = y + ((size_t)t * WQ_TILE - (size_t)r0);
+        int i = 0;
+        for (; i + QR <= a->n; i += QR) tile_mx(recs, nb, a, i, yt + (size_t)i * ldy, ldy, rows, QR);
+        for (; i < a->n; i++) tile_mx(recs, nb, a, i, yt + (size_t)i * ldy, ldy, rows, 1);
     }
 }

@@ -8,7 +8,28 @@
 
 static enum act_kind p_act_kind(enum wtype t, int bf16_compute)
 {
-    return wtype_is_quant(t) ? ACT_Q8 : ACT_F32;
+    return wtype_is_quant(t) && t != WTYPE_MXFP4 ? ACT_Q8 : ACT_F32;
+}
+
+/* x_i . W_r for MXFP4 weights and f32 activations: per block the exact e2m1 values against x,
+ * then the block's scale 2^(e - 127). */
+static float mx_dot_f32(const struct wmat *w, const float *x, int r)
+{
+    int nb = wq_blocks(w->cols), t = r / WQ_TILE, lane = r % WQ_TILE;
+    float acc = 0.0f;
+    for (int b = 0; b < nb; b++) {
+        const unsigned char *rec =
+            (const unsigned char *)w->data + wq_record_offset(w->type, w->cols, t, b);
+        const unsigned char *nib = rec + WQ_TILE;
+        float blk = 0.0f;
+        for (int c = 0; c < 32; c++) {
+            int quad = c / 4;
+            unsigned q = nib[((quad % 4) * WQ_TILE + lane) * 4 + c % 4] >> (4 * (quad / 4));
+            blk += mxfp4_value(q) * x[b * 32 + c];
+        }
+        acc += blk * ldexpf(1.0f, rec[lane] - 127);
+    }
+    return acc;
 }
 
 /* Shared by every table: int8 blocks of 32 with scale amax/127, values rounded to nearest even
@@ -77,7 +98,16 @@ static float q_dot(const struct wmat *w, const struct act *a, int i, int r)
         const uint16_t *scale = (const uint16_t *)rec;
         const int8_t *x = xq + b * 32;
         int32_t p = 0;
-        if (w->type == WTYPE_Q8) {
+        if (w->type == WTYPE_MXFP4) {
+            /* twice the e2m1 values, so the scale is 2^(e - 128) */
+            const unsigned char *nib = rec + WQ_TILE;
+            for (int c = 0; c < 32; c++) {
+                int quad = c / 4;
+                unsigned q = nib[((quad % 4) * WQ_TILE + lane) * 4 + c % 4] >> (4 * (quad / 4));
+                p += mxfp4_value2(q) * x[c];
+            }
+            acc += ldexpf(1.0f, rec[lane] - 128) * dx[b] * (float)p;
+        } else if (w->type == WTYPE_Q8) {
             const int8_t *q = (const int8_t *)(rec + 2 * WQ_TILE);
             for (int c = 0; c < 32; c++) p += (int32_t)q[((c / 4) * WQ_TILE + lane) * 4 + c % 4] * x[c];
             acc += ms_f16_to_f32(scale[lane]) * dx[b] * (float)p;
@@ -102,7 +132,9 @@ static void p_gemm(const struct wmat *w, const struct act *a, float *y, size_t l
         const float *x = (const float *)((const char *)a->data + (size_t)i * a->stride);
         for (int r = r0; r < r1; r++) {
             float acc = 0.0f;
-            if (wtype_is_quant(w->type)) {
+            if (w->type == WTYPE_MXFP4 && a->kind == ACT_F32) {
+                acc = mx_dot_f32(w, x, r);
+            } else if (wtype_is_quant(w->type)) {
                 acc = q_dot(w, a, i, r);
             } else {
                 size_t base = (size_t)r * k;

@@ -199,8 +199,8 @@ fail:
 
 /* Weights: converted to bf16 on the host (round to nearest even, as the CPU's ms_f32_to_bf16)
  * in chunks through one pinned buffer kept for the backend's life, then copied; load time
- * only. The handle is a host struct wmat (type bf16) whose data is the device copy. Quantized
- * matrices are refused: their kernels are CPU-only for now. */
+ * only. The handle is a host struct wmat (type bf16) whose data is the device copy. Q8/Q4
+ * matrices are refused (their kernels are CPU-only for now); MXFP4 ones are dequantized. */
 enum { CB_STAGE = 1 << 22 };
 
 static const struct wmat *cb_weight_upload(struct backend *be, const struct wmat *host)
@@ -209,7 +209,7 @@ static const struct wmat *cb_weight_upload(struct backend *be, const struct wmat
     void *w = NULL;
     size_t n = (size_t)host->rows * (size_t)host->cols;
     if (cb_enter(b) < 0) return NULL;
-    if (wtype_is_quant(host->type)) {
+    if (wtype_is_quant(host->type) && host->type != WTYPE_MXFP4) {
         ms_errf(b->last, sizeof b->last, "weight_upload: %s weights need the CPU backend",
                 wtype_name(host->type));
         cb_note(b, -1);
@@ -230,10 +230,35 @@ static const struct wmat *cb_weight_upload(struct backend *be, const struct wmat
         free(h);
         return NULL;
     }
-    for (size_t i = 0; i < n; i += CB_STAGE) {
-        size_t m = n - i < (size_t)CB_STAGE ? n - i : (size_t)CB_STAGE;
-        wmat_convert(WTYPE_BF16, b->stage, from, (const unsigned char *)host->data + i * esize, 1,
-                     (int)m, 0, 1);
+    /* MXFP4 (gpt-oss experts): dequantized row by row to bf16, exactly (e2m1 times a power of
+     * two fits bf16), through an f32 row kept at the end of the staging buffer. The GPU keeps
+     * them in bf16 for now: an MXFP4 GEMM kernel is not written yet. */
+    size_t rows_per = host->cols > 0 ? (size_t)CB_STAGE / ((size_t)host->cols * 3) : 0;
+    if (host->type == WTYPE_MXFP4 && rows_per == 0) {
+        ms_errf(b->last, sizeof b->last, "weight_upload: MXFP4 rows of %d too long", host->cols);
+        cb_note(b, -1);
+        cudaFree(w);
+        free(h);
+        return NULL;
+    }
+    size_t m;
+    for (size_t i = 0; i < n; i += m) {
+        m = n - i < (size_t)CB_STAGE ? n - i : (size_t)CB_STAGE;
+        if (host->type == WTYPE_MXFP4) {
+            /* whole rows a chunk: rows_per rows of bf16, one f32 row of scratch at the end */
+            size_t r0 = i / (size_t)host->cols, nr = (n / (size_t)host->cols) - r0;
+            nr = nr < rows_per ? nr : rows_per;
+            m = nr * (size_t)host->cols;
+            float *f = (float *)(b->stage + CB_STAGE - 2 * (size_t)host->cols);
+            for (size_t r = 0; r < nr; r++) {
+                wmat_row_f32(host, (int)(r0 + r), f);
+                wmat_convert(WTYPE_BF16, b->stage + r * (size_t)host->cols, WSRC_F32, f, 1,
+                             host->cols, 0, 1);
+            }
+        } else {
+            wmat_convert(WTYPE_BF16, b->stage, from, (const unsigned char *)host->data + i * esize,
+                         1, (int)m, 0, 1);
+        }
         if (CB_CUDA(b, cudaMemcpyAsync((uint16_t *)w + i, b->stage, m * sizeof(uint16_t),
                                        cudaMemcpyHostToDevice, b->stream)) < 0 ||
             CB_CUDA(b, cudaStreamSynchronize(b->stream)) < 0) {
@@ -393,7 +418,21 @@ static void cb_moe_experts(struct backend *be, float *y, const float *x, int d, 
         g++;
     }
     if (cb_gemm_groups(b, 2 * G, A, B, C, 0) < 0) return;
-    if (cb_note(b, cuk_swiglu_bf16(b->stream, gb, gb, ub, act, CB_ERR(b))) < 0) return;
+    if (!ex[0].b_gate && !ex[0].b_up && ex[0].act == BE_ACT_SILU) {
+        if (cb_note(b, cuk_swiglu_bf16(b->stream, gb, gb, ub, act, CB_ERR(b))) < 0) return;
+    } else {
+        /* biases or gpt-oss's activation: expert by expert (their biases differ) */
+        size_t at = 0;
+        for (int j = 0; j < na; j++) {
+            int rows = off[j + 1] - off[j], ff = ex[j].d_ff;
+            if (rows <= 0) continue;
+            if (cb_note(b, cuk_expert_act_bf16(b->stream, gb + at, ub + at, rows, ff, ex[j].b_gate,
+                                               ex[j].b_up, ex[j].act == BE_ACT_SWIGLU_OAI,
+                                               ex[j].alpha, ex[j].limit, CB_ERR(b))) < 0)
+                return;
+            at += (size_t)rows * ff;
+        }
+    }
     act = 0;
     for (int j = 0, g = 0; j < na; j++) {
         int rows = off[j + 1] - off[j], ff = ex[j].d_ff;
@@ -414,6 +453,11 @@ static void cb_moe_experts(struct backend *be, float *y, const float *x, int d, 
     if (cb_note(b, cuk_bf16_to_f32(b->stream, y + (size_t)off[0] * d, yb, rows_all * d,
                                    CB_ERR(b))) < 0)
         return;
+    for (int j = 0; j < na; j++)
+        if (ex[j].b_down && off[j + 1] > off[j] &&
+            cb_note(b, cuk_add_bias(b->stream, y + (size_t)off[j] * d, ex[j].b_down,
+                                    off[j + 1] - off[j], d, CB_ERR(b))) < 0)
+            return;
     CB_CUDA(b, cudaEventRecord(b->ptrs_done, b->stream));
 }
 

@@ -83,6 +83,42 @@ int cuk_swiglu_bf16(cudaStream_t st, void *out, const void *gate, const void *up
     return CUDA_LAUNCH_CHECK("br_swiglu_kernel", err, errlen);
 }
 
+/* One expert's hidden rows (rows, ff) of bf16 gate and up with optional per-column biases and
+ * either SiLU or gpt-oss's clamped SwiGLU (the CPU's order of operations), written over gate. */
+static __global__ void br_expert_act_kernel(__nv_bfloat16 *gate, const __nv_bfloat16 *up,
+                                            size_t total, int ff, const float *b_gate,
+                                            const float *b_up, int oai, float alpha, float limit)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
+         i += (size_t)gridDim.x * blockDim.x) {
+        int c = (int)(i % (size_t)ff);
+        float g = __bfloat162float(gate[i]), u = __bfloat162float(up[i]);
+        if (b_gate) g += b_gate[c];
+        if (b_up) u += b_up[c];
+        float h;
+        if (oai) {
+            g = g < limit ? g : limit;
+            u = u < -limit ? -limit : u > limit ? limit : u;
+            h = (u + 1.0f) * (g * (1.0f / (1.0f + expf(-(g * alpha)))));
+        } else {
+            h = g / (1.0f + expf(-g)) * u;
+        }
+        gate[i] = __float2bfloat16_rn(h);
+    }
+}
+
+int cuk_expert_act_bf16(cudaStream_t st, void *gate, const void *up, int rows, int ff,
+                        const float *b_gate, const float *b_up, int oai, float alpha, float limit,
+                        char *err, size_t errlen)
+{
+    size_t total = (size_t)rows * (size_t)ff;
+    if (total == 0) return 0;
+    br_expert_act_kernel<<<cuk_blocks(total, BR_THREADS), BR_THREADS, 0, st>>>(
+        (__nv_bfloat16 *)gate, (const __nv_bfloat16 *)up, total, ff, b_gate, b_up, oai, alpha,
+        limit);
+    return CUDA_LAUNCH_CHECK("br_expert_act_kernel", err, errlen);
+}
+
 /* out (n, d) = table[ids[i]] widened to f32; grid = n. */
 static __global__ void br_embed_kernel(float *out, const __nv_bfloat16 *table, const int32_t *ids,
                                        int d)

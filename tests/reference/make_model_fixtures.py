@@ -13,6 +13,7 @@ files under tests/fixtures/models/ are committed. See tests/reference/README.md.
 """
 
 import argparse
+import copy
 import hashlib
 import json
 import math
@@ -33,6 +34,9 @@ from transformers import (
     DeepseekV3Config,
     DeepseekV3ForCausalLM,
     GenerationConfig,
+    GptOssConfig,
+    GptOssForCausalLM,
+    Mxfp4Config,
     MixtralConfig,
     MixtralForCausalLM,
     OlmoeConfig,
@@ -212,10 +216,34 @@ ARCHS["deepseek_v3"] = (
     ),
 )
 
+# gpt-oss: GQA with sinks and q/k/v/o biases, a sliding window (8) shorter than the longer
+# prompts on layers 0 and 2 and full attention on layer 1, YaRN past a 64-position original
+# context (truncate false, as gpt-oss ships), and a swiglu_limit low enough that both clamps of
+# the experts' activation bind on these activations. Its experts are stored as gpt-oss publishes
+# them, MXFP4 (see make_gptoss), so hidden and expert widths are multiples of 32.
+GPTOSS = GptOssConfig(
+    **{k: v for k, v in COMMON.items() if k not in ("rope_parameters", "max_position_embeddings")},
+    max_position_embeddings=256,  # = factor x original, as gpt-oss's config
+    head_dim=16,
+    num_hidden_layers=3,
+    intermediate_size=32,
+    num_local_experts=8,
+    num_experts_per_tok=2,
+    sliding_window=8,
+    layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+    rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                     "original_max_position_embeddings": 64, "beta_fast": 32.0,
+                     "beta_slow": 1.0, "truncate": False},
+    swiglu_limit=1.2,
+    attention_bias=True,
+)
+GPTOSS_FOLDERS = ["gpt_oss", "gpt_oss_bf16", "gpt_oss_dense"]
+
 # Per-architecture weight seed offsets, picked (by trying a few) so that no token's k-th and
 # (k+1)-th router logits are within ROUTER_GAP_MIN of each other on the reference sequences:
 # a near tie would make expert choice, and so the expected logits, hinge on rounding.
-SEED_OFFSET = {"qwen3_moe": 1, "deepseek_v2": 4, "deepseek_v2_group": 5, "deepseek_v3": 11}
+SEED_OFFSET = {"qwen3_moe": 1, "deepseek_v2": 4, "deepseek_v2_group": 5, "deepseek_v3": 11,
+               "gpt_oss": 1}
 ROUTER_GAP_MIN = 1e-3
 # DeepSeek-V2 ranks softmax probabilities (~1/8 each here), whose gaps are ~100x smaller than
 # logit gaps for the same routing margin; still ~1000x above f32 rounding of a probability.
@@ -267,8 +295,10 @@ def make_weights_nondegenerate(model, seed):
                 v = 0.2 * r
             elif "embed_tokens" in name:
                 v = 0.5 * r
-            elif name.endswith("mlp.gate.weight"):  # router (n_experts, hidden)
-                v = 0.4 * r
+            elif name.endswith("mlp.gate.weight") or name.endswith("mlp.router.weight"):
+                v = 0.4 * r  # router (n_experts, hidden)
+            elif name.endswith("self_attn.sinks"):  # gpt-oss: large enough to matter
+                v = 1.0 * r
             elif name.endswith("e_score_correction_bias"):  # V3: reorders the choice
                 v = 0.3 * r
             elif "shared_expert_gate" in name:
@@ -355,6 +385,12 @@ def choice_scores(model, layer, rl):
     return rl.float(), None
 
 
+def moe_layer_ids(model):
+    """Layers with a router (gpt-oss names it `router`, the others `gate`)."""
+    return [i for i, l in enumerate(model.model.layers)
+            if (hasattr(l.mlp, "gate") or hasattr(l.mlp, "router")) and not hasattr(l.mlp, "gate_proj")]
+
+
 @torch.no_grad()
 def min_router_gap(model, sequences):
     """Smallest gap between the k-th and (k+1)-th score an expert (and a group, for grouped
@@ -364,8 +400,7 @@ def min_router_gap(model, sequences):
     gap = math.inf
     for seq in sequences:
         out = model(input_ids=torch.tensor([seq], dtype=torch.long), output_router_logits=True)
-        moe_layers = [i for i, l in enumerate(model.model.layers) if hasattr(l.mlp, "gate")
-                      and not hasattr(l.mlp, "gate_proj")]
+        moe_layers = moe_layer_ids(model)
         for li, rl in zip(moe_layers, [r for r in (out.router_logits or ()) if r is not None]):
             s, g = choice_scores(model, li, rl)
             if g is not None:
@@ -387,8 +422,7 @@ def route_sets(model, ids):
     k = model.config.num_experts_per_tok
     kg = getattr(model.config, "topk_group", None)
     out = model(input_ids=torch.tensor([ids], dtype=torch.long), output_router_logits=True)
-    moe_layers = [i for i, l in enumerate(model.model.layers) if hasattr(l.mlp, "gate")
-                  and not hasattr(l.mlp, "gate_proj")]
+    moe_layers = moe_layer_ids(model)
     sets = []
     for li, rl in zip(moe_layers, [r for r in (out.router_logits or ()) if r is not None]):
         s, g = choice_scores(model, li, rl)
@@ -542,7 +576,89 @@ def sha_tree(root):
     return h
 
 
-def build(out_root, data_path, write_md):
+def random_mxfp4(g, shape, exps):
+    """Random MXFP4 (blocks (..., n/32, 16) uint8, scales (..., n/32) uint8): any nibble, scales
+    2^(e - 127) for e drawn from `exps`."""
+    blocks = torch.randint(0, 256, (*shape, 16), generator=g, dtype=torch.int32).to(torch.uint8)
+    pick = torch.randint(0, len(exps), shape, generator=g)
+    scales = torch.tensor(exps, dtype=torch.int32)[pick].to(torch.uint8)
+    return blocks, scales
+
+
+def make_gptoss(out_root, tokenizer, prompts):
+    """gpt-oss as OpenAI publishes it: MXFP4 experts (`*_blocks` + `*_scales`, e8m0 scales,
+    32-element blocks, quantization_config mxfp4), everything else f32 (`gpt_oss`) or bf16
+    (`gpt_oss_bf16`, the published layout). The expert weights are random MXFP4 data; the
+    reference model's experts are those blocks dequantized by transformers' own code, and each
+    folder is read back by transformers' MXFP4 loader and checked equal to that model.
+    `gpt_oss_dense` is the same model as save_pretrained writes it unquantized ((in, out)
+    experts, gate/up interleaved), with gpt_oss's reference."""
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    torch.manual_seed(SEED)
+    model = GptOssForCausalLM(GPTOSS).eval()
+    make_weights_nondegenerate(model, SEED + SEED_OFFSET.get("gpt_oss", 0))
+    cfg = GPTOSS
+    E, D, ff = cfg.num_local_experts, cfg.hidden_size, cfg.intermediate_size
+    g = torch.Generator().manual_seed(SEED + 100)
+    packed = {}
+    with torch.no_grad():
+        for i, layer in enumerate(model.model.layers):
+            pre = f"model.layers.{i}.mlp.experts."
+            # weights ~ e2m1 (rms ~2.9) x 2^(e-127): rms about 1/sqrt(fan_in)
+            gb, gs = random_mxfp4(g, (E, 2 * ff, D // 32), [121, 122, 123, 124])
+            db, ds = random_mxfp4(g, (E, D, ff // 32), [122, 123, 124, 125])
+            packed.update({pre + "gate_up_proj_blocks": gb, pre + "gate_up_proj_scales": gs,
+                           pre + "down_proj_blocks": db, pre + "down_proj_scales": ds})
+            layer.mlp.experts.gate_up_proj.copy_(convert_moe_packed_tensors(gb, gs, dtype=torch.float32))
+            layer.mlp.experts.down_proj.copy_(convert_moe_packed_tensors(db, ds, dtype=torch.float32))
+    n_params = sum(p.numel() for p in model.parameters())
+    summary = []
+    ref32 = None
+    for name, dtype in (("gpt_oss", torch.float32), ("gpt_oss_bf16", torch.bfloat16)):
+        d = out_root / name
+        m = copy.deepcopy(model).to(dtype)  # `model` stays f32
+        save_checkpoint(m, tokenizer, d)
+        sd = {k: v.contiguous() for k, v in m.state_dict().items()
+              if not (k.endswith("experts.gate_up_proj") or k.endswith("experts.down_proj"))}
+        sd.update(packed)
+        (d / "model.safetensors").unlink()
+        save_file(dict(sorted(sd.items())), str(d / "model.safetensors"), metadata={"format": "pt"})
+        conf = json.loads((d / "config.json").read_text())
+        conf["quantization_config"] = {
+            "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                       "model.embed_tokens", "lm_head"],
+            "quant_method": "mxfp4"}
+        (d / "config.json").write_text(json.dumps(conf, indent=2, sort_keys=True) + "\n")
+        # transformers' MXFP4 loader (dequantizing, as on a CPU) must read back this model
+        mq = {}
+        for dt in (torch.float32, torch.bfloat16):
+            mq[dt] = AutoModelForCausalLM.from_pretrained(
+                d, dtype=dt, quantization_config=Mxfp4Config(dequantize=True), **IMPL).eval()
+        ref = model.state_dict()
+        if dtype == torch.bfloat16:
+            ref = {k: v.to(torch.bfloat16).to(torch.float32) for k, v in ref.items()}
+        got = mq[torch.float32].state_dict()
+        assert set(got) == set(ref), sorted(set(got) ^ set(ref))
+        bad = [k for k in ref if not torch.equal(got[k].float(), ref[k])]
+        assert not bad, f"{name}: transformers' MXFP4 load differs in {bad[:4]}"
+        if dtype == torch.float32:
+            margin, spread, notes = write_reference(d, prompts, mq[torch.float32])
+            ref32 = d
+        else:
+            margin = None
+            _, spread, notes = write_reference(d, prompts, mq[torch.float32], bf16_model=mq[torch.bfloat16])
+        summary.append((name, n_params, dir_size(d), margin, spread, notes))
+    dd = out_root / "gpt_oss_dense"
+    save_checkpoint(model, tokenizer, dd)
+    md = load(dd, torch.float32)
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in md.state_dict().items())
+    shutil.copyfile(ref32 / "reference.safetensors", dd / "reference.safetensors")
+    summary.append(("gpt_oss_dense", n_params, dir_size(dd), None, 0.0, ["gpt_oss's reference"]))
+    return summary
+
+
+def build(out_root, data_path, write_md, only=None):
     hf_logging.disable_progress_bar()
     torch.manual_seed(SEED)
     torch.use_deterministic_algorithms(True)
@@ -553,6 +669,8 @@ def build(out_root, data_path, write_md):
 
     summary = []
     for name, (cls, cfg) in ARCHS.items():
+        if only and name not in only:
+            continue
         torch.manual_seed(SEED)
         model = cls(cfg).eval()
         make_weights_nondegenerate(model, SEED + SEED_OFFSET.get(name, 0))
@@ -585,8 +703,11 @@ def build(out_root, data_path, write_md):
         _, spread_b, notes_b = write_reference(db, prompts, mbf, bf16_model=mb)
         summary.append((f"{name}_bf16", n_params, dir_size(db), None, spread_b, notes_b))
 
+    if not only or "gpt_oss" in only:
+        summary += make_gptoss(out_root, tokenizer, prompts)
+
     if write_md:
-        write_tensors_md(out_root, list(ARCHS))
+        write_tensors_md(out_root, list(ARCHS) + ["gpt_oss", "gpt_oss_dense"])
 
     print()
     print(f"{'model':18s} {'params':>8s} {'bytes':>9s} {'min margin':>10s} {'min spread':>10s}  notes")
@@ -608,19 +729,24 @@ def main():
     ap.add_argument("--out", default=str(DEFAULT_OUT), help="fixture root (default: %(default)s)")
     ap.add_argument("--check-determinism", action="store_true",
                     help="also build into a temporary folder and compare every file byte for byte")
+    ap.add_argument("--only", nargs="*", help="rebuild only these architectures (e.g. gpt_oss); "
+                    "TENSORS.md is then not rewritten")
     args = ap.parse_args()
 
     out_root = Path(args.out)
-    targets = [n for a in ARCHS for n in (a, f"{a}_bf16")] + ["mixtral_sharded"]
+    targets = [n for a in ARCHS for n in (a, f"{a}_bf16")] + ["mixtral_sharded"] + GPTOSS_FOLDERS
+    if args.only:
+        targets = [n for n in targets if any(n == a or n.startswith(a + "_") for a in args.only)]
     for n in targets:  # only the folders this script owns
         if (out_root / n).exists():
             shutil.rmtree(out_root / n)
     out_root.mkdir(parents=True, exist_ok=True)
-    build(out_root, args.data, write_md=out_root.resolve() == DEFAULT_OUT.resolve())
+    build(out_root, args.data, write_md=out_root.resolve() == DEFAULT_OUT.resolve() and not args.only,
+          only=args.only)
 
     if args.check_determinism:
         with tempfile.TemporaryDirectory() as tmp:
-            build(Path(tmp), args.data, write_md=False)
+            build(Path(tmp), args.data, write_md=False, only=args.only)
             a, b = sha_tree(out_root), sha_tree(Path(tmp))
             a = {k: v for k, v in a.items() if k.split("/")[0] in targets}
             diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))

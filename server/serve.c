@@ -276,26 +276,6 @@ static void log_sched_warning(void *ctx, uint64_t req_id, const char *msg)
     slog("warning", "request %llu: %s", (unsigned long long)req_id, msg);
 }
 
-static char *read_file(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    char *buf = NULL;
-    if (fseek(f, 0, SEEK_END) == 0) {
-        long n = ftell(f);
-        if (n >= 0 && fseek(f, 0, SEEK_SET) == 0 && (buf = malloc((size_t)n + 1))) {
-            if (fread(buf, 1, (size_t)n, f) != (size_t)n) {
-                free(buf);
-                buf = NULL;
-            } else {
-                buf[n] = '\0';
-            }
-        }
-    }
-    fclose(f);
-    return buf;
-}
-
 int cli_serve(int argc, char **argv)
 {
     struct serve_opts o;
@@ -354,7 +334,7 @@ int cli_serve(int argc, char **argv)
          (double)m->weight_bytes / 1e6, model_dtype_name(m->dtype), model_quant_name(m->quant));
     if (m->cache_note[0]) slog("info", "%s", m->cache_note);
     if (o.chat_template) {
-        char *t = read_file(o.chat_template);
+        char *t = cli_read_file(o.chat_template, NULL);
         if (!t) {
             slog("error", "cannot read --chat-template %s", o.chat_template);
             goto out;

@@ -175,33 +175,34 @@ void rstats_expert_flops(const struct rstats *s, int layer, double *out)
     for (int x = 0; x < s->c.n_expert; x++) out[x] *= 6.0 * s->c.d_model * s->width[x];
 }
 
-int rstats_coact(const struct rstats *s, int layer, float *out)
+/* A pair matrix of one layer out of the window: src is the upper triangle (symmetric) or the
+ * full matrix. */
+static int pair_snapshot(const struct rstats *s, const float *src, bool upper, int layer,
+                         float *out)
 {
     size_t E = (size_t)s->c.n_expert;
-    if (!s->pair) {
+    if (!src) {
         memset(out, 0, sizeof *out * E * E);
         return -1;
     }
-    const float *p = s->pair + (size_t)layer * E * E;
+    const float *p = src + (size_t)layer * E * E;
     float inv = (float)(1.0 / s->gain);
-    for (size_t a = 0; a < E; a++) {
-        out[a * E + a] = 0;
-        for (size_t b = a + 1; b < E; b++) out[a * E + b] = out[b * E + a] = p[a * E + b] * inv;
-    }
+    for (size_t a = 0; a < E; a++)
+        for (size_t b = 0; b < E; b++)
+            out[a * E + b] = !upper ? p[a * E + b] * inv
+                             : a == b ? 0.0f
+                                      : p[(a < b ? a : b) * E + (a < b ? b : a)] * inv;
     return 0;
+}
+
+int rstats_coact(const struct rstats *s, int layer, float *out)
+{
+    return pair_snapshot(s, s->pair, true, layer, out);
 }
 
 int rstats_transitions(const struct rstats *s, int layer, float *out)
 {
-    size_t E = (size_t)s->c.n_expert;
-    if (!s->trans) {
-        memset(out, 0, sizeof *out * E * E);
-        return -1;
-    }
-    const float *p = s->trans + (size_t)layer * E * E;
-    float inv = (float)(1.0 / s->gain);
-    for (size_t i = 0; i < E * E; i++) out[i] = p[i] * inv;
-    return 0;
+    return pair_snapshot(s, s->trans, false, layer, out);
 }
 
 const uint64_t *rstats_expert_rows_total(const struct rstats *s)

@@ -1330,6 +1330,11 @@ const struct plc_map *engine_placement(const struct engine *e)
     return &e->map;
 }
 
+const unsigned long long *engine_comm_bytes(const struct engine *e)
+{
+    return e->comm->bytes_sent;
+}
+
 struct rstats *engine_routing_stats(struct engine *e)
 {
     return e->rstats;

@@ -162,6 +162,9 @@ const struct plc_map *engine_placement(const struct engine *e);
  * reason), then the map is switched, then the copies no device needs any more are freed. CPU
  * devices share the host weights, so nothing is copied. Outputs do not change. */
 int engine_set_placement(struct engine *e, const struct plc_map *m, char *err, size_t errlen);
+/* Bytes each device sent to each other through the communicator: (n_devices, n_devices), row =
+ * sender (this process's ranks). */
+const unsigned long long *engine_comm_bytes(const struct engine *e);
 /* Routing statistics (NULL unless engine_params.routing_stats). */
 struct rstats *engine_routing_stats(struct engine *e);
 /* Last step's routing; NULL unless engine_params.capture_routing (or before the first step). */

@@ -180,7 +180,7 @@ static int trace_info(int argc, char **argv)
     if (json) {
         printf("{\"model\": \"%s\", \"n_layer\": %d, \"n_expert\": %d, \"top_k\": %d, "
                "\"d_model\": %d, \"n_group\": %d, \"steps\": %llu, \"tokens\": %llu, "
-               "\"rows\": %llu, \"mean_width\": %.9g,\n \"tags\": {",
+               "\"rows\": %llu, \"mean_width\": %.17g,\n \"tags\": {",
                in->model, L, E, K, in->d_model, in->n_group, (unsigned long long)steps,
                (unsigned long long)tokens, (unsigned long long)rows,
                rows ? width_rows / (double)rows : 0.0);
@@ -188,7 +188,7 @@ static int trace_info(int argc, char **argv)
         for (int g = 0; g < RTRACE_MAX_TAGS / 64; g++) {
             if (!tag_tok[g]) continue;
             const char *name = rtrace_tag_name(r, g);
-            printf("%s\"%s\": {\"tokens\": %llu, \"mean_loss\": %.9g}", first ? "" : ", ",
+            printf("%s\"%s\": {\"tokens\": %llu, \"mean_loss\": %.17g}", first ? "" : ", ",
                    name ? name : "", (unsigned long long)tag_tok[g],
                    tag_lossn[g] ? tag_loss[g] / (double)tag_lossn[g] : 0.0);
             first = false;
@@ -201,8 +201,8 @@ static int trace_info(int argc, char **argv)
         }
         printf("],\n \"difficulty\": [");
         for (int b = 0; b < 3 && n_notes; b++)
-            printf("%s{\"third\": \"%s\", \"tokens\": %llu, \"mean_loss\": %.9g, "
-                   "\"mean_width\": %.9g}",
+            printf("%s{\"third\": \"%s\", \"tokens\": %llu, \"mean_loss\": %.17g, "
+                   "\"mean_width\": %.17g}",
                    b ? ", " : "", third[b], (unsigned long long)t_n[b],
                    t_n[b] ? t_loss[b] / (double)t_n[b] : 0.0,
                    t_n[b] ? t_width[b] / (double)t_n[b] : 0.0);

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "common.h"
+#include "route_stats.h"
 
 #define HDR_FIXED 112
 #define REC_HDR 12
@@ -594,4 +595,33 @@ void rtrace_close(struct rtrace_reader *r)
     free(r->ids);
     free(r->weights);
     free(r);
+}
+
+int rtrace_add_to_stats(const char *path, struct rstats *s, int parity, uint64_t *tokens,
+                        char *err, size_t errlen)
+{
+    struct rtrace_reader *r = NULL;
+    if (rtrace_open(path, &r, err, errlen) != 0) return -1;
+    const struct rtrace_info *in = rtrace_get_info(r);
+    const struct rstats_config *c = rstats_get_config(s);
+    if (in->n_layer != c->n_layer || in->n_expert != c->n_expert || in->top_k != c->top_k) {
+        ms_errf(err, errlen, "%s: recorded from a model with %d experts (top-%d) in %d MoE "
+                             "layers; this one has %d (top-%d) in %d",
+                path, in->n_expert, in->top_k, in->n_layer, c->n_expert, c->top_k, c->n_layer);
+        rtrace_close(r);
+        return -1;
+    }
+    struct rtrace_step st;
+    int got;
+    uint64_t idx = 0, n = 0;
+    while ((got = rtrace_next(r, &st, err, errlen)) == 1) {
+        if (parity < 0 || (int)(idx % 2) == parity) {
+            rstats_add(s, st.ids, st.n_tok, st.layer_stride);
+            n += (uint64_t)st.n_tok;
+        }
+        idx++;
+    }
+    rtrace_close(r);
+    if (tokens) *tokens = n;
+    return got < 0 ? -1 : 0;
 }

@@ -125,6 +125,13 @@ int rtrace_rewind(struct rtrace_reader *r, char *err, size_t errlen);
 const char *rtrace_tag_name(const struct rtrace_reader *r, int tag);
 void rtrace_close(struct rtrace_reader *r);
 
+struct rstats;
+/* Adds every step of the trace at path to s (steps whose index has parity `parity`: 0 even, 1
+ * odd, -1 all); *tokens (may be NULL) gets the tokens added. The trace must have s's layers,
+ * experts and top-k. -1 with a reason (naming the offset of a corrupt record). */
+int rtrace_add_to_stats(const char *path, struct rstats *s, int parity, uint64_t *tokens,
+                        char *err, size_t errlen);
+
 /* zlib's CRC-32 (the same as Python's zlib.crc32), continued from crc (0 to start). */
 uint32_t rtrace_crc32(uint32_t crc, const void *data, size_t n);
 

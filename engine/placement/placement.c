@@ -921,6 +921,41 @@ static int c2r_layer(struct work *w, const float *W, double bound_ratio)
     return 0;
 }
 
+/* The working state of a layer and the undo log, sized by w->E, N, S. */
+static int work_alloc(struct work *w, struct undo *u)
+{
+    size_t E = (size_t)w->E, N = (size_t)w->N, S = (size_t)w->S, U = 2 * N + 2;
+    w->sx = malloc(sizeof(int) * 2 * S); /* second half: eplb's replica list */
+    w->sd = malloc(sizeof(int) * S);
+    w->sh = malloc(sizeof(float) * S);
+    w->n_rep = malloc(sizeof(int) * 2 * E);
+    w->dev_slots = malloc(sizeof(int) * N);
+    w->dev_load = malloc(sizeof(double) * N);
+    w->has = malloc(E * N);
+    w->tmp_slot = malloc(sizeof(int) * N);
+    w->tmp_base = malloc(sizeof(double) * N);
+    w->rep_first = malloc(sizeof(int) * (E + 1));
+    w->rep_list = malloc(sizeof(int) * S);
+    w->order = malloc(sizeof(int) * (E > N ? E : N));
+    u->dev = malloc(sizeof(int) * U);
+    u->load = malloc(sizeof(double) * U);
+    u->slot = malloc(sizeof(int) * U);
+    u->slot_dev = malloc(sizeof(int) * U);
+    u->slot_sh = malloc(sizeof(float) * U);
+    bool ok = w->sx && w->sd && w->sh && w->n_rep && w->dev_slots && w->dev_load && w->has &&
+              w->tmp_slot && w->tmp_base && w->rep_first && w->rep_list && w->order && u->dev &&
+              u->load && u->slot && u->slot_dev && u->slot_sh;
+    return ok ? 0 : -1;
+}
+
+static void work_free(struct work *w, struct undo *u)
+{
+    void *p[] = {w->sx,       w->sd,       w->sh,        w->n_rep,    w->dev_slots, w->dev_load,
+                 w->has,      w->tmp_slot, w->tmp_base,  w->rep_first, w->rep_list, w->order,
+                 u->dev,      u->load,     u->slot,      u->slot_dev, u->slot_sh};
+    for (size_t i = 0; i < sizeof p / sizeof *p; i++) free(p[i]);
+}
+
 int plc_compute(const struct plc_model *md, const struct plc_params *p, const struct plc_stats *st,
                 struct plc_map *out, char *err, size_t errlen)
 {
@@ -955,30 +990,13 @@ int plc_compute(const struct plc_model *md, const struct plc_params *p, const st
 
     int rc = -1;
     struct work w = {.E = E, .N = N, .S = S, .slots = slots};
+    struct undo u = {0};
     double *load = malloc(sizeof(double) * (size_t)E);
     int *owner = malloc(sizeof(int) * (size_t)E);
-    w.sx = malloc(sizeof(int) * 2 * (size_t)S); /* second half: eplb's replica list */
-    w.sd = malloc(sizeof(int) * (size_t)S);
-    w.sh = malloc(sizeof(float) * (size_t)S);
-    w.n_rep = malloc(sizeof(int) * 2 * (size_t)E);
-    w.dev_slots = malloc(sizeof(int) * (size_t)N);
-    w.dev_load = malloc(sizeof(double) * (size_t)N);
-    w.has = malloc((size_t)E * N);
-    w.tmp_slot = malloc(sizeof(int) * (size_t)N);
-    w.tmp_base = malloc(sizeof(double) * (size_t)N);
-    w.rep_first = malloc(sizeof(int) * ((size_t)E + 1));
-    w.rep_list = malloc(sizeof(int) * (size_t)S);
-    w.order = malloc(sizeof(int) * (size_t)(E > N ? E : N));
     int *keep_sd = malloc(sizeof(int) * (size_t)S), *keep_sx = malloc(sizeof(int) * (size_t)S);
     float *keep_sh = malloc(sizeof(float) * (size_t)S);
-    struct undo u = {0};
-    u.dev = malloc(sizeof(int) * (2 * (size_t)N + 2));
-    u.load = malloc(sizeof(double) * (2 * (size_t)N + 2));
-    u.slot = malloc(sizeof(int) * (2 * (size_t)N + 2));
-    u.slot_dev = malloc(sizeof(int) * (2 * (size_t)N + 2));
-    u.slot_sh = malloc(sizeof(float) * (2 * (size_t)N + 2));
-    if (!keep_sx || !keep_sd || !keep_sh || !w.order || !u.dev || !u.load || !u.slot || !u.slot_dev || !u.slot_sh || !w.rep_first || !w.rep_list || !w.tmp_slot || !w.tmp_base || !load || !owner || !w.sx || !w.sd || !w.sh || !w.n_rep || !w.dev_slots || !w.dev_load ||
-        !w.has || plc_map_alloc(out, L, E, N, S) != 0) {
+    bool ok = load && owner && keep_sd && keep_sx && keep_sh && work_alloc(&w, &u) == 0;
+    if (!ok || plc_map_alloc(out, L, E, N, S) != 0) {
         ms_errf(err, errlen, "out of memory for a placement of %d experts on %d devices", S, N);
         goto out;
     }
@@ -1003,6 +1021,10 @@ int plc_compute(const struct plc_model *md, const struct plc_params *p, const st
             for (int x = 0; x < E; x++)
                 place(&w, x, p->policy == PLC_POLICY_MOHGE ? owner[x] : (int)((long)x * N / E));
             add_replicas(&w, R);
+            if (R > 0) {
+                water_fill(&w);
+                improve(&w, &u);
+            }
             break;
         case PLC_POLICY_EPLB: {
             /* Two candidates, the better kept: the wrap (experts heavy and light alternating)
@@ -1047,6 +1069,10 @@ int plc_compute(const struct plc_model *md, const struct plc_params *p, const st
                 goto out;
             }
             add_replicas(&w, R);
+            if (R > 0) {
+                water_fill(&w);
+                improve(&w, &u);
+            }
             break;
         }
         water_fill(&w);
@@ -1059,25 +1085,9 @@ out:
     if (rc != 0) plc_map_free(out);
     free(load);
     free(owner);
-    free(w.sx);
-    free(w.sd);
-    free(w.sh);
-    free(w.n_rep);
-    free(w.dev_slots);
-    free(w.dev_load);
-    free(w.has);
-    free(w.tmp_slot);
-    free(w.tmp_base);
-    free(w.rep_first);
-    free(w.rep_list);
-    free(w.order);
     free(keep_sd);
     free(keep_sx);
     free(keep_sh);
-    free(u.dev);
-    free(u.load);
-    free(u.slot);
-    free(u.slot_dev);
-    free(u.slot_sh);
+    work_free(&w, &u);
     return rc;
 }

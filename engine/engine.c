@@ -99,7 +99,18 @@ struct engine {
     struct engine_item *sorted;    /* (max_seqs) this step's items grouped by device */
     struct kv_cache kv;
     int blocks_per_seq;   /* KV blocks of a max_model_len sequence */
-    int *owner;           /* (n_expert) */
+    int *owner;           /* (n_expert) device of each expert's first replica, first MoE layer */
+    struct plc_map map;   /* the placement in use: replicas of each expert, layer by layer */
+    int n_moe;            /* MoE layers */
+    int *moe_index;       /* (n_layer) MoE ordinal of each layer, -1 for dense layers */
+    int *moe_layers;      /* (n_moe) model layer of each MoE layer */
+    /* Routing capture (statistics, traces): each device writes its tokens' rows. */
+    int32_t *route_ids;   /* (n_moe, max_batch_tokens, top_k) */
+    float *route_w;       /* (n_moe, max_batch_tokens, top_k), capture_weights only */
+    int32_t *route_tokens;/* (max_batch_tokens) */
+    struct engine_routing routing;
+    bool have_routing;
+    struct rstats *rstats;
     float *cos_sin;       /* (max_model_len, rope_dim/2, 2) */
     float attn_scale;
     int max_ff;
@@ -279,14 +290,20 @@ static void ffn_layer(struct device *dv, int l)
 
     be->ops->rmsnorm(be, dv->h, dv->x, lw->ffn_norm, n, d, md->rms_eps);
     if (md->layer_is_moe[l]) {
+        int mi = e->moe_index[l], K = md->top_k;
+        size_t cap = ((size_t)mi * e->p.max_batch_tokens + dv->tok0) * K;
         struct moe_ctx ctx = {
             .m = &dv->w,
             .layer = l,
             .be = be,
             .comm = e->comm,
             .rank = dv->rank,
-            .owner = e->owner,
+            .map = &e->map,
+            .moe_layer = mi,
+            .tok0 = dv->tok0,
             .stats = &e->stats,
+            .route_ids = e->route_ids ? e->route_ids + cap : NULL,
+            .route_w = e->route_w ? e->route_w + cap : NULL,
         };
         bool timed = e->profile && dv->rank == 0;
         double t0 = 0;
@@ -497,6 +514,71 @@ static void dev_ffn(struct device *dv, struct ffn_w *dst, const struct ffn_w *sr
     dst->b_down = dev_vec(dv, src->b_down, d, ok);
 }
 
+/* Routed experts are kept out of the `owned` list: a rebalance adds and frees them one by one
+ * (device_expert_free). On host memory the handle is the model's own matrix. */
+/* A bias vector of n floats copied to this device for one routed expert (freed with it). */
+static const float *dev_expert_vec(struct device *dv, const float *host, size_t n, bool *ok)
+{
+    struct backend *be = dv->be;
+    if (!host) return NULL;
+    float *p = be->ops->alloc(be, sizeof(float) * n);
+    if (!p) {
+        *ok = false;
+        return NULL;
+    }
+    be->ops->upload(be, p, host, sizeof(float) * n);
+    return p;
+}
+
+static bool dev_expert(struct device *dv, struct ffn_w *dst, const struct ffn_w *src, size_t d)
+{
+    struct backend *be = dv->be;
+    if (be->ops->host_memory) {
+        *dst = *src;
+        return true;
+    }
+    bool ok = true;
+    dst->d_ff = src->d_ff;
+    dst->gate = be->ops->weight_upload(be, src->gate);
+    dst->up = be->ops->weight_upload(be, src->up);
+    dst->down = be->ops->weight_upload(be, src->down);
+    dst->b_gate = dev_expert_vec(dv, src->b_gate, (size_t)src->d_ff, &ok);
+    dst->b_up = dev_expert_vec(dv, src->b_up, (size_t)src->d_ff, &ok);
+    dst->b_down = dev_expert_vec(dv, src->b_down, d, &ok);
+    return ok && dst->gate && dst->up && dst->down;
+}
+
+static void dev_expert_free(struct device *dv, struct ffn_w *f)
+{
+    struct backend *be = dv->be;
+    if (!be->ops->host_memory) {
+        if (f->gate) be->ops->weight_free(be, f->gate);
+        if (f->up) be->ops->weight_free(be, f->up);
+        if (f->down) be->ops->weight_free(be, f->down);
+        if (f->b_gate) be->ops->free(be, (void *)f->b_gate);
+        if (f->b_up) be->ops->free(be, (void *)f->b_up);
+        if (f->b_down) be->ops->free(be, (void *)f->b_down);
+    }
+    f->gate = f->up = f->down = NULL;
+    f->b_gate = f->b_up = f->b_down = NULL;
+}
+
+/* Device of the first replica of expert x at the first MoE layer. */
+static int first_owner(const struct plc_map *m, int x)
+{
+    return m->slot_dev[m->rep_slot[m->rep_off[x]]];
+}
+
+/* Whether the map puts a replica of expert x of MoE layer mi on device d. */
+static bool map_holds(const struct plc_map *m, int mi, int x, int d)
+{
+    const int *off = m->rep_off + (size_t)mi * (m->n_expert + 1);
+    const int *slot = m->rep_slot + (size_t)mi * m->n_slots;
+    for (int i = off[x]; i < off[x + 1]; i++)
+        if (m->slot_dev[(size_t)mi * m->n_slots + slot[i]] == d) return true;
+    return false;
+}
+
 /* Builds dv->w: the weights this device needs (attention and dense parts everywhere, experts
  * only on their owner) in its backend's memory. */
 static int device_weights(struct engine *e, struct device *dv)
@@ -552,9 +634,13 @@ static int device_weights(struct engine *e, struct device *dv)
         lw->group_router = dev_weight(dv, src->group_router, &ok);
         lw->shared_gate = dev_weight(dv, src->shared_gate, &ok);
         lw->experts = ffn;
+        /* Host memory: every device may compute any expert (the handles are the model's), so
+         * a rebalance only switches the map. Elsewhere: the experts the map puts here. */
         for (int x = 0; x < md->n_expert; x++, ffn++) {
             ffn->d_ff = src->experts[x].d_ff;
-            if (e->owner[x] == dv->rank) dev_ffn(dv, ffn, &src->experts[x], D, &ok);
+            if ((dv->be->ops->host_memory || map_holds(&e->map, e->moe_index[l], x, dv->rank)) &&
+                !dev_expert(dv, ffn, &src->experts[x], D))
+                ok = false;
         }
         lw->shared = ffn;
         for (int i = 0; i < md->n_shared; i++, ffn++)
@@ -669,7 +755,8 @@ static int device_init(struct engine *e, struct device *dv, int rank, int thread
     if (!ok || !dv->h_in || !dv->h_blocks)
         return ms_errf(err, errlen, "out of memory for device %d scratch buffers", rank);
     int dense_ff = md->dense_d_ff > 0 ? md->dense_d_ff : 0;
-    if (moe_scratch_init(&dv->moe, be, e->m, e->p.max_batch_tokens, e->n_dev, dense_ff) != 0)
+    if (moe_scratch_init(&dv->moe, be, e->m, e->p.max_batch_tokens, e->n_dev, dense_ff) != 0 ||
+        moe_scratch_slots(&dv->moe, e->map.n_slots > 0 ? e->map.n_slots : 1) != 0)
         return ms_errf(err, errlen, "out of memory for device %d MoE buffers", rank);
     /* Largest GEMM input: a token batch (T rows of up to max(d, qdim, ffn widths)) or the
      * routed rows (T * top_k rows of up to max(d, widest expert)). */
@@ -706,6 +793,10 @@ static void device_release(struct device *dv)
     if (be->ops->host_memory) dv->h_lrows = NULL; /* the same buffer as lrows */
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->ops->free(be, bufs[i]);
+    const struct model_desc *md = &dv->e->m->desc;
+    for (int l = 0; dv->w_layers && l < md->n_layer; l++)
+        if (md->layer_is_moe[l] && dv->w_layers[l].experts)
+            for (int x = 0; x < md->n_expert; x++) dev_expert_free(dv, &dv->w_layers[l].experts[x]);
     for (int i = 0; i < dv->n_owned; i++) {
         if (dv->owned_is_weight[i])
             be->ops->weight_free(be, dv->owned[i]);
@@ -898,6 +989,85 @@ static int build_rope_table(struct engine *e)
     return 0;
 }
 
+/* The MoE layers, the placement map (engine_params.map; else `placement` in every layer; else
+ * MoHGE's All-size Group-decoupling for MoHGE models, contiguous blocks for the others) and the
+ * per-layer counters that go with it. */
+static int placement_init(struct engine *e, char *err, size_t errlen)
+{
+    const struct model_desc *md = &e->m->desc;
+    const struct engine_params *p = &e->p;
+    int E = md->n_expert > 0 ? md->n_expert : 1;
+    e->moe_index = malloc(sizeof(int) * (size_t)md->n_layer);
+    e->moe_layers = malloc(sizeof(int) * (size_t)md->n_layer);
+    if (!e->moe_index || !e->moe_layers) return ms_errf(err, errlen, "out of memory");
+    for (int l = 0; l < md->n_layer; l++) {
+        e->moe_index[l] = md->layer_is_moe[l] ? e->n_moe : -1;
+        if (md->layer_is_moe[l]) e->moe_layers[e->n_moe++] = l;
+    }
+    int L = e->n_moe > 0 ? e->n_moe : 1;
+    e->stats.n_moe_layers = e->n_moe;
+    e->stats.dev_rows_away = calloc((size_t)e->n_dev, sizeof(uint64_t));
+    e->stats.dev_tokens_away = calloc((size_t)e->n_dev, sizeof(uint64_t));
+    e->stats.dev_width_rows = calloc((size_t)e->n_dev, sizeof(double));
+    e->stats.layer_dev_flops = calloc((size_t)L * e->n_dev, sizeof(double));
+    if (!e->stats.dev_rows_away || !e->stats.dev_tokens_away || !e->stats.dev_width_rows ||
+        !e->stats.layer_dev_flops)
+        return ms_errf(err, errlen, "out of memory");
+    if (p->map) {
+        const struct plc_map *m = p->map;
+        if (m->n_dev != e->n_dev || m->n_layer != L || m->n_expert != E)
+            return ms_errf(err, errlen, "placement map for %d devices, %d MoE layers, %d experts; "
+                                        "the engine has %d, %d, %d",
+                           m->n_dev, m->n_layer, m->n_expert, e->n_dev, L, E);
+        if (plc_map_copy(&e->map, m) != 0) return ms_errf(err, errlen, "out of memory");
+        /* the caller's index may be stale: rebuild it (and check the map) */
+        if (plc_map_finish(&e->map, 0, err, errlen) != 0) return -1;
+    } else {
+        /* MoHGE without an explicit map: All-size Group-decoupling (every device gets every
+         * width). */
+        bool mohge_place = !p->placement && md->router == ROUTER_KIND_MOHGE && md->n_expert > 0;
+        if (mohge_place) moe_mohge_placement(md, e->n_dev, e->owner);
+        for (int x = 0; x < md->n_expert; x++)
+            e->owner[x] = p->placement ? p->placement[x]
+                          : mohge_place ? e->owner[x]
+                                        : (int)((long)x * e->n_dev / md->n_expert);
+        if (md->n_expert == 0) e->owner[0] = 0;
+        if (plc_map_from_owner(&e->map, L, E, e->n_dev, e->owner, err, errlen) != 0) return -1;
+        e->map.policy = mohge_place ? PLC_POLICY_MOHGE : PLC_POLICY_CONTIGUOUS;
+    }
+    for (int x = 0; x < md->n_expert; x++) e->owner[x] = first_owner(&e->map, x);
+    return 0;
+}
+
+/* Routing statistics and the capture buffers they (and traces) read. */
+static int capture_init(struct engine *e, char *err, size_t errlen)
+{
+    const struct model_desc *md = &e->m->desc;
+    const struct engine_params *p = &e->p;
+    if (e->n_moe == 0 || md->n_expert == 0) return 0; /* a dense model routes nothing */
+    if (p->routing_stats != ENGINE_RSTATS_OFF) {
+        struct rstats_config rc = {.n_layer = e->n_moe, .n_expert = md->n_expert,
+                                   .top_k = md->top_k, .d_model = md->d_model,
+                                   .expert_width = md->expert_d_ff,
+                                   .half_life = p->stats_half_life,
+                                   .coact = p->routing_stats == ENGINE_RSTATS_FULL};
+        if (rstats_create(&rc, &e->rstats, err, errlen) != 0) return -1;
+    }
+    if (p->routing_stats == ENGINE_RSTATS_OFF && !p->capture_routing) return 0;
+    size_t cells = (size_t)e->n_moe * e->p.max_batch_tokens * md->top_k;
+    e->route_ids = malloc(sizeof(int32_t) * cells);
+    e->route_tokens = malloc(sizeof(int32_t) * (size_t)e->p.max_batch_tokens);
+    if (p->capture_weights) e->route_w = malloc(sizeof(float) * cells);
+    if (!e->route_ids || !e->route_tokens || (p->capture_weights && !e->route_w))
+        return ms_errf(err, errlen, "out of memory for the routing capture");
+    e->routing = (struct engine_routing){.n_layer = e->n_moe, .top_k = md->top_k,
+                                         .tokens = e->route_tokens, .ids = e->route_ids,
+                                         .weights = e->route_w,
+                                         .layer_stride = (size_t)e->p.max_batch_tokens * md->top_k,
+                                         .layer_index = e->moe_layers};
+    return 0;
+}
+
 int engine_create(const struct model *m, const struct engine_params *p, struct engine **out,
                   char *err, size_t errlen)
 {
@@ -941,20 +1111,8 @@ int engine_create(const struct model *m, const struct engine_params *p, struct e
         ms_errf(err, errlen, "out of memory");
         goto fail;
     }
-    /* MoHGE without an explicit map: All-size Group-decoupling (every device gets every width). */
-    bool mohge_place = !p->placement && md->router == ROUTER_KIND_MOHGE && md->n_expert > 0;
-    if (mohge_place) moe_mohge_placement(md, e->n_dev, e->owner);
-    for (int x = 0; x < md->n_expert; x++) {
-        int o = p->placement  ? p->placement[x]
-                : mohge_place ? e->owner[x]
-                              : (int)((long)x * e->n_dev / md->n_expert);
-        if (o < 0 || o >= e->n_dev) {
-            ms_errf(err, errlen, "placement: expert %d on device %d, but there are %d devices", x,
-                    o, e->n_dev);
-            goto fail;
-        }
-        e->owner[x] = o;
-    }
+    if (placement_init(e, err, errlen) != 0) goto fail;
+    if (capture_init(e, err, errlen) != 0) goto fail;
     if (build_rope_table(e) != 0) {
         ms_errf(err, errlen, "out of memory for the RoPE table");
         goto fail;
@@ -1030,6 +1188,17 @@ void engine_free(struct engine *e)
     if (e->comm) e->comm->ops->destroy(e->comm);
     free(e->cos_sin);
     free(e->owner);
+    plc_map_free(&e->map);
+    free(e->moe_index);
+    free(e->moe_layers);
+    free(e->route_ids);
+    free(e->route_w);
+    free(e->route_tokens);
+    rstats_free(e->rstats);
+    free(e->stats.dev_rows_away);
+    free(e->stats.dev_tokens_away);
+    free(e->stats.dev_width_rows);
+    free(e->stats.layer_dev_flops);
     free(e->item_tok0);
     free(e->block_dev);
     free(e->dev_seqs);
@@ -1135,6 +1304,11 @@ int engine_step(struct engine *e, struct engine_item *items, int n_items, char *
         e->items = e->sorted;
     }
     partition(e, total);
+    if (e->route_ids) {
+        int t = 0;
+        for (int i = 0; i < n_items; i++)
+            for (int j = 0; j < e->items[i].n_tokens; j++) e->route_tokens[t++] = e->items[i].tokens[j];
+    }
     if (e->n_dev > 1) {
         pthread_mutex_lock(&e->lock);
         e->running = e->n_dev - 1;
@@ -1153,6 +1327,11 @@ int engine_step(struct engine *e, struct engine_item *items, int n_items, char *
         if (device_check(&e->dev[r], err, errlen) != 0) return -1;
     e->stats.steps++;
     e->stats.tokens += (uint64_t)total;
+    if (e->route_ids) {
+        e->routing.n_tok = total;
+        e->have_routing = true;
+        if (e->rstats) rstats_add(e->rstats, e->route_ids, total, e->routing.layer_stride);
+    }
     return 0;
 }
 
@@ -1184,4 +1363,93 @@ void engine_set_profile(struct engine *e, bool on)
 int engine_expert_owner(const struct engine *e, int expert)
 {
     return e->owner[expert];
+}
+
+const struct plc_map *engine_placement(const struct engine *e)
+{
+    return &e->map;
+}
+
+const unsigned long long *engine_comm_bytes(const struct engine *e)
+{
+    return e->comm->bytes_sent;
+}
+
+struct rstats *engine_routing_stats(struct engine *e)
+{
+    return e->rstats;
+}
+
+const struct engine_routing *engine_last_routing(const struct engine *e)
+{
+    return e->have_routing ? &e->routing : NULL;
+}
+
+int engine_set_placement(struct engine *e, const struct plc_map *m, char *err, size_t errlen)
+{
+    const struct model_desc *md = &e->m->desc;
+    if (m->n_dev != e->n_dev || m->n_layer != e->map.n_layer || m->n_expert != e->map.n_expert ||
+        m->n_slots > e->dev[0].moe.max_slots)
+        return ms_errf(err, errlen, "new placement has %d devices, %d MoE layers, %d experts, %d "
+                                    "slots; the engine %d, %d, %d, at most %d",
+                       m->n_dev, m->n_layer, m->n_expert, m->n_slots, e->n_dev, e->map.n_layer,
+                       e->map.n_expert, e->dev[0].moe.max_slots);
+    struct plc_map next;
+    if (plc_map_copy(&next, m) != 0) return ms_errf(err, errlen, "out of memory");
+    if (plc_map_finish(&next, 0, err, errlen) != 0) {
+        plc_map_free(&next);
+        return -1;
+    }
+    int moves = plc_map_moves(&e->map, &next);
+    /* 1. Copies first, kept aside: a failed upload leaves everything as it was. Only devices
+     * with their own memory copy; on the host every device already sees every expert. */
+    int E = md->n_expert, L = e->n_moe;
+    struct ffn_w *fresh = NULL;
+    if (!e->dev[0].be->ops->host_memory && E > 0) {
+        fresh = calloc((size_t)e->n_dev * L * E, sizeof *fresh);
+        if (!fresh) {
+            plc_map_free(&next);
+            return ms_errf(err, errlen, "out of memory");
+        }
+        for (int r = 0; r < e->n_dev; r++)
+            for (int mi = 0; mi < L; mi++) {
+                const struct layer_w *lw = &e->dev[r].w.layers[e->moe_layers[mi]];
+                const struct layer_w *src = &e->m->layers[e->moe_layers[mi]];
+                for (int x = 0; x < E; x++) {
+                    struct ffn_w *f = &fresh[((size_t)r * L + mi) * E + x];
+                    if (lw->experts[x].gate || !map_holds(&next, mi, x, r)) continue;
+                    bool up = dev_expert(&e->dev[r], f, &src->experts[x], (size_t)md->d_model);
+                    if (!up) ms_errf(err, errlen, "device %d: out of memory for a copy of expert "
+                                                  "%d of layer %d", r, x, e->moe_layers[mi]);
+                    if (!up || device_check(&e->dev[r], err, errlen) != 0) {
+                        for (size_t i = 0; i < (size_t)e->n_dev * L * E; i++)
+                            dev_expert_free(&e->dev[i / ((size_t)L * E)], &fresh[i]);
+                        free(fresh);
+                        plc_map_free(&next);
+                        return -1;
+                    }
+                }
+            }
+    }
+    /* 2. Switch (no step runs now: the caller steps on this thread). 3. Free what is no
+     * longer held. */
+    for (int r = 0; fresh && r < e->n_dev; r++)
+        for (int mi = 0; mi < L; mi++) {
+            struct ffn_w *ex = e->dev[r].w.layers[e->moe_layers[mi]].experts;
+            for (int x = 0; x < E; x++) {
+                struct ffn_w *f = &fresh[((size_t)r * L + mi) * E + x];
+                if (f->gate) {
+                    ex[x] = *f;
+                } else if (ex[x].gate && !map_holds(&next, mi, x, r)) {
+                    dev_expert_free(&e->dev[r], &ex[x]);
+                }
+            }
+        }
+    free(fresh);
+    plc_map_free(&e->map);
+    e->map = next;
+    for (int x = 0; x < md->n_expert; x++) e->owner[x] = first_owner(&e->map, x);
+    e->stats.rebalances++;
+    e->stats.rebalance_moves += (uint64_t)moves;
+    return 0;
 }

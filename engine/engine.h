@@ -30,6 +30,8 @@
 
 #include "kv_cache.h"
 #include "model.h"
+#include "placement/placement.h"
+#include "routing/route_stats.h"
 
 enum engine_backend {
     ENGINE_BACKEND_CPU = 0,  /* the reference (kernels/cpu): weights as the model holds them */
@@ -43,6 +45,12 @@ const char *engine_backend_name(enum engine_backend b);
 /* Whether this build has the CUDA backend. */
 bool engine_has_cuda(void);
 
+enum engine_rstats {
+    ENGINE_RSTATS_OFF = 0,
+    ENGINE_RSTATS_LOAD = 1, /* routed tokens and FLOPs per expert */
+    ENGINE_RSTATS_FULL = 2, /* and co-activation pairs and layer-to-layer transitions */
+};
+
 struct engine_params {
     enum engine_backend backend;
     int n_devices;          /* CPU: virtual devices, >= 1; CUDA: GPUs 0..n-1 */
@@ -55,6 +63,17 @@ struct engine_params {
     size_t kv_cache_bytes;  /* memory for KV blocks; 0 = enough for max_seqs full sequences */
     const int *placement;   /* (n_expert) device owning each expert, or NULL: contiguous blocks
                                (mohge: All-size Group-decoupling, see moe_mohge_placement) */
+    /* Per-layer placement with replicas (engine/placement), copied; overrides `placement`.
+     * Its n_dev must be n_devices and its layers the model's MoE layers. */
+    const struct plc_map *map;
+    /* Routing statistics (engine/routing/route_stats.h) updated after every step, for the
+     * placement policies and the rebalancer: none, per-expert load, or load plus co-activation
+     * and layer-to-layer transitions. Half-life in routed tokens (0: no decay). */
+    enum engine_rstats routing_stats;
+    double stats_half_life;
+    /* Keep each step's routing for engine_last_routing (routing traces); with weights too. */
+    bool capture_routing;
+    bool capture_weights;
 };
 
 void engine_params_default(struct engine_params *p);
@@ -86,6 +105,30 @@ struct engine_stats {
     double moe_weight_bytes;
     double moe_flops;
     double moe_s;
+    /* Placement (read by metrics): MoE layers, and per device the expert rows its tokens sent
+     * to other devices, the (token, other device) pairs among them (what the exchange would
+     * carry if a token went to each device once), the sum of the FFN widths of the rows it
+     * computed (over dev_routed_rows: the mean routed width), and per MoE layer and device the
+     * expert FLOPs. Placements switched (engine_set_placement) and slots they changed. */
+    int n_moe_layers;
+    uint64_t *dev_rows_away;    /* (n_devices) */
+    uint64_t *dev_tokens_away;  /* (n_devices) */
+    double *dev_width_rows;     /* (n_devices) */
+    double *layer_dev_flops;    /* (n_moe_layers, n_devices) */
+    uint64_t rebalances;
+    uint64_t rebalance_moves;
+};
+
+/* The routing of the last step (engine_last_routing), valid until the next engine_step: for MoE
+ * layer l, token t of the step (items in step order; sticky engines: grouped by device), slot j,
+ * the expert ids[l * layer_stride + t * top_k + j] (-1: unused) and its weight. */
+struct engine_routing {
+    int n_tok, n_layer, top_k;
+    const int32_t *tokens;   /* (n_tok) token ids */
+    const int32_t *ids;
+    const float *weights;    /* NULL unless capture_weights */
+    size_t layer_stride;
+    const int *layer_index;  /* (n_layer) model layer of each MoE layer */
 };
 
 struct engine;
@@ -109,6 +152,22 @@ struct kv_cache *engine_kv(struct engine *e);
 const struct engine_stats *engine_get_stats(const struct engine *e);
 /* Benchmarks: synchronize around every MoE layer and time it into stats.moe_s (slows steps). */
 void engine_set_profile(struct engine *e, bool on);
+/* Device of the first replica of `expert` at the first MoE layer. */
 int engine_expert_owner(const struct engine *e, int expert);
+/* The placement in use (valid until engine_set_placement). */
+const struct plc_map *engine_placement(const struct engine *e);
+/* Switches to another placement of the same shape (devices, MoE layers, experts, slots), between
+ * steps, on the thread that calls engine_step: on backends with their own memory the experts a
+ * device gains are copied first (a failure leaves the old placement in place, -1 with the
+ * reason), then the map is switched, then the copies no device needs any more are freed. CPU
+ * devices share the host weights, so nothing is copied. Outputs do not change. */
+int engine_set_placement(struct engine *e, const struct plc_map *m, char *err, size_t errlen);
+/* Bytes each device sent to each other through the communicator: (n_devices, n_devices), row =
+ * sender (this process's ranks). */
+const unsigned long long *engine_comm_bytes(const struct engine *e);
+/* Routing statistics (NULL unless engine_params.routing_stats). */
+struct rstats *engine_routing_stats(struct engine *e);
+/* Last step's routing; NULL unless engine_params.capture_routing (or before the first step). */
+const struct engine_routing *engine_last_routing(const struct engine *e);
 
 #endif

@@ -101,18 +101,24 @@ void moe_scratch_release(struct moe_scratch *s, struct backend *be)
     free(s->expert_count);
     free(s->expert_off);
     free(s->expert_cursor);
+    free(s->slot_count);
+    free(s->slot_off);
     memset(s, 0, sizeof *s);
+}
+
+int moe_scratch_slots(struct moe_scratch *s, int n_slots)
+{
+    free(s->slot_count);
+    free(s->slot_off);
+    s->slot_count = calloc((size_t)n_slots, sizeof(int));
+    s->slot_off = calloc((size_t)n_slots, sizeof(int));
+    s->max_slots = s->slot_count && s->slot_off ? n_slots : 0;
+    return s->max_slots ? 0 : -1;
 }
 
 void moe_mohge_placement(const struct model_desc *md, int n_dev, int *owner)
 {
-    int E = md->n_expert, G = md->n_group, epg = E / G, pos = 0;
-    for (int i = 0; i < epg; i++)
-        for (int j = 0; j < G; j++) {
-            int g = j % 2 == 0 ? j / 2 : G - 1 - j / 2; /* order = [0, G-1, 1, G-2, ...] */
-            owner[g * epg + i] = (int)((long)pos * n_dev / E);
-            pos++;
-        }
+    plc_mohge_owner(md->n_expert, md->n_group, n_dev, owner);
 }
 
 void moe_route_desc(const struct model_desc *md, struct be_route *r)
@@ -156,45 +162,62 @@ void moe_ffn_rows(struct backend *be, const struct ffn_w *w, int d, const float 
     be->ops->matmul(be, out, g, w->down, NULL, n, w->d_ff, d);
 }
 
-/* Plans the dispatch on the host from h_top_idx: rows grouped by (owner device, expert, token)
- * into h_send_perm / h_send_meta / h_slot_row and send_counts. Returns the number of rows. */
+/* Plans the dispatch on the host from h_top_idx: each (token, slot) row goes to one replica of
+ * its expert (plc_pick, by the token's index in the step), and rows are grouped by (device,
+ * expert, token) into h_send_perm / h_send_meta / h_slot_row and send_counts. Returns the number
+ * of rows; counts the rows and tokens that leave this device. */
 static int plan_dispatch(const struct moe_ctx *ctx, struct moe_scratch *s, int n)
 {
     const struct model_desc *md = &ctx->m->desc;
-    int E = md->n_expert, K = md->top_k, n_dev = ctx->comm->n_rank;
-    memset(s->expert_count, 0, sizeof(int) * (size_t)E);
+    const struct plc_map *pm = ctx->map;
+    int E = md->n_expert, K = md->top_k, n_dev = ctx->comm->n_rank, S = pm->n_slots;
+    int l = ctx->moe_layer;
+    const int *slot_dev = pm->slot_dev + (size_t)l * S, *order = pm->dev_order + (size_t)l * S;
+    memset(s->slot_count, 0, sizeof(int) * (size_t)S);
     /* Ids come from the backend: one out of range (a device that failed) must not index
      * host arrays. Such slots are dropped like unused ones; the failure is reported by the
-     * backend's own error after the step. */
-    for (size_t sj = 0; sj < (size_t)n * K; sj++) {
-        int32_t e = s->h_top_idx[sj];
-        if (e >= E) s->h_top_idx[sj] = e = -1;
-        if (e >= 0) s->expert_count[e]++;
-    }
-    /* Owner-major expert order: experts of device 0 first, each device's in id order. */
-    int pos = 0;
-    for (int dev = 0; dev < n_dev; dev++) {
-        s->send_counts[dev] = 0;
-        for (int e = 0; e < E; e++)
-            if (ctx->owner[e] == dev) {
-                s->expert_off[e] = pos;
-                pos += s->expert_count[e];
-                s->send_counts[dev] += s->expert_count[e];
-            }
-    }
-    for (int t = 0; t < n; t++)
+     * backend's own error after the step. h_slot_row holds each row's physical slot for now. */
+    uint64_t away_tok = 0;
+    for (int t = 0; t < n; t++) {
+        uint64_t seen = 0; /* other devices this token goes to (the first 64 tell apart) */
         for (int j = 0; j < K; j++) {
             size_t sj = (size_t)t * K + j;
             int32_t e = s->h_top_idx[sj];
+            if (e >= E) s->h_top_idx[sj] = e = -1;
             if (e < 0) {
                 s->h_slot_row[sj] = -1;
                 continue;
             }
-            int r = s->expert_off[e]++;
+            int slot = plc_pick(pm, l, e, (uint32_t)(ctx->tok0 + t));
+            s->h_slot_row[sj] = slot;
+            s->slot_count[slot]++;
+            int dev = slot_dev[slot];
+            if (dev != ctx->rank && !(seen >> (dev & 63) & 1)) {
+                seen |= 1ull << (dev & 63);
+                away_tok++;
+            }
+        }
+    }
+    /* Device-major, expert order inside a device. */
+    int pos = 0;
+    for (int dev = 0; dev < n_dev; dev++) s->send_counts[dev] = 0;
+    for (int i = 0; i < S; i++) {
+        int slot = order[i];
+        s->slot_off[slot] = pos;
+        pos += s->slot_count[slot];
+        s->send_counts[slot_dev[slot]] += s->slot_count[slot];
+    }
+    for (int t = 0; t < n; t++)
+        for (int j = 0; j < K; j++) {
+            size_t sj = (size_t)t * K + j;
+            if (s->h_slot_row[sj] < 0) continue;
+            int r = s->slot_off[s->h_slot_row[sj]]++;
             s->h_slot_row[sj] = r;
-            s->h_send_meta[r] = e;
+            s->h_send_meta[r] = s->h_top_idx[sj];
             s->h_send_perm[r] = t;
         }
+    ctx->stats->dev_rows_away[ctx->rank] += (uint64_t)(pos - s->send_counts[ctx->rank]);
+    ctx->stats->dev_tokens_away[ctx->rank] += away_tok;
     return pos;
 }
 
@@ -280,6 +303,8 @@ static void compute_experts(const struct moe_ctx *ctx, struct moe_scratch *s, co
     }
     ctx->stats->dev_routed_rows[ctx->rank] += (uint64_t)n_recv;
     ctx->stats->dev_expert_flops[ctx->rank] += flops;
+    ctx->stats->layer_dev_flops[(size_t)ctx->moe_layer * ctx->comm->n_rank + ctx->rank] += flops;
+    ctx->stats->dev_width_rows[ctx->rank] += flops / (6.0 * d);
     ctx->stats->dev_busy_s[ctx->rank] += ms_now() - t0;
 }
 
@@ -315,6 +340,11 @@ void moe_forward(const struct moe_ctx *ctx, struct moe_scratch *s, const float *
     moe_route(ctx->m, ctx->layer, be, h, n, tok_k, s->logits, s->top_idx, s->top_w);
     be->ops->download(be, s->h_top_idx, s->top_idx, sizeof(int32_t) * (size_t)n * K);
     int rows = plan_dispatch(ctx, s, n);
+    if (ctx->route_ids) {
+        /* Routing capture (statistics, traces): the ids as dispatched, and their weights. */
+        memcpy(ctx->route_ids, s->h_top_idx, sizeof(int32_t) * (size_t)n * K);
+        if (ctx->route_w) be->ops->download(be, ctx->route_w, s->top_w, sizeof(float) * (size_t)n * K);
+    }
     /* One upload for both index arrays: slot rows (n*K), then the send order (rows). */
     memcpy(s->h_expert_perm, s->h_slot_row, sizeof(int32_t) * (size_t)n * K);
     memcpy(s->h_expert_perm + (size_t)n * K, s->h_send_perm, sizeof(int32_t) * (size_t)rows);

@@ -20,6 +20,7 @@
 #include "comm.h"
 #include "engine.h"
 #include "model.h"
+#include "placement/placement.h"
 
 struct moe_scratch {
     int max_rows;      /* max_batch_tokens * top_k */
@@ -55,6 +56,10 @@ struct moe_scratch {
     int *expert_count; /* (n_expert) */
     int *expert_off;   /* (n_expert + 1) */
     int *expert_cursor;/* (n_expert) fill position while sorting rows by expert */
+    /* placement slots (moe_scratch_slots): rows per physical expert of the layer's map */
+    int max_slots;
+    int *slot_count;   /* (max_slots) */
+    int *slot_off;     /* (max_slots) */
 };
 
 struct moe_ctx {
@@ -63,13 +68,20 @@ struct moe_ctx {
     struct backend *be;
     struct comm *comm;
     int rank;
-    const int *owner;           /* (n_expert) device of each expert */
+    const struct plc_map *map;  /* placement: the devices of each expert's replicas */
+    int moe_layer;              /* this layer among the MoE layers (the map's and stats' index) */
+    int tok0;                   /* the step index of this device's first token: picks replicas */
     struct engine_stats *stats; /* counters this device updates (its own slots only) */
+    int32_t *route_ids;         /* OUT, or NULL: (n, top_k) the experts each token chose */
+    float *route_w;             /* OUT, or NULL: (n, top_k) their routing weights */
 };
 
 int moe_scratch_init(struct moe_scratch *s, struct backend *be, const struct model *m,
                      int max_tokens, int n_dev, int dense_ff);
 void moe_scratch_release(struct moe_scratch *s, struct backend *be);
+/* Room for maps of up to n_slots physical experts a layer (after moe_scratch_init; released by
+ * moe_scratch_release). */
+int moe_scratch_slots(struct moe_scratch *s, int n_slots);
 
 /* Routes n tokens: h (n, d_model) normed hidden states -> top_idx/top_w (n, top_k), token t
  * using tok_k[t] <= top_k experts (slots past tok_k[t] are -1 / 0). logits is scratch of

@@ -885,6 +885,7 @@ int sched_step(struct sched *s)
     s->st.generation_tokens += (uint64_t)n_gen_tok;
     pthread_mutex_unlock(&s->st_mu);
     if (s->p.obs.on_step) s->p.obs.on_step(s->p.obs.ctx, n_tok, n_items);
+    if (s->p.after_step) s->p.after_step(s->p.after_step_ctx, s->e);
     publish_stats(s, n_items);
     return n_items;
 }

@@ -176,6 +176,11 @@ struct sched_params {
     int max_waiting;            /* wait-queue length at which sched_submit refuses (0 = 1024) */
     bool disable_prefix_caching;/* vLLM's --no-enable-prefix-caching; caching is on by default */
     struct sched_observer obs;
+    /* Called on the scheduler thread after every step that ran, the engine idle, before the
+     * next one is planned: where a step's routing is recorded (engine_last_routing) and the
+     * placement rebalanced (engine_set_placement). May be NULL. */
+    void (*after_step)(void *ctx, struct engine *e);
+    void *after_step_ctx;
 };
 
 /* Snapshot of counters and gauges (any thread). */

@@ -2,6 +2,7 @@
  * default model is found when no --model is given. */
 #include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -51,4 +52,25 @@ const char *cli_default_model(char *buf, size_t n)
     if (snprintf(buf, n, "/%s", CLI_DEFAULT_MODEL) < (int)n && is_model_dir(buf)) return buf;
     snprintf(buf, n, "%s", CLI_DEFAULT_MODEL);
     return buf; /* not found: loading it gives the usual clear error naming the path */
+}
+
+char *cli_read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *buf = NULL;
+    if (fseek(f, 0, SEEK_END) == 0) {
+        long n = ftell(f);
+        if (n >= 0 && fseek(f, 0, SEEK_SET) == 0 && (buf = malloc((size_t)n + 1))) {
+            if (fread(buf, 1, (size_t)n, f) != (size_t)n) {
+                free(buf);
+                buf = NULL;
+            } else {
+                buf[n] = '\0';
+                if (len) *len = (size_t)n;
+            }
+        }
+    }
+    fclose(f);
+    return buf;
 }

@@ -3,6 +3,9 @@
 #define MOESERVE_CLI_H
 
 int cli_generate(int argc, char **argv);
+/* `moeserve trace info|record|synth` and `moeserve placement-sim` (cli_routing.c). */
+int cli_trace(int argc, char **argv);
+int cli_placement_sim(int argc, char **argv);
 
 #include <stddef.h>
 
@@ -15,5 +18,9 @@ void cli_progress(void *ctx, double fraction);
 /* Folder of the bundled model when no --model is given: ./models/..., then relative to the
  * binary (../models/... from build/), then /models/... (container). Writes into buf. */
 const char *cli_default_model(char *buf, size_t n);
+
+/* A whole file, NUL-terminated, in malloc'd memory (its length in *len when len is not NULL),
+ * or NULL when it cannot be read. */
+char *cli_read_file(const char *path, size_t *len);
 
 #endif

@@ -8,6 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "placement/placement.h"
+#include "placement/rebalance.h"
+
 #define HIST_MAX 24
 #define N_ROUTES 9
 #define N_CODES 10
@@ -33,6 +36,7 @@ static const double lat_buckets[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08,
 static const double itl_buckets[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1,
                                      0.15,  0.2,    0.3,   0.4,  0.5,   0.75, 1.0,   2.5};
 static const double tok_buckets[] = {1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192};
+static const double rebal_buckets[] = {0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5};
 
 struct metrics {
     pthread_mutex_t mu;
@@ -48,6 +52,28 @@ struct metrics {
     uint64_t *win_base; /* (n_dev) routed rows at the start of the current window */
     int win_steps;
     double imbalance;
+    /* placement, copied from the engine on the scheduler thread */
+    int n_moe;
+    int *moe_layer;            /* (n_moe) model layer of each MoE layer (the label) */
+    double *layer_flops;       /* (n_moe, n_dev) now */
+    double *layer_base;        /* (n_moe, n_dev) at the start of the window */
+    double *layer_imb;         /* (n_moe) over the last window */
+    uint64_t *away_rows, *away_tok; /* (n_dev) */
+    double *comm_bytes;        /* (n_dev) sent by each device */
+    int *dev_experts;          /* (n_dev) physical experts on each device, all layers */
+    uint64_t rows_total, away_rows_win, rows_win, rows_base, away_base;
+    double row_share;          /* rows sent off-device / rows, last window */
+    double width_base, width_mean; uint64_t width_rows_base;
+    int replicas;
+    enum plc_policy policy;
+    uint64_t seen_rebalances;  /* engine switches the device counts were taken at */
+    bool placement_known;
+    const struct rebal *rebal;
+    uint64_t rebalances, rebalance_failures, moves;
+    struct hist rebalance_s;
+    bool per_expert;
+    int n_expert;
+    uint64_t *expert_rows;     /* (n_moe, n_expert) when per_expert */
 };
 
 static void hist_init(struct hist *h, const double *le, int n)
@@ -76,6 +102,7 @@ struct metrics *metrics_create(void)
     hist_init(&mt->queue, lat_buckets, (int)(sizeof lat_buckets / sizeof *lat_buckets));
     hist_init(&mt->itl, itl_buckets, (int)(sizeof itl_buckets / sizeof *itl_buckets));
     hist_init(&mt->step_tokens, tok_buckets, (int)(sizeof tok_buckets / sizeof *tok_buckets));
+    hist_init(&mt->rebalance_s, rebal_buckets, (int)(sizeof rebal_buckets / sizeof *rebal_buckets));
     return mt;
 }
 
@@ -87,11 +114,145 @@ void metrics_free(struct metrics *mt)
     free(mt->flops);
     free(mt->busy);
     free(mt->win_base);
+    free(mt->moe_layer);
+    free(mt->layer_flops);
+    free(mt->layer_base);
+    free(mt->layer_imb);
+    free(mt->away_rows);
+    free(mt->away_tok);
+    free(mt->comm_bytes);
+    free(mt->dev_experts);
+    free(mt->expert_rows);
     free(mt);
+}
+
+/* The placement arrays, sized by the engine (scheduler not started yet: no lock needed for
+ * the engine; the mutex guards the fields). */
+static void placement_init(struct metrics *mt, struct engine *e)
+{
+    const struct model_desc *md = &engine_model(e)->desc;
+    const struct engine_stats *es = engine_get_stats(e);
+    int n = engine_get_params(e)->n_devices, L = es->n_moe_layers > 0 ? es->n_moe_layers : 1;
+    int *moe_layer = malloc(sizeof(int) * (size_t)L);
+    double *lf = calloc((size_t)L * n, sizeof(double)), *lb = calloc((size_t)L * n, sizeof(double));
+    double *li = calloc((size_t)L, sizeof(double)), *cb = calloc((size_t)n, sizeof(double));
+    uint64_t *ar = calloc((size_t)n, sizeof(uint64_t)), *at = calloc((size_t)n, sizeof(uint64_t));
+    int *de = calloc((size_t)n, sizeof(int));
+    if (!moe_layer || !lf || !lb || !li || !cb || !ar || !at || !de) {
+        free(moe_layer), free(lf), free(lb), free(li), free(cb), free(ar), free(at), free(de);
+        return;
+    }
+    for (int l = 0, k = 0; l < md->n_layer && k < L; l++)
+        if (md->layer_is_moe[l]) moe_layer[k++] = l;
+    pthread_mutex_lock(&mt->mu);
+    mt->n_moe = es->n_moe_layers;
+    mt->moe_layer = moe_layer;
+    mt->layer_flops = lf;
+    mt->layer_base = lb;
+    mt->layer_imb = li;
+    mt->comm_bytes = cb;
+    mt->away_rows = ar;
+    mt->away_tok = at;
+    mt->dev_experts = de;
+    mt->n_expert = md->n_expert;
+    pthread_mutex_unlock(&mt->mu);
+}
+
+void metrics_set_rebalancer(struct metrics *mt, const struct rebal *r)
+{
+    pthread_mutex_lock(&mt->mu);
+    mt->rebal = r;
+    pthread_mutex_unlock(&mt->mu);
+}
+
+void metrics_set_per_expert(struct metrics *mt, bool on)
+{
+    pthread_mutex_lock(&mt->mu);
+    if (on && !mt->expert_rows && mt->n_moe > 0 && mt->n_expert > 0)
+        mt->expert_rows = calloc((size_t)mt->n_moe * mt->n_expert, sizeof(uint64_t));
+    mt->per_expert = on && mt->expert_rows;
+    pthread_mutex_unlock(&mt->mu);
+}
+
+/* On the scheduler thread, under the mutex: the placement counters out of the engine. */
+static void placement_step(struct metrics *mt)
+{
+    struct engine *e = mt->e;
+    const struct engine_stats *es = engine_get_stats(e);
+    int N = mt->n_dev, L = mt->n_moe;
+    if (!mt->layer_flops) return;
+    memcpy(mt->layer_flops, es->layer_dev_flops, sizeof(double) * (size_t)L * N);
+    const unsigned long long *cb = engine_comm_bytes(e);
+    uint64_t away = 0, rows = 0;
+    double width = 0.0;
+    for (int d = 0; d < N; d++) {
+        mt->away_rows[d] = es->dev_rows_away[d];
+        mt->away_tok[d] = es->dev_tokens_away[d];
+        away += es->dev_rows_away[d];
+        rows += es->dev_routed_rows[d];
+        width += es->dev_width_rows[d];
+        double sent = 0.0;
+        for (int p = 0; p < N; p++) sent += (double)cb[(size_t)d * N + p];
+        mt->comm_bytes[d] = sent;
+    }
+    mt->rows_total = rows;
+    /* mean routed width of the last step's rows */
+    if (rows > mt->width_rows_base)
+        mt->width_mean = (width - mt->width_base) / (double)(rows - mt->width_rows_base);
+    mt->width_base = width;
+    mt->width_rows_base = rows;
+    if (!mt->placement_known || es->rebalances != mt->seen_rebalances) {
+        const struct plc_map *m = engine_placement(e);
+        mt->replicas = m->n_slots - m->n_expert;
+        mt->policy = m->policy;
+        for (int d = 0; d < N; d++) mt->dev_experts[d] = 0;
+        for (size_t i = 0; i < (size_t)m->n_layer * m->n_slots; i++) mt->dev_experts[m->slot_dev[i]]++;
+        mt->seen_rebalances = es->rebalances;
+        mt->moves = es->rebalance_moves;
+        mt->placement_known = true;
+    }
+    if (mt->rebal) {
+        struct rebal_stats rs;
+        rebal_get_stats(mt->rebal, &rs);
+        if (rs.count > mt->rebalances) hist_add(&mt->rebalance_s, rs.last_s);
+        mt->rebalances = rs.count;
+        mt->rebalance_failures = rs.failures;
+    }
+    if (mt->per_expert) {
+        const struct model_desc *md = &engine_model(e)->desc;
+        for (int l = 0; l < L; l++)
+            memcpy(mt->expert_rows + (size_t)l * mt->n_expert,
+                   es->expert_rows + (size_t)mt->moe_layer[l] * md->n_expert,
+                   sizeof(uint64_t) * (size_t)mt->n_expert);
+    }
+}
+
+/* At the end of a window: per-layer imbalance and the share of rows sent off-device. */
+static void placement_window(struct metrics *mt)
+{
+    int N = mt->n_dev, L = mt->n_moe;
+    if (!mt->layer_flops) return;
+    for (int l = 0; l < L; l++) {
+        double mx = 0.0, sum = 0.0;
+        for (int d = 0; d < N; d++) {
+            double x = mt->layer_flops[(size_t)l * N + d] - mt->layer_base[(size_t)l * N + d];
+            sum += x;
+            mx = x > mx ? x : mx;
+        }
+        mt->layer_imb[l] = sum > 0 ? mx / (sum / N) : 0;
+    }
+    memcpy(mt->layer_base, mt->layer_flops, sizeof(double) * (size_t)L * N);
+    uint64_t away = 0;
+    for (int d = 0; d < N; d++) away += mt->away_rows[d];
+    uint64_t drows = mt->rows_total - mt->rows_base, daway = away - mt->away_base;
+    mt->row_share = drows ? (double)daway / (double)drows : 0.0;
+    mt->rows_base = mt->rows_total;
+    mt->away_base = away;
 }
 
 void metrics_set_engine(struct metrics *mt, struct engine *e)
 {
+    placement_init(mt, e);
     int n = engine_get_params(e)->n_devices;
     uint64_t *routed = calloc((size_t)n, sizeof *routed);
     double *flops = calloc((size_t)n, sizeof *flops);
@@ -106,6 +267,7 @@ void metrics_set_engine(struct metrics *mt, struct engine *e)
         mt->busy = busy;
         mt->win_base = base;
         routed = NULL, flops = NULL, busy = NULL, base = NULL;
+        placement_step(mt); /* the placement as created (the scheduler is not running yet) */
     }
     pthread_mutex_unlock(&mt->mu);
     free(routed);
@@ -163,6 +325,10 @@ static void on_step(void *ctx, int n_tokens, int n_seqs)
             }
             mt->imbalance = sum > 0 ? max / (sum / mt->n_dev) : 0;
             mt->win_steps = 0;
+            placement_step(mt);
+            placement_window(mt);
+        } else {
+            placement_step(mt);
         }
     }
     pthread_mutex_unlock(&mt->mu);
@@ -242,6 +408,72 @@ static void render_hist(struct buf *b, const char *name, const char *help, const
     bprintf(b, "%s_bucket{%s,le=\"+Inf\"} %llu\n", name, labels, (unsigned long long)cum);
     bprintf(b, "%s_sum{%s} %.9g\n", name, labels, h->sum);
     bprintf(b, "%s_count{%s} %llu\n", name, labels, (unsigned long long)h->total);
+}
+
+/* Placement families (under the mutex). Labels: device, layer, policy; per expert only when
+ * asked. */
+static void render_placement(struct buf *b, const struct metrics *mt, const char *lab)
+{
+    int N = mt->n_dev;
+    family(b, "moeserve_expert_load_imbalance", "gauge",
+           "Max over mean of expert FLOPs per device in each MoE layer over the last window.");
+    for (int l = 0; l < mt->n_moe; l++)
+        bprintf(b, "moeserve_expert_load_imbalance{%s,layer=\"%d\"} %.6f\n", lab, mt->moe_layer[l],
+                mt->layer_imb[l]);
+    family(b, "moeserve_placement_info", "gauge", "The placement policy in use (value 1).");
+    bprintf(b, "moeserve_placement_info{%s,policy=\"%s\"} 1\n", lab, plc_policy_name(mt->policy));
+    family(b, "moeserve_expert_replicas", "gauge", "Redundant expert replicas per MoE layer.");
+    bprintf(b, "moeserve_expert_replicas{%s} %d\n", lab, mt->replicas);
+    family(b, "moeserve_device_experts", "gauge",
+           "Physical experts (replicas included) each device holds, all MoE layers.");
+    for (int d = 0; d < N; d++)
+        bprintf(b, "moeserve_device_experts{%s,device=\"%d\"} %d\n", lab, d, mt->dev_experts[d]);
+    family(b, "moeserve_placement_rebalances_total", "counter",
+           "Live rebalances done (--rebalance-interval).");
+    bprintf(b, "moeserve_placement_rebalances_total{%s} %llu\n", lab,
+            (unsigned long long)mt->rebalances);
+    family(b, "moeserve_placement_rebalance_failures_total", "counter",
+           "Rebalances that failed (the old placement stayed).");
+    bprintf(b, "moeserve_placement_rebalance_failures_total{%s} %llu\n", lab,
+            (unsigned long long)mt->rebalance_failures);
+    render_hist(b, "moeserve_placement_rebalance_duration_seconds",
+                "Time a rebalance held the step loop (placement computed and switched).",
+                &mt->rebalance_s, lab);
+    family(b, "moeserve_placement_slots_moved_total", "counter",
+           "Expert replicas added to or dropped from a device by placement switches.");
+    bprintf(b, "moeserve_placement_slots_moved_total{%s} %llu\n", lab, (unsigned long long)mt->moves);
+    family(b, "moeserve_expert_rows_total", "counter", "Token-expert rows computed, all devices.");
+    bprintf(b, "moeserve_expert_rows_total{%s} %llu\n", lab, (unsigned long long)mt->rows_total);
+    family(b, "moeserve_cross_device_rows_total", "counter",
+           "Token-expert rows each device sent to another device for expert compute.");
+    for (int d = 0; d < N; d++)
+        bprintf(b, "moeserve_cross_device_rows_total{%s,device=\"%d\"} %llu\n", lab, d,
+                (unsigned long long)mt->away_rows[d]);
+    family(b, "moeserve_cross_device_token_sends_total", "counter",
+           "(token, other device) pairs: the rows if each token went to a device once.");
+    for (int d = 0; d < N; d++)
+        bprintf(b, "moeserve_cross_device_token_sends_total{%s,device=\"%d\"} %llu\n", lab, d,
+                (unsigned long long)mt->away_tok[d]);
+    family(b, "moeserve_cross_device_row_share", "gauge",
+           "Share of expert rows computed on another device than their token's, last window.");
+    bprintf(b, "moeserve_cross_device_row_share{%s} %.6f\n", lab, mt->row_share);
+    family(b, "moeserve_all_to_all_bytes_total", "counter",
+           "Bytes each device sent to the others in the MoE all-to-all (dispatch and combine).");
+    for (int d = 0; d < N; d++)
+        bprintf(b, "moeserve_all_to_all_bytes_total{%s,device=\"%d\"} %.0f\n", lab, d,
+                mt->comm_bytes[d]);
+    family(b, "moeserve_routed_expert_width_mean", "gauge",
+           "Mean FFN width of the expert rows of the last step (MoHGE: narrow groups lower it).");
+    bprintf(b, "moeserve_routed_expert_width_mean{%s} %.3f\n", lab, mt->width_mean);
+    if (mt->per_expert) {
+        family(b, "moeserve_expert_routed_tokens_total", "counter",
+               "Tokens routed to each expert of each MoE layer (--metrics-per-expert).");
+        for (int l = 0; l < mt->n_moe; l++)
+            for (int x = 0; x < mt->n_expert; x++)
+                bprintf(b, "moeserve_expert_routed_tokens_total{%s,layer=\"%d\",expert=\"%d\"} %llu\n",
+                        lab, mt->moe_layer[l], x,
+                        (unsigned long long)mt->expert_rows[(size_t)l * mt->n_expert + x]);
+    }
 }
 
 char *metrics_render(struct metrics *mt, const struct sched_stats *st, const char *model_name)
@@ -334,6 +566,7 @@ char *metrics_render(struct metrics *mt, const struct sched_stats *st, const cha
     family(&b, "moeserve_load_imbalance_ratio", "gauge",
            "Max over mean of routed rows per device over the last window of steps.");
     bprintf(&b, "moeserve_load_imbalance_ratio{%s} %.6f\n", lab, mt->imbalance);
+    if (mt->e && mt->layer_flops) render_placement(&b, mt, lab);
     pthread_mutex_unlock(&mt->mu);
 
     if (b.oom) {

@@ -2,7 +2,10 @@
  * queue time), tokens per step, request outcomes by finish reason, HTTP requests by route and
  * status, scheduler gauges (running, waiting, KV usage, preemptions), prefix cache queries and
  * hits (in tokens) and per-device expert load (routed rows, expert FLOPs, busy seconds,
- * load-imbalance ratio over a recent window).
+ * load-imbalance ratio over a recent window), and the placement: per-layer load imbalance
+ * (label: layer only), replicas, experts per device, rebalances (count, duration, slots moved),
+ * expert rows and tokens sent to other devices, all-to-all bytes per sending device, mean
+ * routed expert width; per-expert routed tokens only when asked (models up to 256 experts).
  *
  * Threads: the observer hooks run on the scheduler thread, metrics_http on HTTP threads,
  * metrics_render on any; one mutex guards the counters (held for microseconds, never across a
@@ -19,6 +22,11 @@ struct metrics;
 struct metrics *metrics_create(void);
 void metrics_free(struct metrics *mt);
 void metrics_set_engine(struct metrics *mt, struct engine *e);
+/* Optional, before the scheduler starts: the rebalancer whose counts and durations to export
+ * (it belongs to the scheduler thread, where they are read), and per-expert series. */
+struct rebal;
+void metrics_set_rebalancer(struct metrics *mt, const struct rebal *r);
+void metrics_set_per_expert(struct metrics *mt, bool on);
 /* Hooks to pass in sched_params.obs. */
 struct sched_observer metrics_observer(struct metrics *mt);
 /* Counts one HTTP response. route: one of the server's route names, or "other". */

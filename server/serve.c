@@ -26,6 +26,7 @@
 #include "metrics.h"
 #include "model.h"
 #include "scheduler.h"
+#include "serve_placement.h"
 
 enum opt_type { OPT_STR, OPT_INT, OPT_BYTES, OPT_BOOL };
 
@@ -36,6 +37,8 @@ struct serve_opts {
     long kv_bytes;
     long prefix_caching;
     long weight_cache;
+    const char *placement, *placement_trace, *routing_stats, *record_routing;
+    long redundant, max_experts_per_dev, rebalance_s, half_life, record_max, per_expert;
 };
 
 struct opt_def {
@@ -88,6 +91,31 @@ static const struct opt_def opt_defs[] = {
      "seconds in-flight requests get to finish on SIGTERM (30)"},
     {"enable-prefix-caching", "MOESERVE_ENABLE_PREFIX_CACHING", OPT_BOOL, OFF(prefix_caching), 0,
      1, "reuse KV blocks of shared prompt prefixes (on; --no-enable-prefix-caching turns it off)"},
+    {"expert-placement", "MOESERVE_EXPERT_PLACEMENT", OPT_STR, OFF(placement), 0, 0,
+     "contiguous, mohge, eplb or c2r: which device computes which expert (mohge for MoHGE "
+     "models, else contiguous)"},
+    {"redundant-experts", "MOESERVE_REDUNDANT_EXPERTS", OPT_INT, OFF(redundant), 0, 1 << 20,
+     "extra expert replicas per layer, given to the hottest experts (0)"},
+    {"max-experts-per-device", "MOESERVE_MAX_EXPERTS_PER_DEVICE", OPT_INT,
+     OFF(max_experts_per_dev), 0, 1 << 20,
+     "expert slots a device holds per layer (0: the fewest that fit)"},
+    {"placement-trace", "MOESERVE_PLACEMENT_TRACE", OPT_STR, OFF(placement_trace), 0, 0,
+     "a routing trace (--record-routing, moeserve trace record) whose statistics place the "
+     "experts at start (eplb, c2r)"},
+    {"rebalance-interval", "MOESERVE_REBALANCE_INTERVAL", OPT_INT, OFF(rebalance_s), 0, 86400,
+     "seconds between live rebalances from the routing statistics (0: off)"},
+    {"routing-stats", "MOESERVE_ROUTING_STATS", OPT_STR, OFF(routing_stats), 0, 0,
+     "auto, off, load or full (co-activation too): routing statistics kept (auto: what "
+     "--rebalance-interval needs)"},
+    {"routing-stats-half-life", "MOESERVE_ROUTING_STATS_HALF_LIFE", OPT_INT, OFF(half_life), 0,
+     1L << 40, "routed tokens after which a token's weight in the statistics halves (65536; 0: "
+     "no decay)"},
+    {"record-routing", "MOESERVE_RECORD_ROUTING", OPT_STR, OFF(record_routing), 0, 0,
+     "write every step's routing (experts per token and layer) to FILE"},
+    {"record-routing-max-bytes", "MOESERVE_RECORD_ROUTING_MAX_BYTES", OPT_BYTES, OFF(record_max),
+     0, 0, "rotate the routing trace to FILE.1 past this size (1G)"},
+    {"metrics-per-expert", "MOESERVE_METRICS_PER_EXPERT", OPT_BOOL, OFF(per_expert), 0, 1,
+     "export routed tokens per (layer, expert) (off; models up to 256 experts)"},
 };
 #define N_OPTS (sizeof opt_defs / sizeof *opt_defs)
 
@@ -179,6 +207,8 @@ static int parse_opts(int argc, char **argv, struct serve_opts *o)
     o->max_waiting = 1024;
     o->grace_s = 30;
     o->prefix_caching = 1;
+    o->half_life = 65536;
+    o->record_max = 1L << 30;
     o->model = NULL; /* the bundled model unless --model / MOESERVE_MODEL says otherwise */
     for (size_t i = 0; i < N_OPTS; i++) {
         const char *v = getenv(opt_defs[i].env);
@@ -239,6 +269,12 @@ static int parse_opts(int argc, char **argv, struct serve_opts *o)
                 o->quantization);
         return -1;
     }
+    struct splace_opts po = {.policy = o->placement, .routing_stats = o->routing_stats};
+    char err[MS_ERR_LEN];
+    if (splace_check_opts(&po, err, sizeof err) != 0) {
+        fprintf(stderr, "moeserve serve: %s\n", err);
+        return -1;
+    }
     return 0;
 }
 
@@ -276,26 +312,6 @@ static void log_sched_warning(void *ctx, uint64_t req_id, const char *msg)
     slog("warning", "request %llu: %s", (unsigned long long)req_id, msg);
 }
 
-static char *read_file(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    char *buf = NULL;
-    if (fseek(f, 0, SEEK_END) == 0) {
-        long n = ftell(f);
-        if (n >= 0 && fseek(f, 0, SEEK_SET) == 0 && (buf = malloc((size_t)n + 1))) {
-            if (fread(buf, 1, (size_t)n, f) != (size_t)n) {
-                free(buf);
-                buf = NULL;
-            } else {
-                buf[n] = '\0';
-            }
-        }
-    }
-    fclose(f);
-    return buf;
-}
-
 int cli_serve(int argc, char **argv)
 {
     struct serve_opts o;
@@ -321,6 +337,7 @@ int cli_serve(int argc, char **argv)
     struct engine *e = NULL;
     struct sched *s = NULL;
     struct http_server *h = NULL;
+    struct splace *pl = NULL;
     struct metrics *mt = metrics_create();
     if (!mt) return 1;
 
@@ -354,7 +371,7 @@ int cli_serve(int argc, char **argv)
          (double)m->weight_bytes / 1e6, model_dtype_name(m->dtype), model_quant_name(m->quant));
     if (m->cache_note[0]) slog("info", "%s", m->cache_note);
     if (o.chat_template) {
-        char *t = read_file(o.chat_template);
+        char *t = cli_read_file(o.chat_template, NULL);
         if (!t) {
             slog("error", "cannot read --chat-template %s", o.chat_template);
             goto out;
@@ -371,16 +388,41 @@ int cli_serve(int argc, char **argv)
     ep.max_batch_tokens = (int)o.max_batched;
     ep.max_model_len = (int)o.max_model_len;
     ep.kv_cache_bytes = (size_t)o.kv_bytes;
+    struct splace_opts po = {.policy = o.placement, .redundant = o.redundant,
+                             .slots_per_dev = o.max_experts_per_dev, .trace = o.placement_trace,
+                             .interval_s = o.rebalance_s, .routing_stats = o.routing_stats,
+                             .half_life = o.half_life, .record = o.record_routing,
+                             .record_max_bytes = o.record_max, .model_name = name, .log = slog};
+    /* Placement errors are flag errors: the reason names the flag, the status is 2. */
+    if (o.per_expert && m->desc.n_expert > 256) {
+        slog("error", "--metrics-per-expert: %d experts, more than the 256 that per-expert series "
+                      "are exported for",
+             m->desc.n_expert);
+        status = 2;
+        goto out;
+    }
+    if (splace_prepare(&po, m, &ep, &pl, err, sizeof err) != 0) {
+        slog("error", "%s", err);
+        status = 2;
+        goto out;
+    }
     if (engine_create(m, &ep, &e, err, sizeof err) != 0) {
         slog("error", "%s", err);
         goto out;
     }
     metrics_set_engine(mt, e);
+    if (splace_start(pl, e, mt, err, sizeof err) != 0) {
+        slog("error", "%s", err);
+        status = 2;
+        goto out;
+    }
+    metrics_set_per_expert(mt, o.per_expert != 0);
     struct sched_params sp = {.max_num_seqs = (int)o.max_num_seqs,
                               .max_num_batched_tokens = (int)o.max_batched,
                               .max_waiting = (int)o.max_waiting,
                               .disable_prefix_caching = !o.prefix_caching,
-                              .obs = metrics_observer(mt)};
+                              .obs = metrics_observer(mt),
+                              .after_step = splace_after_step, .after_step_ctx = pl};
     sp.obs.on_warning = log_sched_warning;
     if (sched_create(e, &sp, &s, err, sizeof err) != 0 || sched_start(s, err, sizeof err) != 0) {
         slog("error", "%s", err);
@@ -394,6 +436,9 @@ int cli_serve(int argc, char **argv)
          engine_backend_name(ep.backend));
     if (ep.backend != ENGINE_BACKEND_CUDA)
         slog("info", "cpu kernels: %s (cpu: %s)", backend_cpu_kernels(), backend_cpu_features());
+    char pdesc[256];
+    splace_describe(pl, pdesc, sizeof pdesc);
+    slog("info", "%s", pdesc);
 
     int sig = 0;
     sigwait(&sigs, &sig);
@@ -418,6 +463,7 @@ int cli_serve(int argc, char **argv)
 out:
     http_stop(h);
     sched_free(s);
+    splace_free(pl); /* after the scheduler: it closes the routing trace */
     engine_free(e);
     model_free(m);
     metrics_free(mt);

@@ -4,7 +4,7 @@
 set -euo pipefail
 
 APT_PACKAGES=(build-essential cmake pkg-config libjansson-dev libpcre2-dev libopenblas-dev
-              libuv1-dev libmicrohttpd-dev python3 python3-pip curl)
+              libuv1-dev python3 python3-pip curl)
 
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi

@@ -205,7 +205,7 @@ static void gen_notify(void *ctx)
 static void gen_free(struct gen *g)
 {
     if (!g) return;
-    for (int i = 0; i < g->n; i++) {
+    for (int i = 0; g->reqs && i < g->n; i++) {
         if (!g->reqs[i]) continue;
         sched_req_set_notify(g->reqs[i], NULL, NULL);
         sched_req_cancel(g->h->s, g->reqs[i]);
@@ -445,6 +445,13 @@ static int gen_submit(struct http_server *h, struct gen *g, struct proto_req *pr
     g->reqs = calloc((size_t)g->n, sizeof *g->reqs);
     g->cs = calloc((size_t)g->n, sizeof *g->cs);
     if (!g->reqs || !g->cs) return proto_fail(e, 500, NULL, NULL, "out of memory");
+    /* Each choice is one queued sequence: more than the queue holds could never be admitted,
+     * so this is the client's error to fix, not a 429 to retry. */
+    if (h->cfg.max_waiting > 0 && g->n > h->cfg.max_waiting)
+        return proto_fail(e, 400, pr->n > 1 ? "n" : "prompt", "invalid_value",
+                          "the request asks for %d sequences (%d prompt(s) x n=%d) but the server "
+                          "queues at most %d (--max-waiting)",
+                          g->n, n_prompts, pr->n, h->cfg.max_waiting);
     if (pr->moe_top_k > m->desc.top_k)
         return proto_fail(e, 400, "moe_top_k", "invalid_value",
                           "'moe_top_k' must be at most the model's %d experts per token",

@@ -25,6 +25,7 @@ struct http_config {
     size_t max_body;         /* bytes; larger bodies get 413 */
     int threads;             /* I/O threads */
     int max_model_len;
+    int max_waiting;         /* the scheduler's queue length: more choices than this are a 400 */
     int max_conns;           /* open connections at once (h1_config.max_conns) */
     double keep_alive_s;     /* idle / stall timeout (h1_config.keep_alive_s) */
     double read_timeout_s;   /* whole-request deadline (h1_config.read_timeout_s) */

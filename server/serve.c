@@ -440,7 +440,8 @@ int cli_serve(int argc, char **argv)
     }
     struct http_config hc = {.host = o.host, .port = (int)o.port, .api_key = o.api_key,
                              .model_name = name, .max_body = 1 << 20, .threads = 4,
-                             .max_model_len = (int)o.max_model_len, .max_conns = max_conns,
+                             .max_model_len = (int)o.max_model_len,
+                             .max_waiting = (int)o.max_waiting, .max_conns = max_conns,
                              .keep_alive_s = (double)o.keep_alive_s,
                              .read_timeout_s = (double)o.read_timeout_s};
     if (http_start(&hc, mt, &h, err, sizeof err) != 0) {

@@ -430,6 +430,8 @@ int h1_respond(struct h1_conn *c, int status, const char *headers, char *body, s
         c->wlen = c->woff = 0; /* nothing to send: the connection just closes */
         return -1;
     }
+    /* a response to HEAD has the headers of the GET response and no content (RFC 9110 9.3.2) */
+    if (c->req && strcmp(c->req->method, "HEAD") == 0) len = 0;
     if (len) memcpy(c->wbuf + n, body, len);
     c->wlen += len;
     free(body);
@@ -451,6 +453,7 @@ int h1_respond_stream(struct h1_conn *c, int status, const char *headers, h1_rea
     }
     c->reader = reader;
     c->rctx = reader_ctx;
+    c->stream_done = c->req && strcmp(c->req->method, "HEAD") == 0; /* no content for HEAD */
     return 0;
 }
 

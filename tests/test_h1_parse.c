@@ -188,7 +188,7 @@ static int dechunk(const char *enc, size_t len, size_t step, char *out, size_t *
             size_t n;
             long used = h1p_chunked(&d, buf, have, &data, &n, &done, &why);
             if (used < 0) return (int)-used;
-            memcpy(out + *out_len, data, n);
+            if (n) memcpy(out + *out_len, data, n);
             *out_len += n;
             memmove(buf, buf + used, have - (size_t)used);
             have -= (size_t)used;

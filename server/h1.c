@@ -18,7 +18,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <linux/sockios.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -84,6 +86,7 @@ struct h1_conn {
     bool body_done;
     bool peer_closed;             /* the client shut its side (EOF or EPOLLRDHUP) */
     size_t lingered;
+    int outq_seen;                /* our send queue at the last idle check (slow readers) */
     /* output */
     char *wbuf;                   /* (wcap) bytes woff..wlen still to send */
     size_t wlen, woff, wcap;
@@ -253,6 +256,7 @@ static void response_complete(struct h1_conn *c)
     end_request(c, H1_DONE_SENT);
     if (keep) {
         c->st = C_HEAD;
+        c->outq_seen = INT32_MAX;
         memset(&c->scan, 0, sizeof c->scan);
         c->t_act = c->w->now;
         c->t_req = c->w->now;
@@ -403,6 +407,13 @@ static long build_head(struct h1_conn *c, int status, const char *headers, const
     return n;
 }
 
+/* A request to HEAD: its response has the headers of the GET response and no content (RFC 9110
+ * 9.3.2). */
+static bool is_head(const struct h1_conn *c)
+{
+    return c->req && c->req->method && strcmp(c->req->method, "HEAD") == 0;
+}
+
 /* Marks the connection as answered: a response queued while the body is still coming refuses
  * the rest of it. */
 static bool start_response(struct h1_conn *c)
@@ -430,8 +441,7 @@ int h1_respond(struct h1_conn *c, int status, const char *headers, char *body, s
         c->wlen = c->woff = 0; /* nothing to send: the connection just closes */
         return -1;
     }
-    /* a response to HEAD has the headers of the GET response and no content (RFC 9110 9.3.2) */
-    if (c->req && strcmp(c->req->method, "HEAD") == 0) len = 0;
+    if (is_head(c)) len = 0;
     if (len) memcpy(c->wbuf + n, body, len);
     c->wlen += len;
     free(body);
@@ -453,7 +463,7 @@ int h1_respond_stream(struct h1_conn *c, int status, const char *headers, h1_rea
     }
     c->reader = reader;
     c->rctx = reader_ctx;
-    c->stream_done = c->req && strcmp(c->req->method, "HEAD") == 0; /* no content for HEAD */
+    c->stream_done = is_head(c);
     return 0;
 }
 
@@ -654,6 +664,13 @@ static void process_wakes(struct h1_worker *w)
     }
 }
 
+/* Bytes of ours the client has not taken yet (our send queue). */
+static int out_queued(struct h1_conn *c)
+{
+    int queued = 0;
+    return ioctl(c->fd, SIOCOUTQ, &queued) == 0 ? queued : 0;
+}
+
 static void sweep(struct h1_worker *w)
 {
     const struct h1_config *cfg = &w->s->cfg;
@@ -664,7 +681,16 @@ static void sweep(struct h1_worker *w)
         case C_HEAD:
         case C_BODY:
             if (c->st == C_HEAD && c->rlen == 0) {
-                if (now - c->t_act > cfg->keep_alive_s) conn_close(c, H1_DONE_CLOSED); /* idle */
+                if (now - c->t_act <= cfg->keep_alive_s) break;
+                /* A slow reader still taking the last response is not idle: its keep-alive
+                 * time starts once it has it all. One whose queue stopped shrinking is. */
+                int q = out_queued(c);
+                if (q > 0 && q < c->outq_seen) {
+                    c->outq_seen = q;
+                    c->t_act = now;
+                } else {
+                    conn_close(c, H1_DONE_CLOSED);
+                }
             } else if (now - c->t_act > cfg->keep_alive_s || now - c->t_req > cfg->read_timeout_s) {
                 conn_fail(c, 408, "the request was not received in time");
                 conn_run(c);
@@ -853,12 +879,12 @@ void h1_stop(struct h1_server *s)
 
 const char *h1_method(const struct h1_conn *c)
 {
-    return c->req ? c->req->method : "";
+    return c->req && c->req->method ? c->req->method : "";
 }
 
 const char *h1_path(const struct h1_conn *c)
 {
-    return c->req ? c->req->path : "";
+    return c->req && c->req->path ? c->req->path : "";
 }
 
 const char *h1_header(const struct h1_conn *c, const char *name)

@@ -18,7 +18,6 @@ Hang-ups the bench causes itself are counted, not errors.
 """
 import argparse
 import asyncio
-import http.client
 import json
 import os
 import random
@@ -29,28 +28,14 @@ import subprocess
 import sys
 import time
 
+from bench_server import free_port, get  # same folder
+
 PROMPTS = ["ROMEO:", "JULIET: O", "First Citizen:\nBefore we proceed", "KING HENRY:",
            "To be, or not to be", "Now is the winter of our discontent"]
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def get(port, path, timeout=10):
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        c.request("GET", path)
-        r = c.getresponse()
-        return r.status, r.read()
-    finally:
-        c.close()
-
-
 def metrics(port):
-    st, body = get(port, "/metrics")
+    st, body = get("127.0.0.1", port, "/metrics")
     out = {}  # name -> value summed over its label sets
     for line in body.decode().splitlines():
         m = re.match(r"^(moeserve_[a-z_]+)(\{[^}]*\})?\s+(\S+)$", line)
@@ -331,7 +316,7 @@ def main():
         pid = proc.pid
         for _ in range(600):
             try:
-                if get(port, "/health", 2)[0] == 200:
+                if get("127.0.0.1", port, "/health", 2)[0] == 200:
                     break
             except OSError:
                 pass

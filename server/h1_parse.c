@@ -303,6 +303,17 @@ enum {
     CH_DONE,
 };
 
+/* One octet of a line the decoder skips (a chunk extension, a trailer field): its CR moves
+ * to `on_cr`; a control character other than HTAB is refused (false). */
+static bool skip_text(struct h1p_chunked *d, unsigned char c, int on_cr)
+{
+    if (c == '\r') {
+        d->state = on_cr;
+        return true;
+    }
+    return is_value_char(c);
+}
+
 void h1p_chunked_init(struct h1p_chunked *d)
 {
     memset(d, 0, sizeof *d);
@@ -337,10 +348,9 @@ long h1p_chunked(struct h1p_chunked *d, const char *in, size_t len, const char *
             }
             i++;
             break;
-        case CH_EXT:
+        case CH_EXT: /* skipped up to its CR, like a trailer field */
             if (++d->line > H1P_MAX_CHUNK_LINE) return *why = "chunk extension too long", -400;
-            if (c == '\r') d->state = CH_SIZE_LF;
-            else if (c != '\t' && (c < 0x20 || c == 0x7f))
+            if (!skip_text(d, c, CH_SIZE_LF))
                 return *why = "invalid character in a chunk extension", -400;
             i++;
             break;
@@ -377,8 +387,7 @@ long h1p_chunked(struct h1p_chunked *d, const char *in, size_t len, const char *
             break;
         case CH_TRAILER_LINE:
             if (++d->trailer > H1P_MAX_TRAILER) return *why = "trailer section too large", -431;
-            if (c == '\r') d->state = CH_TRAILER_LF;
-            else if (c != '\t' && (c < 0x20 || c == 0x7f))
+            if (!skip_text(d, c, CH_TRAILER_LF))
                 return *why = "invalid character in a trailer field", -400;
             i++;
             break;

@@ -156,6 +156,19 @@ class Server:
         return parse_metrics(body.decode())
 
 
+class SharedServer(unittest.TestCase):
+    """A test class whose tests share one server, started with the class's SERVER_ARGS."""
+    SERVER_ARGS = ()
+
+    @classmethod
+    def setUpClass(cls):
+        cls.srv = Server(*cls.SERVER_ARGS).start()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.srv.__exit__(None, None, None)
+
+
 def request(port, method, path, body=None, headers=None, timeout=60):
     """One HTTP/1.1 request. body: dict/list (sent as JSON), str or bytes.
     Returns (status, headers as a lower-cased dict, raw body bytes)."""

@@ -50,16 +50,8 @@ def wait_metrics(srv, pred, timeout, what):
     return srvtest.wait_until(lambda: (lambda m: pred(m) and m)(srv.metrics()), timeout, what)
 
 
-class ClientLeavesTest(unittest.TestCase):
+class ClientLeavesTest(srvtest.SharedServer):
     """1. A client closing its socket is seen whatever its request is doing."""
-
-    @classmethod
-    def setUpClass(cls):
-        cls.srv = srvtest.Server().start()
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.srv.__exit__(None, None, None)
 
     def sockets(self):
         return srvtest.open_sockets(self.srv.proc.pid)
@@ -195,16 +187,9 @@ class QueuedClientsLeaveTest(unittest.TestCase):
             self.assertEqual(long_out[0][0], 200)
 
 
-class AuthBeforeBodyTest(unittest.TestCase):
+class AuthBeforeBodyTest(srvtest.SharedServer):
     """5 and 7. The key is checked from the head; the scheme is case-insensitive."""
-
-    @classmethod
-    def setUpClass(cls):
-        cls.srv = srvtest.Server("--api-key", "k3y").start()
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.srv.__exit__(None, None, None)
+    SERVER_ARGS = ("--api-key", "k3y")
 
     def test_401_before_the_body(self):
         for extra in (b"", b"Expect: 100-continue\r\n"):
@@ -287,16 +272,8 @@ PROTOCOL_ERRORS = [  # (what, raw request, status)
 ]
 
 
-class HttpErrorsTest(unittest.TestCase):
+class HttpErrorsTest(srvtest.SharedServer):
     """6. HTTP-level errors are OpenAI error JSON, sent once."""
-
-    @classmethod
-    def setUpClass(cls):
-        cls.srv = srvtest.Server().start()
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.srv.__exit__(None, None, None)
 
     def exchange(self, data):
         """Sends data; returns (the bytes of one response and whatever followed within a

@@ -66,6 +66,8 @@ bool jinja_truthy(jinja_value v);
 bool jinja_equal(jinja_value a, jinja_value b);
 double jinja_num(jinja_value v);
 int jinja_compare(jinja_ctx *cx, jinja_value a, jinja_value b, int line, int *cmp);
+/* len(range(start, stop, step)) without overflow (step != 0; INT64_MAX when it does not fit). */
+int64_t jinja_span_count(int64_t start, int64_t stop, int64_t step);
 int jinja_contains(jinja_ctx *cx, jinja_value hay, jinja_value needle, int line, bool *res);
 int jinja_getitem(jinja_ctx *cx, jinja_value obj, jinja_value key, int line, jinja_value *out);
 void jinja_float_repr(double x, char *out, size_t outlen);

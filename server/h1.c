@@ -28,15 +28,15 @@
 #include "common.h"
 #include "h1_parse.h"
 
-#define RBUF_MIN 4096
-#define RBUF_MAX 65536          /* > H1P_MAX_HEAD; bodies are handed on as they arrive */
-#define STREAM_BLOCK 16384      /* bytes asked of a stream reader at a time */
-#define STREAM_PAD 16           /* room before a block for its chunk-size line */
-#define LINGER_S 2.0            /* how long a refused client's leftovers are discarded */
-#define LINGER_BYTES (1 << 20)  /* and how many bytes of them at most */
-#define SWEEP_S 0.25            /* timeout granularity */
-#define ACCEPT_BATCH 64
-#define READS_PER_EVENT 8       /* recv calls per readiness event: others get their turn */
+#define RBUF_MIN        4096
+#define RBUF_MAX        65536     /* > H1P_MAX_HEAD; bodies are handed on as they arrive */
+#define STREAM_BLOCK    16384     /* bytes asked of a stream reader at a time */
+#define STREAM_PAD      16        /* room before a block for its chunk-size line */
+#define LINGER_S        2.0       /* how long a refused client's leftovers are discarded */
+#define LINGER_BYTES    (1 << 20) /* and how many bytes of them at most */
+#define SWEEP_S         0.25      /* timeout granularity */
+#define ACCEPT_BATCH    64
+#define READS_PER_EVENT 8 /* recv calls per readiness event: others get their turn */
 
 enum cstate { C_HEAD, C_BODY, C_PENDING, C_WRITE, C_PARKED, C_LINGER };
 
@@ -45,14 +45,14 @@ struct h1_worker {
     pthread_t thread;
     bool started;
     int ep, evfd;
-    double now;                   /* monotonic seconds, refreshed after each epoll_wait */
-    struct h1_conn *conns;        /* this thread's connections */
-    struct h1_conn *dead;         /* closed this iteration, freed at its end */
-    bool listening;               /* the listening socket is in this epoll */
-    double relisten_at;           /* after EMFILE: when to take connections again */
+    double now;            /* monotonic seconds, refreshed after each epoll_wait */
+    struct h1_conn *conns; /* this thread's connections */
+    struct h1_conn *dead;  /* closed this iteration, freed at its end */
+    bool listening;        /* the listening socket is in this epoll */
+    double relisten_at;    /* after EMFILE: when to take connections again */
     time_t date_t;
-    char date[48];                /* "Date: ...\r\n" for date_t */
-    pthread_mutex_t wake_mu;      /* guards the wake queue and every conn's wq/dead */
+    char date[48];           /* "Date: ...\r\n" for date_t */
+    pthread_mutex_t wake_mu; /* guards the wake queue and every conn's wq/dead */
     struct h1_conn *wake_head, *wake_tail;
 };
 
@@ -60,7 +60,7 @@ struct h1_server {
     struct h1_config cfg;
     int lfd, port;
     int n_workers;
-    struct h1_worker *w;          /* (n_workers) */
+    struct h1_worker *w; /* (n_workers) */
     atomic_int n_conns;
     atomic_bool stop;
 };
@@ -69,26 +69,26 @@ struct h1_conn {
     struct h1_worker *w;
     int fd;
     enum cstate st;
-    uint32_t ev;                  /* epoll interest now */
-    struct h1_conn *prev, *next;  /* w->conns (next also links w->dead) */
-    double t_act;                 /* last progress on the socket */
-    double t_req;                 /* first byte of the current request */
+    uint32_t ev;                 /* epoll interest now */
+    struct h1_conn *prev, *next; /* w->conns (next also links w->dead) */
+    double t_act;                /* last progress on the socket */
+    double t_req;                /* first byte of the current request */
     double t_linger;
     /* input */
-    char *rbuf;                   /* (rcap) bytes received and not consumed: rlen */
+    char *rbuf; /* (rcap) bytes received and not consumed: rlen */
     size_t rlen, rcap;
     struct h1p_scan scan;
-    struct h1p_request *req;      /* the current request; its head's bytes follow it */
-    bool in_req;                  /* H1_HEAD delivered, on_done not yet */
-    bool chunked;                 /* body framing: chunked, else body_left bytes */
+    struct h1p_request *req; /* the current request; its head's bytes follow it */
+    bool in_req;             /* H1_HEAD delivered, on_done not yet */
+    bool chunked;            /* body framing: chunked, else body_left bytes */
     int64_t body_left;
     struct h1p_chunked ch;
     bool body_done;
-    bool peer_closed;             /* the client shut its side (EOF or EPOLLRDHUP) */
+    bool peer_closed; /* the client shut its side (EOF or EPOLLRDHUP) */
     size_t lingered;
-    int outq_seen;                /* our send queue at the last idle check (slow readers) */
+    int outq_seen; /* our send queue at the last idle check (slow readers) */
     /* output */
-    char *wbuf;                   /* (wcap) bytes woff..wlen still to send */
+    char *wbuf; /* (wcap) bytes woff..wlen still to send */
     size_t wlen, woff, wcap;
     bool responded, close_after, refused, no_linger;
     h1_reader reader;
@@ -104,26 +104,31 @@ struct h1_conn {
 
 static const char *reason(int status)
 {
-    switch (status) {
-    case 100: return "Continue";
-    case 200: return "OK";
-    case 400: return "Bad Request";
-    case 401: return "Unauthorized";
-    case 404: return "Not Found";
-    case 405: return "Method Not Allowed";
-    case 408: return "Request Timeout";
-    case 411: return "Length Required";
-    case 413: return "Content Too Large";
-    case 414: return "URI Too Long";
-    case 417: return "Expectation Failed";
-    case 429: return "Too Many Requests";
-    case 431: return "Request Header Fields Too Large";
-    case 500: return "Internal Server Error";
-    case 501: return "Not Implemented";
-    case 503: return "Service Unavailable";
-    case 505: return "HTTP Version Not Supported";
-    default: return "Unknown";
-    }
+    static const struct {
+        int status;
+        const char *text;
+    } reasons[] = {
+        {100, "Continue"},
+        {200, "OK"},
+        {400, "Bad Request"},
+        {401, "Unauthorized"},
+        {404, "Not Found"},
+        {405, "Method Not Allowed"},
+        {408, "Request Timeout"},
+        {411, "Length Required"},
+        {413, "Content Too Large"},
+        {414, "URI Too Long"},
+        {417, "Expectation Failed"},
+        {429, "Too Many Requests"},
+        {431, "Request Header Fields Too Large"},
+        {500, "Internal Server Error"},
+        {501, "Not Implemented"},
+        {503, "Service Unavailable"},
+        {505, "HTTP Version Not Supported"},
+    };
+    for (size_t i = 0; i < sizeof reasons / sizeof *reasons; i++)
+        if (reasons[i].status == status) return reasons[i].text;
+    return "Unknown";
 }
 
 static const char *date_line(struct h1_worker *w)
@@ -151,9 +156,18 @@ static void update_interest(struct h1_conn *c)
 {
     uint32_t hup = c->peer_closed ? 0 : EPOLLRDHUP;
     switch (c->st) {
-    case C_HEAD: case C_BODY: case C_LINGER: set_interest(c, EPOLLIN | EPOLLRDHUP); break;
-    case C_WRITE: set_interest(c, EPOLLOUT | hup); break;
-    case C_PENDING: case C_PARKED: set_interest(c, hup); break;
+    case C_HEAD:
+    case C_BODY:
+    case C_LINGER:
+        set_interest(c, EPOLLIN | EPOLLRDHUP);
+        break;
+    case C_WRITE:
+        set_interest(c, EPOLLOUT | hup);
+        break;
+    case C_PENDING:
+    case C_PARKED:
+        set_interest(c, hup);
+        break;
     }
 }
 
@@ -196,17 +210,23 @@ static void conn_close(struct h1_conn *c, enum h1_done why)
     end_request(c, why);
     pthread_mutex_lock(&w->wake_mu);
     if (c->wq) {
-        if (c->wq_prev) c->wq_prev->wq_next = c->wq_next;
-        else w->wake_head = c->wq_next;
-        if (c->wq_next) c->wq_next->wq_prev = c->wq_prev;
-        else w->wake_tail = c->wq_prev;
+        if (c->wq_prev)
+            c->wq_prev->wq_next = c->wq_next;
+        else
+            w->wake_head = c->wq_next;
+        if (c->wq_next)
+            c->wq_next->wq_prev = c->wq_prev;
+        else
+            w->wake_tail = c->wq_prev;
         c->wq = false;
     }
     c->dead = true;
     pthread_mutex_unlock(&w->wake_mu);
     close(c->fd); /* also leaves the epoll set */
-    if (c->prev) c->prev->next = c->next;
-    else w->conns = c->next;
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        w->conns = c->next;
     if (c->next) c->next->prev = c->prev;
     free(c->rbuf);
     c->rbuf = NULL;
@@ -295,8 +315,8 @@ static bool step_head(struct h1_conn *c)
     if (c->rlen == 0) return false;
     long end = h1p_head_end(&c->scan, c->rbuf, c->rlen);
     if (end < 0) {
-        conn_fail(c, (int)-end, end == -414 ? "the request line is too long"
-                                            : "the request head is too large");
+        conn_fail(c, (int)-end,
+                  end == -414 ? "the request line is too long" : "the request head is too large");
         return true;
     }
     if (end == 0) return false;
@@ -388,8 +408,9 @@ static long build_head(struct h1_conn *c, int status, const char *headers, const
 {
     bool keep = !c->close_after && !c->refused && c->req && c->req->keep_alive;
     if (!keep) c->close_after = true;
-    const char *conn = !keep ? "Connection: close\r\n"
-                             : c->req->minor == 0 ? "Connection: keep-alive\r\n" : "";
+    const char *conn = !keep                ? "Connection: close\r\n"
+                       : c->req->minor == 0 ? "Connection: keep-alive\r\n"
+                                            : "";
     const char *date = date_line(c->w);
     int n = snprintf(NULL, 0, "HTTP/1.1 %d %s\r\n%s%s%s%s\r\n", status, reason(status), date,
                      framing, conn, headers ? headers : "");
@@ -455,8 +476,8 @@ int h1_respond_stream(struct h1_conn *c, int status, const char *headers, h1_rea
     /* HTTP/1.0 has no chunked encoding: the body ends when the connection does. */
     c->chunked_out = c->req && c->req->minor == 1;
     if (!c->chunked_out) c->close_after = true;
-    if (build_head(c, status, headers, c->chunked_out ? "Transfer-Encoding: chunked\r\n" : "",
-                   0) < 0) {
+    if (build_head(c, status, headers, c->chunked_out ? "Transfer-Encoding: chunked\r\n" : "", 0) <
+        0) {
         c->close_after = true;
         c->wlen = c->woff = 0;
         return -1;
@@ -549,14 +570,21 @@ static void conn_run(struct h1_conn *c)
         if (c->dead) return;
         bool progress = false;
         switch (c->st) {
-        case C_HEAD: progress = step_head(c); break;
-        case C_BODY: progress = step_body(c); break;
-        case C_WRITE: progress = step_write(c); break;
+        case C_HEAD:
+            progress = step_head(c);
+            break;
+        case C_BODY:
+            progress = step_body(c);
+            break;
+        case C_WRITE:
+            progress = step_write(c);
+            break;
         case C_PENDING:
         case C_PARKED:
             if (c->peer_closed) conn_close(c, H1_DONE_CLOSED); /* gone while waiting */
             break;
-        case C_LINGER: break;
+        case C_LINGER:
+            break;
         }
         if (!progress) break;
     }
@@ -607,9 +635,15 @@ static void conn_event(struct h1_conn *c, uint32_t ev)
     if (ev & EPOLLRDHUP) c->peer_closed = true;
     switch (c->st) {
     case C_HEAD:
-    case C_BODY: conn_read(c); break;
-    case C_LINGER: linger_read(c); break;
-    default: conn_run(c); break;
+    case C_BODY:
+        conn_read(c);
+        break;
+    case C_LINGER:
+        linger_read(c);
+        break;
+    default:
+        conn_run(c);
+        break;
     }
 }
 
@@ -625,8 +659,10 @@ void h1_wake(struct h1_conn *c)
         c->wq = true;
         c->wq_next = NULL;
         c->wq_prev = w->wake_tail;
-        if (w->wake_tail) w->wake_tail->wq_next = c;
-        else w->wake_head = c;
+        if (w->wake_tail)
+            w->wake_tail->wq_next = c;
+        else
+            w->wake_head = c;
         w->wake_tail = c;
     }
     pthread_mutex_unlock(&w->wake_mu);
@@ -647,8 +683,10 @@ static void process_wakes(struct h1_worker *w)
         struct h1_conn *c = w->wake_head;
         if (c) {
             w->wake_head = c->wq_next;
-            if (w->wake_head) w->wake_head->wq_prev = NULL;
-            else w->wake_tail = NULL;
+            if (w->wake_head)
+                w->wake_head->wq_prev = NULL;
+            else
+                w->wake_tail = NULL;
             c->wq = false;
         }
         pthread_mutex_unlock(&w->wake_mu);
@@ -702,7 +740,8 @@ static void sweep(struct h1_worker *w)
         case C_LINGER:
             if (now - c->t_linger > LINGER_S) conn_close(c, H1_DONE_SENT);
             break;
-        default: break;
+        default:
+            break;
         }
     }
 }
@@ -767,9 +806,12 @@ static void *worker_main(void *arg)
         w->now = ms_now();
         for (int i = 0; i < n; i++) {
             void *p = evs[i].data.ptr;
-            if (p == &w->evfd) process_wakes(w);
-            else if (p == &s->lfd) accept_batch(w);
-            else conn_event(p, evs[i].events);
+            if (p == &w->evfd)
+                process_wakes(w);
+            else if (p == &s->lfd)
+                accept_batch(w);
+            else
+                conn_event(p, evs[i].events);
         }
         if (w->now >= next_sweep) {
             sweep(w);
@@ -778,7 +820,8 @@ static void *worker_main(void *arg)
         }
         free_dead(w);
     }
-    while (w->conns) conn_close(w->conns, H1_DONE_STOPPED);
+    while (w->conns)
+        conn_close(w->conns, H1_DONE_STOPPED);
     free_dead(w);
     return NULL;
 }
@@ -821,7 +864,8 @@ int h1_start(const struct h1_config *cfg, struct h1_server **out, char *err, siz
     s->lfd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     int one = 1;
     if (s->lfd < 0 || setsockopt(s->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
-        bind(s->lfd, (struct sockaddr *)&addr, sizeof addr) != 0 || listen(s->lfd, SOMAXCONN) != 0) {
+        bind(s->lfd, (struct sockaddr *)&addr, sizeof addr) != 0 ||
+        listen(s->lfd, SOMAXCONN) != 0) {
         ms_errf(err, errlen, "cannot listen on %s:%d: %s", cfg->host, cfg->port, strerror(errno));
         goto fail;
     }

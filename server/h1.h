@@ -64,12 +64,12 @@ struct h1_callbacks {
 };
 
 struct h1_config {
-    const char *host;       /* IPv4 address to listen on */
-    int port;               /* 0 = any free port (see h1_port) */
-    int threads;            /* I/O threads (default 4) */
-    int max_conns;          /* open connections; past it a client gets 503 and is closed */
-    double keep_alive_s;    /* idle and stall timeout (default 5) */
-    double read_timeout_s;  /* deadline for a whole request (default 30) */
+    const char *host;      /* IPv4 address to listen on */
+    int port;              /* 0 = any free port (see h1_port) */
+    int threads;           /* I/O threads (default 4) */
+    int max_conns;         /* open connections; past it a client gets 503 and is closed */
+    double keep_alive_s;   /* idle and stall timeout (default 5) */
+    double read_timeout_s; /* deadline for a whole request (default 30) */
     struct h1_callbacks cb;
 };
 

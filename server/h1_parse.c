@@ -86,13 +86,16 @@ static const char *list_next(const char **p, const char *end, size_t *len)
 {
     for (;;) {
         const char *s = *p;
-        while (s < end && (*s == ' ' || *s == '\t' || *s == ',')) s++;
+        while (s < end && (*s == ' ' || *s == '\t' || *s == ','))
+            s++;
         if (s >= end) return NULL;
         const char *e = s;
-        while (e < end && *e != ',') e++;
+        while (e < end && *e != ',')
+            e++;
         *p = e;
         const char *t = e;
-        while (t > s && (t[-1] == ' ' || t[-1] == '\t')) t--;
+        while (t > s && (t[-1] == ' ' || t[-1] == '\t'))
+            t--;
         if (t > s) {
             *len = (size_t)(t - s);
             return s;
@@ -143,7 +146,8 @@ static int parse_request_line(char *p, char *le, struct h1p_request *r, const ch
     *sp2 = '\0';
     r->method = p;
     for (char *q = target; *q; q++) {
-        if (!is_target_char((unsigned char)*q)) return *why = "invalid character in the request target", 400;
+        if (!is_target_char((unsigned char)*q))
+            return *why = "invalid character in the request target", 400;
         if (*q == '%' && !(is_hex((unsigned char)q[1]) && is_hex((unsigned char)q[2])))
             return *why = "bad percent-encoding in the request target", 400;
     }
@@ -178,7 +182,8 @@ static int parse_transfer_encoding(const struct h1p_request *r, bool *chunked, c
         while ((s = list_next(&p, end, &len))) {
             if (last_chunked) return *why = "chunked must be the last transfer coding", 400;
             size_t tl = 0;
-            while (tl < len && is_tchar((unsigned char)s[tl])) tl++;
+            while (tl < len && is_tchar((unsigned char)s[tl]))
+                tl++;
             if (tl == 0) return *why = "malformed Transfer-Encoding", 400;
             if (tl == 7 && strncasecmp(s, "chunked", 7) == 0 && tl == len) {
                 last_chunked = true;
@@ -224,13 +229,13 @@ static int check_fields(struct h1p_request *r, const char **why)
             r->expect_continue = true;
         }
     }
-    if (r->minor == 1 && hosts != 1) return *why = "an HTTP/1.1 request needs exactly one Host", 400;
+    if (r->minor == 1 && hosts != 1)
+        return *why = "an HTTP/1.1 request needs exactly one Host", 400;
     if (hosts > 1) return *why = "more than one Host", 400;
     if (te) {
         /* RFC 9112 6.1 and 6.3: faulty framing in HTTP/1.0; a smuggling attempt with both. */
         if (r->minor == 0) return *why = "Transfer-Encoding in an HTTP/1.0 request", 400;
-        if (r->content_length >= 0)
-            return *why = "both Transfer-Encoding and Content-Length", 400;
+        if (r->content_length >= 0) return *why = "both Transfer-Encoding and Content-Length", 400;
         int st = parse_transfer_encoding(r, &r->chunked, why);
         if (st) return st;
     }
@@ -262,7 +267,8 @@ int h1p_parse(char *head, size_t len, struct h1p_request *r, const char **why)
         } else {
             if (*p == ' ' || *p == '\t') return *why = "obsolete line folding in a header", 400;
             char *colon = p;
-            while (colon < le && is_tchar((unsigned char)*colon)) colon++;
+            while (colon < le && is_tchar((unsigned char)*colon))
+                colon++;
             if (colon == le || *colon != ':') {
                 if (colon < le && (*colon == ' ' || *colon == '\t'))
                     return *why = "whitespace between a header name and its colon", 400;
@@ -270,8 +276,10 @@ int h1p_parse(char *head, size_t len, struct h1p_request *r, const char **why)
             }
             if (colon == p) return *why = "empty header name", 400;
             char *v = colon + 1, *ve = le;
-            while (v < ve && (*v == ' ' || *v == '\t')) v++;
-            while (ve > v && (ve[-1] == ' ' || ve[-1] == '\t')) ve--;
+            while (v < ve && (*v == ' ' || *v == '\t'))
+                v++;
+            while (ve > v && (ve[-1] == ' ' || ve[-1] == '\t'))
+                ve--;
             for (char *q = v; q < ve; q++)
                 if (!is_value_char((unsigned char)*q))
                     return *why = "invalid character in a header value", 400;
@@ -290,11 +298,11 @@ int h1p_parse(char *head, size_t len, struct h1p_request *r, const char **why)
 /* --- chunked bodies -------------------------------------------------------------------------- */
 
 enum {
-    CH_SIZE,         /* chunk-size hex digits */
-    CH_EXT,          /* chunk extensions, ignored, up to CR */
-    CH_SIZE_LF,      /* LF ending the size line */
-    CH_DATA,         /* chunk data */
-    CH_DATA_CR,      /* CRLF after the data */
+    CH_SIZE,    /* chunk-size hex digits */
+    CH_EXT,     /* chunk extensions, ignored, up to CR */
+    CH_SIZE_LF, /* LF ending the size line */
+    CH_DATA,    /* chunk data */
+    CH_DATA_CR, /* CRLF after the data */
     CH_DATA_LF,
     CH_TRAILER,      /* start of a trailer line, or the final empty line */
     CH_TRAILER_LINE, /* inside a trailer field line (ignored) */

@@ -15,11 +15,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define H1P_MAX_LINE 8192    /* bytes of the request line; longer: 414 */
-#define H1P_MAX_HEAD 32768   /* bytes of the whole head; longer: 431 */
-#define H1P_MAX_FIELDS 100   /* header fields; more: 431 */
-#define H1P_MAX_CHUNK_LINE 4096 /* a chunk-size line with its extensions; longer: 400 */
-#define H1P_MAX_TRAILER 8192    /* bytes of a chunked body's trailer section; more: 431 */
+#define H1P_MAX_LINE       8192  /* bytes of the request line; longer: 414 */
+#define H1P_MAX_HEAD       32768 /* bytes of the whole head; longer: 431 */
+#define H1P_MAX_FIELDS     100   /* header fields; more: 431 */
+#define H1P_MAX_CHUNK_LINE 4096  /* a chunk-size line with its extensions; longer: 400 */
+#define H1P_MAX_TRAILER    8192  /* bytes of a chunked body's trailer section; more: 431 */
 
 struct h1p_field {
     const char *name;  /* as sent (compare case-insensitively) */
@@ -28,22 +28,22 @@ struct h1p_field {
 
 struct h1p_request {
     const char *method;
-    const char *path;          /* the request target reduced to its path (no query) */
-    int minor;                 /* HTTP/1.minor; a minor above 1 is read as 1 (RFC 9110 2.5) */
+    const char *path; /* the request target reduced to its path (no query) */
+    int minor;        /* HTTP/1.minor; a minor above 1 is read as 1 (RFC 9110 2.5) */
     struct h1p_field fields[H1P_MAX_FIELDS];
     int n_fields;
-    int64_t content_length;    /* -1: none; INT64_MAX: more digits than fit (too large) */
-    bool chunked;              /* Transfer-Encoding: chunked */
-    bool keep_alive;           /* the connection may carry another request after this one */
-    bool expect_continue;      /* Expect: 100-continue (HTTP/1.1 only) */
+    int64_t content_length; /* -1: none; INT64_MAX: more digits than fit (too large) */
+    bool chunked;           /* Transfer-Encoding: chunked */
+    bool keep_alive;        /* the connection may carry another request after this one */
+    bool expect_continue;   /* Expect: 100-continue (HTTP/1.1 only) */
 };
 
 /* Incremental search state for h1p_head_end; zero it before a new head. */
 struct h1p_scan {
-    size_t pos;       /* bytes searched so far */
-    size_t start;     /* where the request line starts (after ignored empty lines) */
-    size_t last_nl;   /* the latest line end seen */
-    bool line_done;   /* the request line has ended */
+    size_t pos;     /* bytes searched so far */
+    size_t start;   /* where the request line starts (after ignored empty lines) */
+    size_t last_nl; /* the latest line end seen */
+    bool line_done; /* the request line has ended */
 };
 
 /* Looks for the end of a request head in buf[0..len) (the bytes received so far, the same
@@ -61,10 +61,10 @@ const char *h1p_field(const struct h1p_request *r, const char *name);
 /* Chunked body decoder (RFC 9112 7.1); zero it (or h1p_chunked_init) before a body. */
 struct h1p_chunked {
     int state;
-    uint64_t size;     /* chunk-size being read, then the data bytes left in the chunk */
-    size_t line;       /* bytes of the current size or trailer line */
-    size_t trailer;    /* bytes of the trailer section so far */
-    int digits;        /* significant hex digits of the chunk size */
+    uint64_t size;  /* chunk-size being read, then the data bytes left in the chunk */
+    size_t line;    /* bytes of the current size or trailer line */
+    size_t trailer; /* bytes of the trailer section so far */
+    int digits;     /* significant hex digits of the chunk size */
 };
 
 void h1p_chunked_init(struct h1p_chunked *d);

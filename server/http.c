@@ -107,20 +107,20 @@ static int send_text(struct http_server *h, struct h1_conn *c, const char *route
     return h1_respond(c, status, headers, body, strlen(body));
 }
 
-static int send_json(struct http_server *h, struct h1_conn *c,
-                                 const char *route, int status, char *body)
+static int send_json(struct http_server *h, struct h1_conn *c, const char *route, int status,
+                     char *body)
 {
     return send_text(h, c, route, status, body, "application/json");
 }
 
-static int send_error(struct http_server *h, struct h1_conn *c,
-                                  const char *route, const struct proto_error *e)
+static int send_error(struct http_server *h, struct h1_conn *c, const char *route,
+                      const struct proto_error *e)
 {
     return send_json(h, c, route, e->status, proto_resp_error(e));
 }
 
-static int fail(struct http_server *h, struct h1_conn *c, const char *route,
-                            int status, const char *param, const char *code, const char *msg)
+static int fail(struct http_server *h, struct h1_conn *c, const char *route, int status,
+                const char *param, const char *code, const char *msg)
 {
     struct proto_error e;
     proto_fail(&e, status, param, code, "%s", msg);
@@ -560,11 +560,10 @@ static int gen_submit(struct http_server *h, struct gen *g, struct proto_req *pr
     return 0;
 }
 
-static int gen_poll(struct http_server *h, struct h1_conn *c,
-                                struct conn *cn);
+static int gen_poll(struct http_server *h, struct h1_conn *c, struct conn *cn);
 
-static int handle_generate(struct http_server *h, struct h1_conn *c,
-                                       struct conn *cn, enum proto_kind kind)
+static int handle_generate(struct http_server *h, struct h1_conn *c, struct conn *cn,
+                           enum proto_kind kind)
 {
     struct proto_req pr;
     struct proto_error e;
@@ -629,8 +628,8 @@ static int gen_poll(struct http_server *h, struct h1_conn *c, struct conn *cn)
 
 /* --- other routes -------------------------------------------------------------------------- */
 
-static int handle_tokenize(struct http_server *h, struct h1_conn *c,
-                                       struct conn *cn, bool detok)
+static int handle_tokenize(struct http_server *h, struct h1_conn *c, struct conn *cn,
+                           bool detok)
 {
     struct proto_req pr;
     struct proto_error e;

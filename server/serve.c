@@ -297,9 +297,11 @@ static int raise_nofile(void)
     long cap = (long)rl.rlim_cur - FD_RESERVE;
     if (cap < 16) cap = 16;
     if (cap > (1 << 20)) cap = 1 << 20;
+    char hard[32];
+    if (rl.rlim_max == RLIM_INFINITY) snprintf(hard, sizeof hard, "unlimited");
+    else snprintf(hard, sizeof hard, "%llu", (unsigned long long)rl.rlim_max);
     slog("info", "file descriptors: RLIMIT_NOFILE %llu (was %llu, hard limit %s); up to %ld "
-         "connections", (unsigned long long)rl.rlim_cur, (unsigned long long)before,
-         rl.rlim_max == RLIM_INFINITY ? "unlimited" : "the same", cap);
+         "connections", (unsigned long long)rl.rlim_cur, (unsigned long long)before, hard, cap);
     return (int)cap;
 }
 

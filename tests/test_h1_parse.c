@@ -39,7 +39,8 @@ static void test_head_end(void)
     struct h1p_scan sc = {0};
     long end = 0;
     size_t n;
-    for (n = 1; n <= strlen(req) && end == 0; n++) end = h1p_head_end(&sc, req, n);
+    for (n = 1; n <= strlen(req) && end == 0; n++)
+        end = h1p_head_end(&sc, req, n);
     CHECKF(end == (long)head_len, "end %ld", end);
     CHECK(n - 1 == head_len); /* found as soon as its last byte arrived */
     /* bare LF line ends */
@@ -74,8 +75,8 @@ static void test_valid(void)
     CHECK(strcmp(h1p_field(&r, "AUTHORIZATION"), "Bearer k") == 0);
     CHECK(h1p_field(&r, "Cookie") == NULL);
 
-    CHECK(parse("GET http://example.com:8000/health HTTP/1.1\r\nHost: example.com\r\n\r\n", &r,
-                buf, sizeof buf) == 0);
+    CHECK(parse("GET http://example.com:8000/health HTTP/1.1\r\nHost: example.com\r\n\r\n", &r, buf,
+                sizeof buf) == 0);
     CHECK(strcmp(r.path, "/health") == 0);
     CHECK(parse("GET http://example.com HTTP/1.1\r\nHost: e\r\n\r\n", &r, buf, sizeof buf) == 0);
     CHECK(strcmp(r.path, "/") == 0);
@@ -94,45 +95,47 @@ static void test_valid(void)
     CHECK(parse("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5, 5\r\nContent-Length: 5\r\n\r\n",
                 &r, buf, sizeof buf) == 0);
     CHECK(r.content_length == 5);
-    CHECK(parse("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999999999999999\r\n\r\n",
-                &r, buf, sizeof buf) == 0);
+    CHECK(parse("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999999999999999\r\n\r\n", &r,
+                buf, sizeof buf) == 0);
     CHECK(r.content_length == INT64_MAX);
     CHECK(parse("OPTIONS * HTTP/1.1\r\nHost: x\r\n\r\n", &r, buf, sizeof buf) == 0);
-    CHECK(parse("GET /a%20b HTTP/1.1\r\nHost: x\r\nX-Empty:\r\nX-Utf8: \xc3\xa9\r\n\r\n", &r,
-                buf, sizeof buf) == 0);
+    CHECK(parse("GET /a%20b HTTP/1.1\r\nHost: x\r\nX-Empty:\r\nX-Utf8: \xc3\xa9\r\n\r\n", &r, buf,
+                sizeof buf) == 0);
     CHECK(strcmp(h1p_field(&r, "x-empty"), "") == 0);
 }
 
 static void test_refused(void)
 {
     EXPECT("GARBAGE\r\n\r\n", 400);
-    EXPECT("GET /\r\n\r\n", 400);                               /* HTTP/0.9 style */
-    EXPECT("GET  / HTTP/1.1\r\nHost: x\r\n\r\n", 400);          /* two spaces */
+    EXPECT("GET /\r\n\r\n", 400);                      /* HTTP/0.9 style */
+    EXPECT("GET  / HTTP/1.1\r\nHost: x\r\n\r\n", 400); /* two spaces */
     EXPECT("GET / HTTP/1.1 \r\nHost: x\r\n\r\n", 400);
-    EXPECT("G(T / HTTP/1.1\r\nHost: x\r\n\r\n", 400);           /* not a token */
+    EXPECT("G(T / HTTP/1.1\r\nHost: x\r\n\r\n", 400); /* not a token */
     EXPECT("GET / http/1.1\r\nHost: x\r\n\r\n", 400);
     EXPECT("GET / HTTP/1\r\nHost: x\r\n\r\n", 400);
     EXPECT("GET / HTTP/2.0\r\nHost: x\r\n\r\n", 505);
-    EXPECT("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 505);            /* HTTP/2 preface */
+    EXPECT("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 505); /* HTTP/2 preface */
     EXPECT("GET / HTTP/0.9\r\nHost: x\r\n\r\n", 505);
-    EXPECT("GET x HTTP/1.1\r\nHost: x\r\n\r\n", 400);           /* not a path */
-    EXPECT("GET * HTTP/1.1\r\nHost: x\r\n\r\n", 400);           /* '*' is for OPTIONS */
+    EXPECT("GET x HTTP/1.1\r\nHost: x\r\n\r\n", 400); /* not a path */
+    EXPECT("GET * HTTP/1.1\r\nHost: x\r\n\r\n", 400); /* '*' is for OPTIONS */
     EXPECT("GET /a b HTTP/1.1\r\nHost: x\r\n\r\n", 400);
     EXPECT("GET /a\"b HTTP/1.1\r\nHost: x\r\n\r\n", 400);
     EXPECT("GET /a%2 HTTP/1.1\r\nHost: x\r\n\r\n", 400);
     EXPECT("GET /#frag HTTP/1.1\r\nHost: x\r\n\r\n", 400);
     EXPECT("GET http:///x HTTP/1.1\r\nHost: x\r\n\r\n", 400);
-    EXPECT("GET / HTTP/1.1\r\n\r\n", 400);                      /* no Host */
+    EXPECT("GET / HTTP/1.1\r\n\r\n", 400); /* no Host */
     EXPECT("GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", 400);
     EXPECT("GET / HTTP/1.0\r\nHost: a\r\nHost: b\r\n\r\n", 400);
-    EXPECT("GET / HTTP/1.1\r\nHost : x\r\n\r\n", 400);          /* space before the colon */
+    EXPECT("GET / HTTP/1.1\r\nHost : x\r\n\r\n", 400); /* space before the colon */
     EXPECT("GET / HTTP/1.1\r\nHost\t: x\r\n\r\n", 400);
     EXPECT("GET / HTTP/1.1\r\nHost: x\r\nX: a\r\n b\r\n\r\n", 400); /* obs-fold */
     EXPECT("GET / HTTP/1.1\r\n Host: x\r\n\r\n", 400);
     EXPECT("GET / HTTP/1.1\r\nHost: x\r\nNoColon\r\n\r\n", 400);
     EXPECT("GET / HTTP/1.1\r\nHost: x\r\n: empty\r\n\r\n", 400);
-    EXPECT("GET / HTTP/1.1\r\nHost: x\r\nX: a\rb\r\n\r\n", 400);   /* bare CR */
-    EXPECT("GET / HTTP/1.1\r\nHost: x\r\nX: a\x01" "b\r\n\r\n", 400);
+    EXPECT("GET / HTTP/1.1\r\nHost: x\r\nX: a\rb\r\n\r\n", 400); /* bare CR */
+    EXPECT("GET / HTTP/1.1\r\nHost: x\r\nX: a\x01"
+           "b\r\n\r\n",
+           400);
     EXPECT("GET / HTTP/1.1\rHost: x\r\n\r\n", 400);
     EXPECT("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n", 400);
     EXPECT("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n", 400);
@@ -142,13 +145,15 @@ static void test_refused(void)
     EXPECT("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n", 400);
     EXPECT("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5, 6\r\n\r\n", 400);
     EXPECT("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
-           "Transfer-Encoding: chunked\r\n\r\n", 400);                /* smuggling shape */
+           "Transfer-Encoding: chunked\r\n\r\n",
+           400); /* smuggling shape */
     EXPECT("POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n", 400);
     EXPECT("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n", 501);
     EXPECT("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n", 501);
     EXPECT("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked, chunked\r\n\r\n", 400);
     EXPECT("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
-           "Transfer-Encoding: chunked\r\n\r\n", 400);
+           "Transfer-Encoding: chunked\r\n\r\n",
+           400);
     EXPECT("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: xchunked\r\n\r\n", 501);
     EXPECT("POST / HTTP/1.1\r\nHost: x\r\nExpect: 200-ok\r\n\r\n", 417);
     /* limits */
@@ -162,7 +167,8 @@ static void test_refused(void)
     strcpy(big + n + H1P_MAX_HEAD, "\r\n\r\n");
     EXPECT(big, 431);
     n = sprintf(big, "GET / HTTP/1.1\r\nHost: x\r\n");
-    for (int i = 0; i < H1P_MAX_FIELDS; i++) n += sprintf(big + n, "X%d: y\r\n", i);
+    for (int i = 0; i < H1P_MAX_FIELDS; i++)
+        n += sprintf(big + n, "X%d: y\r\n", i);
     strcpy(big + n, "\r\n");
     EXPECT(big, 431);
     free(big);
@@ -215,12 +221,12 @@ static void test_chunked(void)
     CHECK(dechunk("0\r\n\r\n", 5, 1, out, &out_len, &rest) == 0 && out_len == 0);
     CHECK(dechunk("000\r\n\r\n", 7, 3, out, &out_len, &rest) == 0 && out_len == 0);
     const char *bad[] = {
-        "zz\r\n",                       /* not hex */
-        "\r\n",                         /* no size */
-        "5\nhello\r\n0\r\n\r\n",        /* LF alone after the size */
-        "5\r\nhello\n0\r\n\r\n",        /* LF alone after the data */
-        "5\r\nhelloXX0\r\n\r\n",        /* data longer than its size */
-        "1000000000000000\r\n",         /* 16 significant hex digits */
+        "zz\r\n",                /* not hex */
+        "\r\n",                  /* no size */
+        "5\nhello\r\n0\r\n\r\n", /* LF alone after the size */
+        "5\r\nhello\n0\r\n\r\n", /* LF alone after the data */
+        "5\r\nhelloXX0\r\n\r\n", /* data longer than its size */
+        "1000000000000000\r\n",  /* 16 significant hex digits */
         "-5\r\n",
         "5\x01\r\n",
         "5;a\x01\r\n",
@@ -242,8 +248,8 @@ static void test_chunked(void)
     size_t n;
     bool done;
     long used = 0, total = 0;
-    while ((used = h1p_chunked(&d, trailer + total, H1P_MAX_TRAILER + 16 - (size_t)total, &data,
-                               &n, &done, &why)) > 0)
+    while ((used = h1p_chunked(&d, trailer + total, H1P_MAX_TRAILER + 16 - (size_t)total, &data, &n,
+                               &done, &why)) > 0)
         total += used;
     CHECK(used == -431);
     free(trailer);

@@ -46,7 +46,8 @@ static void fuzz_safetensors(const uint8_t *bytes, size_t len)
         for (int i = 0; i < st_count(a); i++) {
             const struct st_tensor *t = st_at(a, i);
             if (st_find(a, t->name) == NULL) abort();
-            for (size_t b = 0; b < t->nbytes; b += 4096) sink ^= ((const uint8_t *)t->data)[b];
+            for (size_t b = 0; b < t->nbytes; b += 4096)
+                sink ^= ((const uint8_t *)t->data)[b];
             if (t->nbytes) sink ^= ((const uint8_t *)t->data)[t->nbytes - 1];
         }
         st_metadata(a, "format");
@@ -60,7 +61,9 @@ static void fuzz_safetensors(const uint8_t *bytes, size_t len)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 1) return 0;
-    if (data[0] & 1) fuzz_safetensors(data + 1, size - 1);
-    else fuzz_config((const char *)data + 1, size - 1);
+    if (data[0] & 1)
+        fuzz_safetensors(data + 1, size - 1);
+    else
+        fuzz_config((const char *)data + 1, size - 1);
     return 0;
 }

@@ -6,7 +6,8 @@
 #   nice -n 19 tools/fuzz.sh --runs 10000000      ten million executions of each, one at a time
 # Builds build-fuzz (clang, -DMOESERVE_FUZZ=ON) first unless --no-build. A harness starts from
 # its committed seeds (tests/fuzz/corpus/NAME) plus what earlier runs kept (BUILD/fuzz-corpus/
-# NAME), with tests/fuzz/NAME.dict when there is one. Crashes, leaks, timeouts and OOMs are
+# NAME), with tests/fuzz/NAME.dict when there is one and the libFuzzer flags listed in
+# tests/fuzz/NAME.options (one a line). Crashes, leaks, timeouts and OOMs are
 # written to BUILD/fuzz-findings/NAME/ (reproduce: BUILD/NAME FILE). Prints one line per
 # harness: executions, seconds, new findings; exits 1 when any harness found something.
 set -euo pipefail
@@ -23,7 +24,7 @@ while [ $# -gt 0 ]; do
         --runs) runs=$2; shift 2 ;;
         --build-dir) build=$2; shift 2 ;;
         --no-build) do_build=0; shift ;;
-        -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
         -*) echo "fuzz.sh: unknown option $1" >&2; exit 2 ;;
         *) names+=("$1"); shift ;;
     esac
@@ -45,13 +46,18 @@ for name in "${names[@]}"; do
     log=$build/fuzz-logs/$name.log
     mkdir -p "$work" "$found" "$(dirname "$log")"
     if [ -n "$runs" ]; then limit=(-runs="$runs"); else limit=(-max_total_time="$time_s"); fi
-    dict=()
-    if [ -f "tests/fuzz/$name.dict" ]; then dict=(-dict="tests/fuzz/$name.dict"); fi
+    extra=()
+    if [ -f "tests/fuzz/$name.dict" ]; then extra+=(-dict="tests/fuzz/$name.dict"); fi
+    if [ -f "tests/fuzz/$name.options" ]; then
+        while read -r opt; do
+            case "$opt" in -*) extra+=("$opt") ;; esac
+        done <"tests/fuzz/$name.options"
+    fi
     before=$(find "$found" -type f | wc -l)
     start=$SECONDS
     rc=0
     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-        "$build/$name" "${limit[@]}" "${dict[@]}" -timeout=20 -rss_limit_mb=4096 \
+        "$build/$name" "${limit[@]}" "${extra[@]}" -timeout=20 -rss_limit_mb=4096 \
         -print_final_stats=1 -artifact_prefix="$found/" "$work" "tests/fuzz/corpus/$name" \
         >"$log" 2>&1 || rc=$?
     execs=$(grep -o 'stat::number_of_executed_units: [0-9]*' "$log" | awk '{print $2}' || true)

@@ -60,7 +60,7 @@ for name in "${names[@]}"; do
         "$build/$name" "${limit[@]}" "${extra[@]}" -timeout=20 -rss_limit_mb=4096 \
         -print_final_stats=1 -artifact_prefix="$found/" "$work" "tests/fuzz/corpus/$name" \
         >"$log" 2>&1 || rc=$?
-    execs=$(grep -o 'stat::number_of_executed_units: [0-9]*' "$log" | awk '{print $2}' || true)
+    execs=$(grep -a -o 'stat::number_of_executed_units: [0-9]*' "$log" | awk '{print $2}' || true)
     new=$(( $(find "$found" -type f | wc -l) - before ))
     echo "$name: ${execs:-?} executions in $((SECONDS - start)) s, $new new findings" \
          "(exit $rc; log $log)"

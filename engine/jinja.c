@@ -24,6 +24,8 @@ struct jinja_chunk {
 void *jinja_arena_alloc(jinja_arena *a, size_t n)
 {
     n = (n + 15) & ~(size_t)15;
+    if (a->limit && (n > a->limit || a->total > a->limit - n)) return NULL;
+    a->total += n;
     struct jinja_chunk *c = a->head;
     if (!c || c->cap - c->used < n) {
         size_t cap = n > 60000 ? n : 60000;
@@ -76,13 +78,23 @@ int jinja_fail(jinja_ctx *cx, int line, const char *fmt, ...)
     return ms_errf(cx->err, cx->errlen, "%s", msg);
 }
 
+int jinja_step(jinja_ctx *cx, int line)
+{
+    if (++cx->steps <= JINJA_MAX_STEPS) return 0;
+    return jinja_fail(cx, line, "the template runs too long (over %d loop iterations and macro calls)",
+                      JINJA_MAX_STEPS);
+}
+
 int jinja_oom(jinja_ctx *cx)
 {
-    return jinja_fail(cx, 0, "out of memory");
+    return jinja_fail(cx, 0, "out of memory (a render may use at most %d MiB)",
+                      JINJA_MAX_RENDER_BYTES >> 20);
 }
 
 int jinja_buf_put(jinja_ctx *cx, jinja_buf *b, const char *p, size_t n)
 {
+    if (b->n + n + 1 > JINJA_MAX_RENDER_BYTES / 4)
+        return jinja_fail(cx, 0, "text too long (over %d MiB)", JINJA_MAX_RENDER_BYTES >> 22);
     if (b->n + n + 1 > b->cap) {
         size_t cap = b->cap ? b->cap : 256;
         while (cap < b->n + n + 1) cap *= 2;
@@ -477,6 +489,7 @@ static int call_macro(jinja_ctx *cx, const jinja_node *m, const jinja_args *args
                       jinja_value *out)
 {
     if (++cx->depth > 64) return jinja_fail(cx, line, "macro recursion too deep");
+    if (jinja_step(cx, line)) return -1;
     jinja_frame *f = jinja_frame_new(cx, cx->root);
     if (!f) return -1;
     if (args->n > m->ntargets)
@@ -979,6 +992,7 @@ static int exec_for(jinja_ctx *cx, const jinja_node *n)
     size_t len = items.u.l->n;
     jinja_frame *saved = cx->frame;
     for (size_t i = 0; i < len; i++) {
+        if (jinja_step(cx, n->line)) return -1;
         jinja_frame *f = jinja_frame_new(cx, saved);
         jinja_value loop = jinja_dict_new(cx, JINJA_DICT);
         if (!f || cx->failed) return -1;
@@ -1094,7 +1108,7 @@ static int render(const jinja_template *t, int (*fill)(jinja_ctx *, const void *
                   char **out, char *err, size_t errlen)
 {
     *out = NULL;
-    jinja_arena arena = {0};
+    jinja_arena arena = {.limit = JINJA_MAX_RENDER_BYTES};
     jinja_buf b = {0};
     jinja_ctx cx = {.a = &arena, .err = err, .errlen = errlen, .out = &b};
     int rc = -1;

@@ -197,6 +197,13 @@ static void test_errors(void)
     expect_error("{{ 9223372036854775807 + 1 }}", msgs, "integer overflow");
     expect_error("{{ (-9223372036854775807 - 1) // -1 }}", msgs, "integer overflow");
     expect_error("{{ 3037000500 * 3037000500 }}", msgs, "integer overflow");
+    /* a render's work and memory are bounded (fuzz_jinja found nested loops that ran for ever) */
+    expect_error("{% for a in range(1000) %}{% for b in range(101) %}{% endfor %}{% endfor %}",
+                 msgs, "runs too long");
+    expect_error("{% macro f(n) %}{% for i in range(100000) %}{% endfor %}{{ f(n) }}{% endmacro %}"
+                 "{{ f(1) }}",
+                 msgs, "runs too long");
+    expect_error("{% set s = 'a' * 60000000 %}{{ s ~ s ~ s ~ s ~ s }}", msgs, "at most 256 MiB");
     out = NULL;
     CHECK(jinja_render_chat("{{ 2 ** 62 }} {{ (-1) ** 65 }} {{ 'abcdef'[1::9223372036854775807] }} "
                             "{{ 'abc'[::-9223372036854775807] }} "

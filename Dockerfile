@@ -8,7 +8,7 @@
 FROM debian:bookworm AS build-cpu
 RUN apt-get update && apt-get install -y --no-install-recommends \
         build-essential cmake pkg-config libjansson-dev libpcre2-dev \
-        libuv1-dev libmicrohttpd-dev && rm -rf /var/lib/apt/lists/*
+        libuv1-dev && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY CMakeLists.txt ./
 COPY engine engine
@@ -22,7 +22,7 @@ RUN cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DMOESERVE_CUDA=OFF \
 
 FROM debian:bookworm-slim AS cpu
 RUN apt-get update && apt-get install -y --no-install-recommends \
-        libjansson4 libpcre2-8-0 libuv1 libmicrohttpd12 ca-certificates \
+        libjansson4 libpcre2-8-0 libuv1 ca-certificates \
     && rm -rf /var/lib/apt/lists/* && useradd --system --uid 10001 moeserve
 COPY --from=build-cpu /src/build/moeserve /usr/local/bin/moeserve
 COPY models /models
@@ -34,7 +34,7 @@ ENTRYPOINT ["/usr/local/bin/moeserve"]
 FROM nvidia/cuda:12.6.3-devel-ubuntu24.04 AS build-cuda
 RUN apt-get update && apt-get install -y --no-install-recommends \
         build-essential cmake pkg-config libjansson-dev libpcre2-dev \
-        libuv1-dev libmicrohttpd-dev libnccl-dev && rm -rf /var/lib/apt/lists/*
+        libuv1-dev libnccl-dev && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY CMakeLists.txt ./
 COPY engine engine
@@ -48,7 +48,7 @@ RUN cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DMOESERVE_CUDA=ON \
 
 FROM nvidia/cuda:12.6.3-runtime-ubuntu24.04 AS cuda
 RUN apt-get update && apt-get install -y --no-install-recommends \
-        libjansson4 libpcre2-8-0 libuv1t64 libmicrohttpd12t64 libnccl2 \
+        libjansson4 libpcre2-8-0 libuv1t64 libnccl2 \
         libcublas-12-6 && rm -rf /var/lib/apt/lists/* && useradd --system --uid 10001 moeserve
 COPY --from=build-cuda /src/build/moeserve /usr/local/bin/moeserve
 COPY models /models

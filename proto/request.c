@@ -30,6 +30,9 @@ const char *proto_error_type(int status)
 {
     switch (status) {
     case 400: case 405: case 413: return "invalid_request_error";
+    /* HTTP-level refusals of a malformed or oversized request: the client's to fix */
+    case 408: case 411: case 414: case 417: case 431: case 501: case 505:
+        return "invalid_request_error";
     case 401: return "authentication_error";
     case 404: return "not_found_error";
     case 429: return "rate_limit_error";

@@ -27,7 +27,8 @@
 #define PROTO_MAX_BEST_OF 16
 
 struct proto_error {
-    int status;          /* HTTP status: 400, 401, 404, 405, 413, 429, 500, 503 */
+    int status;          /* HTTP status: 400, 401, 404, 405, 408, 411, 413, 414, 417, 429, 431,
+                            500, 501, 503, 505 */
     char param[64];      /* the offending field ("" = null) */
     char code[48];       /* "" = null */
     char message[384];

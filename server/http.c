@@ -1,27 +1,28 @@
-/* HTTP front end (see http.h). A request's life: MHD calls `on_request` with the headers, then
- * with body pieces (collected up to max_body), then once more with none; the route handler
- * answers at once (models, health, metrics, tokenize, errors) or creates a `gen` that submits
- * one scheduler request per choice. Non-streaming gens suspend the connection until every
- * choice finished; streaming gens answer with a callback response whose reader turns new
- * output into SSE frames and suspends the connection when there is nothing to send. The
- * scheduler's notify hook resumes it. Lock order: a request's lock, then the gen's lock; the
- * reader never holds both (it samples an event counter instead), so no wake-up is lost. */
+/* HTTP front end (see http.h). A request's life: h1 (the HTTP/1.1 core) calls `on_request`
+ * with the head, where everything that needs no body is decided (route, method, API key,
+ * declared size: an unauthenticated or oversized body is never read), then with body pieces
+ * (collected up to max_body; past it the 413 goes out at once), then at the end; the route
+ * handler answers at once (models, health, metrics, tokenize, errors) or creates a `gen` that
+ * submits one scheduler request per choice. Non-streaming gens leave the request pending until
+ * every choice finished; streaming gens answer with a stream whose reader turns new output
+ * into SSE frames and parks the connection when there is nothing to send. The scheduler's
+ * notify hook wakes it (h1_wake). A client that leaves while its request waits is seen by h1,
+ * whose on_done frees the gen and so cancels its choices. Lock order: a request's lock, then
+ * the gen's lock; the reader never holds both (it samples an event counter instead), so no
+ * wake-up is lost. */
 #include "http.h"
 
-#include <arpa/inet.h>
-#include <errno.h>
-#include <microhttpd.h>
-#include <netinet/in.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
+#include <strings.h>
 #include <time.h>
 
 #include "common.h"
 #include "grammar.h"
+#include "h1.h"
 #include "jinja.h"
 #include "proto/request.h"
 #include "proto/response.h"
@@ -31,7 +32,7 @@ enum { HTTP_LOADING, HTTP_READY, HTTP_DRAINING };
 struct http_server {
     struct http_config cfg;
     char *host, *api_key, *model_name;
-    struct MHD_Daemon *d;
+    struct h1_server *srv;
     struct metrics *mt;
     atomic_int state;
     const struct model *m;
@@ -59,7 +60,7 @@ struct choice_state {
 
 struct gen {
     struct http_server *h;
-    struct MHD_Connection *c;
+    struct h1_conn *c;
     enum proto_kind kind;
     bool stream, include_usage, logprobs;
     bool echo_lps;             /* echo + logprobs: the prompt's logprobs lead each choice's */
@@ -79,7 +80,7 @@ struct gen {
     pthread_mutex_t mu;
     uint64_t events;
     bool suspended;
-    char *pend;                /* SSE bytes not yet handed to MHD */
+    char *pend;                /* SSE bytes not yet handed to h1 */
     size_t pend_len, pend_off;
     bool usage_sent, done_sent;
 };
@@ -88,7 +89,6 @@ struct conn {
     const char *route;
     char *body;
     size_t len, cap;
-    bool too_big, answered;
     struct gen *g;
 };
 
@@ -103,47 +103,39 @@ static bool is_get_route(const char *route)
     return false;
 }
 
-static enum MHD_Result send_text(struct http_server *h, struct MHD_Connection *c,
-                                 const char *route, int status, char *body, const char *ctype)
+static int send_text(struct http_server *h, struct h1_conn *c, const char *route, int status,
+                     char *body, const char *ctype)
 {
     if (!body) {
         status = 500;
         body = strdup("{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\","
                       "\"param\":null,\"code\":null}}");
-        if (!body) return MHD_NO;
+        if (!body) return -1;
         ctype = "application/json";
     }
-    struct MHD_Response *r =
-        MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
-    if (!r) {
-        free(body);
-        return MHD_NO;
-    }
-    MHD_add_response_header(r, "Content-Type", ctype);
-    if (status == 429) MHD_add_response_header(r, "Retry-After", "1");
-    if (status == 405)
-        MHD_add_response_header(r, "Allow", is_get_route(route) ? "GET" : "POST");
-    if (status == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
-    enum MHD_Result rc = MHD_queue_response(c, (unsigned)status, r);
-    MHD_destroy_response(r);
+    char headers[160];
+    snprintf(headers, sizeof headers, "Content-Type: %s\r\n%s%s%s", ctype,
+             status == 429 ? "Retry-After: 1\r\n" : "",
+             status == 405 ? (is_get_route(route) ? "Allow: GET\r\n" : "Allow: POST\r\n") : "",
+             status == 401 ? "WWW-Authenticate: Bearer\r\n" : "");
     metrics_http(h->mt, route, status);
-    return rc;
+    return h1_respond(c, status, headers, body, strlen(body));
 }
 
-static enum MHD_Result send_json(struct http_server *h, struct MHD_Connection *c,
-                                 const char *route, int status, char *body)
+static int send_json(struct http_server *h, struct h1_conn *c, const char *route, int status,
+                     char *body)
 {
     return send_text(h, c, route, status, body, "application/json");
 }
 
-static enum MHD_Result send_error(struct http_server *h, struct MHD_Connection *c,
-                                  const char *route, const struct proto_error *e)
+static int send_error(struct http_server *h, struct h1_conn *c, const char *route,
+                      const struct proto_error *e)
 {
     return send_json(h, c, route, e->status, proto_resp_error(e));
 }
 
-static enum MHD_Result fail(struct http_server *h, struct MHD_Connection *c, const char *route,
-                            int status, const char *param, const char *code, const char *msg)
+static int fail(struct http_server *h, struct h1_conn *c, const char *route, int status,
+                const char *param, const char *code, const char *msg)
 {
     struct proto_error e;
     proto_fail(&e, status, param, code, "%s", msg);
@@ -227,7 +219,7 @@ static void gen_notify(void *ctx)
     g->events++;
     if (g->suspended) {
         g->suspended = false;
-        MHD_resume_connection(g->c);
+        h1_wake(g->c);
     }
     pthread_mutex_unlock(&g->mu);
 }
@@ -235,7 +227,7 @@ static void gen_notify(void *ctx)
 static void gen_free(struct gen *g)
 {
     if (!g) return;
-    for (int i = 0; i < g->n; i++) {
+    for (int i = 0; g->reqs && i < g->n; i++) {
         if (!g->reqs[i]) continue;
         sched_req_set_notify(g->reqs[i], NULL, NULL);
         sched_req_cancel(g->h->s, g->reqs[i]);
@@ -250,30 +242,13 @@ static void gen_free(struct gen *g)
     free(g);
 }
 
-/* True when the client hung up. MHD reads nothing from a connection whose request is complete
- * and writes nothing to a non-streaming one until its body is ready, so without this a client
- * that disconnects while waiting would be noticed only after its generation ended. One peek
- * per resume (per token); a client that half-closes its side after sending the request counts
- * as gone too, as with other OpenAI-compatible servers. */
-static bool peer_gone(struct MHD_Connection *c)
-{
-    const union MHD_ConnectionInfo *ci =
-        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
-    if (!ci) return false;
-    char b;
-    ssize_t n = recv(ci->connect_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
-    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
-}
-
-/* Suspends the connection unless output arrived since `seen` (then the caller retries). */
+/* Marks the gen as waiting for output unless output arrived since `seen` (then the caller
+ * retries). The caller then leaves the connection pending or parked; gen_notify wakes it. */
 static bool gen_suspend(struct gen *g, uint64_t seen)
 {
     pthread_mutex_lock(&g->mu);
     bool ok = g->events == seen;
-    if (ok) {
-        g->suspended = true;
-        MHD_suspend_connection(g->c);
-    }
+    if (ok) g->suspended = true;
     pthread_mutex_unlock(&g->mu);
     return ok;
 }
@@ -577,7 +552,7 @@ static bool gen_collect(struct gen *g)
     return added;
 }
 
-static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
+static long stream_reader(void *cls, char *buf, size_t max)
 {
     struct gen *g = cls;
     for (;;) {
@@ -586,13 +561,12 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
             if (n > max) n = max;
             memcpy(buf, g->pend + g->pend_off, n);
             g->pend_off += n;
-            return (ssize_t)n;
+            return (long)n;
         }
-        if (g->done_sent) return MHD_CONTENT_READER_END_OF_STREAM;
+        if (g->done_sent) return H1_STREAM_END;
         uint64_t seen = gen_events(g);
         if (gen_collect(g)) continue;
-        if (peer_gone(g->c)) return MHD_CONTENT_READER_END_WITH_ERROR; /* on_completed cancels */
-        if (gen_suspend(g, seen)) return 0;
+        if (gen_suspend(g, seen)) return 0; /* parked until gen_notify */
     }
 }
 
@@ -739,6 +713,13 @@ static int gen_submit(struct http_server *h, struct gen *g, struct proto_req *pr
     g->reqs = calloc((size_t)g->n, sizeof *g->reqs);
     g->cs = calloc((size_t)g->n, sizeof *g->cs);
     if (!g->reqs || !g->cs) return proto_fail(e, 500, NULL, NULL, "out of memory");
+    /* Each choice is one queued sequence: more than the queue holds could never be admitted,
+     * so this is the client's error to fix, not a 429 to retry. */
+    if (h->cfg.max_waiting > 0 && g->n > h->cfg.max_waiting)
+        return proto_fail(e, 400, pr->n > 1 ? "n" : "prompt", "invalid_value",
+                          "the request asks for %d sequences (%d prompt(s) x n=%d) but the server "
+                          "queues at most %d (--max-waiting)",
+                          g->n, n_prompts, pr->n, h->cfg.max_waiting);
     if (pr->moe_top_k > m->desc.top_k)
         return proto_fail(e, 400, "moe_top_k", "invalid_value",
                           "'moe_top_k' must be at most the model's %d experts per token",
@@ -862,11 +843,10 @@ out:
     return rc;
 }
 
-static enum MHD_Result gen_poll(struct http_server *h, struct MHD_Connection *c,
-                                struct conn *cn);
+static int gen_poll(struct http_server *h, struct h1_conn *c, struct conn *cn);
 
-static enum MHD_Result handle_generate(struct http_server *h, struct MHD_Connection *c,
-                                       struct conn *cn, enum proto_kind kind)
+static int handle_generate(struct http_server *h, struct h1_conn *c, struct conn *cn,
+                           enum proto_kind kind)
 {
     struct proto_req pr;
     struct proto_error e;
@@ -903,34 +883,26 @@ static enum MHD_Result handle_generate(struct http_server *h, struct MHD_Connect
     proto_req_free(&pr);
     if (rc != 0) return send_error(h, c, cn->route, &e);
     if (g->stream) {
-        struct MHD_Response *r =
-            MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, g, NULL);
-        if (!r) return MHD_NO;
-        MHD_add_response_header(r, "Content-Type", "text/event-stream");
-        MHD_add_response_header(r, "Cache-Control", "no-cache");
-        enum MHD_Result q = MHD_queue_response(c, 200, r);
-        MHD_destroy_response(r);
         metrics_http(h->mt, cn->route, 200);
-        cn->answered = true;
-        return q;
+        return h1_respond_stream(c, 200,
+                                 "Content-Type: text/event-stream\r\nCache-Control: no-cache\r\n",
+                                 stream_reader, g);
     }
     return gen_poll(h, c, cn); /* suspends until the choices finish */
 }
 
 /* Non-streaming: called on every resume until the choices finished. */
-static enum MHD_Result gen_poll(struct http_server *h, struct MHD_Connection *c, struct conn *cn)
+static int gen_poll(struct http_server *h, struct h1_conn *c, struct conn *cn)
 {
     struct gen *g = cn->g;
     for (;;) {
         uint64_t seen = gen_events(g);
         if (gen_all_finished(g)) break;
-        if (peer_gone(c)) return MHD_NO; /* MHD closes; on_completed cancels the choices */
-        if (gen_suspend(g, seen)) return MHD_YES;
+        if (gen_suspend(g, seen)) return 0; /* pending until gen_notify */
     }
     int status;
     struct proto_error e;
     char *body = gen_body(g, &status, &e);
-    cn->answered = true;
     if (status != 200) {
         free(body);
         return send_error(h, c, cn->route, &e);
@@ -940,8 +912,8 @@ static enum MHD_Result gen_poll(struct http_server *h, struct MHD_Connection *c,
 
 /* --- other routes -------------------------------------------------------------------------- */
 
-static enum MHD_Result handle_tokenize(struct http_server *h, struct MHD_Connection *c,
-                                       struct conn *cn, bool detok)
+static int handle_tokenize(struct http_server *h, struct h1_conn *c, struct conn *cn,
+                           bool detok)
 {
     struct proto_req pr;
     struct proto_error e;
@@ -991,62 +963,80 @@ static const char *const known_routes[] = {"/v1/completions", "/v1/chat/completi
                                            "/v1/models", "/health", "/metrics", "/tokenize",
                                            "/detokenize", "/version", "/tokenizer_info"};
 
-static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
-                                  const char *method, const char *version,
-                                  const char *upload_data, size_t *upload_size, void **con_cls)
+/* The token of an "Authorization: Bearer TOKEN" header, or NULL. The scheme name is
+ * case-insensitive (RFC 9110 11.1), so "bearer" works as clients send it. */
+static const char *bearer_token(const char *auth)
 {
-    struct http_server *h = cls;
-    struct conn *cn = *con_cls;
-    if (!cn) {
-        cn = calloc(1, sizeof *cn);
-        if (!cn) return MHD_NO;
-        cn->route = "other";
-        for (size_t i = 0; i < sizeof known_routes / sizeof *known_routes; i++)
-            if (strcmp(url, known_routes[i]) == 0) cn->route = known_routes[i];
-        if (strncmp(url, "/v1/models/", 11) == 0 && url[11]) cn->route = "/v1/models/{id}";
-        *con_cls = cn;
-        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
-        if (cl && strtoull(cl, NULL, 10) > h->cfg.max_body) {
-            cn->answered = true;
-            return fail(h, c, cn->route, 413, NULL, "request_too_large",
-                        "the request body is too large");
-        }
-        return MHD_YES;
-    }
-    if (*upload_size > 0) {
-        size_t n = *upload_size;
-        *upload_size = 0;
-        if (cn->too_big || cn->len + n > h->cfg.max_body) {
-            cn->too_big = true;
-            return MHD_YES;
-        }
-        if (cn->len + n + 1 > cn->cap) {
-            size_t cap = (cn->len + n + 1) * 2;
-            if (cap > h->cfg.max_body + 1) cap = h->cfg.max_body + 1;
-            char *b = realloc(cn->body, cap);
-            if (!b) return MHD_NO;
-            cn->body = b;
-            cn->cap = cap;
-        }
-        memcpy(cn->body + cn->len, upload_data, n);
-        cn->len += n;
-        cn->body[cn->len] = '\0';
-        return MHD_YES;
-    }
-    if (cn->g && !cn->answered) return gen_poll(h, c, cn);
-    if (cn->answered) return MHD_YES;
-    cn->answered = true;
-    if (cn->too_big)
-        return fail(h, c, cn->route, 413, NULL, "request_too_large", "the request body is too large");
+    if (!auth || strncasecmp(auth, "Bearer", 6) != 0 || (auth[6] != ' ' && auth[6] != '\t'))
+        return NULL;
+    auth += 6;
+    while (*auth == ' ' || *auth == '\t') auth++;
+    return auth;
+}
 
-    const char *route = cn->route;
-    bool get = strcmp(method, "GET") == 0, post = strcmp(method, "POST") == 0;
+/* The head is in: everything that needs no body is decided here, so a request refused for its
+ * route, method, key, declared size or the server's state never has its body read. */
+static int on_head(struct http_server *h, struct h1_conn *c)
+{
+    struct conn *cn = calloc(1, sizeof *cn);
+    if (!cn) return fail(h, c, "other", 500, NULL, NULL, "out of memory");
+    h1_set_data(c, cn);
+    cn->route = "other";
+    const char *path = h1_path(c);
+    for (size_t i = 0; i < sizeof known_routes / sizeof *known_routes; i++)
+        if (strcmp(path, known_routes[i]) == 0) cn->route = known_routes[i];
+    if (strncmp(path, "/v1/models/", 11) == 0 && path[11]) cn->route = "/v1/models/{id}";
+    const char *route = cn->route, *method = h1_method(c);
     if (strcmp(route, "other") == 0)
         return fail(h, c, route, 404, NULL, "not_found", "no such route");
+    bool get = strcmp(method, "GET") == 0, post = strcmp(method, "POST") == 0;
     bool want_get = is_get_route(route);
     if ((want_get && !get) || (!want_get && !post))
         return fail(h, c, route, 405, NULL, "method_not_allowed", "method not allowed");
+    if (h->api_key && strncmp(route, "/v1/", 4) == 0 &&
+        !key_ok(h->api_key, bearer_token(h1_header(c, "Authorization"))))
+        return fail(h, c, route, 401, NULL, "invalid_api_key",
+                    "missing or invalid API key (Authorization: Bearer ...)");
+    int64_t cl = h1_content_length(c);
+    if (post && cl == -2)
+        return fail(h, c, route, 411, NULL, "length_required",
+                    "a request body with Content-Length or chunked encoding is required");
+    if (cl > (int64_t)h->cfg.max_body)
+        return fail(h, c, route, 413, NULL, "request_too_large", "the request body is too large");
+    int state = atomic_load(&h->state);
+    if (post && state == HTTP_LOADING)
+        return fail(h, c, route, 503, NULL, NULL, "the model is loading");
+    if (post && state == HTTP_DRAINING && strncmp(route, "/v1/", 4) == 0)
+        return fail(h, c, route, 503, NULL, NULL, "the server is shutting down");
+    return 0;
+}
 
+/* A piece of the body: bodies of unknown length (chunked) are counted as they arrive, and the
+ * 413 goes out as soon as the limit is passed. */
+static int on_body(struct http_server *h, struct h1_conn *c, struct conn *cn, const char *data,
+                   size_t n)
+{
+    if (cn->len + n > h->cfg.max_body)
+        return fail(h, c, cn->route, 413, NULL, "request_too_large",
+                    "the request body is too large");
+    if (cn->len + n + 1 > cn->cap) {
+        size_t cap = (cn->len + n + 1) * 2;
+        if (cap > h->cfg.max_body + 1) cap = h->cfg.max_body + 1;
+        char *b = realloc(cn->body, cap);
+        if (!b) return fail(h, c, cn->route, 500, NULL, NULL, "out of memory");
+        cn->body = b;
+        cn->cap = cap;
+    }
+    memcpy(cn->body + cn->len, data, n);
+    cn->len += n;
+    cn->body[cn->len] = '\0';
+    return 0;
+}
+
+/* The whole request is in. */
+static int on_end(struct http_server *h, struct h1_conn *c, struct conn *cn)
+{
+    const char *route = cn->route;
     int state = atomic_load(&h->state);
     if (strcmp(route, "/health") == 0)
         return state == HTTP_READY ? send_json(h, c, route, 200, strdup("{\"status\":\"ok\"}"))
@@ -1060,20 +1050,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
                          metrics_render(h->mt, state != HTTP_LOADING ? &st : NULL, h->model_name),
                          "text/plain; version=0.0.4");
     }
-    if (h->api_key && strncmp(route, "/v1/", 4) == 0) {
-        const char *auth = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
-        const char *key = auth && strncmp(auth, "Bearer ", 7) == 0 ? auth + 7 : NULL;
-        if (!key_ok(h->api_key, key))
-            return fail(h, c, route, 401, NULL, "invalid_api_key",
-                        "missing or invalid API key (Authorization: Bearer ...)");
-    }
     if (state == HTTP_LOADING)
         return fail(h, c, route, 503, NULL, NULL, "the model is loading");
     if (strcmp(route, "/v1/models") == 0)
         return send_json(h, c, route, 200,
                          proto_resp_models(h->model_name, h->created, h->cfg.max_model_len));
     if (strcmp(route, "/v1/models/{id}") == 0) {
-        if (strcmp(url + 11, h->model_name) != 0)
+        if (strcmp(h1_path(c) + 11, h->model_name) != 0)
             return fail(h, c, route, 404, NULL, "model_not_found", "no such model");
         return send_json(h, c, route, 200,
                          proto_resp_model(h->model_name, h->created, h->cfg.max_model_len));
@@ -1092,20 +1075,48 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (strcmp(route, "/detokenize") == 0) return handle_tokenize(h, c, cn, true);
     if (state == HTTP_DRAINING)
         return fail(h, c, route, 503, NULL, NULL, "the server is shutting down");
-    cn->answered = false;
     return handle_generate(h, c, cn,
                            strcmp(route, "/v1/completions") == 0 ? PROTO_COMPLETION : PROTO_CHAT);
 }
 
-static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
-                         enum MHD_RequestTerminationCode toe)
+static void on_request(void *cls, struct h1_conn *c, enum h1_event ev, const char *data,
+                       size_t len)
 {
-    struct conn *cn = *con_cls;
+    struct http_server *h = cls;
+    struct conn *cn = h1_data(c);
+    switch (ev) {
+    case H1_HEAD: on_head(h, c); break;
+    case H1_BODY: if (cn) on_body(h, c, cn, data, len); break;
+    case H1_END: if (cn) on_end(h, c, cn); break;
+    case H1_WAKE: if (cn && cn->g) gen_poll(h, c, cn); break;
+    }
+}
+
+/* Protocol-level failures found by h1 (framing, limits, deadlines): the same JSON errors. */
+static void on_error(void *cls, struct h1_conn *c, int status, const char *message)
+{
+    struct http_server *h = cls;
+    struct conn *cn = h1_data(c);
+    const char *code = status == 408   ? "request_timeout"
+                       : status == 413 ? "request_too_large"
+                       : status == 414 ? "uri_too_long"
+                       : status == 417 ? "expectation_failed"
+                       : status == 431 ? "headers_too_large"
+                       : status == 501 ? "not_implemented"
+                       : status == 503 ? "too_many_connections"
+                       : status == 505 ? "http_version_not_supported"
+                                       : "bad_request";
+    fail(h, c, cn ? cn->route : "other", status, NULL, code, message);
+}
+
+static void on_done(void *cls, struct h1_conn *c, enum h1_done why)
+{
+    struct conn *cn = h1_data(c);
     if (!cn) return;
-    gen_free(cn->g); /* cancels choices still running (client gone) */
+    gen_free(cn->g); /* cancels choices still running (client gone, or stopping) */
     free(cn->body);
     free(cn);
-    *con_cls = NULL;
+    h1_set_data(c, NULL);
 }
 
 /* --- lifecycle ----------------------------------------------------------------------------- */
@@ -1114,9 +1125,6 @@ int http_start(const struct http_config *cfg, struct metrics *mt, struct http_se
                char *err, size_t errlen)
 {
     *out = NULL;
-    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)cfg->port)};
-    if (inet_pton(AF_INET, cfg->host, &addr.sin_addr) != 1)
-        return ms_errf(err, errlen, "--host '%s' is not an IPv4 address", cfg->host);
     struct http_server *h = calloc(1, sizeof *h);
     if (!h) return ms_errf(err, errlen, "out of memory");
     h->cfg = *cfg;
@@ -1129,25 +1137,19 @@ int http_start(const struct http_config *cfg, struct metrics *mt, struct http_se
     atomic_init(&h->active, 0);
     atomic_init(&h->next_id, 1);
     if (h->cfg.max_body == 0) h->cfg.max_body = 1 << 20;
-    if (h->cfg.threads <= 0) h->cfg.threads = 4;
-    h->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL |
-                                MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG,
-                            0, NULL, NULL, on_request, h, MHD_OPTION_SOCK_ADDR, &addr,
-                            MHD_OPTION_THREAD_POOL_SIZE, (unsigned)h->cfg.threads,
-                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
-                            MHD_OPTION_CONNECTION_TIMEOUT, 300u,
-                            MHD_OPTION_CONNECTION_LIMIT, 4096u, MHD_OPTION_END);
-    if (!h->d) {
-        ms_errf(err, errlen, "cannot listen on %s:%d (in use or not permitted)", cfg->host,
-                cfg->port);
+    struct h1_config hc = {.host = cfg->host, .port = cfg->port, .threads = cfg->threads,
+                           .max_conns = cfg->max_conns, .keep_alive_s = cfg->keep_alive_s,
+                           .read_timeout_s = cfg->read_timeout_s,
+                           .cb = {.ctx = h, .on_request = on_request, .on_error = on_error,
+                                  .on_done = on_done}};
+    if (h1_start(&hc, &h->srv, err, errlen) != 0) {
         free(h->host);
         free(h->model_name);
         free(h->api_key);
         free(h);
         return -1;
     }
-    const union MHD_DaemonInfo *di = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_BIND_PORT);
-    h->port = di ? di->port : cfg->port;
+    h->port = h1_port(h->srv);
     *out = h;
     return 0;
 }
@@ -1183,7 +1185,7 @@ int http_active_streams(const struct http_server *h)
 void http_stop(struct http_server *h)
 {
     if (!h) return;
-    MHD_stop_daemon(h->d);
+    h1_stop(h->srv);
     jinja_template_free(h->chat);
     grm_vocab_free(h->gvocab);
     free(h->host);

@@ -1,8 +1,9 @@
-/* HTTP front end on libmicrohttpd: routes (/v1/completions, /v1/chat/completions, /v1/models,
- * /health, /metrics, /tokenize, /detokenize), bearer-key auth, body limits and OpenAI error
- * responses. HTTP threads (MHD's internal epoll thread pool) only parse, tokenize, submit to
- * the scheduler and drain request outputs; a connection waiting for tokens is suspended and
- * resumed by the scheduler's notify hook, so no thread waits per connection.
+/* HTTP front end on the h1 core (h1.h): routes (/v1/completions, /v1/chat/completions,
+ * /v1/models, /health, /metrics, /tokenize, /detokenize), bearer-key auth, body limits and
+ * OpenAI error responses, protocol errors included. HTTP threads (h1's I/O threads) only
+ * parse, tokenize, submit to the scheduler and drain request outputs; a connection waiting for
+ * tokens is parked and woken by the scheduler's notify hook, so no thread waits per
+ * connection, and a client that leaves while it waits cancels its request at once.
  *
  * Lifecycle: http_start listens at once and answers 503 until http_set_ready hands it the
  * model and scheduler (they must outlive http_stop). http_set_draining makes new generation
@@ -22,8 +23,12 @@ struct http_config {
     const char *api_key;     /* NULL = no auth */
     const char *model_name;  /* served model name */
     size_t max_body;         /* bytes; larger bodies get 413 */
-    int threads;             /* MHD thread pool size */
+    int threads;             /* I/O threads */
     int max_model_len;
+    int max_waiting;         /* the scheduler's queue length: more choices than this are a 400 */
+    int max_conns;           /* open connections at once (h1_config.max_conns) */
+    double keep_alive_s;     /* idle / stall timeout (h1_config.keep_alive_s) */
+    double read_timeout_s;   /* whole-request deadline (h1_config.read_timeout_s) */
 };
 
 struct http_server;

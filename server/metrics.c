@@ -13,14 +13,15 @@
 
 #define HIST_MAX 24
 #define N_ROUTES 9
-#define N_CODES 10
+#define N_CODES 17
 #define IMB_WINDOW 32 /* steps per load-imbalance window */
 
 static const char *const route_names[N_ROUTES] = {
     "/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics",
     "/tokenize",       "/detokenize",          "/version",   "other",
 };
-static const int code_list[N_CODES] = {200, 400, 401, 404, 405, 413, 429, 500, 503, 0};
+static const int code_list[N_CODES] = {200, 400, 401, 404, 405, 408, 411, 413, 414,
+                                       417, 429, 431, 500, 501, 503, 505, 0};
 
 struct hist {
     int n;

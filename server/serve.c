@@ -1,12 +1,14 @@
-/* `moeserve serve`: reads flags (each also from a MOESERVE_* environment variable), starts the
- * HTTP front end at once (it answers 503 while weights load), loads the model with a progress
- * bar, creates the engine and the scheduler loop, then waits for SIGTERM/SIGINT. On a signal it
- * stops taking generation requests (503), lets in-flight ones finish within a grace period,
- * aborts the rest, and exits 0. Signals are blocked in every thread and taken with sigwait
- * here, so no handler runs inside a library call. */
+/* `moeserve serve`: reads flags (each also from a MOESERVE_* environment variable), raises the
+ * descriptor limit and sizes the connection cap from it, starts the HTTP front end at once (it
+ * answers 503 while weights load), loads the model with a progress bar, creates the engine and
+ * the scheduler loop, then waits for SIGTERM/SIGINT. On a signal it stops taking generation
+ * requests (503), lets in-flight ones finish within a grace period, aborts the rest (every
+ * stream still gets its final chunk and [DONE]), and exits 0; a second signal during the drain
+ * cuts the grace to zero; a signal while the model loads exits 0 at once. */
 #include "serve.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stddef.h>
@@ -15,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -34,6 +37,7 @@ struct serve_opts {
     const char *model, *host, *api_key, *served_name, *chat_template, *log_format, *device;
     const char *dtype, *quantization;
     long port, max_num_seqs, max_batched, max_model_len, devices, threads, max_waiting, grace_s;
+    long keep_alive_s, read_timeout_s;
     long kv_bytes;
     long prefix_caching;
     long weight_cache;
@@ -89,6 +93,10 @@ static const struct opt_def opt_defs[] = {
      "queued requests before 429 (1024)"},
     {"shutdown-grace", "MOESERVE_SHUTDOWN_GRACE", OPT_INT, OFF(grace_s), 0, 3600,
      "seconds in-flight requests get to finish on SIGTERM (30)"},
+    {"timeout-keep-alive", "MOESERVE_TIMEOUT_KEEP_ALIVE", OPT_INT, OFF(keep_alive_s), 1, 3600,
+     "seconds an idle connection is kept, and a stalled read or write waits (5)"},
+    {"timeout-request-read", "MOESERVE_TIMEOUT_REQUEST_READ", OPT_INT, OFF(read_timeout_s), 1,
+     3600, "seconds a client has to send a whole request, else 408 (30)"},
     {"enable-prefix-caching", "MOESERVE_ENABLE_PREFIX_CACHING", OPT_BOOL, OFF(prefix_caching), 0,
      1, "reuse KV blocks of shared prompt prefixes (on; --no-enable-prefix-caching turns it off)"},
     {"expert-placement", "MOESERVE_EXPERT_PLACEMENT", OPT_STR, OFF(placement), 0, 0,
@@ -206,6 +214,8 @@ static int parse_opts(int argc, char **argv, struct serve_opts *o)
     o->log_format = "text";
     o->max_waiting = 1024;
     o->grace_s = 30;
+    o->keep_alive_s = 5;
+    o->read_timeout_s = 30;
     o->prefix_caching = 1;
     o->half_life = 65536;
     o->record_max = 1L << 30;
@@ -312,6 +322,141 @@ static void log_sched_warning(void *ctx, uint64_t req_id, const char *msg)
     slog("warning", "request %llu: %s", (unsigned long long)req_id, msg);
 }
 
+/* Descriptors kept back from the connection cap: model files, event loops, devices. */
+#define FD_RESERVE 256
+
+/* Raises RLIMIT_NOFILE's soft limit to the hard one (Debian starts services at 1024 while
+ * allowing far more) and returns the connection cap it leaves room for. */
+static int raise_nofile(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return 1024 - FD_RESERVE;
+    rlim_t before = rl.rlim_cur, want = rl.rlim_max;
+    if (want == RLIM_INFINITY || want > (1u << 20)) {
+        /* the kernel refuses more than fs.nr_open (1M by default) */
+        want = 1u << 20;
+        FILE *f = fopen("/proc/sys/fs/nr_open", "r");
+        unsigned long nr;
+        if (f && fscanf(f, "%lu", &nr) == 1 && nr < want) want = nr;
+        if (f) fclose(f);
+    }
+    if (want > rl.rlim_cur) {
+        rl.rlim_cur = want;
+        if (setrlimit(RLIMIT_NOFILE, &rl) != 0) getrlimit(RLIMIT_NOFILE, &rl);
+    }
+    long cap = (long)rl.rlim_cur - FD_RESERVE;
+    if (cap < 16) cap = 16;
+    if (cap > (1 << 20)) cap = 1 << 20;
+    char hard[32];
+    if (rl.rlim_max == RLIM_INFINITY) snprintf(hard, sizeof hard, "unlimited");
+    else snprintf(hard, sizeof hard, "%llu", (unsigned long long)rl.rlim_max);
+    slog("info", "file descriptors: RLIMIT_NOFILE %llu (was %llu, hard limit %s); up to %ld "
+         "connections", (unsigned long long)rl.rlim_cur, (unsigned long long)before, hard, cap);
+    return (int)cap;
+}
+
+/* Shutdown signals. Every thread this process starts blocks SIGINT and SIGTERM, but a library
+ * may start threads before main (OpenBLAS did, from its constructor) and those keep them
+ * unblocked: the kernel can hand a signal to one of them, and the default action kills the
+ * process (exit 143). So the signals get a handler that only writes the signal number to a
+ * pipe, wherever it runs; one signal thread (the only one of ours with the signals unblocked)
+ * reads the pipe and counts them for the main thread. */
+enum { PHASE_LOADING, PHASE_SERVING };
+static struct {
+    int pipe[2];
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int phase;
+    int count; /* signals received */
+    int last;
+} sigs = {{-1, -1}, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PHASE_LOADING, 0, 0};
+
+static void on_signal(int sig)
+{
+    int saved = errno;
+    unsigned char b = (unsigned char)sig;
+    ssize_t rc = write(sigs.pipe[1], &b, 1);
+    (void)rc; /* a full pipe already holds enough signals */
+    errno = saved;
+}
+
+static const char *sig_name(int sig)
+{
+    return sig == SIGTERM ? "SIGTERM" : "SIGINT";
+}
+
+static void *signal_thread(void *arg)
+{
+    sigset_t *set = arg;
+    pthread_sigmask(SIG_UNBLOCK, set, NULL);
+    for (;;) {
+        unsigned char b;
+        ssize_t n = read(sigs.pipe[0], &b, 1);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return NULL;
+        pthread_mutex_lock(&sigs.mu);
+        if (sigs.phase == PHASE_LOADING) {
+            /* Nothing is served yet and loading writes nothing: leave now rather than make
+             * the orchestrator wait out a load that can take minutes. */
+            slog("info", "%s while loading the model: exiting", sig_name(b));
+            _exit(0);
+        }
+        sigs.count++;
+        sigs.last = b;
+        pthread_cond_broadcast(&sigs.cv);
+        pthread_mutex_unlock(&sigs.mu);
+    }
+}
+
+/* Blocks SIGINT/SIGTERM in this thread (and so in all it starts), installs the forwarding
+ * handler and starts the signal thread. */
+static int signals_start(sigset_t *set)
+{
+    sigemptyset(set);
+    sigaddset(set, SIGINT);
+    sigaddset(set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    if (pipe2(sigs.pipe, O_CLOEXEC) != 0) return -1;
+    fcntl(sigs.pipe[1], F_SETFL, O_NONBLOCK); /* the handler must never block */
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sa.sa_flags = SA_RESTART;
+    sigfillset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    pthread_t t;
+    if (pthread_create(&t, NULL, signal_thread, set) != 0) return -1;
+    pthread_detach(t); /* lives until exit: a late signal still finds its reader */
+    return 0;
+}
+
+/* Waits until `n` signals arrived or `until` (ms_now() seconds; 0 = no limit) passes. Returns
+ * the number of signals so far; *last (may be NULL) gets the latest one. */
+static int signals_wait(int n, double until, int *last)
+{
+    pthread_mutex_lock(&sigs.mu);
+    while (sigs.count < n) {
+        if (until <= 0) {
+            pthread_cond_wait(&sigs.cv, &sigs.mu);
+            continue;
+        }
+        double left = until - ms_now();
+        if (left <= 0) break;
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        double t = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9 + (left < 0.05 ? left : 0.05);
+        ts.tv_sec = (time_t)t;
+        ts.tv_nsec = (long)((t - (double)ts.tv_sec) * 1e9);
+        pthread_cond_timedwait(&sigs.cv, &sigs.mu, &ts);
+    }
+    int count = sigs.count;
+    if (last) *last = sigs.last;
+    pthread_mutex_unlock(&sigs.mu);
+    return count;
+}
+
 int cli_serve(int argc, char **argv)
 {
     struct serve_opts o;
@@ -323,13 +468,13 @@ int cli_serve(int argc, char **argv)
     if (pr != 0) return 2;
     log_json = strcmp(o.log_format, "json") == 0;
 
-    /* Block the shutdown signals before any thread starts so that all inherit the mask. */
-    sigset_t sigs;
-    sigemptyset(&sigs);
-    sigaddset(&sigs, SIGINT);
-    sigaddset(&sigs, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
-    signal(SIGPIPE, SIG_IGN);
+    /* Before any thread of ours starts, so that all inherit the mask. */
+    static sigset_t sigset;
+    if (signals_start(&sigset) != 0) {
+        slog("error", "cannot set up signal handling: %s", strerror(errno));
+        return 1;
+    }
+    int max_conns = raise_nofile();
 
     char err[MS_ERR_LEN];
     int status = 1;
@@ -348,7 +493,10 @@ int cli_serve(int argc, char **argv)
     }
     struct http_config hc = {.host = o.host, .port = (int)o.port, .api_key = o.api_key,
                              .model_name = name, .max_body = 1 << 20, .threads = 4,
-                             .max_model_len = (int)o.max_model_len};
+                             .max_model_len = (int)o.max_model_len,
+                             .max_waiting = (int)o.max_waiting, .max_conns = max_conns,
+                             .keep_alive_s = (double)o.keep_alive_s,
+                             .read_timeout_s = (double)o.read_timeout_s};
     if (http_start(&hc, mt, &h, err, sizeof err) != 0) {
         slog("error", "%s", err);
         goto out;
@@ -429,6 +577,9 @@ int cli_serve(int argc, char **argv)
         goto out;
     }
     http_set_ready(h, m, s, engine_get_params(e)->max_model_len);
+    pthread_mutex_lock(&sigs.mu);
+    sigs.phase = PHASE_SERVING;
+    pthread_mutex_unlock(&sigs.mu);
     struct sched_stats st;
     sched_get_stats(s, &st);
     slog("info", "ready: model %s, %d KV blocks, max_model_len %d, %d %s device(s)", name,
@@ -440,17 +591,20 @@ int cli_serve(int argc, char **argv)
     splace_describe(pl, pdesc, sizeof pdesc);
     slog("info", "%s", pdesc);
 
-    int sig = 0;
-    sigwait(&sigs, &sig);
-    slog("info", "%s: draining (grace %lds)", sig == SIGTERM ? "SIGTERM" : "SIGINT", o.grace_s);
+    int sig;
+    signals_wait(1, 0, &sig);
+    slog("info", "%s: draining (grace %lds; a second signal ends it now)", sig_name(sig),
+         o.grace_s);
     http_set_draining(h);
     sched_close(s);
     double deadline = ms_now() + (double)o.grace_s;
     while (ms_now() < deadline) {
         sched_get_stats(s, &st);
         if (st.running == 0 && st.waiting == 0 && http_active_streams(h) == 0) break;
-        struct timespec ts = {0, 50 * 1000 * 1000};
-        nanosleep(&ts, NULL);
+        if (signals_wait(2, ms_now() + 0.05, NULL) >= 2) {
+            slog("info", "second signal: ending in-flight requests now");
+            break;
+        }
     }
     sched_stop(s); /* aborts what is left; suspended connections are resumed and answered */
     deadline = ms_now() + 2.0;

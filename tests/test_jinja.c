@@ -191,6 +191,29 @@ static void test_errors(void)
                             sizeof err) == 0);
     CHECKF(out && strcmp(out, "False1") == 0, "got %s", out ? out : err);
     free(out);
+    /* int64 bounds (Python's ints have none): overflow is an error, never a wrapped value;
+     * steps near the bounds count their elements rather than step past the end (fuzz_jinja) */
+    expect_error("{{ 2 ** 70 }}", msgs, "integer overflow");
+    expect_error("{{ 9223372036854775807 + 1 }}", msgs, "integer overflow");
+    expect_error("{{ (-9223372036854775807 - 1) // -1 }}", msgs, "integer overflow");
+    expect_error("{{ 3037000500 * 3037000500 }}", msgs, "integer overflow");
+    /* a render's work and memory are bounded (fuzz_jinja found nested loops that ran for ever) */
+    expect_error("{% for a in range(1000) %}{% for b in range(101) %}{% endfor %}{% endfor %}",
+                 msgs, "runs too long");
+    expect_error("{% macro f(n) %}{% for i in range(100000) %}{% endfor %}{{ f(n) }}{% endmacro %}"
+                 "{{ f(1) }}",
+                 msgs, "runs too long");
+    expect_error("{% set s = 'a' * 60000000 %}{{ s ~ s ~ s ~ s ~ s }}", msgs, "at most 256 MiB");
+    out = NULL;
+    CHECK(jinja_render_chat("{{ 2 ** 62 }} {{ (-1) ** 65 }} {{ 'abcdef'[1::9223372036854775807] }} "
+                            "{{ 'abc'[::-9223372036854775807] }} "
+                            "{{ range(-9223372036854775807, 9223372036854775807, "
+                            "4611686018427387904) | list }}",
+                            msgs, false, NULL, NULL, &out, err, sizeof err) == 0);
+    CHECKF(out && strcmp(out, "4611686018427387904 -1 b c [-9223372036854775807, "
+                              "-4611686018427387903, 1, 4611686018427387905]") == 0,
+           "got %s", out ? out : err);
+    free(out);
 }
 
 /* A parsed template is reusable and unchanged by renders (set/namespace live per render). */

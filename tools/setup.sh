@@ -3,8 +3,9 @@
 # Idempotent: packages already present are not reinstalled.
 set -euo pipefail
 
+# clang and libclang-rt-dev: the libFuzzer harnesses of tests/fuzz (tools/fuzz.sh).
 APT_PACKAGES=(build-essential cmake pkg-config libjansson-dev libpcre2-dev
-              libuv1-dev libmicrohttpd-dev python3 python3-pip curl)
+              libuv1-dev python3 python3-pip curl clang libclang-rt-dev)
 
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi

@@ -24,6 +24,8 @@ struct jinja_chunk {
 void *jinja_arena_alloc(jinja_arena *a, size_t n)
 {
     n = (n + 15) & ~(size_t)15;
+    if (a->limit && (n > a->limit || a->total > a->limit - n)) return NULL;
+    a->total += n;
     struct jinja_chunk *c = a->head;
     if (!c || c->cap - c->used < n) {
         size_t cap = n > 60000 ? n : 60000;
@@ -76,13 +78,23 @@ int jinja_fail(jinja_ctx *cx, int line, const char *fmt, ...)
     return ms_errf(cx->err, cx->errlen, "%s", msg);
 }
 
+int jinja_step(jinja_ctx *cx, int line)
+{
+    if (++cx->steps <= JINJA_MAX_STEPS) return 0;
+    return jinja_fail(cx, line, "the template runs too long (over %d loop iterations and macro calls)",
+                      JINJA_MAX_STEPS);
+}
+
 int jinja_oom(jinja_ctx *cx)
 {
-    return jinja_fail(cx, 0, "out of memory");
+    return jinja_fail(cx, 0, "out of memory (a render may use at most %d MiB)",
+                      JINJA_MAX_RENDER_BYTES >> 20);
 }
 
 int jinja_buf_put(jinja_ctx *cx, jinja_buf *b, const char *p, size_t n)
 {
+    if (b->n + n + 1 > JINJA_MAX_RENDER_BYTES / 4)
+        return jinja_fail(cx, 0, "text too long (over %d MiB)", JINJA_MAX_RENDER_BYTES >> 22);
     if (b->n + n + 1 > b->cap) {
         size_t cap = b->cap ? b->cap : 256;
         while (cap < b->n + n + 1) cap *= 2;
@@ -477,6 +489,7 @@ static int call_macro(jinja_ctx *cx, const jinja_node *m, const jinja_args *args
                       jinja_value *out)
 {
     if (++cx->depth > 64) return jinja_fail(cx, line, "macro recursion too deep");
+    if (jinja_step(cx, line)) return -1;
     jinja_frame *f = jinja_frame_new(cx, cx->root);
     if (!f) return -1;
     if (args->n > m->ntargets)
@@ -603,11 +616,15 @@ static int eval_slice(jinja_ctx *cx, const jinja_node *n, jinja_value *out)
     } else {
         stop = step > 0 ? len : -1;
     }
+    /* the k-th index, start + k * step, stays inside [lo, hi]: only the last step could
+     * overflow, so count the indices instead of stepping past stop */
+    int64_t count = jinja_span_count(start, stop, step);
+#define SLICE_INDEX(k) ((int64_t)((uint64_t)start + (uint64_t)(k) * (uint64_t)step))
     if (obj.t == JINJA_LIST) {
         *out = jinja_list_new(cx, 0);
         if (cx->failed) return -1;
-        for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step)
-            if (jinja_list_push(cx, *out, obj.u.l->v[i])) return -1;
+        for (int64_t k = 0; k < count; k++)
+            if (jinja_list_push(cx, *out, obj.u.l->v[SLICE_INDEX(k)])) return -1;
         return 0;
     }
     /* code point offsets first, so long strings slice in linear time */
@@ -617,8 +634,11 @@ static int eval_slice(jinja_ctx *cx, const jinja_node *n, jinja_value *out)
         if (b == obj.u.s.n || ((unsigned char)obj.u.s.p[b] & 0xc0) != 0x80) offs[k++] = b;
     jinja_buf b = {0};
     int rc = jinja_buf_put(cx, &b, "", 0);
-    for (int64_t i = start; !rc && (step > 0 ? i < stop : i > stop); i += step)
+    for (int64_t k = 0; !rc && k < count; k++) {
+        int64_t i = SLICE_INDEX(k);
         rc = jinja_buf_put(cx, &b, obj.u.s.p + offs[i], offs[i + 1] - offs[i]);
+    }
+#undef SLICE_INDEX
     if (!rc) rc = buf_to_value(cx, &b, out);
     free(b.p);
     return rc;
@@ -686,6 +706,24 @@ static int concat_str(jinja_ctx *cx, jinja_value a, jinja_value b, jinja_value *
     return 0;
 }
 
+/* Python's ints are unbounded; here they are int64, and a result past that is a template error
+ * (chat templates never come near it) rather than a wrapped value. */
+static int int_result(jinja_ctx *cx, int line, bool overflow, int64_t r, jinja_value *out)
+{
+    if (overflow) return jinja_fail(cx, line, "integer overflow");
+    *out = (jinja_value){.t = JINJA_INT, .u.i = r};
+    return 0;
+}
+
+int64_t jinja_span_count(int64_t start, int64_t stop, int64_t step)
+{
+    if (step > 0 ? start >= stop : start <= stop) return 0;
+    uint64_t dist = step > 0 ? (uint64_t)stop - (uint64_t)start : (uint64_t)start - (uint64_t)stop;
+    uint64_t st = step > 0 ? (uint64_t)step : 0 - (uint64_t)step;
+    uint64_t n = (dist - 1) / st + 1;
+    return n > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)n;
+}
+
 static int arith(jinja_ctx *cx, int op, jinja_value a, jinja_value b, int line, jinja_value *out)
 {
     static const char *const opname[] = {"", "+", "-", "*", "/", "//", "%", "**"};
@@ -713,12 +751,30 @@ static int arith(jinja_ctx *cx, int op, jinja_value a, jinja_value b, int line, 
     }
     if (!is_num(a) || !is_num(b)) return type_error(cx, line, opname[op], a, b);
     bool ints = a.t != JINJA_FLOAT && b.t != JINJA_FLOAT;
-    int64_t x = as_int(a), y = as_int(b);
+    int64_t x = as_int(a), y = as_int(b), r;
     double fx = jinja_num(a), fy = jinja_num(b);
     switch (op) {
-    case JINJA_OP_ADD: *out = ints ? (jinja_value){.t = JINJA_INT, .u.i = x + y} : (jinja_value){.t = JINJA_FLOAT, .u.f = fx + fy}; return 0;
-    case JINJA_OP_SUB: *out = ints ? (jinja_value){.t = JINJA_INT, .u.i = x - y} : (jinja_value){.t = JINJA_FLOAT, .u.f = fx - fy}; return 0;
-    case JINJA_OP_MUL: *out = ints ? (jinja_value){.t = JINJA_INT, .u.i = x * y} : (jinja_value){.t = JINJA_FLOAT, .u.f = fx * fy}; return 0;
+    case JINJA_OP_ADD:
+        if (ints) {
+            bool of = __builtin_add_overflow(x, y, &r);
+            return int_result(cx, line, of, r, out);
+        }
+        *out = (jinja_value){.t = JINJA_FLOAT, .u.f = fx + fy};
+        return 0;
+    case JINJA_OP_SUB:
+        if (ints) {
+            bool of = __builtin_sub_overflow(x, y, &r);
+            return int_result(cx, line, of, r, out);
+        }
+        *out = (jinja_value){.t = JINJA_FLOAT, .u.f = fx - fy};
+        return 0;
+    case JINJA_OP_MUL:
+        if (ints) {
+            bool of = __builtin_mul_overflow(x, y, &r);
+            return int_result(cx, line, of, r, out);
+        }
+        *out = (jinja_value){.t = JINJA_FLOAT, .u.f = fx * fy};
+        return 0;
     case JINJA_OP_DIV:
         if (fy == 0) return jinja_fail(cx, line, "division by zero");
         *out = (jinja_value){.t = JINJA_FLOAT, .u.f = fx / fy};
@@ -727,7 +783,9 @@ static int arith(jinja_ctx *cx, int op, jinja_value a, jinja_value b, int line, 
     case JINJA_OP_MOD:
         if (ints) {
             if (y == 0) return jinja_fail(cx, line, "integer division or modulo by zero");
-            int64_t q = x / y, r = x % y;
+            if (x == INT64_MIN && y == -1) return int_result(cx, line, true, 0, out);
+            int64_t q = x / y;
+            r = x % y;
             if (r != 0 && ((r < 0) != (y < 0))) q--, r += y;
             *out = (jinja_value){.t = JINJA_INT, .u.i = op == JINJA_OP_MOD ? r : q};
         } else {
@@ -737,10 +795,14 @@ static int arith(jinja_ctx *cx, int op, jinja_value a, jinja_value b, int line, 
         }
         return 0;
     case JINJA_OP_POW:
-        if (ints && y >= 0) {
-            int64_t r = 1;
-            for (int64_t i = 0; i < y && i < 64; i++) r *= x;
-            *out = (jinja_value){.t = JINJA_INT, .u.i = r};
+        if (ints && y >= 0) { /* by squaring: a square that overflows is needed by the result */
+            bool of = false;
+            r = 1;
+            for (int64_t e = y, base = x; e > 0 && !of; e >>= 1) {
+                if (e & 1) of = __builtin_mul_overflow(r, base, &r);
+                if (e > 1 && !of) of = __builtin_mul_overflow(base, base, &base);
+            }
+            return int_result(cx, line, of, r, out);
         } else {
             *out = (jinja_value){.t = JINJA_FLOAT, .u.f = __builtin_pow(fx, fy)};
         }
@@ -930,6 +992,7 @@ static int exec_for(jinja_ctx *cx, const jinja_node *n)
     size_t len = items.u.l->n;
     jinja_frame *saved = cx->frame;
     for (size_t i = 0; i < len; i++) {
+        if (jinja_step(cx, n->line)) return -1;
         jinja_frame *f = jinja_frame_new(cx, saved);
         jinja_value loop = jinja_dict_new(cx, JINJA_DICT);
         if (!f || cx->failed) return -1;
@@ -1045,7 +1108,7 @@ static int render(const jinja_template *t, int (*fill)(jinja_ctx *, const void *
                   char **out, char *err, size_t errlen)
 {
     *out = NULL;
-    jinja_arena arena = {0};
+    jinja_arena arena = {.limit = JINJA_MAX_RENDER_BYTES};
     jinja_buf b = {0};
     jinja_ctx cx = {.a = &arena, .err = err, .errlen = errlen, .out = &b};
     int rc = -1;

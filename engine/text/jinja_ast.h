@@ -14,9 +14,12 @@
 struct jinja_chunk;
 typedef struct jinja_arena {
     struct jinja_chunk *head;
+    size_t total; /* bytes taken so far */
+    size_t limit; /* 0 = none; past it allocations fail as if memory ran out */
 } jinja_arena;
 
-/* Returns zeroed memory that lives until jinja_arena_free, or NULL when out of memory. */
+/* Returns zeroed memory that lives until jinja_arena_free, or NULL when out of memory (or
+ * past the arena's limit). */
 void *jinja_arena_alloc(jinja_arena *a, size_t n);
 char *jinja_arena_strdup(jinja_arena *a, const char *s, size_t n);
 void jinja_arena_free(jinja_arena *a);

@@ -381,12 +381,12 @@ int jinja_call_global(jinja_ctx *cx, jinja_str name, const jinja_args *args, int
             a[args->n == 1 ? 1 : i] = args->v[i].u.i;
         }
         if (a[2] == 0) return jinja_fail(cx, line, "range() step must not be zero");
-        int64_t count = a[2] > 0 ? (a[1] - a[0] + a[2] - 1) / a[2] : (a[0] - a[1] - a[2] - 1) / -a[2];
-        if (count < 0) count = 0;
+        int64_t count = jinja_span_count(a[0], a[1], a[2]);
         if (count > 100000) return jinja_fail(cx, line, "range() too large");
         *out = jinja_list_new(cx, (size_t)count);
-        for (int64_t i = 0; !cx->failed && i < count; i++)
-            jinja_list_push(cx, *out, (jinja_value){.t = JINJA_INT, .u.i = a[0] + i * a[2]});
+        for (int64_t i = 0; !cx->failed && i < count; i++) /* between a[0] and a[1]: no wrap */
+            jinja_list_push(cx, *out, (jinja_value){
+                .t = JINJA_INT, .u.i = (int64_t)((uint64_t)a[0] + (uint64_t)i * (uint64_t)a[2])});
         return cx->failed ? -1 : 0;
     }
     if (name_is(name, "strftime_now")) {

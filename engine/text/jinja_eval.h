@@ -29,12 +29,18 @@ typedef struct jinja_ctx {
     size_t errlen;
     bool failed; /* the first failure's reason is in err; later ones are dropped */
     int depth;   /* macro call depth */
+    long steps;  /* loop iterations and macro calls so far (jinja_step) */
     jinja_buf *out;
     jinja_frame *frame; /* innermost scope */
     jinja_frame *root;  /* template top level (macros see it) */
 } jinja_ctx;
 
 #define JINJA_MAX_ARGS 16
+/* What one render may take: a real chat template loops over messages and tools a few thousand
+ * times and allocates a few times its output; these bounds stop a hostile or broken template
+ * (or runaway nesting) long before it ties up a server thread or its memory. */
+#define JINJA_MAX_STEPS 100000
+#define JINJA_MAX_RENDER_BYTES (256 << 20) /* arena; any one text buffer gets a quarter */
 
 /* Evaluated call arguments: positional v[0..n), keyword kw[0..nkw) named kwnames. */
 typedef struct jinja_args {
@@ -50,6 +56,8 @@ enum { JINJA_EXEC_BREAK = 1, JINJA_EXEC_CONTINUE = 2 };
 /* jinja.c */
 int jinja_fail(jinja_ctx *cx, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 int jinja_oom(jinja_ctx *cx);
+/* Counts one loop iteration or macro call; fails the render past JINJA_MAX_STEPS. */
+int jinja_step(jinja_ctx *cx, int line);
 int jinja_undefined_error(jinja_ctx *cx, int line, jinja_value v);
 int jinja_buf_put(jinja_ctx *cx, jinja_buf *b, const char *p, size_t n);
 int jinja_buf_puts(jinja_ctx *cx, jinja_buf *b, const char *s);
@@ -66,6 +74,8 @@ bool jinja_truthy(jinja_value v);
 bool jinja_equal(jinja_value a, jinja_value b);
 double jinja_num(jinja_value v);
 int jinja_compare(jinja_ctx *cx, jinja_value a, jinja_value b, int line, int *cmp);
+/* len(range(start, stop, step)) without overflow (step != 0; INT64_MAX when it does not fit). */
+int64_t jinja_span_count(int64_t start, int64_t stop, int64_t step);
 int jinja_contains(jinja_ctx *cx, jinja_value hay, jinja_value needle, int line, bool *res);
 int jinja_getitem(jinja_ctx *cx, jinja_value obj, jinja_value key, int line, jinja_value *out);
 void jinja_float_repr(double x, char *out, size_t outlen);

@@ -161,6 +161,19 @@ class Server:
         return parse_metrics(body.decode())
 
 
+class SharedServer(unittest.TestCase):
+    """A test class whose tests share one server, started with the class's SERVER_ARGS."""
+    SERVER_ARGS = ()
+
+    @classmethod
+    def setUpClass(cls):
+        cls.srv = Server(*cls.SERVER_ARGS).start()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.srv.__exit__(None, None, None)
+
+
 def request(port, method, path, body=None, headers=None, timeout=60):
     """One HTTP/1.1 request. body: dict/list (sent as JSON), str or bytes.
     Returns (status, headers as a lower-cased dict, raw body bytes)."""
@@ -223,6 +236,94 @@ def sse_events(raw):
         assert "\n" not in block, "multi-line SSE event %r" % block[:80]
         events.append(block[len("data: "):])
     return events
+
+
+def open_sockets(pid):
+    """Sockets the process holds, from /proc/PID/fd."""
+    n = 0
+    for fd in os.listdir("/proc/%d/fd" % pid):
+        try:
+            n += os.readlink("/proc/%d/fd/%s" % (pid, fd)).startswith("socket:")
+        except OSError:
+            pass  # closed meanwhile
+    return n
+
+
+_TCP_STATES = {"01": "ESTABLISHED", "02": "SYN_SENT", "03": "SYN_RECV", "04": "FIN_WAIT1",
+               "05": "FIN_WAIT2", "06": "TIME_WAIT", "07": "CLOSE", "08": "CLOSE_WAIT",
+               "09": "LAST_ACK", "0A": "LISTEN", "0B": "CLOSING"}
+
+
+def tcp_states(port):
+    """{state: count} of the TCP sockets whose local port is `port` (the server's side of its
+    connections), from /proc/net/tcp."""
+    counts = {}
+    with open("/proc/net/tcp") as f:
+        next(f)
+        for line in f:
+            parts = line.split()
+            if int(parts[1].split(":")[1], 16) == port:
+                st = _TCP_STATES.get(parts[3], parts[3])
+                counts[st] = counts.get(st, 0) + 1
+    return counts
+
+
+def rss_bytes(pid):
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def raise_nofile(n):
+    """Raises this process's descriptor limit to at least n; False when the hard limit is
+    lower."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < n:
+        return False
+    if soft == resource.RLIM_INFINITY or soft >= n:
+        return True
+    resource.setrlimit(resource.RLIMIT_NOFILE, (n, hard))
+    return True
+
+
+def raw_exchange(port, data, timeout=10, shut=False):
+    """Sends raw bytes on a new connection and returns everything received until the server
+    closes (or timeout seconds pass: then b"<timeout>" is appended)."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    out = b""
+    try:
+        s.sendall(data)
+        if shut:
+            s.shutdown(socket.SHUT_WR)
+        while True:
+            piece = s.recv(65536)
+            if not piece:
+                break
+            out += piece
+    except socket.timeout:
+        out += b"<timeout>"
+    except ConnectionResetError:
+        pass
+    finally:
+        s.close()
+    return out
+
+
+def parse_response(raw):
+    """One HTTP/1.1 response from raw bytes: (status, lower-cased headers, body, rest)."""
+    head, sep, rest = raw.partition(b"\r\n\r\n")
+    assert sep, "no complete response head in %r" % raw[:200]
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split(" ")[1])
+    hdrs = {}
+    for line in lines[1:]:
+        k, _, v = line.partition(":")
+        hdrs[k.strip().lower()] = v.strip()
+    n = int(hdrs.get("content-length", len(rest)))
+    return status, hdrs, rest[:n], rest[n:]
 
 
 def tokenize(port, text):

@@ -1,0 +1,128 @@
+"""Writes the committed seed corpora of the fuzz harnesses (tests/fuzz/corpus/NAME/) from the
+test fixtures and a few hand-written inputs: `python3 tests/fuzz/make_seeds.py`. Each seed
+starts with the selector byte its harness reads first (see the harness's header comment).
+Re-run it when the fixtures change; libFuzzer only reads these files."""
+import hashlib
+import json
+import os
+import shutil
+import struct
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TESTS = os.path.dirname(HERE)
+
+
+def write(name, seeds):
+    d = os.path.join(HERE, "corpus", name)
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    for s in seeds:
+        with open(os.path.join(d, hashlib.sha1(s).hexdigest()[:16]), "wb") as f:
+            f.write(s)
+    print("%s: %d seeds" % (name, len(seeds)))
+
+
+def http_seeds():
+    reqs = [
+        b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"\r\nGET /v1/models?x=1 HTTP/1.0\r\nConnection: keep-alive\r\n\r\n",
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 17\r\nAuthorization: Bearer k\r\nExpect: 100-continue\r\n\r\n"
+        b'{"prompt": "hi"}',
+        b"POST /tokenize HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"5\r\n{\"pro\r\n0a;ext=1\r\nmpt\": \"ab\"\r\n1\r\n}\r\n0\r\nX-T: y\r\n\r\n",
+        b"GET http://example.com:8000/metrics HTTP/1.1\nHost: example.com\n\n",
+        b"OPTIONS * HTTP/1.1\r\nHost: x\r\nContent-Length: 0, 0\r\n\r\n",
+        b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\nContent-Length: 3"
+        b"\r\n\r\nabc",
+        b"GET / HTTP/1.1\r\nHost : x\r\nX: a\r\n b\r\n\r\n",
+    ]
+    return [bytes([step]) + r for r in reqs for step in (0, 6)]
+
+
+def proto_seeds():
+    bodies = [
+        (0, {"prompt": "Hello", "max_tokens": 8, "temperature": 0.7, "top_p": 0.9, "n": 2,
+             "stop": ["\n", "END"], "stream": True, "stream_options": {"include_usage": True},
+             "logprobs": 2, "echo": True, "seed": 3, "moe_top_k": 1, "ignore_eos": False}),
+        (0, {"prompt": [[1, 2, 3], [4, 5]], "max_tokens": None, "top_k": -1, "min_p": 0.1,
+             "presence_penalty": 0.5, "frequency_penalty": -0.5, "repetition_penalty": 1.1}),
+        (0, {"prompt": ["a", "b"], "model": "m"}),
+        (1, {"messages": [{"role": "system", "content": "s"},
+                          {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+                          {"role": "assistant", "content": None, "reasoning_content": "r"}],
+             "max_completion_tokens": 4, "logprobs": True, "top_logprobs": 3,
+             "add_generation_prompt": False}),
+        (2, {"prompt": "tokenize me", "add_special_tokens": False}),
+        (2, {"messages": [{"role": "user", "content": "hi"}]}),
+        (3, {"tokens": [1, 2, 3, 400]}),
+    ]
+    seeds = [bytes([k]) + json.dumps(b).encode() for k, b in bodies]
+    seeds += [b"\x00{\"prompt\": \"\\u00e9\\ud83d\\ude00\", \"seed\": 1e400}", b"\x01[", b"\x03{}"]
+    return seeds
+
+
+def safetensors(tensors, metadata=None):
+    header, data = {}, b""
+    if metadata:
+        header["__metadata__"] = metadata
+    for name, dtype, shape, raw in tensors:
+        header[name] = {"dtype": dtype, "shape": shape,
+                        "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+    h = json.dumps(header).encode()
+    return struct.pack("<Q", len(h)) + h + data
+
+
+def model_file_seeds():
+    seeds = []
+    for d in sorted(os.listdir(os.path.join(TESTS, "fixtures", "models"))):
+        for f in ("config.json", "generation_config.json"):
+            p = os.path.join(TESTS, "fixtures", "models", d, f)
+            if os.path.exists(p) and not d.endswith(("_bf16", "_sharded")):
+                seeds.append(b"\x00" + open(p, "rb").read())
+    seeds.append(b"\x01" + safetensors([("w", "F32", [2, 2], struct.pack("<4f", 1, 2, 3, 4)),
+                                        ("b", "BF16", [3], b"\x80\x3f" * 3)],
+                                       {"format": "pt"}))
+    seeds.append(b"\x01" + safetensors([("a.weight", "F16", [1, 2, 1], b"\x00\x3c" * 2),
+                                        ("i", "I64", [], struct.pack("<q", 7)),
+                                        ("e", "F32", [0, 4], b"")]))
+    return seeds
+
+
+def jinja_seeds():
+    seeds = []
+    for f in ("chatml.jinja", "qwen3.jinja", "deepseek_v3.jinja"):
+        seeds.append(open(os.path.join(TESTS, "fixtures", "chat", f), "rb").read())
+    for case in json.load(open(os.path.join(TESTS, "fixtures", "chat", "unit.json"))):
+        seeds.append(case["template"].encode())
+    msgs = json.dumps([{"role": "user", "content": "hi"},
+                       {"role": "assistant", "content": "x", "tool_calls": [
+                           {"type": "function", "function": {"name": "f", "arguments": "{}"}}]}])
+    seeds.append(b"{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}\x00" +
+                 msgs.encode())
+    return seeds
+
+
+def tokenizer_seeds():
+    texts = ["Hello world", "ROMEO: But soft, what light through yonder window breaks?",
+             "  leading and  double  spaces\n\ttabs", "caf\u00e9 na\u00efve \u4f60\u597d \U0001F600",
+             "<|im_start|>user\nhi<|im_end|>", "<s>[INST] x [/INST]</s>", "12345 3.14 1e9",
+             "\u0cf3\u1c89 \U00031350"]
+    seeds = []
+    for mode in range(2):
+        for tok in range(2):
+            for t in texts:
+                seeds.append(bytes([tok | (mode << 1)]) + t.encode())
+    seeds.append(b"\x00\xff\xfe\xc3(\xe2\x82")  # invalid UTF-8
+    seeds.append(b"\x04" + bytes(range(0, 96)))  # ids
+    seeds.append(b"\x05" + bytes(range(96, 192)))
+    return seeds
+
+
+if __name__ == "__main__":
+    write("fuzz_http", http_seeds())
+    write("fuzz_proto", proto_seeds())
+    write("fuzz_model_files", model_file_seeds())
+    write("fuzz_jinja", jinja_seeds())
+    write("fuzz_tokenizer", tokenizer_seeds())

@@ -21,10 +21,18 @@ size_t gemm_act_bytes(enum act_kind kind, int n, int k)
 }
 
 #if defined(__x86_64__)
+#include <cpuid.h>
+
+/* F16C from cpuid leaf 1 directly: clang's __builtin_cpu_supports does not know "f16c". */
+static int has_f16c(void)
+{
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+}
+
 static int has_avx2(void)
 {
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-           __builtin_cpu_supports("f16c");
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c();
 }
 
 static int has_avx512(void)
@@ -121,7 +129,7 @@ const char *cpu_features_string(void)
         switch (i) {
         case 0: on = __builtin_cpu_supports("avx2"); break;
         case 1: on = __builtin_cpu_supports("fma"); break;
-        case 2: on = __builtin_cpu_supports("f16c"); break;
+        case 2: on = has_f16c(); break;
         case 3: on = __builtin_cpu_supports("avx512f"); break;
         case 4: on = __builtin_cpu_supports("avx512bw"); break;
         case 5: on = __builtin_cpu_supports("avx512vl"); break;

@@ -207,9 +207,11 @@ int main(int argc, char **argv)
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     int bw_threads = ncpu > 0 && ncpu < 64 ? (int)ncpu : 1;
     double bw = measure_read_bandwidth(bw_threads);
+    char thr[32];
+    if (threads) snprintf(thr, sizeof thr, "%d", threads);
+    else snprintf(thr, sizeof thr, "all");
     printf("model %s: prompt %d, decode %d, %d device(s), %s threads, kernels %s (%s)\n", dir,
-           prompt_len, n_decode, devices, threads ? "" : "all", backend_cpu_kernels(),
-           backend_cpu_features());
+           prompt_len, n_decode, devices, thr, backend_cpu_kernels(), backend_cpu_features());
     printf("read bandwidth at the start: %.2f GB/s (measured again after each row: this "
            "machine's bandwidth moves; a row's roofline uses the best of the two)\n\n",
            bw / 1e9);

@@ -7,6 +7,7 @@
 set -euo pipefail
 build=${1:-build}
 work=${2:-$(mktemp -d /tmp/moeserve_prune_eval.XXXXXX)}
+mkdir -p "$work"
 data=tools/train/data
 domains=(shakespeare arithmetic json)
 calib=()
@@ -21,9 +22,9 @@ loss() { # model folder -> "l1 l2 l3"
 }
 printf '| method | ratio | experts kept / layer | shakespeare | arithmetic | json | mean |\n'
 printf '|---|---|---|---|---|---|---|\n'
-row() {
-  read -r a b c <<<"$3"
-  printf '| %s | %s | %s | %.4f | %.4f | %.4f | %.4f |\n' "$1" "$2" "$4" "$a" "$b" "$c" \
+row() { # method ratio kept "losses"
+  read -r a b c <<<"$4"
+  printf '| %s | %s | %s | %.4f | %.4f | %.4f | %.4f |\n' "$1" "$2" "$3" "$a" "$b" "$c" \
     "$(echo "($a + $b + $c) / 3" | bc -l)"
 }
 row none 0 16 "$(loss models/mohge-small)"
@@ -32,7 +33,7 @@ for r in 0.25 0.5; do
     out="$work/$m-$r"
     rm -rf "$out"
     "$build/moeserve" prune --ratio "$r" --method "$m" "${calib[@]}" --skip-tokens 4096 \
-      --max-tokens 4096 --out "$out" 2>/dev/null
+      --max-tokens 4096 --out "$out" 2>"$out.log" || { cat "$out.log" >&2; exit 1; }
     kept=$(python3 -c "import json,sys; c=json.load(open(sys.argv[1])); print(c['experts_per_group']*c['num_expert_groups'])" "$out/config.json")
     row "$m" "$r" "$kept" "$(loss "$out")"
   done

@@ -720,10 +720,11 @@ int cli_prune(int argc, char **argv)
     const struct model_desc *md = &c.m->desc;
     const struct cdata *x = c.x;
     struct cprune_shape sh = {.n_layer = x->n_layer, .n_expert = x->n_expert, .top_k = x->top_k,
-                              .n_group = md->expert_group ? md->n_group : 0,
-                              .topk_group = md->topk_group};
+                              .n_group = md->n_group > 1 ? md->n_group : 0,
+                              .topk_group = md->topk_group,
+                              .min_per_group = md->router == ROUTER_KIND_SIGMOID_GROUP ? 2 : 1};
     char err[MS_ERR_LEN];
-    double *score = malloc(sizeof(double) * (size_t)x->n_feat);
+    double *score = calloc((size_t)x->n_feat, sizeof(double));
     bool *keep = malloc(sizeof(bool) * (size_t)x->n_feat);
     struct cdict *fine = NULL, *coarse = NULL;
     float *codes = NULL;

@@ -145,6 +145,9 @@ expect2 "--ratio 0.9 leaves 0 experts per group" prune --ratio 0.9 --method freq
 expect2 "--ratio 0.1 removes no expert" prune --ratio 0.1 --method frequency --calib "$j" --max-tokens 64 --out "$tmp/never"
 expect2 "--method" prune --ratio 0.5 --method weights --calib "$j" --out "$tmp/never"
 expect2 "required" prune --ratio 0.5 --method collab --out "$tmp/never"
+# DeepSeek-V3 scores a group by its best two experts: a group of two cannot lose one
+expect2 "best 2 experts" prune --ratio 0.5 --method frequency --calib "$j" --max-tokens 64 \
+    --model "$tests/fixtures/models/deepseek_v3" --out "$tmp/never"
 mkdir "$tmp/exists"
 "$bin" prune --ratio 0.5 --method frequency --calib "$j" --max-tokens 64 --out "$tmp/exists" \
     >/dev/null 2>"$tmp/e"

@@ -91,10 +91,16 @@ int cprune_select(const struct cprune_shape *s, double ratio, const double *scor
     int drop = (int)lround(ratio * per);
     int keep_g = per - drop;
     int reach = G > 1 ? keep_g * (s->topk_group > 0 ? s->topk_group : G) : keep_g;
+    int need_g = s->min_per_group > 1 ? s->min_per_group : 1;
     if (drop < 1)
         return ms_errf(err, errlen,
                        "--ratio %g removes no expert (%d experts%s; at least %.3g needed)", ratio,
                        per, G > 1 ? " per group" : " per layer", 0.5 / per);
+    if (G > 1 && keep_g < need_g)
+        return ms_errf(err, errlen,
+                       "--ratio %g leaves %d experts per group; this router scores a group by its "
+                       "best %d experts",
+                       ratio, keep_g, need_g);
     if (keep_g < 1 || reach < s->top_k)
         return ms_errf(err, errlen,
                        "--ratio %g leaves %d experts per %s, fewer than top-k %d can choose from "
@@ -220,19 +226,31 @@ static int write_config(const char *model_dir, const struct model_desc *md, int 
         json_decref(c);
         return ms_errf(err, errlen, "%s: %s", in, je.text);
     }
-    const char *key;
+    const char *key = NULL;
     int value = n_keep;
     const char *mt = md->model_type;
     if (strcmp(mt, "mohge") == 0) {
         key = "experts_per_group";
         value = n_keep / (md->n_group > 0 ? md->n_group : 1);
-    } else if (strcmp(mt, "mixtral") == 0) {
-        key = "num_local_experts";
-    } else if (strcmp(mt, "qwen2_moe") == 0 || strcmp(mt, "qwen3_moe") == 0 ||
-               strcmp(mt, "olmoe") == 0) {
-        key = "num_experts";
-    } else if (strncmp(mt, "deepseek_v", 10) == 0) {
-        key = "n_routed_experts";
+    } else if (strcmp(mt, "mixtral") == 0 || strcmp(mt, "qwen2_moe") == 0 ||
+               strcmp(mt, "qwen3_moe") == 0 || strcmp(mt, "olmoe") == 0 ||
+               strncmp(mt, "deepseek_v", 10) == 0) {
+        /* whichever of the names the folder uses (transformers has renamed some: qwen3_moe
+         * folders carry num_experts or num_local_experts), else the family's usual one */
+        static const char *const names[] = {"num_local_experts", "num_experts",
+                                            "n_routed_experts"};
+        for (int i = 0; i < 3; i++)
+            if (json_object_get(c, names[i]) &&
+                json_object_set_new(c, names[i], json_integer(value)) != 0) {
+                json_decref(c);
+                return ms_errf(err, errlen, "out of memory");
+            } else if (json_object_get(c, names[i])) {
+                key = names[i];
+            }
+        if (!key)
+            key = strcmp(mt, "mixtral") == 0        ? "num_local_experts"
+                  : strncmp(mt, "deepseek_v", 10) == 0 ? "n_routed_experts"
+                                                        : "num_experts";
     } else {
         json_decref(c);
         return ms_errf(err, errlen, "pruning %s models is not supported (mohge, mixtral, "

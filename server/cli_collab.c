@@ -393,7 +393,8 @@ static const struct option common_opts[] = {
 static const char common_help[] =
     "  --calib FILE        calibration data: a routing trace or a UTF-8 text file (repeatable;\n"
     "                      a text file's tokens are tagged with its name up to the first dot)\n"
-    "  --model DIR         the model (default: the bundled one); needed for text calibration\n"
+    "  --model DIR         the model (default: the bundled one); runs over text calibration,\n"
+    "                      and decodes the top tokens of groups learned from traces\n"
     "  --max-tokens 4096   tokens used from each text file\n"
     "  --skip-tokens 0     tokens skipped at the start of each text file (e.g. to calibrate on\n"
     "                      text disjoint from an evaluation on the first tokens)\n"
@@ -513,9 +514,12 @@ static json_t *group_json(const struct calib *c, const struct cdict *d, int k, c
         if (best < 0) break;
         char text[256] = "";
         int32_t id = best;
-        if (c->m && c->m->tok) tok_decode(c->m->tok, &id, 1, false, text, sizeof text);
-        json_array_append_new(top, json_pack("{s:i, s:s, s:f, s:i}", "id", best, "text", text,
-                                             "score", bv, "count", (int)by_tok[2 * best + 1]));
+        bool decoded = c->m && c->m->tok && tok_decode(c->m->tok, &id, 1, false, text,
+                                                        sizeof text) >= 0;
+        /* without a model (a trace alone) the ids stay undecoded: "text" is null */
+        json_array_append_new(top, json_pack("{s:i, s:o, s:f, s:i}", "id", best, "text",
+                                             decoded ? json_string(text) : json_null(), "score",
+                                             bv, "count", (int)by_tok[2 * best + 1]));
         by_tok[2 * best + 1] = 0; /* taken */
     }
     json_object_set_new(g, "top_tokens", top);
@@ -553,7 +557,8 @@ int cli_analyze(int argc, char **argv)
         return 2;
     }
     struct calib c;
-    int rc = calib_load(cmd, &co, false, &c);
+    /* with --model, a trace's token ids are decoded too */
+    int rc = calib_load(cmd, &co, co.model_dir != NULL, &c);
     if (rc) {
         calib_free(&c);
         return rc;

@@ -130,8 +130,8 @@ static void test_planted(void)
 {
     int L = 8, E = 64, K = 4, cluster = 8, groups = E / cluster;
     int *truth = NULL;
-    struct cdata *x = synth_rows(L, E, K, cluster, 16384, 7, &truth);
-    CHECK(x != NULL && x->n_row == 16384);
+    struct cdata *x = synth_rows(L, E, K, cluster, 8192, 7, &truth);
+    CHECK(x != NULL && x->n_row == 8192);
     if (!x) return;
     int F = x->n_feat;
     int *got = malloc(sizeof(int) * (size_t)F), *got2 = malloc(sizeof(int) * (size_t)F);

@@ -50,6 +50,7 @@ struct dash {
     struct clive *live;
     int n_groups;
     struct dash_group groups[DASH_MAX_GROUPS];
+    struct cdict dict;         /* the groups as a dictionary (members' weights, unit norm) */
 };
 
 static int load_groups(struct dash *d, const char *path, char *err, size_t errlen)
@@ -106,6 +107,32 @@ static int load_groups(struct dash *d, const char *path, char *err, size_t errle
             dg->weight[dg->n++] = (float)json_number_value(w);
         }
     }
+    /* the groups as a dictionary: the sample is encoded with it at every poll */
+    int F = d->n_moe * d->n_expert, G = d->n_groups;
+    d->dict = (struct cdict){.n_atoms = G, .n_feat = F, .lambda = 0.1};
+    d->dict.atom = calloc((size_t)(G > 0 ? G : 1) * F, sizeof *d->dict.atom);
+    d->dict.gram = calloc((size_t)(G > 0 ? G : 1) * (G > 0 ? G : 1), sizeof *d->dict.gram);
+    if (!d->dict.atom || !d->dict.gram) {
+        ms_errf(err, errlen, "out of memory");
+        goto out;
+    }
+    for (int q = 0; q < G; q++) {
+        double nn = 0.0;
+        for (int k = 0; k < d->groups[q].n; k++)
+            nn += (double)d->groups[q].weight[k] * d->groups[q].weight[k];
+        for (int k = 0; k < d->groups[q].n; k++)
+            d->dict.atom[(size_t)q * F + d->groups[q].feat[k]] =
+                nn > 0 ? (float)(d->groups[q].weight[k] / sqrt(nn)) : 0.0f;
+    }
+    for (int a = 0; a < G; a++)
+        for (int b = 0; b < G; b++) {
+            double sg = 0.0;
+            for (int k = 0; k < d->groups[b].n; k++) {
+                int f = d->groups[b].feat[k];
+                sg += (double)d->dict.atom[(size_t)a * F + f] * d->dict.atom[(size_t)b * F + f];
+            }
+            d->dict.gram[a * G + b] = sg;
+        }
     rc = 0;
 out:
     json_decref(root);
@@ -125,6 +152,8 @@ void dash_free(struct dash *d)
     free(d->hist_load);
     free(d->prev_flops);
     clive_free(d->live);
+    free(d->dict.atom);
+    free(d->dict.gram);
     for (int i = 0; i < d->n_groups; i++) {
         free(d->groups[i].feat);
         free(d->groups[i].weight);
@@ -311,10 +340,8 @@ static json_t *collab_json(struct dash *d, const uint64_t *expert_rows)
      * weights, each group scaled to unit norm), the mean code and the share of tokens using it */
     json_t *jg = json_array();
     if (d->n_groups > 0) {
-        struct cdict dict = {.n_atoms = d->n_groups, .n_feat = F, .lambda = 0.1};
+        const struct cdict *dict = &d->dict;
         struct cdata x = {.n_layer = d->n_moe, .n_expert = E, .top_k = d->top_k, .n_feat = F};
-        dict.atom = calloc((size_t)d->n_groups * F, sizeof *dict.atom);
-        dict.gram = calloc((size_t)d->n_groups * d->n_groups, sizeof *dict.gram);
         x.ptr = malloc(sizeof(size_t) * (n + 1));
         x.idx = malloc(sizeof(int32_t) * (n * (size_t)W + 1));
         x.val = malloc(sizeof(float) * (n * (size_t)W + 1));
@@ -322,22 +349,7 @@ static json_t *collab_json(struct dash *d, const uint64_t *expert_rows)
         double *work = malloc(sizeof(double) * (size_t)d->n_groups);
         double *sum = calloc((size_t)d->n_groups, sizeof *sum);
         double *used = calloc((size_t)d->n_groups, sizeof *used);
-        if (dict.atom && dict.gram && x.ptr && x.idx && x.val && code && work && sum && used) {
-            for (int g = 0; g < d->n_groups; g++) {
-                double nn = 0.0;
-                for (int i = 0; i < d->groups[g].n; i++)
-                    nn += (double)d->groups[g].weight[i] * d->groups[g].weight[i];
-                for (int i = 0; i < d->groups[g].n; i++)
-                    dict.atom[(size_t)g * F + d->groups[g].feat[i]] =
-                        nn > 0 ? (float)(d->groups[g].weight[i] / sqrt(nn)) : 0.0f;
-            }
-            for (int a = 0; a < d->n_groups; a++)
-                for (int b = 0; b < d->n_groups; b++) {
-                    double s = 0.0;
-                    for (int f = 0; f < F; f++)
-                        s += (double)dict.atom[(size_t)a * F + f] * dict.atom[(size_t)b * F + f];
-                    dict.gram[a * d->n_groups + b] = s;
-                }
+        if (x.ptr && x.idx && x.val && code && work && sum && used) {
             size_t at = 0;
             x.ptr[0] = 0;
             for (size_t r = 0; r < n; r++) {
@@ -350,7 +362,7 @@ static json_t *collab_json(struct dash *d, const uint64_t *expert_rows)
                 x.ptr[++x.n_row] = at;
             }
             for (size_t r = 0; r < x.n_row; r++) {
-                cdict_encode(&dict, &x, r, code, work);
+                cdict_encode(dict, &x, r, code, work);
                 for (int g = 0; g < d->n_groups; g++) {
                     sum[g] += code[g];
                     used[g] += code[g] > 0.0f;
@@ -362,8 +374,6 @@ static json_t *collab_json(struct dash *d, const uint64_t *expert_rows)
                                   "usage", x.n_row ? sum[g] / (double)x.n_row : 0.0, "share",
                                   x.n_row ? used[g] / (double)x.n_row : 0.0));
         }
-        free(dict.atom);
-        free(dict.gram);
         free(x.ptr);
         free(x.idx);
         free(x.val);

@@ -48,6 +48,27 @@ assert sorted(sizes.values()) == [16] * 8, sizes
 assert 0 < g["reconstruction_error"]["fine"] < 1
 PYEOF
 
+# 1b. The Python reference (tools/collab_ref.py, numpy) learns the same groups with the same
+# reconstruction error (float64 there, float32 here: 1e-4).
+if python3 -c "import numpy" 2>/dev/null; then
+    "$bin" trace synth --out "$tmp/r.rtrace" --experts 16 --layers 3 --top-k 2 --cluster 4 \
+        --tokens 2048 --seed 4 2>/dev/null &&
+        "$bin" analyze --calib "$tmp/r.rtrace" --out "$tmp/r.json" --groups 4 --seed 2 2>"$tmp/e" &&
+        python3 "$root/tools/collab_ref.py" "$tmp/r.rtrace" --groups 4 --seed 2 >"$tmp/rref.json" \
+            2>"$tmp/e" && ok || bad "reference run: $(cat "$tmp/e")"
+    python3 - "$tmp/r.json" "$tmp/rref.json" <<'PYEOF' && ok || bad "C and Python reference differ"
+import json, sys
+c, p = (json.load(open(f)) for f in sys.argv[1:3])
+for level in ("fine", "coarse"):
+    a, b = c["reconstruction_error"][level], p["reconstruction_error"][level]
+    assert abs(a - b) < 1e-4, (level, a, b)
+for x, y in zip(c["nodes"], p["nodes"]):
+    assert (x["group"], x["fine_group"]) == (y["group"], y["fine_group"]), (x, y)
+PYEOF
+else
+    echo "cli_collab: SKIPPED the Python reference check (numpy is not installed)" >&2
+fi
+
 # 2. The bundled model over the three held-out corpora (text calibration): a group per domain.
 "$bin" analyze --calib "$data/shakespeare.heldout.txt" --calib "$data/arithmetic.heldout.txt" \
     --calib "$data/json.heldout.txt" --max-tokens 1024 --groups 4 --out "$tmp/b.json" \

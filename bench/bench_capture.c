@@ -75,7 +75,7 @@ static double run(const struct model *m, const struct opts *o, bool capture)
         if (live) {
             double a = ms_now();
             const struct engine_routing *rt = engine_last_routing(e);
-            clive_add(live, rt->ids, rt->n_tok, rt->layer_stride);
+            clive_add(live, rt->ids, rt->tags, rt->n_tok, rt->layer_stride);
             add_s += ms_now() - a;
         }
     }

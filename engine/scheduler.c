@@ -669,6 +669,7 @@ static void add_item(struct sched *s, int *n_items, struct rows *rw, struct sche
     it->n_tokens = n;
     it->pos = r->n_computed;
     it->moe_top_k = r->p.moe_top_k;
+    it->tag = r->p.tag;
     /* max_tokens 0 samples nothing: its last chunk needs no row of its own */
     it->n_logits = last && r->p.max_tokens > 0 ? 1 : 0;
     if (prompt_lps_pending(r)) {

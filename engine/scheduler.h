@@ -71,6 +71,7 @@ struct sched_req_params {
     bool ignore_eos;
     bool skip_special;      /* drop special tokens from the text (default true) */
     int moe_top_k;          /* 0 = the model's */
+    uint16_t tag;           /* tag of the request's tokens in routing captures (0: none) */
     int prompt_logprobs;    /* < 0: off; else record every prompt token's logprob (from the
                                prefill the request runs anyway) with this many alternatives */
     int n_stop;

@@ -51,6 +51,9 @@ struct dash {
     int n_groups;
     struct dash_group groups[DASH_MAX_GROUPS];
     struct cdict dict;         /* the groups as a dictionary (members' weights, unit norm) */
+    /* request tags (moe_tag), under mu: name of each number; 0 is "untagged" */
+    int n_tags;
+    char tag_name[DASH_MAX_TAGS][65];
 };
 
 static int load_groups(struct dash *d, const char *path, char *err, size_t errlen)
@@ -169,6 +172,8 @@ int dash_create(struct engine *e, const char *groups_path, int reservoir, struct
     struct dash *d = calloc(1, sizeof *d);
     if (!d) return ms_errf(err, errlen, "out of memory");
     pthread_mutex_init(&d->mu, NULL);
+    d->n_tags = 1;
+    snprintf(d->tag_name[0], sizeof d->tag_name[0], "untagged");
     d->n_dev = engine_get_params(e)->n_devices;
     for (int l = 0; l < md->n_layer; l++) d->n_moe += md->layer_is_moe[l];
     d->n_expert = md->n_expert;
@@ -212,11 +217,31 @@ int dash_create(struct engine *e, const char *groups_path, int reservoir, struct
     return 0;
 }
 
+uint16_t dash_tag_id(struct dash *d, const char *tag)
+{
+    if (!tag) return 0;
+    pthread_mutex_lock(&d->mu);
+    int id = 1;
+    while (id < d->n_tags && strcmp(d->tag_name[id], tag) != 0) id++;
+    if (id == d->n_tags) {
+        if (d->n_tags < DASH_MAX_TAGS) {
+            snprintf(d->tag_name[id], sizeof d->tag_name[id], "%s", tag);
+            d->n_tags++;
+        } else {
+            id = DASH_MAX_TAGS - 1;
+            snprintf(d->tag_name[id], sizeof d->tag_name[id], "other");
+        }
+    }
+    pthread_mutex_unlock(&d->mu);
+    return (uint16_t)id;
+}
+
 void dash_after_step(struct dash *d, struct engine *e)
 {
     if (d->live) {
         const struct engine_routing *rt = engine_last_routing(e);
-        if (rt && rt->n_tok > 0) clive_add(d->live, rt->ids, rt->n_tok, rt->layer_stride);
+        if (rt && rt->n_tok > 0)
+            clive_add(d->live, rt->ids, rt->tags, rt->n_tok, rt->layer_stride);
     }
     double now = ms_now();
     if (now - d->last_copy < DASH_COPY_S) return;
@@ -271,8 +296,14 @@ static json_t *collab_json(struct dash *d, const uint64_t *expert_rows)
     size_t cap = d->live ? (size_t)clive_capacity(d->live) : 0;
     int W = d->live ? clive_row_width(d->live) : 0;
     int32_t *rows = cap ? malloc(sizeof(int32_t) * cap * (size_t)W) : NULL;
+    uint16_t *tags = cap ? malloc(sizeof(uint16_t) * cap) : NULL;
     uint64_t seen = 0;
-    size_t n = rows ? clive_snapshot(d->live, rows, &seen) : 0;
+    size_t n = rows && tags ? clive_snapshot(d->live, rows, tags, &seen) : 0;
+    char names[DASH_MAX_TAGS][65];
+    pthread_mutex_lock(&d->mu);
+    int n_tags = d->n_tags;
+    memcpy(names, d->tag_name, sizeof names);
+    pthread_mutex_unlock(&d->mu);
     json_object_set_new(o, "reservoir", json_integer((json_int_t)cap));
     json_object_set_new(o, "sampled_tokens", json_integer((json_int_t)n));
     json_object_set_new(o, "seen_tokens", json_integer((json_int_t)seen));
@@ -349,7 +380,10 @@ static json_t *collab_json(struct dash *d, const uint64_t *expert_rows)
         double *work = malloc(sizeof(double) * (size_t)d->n_groups);
         double *sum = calloc((size_t)d->n_groups, sizeof *sum);
         double *used = calloc((size_t)d->n_groups, sizeof *used);
-        if (x.ptr && x.idx && x.val && code && work && sum && used) {
+        /* per tag: tokens, and tokens using each group */
+        double tag_n[DASH_MAX_TAGS] = {0};
+        double *tag_used = calloc((size_t)d->n_groups * DASH_MAX_TAGS, sizeof *tag_used);
+        if (x.ptr && x.idx && x.val && code && work && sum && used && tag_used) {
             size_t at = 0;
             x.ptr[0] = 0;
             for (size_t r = 0; r < n; r++) {
@@ -362,18 +396,31 @@ static json_t *collab_json(struct dash *d, const uint64_t *expert_rows)
                 x.ptr[++x.n_row] = at;
             }
             for (size_t r = 0; r < x.n_row; r++) {
+                int t = tags[r] < DASH_MAX_TAGS ? tags[r] : DASH_MAX_TAGS - 1;
+                tag_n[t] += 1;
                 cdict_encode(dict, &x, r, code, work);
                 for (int g = 0; g < d->n_groups; g++) {
                     sum[g] += code[g];
                     used[g] += code[g] > 0.0f;
+                    tag_used[(size_t)g * DASH_MAX_TAGS + t] += code[g] > 0.0f;
                 }
             }
-            for (int g = 0; g < d->n_groups; g++)
+            for (int g = 0; g < d->n_groups; g++) {
+                json_t *by_tag = json_object();
+                for (int t = 0; t < n_tags; t++)
+                    if (tag_n[t] > 0)
+                        json_object_set_new(by_tag, names[t],
+                                            json_real(tag_used[(size_t)g * DASH_MAX_TAGS + t] /
+                                                      tag_n[t]));
                 json_array_append_new(
-                    jg, json_pack("{s:i, s:i, s:f, s:f}", "id", g, "members", d->groups[g].n,
-                                  "usage", x.n_row ? sum[g] / (double)x.n_row : 0.0, "share",
-                                  x.n_row ? used[g] / (double)x.n_row : 0.0));
+                    jg, json_pack("{s:i, s:i, s:f, s:f, s:o}", "id", g, "members",
+                                  d->groups[g].n, "usage",
+                                  x.n_row ? sum[g] / (double)x.n_row : 0.0, "share",
+                                  x.n_row ? used[g] / (double)x.n_row : 0.0, "share_by_tag",
+                                  by_tag));
+            }
         }
+        free(tag_used);
         free(x.ptr);
         free(x.idx);
         free(x.val);
@@ -383,8 +430,16 @@ static json_t *collab_json(struct dash *d, const uint64_t *expert_rows)
         free(used);
     }
     json_object_set_new(o, "groups", jg);
+    json_t *jt = json_object();
+    for (size_t r = 0; r < n; r++) {
+        int t = tags[r] < DASH_MAX_TAGS ? tags[r] : DASH_MAX_TAGS - 1;
+        json_t *c = json_object_get(jt, names[t]);
+        json_object_set_new(jt, names[t], json_integer(c ? json_integer_value(c) + 1 : 1));
+    }
+    json_object_set_new(o, "sampled_by_tag", jt);
 out:
     free(rows);
+    free(tags);
     free(node_of);
     free(pair);
     return o;

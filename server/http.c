@@ -636,6 +636,7 @@ static void req_params(const struct gen *g, const struct proto_req *pr, int max_
     sp->n_stop_ids = pr->n_stop_token_ids;
     sp->min_tokens = pr->min_tokens;
     sp->cache_salt = salt_hash(pr->cache_salt);
+    sp->tag = g->h->dash ? dash_tag_id(g->h->dash, pr->moe_tag) : 0;
 }
 
 /* Compiles the request's structured-output constraint. A JSON Schema keyword the compiler

@@ -15,6 +15,7 @@ struct clive {
     uint64_t seen;
     size_t n;
     int32_t *rows; /* (cap, width) */
+    uint16_t *tags; /* (cap) */
 };
 
 int clive_create(int n_layer, int n_expert, int top_k, int capacity, uint64_t seed,
@@ -31,7 +32,10 @@ int clive_create(int n_layer, int n_expert, int top_k, int capacity, uint64_t se
     c->cap = capacity;
     c->width = n_layer * top_k;
     c->rows = malloc(sizeof(int32_t) * (size_t)capacity * c->width);
-    if (!c->rows) {
+    c->tags = malloc(sizeof(uint16_t) * (size_t)capacity);
+    if (!c->rows || !c->tags) {
+        free(c->rows);
+        free(c->tags);
         free(c);
         return ms_errf(err, errlen, "out of memory");
     }
@@ -46,10 +50,12 @@ void clive_free(struct clive *c)
     if (!c) return;
     pthread_mutex_destroy(&c->mu);
     free(c->rows);
+    free(c->tags);
     free(c);
 }
 
-void clive_add(struct clive *c, const int32_t *ids, int n_tok, size_t layer_stride)
+void clive_add(struct clive *c, const int32_t *ids, const uint16_t *tags, int n_tok,
+               size_t layer_stride)
 {
     size_t stride = layer_stride ? layer_stride : (size_t)n_tok * c->top_k;
     pthread_mutex_lock(&c->mu);
@@ -65,6 +71,7 @@ void clive_add(struct clive *c, const int32_t *ids, int n_tok, size_t layer_stri
             slot = (size_t)j;
         }
         int32_t *row = c->rows + slot * c->width;
+        c->tags[slot] = tags ? tags[t] : 0;
         for (int l = 0; l < c->n_layer; l++)
             for (int k = 0; k < c->top_k; k++) {
                 int32_t x = ids[(size_t)l * stride + (size_t)t * c->top_k + k];
@@ -74,11 +81,12 @@ void clive_add(struct clive *c, const int32_t *ids, int n_tok, size_t layer_stri
     pthread_mutex_unlock(&c->mu);
 }
 
-size_t clive_snapshot(struct clive *c, int32_t *rows, uint64_t *seen)
+size_t clive_snapshot(struct clive *c, int32_t *rows, uint16_t *tags, uint64_t *seen)
 {
     pthread_mutex_lock(&c->mu);
     size_t n = c->n;
     memcpy(rows, c->rows, sizeof(int32_t) * n * c->width);
+    if (tags) memcpy(tags, c->tags, sizeof(uint16_t) * n);
     if (seen) *seen = c->seen;
     pthread_mutex_unlock(&c->mu);
     return n;

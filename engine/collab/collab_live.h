@@ -23,11 +23,14 @@ int clive_create(int n_layer, int n_expert, int top_k, int capacity, uint64_t se
                  struct clive **out, char *err, size_t errlen);
 void clive_free(struct clive *c);
 /* One step: expert of MoE layer l, token t, slot j at ids[l * layer_stride + t * top_k + j]
- * (layer_stride 0: n_tok * top_k; -1 or out of range: unused). */
-void clive_add(struct clive *c, const int32_t *ids, int n_tok, size_t layer_stride);
+ * (layer_stride 0: n_tok * top_k; -1 or out of range: unused); tags (n_tok) each token's
+ * request tag, or NULL (all 0). */
+void clive_add(struct clive *c, const int32_t *ids, const uint16_t *tags, int n_tok,
+               size_t layer_stride);
 /* Copies the sample: rows (capacity, n_layer * top_k) of feature ids l * n_expert + e (-1
- * unused), returns the rows copied; *seen gets the tokens offered so far. */
-size_t clive_snapshot(struct clive *c, int32_t *rows, uint64_t *seen);
+ * unused) and their tags (capacity; may be NULL), returns the rows copied; *seen gets the
+ * tokens offered so far. */
+size_t clive_snapshot(struct clive *c, int32_t *rows, uint16_t *tags, uint64_t *seen);
 int clive_capacity(const struct clive *c);
 int clive_row_width(const struct clive *c); /* n_layer * top_k */
 

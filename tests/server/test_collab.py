@@ -19,8 +19,8 @@ import unittest
 import srvtest
 
 KEY = "sk-collab-test"
-PROMPTS = ["12+35=", "ROMEO: good night", '{"name": "Ada", "tags": [', "7+8=15\n9+4=",
-           "JULIET: O Romeo", '{"id": 3, "city": "']
+PROMPTS = [("12+35=", "math"), ("ROMEO: good night", "verse"), ('{"name": "Ada", "tags": [', None),
+           ("7+8=15\n9+4=", "math"), ("JULIET: O Romeo", "verse"), ('{"id": 3, "city": "', None)]
 
 
 def tools_data(name):
@@ -59,18 +59,27 @@ class CollabServerTest(unittest.TestCase):
             self.assertIsNone(re.search(r'(src|href)\s*=\s*"(https?:)?//', text))
             self.assertIsNone(re.search(r'fetch\(\s*"https?:', text))
             generated = 0
-            for p in PROMPTS:
-                st, _, r = srvtest.post_json(srv.port, "/v1/completions",
-                                             {"prompt": p, "max_tokens": 16, "temperature": 0,
-                                              "ignore_eos": True}, headers=auth, timeout=120)
+            tagged = {}
+            for p, tag in PROMPTS:
+                body = {"prompt": p, "max_tokens": 16, "temperature": 0, "ignore_eos": True}
+                if tag:
+                    body["moe_tag"] = tag
+                st, _, r = srvtest.post_json(srv.port, "/v1/completions", body, headers=auth,
+                                             timeout=120)
                 self.assertEqual(st, 200, r)
-                generated += r["usage"]["completion_tokens"] + r["usage"]["prompt_tokens"]
+                n = r["usage"]["completion_tokens"] + r["usage"]["prompt_tokens"]
+                generated += n
+                tagged[tag or "untagged"] = tagged.get(tag or "untagged", 0) + n
+            # a bad tag is a 400 naming it
+            st, _, r = srvtest.post_json(srv.port, "/v1/completions",
+                                         {"prompt": "x", "moe_tag": "t" * 65}, headers=auth)
+            self.assertEqual((st, r["error"]["param"]), (400, "moe_tag"))
             # the counters are copied every 250 ms on the scheduler thread: wait for them
             def stats():
                 st, _, raw = srvtest.request(srv.port, "GET", "/v1/moe/stats", headers=auth)
                 self.assertEqual(st, 200)
                 d = json.loads(raw)
-                return d if d["tokens"] >= generated - len(PROMPTS) else None
+                return d if d["tokens"] >= generated - len(PROMPTS) + 1 else None
             # one more request makes a step after the last copy interval
             d = srvtest.wait_until(lambda: srvtest.post_json(
                 srv.port, "/v1/completions", {"prompt": "1+1=", "max_tokens": 1},
@@ -95,6 +104,14 @@ class CollabServerTest(unittest.TestCase):
                 self.assertTrue(0 < e["weight"] <= 1)
             self.assertEqual(len(col["groups"]), 4)
             self.assertGreater(max(g["share"] for g in col["groups"]), 0.1)
+            # every routed token sampled with its request's tag (the last 1+1= request is
+            # untagged; a completion's last token is not run through the model)
+            by_tag = col["sampled_by_tag"]
+            self.assertEqual(set(by_tag), {"math", "verse", "untagged"})
+            for tag in ("math", "verse"):
+                self.assertEqual(by_tag[tag], tagged[tag] - 2)
+            for g in col["groups"]:
+                self.assertEqual(set(g["share_by_tag"]), set(by_tag))
             for n in col["nodes"]:
                 self.assertIn(n["group"], range(4))
 

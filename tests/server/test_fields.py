@@ -49,7 +49,7 @@ COMMON = {
     "priority": (1, "unsup"), "kv_transfer_params": ({"a": 1}, "unsup"),
     "vllm_xargs": ({"a": 1}, "unsup"), "guided_whitespace_pattern": (" ", "unsup"),
     "structural_tag": ("{}", "unsup"), "structured_outputs": ({"choice": ["a"]}, "unsup"),
-    "moe_top_k": (1, "impl"),
+    "moe_top_k": (1, "impl"), "moe_tag": ("math", "impl"),
 }
 COMPLETIONS = dict(COMMON, **{
     "prompt": ("Hi", "impl"), "echo": (True, "impl"), "logprobs": (2, "impl"),

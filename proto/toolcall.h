@@ -7,7 +7,14 @@
  *   TC_DEEPSEEK DeepSeek-V3: <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f
  *               \n```json\n{...}\n```<｜tool▁call▁end｜>...<｜tool▁calls▁end｜> (parsed; a
  *               grammar for it is refused: its markers are special tokens)
- * gpt-oss's harmony format is not supported yet (the model is not either).
+ *   TC_HARMONY  gpt-oss: the output is a run of messages, each a header
+ *               ([<|start|>assistant][ to=R]<|channel|>C[ to=R][ <|constrain|>json]<|message|>)
+ *               and a body ending at <|end|>, <|call|>, <|return|>, the next header or the end
+ *               of the output. A body with a recipient R (functions.NAME) is a call of NAME
+ *               with the body as its arguments; an "analysis" body is the model's reasoning
+ *               and is not content; any other body ("final", a "commentary" preamble) is
+ *               content. Text outside any message is content. Parsed for every chat on such a
+ *               model, with or without tools; no forcing grammar (special-token markers).
  *
  * Ownership: results are malloc'd and owned by the caller (tc_calls_free); inputs borrowed. */
 #ifndef MOESERVE_PROTO_TOOLCALL_H
@@ -18,7 +25,7 @@
 
 #include "tokenizer.h"
 
-enum tc_syntax { TC_HERMES, TC_DEEPSEEK };
+enum tc_syntax { TC_HERMES, TC_DEEPSEEK, TC_HARMONY };
 
 struct tc_call {
     char *name;
@@ -45,6 +52,10 @@ struct tc_stream {
     size_t pos;      /* text before this is reported */
     bool in_block;
     size_t block_at; /* where the open block started */
+    /* harmony: outside a message, in its header or in its body (of which kind), where the
+     * header and the body start, and where the next marker search resumes */
+    int h_state, h_kind;
+    size_t h_hdr, h_body, h_scan;
 };
 void tc_stream_init(struct tc_stream *s, enum tc_syntax syn);
 /* Removes the syntax's outer markers (DeepSeek's calls begin/end) from content in place;

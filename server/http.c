@@ -66,7 +66,7 @@ struct gen {
     bool echo_lps;             /* echo + logprobs: the prompt's logprobs lead each choice's */
     bool plp_field;            /* vLLM prompt_logprobs asked for */
     bool tokens_as_ids;
-    bool tools;                /* chat with tool calls to parse out of the output */
+    bool tools;                /* chat output to parse: tool calls, harmony channels */
     enum tc_syntax tc_syn;
     char id[64];
     char call_id[80];          /* tool-call ids: "<call_id>_<index>" */
@@ -733,6 +733,10 @@ static int gen_submit(struct http_server *h, struct gen *g, struct proto_req *pr
         if ((pr->tool_choice == PROTO_TOOL_REQUIRED || pr->tool_choice == PROTO_TOOL_NAMED) &&
             compile_tool_grammar(h, pr, g->tc_syn, &grammar, e) != 0)
             return -1;
+    } else if (pr->kind == PROTO_CHAT && tc_syntax_of(m->tok) == TC_HARMONY) {
+        /* harmony output is always messages on channels: the reasoning is not content */
+        g->tools = true;
+        g->tc_syn = TC_HARMONY;
     }
     /* struct proto_bias and struct smp_bias have the same fields: copy, do not alias */
     struct smp_bias *bias = NULL;

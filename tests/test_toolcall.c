@@ -1,6 +1,6 @@
 /* Tests of proto/toolcall: parsing tool calls out of model output in the Hermes/Qwen3 and
- * DeepSeek-V3 syntaxes (whole and streamed in every split), malformed blocks left as content,
- * and the grammar that forces a call compiling and accepting exactly well-formed calls. */
+ * DeepSeek-V3 syntaxes and gpt-oss's harmony messages (whole and streamed in every split),
+ * malformed blocks left as content, and the grammar that forces a call compiling and accepting exactly well-formed calls. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,8 +65,26 @@ static void check(enum tc_syntax syn, const char *text, const char *want_content
     }
 }
 
-int main(void)
+/* The syntax each real tokenizer's model writes, from its special tokens. */
+static void check_syntax_of(const char *unpacked_dir, const char *name, enum tc_syntax want)
 {
+    char path[4096], err[MS_ERR_LEN];
+    snprintf(path, sizeof path, "%s/tokenizers/%s/tokenizer.json", unpacked_dir, name);
+    struct tokenizer *tok = NULL;
+    CHECKF(tok_load(path, NULL, &tok, err, sizeof err) == 0, "%s: %s", name, err);
+    if (!tok) return;
+    CHECKF(tc_syntax_of(tok) == want, "%s: syntax %d, want %d", name, (int)tc_syntax_of(tok),
+           (int)want);
+    tok_free(tok);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc > 2) {
+        check_syntax_of(argv[2], "qwen3", TC_HERMES);
+        check_syntax_of(argv[2], "deepseek_v3", TC_DEEPSEEK);
+        check_syntax_of(argv[2], "gptoss", TC_HARMONY);
+    }
     check(TC_HERMES, "plain text", "plain text", NULL, 0);
     check(TC_HERMES,
           "Let me look.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
@@ -84,6 +102,32 @@ int main(void)
           "ok" DS_BEGIN DS_CB "function" DS_SEP "get_weather\n```json\n{\"city\": \"Rome\"}\n```"
           DS_CE DS_END,
           "ok", (const char *const[]){"get_weather", "{\"city\":\"Rome\"}"}, 1);
+
+    /* harmony (gpt-oss): reasoning hidden, final and preambles are content, calls by recipient
+     * in either place of the header, bodies ended by a marker, the next header or the end */
+    check(TC_HARMONY,
+          "<|channel|>analysis<|message|>The user wants the weather.<|end|>"
+          "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json"
+          "<|message|>{\"city\": \"Oslo\"}<|call|>",
+          "", (const char *const[]){"get_weather", "{\"city\":\"Oslo\"}"}, 1);
+    check(TC_HARMONY,
+          "<|channel|>analysis<|message|>think<|end|><|start|>assistant<|channel|>final"
+          "<|message|>It is sunny.",
+          "It is sunny.", NULL, 0);
+    check(TC_HARMONY,
+          "<|channel|>commentary<|message|>Checking two cities.<|end|>"
+          "<|start|>assistant to=functions.add<|channel|>commentary json<|message|>{\"a\": 1}"
+          "<|call|><|start|>assistant to=functions.ping<|channel|>commentary<|message|>{}",
+          "Checking two cities.",
+          (const char *const[]){"add", "{\"a\":1}", "ping", "{}"}, 2);
+    /* no harmony structure at all; a header that never opens; a call whose body is no JSON */
+    check(TC_HARMONY, "just text < | not a marker", "just text < | not a marker", NULL, 0);
+    check(TC_HARMONY, "a<|channel|>final", "a<|channel|>final", NULL, 0);
+    check(TC_HARMONY, "<|channel|>commentary to=functions.f<|message|>oops<|call|>",
+          "<|channel|>commentary to=functions.f<|message|>oops", NULL, 0);
+    check(TC_HARMONY, "<|channel|>final<|message|>a<|end|><|channel|>final<|message|>b", "ab",
+          NULL, 0);
+    CHECK(tc_needs_special_tokens(TC_HARMONY));
 
     /* the forcing grammar: exactly {"name": ..., "arguments": {...}} in a block */
     const char *tools = "[{\"type\":\"function\",\"function\":{\"name\":\"add\",\"parameters\":"

@@ -41,6 +41,10 @@ struct proto_choice {
     int n_calls;
     int call_index0;
     const char *call_id;
+    /* chat: the model's reasoning (gpt-oss's analysis channel), as reasoning_content when
+     * reasoning_len > 0 */
+    const char *reasoning;
+    size_t reasoning_len;
 };
 
 struct proto_usage {

@@ -1,7 +1,8 @@
 /* Tool-call syntaxes (see toolcall.h). A call is a block between an open and a close marker;
  * what lies between is parsed per syntax (a JSON object with name and arguments, or DeepSeek's
- * name line and fenced JSON); harmony's messages have their own small state machine. Streaming holds back text that may be the start of an open
- * marker and everything inside an open block, so content never shows a call's syntax. */
+ * name line and fenced JSON); harmony's messages have their own small state machine.
+ * Streaming holds back text that may be the start of an open marker and everything inside an
+ * open block, so content never shows a call's syntax. */
 #include "proto/toolcall.h"
 
 #include <jansson.h>
@@ -246,6 +247,7 @@ static int harmony_step(struct tc_stream *s, const char *text, size_t len, bool 
                         size_t *from, size_t *to, struct tc_call **calls, int *n_calls)
 {
     *from = *to = s->pos;
+    s->reasoning = false;
     int which = 0;
     if (s->h_state == H_OUT) {
         static const char *const opens[] = {H_START, H_CHANNEL};
@@ -288,18 +290,19 @@ static int harmony_step(struct tc_stream *s, const char *text, size_t len, bool 
     }
     /* in a body */
     const char *e = find_first(text, s->h_scan, len, h_ends, H_N_ENDS, &which);
+    s->reasoning = s->h_kind == HK_HIDDEN;
     if (!e && !final) {
         s->h_scan = resume_at(len, s->h_body);
-        if (s->h_kind != HK_CONTENT) return 0;
+        if (s->h_kind == HK_CALL) return 0;
         *to = len - held_tail(text, s->pos, len, h_ends, H_N_ENDS);
         s->pos = *to;
         return *to > *from;
     }
     size_t end = e ? (size_t)(e - text) : len;
     size_t next = e && which < 3 ? end + strlen(h_ends[which]) : end;
-    if (s->h_kind == HK_CONTENT) {
+    if (s->h_kind != HK_CALL) {
         *to = end;
-    } else if (s->h_kind == HK_CALL) {
+    } else {
         struct tc_call call;
         int rc = harmony_call(text + s->h_hdr, s->h_body - s->h_hdr, text + s->h_body,
                               end - s->h_body, &call);
@@ -326,6 +329,7 @@ int tc_stream_step(struct tc_stream *s, const char *text, size_t len, bool final
                    size_t *to, struct tc_call **calls, int *n_calls)
 {
     if (s->syn == TC_HARMONY) return harmony_step(s, text, len, final, from, to, calls, n_calls);
+    s->reasoning = false;
     const char *om = open_marker(s->syn), *cm = close_marker(s->syn);
     size_t ol = strlen(om), cl = strlen(cm);
     *from = *to = s->pos;
@@ -379,12 +383,26 @@ static bool is_space(char c)
     return c == ' ' || c == '\n' || c == '\t' || c == '\r';
 }
 
-int tc_parse(enum tc_syntax syn, const char *text, size_t len, char **content,
-             struct tc_call **calls, int *n_calls)
+/* Trims spaces at both ends of buf[0, w) in place and terminates it. */
+static void trim(char *buf, size_t w)
 {
-    char *out = malloc(len + 1);
-    if (!out) return -1;
-    size_t w = 0;
+    size_t a = 0;
+    while (a < w && is_space(buf[a])) a++;
+    while (w > a && is_space(buf[w - 1])) w--;
+    memmove(buf, buf + a, w - a);
+    buf[w - a] = '\0';
+}
+
+int tc_parse(enum tc_syntax syn, const char *text, size_t len, char **content,
+             struct tc_call **calls, int *n_calls, char **reasoning)
+{
+    char *out = malloc(len + 1), *think = malloc(len + 1);
+    if (!out || !think) {
+        free(out);
+        free(think);
+        return -1;
+    }
+    size_t w = 0, tw = 0;
     struct tc_stream st;
     tc_stream_init(&st, syn);
     for (;;) {
@@ -392,19 +410,26 @@ int tc_parse(enum tc_syntax syn, const char *text, size_t len, char **content,
         int rc = tc_stream_step(&st, text, len, true, &from, &to, calls, n_calls);
         if (rc < 0) {
             free(out);
+            free(think);
             return -1;
         }
-        memcpy(out + w, text + from, to - from);
-        w += to - from;
+        if (st.reasoning) {
+            memcpy(think + tw, text + from, to - from);
+            tw += to - from;
+        } else {
+            memcpy(out + w, text + from, to - from);
+            w += to - from;
+        }
         if (rc == 0 && st.pos >= len) break;
     }
     w = tc_strip_markers(syn, out, w);
-    size_t a = 0;
-    while (a < w && is_space(out[a])) a++;
-    while (w > a && is_space(out[w - 1])) w--;
-    memmove(out, out + a, w - a);
-    out[w - a] = '\0';
+    trim(out, w);
     *content = out;
+    trim(think, tw);
+    if (reasoning)
+        *reasoning = think;
+    else
+        free(think);
     return 0;
 }
 

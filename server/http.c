@@ -324,8 +324,9 @@ static char *gen_body(struct gen *g, int *status, struct proto_error *e)
     int completion = 0, n_ch = 0;
     struct tc_call **calls = calloc(n_choices, sizeof *calls);
     int *n_calls = calloc(n_choices, sizeof *n_calls);
+    char **thinks = calloc(n_choices, sizeof *thinks);
     *status = 200;
-    if (!ch || !texts || !order || !calls || !n_calls) goto out;
+    if (!ch || !texts || !order || !calls || !n_calls || !thinks) goto out;
     for (int i = 0; i < g->n; i++) {
         struct sched_req *r = g->reqs[i];
         sched_req_lock(r);
@@ -367,11 +368,13 @@ static char *gen_body(struct gen *g, int *status, struct proto_error *e)
             if (g->tools) {
                 char *content = NULL;
                 if (tc_parse(g->tc_syn, texts[n_ch], c->text_len, &content, &calls[n_ch],
-                             &n_calls[n_ch]) != 0)
+                             &n_calls[n_ch], &thinks[n_ch]) != 0)
                     goto out;
                 free(texts[n_ch]);
                 c->text = texts[n_ch] = content;
                 c->text_len = strlen(content);
+                c->reasoning = thinks[n_ch];
+                c->reasoning_len = strlen(thinks[n_ch]);
                 c->calls = calls[n_ch];
                 c->n_calls = n_calls[n_ch];
                 c->call_id = g->call_id;
@@ -394,6 +397,8 @@ static char *gen_body(struct gen *g, int *status, struct proto_error *e)
 out:
     for (int i = 0; texts && i < n_ch; i++) free(texts[i]);
     for (int i = 0; calls && i < n_ch; i++) tc_calls_free(calls[i], n_calls[i]);
+    for (size_t i = 0; thinks && i < n_choices; i++) free(thinks[i]);
+    free(thinks);
     free(calls);
     free(n_calls);
     free(texts);
@@ -424,26 +429,40 @@ static bool pend_add(struct gen *g, char *frame)
  * Returns -1 when out of memory. */
 static int tool_delta(struct gen *g, struct choice_state *cs, const struct sched_req *r,
                       size_t tl, bool final, char **content, size_t *len, struct tc_call **calls,
-                      int *n_calls)
+                      int *n_calls, char **reasoning, size_t *rlen)
 {
-    char *buf = malloc(tl - cs->tcs.pos + 1);
-    if (!buf) return -1;
-    size_t w = 0;
+    size_t room = tl - cs->tcs.pos + 1;
+    char *buf = malloc(room), *think = malloc(room);
+    if (!buf || !think) {
+        free(buf);
+        free(think);
+        return -1;
+    }
+    size_t w = 0, tw = 0;
     for (;;) {
         size_t from, to;
         int rc = tc_stream_step(&cs->tcs, r->out.text, tl, final, &from, &to, calls, n_calls);
         if (rc < 0) {
             free(buf);
+            free(think);
             return -1;
         }
-        memcpy(buf + w, r->out.text + from, to - from);
-        w += to - from;
+        if (cs->tcs.reasoning) {
+            memcpy(think + tw, r->out.text + from, to - from);
+            tw += to - from;
+        } else {
+            memcpy(buf + w, r->out.text + from, to - from);
+            w += to - from;
+        }
         if (rc == 0) break;
     }
     w = tc_strip_markers(g->tc_syn, buf, w);
     buf[w] = '\0';
+    think[tw] = '\0';
     *content = buf;
     *len = w;
+    *reasoning = think;
+    *rlen = tw;
     return 0;
 }
 
@@ -477,12 +496,13 @@ static bool gen_collect(struct gen *g)
         } else if (has_new) {
             char *text = r->out.text + cs->text_sent;
             size_t len = tl - cs->text_sent;
-            char *joined = NULL;
+            char *joined = NULL, *think = NULL;
+            size_t think_len = 0;
             struct tc_call *calls = NULL;
             int n_calls = 0;
             if (g->tools) {
                 if (tool_delta(g, cs, r, tl, fin != SCHED_FINISH_NONE, &joined, &len, &calls,
-                               &n_calls) != 0) {
+                               &n_calls, &think, &think_len) != 0) {
                     sched_req_unlock(r);
                     return added;
                 }
@@ -507,13 +527,16 @@ static bool gen_collect(struct gen *g)
             if (!cs->role_sent) choice_prompt(g, r, &c);
             c.calls = calls;
             c.n_calls = n_calls;
+            c.reasoning = think;
+            c.reasoning_len = think_len;
             c.call_index0 = cs->calls_sent;
             c.call_id = g->call_id;
             if (fin == SCHED_FINISH_STOP && cs->calls_sent + n_calls > 0)
                 c.finish_reason = "tool_calls";
             /* nothing to say yet (a call's text is held back): no empty delta */
-            bool empty = g->tools && len == 0 && n_calls == 0 && cs->role_sent &&
-                         fin == SCHED_FINISH_NONE && !(g->logprobs && nt > cs->tok_sent);
+            bool empty = g->tools && len == 0 && n_calls == 0 && think_len == 0 &&
+                         cs->role_sent && fin == SCHED_FINISH_NONE &&
+                         !(g->logprobs && nt > cs->tok_sent);
             if (!empty)
                 frame = proto_resp_chunk(g->kind, g->id, g->created, g->h->model_name, &c,
                                          g->kind == PROTO_CHAT && !cs->role_sent, NULL,
@@ -523,6 +546,7 @@ static bool gen_collect(struct gen *g)
             for (size_t b = 0; frame && b < len; b++)
                 cs->chars_sent += ((unsigned char)text[b] & 0xC0) != 0x80;
             free(joined);
+            free(think);
         }
         sched_req_unlock(r);
         if (frame) {

@@ -3,7 +3,7 @@ vLLM's meaning (values checked against the traffic sent), the process_* families
 moeserve_build_info, and the deployment files that name metrics: the vLLM relabel config
 (deploy/prometheus/vllm-relabel.yml) must produce every vLLM name listed here from the names a
 live /metrics exports, and the Grafana dashboard (deploy/grafana/*.json) and the Prometheus
-rules (deploy/kubernetes/base/prometheusrule.yaml) may only query names /metrics exports (plus
+rules (deploy/kubernetes/base/common/prometheusrule.yaml) may only query names /metrics exports (plus
 Prometheus' own `up`)."""
 import glob
 import json
@@ -84,6 +84,8 @@ def dashboard_exprs(d):
         out += [t["expr"] for t in p.get("targets", []) if "expr" in t]
         out += dashboard_exprs(p)  # rows
     for v in d.get("templating", {}).get("list", []):
+        if v.get("type") != "query":
+            continue  # datasource, interval, custom variables hold no PromQL
         q = v.get("query")
         if isinstance(q, dict):
             q = q.get("query")
@@ -199,7 +201,8 @@ class Observability(unittest.TestCase):
     def test_rules_names_exported(self):
         if yaml is None:
             self.skipTest("PyYAML missing")
-        paths = [os.path.join(repo(), "deploy", "kubernetes", "base", "prometheusrule.yaml")]
+        paths = [os.path.join(repo(), "deploy", "kubernetes", "base", "common",
+                               "prometheusrule.yaml")]
         n_rules = 0
         for path in paths:
             with open(path) as f:

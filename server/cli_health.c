@@ -101,7 +101,7 @@ int cli_healthcheck(int argc, char **argv)
     double timeout_s = 5.0;
     if (!host || !*host) host = "127.0.0.1";
     if (!port_s || !*port_s) port_s = "8000";
-    for (int i = 1; i < argc; i++) {
+    for (int i = 1; i < argc; i += 2) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             printf("usage: moeserve healthcheck [--host H] [--port P] [--timeout S]\n"
@@ -118,7 +118,6 @@ int cli_healthcheck(int argc, char **argv)
         if (strcmp(a, "--host") == 0) host = v;
         else if (strcmp(a, "--port") == 0) port_s = v;
         else timeout_s = atof(v);
-        i++;
     }
     char *end;
     long port = strtol(port_s, &end, 10);

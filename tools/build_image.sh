@@ -54,7 +54,7 @@ echo "build_image: buildah build --target cpu -t $tag" >&2
 $B build --pull=never --format docker --isolation chroot --network host --target cpu \
     --build-arg REVISION="$(git rev-parse HEAD 2>/dev/null || echo unknown)" \
     --build-arg CREATED="$(date -u +%FT%TZ)" -t "$tag" . >&2
-$B inspect --type image --format '{{.Docker.Config.User}} {{.Docker.Config.Healthcheck.Test}}' "$tag"
+$B inspect --type image --format '{{.Docker.Config.User}} {{.Docker.Config.Healthcheck.Test}}{{println}}' "$tag"
 
 if [ "$check" = 1 ]; then
     port=${MOESERVE_IMAGE_PORT:-18765}

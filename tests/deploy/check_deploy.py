@@ -9,7 +9,8 @@ reason, when a tool is missing; tools/setup.sh installs them all):
              the LeaderWorkerSet's pod templates also as Pods; then the policies the issue asks
              for (probes, security context, resources, grace, GPUs, rendezvous wiring) and that
              every MOESERVE_* key of the flags ConfigMap is a variable `moeserve serve` reads.
-  rules      `promtool check rules` and `promtool test rules` on deploy/prometheus, and the
+  rules      `promtool check rules` (alerts, vLLM aliases) and `promtool test rules` (alerts) on
+             deploy/prometheus, and the
              PrometheusRule of the Kustomize base holds the same groups.
   hadolint   hadolint on ./Dockerfile with .hadolint.yaml: no finding at all.
   image      only with MOESERVE_IMAGE_TEST=1 (minutes, network to deb.debian.org):
@@ -324,7 +325,8 @@ def cmd_rules(args):
     if not promtool:
         skip("promtool is not installed (tools/setup.sh installs Debian's prometheus)")
     prom = os.path.join(DEPLOY, "prometheus")
-    for argv in (["check", "rules", "alerts.rules.yml"], ["test", "rules", "alerts.test.yml"]):
+    for argv in (["check", "rules", "alerts.rules.yml", "vllm-aliases.rules.yml"],
+                 ["test", "rules", "alerts.test.yml"]):
         p = subprocess.run([promtool] + argv, cwd=prom, capture_output=True, text=True,
                            timeout=120)
         print(p.stdout + p.stderr)

@@ -182,6 +182,23 @@ class Observability(unittest.TestCase):
         self.assertEqual(VLLM_NAMES - fams, set(), "vLLM names the relabel config misses")
         self.assertEqual(fams - VLLM_NAMES, set(), "relabeled to names vLLM does not have")
 
+    def test_alias_rules_give_vllm_names(self):
+        if yaml is None:
+            self.skipTest("PyYAML missing")
+        with open(os.path.join(repo(), "deploy", "prometheus", "vllm-aliases.rules.yml")) as f:
+            groups = yaml.safe_load(f)["groups"]
+        fams = set()
+        for g in groups:
+            for r in g["rules"]:
+                self.assertTrue(r["expr"] in self.samples,
+                                "%s copies %s, which /metrics does not export" % (r["record"],
+                                                                                 r["expr"]))
+                fams.add(re.sub(r"_(bucket|sum|count)$", "", r["record"]))
+                # the same mapping as the relabel config
+                if not r["expr"].startswith("moeserve_iteration_tokens"):
+                    self.assertEqual(r["record"], "vllm:" + r["expr"][len("moeserve_"):])
+        self.assertEqual(fams, VLLM_NAMES)
+
     def exported(self, name):
         return name in self.samples or name in self.fams or name == "up"
 

@@ -10,8 +10,7 @@ reason, when a tool is missing; tools/setup.sh installs them all):
              for (probes, security context, resources, grace, GPUs, rendezvous wiring) and that
              every MOESERVE_* key of the flags ConfigMap is a variable `moeserve serve` reads.
   rules      `promtool check rules` (alerts, vLLM aliases) and `promtool test rules` (alerts) on
-             deploy/prometheus, and the
-             PrometheusRule of the Kustomize base holds the same groups.
+             deploy/prometheus; the PrometheusRule of the Kustomize base holds the same groups.
   hadolint   hadolint on ./Dockerfile with .hadolint.yaml: no finding at all.
   image      only with MOESERVE_IMAGE_TEST=1 (minutes, network to deb.debian.org):
              tools/build_image.sh --check, i.e. the CPU image built with debootstrap + buildah

@@ -84,6 +84,7 @@ struct gen {
     char *pend;                /* SSE bytes not yet handed to h1 */
     size_t pend_len, pend_off;
     bool usage_sent, done_sent;
+    bool tool_calls;           /* a choice ended in tool calls (the access log's finish reason) */
 };
 
 struct conn {
@@ -399,8 +400,10 @@ static char *gen_body(struct gen *g, int *status, struct proto_error *e)
                 c->calls = calls[n_ch];
                 c->n_calls = n_calls[n_ch];
                 c->call_id = g->call_id;
-                if (n_calls[n_ch] > 0 && r->out.finish == SCHED_FINISH_STOP)
+                if (n_calls[n_ch] > 0 && r->out.finish == SCHED_FINISH_STOP) {
                     c->finish_reason = "tool_calls";
+                    g->tool_calls = true;
+                }
             }
             if (g->logprobs) {
                 c->lps = r->out.lps;
@@ -533,8 +536,10 @@ static bool gen_collect(struct gen *g)
             c.n_calls = n_calls;
             c.call_index0 = cs->calls_sent;
             c.call_id = g->call_id;
-            if (fin == SCHED_FINISH_STOP && cs->calls_sent + n_calls > 0)
+            if (fin == SCHED_FINISH_STOP && cs->calls_sent + n_calls > 0) {
                 c.finish_reason = "tool_calls";
+                g->tool_calls = true;
+            }
             /* nothing to say yet (a call's text is held back): no empty delta */
             bool empty = g->tools && len == 0 && n_calls == 0 && cs->role_sent &&
                          fin == SCHED_FINISH_NONE && !(g->logprobs && nt > cs->tok_sent);
@@ -1158,7 +1163,10 @@ static void log_access(struct h1_conn *c, struct conn *cn, enum h1_done why)
             a.completion_tokens += r->out.n_tokens;
             if (r->out.n_tokens > 0 && (a.ttft_s < 0 || r->out.ttft_s < a.ttft_s))
                 a.ttft_s = r->out.ttft_s;
-            if (i == 0) a.finish_reason = sched_finish_str(r->out.finish);
+            if (i == 0)
+                a.finish_reason = g->tool_calls && r->out.finish == SCHED_FINISH_STOP
+                                      ? "tool_calls"
+                                      : sched_finish_str(r->out.finish);
             sched_req_unlock(r);
         }
     }

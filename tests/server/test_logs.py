@@ -154,6 +154,35 @@ class AccessLogJson(unittest.TestCase):
         self.assertFalse(any("\r" in m for m in self.srv.output()), "a progress bar in a log")
 
 
+class AccessLogToolCalls(unittest.TestCase):
+    """The access line's finish reason is the API's: "tool_calls" when the output was a call."""
+
+    def test_tool_calls(self):
+        tools = [{"type": "function", "function": {"name": "add", "parameters": {
+            "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "required": ["a", "b"], "additionalProperties": False}}}]
+        with srvtest.Server("--log-format", "json", model=srvtest.bundled_model()) as srv:
+            for stream in (False, True):
+                body = {"messages": [{"role": "user", "content": "1+2?"}], "tools": tools,
+                        "tool_choice": "required", "max_tokens": 300, "stream": stream,
+                        "parallel_tool_calls": False, "temperature": 0}
+                local, st, raw = post(srv.port, "/v1/chat/completions", body)
+                self.assertEqual(st, 200)
+                if stream:
+                    events = [json.loads(l[6:]) for l in raw.decode().split("\n")
+                              if l.startswith("data: {")]
+                    rid = events[0]["id"]
+                    fin = [e["choices"][0]["finish_reason"] for e in events
+                           if e["choices"] and e["choices"][0].get("finish_reason")][-1]
+                else:
+                    r = json.loads(raw)
+                    rid, fin = r["id"], r["choices"][0]["finish_reason"]
+                self.assertEqual(fin, "tool_calls")
+                [a] = srvtest.wait_until(lambda: [a for a in access_lines(srv)
+                                                  if a.get("id") == rid], 10, "the line")
+                self.assertEqual(a["finish_reason"], "tool_calls", (stream, a))
+
+
 class AccessLogText(unittest.TestCase):
     def test_text_line_and_switch(self):
         with srvtest.Server() as srv:

@@ -215,6 +215,33 @@ class Observability(unittest.TestCase):
                     self.assertTrue(self.exported(n), "%s: %r reads %s, which /metrics does "
                                     "not export" % (os.path.basename(path), e, n))
 
+    def test_dashboard_layout(self):
+        """What Grafana needs to import it: unique ids, panels on the 24-column grid without
+        overlaps, every query on the chosen data source, the panels the issue lists."""
+        with open(os.path.join(repo(), "deploy", "grafana", "moeserve.json")) as f:
+            d = json.load(f)
+        ids, cells = set(), set()
+        for p in d["panels"]:
+            self.assertNotIn(p["id"], ids)
+            ids.add(p["id"])
+            g = p["gridPos"]
+            self.assertLessEqual(g["x"] + g["w"], 24, p["title"])
+            for x in range(g["x"], g["x"] + g["w"]):
+                for y in range(g["y"], g["y"] + g["h"]):
+                    self.assertNotIn((x, y), cells, "%s overlaps another panel" % p["title"])
+                    cells.add((x, y))
+            for t in p.get("targets", []):
+                self.assertEqual(t["datasource"]["uid"], "${datasource}", p["title"])
+        exprs = " ".join(dashboard_exprs(d))
+        for name in ("moeserve_device_routed_tokens_total", "moeserve_load_imbalance_ratio",
+                     "moeserve_expert_replicas", "moeserve_time_to_first_token_seconds_bucket",
+                     "moeserve_inter_token_latency_seconds_bucket",
+                     "moeserve_e2e_request_latency_seconds_bucket",
+                     "moeserve_generation_tokens_total", "moeserve_kv_cache_usage_perc",
+                     "moeserve_num_requests_waiting", "moeserve_num_preemptions_total",
+                     "moeserve_http_requests_total"):
+            self.assertIn(name, exprs)
+
     def test_rules_names_exported(self):
         if yaml is None:
             self.skipTest("PyYAML missing")

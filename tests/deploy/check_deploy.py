@@ -202,14 +202,16 @@ def matches(selector, labels):
     return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
 
 
-def serve_env_vars(binary):
+def serve_help(binary):
+    """(variables, flags) `moeserve serve --help` lists, or None without a binary."""
     if not binary:
         return None
     p = subprocess.run([binary, "serve", "--help"], capture_output=True, text=True, timeout=30)
-    return set(re.findall(r"\[env (MOESERVE_[A-Z0-9_]+)\]", p.stdout))
+    return (set(re.findall(r"\[env (MOESERVE_[A-Z0-9_]+)\]", p.stdout)),
+            set(re.findall(r"^  (--[a-z0-9-]+)", p.stdout, re.M)))
 
 
-def check_layout(layout, objs, env_vars):
+def check_layout(layout, objs, help_):
     by_kind = {}
     for o in objs:
         by_kind.setdefault(o["kind"], []).append(o)
@@ -225,10 +227,19 @@ def check_layout(layout, objs, env_vars):
         flags.update(cm.get("data", {}))
     if flags.get("MOESERVE_HOST") != "0.0.0.0":
         fail("%s: MOESERVE_HOST must be 0.0.0.0 (else the Service cannot reach it)" % layout)
-    if env_vars is not None:
+    if help_ is not None:
+        env_vars, known = help_
         for k in flags:
             if k not in env_vars:
                 fail("%s: ConfigMap key %s is not a variable `moeserve serve` reads" % (layout, k))
+        # the rendezvous flags come with the multi-process work (issue 14's MPI half); once
+        # the binary has them, every flag the manifests pass must be one it knows
+        if "--nnodes" in known:
+            for name, tmpl in pod_specs(objs):
+                for c in tmpl["spec"]["containers"]:
+                    for a in c.get("args", []):
+                        if a.startswith("--") and a.split("=")[0] not in known:
+                            fail("%s %s: `moeserve serve` has no flag %s" % (layout, name, a))
     gpu = flags.get("MOESERVE_DEVICE") == "cuda"
     pods = pod_specs(objs)
     for name, tmpl in pods:
@@ -293,13 +304,13 @@ def cmd_kustomize(args):
     need_module("yaml", "parses the rendered manifests")
     v = Validator()
     selftest(v)
-    env_vars = serve_env_vars(args.binary)
+    help_ = serve_help(args.binary)
     for layout in LAYOUTS:
         objs = render(layout)
         for o in objs:
             for e in v.errors(o):
                 fail("%s %s/%s: %s" % (layout, o.get("kind"), o.get("metadata", {}).get("name"), e))
-        check_layout(layout, objs, env_vars)
+        check_layout(layout, objs, help_)
         print("checked %s: %s" % (layout, ", ".join(sorted(o["kind"] for o in objs))))
     # a broken overlay must be caught: drop the security context of the cpu layout's pod
     objs = render("overlays/cpu")
@@ -309,7 +320,7 @@ def cmd_kustomize(args):
         t["spec"]["terminationGracePeriodSeconds"] = 30
     global quiet
     before, quiet = len(failures), True
-    check_layout("selftest", bad, env_vars)
+    check_layout("selftest", bad, help_)
     quiet = False
     caught = failures[before:]
     del failures[before:]

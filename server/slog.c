@@ -7,10 +7,16 @@
 #include <time.h>
 
 static bool use_json;
+static char msg_prefix[32];
 
 void slog_set_json(bool on)
 {
     use_json = on;
+}
+
+void slog_set_prefix(const char *prefix)
+{
+    snprintf(msg_prefix, sizeof msg_prefix, "%s", prefix ? prefix : "");
 }
 
 bool slog_json(void)
@@ -78,7 +84,8 @@ static void emit(struct line *l)
 void slog_vmsg(const char *level, const char *fmt, va_list ap)
 {
     char msg[1024];
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    int pre = snprintf(msg, sizeof msg, "%s", msg_prefix);
+    vsnprintf(msg + pre, sizeof msg - (size_t)pre, fmt, ap);
     struct line l = {.n = 0};
     put_head(&l, level);
     if (use_json) {

@@ -9,6 +9,8 @@
 #include <stdbool.h>
 
 void slog_set_json(bool on);
+/* Text put before every message (e.g. "[rank 1] " under mpirun); copied; NULL for none. */
+void slog_set_prefix(const char *prefix);
 bool slog_json(void);
 void slog_msg(const char *level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void slog_vmsg(const char *level, const char *fmt, va_list ap);

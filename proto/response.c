@@ -304,6 +304,16 @@ char *proto_resp_model(const char *model, long created, int max_model_len)
 #define MOESERVE_SANITIZE_OPT ""
 #endif
 
+const char *proto_version_string(void)
+{
+    return MOESERVE_VERSION;
+}
+
+const char *proto_commit_string(void)
+{
+    return MOESERVE_COMMIT;
+}
+
 char *proto_resp_version(void)
 {
     json_t *b = json_object();

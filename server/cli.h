@@ -9,6 +9,8 @@ int cli_placement_sim(int argc, char **argv);
 /* `moeserve analyze` and `moeserve prune`: expert collaboration groups (cli_collab.c). */
 int cli_analyze(int argc, char **argv);
 int cli_prune(int argc, char **argv);
+/* `moeserve healthcheck`: exit 0 when the local server's /health answers 200 (cli_health.c). */
+int cli_healthcheck(int argc, char **argv);
 
 #include <stddef.h>
 

@@ -224,12 +224,13 @@ uint16_t dash_tag_id(struct dash *d, const char *tag)
     int id = 1;
     while (id < d->n_tags && strcmp(d->tag_name[id], tag) != 0) id++;
     if (id == d->n_tags) {
-        if (d->n_tags < DASH_MAX_TAGS) {
+        if (d->n_tags < DASH_MAX_TAGS - 1) {
             snprintf(d->tag_name[id], sizeof d->tag_name[id], "%s", tag);
             d->n_tags++;
-        } else {
+        } else { /* the last number is every later name's */
             id = DASH_MAX_TAGS - 1;
             snprintf(d->tag_name[id], sizeof d->tag_name[id], "other");
+            d->n_tags = DASH_MAX_TAGS;
         }
     }
     pthread_mutex_unlock(&d->mu);

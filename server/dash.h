@@ -25,8 +25,8 @@ int dash_create(struct engine *e, const char *groups_path, int reservoir, struct
                 char *err, size_t errlen);
 void dash_free(struct dash *d);
 /* The small number a request's moe_tag is known by in routing captures (HTTP threads): 0 for
- * NULL (untagged), else the tag's number, new tags numbered as they come (at most
- * DASH_MAX_TAGS - 1 names; later ones share the last number, shown as "other"). */
+ * NULL (untagged), else the tag's number, new tags numbered as they come (the first
+ * DASH_MAX_TAGS - 2 names; later ones share the last number, shown as "other"). */
 #define DASH_MAX_TAGS 32
 uint16_t dash_tag_id(struct dash *d, const char *tag);
 /* Scheduler thread, after every step. */

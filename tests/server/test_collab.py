@@ -112,6 +112,16 @@ class CollabServerTest(unittest.TestCase):
                 self.assertEqual(by_tag[tag], tagged[tag] - 2)
             for g in col["groups"]:
                 self.assertEqual(set(g["share_by_tag"]), set(by_tag))
+            # tags are bounded: 30 names, then "other"
+            for i in range(32):
+                st, _, r = srvtest.post_json(srv.port, "/v1/completions",
+                                             {"prompt": "1+%d=" % i, "max_tokens": 1,
+                                              "moe_tag": "t%02d" % i}, headers=auth)
+                self.assertEqual(st, 200, r)
+            st, _, raw = srvtest.request(srv.port, "GET", "/v1/moe/stats", headers=auth)
+            names = set(json.loads(raw)["collab"]["sampled_by_tag"])
+            self.assertEqual(names, {"math", "verse", "untagged", "other"} |
+                             {"t%02d" % i for i in range(28)})
             for n in col["nodes"]:
                 self.assertIn(n["group"], range(4))
 

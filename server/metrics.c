@@ -555,9 +555,16 @@ static void render_process(struct buf *b, double t_start)
             sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu %*d %*d %*d %*d "
                           "%*d %*d %*u %llu %llu",
                    &utime, &stime, &vsize, &rss) == 4) {
+            /* getrusage has microseconds; /proc's clock ticks (10 ms) read 0 for a process
+             * that has used less than a tick */
+            struct rusage ru;
+            double cpu = (double)(utime + stime) / (double)tick;
+            if (getrusage(RUSAGE_SELF, &ru) == 0)
+                cpu = (double)ru.ru_utime.tv_sec + (double)ru.ru_stime.tv_sec +
+                      1e-6 * (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
             family(b, "process_cpu_seconds_total", "counter",
                    "Total user and system CPU time spent in seconds.");
-            bprintf(b, "process_cpu_seconds_total %.2f\n", (double)(utime + stime) / (double)tick);
+            bprintf(b, "process_cpu_seconds_total %.6f\n", cpu);
             family(b, "process_virtual_memory_bytes", "gauge", "Virtual memory size in bytes.");
             bprintf(b, "process_virtual_memory_bytes %llu\n", vsize);
             family(b, "process_resident_memory_bytes", "gauge", "Resident memory size in bytes.");

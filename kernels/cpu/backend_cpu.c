@@ -572,21 +572,32 @@ static void cpu_moe_experts(struct backend *be, float *y, const float *x, int d,
 #define NEURON_CHUNK 32
 #define NEURON_COLS 64
 
-/* Row r of w (f32, f16 or bf16) dotted with x (d floats), accumulated in f32 in index order. */
+/* Row r of w (f32, f16 or bf16) dotted with x (d floats), accumulated in f32 in eight
+ * interleaved partial sums (so the compiler can vectorize without reassociating) added in a
+ * fixed order: the same bits on every run and thread count. */
+#define ROW_DOT_LOOP(conv)                                                                        \
+    do {                                                                                          \
+        int c = 0;                                                                                \
+        for (; c + 8 <= d; c += 8)                                                                \
+            for (int k = 0; k < 8; k++) acc[k] += conv(p[c + k]) * x[c + k];                      \
+        for (; c < d; c++) acc[c % 8] += conv(p[c]) * x[c];                                       \
+    } while (0)
+#define ROW_F32(v) (v)
+
 static float row_dot(const struct wmat *w, int r, const float *x, int d)
 {
-    float s = 0.0f;
+    float acc[8] = {0};
     if (w->type == WTYPE_F32) {
         const float *p = (const float *)w->data + (size_t)r * w->cols;
-        for (int c = 0; c < d; c++) s += p[c] * x[c];
+        ROW_DOT_LOOP(ROW_F32);
     } else if (w->type == WTYPE_BF16) {
         const uint16_t *p = (const uint16_t *)w->data + (size_t)r * w->cols;
-        for (int c = 0; c < d; c++) s += ms_bf16_to_f32(p[c]) * x[c];
+        ROW_DOT_LOOP(ms_bf16_to_f32);
     } else {
         const uint16_t *p = (const uint16_t *)w->data + (size_t)r * w->cols;
-        for (int c = 0; c < d; c++) s += ms_f16_to_f32(p[c]) * x[c];
+        ROW_DOT_LOOP(ms_f16_to_f32);
     }
-    return s;
+    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
 }
 
 /* y[c] += a * row r of w, for c in [c0, c1). */

@@ -20,7 +20,10 @@ sample's N-th and (N+1)-th neuron score, over every prompt, greedy continuation,
 sample and budget above, is at least MIN_GAP, so rounding in another implementation (~1e-6)
 cannot flip a neuron choice. Everything runs in float32 on one thread.
 
-Usage: python3 tests/reference/make_infmoe_fixtures.py
+With --trained DIR (default models/infmoe-small, if present): DIR/reference.safetensors in the
+same format for one prompt per domain of the trained model.
+
+Usage: python3 tests/reference/make_infmoe_fixtures.py [--trained DIR] [--skip-tiny]
 """
 
 import math
@@ -118,6 +121,13 @@ def build(seed, prompts):
     model = InfmoeForCausalLM(TINY_CONFIG)
     redraw(model, seed)
     model.eval()
+    return (model,) + reference_tensors(model, prompts)
+
+
+@torch.no_grad()
+def reference_tensors(model, prompts):
+    """Every tensor of the module comment for these prompts, the smallest neuron-score gap and
+    the smallest greedy top1-top2 margin."""
     tensors, worst_gap, worst_margin = {}, math.inf, math.inf
     for i, ids in enumerate(prompts):
         tensors[f"prompt{i}.ids"] = torch.tensor(ids, dtype=torch.int32)
@@ -132,13 +142,38 @@ def build(seed, prompts):
             tensors[f"prompt{i}.greedy{suffix}"] = torch.tensor(gr, dtype=torch.int32)
             worst_margin = min(worst_margin, margin)
             worst_gap = min(worst_gap, min_gap(model, ids + gr, K, None))
-    return model, tensors, worst_gap, worst_margin
+    return tensors, worst_gap, worst_margin
+
+
+TRAINED_PROMPTS = ["ROMEO:\nBut soft", "12+35=", '{"id": 7, "name": "']
+
+
+def build_trained(folder):
+    """DIR/reference.safetensors in the same format for one prompt per domain of a trained
+    model (weights as stored, computed in f32); prints the gaps so a fragile reference shows."""
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    model = InfmoeForCausalLM.load(str(folder))
+    prompts = [tok.encode(t, add_special_tokens=False).ids for t in TRAINED_PROMPTS]
+    tensors, gap, margin = reference_tensors(model, prompts)
+    print(f"{folder}: min neuron-score gap {gap:.3g}, min greedy top1-top2 {margin:.3g}")
+    save_file(tensors, str(folder / "reference.safetensors"), metadata={"format": "pt"})
 
 
 def main():
+    import argparse
     from tokenizers import Tokenizer
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--trained", default=str(REPO / "models" / "infmoe-small"),
+                    help="also write DIR/reference.safetensors for a trained model, if present")
+    ap.add_argument("--skip-tiny", action="store_true")
+    args = ap.parse_args()
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
+    if (Path(args.trained) / "model.safetensors").exists():
+        build_trained(Path(args.trained))
+    if args.skip_tiny:
+        return
     tok = Tokenizer.from_file(str(MIXTRAL / "tokenizer.json"))
     prompts = [tok.encode(t, add_special_tokens=False).ids for t in PROMPTS]
     for seed in range(SEED, SEED + 200):

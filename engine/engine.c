@@ -407,6 +407,7 @@ static void device_forward(struct device *dv)
             if (cont) {
                 dv->cont.tok_samples[t] = ks;
                 dv->cont.tok_keep[t] = keep;
+                dv->cont.tok_adaptive[t] = item->moe_samples_adaptive;
             }
             ids[t] = item->tokens[i];
             pos[t] = item->pos + i;

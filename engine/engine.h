@@ -92,6 +92,9 @@ struct engine_item {
     int moe_top_k;          /* experts per token for this sequence; 0 = the model's default */
     int moe_samples;        /* continuous experts: samples per token, 0 = the default */
     double moe_neuron_fraction; /* continuous experts: neuron fraction, 0 = the default */
+    bool moe_samples_adaptive; /* continuous experts: moe_samples (or the default) is an
+                                  average, each token's K from the router's uncertainty
+                                  (engine/infmoe.h); needs a calibrated model */
     int n_logits;           /* logits wanted for the last n_logits tokens (0, 1 .. n_tokens) */
     float *logits;          /* OUT: (n_logits, vocab), caller-owned */
 };

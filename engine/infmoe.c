@@ -103,7 +103,10 @@ int infmoe_scratch_init(struct infmoe_scratch *s, struct backend *be, const stru
     s->work = malloc(F * sizeof(float));
     s->tok_samples = malloc(T * sizeof(int32_t));
     s->tok_keep = malloc(T * sizeof(int32_t));
-    if (!ok || !s->eps || !s->acc || !s->mark || !s->work || !s->tok_samples || !s->tok_keep) {
+    s->tok_adaptive = calloc(T, 1);
+    s->k_used = malloc(T * sizeof(int32_t));
+    if (!ok || !s->eps || !s->acc || !s->mark || !s->work || !s->tok_samples || !s->tok_keep ||
+        !s->tok_adaptive || !s->k_used) {
         infmoe_scratch_release(s, be);
         return -1;
     }
@@ -134,7 +137,27 @@ void infmoe_scratch_release(struct infmoe_scratch *s, struct backend *be)
     free(s->work);
     free(s->tok_samples);
     free(s->tok_keep);
+    free(s->tok_adaptive);
+    free(s->k_used);
     memset(s, 0, sizeof *s);
+}
+
+int infmoe_adaptive_k(const double *q, int nq, double u, int k, int k_max)
+{
+    int Q = nq - 1;
+    double r;
+    if (u <= q[0]) {
+        r = 0.0;
+    } else if (u >= q[Q]) {
+        r = 1.0;
+    } else {
+        int i = 0;
+        while (i + 1 < Q && u >= q[i + 1]) i++;
+        double span = q[i + 1] - q[i];
+        r = (i + (span > 0 ? (u - q[i]) / span : 0.0)) / Q;
+    }
+    int kk = 1 + (int)floor(2.0 * (k - 1) * r + 0.5);
+    return kk < 1 ? 1 : kk > k_max ? k_max : kk;
 }
 
 /* The n-th largest (n >= 1) of v[0..len) by quickselect; v is reordered. */
@@ -198,7 +221,18 @@ uint64_t infmoe_forward(const struct model *m, int layer, struct backend *be,
     int rows = 0;
     for (int t = 0; t < n; t++) {
         const float *mu = s->h_rz + (size_t)t * 2 * Z, *lv = mu + Z;
-        for (int k = 0; k < s->tok_samples[t]; k++, rows++) {
+        int K = s->tok_samples[t];
+        if (s->tok_adaptive[t] && md->cont_n_quant >= 2) {
+            double u = 0.0;
+            for (int j = 0; j < Z; j++) {
+                float v = lv[j] < LOGVAR_MIN ? LOGVAR_MIN : lv[j] > LOGVAR_MAX ? LOGVAR_MAX : lv[j];
+                u += (double)v;
+            }
+            K = infmoe_adaptive_k(md->cont_quant + (size_t)layer * md->cont_n_quant,
+                                  md->cont_n_quant, u / Z, K, md->cont_max_samples);
+        }
+        s->k_used[t] = K;
+        for (int k = 0; k < K; k++, rows++) {
             float *zr = s->h_z + (size_t)rows * Z;
             const float *eps = s->eps + (size_t)k * Z;
             for (int j = 0; j < Z; j++) {
@@ -215,7 +249,7 @@ uint64_t infmoe_forward(const struct model *m, int layer, struct backend *be,
     uint64_t computed = 0;
     rows = 0;
     for (int t = 0; t < n; t++) {
-        int K = s->tok_samples[t];
+        int K = s->k_used[t];
         for (int k = 0; k < K; k++, rows++)
             select_sample(s->h_scores + (size_t)rows * F, F, s->tok_keep[t], s->acc, s->mark,
                           s->work);

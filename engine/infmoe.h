@@ -8,6 +8,13 @@
  * on the sample, so a token computes each neuron of the union of its K slices once (backend
  * op neuron_ffn), with the summed weights: fewer samples or a smaller fraction is less work.
  *
+ * The adaptive budget ("by difficulty"): a token marked adaptive takes its samples as an
+ * average k and its own K per layer from the router's uncertainty, u = the mean over the latent
+ * of its predicted log-variance: r = the rank of u among the layer's calibration quantiles
+ * (model_desc.cont_quant, measured on held-out text; piecewise linear in [0, 1]) and
+ * K = clamp(1 + floor(2 (k - 1) r + 1/2), 1, max_samples), so over text like the calibration
+ * text the mean K is k and the tokens the router is least sure of get the most samples.
+ *
  * Where things run: the router and key products run on the backend; the sampling and the top-N
  * selection run on the host (small: K * F scores per token), like the MoE dispatch plan; the
  * gathered FFN runs on the backend. Results do not depend on the batch: every token's budget,
@@ -44,7 +51,14 @@ struct infmoe_scratch {
     /* The per-token budget, set by the engine before infmoe_forward: */
     int32_t *tok_samples; /* (T) K of each token, 1..max_samples */
     int32_t *tok_keep;    /* (T) N of each token, 1..model_cont_neurons(cont_fraction) */
+    unsigned char *tok_adaptive; /* (T) nonzero: tok_samples[t] is an average (needs a model
+                                    with a calibration) */
+    int32_t *k_used;      /* (T) the samples each token took in the last layer */
 };
+
+/* The adaptive budget's K for a token whose mean predicted log-variance is u, against one
+ * layer's nq ascending calibration quantiles q, at average k (see above). */
+int infmoe_adaptive_k(const double *q, int nq, double u, int k, int k_max);
 
 /* The offsets eps (k, Z) of the samples, row 0 zeros (tools/train/infmoe_model.py's
  * quasi_offsets): exposed for tests. */

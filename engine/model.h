@@ -141,6 +141,11 @@ struct model_desc {
     int cont_samples;     /* default K (the trained one) */
     int cont_max_samples; /* the largest K a request may ask for */
     double cont_fraction; /* default neuron fraction (the trained one), also the largest */
+    /* The adaptive budget's calibration (config adaptive_logvar_quantiles; engine/infmoe.h):
+     * per layer, cont_n_quant ascending quantiles of the tokens' mean predicted log-variance;
+     * NULL (cont_n_quant 0) when the config has none. */
+    int cont_n_quant;
+    double *cont_quant;   /* (n_layer, cont_n_quant) */
     int n_shared;         /* always-on shared experts */
     int shared_d_ff;      /* width of each shared expert */
     enum shared_gate_kind shared_gate;

@@ -504,6 +504,38 @@ static int cfg_infmoe(json_t *root, struct model_desc *d, const char *path, char
         return ms_errf(err, errlen, "%s: neuron_fraction %g must be in (0, 1]", path, frac);
     d->cont_fraction = frac;
     d->ffn = FFN_KIND_CONTINUOUS;
+    json_t *cal = json_object_get(root, "adaptive_logvar_quantiles");
+    if (cal && !json_is_null(cal)) {
+        size_t nq = json_is_array(json_array_get(cal, 0)) ? json_array_size(json_array_get(cal, 0))
+                                                          : 0;
+        if (!json_is_array(cal) || json_array_size(cal) != (size_t)d->n_layer || nq < 2 ||
+            nq > 1024)
+            return ms_errf(err, errlen,
+                           "%s: 'adaptive_logvar_quantiles' must list num_hidden_layers (%d) lists "
+                           "of 2..1024 numbers",
+                           path, d->n_layer);
+        d->cont_quant = malloc(sizeof(double) * nq * (size_t)d->n_layer);
+        if (!d->cont_quant) return ms_errf(err, errlen, "%s: out of memory", path);
+        d->cont_n_quant = (int)nq;
+        for (int l = 0; l < d->n_layer; l++) {
+            json_t *row = json_array_get(cal, (size_t)l);
+            if (!json_is_array(row) || json_array_size(row) != nq)
+                return ms_errf(err, errlen,
+                               "%s: adaptive_logvar_quantiles[%d] must list %zu numbers", path, l,
+                               nq);
+            for (size_t i = 0; i < nq; i++) {
+                json_t *x = json_array_get(row, i);
+                double v = json_is_number(x) ? json_number_value(x) : NAN;
+                double *q = d->cont_quant + (size_t)l * nq;
+                if (!isfinite(v) || (i > 0 && v < q[i - 1]))
+                    return ms_errf(err, errlen,
+                                   "%s: adaptive_logvar_quantiles[%d][%zu] must be a number, not "
+                                   "below the one before",
+                                   path, l, i);
+                q[i] = v;
+            }
+        }
+    }
     d->layer_is_moe = calloc((size_t)d->n_layer, sizeof *d->layer_is_moe);
     if (!d->layer_is_moe) return ms_errf(err, errlen, "%s: out of memory", path);
     return 0;
@@ -723,6 +755,9 @@ void model_desc_free(struct model_desc *desc)
     free(desc->layer_is_moe);
     free(desc->expert_d_ff);
     free(desc->expert_group);
+    free(desc->cont_quant);
+    desc->cont_quant = NULL;
+    desc->cont_n_quant = 0;
     desc->layer_is_moe = NULL;
     desc->expert_d_ff = NULL;
     desc->expert_group = NULL;

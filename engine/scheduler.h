@@ -74,6 +74,7 @@ struct sched_req_params {
     int moe_top_k;          /* 0 = the model's */
     int moe_samples;        /* continuous experts: 0 = the engine's default */
     double moe_neuron_fraction; /* continuous experts: 0 = the engine's default */
+    bool moe_samples_adaptive;  /* continuous experts: per-token K around moe_samples */
     int prompt_logprobs;    /* < 0: off; else record every prompt token's logprob (from the
                                prefill the request runs anyway) with this many alternatives */
     int n_stop;

@@ -624,6 +624,7 @@ static void req_params(const struct gen *g, const struct proto_req *pr, int max_
     sp->moe_top_k = pr->moe_top_k;
     sp->moe_samples = pr->moe_samples;
     sp->moe_neuron_fraction = pr->moe_neuron_fraction;
+    sp->moe_samples_adaptive = pr->moe_samples_adaptive;
     sp->prompt_logprobs = -1;
     if (g->plp_field) sp->prompt_logprobs = pr->prompt_logprobs;
     if (g->echo_lps && pr->top_logprobs > sp->prompt_logprobs)
@@ -713,6 +714,10 @@ static int check_cont_budget(const struct model_desc *md, const struct proto_req
         return proto_fail(e, 400, "moe_samples", "invalid_value",
                           "'moe_samples' must be at most the model's %d samples per token",
                           md->cont_max_samples);
+    if (pr->moe_samples_adaptive && (!cont || md->cont_n_quant == 0))
+        return proto_fail(e, 400, "moe_samples_adaptive", "invalid_value",
+                          "'moe_samples_adaptive' needs a continuous-experts (infmoe) model whose "
+                          "config has an adaptive_logvar_quantiles calibration");
     if (pr->moe_neuron_fraction > 0 && !cont)
         return proto_fail(e, 400, "moe_neuron_fraction", "invalid_value",
                           "'moe_neuron_fraction' applies to continuous-experts (infmoe) models "

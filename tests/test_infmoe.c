@@ -24,10 +24,15 @@ struct budget {
     const char *suffix; /* reference tensor suffix */
     int samples;
     double fraction;
+    bool adaptive;
 };
 
-static const struct budget BUDGETS[] = {
-    {"", 0, 0}, {"_k1", 1, 0}, {"_k2", 2, 0}, {"_k2_f0625", 2, 0.0625}};
+static const struct budget BUDGETS[] = {{"", 0, 0, false},
+                                        {"_k1", 1, 0, false},
+                                        {"_k2", 2, 0, false},
+                                        {"_k2_f0625", 2, 0.0625, false},
+                                        {"_adaptive_k2", 2, 0, true}};
+#define N_BUDGETS ((int)(sizeof BUDGETS / sizeof BUDGETS[0]))
 
 static const void *ref_tensor(const struct st_archive *ref, int i, const char *what,
                               const char *suffix)
@@ -55,7 +60,7 @@ static int prefill(struct engine *e, const struct golden_prompt *p, const struct
     if (engine_seq_init(e, &s) != 0) return -1;
     struct engine_item it = {.kv = &s, .tokens = p->ids, .n_tokens = p->n, .pos = 0,
                              .moe_samples = b->samples, .moe_neuron_fraction = b->fraction,
-                             .n_logits = p->n, .logits = out};
+                             .moe_samples_adaptive = b->adaptive, .n_logits = p->n, .logits = out};
     int rc = engine_step(e, &it, 1, err, sizeof err);
     if (rc) fprintf(stderr, "step: %s\n", err);
     engine_seq_free(e, &s);
@@ -144,9 +149,10 @@ static void check_model(const char *dir, const char *name, enum model_dtype dtyp
     uint64_t keep_half = (uint64_t)model_cont_neurons(md, BUDGETS[3].fraction);
     for (int i = 0; i < np; i++) {
         size_t cnt = (size_t)p[i].n * V;
-        uint64_t counted[4] = {0};
-        for (size_t bi = 0; bi < sizeof BUDGETS / sizeof BUDGETS[0]; bi++) {
+        uint64_t counted[N_BUDGETS] = {0};
+        for (int bi = 0; bi < N_BUDGETS; bi++) {
             const struct budget *bu = &BUDGETS[bi];
+            if (bu->adaptive && md->cont_n_quant == 0) continue; /* no calibration */
             const float *want = ref_tensor(ref, i, "logits", bu->suffix);
             const int32_t *want_n = ref_tensor(ref, i, "neurons", bu->suffix);
             CHECKF(want && want_n, "prompt %d: reference lacks logits%s", i, bu->suffix);
@@ -188,7 +194,7 @@ static void check_model(const char *dir, const char *name, enum model_dtype dtyp
                "prompt %d: half the fraction computed %llu neurons vs %llu", i,
                (unsigned long long)counted[3], (unsigned long long)counted[2]);
         /* The engine default (--moe-samples 1) applies to requests that ask for none. */
-        struct budget none = {"", 0, 0};
+        struct budget none = {"", 0, 0, false};
         CHECK(prefill(ek1, &p[i], &none, b) == 0);
         const float *want1 = ref_tensor(ref, i, "logits", "_k1");
         double rk = want1 ? golden_rel_err(b, want1, cnt) : 1.0;
@@ -227,9 +233,10 @@ static void check_model(const char *dir, const char *name, enum model_dtype dtyp
         engine_seq_free(e1, &s[i]);
         free(outs[i]);
     }
-    printf("%s: %d prompts x 4 budgets, max rel err %.2e, greedy %d tokens identical at K=1 and "
+    printf("%s: %d prompts x %d budgets, max rel err %.2e, greedy %d tokens identical at K=1 and "
            "the default K=%d\n",
-           name, np, worst, GOLDEN_GREEDY, md->cont_samples);
+           name, np, md->cont_n_quant ? N_BUDGETS : N_BUDGETS - 1, worst, GOLDEN_GREEDY,
+           md->cont_samples);
 done:
     engine_free(e1);
     engine_free(e2);
@@ -251,6 +258,8 @@ static void test_desc(const char *tests)
         CHECK(d.ffn == FFN_KIND_CONTINUOUS && d.cont_d_ff == 256 && d.cont_z == 8 &&
               d.cont_samples == 4 && d.cont_max_samples == 8 && fabs(d.cont_fraction - 0.125) < 1e-12);
         CHECK(d.n_expert == 0 && d.top_k == 0 && !d.layer_is_moe[0] && !d.layer_is_moe[1]);
+        CHECK(d.cont_n_quant == 17 && d.cont_quant[0] <= d.cont_quant[16] &&
+              d.cont_quant[17] <= d.cont_quant[33]);
         CHECK(model_cont_neurons(&d, 0.125) == 32 && model_cont_neurons(&d, 1e-9) == 1 &&
               model_cont_neurons(&d, 1.0) == 256 && model_cont_union_max(&d, 8, 0.125) == 256 &&
               model_cont_union_max(&d, 2, 0.125) == 64);
@@ -265,6 +274,12 @@ static void test_desc(const char *tests)
         {"{\"max_samples\": 65}", "max_samples 65 must be in 1..64"},
         {"{\"latent_dim\": null}", "missing 'latent_dim'"},
         {"{\"intermediate_size\": 0}", "'intermediate_size' = 0 must be positive"},
+        {"{\"adaptive_logvar_quantiles\": [[0, 1]]}",
+         "'adaptive_logvar_quantiles' must list num_hidden_layers (2) lists"},
+        {"{\"adaptive_logvar_quantiles\": [[0, 1], [1, 0]]}",
+         "adaptive_logvar_quantiles[1][1] must be a number, not below the one before"},
+        {"{\"adaptive_logvar_quantiles\": [[0, 1], [0, 1, 2]]}",
+         "adaptive_logvar_quantiles[1] must list 2 numbers"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         rc = golden_parse_patched(tests, "infmoe_tiny", bad[i].patch, &d, err, sizeof err);
@@ -278,6 +293,11 @@ static void test_desc(const char *tests)
  * first K of a longer set are the K set). */
 static void test_offsets(void)
 {
+    /* The adaptive rule: rank 0 -> 1 sample, the median -> k, rank 1 -> 2k - 1, clamped. */
+    static const double q[] = {-2.0, -1.0, 0.0, 1.0, 2.0};
+    CHECK(infmoe_adaptive_k(q, 5, -5.0, 2, 8) == 1 && infmoe_adaptive_k(q, 5, 0.0, 2, 8) == 2 &&
+          infmoe_adaptive_k(q, 5, 9.0, 2, 8) == 3 && infmoe_adaptive_k(q, 5, 9.0, 8, 8) == 8 &&
+          infmoe_adaptive_k(q, 5, 1.5, 4, 8) == 6);
     float e4[4 * 3], e8[8 * 3];
     infmoe_offsets(4, 3, e4);
     infmoe_offsets(8, 3, e8);

@@ -53,6 +53,7 @@ COMMON = {
     # continuous-experts budget: 400 naming the field on a model that is not continuous (the
     # fixture's mixtral); accepted on infmoe models (test_infmoe.py)
     "moe_samples": (2, "model"), "moe_neuron_fraction": (0.1, "model"),
+    "moe_samples_adaptive": (True, "model"),
 }
 COMPLETIONS = dict(COMMON, **{
     "prompt": ("Hi", "impl"), "echo": (True, "impl"), "logprobs": (2, "impl"),

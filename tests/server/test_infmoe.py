@@ -58,14 +58,17 @@ class InfmoeTest(unittest.TestCase):
         self.assertEqual(self.greedy(self.srv.port, moe_samples=4), REF["prompt1.greedy"])
         self.assertEqual(self.greedy(self.srv.port, moe_samples=1), REF["prompt1.greedy_k1"])
         self.assertNotEqual(REF["prompt1.greedy"], REF["prompt1.greedy_k1"])
-        # a smaller fraction is accepted and changes the output
+        # a smaller fraction and the adaptive budget are accepted
         st, _, out = self.complete(self.srv.port, moe_samples=2, moe_neuron_fraction=0.0625)
+        self.assertEqual(st, 200, out)
+        st, _, out = self.complete(self.srv.port, moe_samples=2, moe_samples_adaptive=True)
         self.assertEqual(st, 200, out)
 
     def test_bad_budget(self):
         for field, value in (("moe_samples", 9), ("moe_samples", -1), ("moe_samples", "2"),
                              ("moe_samples", 1.5), ("moe_neuron_fraction", 0.25),
                              ("moe_neuron_fraction", 1.5), ("moe_neuron_fraction", "x"),
+                             ("moe_samples_adaptive", 1),
                              ("moe_top_k", 1)):
             st, _, out = self.complete(self.srv.port, **{field: value})
             self.assertEqual(st, 400, (field, value, out))

@@ -29,6 +29,11 @@ this rather than random draws: the output is then a deterministic function of th
 set covers the Gaussian far more evenly than K random draws, so the average over K samples has
 less variance at equal compute. The engine computes the same offsets in double precision.
 
+Adaptive budget (`adaptive_samples`): with a calibration of the router's predicted
+log-variance in the config (`calibrate`), a request may give K as an average and let each
+token take 1 .. 2K - 1 samples by its rank in that calibration: the router's own uncertainty
+decides which tokens get more.
+
 Training losses besides cross-entropy: a Switch-style neuron balance loss (F * sum_j f_j P_j,
 f_j the detached share of selections neuron j got, P_j its mean normalised sigmoid score, 1 when
 uniform), and a KL(N(mu, sigma) || N(0, I)) term per latent dimension that keeps the predicted
@@ -136,6 +141,32 @@ def quasi_offsets(K, Z):
     return torch.tensor(rows, dtype=torch.float64).float()
 
 
+def adaptive_samples(u, quantiles, k_avg, k_max):
+    """The adaptive budget ("by difficulty"): per token, K from u, the mean over the latent of
+    the router's predicted log-variance (its own uncertainty), computed in double. r = the
+    position of u among the layer's calibration quantiles (quantiles[0..Q] ascending, measured
+    on held-out text by `calibrate`; piecewise linear, 0 below the first, 1 above the last),
+    K = clamp(1 + floor(2 (k_avg - 1) r + 1/2), 1, k_max): linear in the rank, so over text
+    like the calibration text the mean K is k_avg, and uncertain tokens get more samples.
+    u: list of floats -> list of ints (the engine's infmoe_adaptive_k)."""
+    Q = len(quantiles) - 1
+    out = []
+    for x in u:
+        if x <= quantiles[0]:
+            r = 0.0
+        elif x >= quantiles[Q]:
+            r = 1.0
+        else:
+            i = 0
+            while i + 1 < Q and x >= quantiles[i + 1]:
+                i += 1
+            span = quantiles[i + 1] - quantiles[i]
+            r = (i + ((x - quantiles[i]) / span if span > 0 else 0.0)) / Q
+        k = 1 + int(math.floor(2.0 * (k_avg - 1) * r + 0.5))
+        out.append(max(1, min(k_max, k)))
+    return out
+
+
 class NeuronRows(nn.Module):
     """A (rows, cols) matrix stored as `weight`, read row by row (the neuron-major down
     projection)."""
@@ -146,8 +177,11 @@ class NeuronRows(nn.Module):
 
 
 class InfmoeFFN(nn.Module):
-    def __init__(self, c):
+    def __init__(self, c, layer=0):
         super().__init__()
+        cal = c.get("adaptive_logvar_quantiles")
+        self.quantiles = cal[layer] if cal else None
+        self.max_samples = c["max_samples"]
         D, Fn, Z = c["hidden_size"], c["intermediate_size"], c["latent_dim"]
         self.F, self.Z = Fn, Z
         self.fraction = c["neuron_fraction"]
@@ -158,9 +192,15 @@ class InfmoeFFN(nn.Module):
         self.up_proj = nn.Linear(D, Fn, bias=False)           # weight (F, D)
         self.down_t = NeuronRows(Fn, D)                       # weight (F, D) neuron-major
 
-    def forward(self, x, samples=None, fraction=None, stats=None):
+    def mean_logvar(self, h):
+        """(N,) double: each token's mean predicted log-variance (the adaptive budget's u)."""
+        r = self.router(h)
+        return r[:, self.Z:].clamp(LOGVAR_MIN, LOGVAR_MAX).double().mean(-1)
+
+    def forward(self, x, samples=None, fraction=None, stats=None, adaptive=False):
         """x: (B, T, D) -> (B, T, D), aux losses (training) or None. samples / fraction
-        override num_samples / neuron_fraction (inference budget)."""
+        override num_samples / neuron_fraction (inference budget); adaptive: samples is the
+        average and each token's K comes from adaptive_samples (inference only)."""
         B, T, D = x.shape
         K = samples if samples is not None else self.K
         frac = fraction if fraction is not None else self.fraction
@@ -171,6 +211,13 @@ class InfmoeFFN(nn.Module):
         mu = r[:, :self.Z]
         logvar = r[:, self.Z:].clamp(LOGVAR_MIN, LOGVAR_MAX)
         sigma = torch.exp(0.5 * logvar)
+        k_tok = None
+        if adaptive and not self.training:
+            if self.quantiles is None:
+                raise ValueError("the config has no adaptive_logvar_quantiles")
+            k_tok = torch.tensor(adaptive_samples(self.mean_logvar(h).tolist(), self.quantiles,
+                                                  K, self.max_samples))
+            K = int(k_tok.max())
         if self.training:
             eps = torch.randn(N, K, self.Z, device=h.device)
             eps[:, 0] = 0.0
@@ -181,7 +228,11 @@ class InfmoeFFN(nn.Module):
         top = torch.topk(scores, n_sel, dim=-1).indices                    # (N, K, n_sel)
         mask = torch.zeros_like(scores).scatter_(-1, top, 1.0)             # (N, K, F)
         sig = torch.sigmoid(scores)
-        coef = (mask * sig).sum(1) / K                                     # (N, F)
+        if k_tok is not None:  # token t uses its first k_tok[t] samples
+            mask = mask * (torch.arange(K)[None, :] < k_tok[:, None]).float()[:, :, None]
+            coef = (mask * sig).sum(1) / k_tok[:, None].float()
+        else:
+            coef = (mask * sig).sum(1) / K                                 # (N, F)
         act = F.silu(h @ self.gate_proj.weight.t()) * (h @ self.up_proj.weight.t())
         y = (act * coef) @ self.down_t.weight                              # (N, D)
         if stats is not None:
@@ -197,16 +248,16 @@ class InfmoeFFN(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, c):
+    def __init__(self, c, layer):
         super().__init__()
         self.input_layernorm = RMSNorm(c["hidden_size"], c["rms_norm_eps"])
         self.self_attn = Attention(c)
         self.post_attention_layernorm = RMSNorm(c["hidden_size"], c["rms_norm_eps"])
-        self.mlp = InfmoeFFN(c)
+        self.mlp = InfmoeFFN(c, layer)
 
-    def forward(self, x, cos, sin, samples, fraction, stats):
+    def forward(self, x, cos, sin, samples, fraction, stats, adaptive=False):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin)
-        m, aux = self.mlp(self.post_attention_layernorm(x), samples, fraction, stats)
+        m, aux = self.mlp(self.post_attention_layernorm(x), samples, fraction, stats, adaptive)
         return x + m, aux
 
 
@@ -214,7 +265,7 @@ class Inner(nn.Module):
     def __init__(self, c):
         super().__init__()
         self.embed_tokens = nn.Embedding(c["vocab_size"], c["hidden_size"])
-        self.layers = nn.ModuleList(Block(c) for _ in range(c["num_hidden_layers"]))
+        self.layers = nn.ModuleList(Block(c, l) for l in range(c["num_hidden_layers"]))
         self.norm = RMSNorm(c["hidden_size"], c["rms_norm_eps"])
 
 
@@ -248,7 +299,7 @@ class InfmoeForCausalLM(nn.Module):
     def head_weight(self):
         return self.model.embed_tokens.weight if self.tied else self.lm_head.weight
 
-    def forward(self, ids, samples=None, fraction=None, stats=None):
+    def forward(self, ids, samples=None, fraction=None, stats=None, adaptive=False):
         """ids: (B, T) -> logits (B, T, V), aux losses averaged over layers (or None)."""
         c = self.config
         x = self.model.embed_tokens(ids)
@@ -257,7 +308,7 @@ class InfmoeForCausalLM(nn.Module):
         cos, sin = cos.to(x.device), sin.to(x.device)
         l_bal = l_kl = None
         for layer in self.model.layers:
-            x, aux = layer(x, cos, sin, samples, fraction, stats)
+            x, aux = layer(x, cos, sin, samples, fraction, stats, adaptive)
             if aux is not None:
                 l_bal = aux[0] if l_bal is None else l_bal + aux[0]
                 l_kl = aux[1] if l_kl is None else l_kl + aux[1]
@@ -276,6 +327,24 @@ class InfmoeForCausalLM(nn.Module):
         if aux is not None:
             total = lm + c["balance_loss_coef"] * aux[0] + c["kl_loss_coef"] * aux[1]
         return total, lm, aux
+
+    @torch.no_grad()
+    def calibrate(self, seqs, n_quantiles=16):
+        """Sets config adaptive_logvar_quantiles: per layer, the 0, 1/Q, .., 1 quantiles of the
+        tokens' mean predicted log-variance over the id lists seqs (held-out text)."""
+        u = [[] for _ in self.model.layers]
+        hooks = [layer.mlp.register_forward_hook(
+            lambda mod, inp, out, l=l: u[l].append(mod.mean_logvar(inp[0].reshape(-1, inp[0].shape[-1]))))
+            for l, layer in enumerate(self.model.layers)]
+        for ids in seqs:
+            self(torch.tensor([ids]))
+        for h in hooks:
+            h.remove()
+        qs = torch.linspace(0, 1, n_quantiles + 1, dtype=torch.float64)
+        cal = [[float(v) for v in torch.quantile(torch.cat(x), qs)] for x in u]
+        self.config["adaptive_logvar_quantiles"] = cal
+        for layer, q in zip(self.model.layers, cal):
+            layer.mlp.quantiles = q
 
     @torch.no_grad()
     def greedy(self, ids, n, samples=None, fraction=None):

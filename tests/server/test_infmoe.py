@@ -45,7 +45,8 @@ class InfmoeTest(unittest.TestCase):
 
     def complete(self, port, **extra):
         body = dict(prompt=REF["prompt1.ids"], max_tokens=32, temperature=0, ignore_eos=True,
-                    logprobs=1, return_tokens_as_token_ids=True, **extra)
+                    logprobs=1, return_tokens_as_token_ids=True)
+        body.update(extra)
         return srvtest.post_json(port, "/v1/completions", body)
 
     def greedy(self, port, **extra):
@@ -63,6 +64,23 @@ class InfmoeTest(unittest.TestCase):
         self.assertEqual(st, 200, out)
         st, _, out = self.complete(self.srv.port, moe_samples=2, moe_samples_adaptive=True)
         self.assertEqual(st, 200, out)
+
+    def test_neurons_metric(self):
+        """The budget is visible in /metrics: K = 1 costs N neurons per token and layer (32 x 2
+        layers for the fixture), the default K = 4 more."""
+        def total():
+            return self.srv.metrics().total("moeserve_continuous_neurons_total")
+
+        def spent(**extra):  # a cache_salt of its own: the whole prompt is computed
+            before = total()
+            st, _, out = self.complete(self.srv.port, max_tokens=1, cache_salt=repr(extra), **extra)
+            self.assertEqual(st, 200, out)
+            # the counters are copied after the step, which may end after the response: the
+            # one step (the prompt's prefill) shows up as one change
+            return srvtest.wait_until(lambda: total() - before or None, 10, "the neuron counter")
+        n_prompt = len(REF["prompt1.ids"])
+        self.assertEqual(spent(moe_samples=1), n_prompt * 32 * 2)
+        self.assertGreater(spent(moe_samples=4), n_prompt * 32 * 2)
 
     def test_bad_budget(self):
         for field, value in (("moe_samples", 9), ("moe_samples", -1), ("moe_samples", "2"),

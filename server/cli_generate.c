@@ -45,6 +45,8 @@ static void generate_usage(FILE *f)
             "                           at most the model's max_samples (default: num_samples)\n"
             "      --moe-neuron-fraction F  infmoe models: share of the FFN's neurons a sample\n"
             "                           keeps, at most the model's (default: neuron_fraction)\n"
+            "      --moe-samples-adaptive  infmoe models with a calibration: --moe-samples is an\n"
+            "                           average, each token's K from the router's uncertainty\n"
             "      --max-batch-tokens N prefill chunk size (default 512)\n"
             "      --ignore-eos         keep generating past the end-of-sequence token\n"
             "      --no-special         do not add the tokenizer's special tokens (BOS)\n"
@@ -108,6 +110,7 @@ struct gen_opts {
     int moe_top_k;
     int moe_samples;
     float moe_fraction;
+    bool moe_adaptive;
     int max_batch;
     bool ignore_eos;
     bool add_special;
@@ -119,7 +122,7 @@ static int parse_args(int argc, char **argv, struct gen_opts *o)
     enum {
         OPT_TEMP = 256, OPT_TOPP, OPT_TOPK, OPT_MINP, OPT_REP, OPT_SEED, OPT_DEV, OPT_MOEK,
         OPT_BATCH, OPT_IGNORE_EOS, OPT_NO_SPECIAL, OPT_DEVICE, OPT_DTYPE, OPT_QUANT, OPT_THREADS,
-        OPT_WCACHE, OPT_MOES, OPT_MOEF,
+        OPT_WCACHE, OPT_MOES, OPT_MOEF, OPT_MOEA,
     };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},
@@ -140,6 +143,7 @@ static int parse_args(int argc, char **argv, struct gen_opts *o)
         {"moe-top-k", required_argument, 0, OPT_MOEK},
         {"moe-samples", required_argument, 0, OPT_MOES},
         {"moe-neuron-fraction", required_argument, 0, OPT_MOEF},
+        {"moe-samples-adaptive", no_argument, 0, OPT_MOEA},
         {"max-batch-tokens", required_argument, 0, OPT_BATCH},
         {"ignore-eos", no_argument, 0, OPT_IGNORE_EOS},
         {"no-special", no_argument, 0, OPT_NO_SPECIAL},
@@ -202,6 +206,7 @@ static int parse_args(int argc, char **argv, struct gen_opts *o)
         case OPT_WCACHE: o->weight_cache = true; break;
         case OPT_MOEK: rc = parse_int("--moe-top-k", optarg, 1, 512, &o->moe_top_k); break;
         case OPT_MOES: rc = parse_int("--moe-samples", optarg, 1, 64, &o->moe_samples); break;
+        case OPT_MOEA: o->moe_adaptive = true; break;
         case OPT_MOEF:
             rc = parse_float("--moe-neuron-fraction", optarg, 1e-9, 1.0, &o->moe_fraction);
             break;
@@ -273,6 +278,11 @@ int cli_generate(int argc, char **argv)
         fprintf(stderr, "moeserve generate: %s\n", err);
         goto out;
     }
+    if (o.moe_adaptive && (md->ffn != FFN_KIND_CONTINUOUS || md->cont_n_quant == 0)) {
+        fprintf(stderr, "moeserve generate: --moe-samples-adaptive needs an infmoe model with an "
+                        "adaptive_logvar_quantiles calibration (tools/train/calibrate.py)\n");
+        goto out;
+    }
 
     size_t plen = strlen(o.prompt);
     int cap = (int)plen + 8;
@@ -333,7 +343,8 @@ int cli_generate(int argc, char **argv)
         struct engine_item it = {
             .kv = &seq, .tokens = ids + done, .n_tokens = chunk, .pos = done,
             .moe_top_k = o.moe_top_k, .moe_samples = o.moe_samples,
-            .moe_neuron_fraction = o.moe_fraction, .n_logits = done + chunk == n_prompt ? 1 : 0,
+            .moe_neuron_fraction = o.moe_fraction, .moe_samples_adaptive = o.moe_adaptive,
+            .n_logits = done + chunk == n_prompt ? 1 : 0,
             .logits = logits,
         };
         if (engine_step(e, &it, 1, err, sizeof err) != 0) {
@@ -362,7 +373,8 @@ int cli_generate(int argc, char **argv)
         struct engine_item it = {
             .kv = &seq, .tokens = &tok, .n_tokens = 1, .pos = n_prompt + i,
             .moe_top_k = o.moe_top_k, .moe_samples = o.moe_samples,
-            .moe_neuron_fraction = o.moe_fraction, .n_logits = 1, .logits = logits,
+            .moe_neuron_fraction = o.moe_fraction, .moe_samples_adaptive = o.moe_adaptive,
+            .n_logits = 1, .logits = logits,
         };
         if (engine_step(e, &it, 1, err, sizeof err) != 0) {
             fprintf(stderr, "\nmoeserve generate: %s\n", err);

@@ -24,8 +24,8 @@ static double ndtri(double p)
     static const double c[] = {-7.784894002430293e-03, -3.223964580411365e-01,
                                -2.400758277161838e+00, -2.549732539343734e+00,
                                4.374664141464968e+00,  2.938163982698783e+00};
-    static const double d[] = {7.784695709041462e-03, 3.224671290700398e-01,
-                               2.445134137142996e+00, 3.754408661907416e+00};
+    static const double d[] = {7.784695709041462e-03, 3.224671290700398e-01, 2.445134137142996e+00,
+                               3.754408661907416e+00};
     if (p < 1e-12) p = 1e-12;
     if (p > 1.0 - 1e-12) p = 1.0 - 1e-12;
     double x;
@@ -68,10 +68,10 @@ int infmoe_scratch_init(struct infmoe_scratch *s, struct backend *be, const stru
     s->max_union = model_cont_union_max(md, md->cont_max_samples, md->cont_fraction);
     size_t U = (size_t)s->max_union;
     bool ok = true;
-#define ALLOC(field, bytes)                                                                       \
-    do {                                                                                          \
-        s->field = be->ops->alloc(be, (bytes));                                                   \
-        ok = ok && s->field;                                                                      \
+#define ALLOC(field, bytes)                                                                        \
+    do {                                                                                           \
+        s->field = be->ops->alloc(be, (bytes));                                                    \
+        ok = ok && s->field;                                                                       \
     } while (0)
     ALLOC(rz, T * 2 * Z * sizeof(float));
     ALLOC(z, T * KM * Z * sizeof(float));
@@ -152,7 +152,8 @@ int infmoe_adaptive_k(const double *q, int nq, double u, int k, int k_max)
         r = 1.0;
     } else {
         int i = 0;
-        while (i + 1 < Q && u >= q[i + 1]) i++;
+        while (i + 1 < Q && u >= q[i + 1])
+            i++;
         double span = q[i + 1] - q[i];
         r = (i + (span > 0 ? (u - q[i]) / span : 0.0)) / Q;
     }
@@ -168,8 +169,10 @@ static float nth_largest(float *v, int len, int n)
         float pivot = v[lo + (hi - lo) / 2];
         int i = lo, j = hi;
         while (i <= j) {
-            while (v[i] > pivot) i++;
-            while (v[j] < pivot) j--;
+            while (v[i] > pivot)
+                i++;
+            while (v[j] < pivot)
+                j--;
             if (i <= j) {
                 float t = v[i];
                 v[i] = v[j];
@@ -196,7 +199,8 @@ static void select_sample(const float *sc, int F, int keep, float *acc, unsigned
     memcpy(work, sc, sizeof(float) * (size_t)F);
     float thr = nth_largest(work, F, keep);
     int above = 0;
-    for (int f = 0; f < F; f++) above += sc[f] > thr;
+    for (int f = 0; f < F; f++)
+        above += sc[f] > thr;
     int ties = keep - above; /* neurons equal to the threshold still to take, lowest first */
     for (int f = 0; f < F; f++) {
         bool take = sc[f] > thr || (sc[f] == thr && ties-- > 0);

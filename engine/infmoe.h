@@ -32,28 +32,28 @@
 
 struct infmoe_scratch {
     int max_tokens;
-    int max_union;   /* neurons a token may compute: model_cont_union_max at the bounds */
+    int max_union; /* neurons a token may compute: model_cont_union_max at the bounds */
     /* backend memory */
-    float *rz;       /* (T, 2Z) router output: mean, log-variance */
-    float *z;        /* (T * max_samples, Z) scaled samples */
-    float *scores;   /* (T * max_samples, F) key scores */
-    int32_t *idx;    /* (T, max_union) neurons each token computes, ascending */
-    float *coef;     /* (T, max_union) their summed weights */
-    int32_t *count;  /* (T) */
-    float *hbuf;     /* (T, max_union) neuron_ffn scratch */
+    float *rz;      /* (T, 2Z) router output: mean, log-variance */
+    float *z;       /* (T * max_samples, Z) scaled samples */
+    float *scores;  /* (T * max_samples, F) key scores */
+    int32_t *idx;   /* (T, max_union) neurons each token computes, ascending */
+    float *coef;    /* (T, max_union) their summed weights */
+    int32_t *count; /* (T) */
+    float *hbuf;    /* (T, max_union) neuron_ffn scratch */
     /* host (aliases of the above on a host-memory backend) */
     float *h_rz, *h_z, *h_scores, *h_coef;
     int32_t *h_idx, *h_count;
-    float *eps;      /* (max_samples, Z) the offsets: row 0 zeros */
-    float *acc;      /* (F) a token's summed weights */
+    float *eps;          /* (max_samples, Z) the offsets: row 0 zeros */
+    float *acc;          /* (F) a token's summed weights */
     unsigned char *mark; /* (F) whether a sample of the token kept the neuron */
-    float *work;     /* (F) selection scratch */
+    float *work;         /* (F) selection scratch */
     /* The per-token budget, set by the engine before infmoe_forward: */
-    int32_t *tok_samples; /* (T) K of each token, 1..max_samples */
-    int32_t *tok_keep;    /* (T) N of each token, 1..model_cont_neurons(cont_fraction) */
+    int32_t *tok_samples;        /* (T) K of each token, 1..max_samples */
+    int32_t *tok_keep;           /* (T) N of each token, 1..model_cont_neurons(cont_fraction) */
     unsigned char *tok_adaptive; /* (T) nonzero: tok_samples[t] is an average (needs a model
                                     with a calibration) */
-    int32_t *k_used;      /* (T) the samples each token took in the last layer */
+    int32_t *k_used;             /* (T) the samples each token took in the last layer */
 };
 
 /* The adaptive budget's K for a token whose mean predicted log-variance is u, against one

@@ -47,7 +47,8 @@ static uint64_t neurons(const struct engine *e, int n_dev)
 {
     const struct engine_stats *st = engine_get_stats(e);
     uint64_t s = 0;
-    for (int d = 0; d < n_dev; d++) s += st->dev_cont_neurons[d];
+    for (int d = 0; d < n_dev; d++)
+        s += st->dev_cont_neurons[d];
     return s;
 }
 
@@ -58,9 +59,15 @@ static int prefill(struct engine *e, const struct golden_prompt *p, const struct
     struct kv_seq s;
     char err[MS_ERR_LEN];
     if (engine_seq_init(e, &s) != 0) return -1;
-    struct engine_item it = {.kv = &s, .tokens = p->ids, .n_tokens = p->n, .pos = 0,
-                             .moe_samples = b->samples, .moe_neuron_fraction = b->fraction,
-                             .moe_samples_adaptive = b->adaptive, .n_logits = p->n, .logits = out};
+    struct engine_item it = {.kv = &s,
+                             .tokens = p->ids,
+                             .n_tokens = p->n,
+                             .pos = 0,
+                             .moe_samples = b->samples,
+                             .moe_neuron_fraction = b->fraction,
+                             .moe_samples_adaptive = b->adaptive,
+                             .n_logits = p->n,
+                             .logits = out};
     int rc = engine_step(e, &it, 1, err, sizeof err);
     if (rc) fprintf(stderr, "step: %s\n", err);
     engine_seq_free(e, &s);
@@ -68,22 +75,32 @@ static int prefill(struct engine *e, const struct golden_prompt *p, const struct
 }
 
 /* Greedy decode at `samples`, one token per step; how many of want[] it reproduces. */
-static int greedy(struct engine *e, const struct golden_prompt *p, int samples,
-                  const int32_t *want, float *buf, int V)
+static int greedy(struct engine *e, const struct golden_prompt *p, int samples, const int32_t *want,
+                  float *buf, int V)
 {
     struct kv_seq s;
     char err[MS_ERR_LEN];
     if (!want || engine_seq_init(e, &s) != 0) return -1;
-    struct engine_item it = {.kv = &s, .tokens = p->ids, .n_tokens = p->n, .pos = 0,
-                             .moe_samples = samples, .n_logits = 1, .logits = buf};
+    struct engine_item it = {.kv = &s,
+                             .tokens = p->ids,
+                             .n_tokens = p->n,
+                             .pos = 0,
+                             .moe_samples = samples,
+                             .n_logits = 1,
+                             .logits = buf};
     int same = 0;
     if (engine_step(e, &it, 1, err, sizeof err) == 0) {
         for (int t = 0; t < GOLDEN_GREEDY; t++) {
             int32_t tok = golden_argmax(buf, V);
             if (tok != want[t]) break;
             same++;
-            it = (struct engine_item){.kv = &s, .tokens = &tok, .n_tokens = 1, .pos = p->n + t,
-                                      .moe_samples = samples, .n_logits = 1, .logits = buf};
+            it = (struct engine_item){.kv = &s,
+                                      .tokens = &tok,
+                                      .n_tokens = 1,
+                                      .pos = p->n + t,
+                                      .moe_samples = samples,
+                                      .n_logits = 1,
+                                      .logits = buf};
             if (engine_step(e, &it, 1, err, sizeof err) != 0) break;
         }
     }
@@ -134,7 +151,8 @@ static void check_model(const char *dir, const char *name, enum model_dtype dtyp
     CHECKF(np == 3, "%s: reference has %d prompts", name, np);
     if (np != 3) goto out;
     int maxn = 0;
-    for (int i = 0; i < np; i++) maxn = p[i].n > maxn ? p[i].n : maxn;
+    for (int i = 0; i < np; i++)
+        maxn = p[i].n > maxn ? p[i].n : maxn;
     float *a = malloc(sizeof(float) * (size_t)maxn * V * 2);
     float *b = a ? a + (size_t)maxn * V : NULL;
     struct engine *e1 = make_engine(m, 1, ENGINE_BACKEND_CPU, 0);
@@ -165,16 +183,19 @@ static void check_model(const char *dir, const char *name, enum model_dtype dtyp
             CHECKF(r <= TOL, "%s prompt %d budget%s: rel err %.3g", name, i, bu->suffix, r);
             /* The union of the samples' slices, token by token, as the reference counts it. */
             uint64_t ref_n = 0;
-            for (int l = 0; l < L; l++) ref_n += (uint64_t)want_n[l];
-            CHECKF(counted[bi] == ref_n, "prompt %d budget%s: %llu neurons computed, reference %llu",
-                   i, bu->suffix, (unsigned long long)counted[bi], (unsigned long long)ref_n);
+            for (int l = 0; l < L; l++)
+                ref_n += (uint64_t)want_n[l];
+            CHECKF(counted[bi] == ref_n,
+                   "prompt %d budget%s: %llu neurons computed, reference %llu", i, bu->suffix,
+                   (unsigned long long)counted[bi], (unsigned long long)ref_n);
             /* Two devices and the staged path give the same numbers. */
             CHECK(prefill(e2, &p[i], bu, b) == 0);
             double r2 = golden_rel_err(b, a, cnt);
             CHECKF(r2 <= 1e-6, "prompt %d budget%s: 2 devices differ by %.3g", i, bu->suffix, r2);
             CHECK(prefill(es, &p[i], bu, b) == 0);
             double rs = golden_rel_err(b, a, cnt);
-            CHECKF(rs <= 1e-6, "prompt %d budget%s: staged path differs by %.3g", i, bu->suffix, rs);
+            CHECKF(rs <= 1e-6, "prompt %d budget%s: staged path differs by %.3g", i, bu->suffix,
+                   rs);
             /* Deterministic: the same request twice gives the same bits. */
             CHECK(prefill(e1, &p[i], bu, b) == 0);
             CHECKF(memcmp(a, b, sizeof(float) * cnt) == 0, "prompt %d budget%s: not repeatable", i,
@@ -217,17 +238,20 @@ static void check_model(const char *dir, const char *name, enum model_dtype dtyp
         ok_seqs &= engine_seq_init(e1, &s[i]) == 0;
         outs[i] = malloc(sizeof(float) * (size_t)p[i].n * V);
         ok_seqs &= outs[i] != NULL;
-        it[i] = (struct engine_item){.kv = &s[i], .tokens = p[i].ids, .n_tokens = p[i].n,
+        it[i] = (struct engine_item){.kv = &s[i],
+                                     .tokens = p[i].ids,
+                                     .n_tokens = p[i].n,
                                      .moe_samples = BUDGETS[i + 1].samples,
                                      .moe_neuron_fraction = BUDGETS[i + 1].fraction,
-                                     .n_logits = p[i].n, .logits = outs[i]};
+                                     .n_logits = p[i].n,
+                                     .logits = outs[i]};
     }
     CHECK(ok_seqs && engine_step(e1, it, 3, err, sizeof err) == 0);
     for (int i = 0; i < 3 && ok_seqs; i++) {
         const float *want = ref_tensor(ref, i, "logits", BUDGETS[i + 1].suffix);
         double r = want ? golden_rel_err(outs[i], want, (size_t)p[i].n * V) : 1.0;
-        CHECKF(r <= TOL, "mixed batch, prompt %d budget%s: rel err %.3g", i,
-               BUDGETS[i + 1].suffix, r);
+        CHECKF(r <= TOL, "mixed batch, prompt %d budget%s: rel err %.3g", i, BUDGETS[i + 1].suffix,
+               r);
     }
     for (int i = 0; i < 3; i++) {
         engine_seq_free(e1, &s[i]);
@@ -256,7 +280,8 @@ static void test_desc(const char *tests)
     CHECKF(rc == 0, "%s", err);
     if (rc == 0) {
         CHECK(d.ffn == FFN_KIND_CONTINUOUS && d.cont_d_ff == 256 && d.cont_z == 8 &&
-              d.cont_samples == 4 && d.cont_max_samples == 8 && fabs(d.cont_fraction - 0.125) < 1e-12);
+              d.cont_samples == 4 && d.cont_max_samples == 8 &&
+              fabs(d.cont_fraction - 0.125) < 1e-12);
         CHECK(d.n_expert == 0 && d.top_k == 0 && !d.layer_is_moe[0] && !d.layer_is_moe[1]);
         CHECK(d.cont_n_quant == 17 && d.cont_quant[0] <= d.cont_quant[16] &&
               d.cont_quant[17] <= d.cont_quant[33]);
@@ -307,7 +332,8 @@ static void test_offsets(void)
     CHECKF(fabsf(e4[3] + 0.4700f) < 1e-4f && fabsf(e4[4] + 0.9500f) < 1e-4f &&
                fabsf(e4[5] + 1.6478f) < 1e-4f,
            "offsets row 1: %g %g %g", e4[3], e4[4], e4[5]);
-    for (int i = 3; i < 24; i++) CHECK(isfinite(e8[i]) && e8[i] != 0.0f);
+    for (int i = 3; i < 24; i++)
+        CHECK(isfinite(e8[i]) && e8[i] != 0.0f);
 }
 
 int main(int argc, char **argv)
@@ -326,7 +352,8 @@ int main(int argc, char **argv)
         snprintf(dir, sizeof dir, "%s/../models/infmoe-small", tests);
         check_model(dir, "infmoe-small", MODEL_DTYPE_F32);
     } else {
-        printf("models/infmoe-small/reference.safetensors not found: trained-model check skipped\n");
+        printf(
+            "models/infmoe-small/reference.safetensors not found: trained-model check skipped\n");
     }
     return test_done("test_infmoe");
 }

@@ -15,12 +15,12 @@
 #include "cuda_kernels.h"
 
 #define NF_THREADS 256
-#define NF_WARPS (NF_THREADS / 32)
+#define NF_WARPS   (NF_THREADS / 32)
 
 /* grid (n, ceil(stride / NF_WARPS)); warp w of block (i, b) takes neuron j = b * NF_WARPS + w. */
 static __global__ void nf_up_kernel(float *hbuf, const float *x, const __nv_bfloat16 *gate,
-                                    const __nv_bfloat16 *up, const int32_t *idx,
-                                    const float *coef, const int32_t *count, int stride, int d)
+                                    const __nv_bfloat16 *up, const int32_t *idx, const float *coef,
+                                    const int32_t *count, int stride, int d)
 {
     int i = blockIdx.x, lane = threadIdx.x % 32;
     int j = blockIdx.y * NF_WARPS + threadIdx.x / 32;
@@ -67,7 +67,7 @@ int cuk_neuron_ffn(cudaStream_t st, float *y, const float *x, int n, int d, cons
                                               (const __nv_bfloat16 *)up, idx, coef, count, stride,
                                               d);
     if (CUDA_LAUNCH_CHECK("nf_up_kernel", err, errlen) < 0) return -1;
-    nf_down_kernel<<<(unsigned)n, NF_THREADS, 0, st>>>(y, hbuf, (const __nv_bfloat16 *)down_t,
-                                                       idx, count, stride, d);
+    nf_down_kernel<<<(unsigned)n, NF_THREADS, 0, st>>>(y, hbuf, (const __nv_bfloat16 *)down_t, idx,
+                                                       count, stride, d);
     return CUDA_LAUNCH_CHECK("nf_down_kernel", err, errlen);
 }

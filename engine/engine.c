@@ -14,6 +14,7 @@
 #include "backend.h"
 #include "comm.h"
 #include "common.h"
+#include "infmoe.h"
 #include "moe.h"
 #ifdef MOESERVE_HAVE_CUDA
 #include "cuda/backend_cuda.h"
@@ -80,6 +81,7 @@ struct device {
     int32_t *h_blocks; /* host staging of `blocks` */
 
     struct moe_scratch moe;
+    struct infmoe_scratch cont; /* continuous-experts models only */
 };
 
 struct engine {
@@ -317,6 +319,9 @@ static void ffn_layer(struct device *dv, int l)
             be->ops->synchronize(be);
             e->stats.moe_s += ms_now() - t0;
         }
+    } else if (md->ffn == FFN_KIND_CONTINUOUS) {
+        e->stats.dev_cont_neurons[dv->rank] +=
+            infmoe_forward(&dv->w, l, be, &dv->cont, dv->h, n, dv->tmp);
     } else {
         moe_ffn_rows(be, &lw->dense, d, dv->h, n, dv->tmp, dv->moe.gate, dv->moe.up);
     }
@@ -383,10 +388,28 @@ static void device_forward(struct device *dv)
      * the host and uploaded together. */
     int32_t *ids = dv->h_in, *pos = ids + n, *tok_k = pos + n, *tok_seq = tok_k + n;
     int t = 0;
+    bool cont = md->ffn == FFN_KIND_CONTINUOUS;
     for (int it = dv->item0; it < dv->item1; it++) {
         const struct engine_item *item = &e->items[it];
         int k = item->moe_top_k > 0 && item->moe_top_k < md->top_k ? item->moe_top_k : md->top_k;
+        int ks = 0, keep = 0;
+        if (cont) {
+            /* The sequence's budget, else the engine's default, else the model's; clamped to
+             * the model's bounds (callers check them and name the field). */
+            ks = item->moe_samples > 0 ? item->moe_samples
+                 : e->p.moe_samples > 0 ? e->p.moe_samples : md->cont_samples;
+            ks = ks > md->cont_max_samples ? md->cont_max_samples : ks;
+            double f = item->moe_neuron_fraction > 0 ? item->moe_neuron_fraction
+                       : e->p.moe_neuron_fraction > 0 ? e->p.moe_neuron_fraction
+                                                      : md->cont_fraction;
+            keep = model_cont_neurons(md, f < md->cont_fraction ? f : md->cont_fraction);
+        }
         for (int i = 0; i < item->n_tokens; i++, t++) {
+            if (cont) {
+                dv->cont.tok_samples[t] = ks;
+                dv->cont.tok_keep[t] = keep;
+                dv->cont.tok_adaptive[t] = item->moe_samples_adaptive;
+            }
             ids[t] = item->tokens[i];
             pos[t] = item->pos + i;
             tok_k[t] = k;
@@ -625,6 +648,15 @@ static int device_weights(struct engine *e, struct device *dv)
         lw->kv_a_norm = dev_vec(dv, src->kv_a_norm, (size_t)md->kv_lora_rank, &ok);
         lw->wkv_b = dev_weight(dv, src->wkv_b, &ok);
         lw->w_uk_t = dev_weight(dv, src->w_uk_t, &ok);
+        if (md->ffn == FFN_KIND_CONTINUOUS) {
+            lw->cont_router = dev_weight(dv, src->cont_router, &ok);
+            lw->cont_router_b = dev_vec(dv, src->cont_router_b, 2 * (size_t)md->cont_z, &ok);
+            lw->cont_keys = dev_weight(dv, src->cont_keys, &ok);
+            lw->cont_gate = dev_weight(dv, src->cont_gate, &ok);
+            lw->cont_up = dev_weight(dv, src->cont_up, &ok);
+            lw->cont_down_t = dev_weight(dv, src->cont_down_t, &ok);
+            continue;
+        }
         if (!md->layer_is_moe[l]) {
             dev_ffn(dv, &lw->dense, &src->dense, D, &ok);
             continue;
@@ -759,6 +791,9 @@ static int device_init(struct engine *e, struct device *dv, int rank, int thread
     if (moe_scratch_init(&dv->moe, be, e->m, e->p.max_batch_tokens, e->n_dev, dense_ff) != 0 ||
         moe_scratch_slots(&dv->moe, e->map.n_slots > 0 ? e->map.n_slots : 1) != 0)
         return ms_errf(err, errlen, "out of memory for device %d MoE buffers", rank);
+    if (md->ffn == FFN_KIND_CONTINUOUS &&
+        infmoe_scratch_init(&dv->cont, be, e->m, e->p.max_batch_tokens) != 0)
+        return ms_errf(err, errlen, "out of memory for device %d continuous-expert buffers", rank);
     /* Largest GEMM input: a token batch (T rows of up to max(d, qdim, ffn widths)) or the
      * routed rows (T * top_k rows of up to max(d, widest expert)). */
     int widest = max_int(max_int((int)d, (int)widest_in), max_int(dense_ff, md->shared_d_ff));
@@ -774,6 +809,12 @@ static int device_init(struct engine *e, struct device *dv, int rank, int thread
                             .max_heads = md->attn == ATTN_KIND_MLA ? md->n_head
                                                                   : md->n_head / md->n_kv_head};
     if (logit_in > rs.max_elems) rs.max_elems = logit_in;
+    if (md->ffn == FFN_KIND_CONTINUOUS) { /* the key product: T * max_samples rows of Z */
+        int z_rows = (int)T * md->cont_max_samples;
+        size_t z_in = (size_t)z_rows * (size_t)md->cont_z;
+        rs.max_rows = max_int(rs.max_rows, z_rows);
+        if (z_in > rs.max_elems) rs.max_elems = z_in;
+    }
     if (be->ops->reserve(be, &rs) != 0)
         return ms_errf(err, errlen, "out of memory for device %d GEMM workspace", rank);
     if (device_weights(e, dv) != 0)
@@ -821,6 +862,7 @@ static void device_release(struct device *dv)
     free(dv->h_logits);
     free(dv->h_lrows);
     moe_scratch_release(&dv->moe, be);
+    if (dv->cont.max_tokens > 0) infmoe_scratch_release(&dv->cont, be);
     be->ops->destroy(be);
     dv->be = NULL;
 }
@@ -1107,10 +1149,12 @@ int engine_create(const struct model *m, const struct engine_params *p, struct e
     e->stats.dev_routed_rows = calloc((size_t)e->n_dev, sizeof(uint64_t));
     e->stats.dev_expert_flops = calloc((size_t)e->n_dev, sizeof(double));
     e->stats.dev_busy_s = calloc((size_t)e->n_dev, sizeof(double));
+    e->stats.dev_cont_neurons = calloc((size_t)e->n_dev, sizeof(uint64_t));
     e->stats.expert_rows =
         calloc((size_t)md->n_layer * (md->n_expert > 0 ? md->n_expert : 1), sizeof(uint64_t));
     if (!e->owner || !e->item_tok0 || !e->dev || !e->stats.dev_routed_rows ||
-        !e->stats.dev_expert_flops || !e->stats.dev_busy_s || !e->stats.expert_rows) {
+        !e->stats.dev_expert_flops || !e->stats.dev_busy_s || !e->stats.expert_rows ||
+        !e->stats.dev_cont_neurons) {
         ms_errf(err, errlen, "out of memory");
         goto fail;
     }
@@ -1212,6 +1256,7 @@ void engine_free(struct engine *e)
     free(e->stats.dev_routed_rows);
     free(e->stats.dev_expert_flops);
     free(e->stats.dev_busy_s);
+    free(e->stats.dev_cont_neurons);
     free(e->stats.expert_rows);
     free(e);
 }

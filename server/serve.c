@@ -61,6 +61,9 @@ struct serve_opts {
     const char *collab_groups;
     long collab_reservoir;
     long access_log, stats_interval_s;
+    long moe_samples;
+    const char *moe_fraction;
+    double moe_fraction_v; /* parsed --moe-neuron-fraction (0: the model's) */
 };
 
 struct opt_def {
@@ -144,6 +147,12 @@ static const struct opt_def opt_defs[] = {
      "write every step's routing (experts per token and layer) to FILE"},
     {"record-routing-max-bytes", "MOESERVE_RECORD_ROUTING_MAX_BYTES", OPT_BYTES, OFF(record_max),
      0, 0, "rotate the routing trace to FILE.1 past this size (1G)"},
+    {"moe-samples", "MOESERVE_MOE_SAMPLES", OPT_INT, OFF(moe_samples), 0, 64,
+     "continuous-experts (infmoe) models: samples per token of requests without moe_samples "
+     "(0 = the model's num_samples; at most its max_samples)"},
+    {"moe-neuron-fraction", "MOESERVE_MOE_NEURON_FRACTION", OPT_STR, OFF(moe_fraction), 0, 0,
+     "continuous-experts (infmoe) models: neuron fraction of requests without "
+     "moe_neuron_fraction (the model's neuron_fraction; at most it)"},
     {"metrics-per-expert", "MOESERVE_METRICS_PER_EXPERT", OPT_BOOL, OFF(per_expert), 0, 1,
      "export routed tokens per (layer, expert) (off; models up to 256 experts)"},
     {"collab-groups", "MOESERVE_COLLAB_GROUPS", OPT_STR, OFF(collab_groups), 0, 0,
@@ -307,6 +316,18 @@ static int parse_opts(int argc, char **argv, struct serve_opts *o)
         fprintf(stderr, "moeserve serve: --quantization must be none, int8 or int4, got '%s'\n",
                 o->quantization);
         return -1;
+    }
+    if (o->moe_fraction) {
+        char *end;
+        errno = 0;
+        o->moe_fraction_v = strtod(o->moe_fraction, &end);
+        if (errno || end == o->moe_fraction || *end || !(o->moe_fraction_v > 0) ||
+            o->moe_fraction_v > 1) {
+            fprintf(stderr, "moeserve serve: --moe-neuron-fraction must be a number in (0, 1], "
+                            "got '%s'\n",
+                    o->moe_fraction);
+            return -1;
+        }
     }
     struct splace_opts po = {.policy = o->placement, .routing_stats = o->routing_stats};
     char err[MS_ERR_LEN];
@@ -597,6 +618,12 @@ int cli_serve(int argc, char **argv)
     ep.max_batch_tokens = (int)o.max_batched;
     ep.max_model_len = (int)o.max_model_len;
     ep.kv_cache_bytes = (size_t)o.kv_bytes;
+    if (cli_cont_budget(&m->desc, (int)o.moe_samples, o.moe_fraction_v, err, sizeof err) != 0) {
+        slog("error", "%s", err);
+        goto out;
+    }
+    ep.moe_samples = (int)o.moe_samples;
+    ep.moe_neuron_fraction = o.moe_fraction_v;
     struct splace_opts po = {.policy = o.placement, .redundant = o.redundant,
                              .slots_per_dev = o.max_experts_per_dev, .trace = o.placement_trace,
                              .interval_s = o.rebalance_s, .routing_stats = o.routing_stats,

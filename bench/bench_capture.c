@@ -44,7 +44,8 @@ static double run(const struct model *m, const struct opts *o, bool capture)
     float *logits = malloc(sizeof(float) * (size_t)B * V);
     double tok_s = -1.0;
     int L = 0;
-    for (int l = 0; l < m->desc.n_layer; l++) L += m->desc.layer_is_moe[l];
+    for (int l = 0; l < m->desc.n_layer; l++)
+        L += m->desc.layer_is_moe[l];
     if (!seq || !it || !tok || !logits || engine_create(m, &ep, &e, err, sizeof err) != 0 ||
         (capture && clive_create(L, m->desc.n_expert, m->desc.top_k, o->reservoir, 1, &live, err,
                                  sizeof err) != 0)) {
@@ -52,10 +53,14 @@ static double run(const struct model *m, const struct opts *o, bool capture)
         goto out;
     }
     for (int b = 0; b < B; b++) {
-        for (int p = 0; p < o->context; p++) tok[(size_t)b * (o->context + 1) + p] = (b * 31 + p * 7) % V;
+        for (int p = 0; p < o->context; p++)
+            tok[(size_t)b * (o->context + 1) + p] = (b * 31 + p * 7) % V;
         engine_seq_init(e, &seq[b]);
-        it[b] = (struct engine_item){.kv = &seq[b], .tokens = tok + (size_t)b * (o->context + 1),
-                                     .n_tokens = o->context, .pos = 0, .n_logits = 1,
+        it[b] = (struct engine_item){.kv = &seq[b],
+                                     .tokens = tok + (size_t)b * (o->context + 1),
+                                     .n_tokens = o->context,
+                                     .pos = 0,
+                                     .n_logits = 1,
                                      .logits = logits + (size_t)b * V};
         if (engine_step(e, &it[b], 1, err, sizeof err) != 0) goto fail;
     }
@@ -64,11 +69,15 @@ static double run(const struct model *m, const struct opts *o, bool capture)
         for (int b = 0; b < B; b++) {
             const float *lg = logits + (size_t)b * V;
             int best = 0;
-            for (int v = 1; v < V; v++) best = lg[v] > lg[best] ? v : best;
+            for (int v = 1; v < V; v++)
+                best = lg[v] > lg[best] ? v : best;
             int32_t *t = tok + (size_t)b * (o->context + 1) + o->context;
             *t = best;
-            it[b] = (struct engine_item){.kv = &seq[b], .tokens = t, .n_tokens = 1,
-                                         .pos = o->context + s, .n_logits = 1,
+            it[b] = (struct engine_item){.kv = &seq[b],
+                                         .tokens = t,
+                                         .n_tokens = 1,
+                                         .pos = o->context + s,
+                                         .n_logits = 1,
                                          .logits = logits + (size_t)b * V};
         }
         if (engine_step(e, it, B, err, sizeof err) != 0) goto fail;
@@ -86,7 +95,8 @@ static double run(const struct model *m, const struct opts *o, bool capture)
 fail:
     fprintf(stderr, "bench_capture: %s\n", err);
 out:
-    for (int b = 0; e && seq && b < B; b++) engine_seq_free(e, &seq[b]);
+    for (int b = 0; e && seq && b < B; b++)
+        engine_seq_free(e, &seq[b]);
     clive_free(live);
     engine_free(e);
     free(seq);
@@ -107,21 +117,28 @@ int main(int argc, char **argv)
     struct opts o = {.batch = 32, .context = 32, .steps = 64, .rounds = 6, .reservoir = 4096};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (a[0] != '-' && !o.model) o.model = a;
-        else if (strcmp(a, "--batch") == 0 && v) o.batch = atoi(argv[++i]);
-        else if (strcmp(a, "--context") == 0 && v) o.context = atoi(argv[++i]);
-        else if (strcmp(a, "--steps") == 0 && v) o.steps = atoi(argv[++i]);
-        else if (strcmp(a, "--rounds") == 0 && v) o.rounds = atoi(argv[++i]);
-        else if (strcmp(a, "--reservoir") == 0 && v) o.reservoir = atoi(argv[++i]);
-        else if (strcmp(a, "--threads") == 0 && v) o.threads = atoi(argv[++i]);
+        if (a[0] != '-' && !o.model)
+            o.model = a;
+        else if (strcmp(a, "--batch") == 0 && v)
+            o.batch = atoi(argv[++i]);
+        else if (strcmp(a, "--context") == 0 && v)
+            o.context = atoi(argv[++i]);
+        else if (strcmp(a, "--steps") == 0 && v)
+            o.steps = atoi(argv[++i]);
+        else if (strcmp(a, "--rounds") == 0 && v)
+            o.rounds = atoi(argv[++i]);
+        else if (strcmp(a, "--reservoir") == 0 && v)
+            o.reservoir = atoi(argv[++i]);
+        else if (strcmp(a, "--threads") == 0 && v)
+            o.threads = atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: bench_capture MODEL [--batch B] [--context C] [--steps S] "
                             "[--rounds R] [--reservoir N] [--threads T]\n");
             return 2;
         }
     }
-    if (!o.model || o.batch < 1 || o.context < 1 || o.steps < 1 || o.rounds < 1 ||
-        o.rounds > 64 || o.reservoir < 1) {
+    if (!o.model || o.batch < 1 || o.context < 1 || o.steps < 1 || o.rounds < 1 || o.rounds > 64 ||
+        o.reservoir < 1) {
         fprintf(stderr, "bench_capture: a model folder and positive sizes are needed\n");
         return 2;
     }

@@ -30,9 +30,9 @@
 #include "routing/route_trace.h"
 #include "tokenizer.h"
 
-#define MAX_CALIB 64
-#define MAX_TAGS 256
-#define TOP_TOKENS 10
+#define MAX_CALIB       64
+#define MAX_TAGS        256
+#define TOP_TOKENS      10
 #define MEMBER_FRACTION 0.2 /* a group's members: entries >= this x the atom's largest */
 
 struct calib_opts {
@@ -44,13 +44,13 @@ struct calib_opts {
 };
 
 struct calib {
-    struct model *m;          /* NULL when only traces were given and no --model */
+    struct model *m; /* NULL when only traces were given and no --model */
     struct cdata *x;
     char tags[MAX_TAGS][64];
     int n_tags;
-    int *layer_index;         /* (n_layer) model layer of each MoE layer */
+    int *layer_index; /* (n_layer) model layer of each MoE layer */
     char model_name[64];
-    char model_dir[4096];     /* the folder loaded */
+    char model_dir[4096]; /* the folder loaded */
 };
 
 static void calib_free(struct calib *c)
@@ -75,8 +75,11 @@ static const char *not_text(const char *s, size_t n)
     const unsigned char *p = (const unsigned char *)s, *end = p + n;
     while (p < end) {
         unsigned c = *p;
-        int k = c < 0x80 ? 0 : (c & 0xE0) == 0xC0 && c >= 0xC2 ? 1 : (c & 0xF0) == 0xE0 ? 2
-                : (c & 0xF8) == 0xF0 && c <= 0xF4 ? 3 : -1;
+        int k = c < 0x80                          ? 0
+                : (c & 0xE0) == 0xC0 && c >= 0xC2 ? 1
+                : (c & 0xF0) == 0xE0              ? 2
+                : (c & 0xF8) == 0xF0 && c <= 0xF4 ? 3
+                                                  : -1;
         if (c == 0 || k < 0 || end - p <= k) return (const char *)p;
         for (int i = 1; i <= k; i++)
             if ((p[i] & 0xC0) != 0x80) return (const char *)p;
@@ -107,7 +110,8 @@ static int add_trace(struct calib *c, const struct calib_opts *o, const char *pa
     if (rc == 0 && !c->layer_index) {
         c->layer_index = malloc(sizeof(int) * (size_t)in->n_layer);
         if (!c->layer_index) rc = ms_errf(err, errlen, "out of memory");
-        for (int l = 0; rc == 0 && l < in->n_layer; l++) c->layer_index[l] = in->layer_index[l];
+        for (int l = 0; rc == 0 && l < in->n_layer; l++)
+            c->layer_index[l] = in->layer_index[l];
         snprintf(c->model_name, sizeof c->model_name, "%s", in->model);
     }
     uint16_t *tags = NULL;
@@ -145,8 +149,8 @@ static int add_trace(struct calib *c, const struct calib_opts *o, const char *pa
 static int load_model(struct calib *c, const struct calib_opts *o, char *err, size_t errlen)
 {
     if (c->m) return 0;
-    const char *dir = o->model_dir ? o->model_dir
-                                   : cli_default_model(c->model_dir, sizeof c->model_dir);
+    const char *dir =
+        o->model_dir ? o->model_dir : cli_default_model(c->model_dir, sizeof c->model_dir);
     if (dir != c->model_dir) snprintf(c->model_dir, sizeof c->model_dir, "%s", dir);
     struct model_load_opts mo;
     model_load_opts_default(&mo);
@@ -157,13 +161,14 @@ static int load_model(struct calib *c, const struct calib_opts *o, char *err, si
 }
 
 /* Runs the model over a text file and adds every token's routing (as `trace record` does). */
-static int add_text(struct calib *c, const struct calib_opts *o, const char *path,
-                    const char *text, size_t len, char *err, size_t errlen)
+static int add_text(struct calib *c, const struct calib_opts *o, const char *path, const char *text,
+                    size_t len, char *err, size_t errlen)
 {
     if (load_model(c, o, err, errlen) != 0) return -1;
     const struct model_desc *md = &c->m->desc;
     int n_moe = 0;
-    for (int l = 0; l < md->n_layer; l++) n_moe += md->layer_is_moe[l];
+    for (int l = 0; l < md->n_layer; l++)
+        n_moe += md->layer_is_moe[l];
     if (n_moe == 0 || md->n_expert < 1) return ms_errf(err, errlen, "the model has no MoE layer");
     if (ensure_data(c, n_moe, md->n_expert, md->top_k, path, err, errlen) != 0) return -1;
     if (!c->layer_index) {
@@ -195,7 +200,8 @@ static int add_text(struct calib *c, const struct calib_opts *o, const char *pat
         ms_errf(err, errlen, "out of memory");
         goto out;
     }
-    for (int t = 0; t < step; t++) tags[t] = tg;
+    for (int t = 0; t < step; t++)
+        tags[t] = tg;
     if (engine_create(c->m, &ep, &e, err, errlen) != 0) goto out;
     int n = tok_encode(c->m->tok, text, len, false, ids, (int)cap);
     if (n < 0) {
@@ -220,15 +226,17 @@ static int add_text(struct calib *c, const struct calib_opts *o, const char *pat
         int wlen = n - s < o->window ? n - s : o->window;
         for (int p = 0; p < wlen; p += step) {
             int cnt = wlen - p < step ? wlen - p : step;
-            struct engine_item it = {.kv = &seq, .tokens = ids + s + p, .n_tokens = cnt,
-                                     .pos = p};
+            struct engine_item it = {.kv = &seq, .tokens = ids + s + p, .n_tokens = cnt, .pos = p};
             if (engine_step(e, &it, 1, err, errlen) != 0) {
                 engine_seq_free(e, &seq);
                 goto out;
             }
             const struct engine_routing *rt = engine_last_routing(e);
-            struct rtrace_step st = {.n_tok = cnt, .tokens = rt->tokens, .tags = tags,
-                                     .ids = rt->ids, .weights = rt->weights,
+            struct rtrace_step st = {.n_tok = cnt,
+                                     .tokens = rt->tokens,
+                                     .tags = tags,
+                                     .ids = rt->ids,
+                                     .weights = rt->weights,
                                      .layer_stride = rt->layer_stride};
             if (cdata_add_step(c->x, &st, !o->unweighted, err, errlen) != 0) {
                 engine_seq_free(e, &seq);
@@ -246,8 +254,7 @@ out:
 }
 
 /* 0, or 2 with the message printed (bad file: named by --calib), 1 on runtime failures */
-static int calib_load(const char *cmd, const struct calib_opts *o, bool need_model,
-                      struct calib *c)
+static int calib_load(const char *cmd, const struct calib_opts *o, bool need_model, struct calib *c)
 {
     char err[MS_ERR_LEN];
     memset(c, 0, sizeof *c);
@@ -297,9 +304,9 @@ static int calib_load(const char *cmd, const struct calib_opts *o, bool need_mod
     if (c->m) {
         const struct model_desc *md = &c->m->desc;
         int n_moe = 0;
-        for (int l = 0; l < md->n_layer; l++) n_moe += md->layer_is_moe[l];
-        if (n_moe != c->x->n_layer || md->n_expert != c->x->n_expert ||
-            md->top_k != c->x->top_k) {
+        for (int l = 0; l < md->n_layer; l++)
+            n_moe += md->layer_is_moe[l];
+        if (n_moe != c->x->n_layer || md->n_expert != c->x->n_expert || md->top_k != c->x->top_k) {
             fprintf(stderr,
                     "moeserve %s: the calibration routing (%d MoE layers, %d experts, top-%d) "
                     "is not the model's (%d, %d, top-%d)\n",
@@ -327,8 +334,8 @@ static int parse_num(const char *cmd, const char *name, const char *s, double lo
     errno = 0;
     double v = strtod(s, &end);
     if (errno || end == s || *end || !(v >= lo && v <= hi)) {
-        fprintf(stderr, "moeserve %s: %s must be a number in [%g, %g], got '%s'\n", cmd, name,
-                lo, hi, s);
+        fprintf(stderr, "moeserve %s: %s must be a number in [%g, %g], got '%s'\n", cmd, name, lo,
+                hi, s);
         return -1;
     }
     *out = v;
@@ -375,19 +382,42 @@ static int learn(const char *cmd, const struct cdata *x, const struct learn_opts
     return 0;
 }
 
-enum { O_CALIB = 300, O_OUT, O_MODEL, O_GROUPS, O_FINE, O_LAMBDA, O_EPOCHS, O_SEED, O_WINDOW,
-       O_MAXTOK, O_SKIP, O_DEVICES, O_UNW, O_RATIO, O_METHOD };
+enum {
+    O_CALIB = 300,
+    O_OUT,
+    O_MODEL,
+    O_GROUPS,
+    O_FINE,
+    O_LAMBDA,
+    O_EPOCHS,
+    O_SEED,
+    O_WINDOW,
+    O_MAXTOK,
+    O_SKIP,
+    O_DEVICES,
+    O_UNW,
+    O_RATIO,
+    O_METHOD
+};
 
 static const struct option common_opts[] = {
-    {"calib", required_argument, 0, O_CALIB},     {"out", required_argument, 0, O_OUT},
-    {"model", required_argument, 0, O_MODEL},     {"groups", required_argument, 0, O_GROUPS},
-    {"fine-groups", required_argument, 0, O_FINE}, {"lambda", required_argument, 0, O_LAMBDA},
-    {"epochs", required_argument, 0, O_EPOCHS},   {"seed", required_argument, 0, O_SEED},
-    {"window", required_argument, 0, O_WINDOW},   {"max-tokens", required_argument, 0, O_MAXTOK},
+    {"calib", required_argument, 0, O_CALIB},
+    {"out", required_argument, 0, O_OUT},
+    {"model", required_argument, 0, O_MODEL},
+    {"groups", required_argument, 0, O_GROUPS},
+    {"fine-groups", required_argument, 0, O_FINE},
+    {"lambda", required_argument, 0, O_LAMBDA},
+    {"epochs", required_argument, 0, O_EPOCHS},
+    {"seed", required_argument, 0, O_SEED},
+    {"window", required_argument, 0, O_WINDOW},
+    {"max-tokens", required_argument, 0, O_MAXTOK},
     {"skip-tokens", required_argument, 0, O_SKIP},
-    {"devices", required_argument, 0, O_DEVICES}, {"unweighted", no_argument, 0, O_UNW},
-    {"ratio", required_argument, 0, O_RATIO},     {"method", required_argument, 0, O_METHOD},
-    {"help", no_argument, 0, 'h'},                {0, 0, 0, 0},
+    {"devices", required_argument, 0, O_DEVICES},
+    {"unweighted", no_argument, 0, O_UNW},
+    {"ratio", required_argument, 0, O_RATIO},
+    {"method", required_argument, 0, O_METHOD},
+    {"help", no_argument, 0, 'h'},
+    {0, 0, 0, 0},
 };
 
 static const char common_help[] =
@@ -419,19 +449,35 @@ static int parse_common(const char *cmd, int o, struct calib_opts *co, struct le
         }
         co->files[co->n_files++] = optarg;
         return 0;
-    case O_OUT: *out = optarg; return 0;
-    case O_MODEL: co->model_dir = optarg; return 0;
-    case O_GROUPS: return parse_i(cmd, "--groups", optarg, 1, 4096, &lo->groups) ? 2 : 0;
-    case O_FINE: return parse_i(cmd, "--fine-groups", optarg, 1, 4096, &lo->fine) ? 2 : 0;
-    case O_LAMBDA: return parse_num(cmd, "--lambda", optarg, 0, 100, &lo->lambda) ? 2 : 0;
-    case O_EPOCHS: return parse_i(cmd, "--epochs", optarg, 1, 1000, &lo->epochs) ? 2 : 0;
-    case O_SEED: return parse_i(cmd, "--seed", optarg, 0, 0x7fffffff, &lo->seed) ? 2 : 0;
-    case O_WINDOW: return parse_i(cmd, "--window", optarg, 2, 1 << 16, &co->window) ? 2 : 0;
-    case O_MAXTOK: return parse_i(cmd, "--max-tokens", optarg, 2, 1 << 26, &co->max_tokens) ? 2 : 0;
-    case O_SKIP: return parse_i(cmd, "--skip-tokens", optarg, 0, 1 << 26, &co->skip_tokens) ? 2 : 0;
-    case O_DEVICES: return parse_i(cmd, "--devices", optarg, 1, 64, &co->devices) ? 2 : 0;
-    case O_UNW: co->unweighted = true; return 0;
-    default: return 2;
+    case O_OUT:
+        *out = optarg;
+        return 0;
+    case O_MODEL:
+        co->model_dir = optarg;
+        return 0;
+    case O_GROUPS:
+        return parse_i(cmd, "--groups", optarg, 1, 4096, &lo->groups) ? 2 : 0;
+    case O_FINE:
+        return parse_i(cmd, "--fine-groups", optarg, 1, 4096, &lo->fine) ? 2 : 0;
+    case O_LAMBDA:
+        return parse_num(cmd, "--lambda", optarg, 0, 100, &lo->lambda) ? 2 : 0;
+    case O_EPOCHS:
+        return parse_i(cmd, "--epochs", optarg, 1, 1000, &lo->epochs) ? 2 : 0;
+    case O_SEED:
+        return parse_i(cmd, "--seed", optarg, 0, 0x7fffffff, &lo->seed) ? 2 : 0;
+    case O_WINDOW:
+        return parse_i(cmd, "--window", optarg, 2, 1 << 16, &co->window) ? 2 : 0;
+    case O_MAXTOK:
+        return parse_i(cmd, "--max-tokens", optarg, 2, 1 << 26, &co->max_tokens) ? 2 : 0;
+    case O_SKIP:
+        return parse_i(cmd, "--skip-tokens", optarg, 0, 1 << 26, &co->skip_tokens) ? 2 : 0;
+    case O_DEVICES:
+        return parse_i(cmd, "--devices", optarg, 1, 64, &co->devices) ? 2 : 0;
+    case O_UNW:
+        co->unweighted = true;
+        return 0;
+    default:
+        return 2;
     }
 }
 
@@ -453,7 +499,8 @@ static json_t *group_json(const struct calib *c, const struct cdict *d, int k, c
     int F = d->n_feat, K = d->n_atoms, E = x->n_expert;
     const float *a = d->atom + (size_t)k * F;
     float mx = 0.0f;
-    for (int f = 0; f < F; f++) mx = a[f] > mx ? a[f] : mx;
+    for (int f = 0; f < F; f++)
+        mx = a[f] > mx ? a[f] : mx;
     json_t *g = json_object(), *members = json_array();
     /* members by weight, largest first (selection sort: groups are small) */
     char *taken = calloc((size_t)F, 1);
@@ -465,10 +512,9 @@ static json_t *group_json(const struct calib *c, const struct cdict *d, int k, c
                 best = f;
         if (best < 0 || !taken) break;
         taken[best] = 1;
-        json_array_append_new(members,
-                              json_pack("{s:i, s:i, s:i, s:f}", "layer",
-                                        c->layer_index[best / E], "moe_layer", best / E,
-                                        "expert", best % E, "weight", (double)a[best]));
+        json_array_append_new(members, json_pack("{s:i, s:i, s:i, s:f}", "layer",
+                                                 c->layer_index[best / E], "moe_layer", best / E,
+                                                 "expert", best % E, "weight", (double)a[best]));
     }
     free(taken);
     json_object_set_new(g, "id", json_integer(k));
@@ -476,7 +522,8 @@ static json_t *group_json(const struct calib *c, const struct cdict *d, int k, c
     /* usage per tag: mean code and share of tokens using the group */
     double sum[MAX_TAGS] = {0}, used[MAX_TAGS] = {0}, n[MAX_TAGS] = {0};
     size_t users = 0;
-    for (int v = 0; v < vocab; v++) by_tok[2 * v] = by_tok[2 * v + 1] = 0.0;
+    for (int v = 0; v < vocab; v++)
+        by_tok[2 * v] = by_tok[2 * v + 1] = 0.0;
     for (size_t r = 0; r < x->n_row; r++) {
         float v = codes[r * K + k];
         int t = x->tag[r] < MAX_TAGS ? x->tag[r] : MAX_TAGS - 1;
@@ -514,12 +561,12 @@ static json_t *group_json(const struct calib *c, const struct cdict *d, int k, c
         if (best < 0) break;
         char text[256] = "";
         int32_t id = best;
-        bool decoded = c->m && c->m->tok && tok_decode(c->m->tok, &id, 1, false, text,
-                                                        sizeof text) >= 0;
+        bool decoded =
+            c->m && c->m->tok && tok_decode(c->m->tok, &id, 1, false, text, sizeof text) >= 0;
         /* without a model (a trace alone) the ids stay undecoded: "text" is null */
         json_array_append_new(top, json_pack("{s:i, s:o, s:f, s:i}", "id", best, "text",
-                                             decoded ? json_string(text) : json_null(), "score",
-                                             bv, "count", (int)by_tok[2 * best + 1]));
+                                             decoded ? json_string(text) : json_null(), "score", bv,
+                                             "count", (int)by_tok[2 * best + 1]));
         by_tok[2 * best + 1] = 0; /* taken */
     }
     json_object_set_new(g, "top_tokens", top);
@@ -573,7 +620,8 @@ int cli_analyze(int argc, char **argv)
     if (learn(cmd, x, &lo, &fine, &coarse, parent, &codes) != 0) goto out;
     ccodes = malloc(sizeof(float) * x->n_row * (size_t)coarse->n_atoms);
     int vocab = c.m ? c.m->desc.vocab : 0;
-    for (size_t r = 0; r < x->n_row; r++) vocab = x->token[r] >= vocab ? x->token[r] + 1 : vocab;
+    for (size_t r = 0; r < x->n_row; r++)
+        vocab = x->token[r] >= vocab ? x->token[r] + 1 : vocab;
     by_tok = malloc(sizeof(double) * 2 * (size_t)(vocab > 0 ? vocab : 1));
     if (!ccodes || !by_tok) goto oom;
     double err_f = cdict_encode_all(fine, x, codes), err_c = cdict_encode_all(coarse, x, ccodes);
@@ -584,18 +632,19 @@ int cli_analyze(int argc, char **argv)
     json_object_set_new(root, "n_expert", json_integer(x->n_expert));
     json_object_set_new(root, "top_k", json_integer(x->top_k));
     json_t *li = json_array();
-    for (int l = 0; l < x->n_layer; l++) json_array_append_new(li, json_integer(c.layer_index[l]));
+    for (int l = 0; l < x->n_layer; l++)
+        json_array_append_new(li, json_integer(c.layer_index[l]));
     json_object_set_new(root, "layer_index", li);
     json_object_set_new(root, "tokens", json_integer((json_int_t)x->n_row));
     json_object_set_new(root, "weighted", json_boolean(x->weighted));
     json_t *tags = json_array();
-    for (int t = 0; t < c.n_tags; t++) json_array_append_new(tags, json_string(c.tags[t]));
+    for (int t = 0; t < c.n_tags; t++)
+        json_array_append_new(tags, json_string(c.tags[t]));
     json_object_set_new(root, "tags", tags);
     json_object_set_new(root, "params",
                         json_pack("{s:i, s:i, s:f, s:i, s:i, s:f}", "groups", coarse->n_atoms,
                                   "fine_groups", fine->n_atoms, "lambda", lo.lambda, "epochs",
-                                  lo.epochs, "seed", lo.seed, "member_fraction",
-                                  MEMBER_FRACTION));
+                                  lo.epochs, "seed", lo.seed, "member_fraction", MEMBER_FRACTION));
     json_object_set_new(root, "reconstruction_error",
                         json_pack("{s:f, s:f}", "fine", err_f, "coarse", err_c));
     json_t *levels = json_array();
@@ -617,7 +666,8 @@ int cli_analyze(int argc, char **argv)
     json_array_append_new(levels, json_pack("{s:s, s:o}", "level", "fine", "groups", fg));
     json_object_set_new(root, "levels", levels);
     /* every (layer, expert): routed tokens and its groups (argmax), for plots */
-    int *gc = malloc(sizeof(int) * (size_t)x->n_feat), *gf = malloc(sizeof(int) * (size_t)x->n_feat);
+    int *gc = malloc(sizeof(int) * (size_t)x->n_feat),
+        *gf = malloc(sizeof(int) * (size_t)x->n_feat);
     if (!gc || !gf) {
         free(gc);
         free(gf);
@@ -628,8 +678,8 @@ int cli_analyze(int argc, char **argv)
     json_t *nodes = json_array();
     for (int f = 0; f < x->n_feat; f++)
         json_array_append_new(nodes, json_pack("{s:i, s:i, s:I, s:i, s:i}", "moe_layer",
-                                               f / x->n_expert, "expert", f % x->n_expert,
-                                               "tokens", (json_int_t)x->count[f], "group", gc[f],
+                                               f / x->n_expert, "expert", f % x->n_expert, "tokens",
+                                               (json_int_t)x->count[f], "group", gc[f],
                                                "fine_group", gf[f]));
     free(gc);
     free(gf);
@@ -724,7 +774,9 @@ int cli_prune(int argc, char **argv)
     }
     const struct model_desc *md = &c.m->desc;
     const struct cdata *x = c.x;
-    struct cprune_shape sh = {.n_layer = x->n_layer, .n_expert = x->n_expert, .top_k = x->top_k,
+    struct cprune_shape sh = {.n_layer = x->n_layer,
+                              .n_expert = x->n_expert,
+                              .top_k = x->top_k,
                               .n_group = md->n_group > 1 ? md->n_group : 0,
                               .topk_group = md->topk_group,
                               .min_per_group = md->router == ROUTER_KIND_SIGMOID_GROUP ? 2 : 1};
@@ -755,13 +807,13 @@ int cli_prune(int argc, char **argv)
     cprune_scores(method, x, fine, codes, (uint64_t)lo.seed, score);
     if (cprune_select(&sh, ratio, score, method == CPRUNE_METHOD_RANDOM ? NULL : x->count, keep,
                       &n_keep, err, sizeof err) != 0 ||
-        cprune_write(c.model_dir, md, keep, out, err,
-                     sizeof err) != 0) {
+        cprune_write(c.model_dir, md, keep, out, err, sizeof err) != 0) {
         fprintf(stderr, "moeserve prune: %s\n", err);
         goto out;
     }
-    fprintf(stderr, "wrote %s: %d of %d experts kept in each of %d MoE layers (%s, %zu "
-                    "calibration tokens)\n",
+    fprintf(stderr,
+            "wrote %s: %d of %d experts kept in each of %d MoE layers (%s, %zu "
+            "calibration tokens)\n",
             out, n_keep, x->n_expert, x->n_layer, cprune_method_name(method), x->n_row);
     for (int l = 0; l < x->n_layer; l++) {
         fprintf(stderr, "  layer %d keeps", c.layer_index[l]);

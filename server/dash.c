@@ -17,10 +17,10 @@
 #include "model.h"
 #include "scheduler.h"
 
-#define DASH_HISTORY 120      /* seconds of per-device load kept */
-#define DASH_COPY_S 0.25      /* counters copied at most this often */
-#define DASH_MAX_NODES 128    /* graph nodes (the groups' members, else the busiest pairs) */
-#define DASH_MAX_EDGES 256
+#define DASH_HISTORY    120  /* seconds of per-device load kept */
+#define DASH_COPY_S     0.25 /* counters copied at most this often */
+#define DASH_MAX_NODES  128  /* graph nodes (the groups' members, else the busiest pairs) */
+#define DASH_MAX_EDGES  256
 #define DASH_MAX_GROUPS 64
 
 struct dash_group {
@@ -32,25 +32,25 @@ struct dash_group {
 struct dash {
     pthread_mutex_t mu;
     int n_dev, n_moe, n_expert, top_k;
-    int *moe_layer;            /* (n_moe) model layer of each MoE layer */
-    int *width;                /* (n_expert) */
-    int *egroup;               /* (n_expert) MoHGE / DeepSeek group, or -1 */
+    int *moe_layer; /* (n_moe) model layer of each MoE layer */
+    int *width;     /* (n_expert) */
+    int *egroup;    /* (n_expert) MoHGE / DeepSeek group, or -1 */
     double t0, last_copy, last_sample;
     /* copies, under mu */
     uint64_t steps, tokens;
-    uint64_t *dev_rows;        /* (n_dev) */
-    double *dev_flops;         /* (n_dev) */
-    uint64_t *expert_rows;     /* (n_moe, n_expert) */
+    uint64_t *dev_rows;    /* (n_dev) */
+    double *dev_flops;     /* (n_dev) */
+    uint64_t *expert_rows; /* (n_moe, n_expert) */
     /* history ring: per second, expert FLOPs per device in that second */
     int hist_n, hist_at;
     double hist_t[DASH_HISTORY];
-    double *hist_load;         /* (DASH_HISTORY, n_dev) */
-    double *prev_flops;        /* (n_dev) at the last sample (scheduler thread only) */
+    double *hist_load;  /* (DASH_HISTORY, n_dev) */
+    double *prev_flops; /* (n_dev) at the last sample (scheduler thread only) */
     /* collaboration */
     struct clive *live;
     int n_groups;
     struct dash_group groups[DASH_MAX_GROUPS];
-    struct cdict dict;         /* the groups as a dictionary (members' weights, unit norm) */
+    struct cdict dict; /* the groups as a dictionary (members' weights, unit norm) */
     /* request tags (moe_tag), under mu: name of each number; 0 is "untagged" */
     int n_tags;
     char tag_name[DASH_MAX_TAGS][65];
@@ -69,8 +69,10 @@ static int load_groups(struct dash *d, const char *path, char *err, size_t errle
     json_t *levels = json_object_get(root, "levels");
     json_t *groups = json_object_get(json_array_get(levels, 0), "groups");
     if (!json_is_integer(nl) || !json_is_integer(ne) || !json_is_array(groups)) {
-        ms_errf(err, errlen, "--collab-groups %s: not a GROUPS.json of `moeserve analyze` (no "
-                             "n_layer, n_expert, levels[0].groups)", path);
+        ms_errf(err, errlen,
+                "--collab-groups %s: not a GROUPS.json of `moeserve analyze` (no "
+                "n_layer, n_expert, levels[0].groups)",
+                path);
         goto out;
     }
     if (json_integer_value(nl) != d->n_moe || json_integer_value(ne) != d->n_expert) {
@@ -83,7 +85,8 @@ static int load_groups(struct dash *d, const char *path, char *err, size_t errle
     }
     size_t i;
     json_t *g;
-    json_array_foreach(groups, i, g) {
+    json_array_foreach(groups, i, g)
+    {
         if (d->n_groups == DASH_MAX_GROUPS) break;
         json_t *members = json_object_get(g, "members");
         size_t n = json_array_size(members);
@@ -96,14 +99,17 @@ static int load_groups(struct dash *d, const char *path, char *err, size_t errle
         }
         size_t j;
         json_t *m;
-        json_array_foreach(members, j, m) {
+        json_array_foreach(members, j, m)
+        {
             json_t *l = json_object_get(m, "moe_layer"), *e = json_object_get(m, "expert");
             json_t *w = json_object_get(m, "weight");
             if (!json_is_integer(l) || !json_is_integer(e) || !json_is_number(w) ||
                 json_integer_value(l) < 0 || json_integer_value(l) >= d->n_moe ||
                 json_integer_value(e) < 0 || json_integer_value(e) >= d->n_expert) {
-                ms_errf(err, errlen, "--collab-groups %s: group %zu member %zu is not a (moe_layer, "
-                                     "expert, weight) of this model", path, i, j);
+                ms_errf(err, errlen,
+                        "--collab-groups %s: group %zu member %zu is not a (moe_layer, "
+                        "expert, weight) of this model",
+                        path, i, j);
                 goto out;
             }
             dg->feat[dg->n] = (int)json_integer_value(l) * d->n_expert + (int)json_integer_value(e);
@@ -175,7 +181,8 @@ int dash_create(struct engine *e, const char *groups_path, int reservoir, struct
     d->n_tags = 1;
     snprintf(d->tag_name[0], sizeof d->tag_name[0], "untagged");
     d->n_dev = engine_get_params(e)->n_devices;
-    for (int l = 0; l < md->n_layer; l++) d->n_moe += md->layer_is_moe[l];
+    for (int l = 0; l < md->n_layer; l++)
+        d->n_moe += md->layer_is_moe[l];
     d->n_expert = md->n_expert;
     d->top_k = md->top_k;
     int L = d->n_moe > 0 ? d->n_moe : 1, E = d->n_expert > 0 ? d->n_expert : 1;
@@ -201,8 +208,9 @@ int dash_create(struct engine *e, const char *groups_path, int reservoir, struct
     d->t0 = ms_now();
     if ((groups_path || reservoir > 0) && d->n_moe == 0) {
         dash_free(d);
-        return ms_errf(err, errlen, "--collab-groups/--collab-reservoir: the model has no MoE "
-                                    "layer");
+        return ms_errf(err, errlen,
+                       "--collab-groups/--collab-reservoir: the model has no MoE "
+                       "layer");
     }
     if (groups_path && load_groups(d, groups_path, err, errlen) != 0) {
         dash_free(d);
@@ -222,7 +230,8 @@ uint16_t dash_tag_id(struct dash *d, const char *tag)
     if (!tag) return 0;
     pthread_mutex_lock(&d->mu);
     int id = 1;
-    while (id < d->n_tags && strcmp(d->tag_name[id], tag) != 0) id++;
+    while (id < d->n_tags && strcmp(d->tag_name[id], tag) != 0)
+        id++;
     if (id == d->n_tags) {
         if (d->n_tags < DASH_MAX_TAGS - 1) {
             snprintf(d->tag_name[id], sizeof d->tag_name[id], "%s", tag);
@@ -241,8 +250,7 @@ void dash_after_step(struct dash *d, struct engine *e)
 {
     if (d->live) {
         const struct engine_routing *rt = engine_last_routing(e);
-        if (rt && rt->n_tok > 0)
-            clive_add(d->live, rt->ids, rt->tags, rt->n_tok, rt->layer_stride);
+        if (rt && rt->n_tok > 0) clive_add(d->live, rt->ids, rt->tags, rt->n_tok, rt->layer_stride);
     }
     double now = ms_now();
     if (now - d->last_copy < DASH_COPY_S) return;
@@ -314,7 +322,8 @@ static json_t *collab_json(struct dash *d, const uint64_t *expert_rows)
     int nodes[DASH_MAX_NODES], node_group[DASH_MAX_NODES], n_nodes = 0;
     double *pair = calloc((size_t)DASH_MAX_NODES * DASH_MAX_NODES, sizeof *pair);
     if (!node_of || !pair) goto out;
-    for (int f = 0; f < F; f++) node_of[f] = -1;
+    for (int f = 0; f < F; f++)
+        node_of[f] = -1;
     for (int g = 0; g < d->n_groups; g++)
         for (int i = 0; i < d->groups[g].n && n_nodes < DASH_MAX_NODES; i++) {
             int f = d->groups[g].feat[i];
@@ -410,15 +419,14 @@ static json_t *collab_json(struct dash *d, const uint64_t *expert_rows)
                 json_t *by_tag = json_object();
                 for (int t = 0; t < n_tags; t++)
                     if (tag_n[t] > 0)
-                        json_object_set_new(by_tag, names[t],
-                                            json_real(tag_used[(size_t)g * DASH_MAX_TAGS + t] /
-                                                      tag_n[t]));
+                        json_object_set_new(
+                            by_tag, names[t],
+                            json_real(tag_used[(size_t)g * DASH_MAX_TAGS + t] / tag_n[t]));
                 json_array_append_new(
-                    jg, json_pack("{s:i, s:i, s:f, s:f, s:o}", "id", g, "members",
-                                  d->groups[g].n, "usage",
-                                  x.n_row ? sum[g] / (double)x.n_row : 0.0, "share",
-                                  x.n_row ? used[g] / (double)x.n_row : 0.0, "share_by_tag",
-                                  by_tag));
+                    jg,
+                    json_pack("{s:i, s:i, s:f, s:f, s:o}", "id", g, "members", d->groups[g].n,
+                              "usage", x.n_row ? sum[g] / (double)x.n_row : 0.0, "share",
+                              x.n_row ? used[g] / (double)x.n_row : 0.0, "share_by_tag", by_tag));
             }
         }
         free(tag_used);
@@ -478,14 +486,14 @@ char *dash_stats_json(struct dash *d, const struct sched_stats *st, const char *
     json_object_set_new(o, "steps", json_integer((json_int_t)steps));
     json_object_set_new(o, "tokens", json_integer((json_int_t)tokens));
     if (st)
-        json_object_set_new(o, "requests",
-                            json_pack("{s:i, s:i, s:f}", "running", st->running, "waiting",
-                                      st->waiting, "kv_usage",
-                                      st->kv_blocks_total
-                                          ? 1.0 - (double)st->kv_blocks_free / st->kv_blocks_total
+        json_object_set_new(
+            o, "requests",
+            json_pack("{s:i, s:i, s:f}", "running", st->running, "waiting", st->waiting, "kv_usage",
+                      st->kv_blocks_total ? 1.0 - (double)st->kv_blocks_free / st->kv_blocks_total
                                           : 0.0));
     json_t *ml = json_array(), *w = json_array(), *eg = json_array();
-    for (int l = 0; l < L; l++) json_array_append_new(ml, json_integer(d->moe_layer[l]));
+    for (int l = 0; l < L; l++)
+        json_array_append_new(ml, json_integer(d->moe_layer[l]));
     for (int x = 0; x < E; x++) {
         json_array_append_new(w, json_integer(d->width[x]));
         json_array_append_new(eg, json_integer(d->egroup[x]));
@@ -497,9 +505,9 @@ char *dash_stats_json(struct dash *d, const struct sched_stats *st, const char *
     json_t *devs = json_array();
     double mx = 0.0, sum = 0.0;
     for (int i = 0; i < N; i++) {
-        json_array_append_new(devs, json_pack("{s:i, s:I, s:f}", "device", i, "routed_rows",
-                                              (json_int_t)dev_rows[i], "expert_flops",
-                                              dev_flops[i]));
+        json_array_append_new(devs,
+                              json_pack("{s:i, s:I, s:f}", "device", i, "routed_rows",
+                                        (json_int_t)dev_rows[i], "expert_flops", dev_flops[i]));
         mx = dev_flops[i] > mx ? dev_flops[i] : mx;
         sum += dev_flops[i];
     }

@@ -65,13 +65,16 @@ static void check_kkt(const struct cdict *dict, const struct cdata *x, size_t r)
     float *code = malloc(sizeof(float) * K);
     double *work = malloc(sizeof(double) * K), *res = calloc((size_t)F, sizeof(double));
     cdict_encode(dict, x, r, code, work);
-    for (size_t q = x->ptr[r]; q < x->ptr[r + 1]; q++) res[x->idx[q]] += x->val[q];
+    for (size_t q = x->ptr[r]; q < x->ptr[r + 1]; q++)
+        res[x->idx[q]] += x->val[q];
     for (int k = 0; k < K; k++)
-        for (int f = 0; f < F; f++) res[f] -= (double)code[k] * dict->atom[(size_t)k * F + f];
+        for (int f = 0; f < F; f++)
+            res[f] -= (double)code[k] * dict->atom[(size_t)k * F + f];
     int bad = 0;
     for (int k = 0; k < K; k++) {
         double g = 0.0;
-        for (int f = 0; f < F; f++) g += dict->atom[(size_t)k * F + f] * res[f];
+        for (int f = 0; f < F; f++)
+            g += dict->atom[(size_t)k * F + f] * res[f];
         if (code[k] > 0.0f ? fabs(g - dict->lambda) > 1e-4 : g > dict->lambda + 1e-4) bad++;
     }
     CHECKF(bad == 0, "row %zu: %d codes break the lasso conditions", r, bad);
@@ -83,9 +86,16 @@ static void check_kkt(const struct cdict *dict, const struct cdata *x, size_t r)
 static struct cdata *synth_rows(int L, int E, int K, int cluster, long tokens, uint64_t seed,
                                 int **truth)
 {
-    struct rsynth_config c = {.n_layer = L, .n_expert = E, .top_k = K, .d_model = 64, .width = 64,
-                              .cluster = cluster, .p_in = 0.8, .topic_skew = 1.0,
-                              .expert_skew = 0.6, .seed = seed};
+    struct rsynth_config c = {.n_layer = L,
+                              .n_expert = E,
+                              .top_k = K,
+                              .d_model = 64,
+                              .width = 64,
+                              .cluster = cluster,
+                              .p_in = 0.8,
+                              .topic_skew = 1.0,
+                              .expert_skew = 0.6,
+                              .seed = seed};
     char err[256];
     struct rsynth *sy;
     struct cdata *d;
@@ -101,7 +111,8 @@ static struct cdata *synth_rows(int L, int E, int K, int cluster, long tokens, u
     }
     *truth = malloc(sizeof(int) * (size_t)L * E);
     for (int l = 0; l < L; l++)
-        for (int e = 0; e < E; e++) (*truth)[l * E + e] = rsynth_topic_of(sy, l, e);
+        for (int e = 0; e < E; e++)
+            (*truth)[l * E + e] = rsynth_topic_of(sy, l, e);
     free(ids);
     free(tags);
     rsynth_free(sy);
@@ -167,8 +178,10 @@ static void test_planted(void)
     double rel = cdict_encode_all(f1, x, NULL), relc = cdict_encode_all(c1, x, NULL);
     printf("relative reconstruction error: fine %.4f, coarse %.4f\n", rel, relc);
     CHECK(rel > 0.0 && rel < 0.9 && relc < 0.95);
-    for (size_t r = 0; r < 50; r++) check_kkt(f1, x, r * 97);
-    for (size_t r = 0; r < 20; r++) check_kkt(c1, x, r * 131);
+    for (size_t r = 0; r < 50; r++)
+        check_kkt(f1, x, r * 97);
+    for (size_t r = 0; r < 20; r++)
+        check_kkt(c1, x, r * 131);
     /* bad parameters are refused */
     struct cdict_params p;
     cdict_params_default(&p);

@@ -9,8 +9,7 @@
 #include "common.h"
 #include "routing/route_trace.h"
 
-int cdata_create(int n_layer, int n_expert, int top_k, struct cdata **out, char *err,
-                 size_t errlen)
+int cdata_create(int n_layer, int n_expert, int top_k, struct cdata **out, char *err, size_t errlen)
 {
     *out = NULL;
     if (n_layer < 1 || n_expert < 1 || top_k < 1 || (int64_t)n_layer * n_expert > (1 << 24))
@@ -47,7 +46,8 @@ void cdata_free(struct cdata *d)
 static size_t next_cap(size_t cap, size_t need)
 {
     size_t n = cap ? cap : 1024;
-    while (n < need) n *= 2;
+    while (n < need)
+        n *= 2;
     return n;
 }
 
@@ -113,9 +113,11 @@ int cdata_add_step(struct cdata *d, const struct rtrace_step *s, bool use_weight
             }
         }
         if (at == start) continue;
-        for (size_t p = start; p < at; p++) norm += (double)d->val[p] * d->val[p];
+        for (size_t p = start; p < at; p++)
+            norm += (double)d->val[p] * d->val[p];
         float inv = (float)(1.0 / sqrt(norm));
-        for (size_t p = start; p < at; p++) d->val[p] *= inv;
+        for (size_t p = start; p < at; p++)
+            d->val[p] *= inv;
         d->token[d->n_row] = s->tokens ? s->tokens[t] : -1;
         d->tag[d->n_row] = s->tags ? s->tags[t] : 0;
         d->n_row++;

@@ -23,15 +23,15 @@ struct rtrace_step;
 
 struct cdata {
     int n_layer, n_expert, top_k;
-    int n_feat;           /* n_layer * n_expert */
+    int n_feat; /* n_layer * n_expert */
     size_t n_row;
-    size_t *ptr;          /* (n_row + 1) row r's entries are [ptr[r], ptr[r+1]) */
-    int32_t *idx;         /* (nnz) feature index, increasing inside a row */
-    float *val;           /* (nnz) value, row L2 norm 1 */
-    int32_t *token;       /* (n_row) token id (-1 unknown) */
-    uint16_t *tag;        /* (n_row) tag (e.g. the corpus) */
-    uint64_t *count;      /* (n_feat) tokens that chose each (layer, expert) */
-    bool weighted;        /* values are routing weights */
+    size_t *ptr;     /* (n_row + 1) row r's entries are [ptr[r], ptr[r+1]) */
+    int32_t *idx;    /* (nnz) feature index, increasing inside a row */
+    float *val;      /* (nnz) value, row L2 norm 1 */
+    int32_t *token;  /* (n_row) token id (-1 unknown) */
+    uint16_t *tag;   /* (n_row) tag (e.g. the corpus) */
+    uint64_t *count; /* (n_feat) tokens that chose each (layer, expert) */
+    bool weighted;   /* values are routing weights */
     size_t cap_row, cap_nnz;
 };
 

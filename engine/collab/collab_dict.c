@@ -10,12 +10,11 @@
 #include "rng.h"
 
 #define CD_MAX_SWEEPS 100
-#define CD_TOL 1e-6
+#define CD_TOL        1e-6
 
 void cdict_params_default(struct cdict_params *p)
 {
-    *p = (struct cdict_params){.n_atoms = 16, .lambda = 0.1, .epochs = 10, .batch = 256,
-                               .seed = 1};
+    *p = (struct cdict_params){.n_atoms = 16, .lambda = 0.1, .epochs = 10, .batch = 256, .seed = 1};
 }
 
 void cdict_free(struct cdict *d)
@@ -33,7 +32,8 @@ static void update_gram(struct cdict *d)
         for (int j = 0; j <= i; j++) {
             const float *a = d->atom + (size_t)i * F, *b = d->atom + (size_t)j * F;
             double s = 0.0;
-            for (int f = 0; f < F; f++) s += (double)a[f] * b[f];
+            for (int f = 0; f < F; f++)
+                s += (double)a[f] * b[f];
             d->gram[i * K + j] = d->gram[j * K + i] = s;
         }
 }
@@ -45,18 +45,19 @@ static void project_row(const struct cdict *d, const struct cdata *x, size_t r, 
     for (int k = 0; k < K; k++) {
         const float *a = d->atom + (size_t)k * F;
         double s = 0.0;
-        for (size_t p = x->ptr[r]; p < x->ptr[r + 1]; p++) s += (double)a[x->idx[p]] * x->val[p];
+        for (size_t p = x->ptr[r]; p < x->ptr[r + 1]; p++)
+            s += (double)a[x->idx[p]] * x->val[p];
         b[k] = s;
     }
 }
 
-void cdict_encode(const struct cdict *d, const struct cdata *x, size_t r, float *code,
-                  double *work)
+void cdict_encode(const struct cdict *d, const struct cdata *x, size_t r, float *code, double *work)
 {
     int K = d->n_atoms;
     double *res = work; /* res_j = b_j - sum_k G_jk a_k */
     project_row(d, x, r, res);
-    for (int k = 0; k < K; k++) code[k] = 0.0f;
+    for (int k = 0; k < K; k++)
+        code[k] = 0.0f;
     for (int sweep = 0; sweep < CD_MAX_SWEEPS; sweep++) {
         double moved = 0.0;
         for (int j = 0; j < K; j++) {
@@ -70,7 +71,8 @@ void cdict_encode(const struct cdict *d, const struct cdata *x, size_t r, float 
             if (delta == 0.0) continue;
             code[j] = nf;
             const double *gj = d->gram + (size_t)j * K;
-            for (int k = 0; k < K; k++) res[k] -= gj[k] * delta;
+            for (int k = 0; k < K; k++)
+                res[k] -= gj[k] * delta;
             if (fabs(delta) > moved) moved = fabs(delta);
         }
         if (moved < CD_TOL) break;
@@ -81,7 +83,8 @@ static void set_atom_from_row(struct cdict *d, int k, const struct cdata *x, siz
 {
     float *a = d->atom + (size_t)k * d->n_feat;
     memset(a, 0, sizeof(float) * (size_t)d->n_feat);
-    for (size_t p = x->ptr[r]; p < x->ptr[r + 1]; p++) a[x->idx[p]] = x->val[p];
+    for (size_t p = x->ptr[r]; p < x->ptr[r + 1]; p++)
+        a[x->idx[p]] = x->val[p];
 }
 
 /* Initial atoms: K rows chosen k-means++ style (each next row drawn with probability growing
@@ -103,17 +106,20 @@ static int init_atoms(struct cdict *d, const struct cdata *x, size_t *order, str
     size_t S = n < INIT_SAMPLE ? n : INIT_SAMPLE;
     double *mind = malloc(sizeof(double) * S);
     if (!mind) return -1;
-    for (size_t i = 0; i < S; i++) mind[i] = 4.0;
+    for (size_t i = 0; i < S; i++)
+        mind[i] = 4.0;
     size_t pick = (size_t)(ms_rng_next(rng) % (uint64_t)S);
     for (int k = 0; k < K; k++) {
         size_t r = order[pick];
         set_atom_from_row(d, k, x, r);
-        for (int f = 0; f < d->n_feat; f++) dense[f] = d->atom[(size_t)k * d->n_feat + f];
+        for (int f = 0; f < d->n_feat; f++)
+            dense[f] = d->atom[(size_t)k * d->n_feat + f];
         double total = 0.0;
         for (size_t i = 0; i < S; i++) {
             size_t ri = order[i];
             double dot = 0.0;
-            for (size_t q = x->ptr[ri]; q < x->ptr[ri + 1]; q++) dot += dense[x->idx[q]] * x->val[q];
+            for (size_t q = x->ptr[ri]; q < x->ptr[ri + 1]; q++)
+                dot += dense[x->idx[q]] * x->val[q];
             double dist = 2.0 - 2.0 * dot; /* unit rows: squared distance */
             if (dist < mind[i]) mind[i] = dist;
             total += mind[i] > 0.0 ? mind[i] * mind[i] : 0.0;
@@ -136,8 +142,8 @@ static int init_atoms(struct cdict *d, const struct cdata *x, size_t *order, str
     return 0;
 }
 
-int cdict_learn(const struct cdata *x, const struct cdict_params *p, struct cdict **out,
-                char *err, size_t errlen)
+int cdict_learn(const struct cdata *x, const struct cdict_params *p, struct cdict **out, char *err,
+                size_t errlen)
 {
     *out = NULL;
     int K = p->n_atoms, F = x->n_feat;
@@ -170,7 +176,8 @@ int cdict_learn(const struct cdata *x, const struct cdict_params *p, struct cdic
 
     struct ms_rng rng;
     ms_rng_seed(&rng, p->seed);
-    for (size_t i = 0; i < n; i++) order[i] = i;
+    for (size_t i = 0; i < n; i++)
+        order[i] = i;
     if (init_atoms(d, x, order, &rng, work) != 0) goto oom;
     update_gram(d);
     int bs = p->batch < (int)(n < 1u << 30 ? n : 1u << 30) ? p->batch : (int)n;
@@ -185,15 +192,18 @@ int cdict_learn(const struct cdata *x, const struct cdict_params *p, struct cdic
         }
         for (size_t b0 = 0; b0 < n; b0 += (size_t)bs) {
             int m = n - b0 < (size_t)bs ? (int)(n - b0) : bs;
-            for (int i = 0; i < K * K; i++) A[i] *= beta;
-            for (size_t i = 0; i < (size_t)K * F; i++) B[i] *= beta;
+            for (int i = 0; i < K * K; i++)
+                A[i] *= beta;
+            for (size_t i = 0; i < (size_t)K * F; i++)
+                B[i] *= beta;
             for (int i = 0; i < m; i++) {
                 size_t r = order[b0 + (size_t)i];
                 float *c = code + (size_t)i * K;
                 cdict_encode(d, x, r, c, work);
                 for (int a = 0; a < K; a++) {
                     if (c[a] == 0.0f) continue;
-                    for (int b = 0; b < K; b++) A[a * K + b] += (double)c[a] * c[b];
+                    for (int b = 0; b < K; b++)
+                        A[a * K + b] += (double)c[a] * c[b];
                     double *Ba = B + (size_t)a * F;
                     for (size_t q = x->ptr[r]; q < x->ptr[r + 1]; q++)
                         Ba[x->idx[q]] += (double)c[a] * x->val[q];
@@ -210,12 +220,14 @@ int cdict_learn(const struct cdata *x, const struct cdict_params *p, struct cdic
                     continue;
                 }
                 /* u = d_j + (B_j - sum_k A_jk d_k) / A_jj */
-                for (int f = 0; f < F; f++) work[f] = B[(size_t)j * F + f];
+                for (int f = 0; f < F; f++)
+                    work[f] = B[(size_t)j * F + f];
                 for (int k = 0; k < K; k++) {
                     double akj = A[k * K + j];
                     if (akj == 0.0) continue;
                     const float *dk = d->atom + (size_t)k * F;
-                    for (int f = 0; f < F; f++) work[f] -= akj * dk[f];
+                    for (int f = 0; f < F; f++)
+                        work[f] -= akj * dk[f];
                 }
                 double norm = 0.0;
                 for (int f = 0; f < F; f++) {
@@ -225,7 +237,8 @@ int cdict_learn(const struct cdata *x, const struct cdict_params *p, struct cdic
                 }
                 norm = sqrt(norm);
                 double s = norm > 1.0 ? 1.0 / norm : 1.0;
-                for (int f = 0; f < F; f++) dj[f] = (float)(work[f] * s);
+                for (int f = 0; f < F; f++)
+                    dj[f] = (float)(work[f] * s);
             }
             update_gram(d);
         }
@@ -265,11 +278,13 @@ double cdict_encode_all(const struct cdict *d, const struct cdata *x, float *cod
         /* ||x - D^T a||^2 = ||x||^2 - 2 a.b + a^T G a */
         project_row(d, x, r, b);
         double xx = 0.0, ab = 0.0, aga = 0.0;
-        for (size_t q = x->ptr[r]; q < x->ptr[r + 1]; q++) xx += (double)x->val[q] * x->val[q];
+        for (size_t q = x->ptr[r]; q < x->ptr[r + 1]; q++)
+            xx += (double)x->val[q] * x->val[q];
         for (int i = 0; i < K; i++) {
             if (c[i] == 0.0f) continue;
             ab += c[i] * b[i];
-            for (int j = 0; j < K; j++) aga += (double)c[i] * c[j] * d->gram[i * K + j];
+            for (int j = 0; j < K; j++)
+                aga += (double)c[i] * c[j] * d->gram[i * K + j];
         }
         double e = xx - 2.0 * ab + aga;
         num += e > 0.0 ? e : 0.0;
@@ -327,8 +342,10 @@ int cdict_merge(const struct cdict *fine, int n_coarse, int *parent, struct cdic
     /* dense numbering 0..n_coarse-1 by the lowest fine atom */
     int *num = size; /* reused: root -> number */
     int m = 0;
-    for (int i = 0; i < K; i++) num[i] = parent[i] == i ? m++ : -1;
-    for (int i = 0; i < K; i++) parent[i] = num[parent[i]];
+    for (int i = 0; i < K; i++)
+        num[i] = parent[i] == i ? m++ : -1;
+    for (int i = 0; i < K; i++)
+        parent[i] = num[parent[i]];
     c->n_atoms = n_coarse;
     c->n_feat = F;
     c->lambda = fine->lambda;
@@ -338,14 +355,17 @@ int cdict_merge(const struct cdict *fine, int n_coarse, int *parent, struct cdic
     for (int i = 0; i < K; i++) {
         float *dst = c->atom + (size_t)parent[i] * F;
         const float *src = fine->atom + (size_t)i * F;
-        for (int f = 0; f < F; f++) dst[f] += src[f];
+        for (int f = 0; f < F; f++)
+            dst[f] += src[f];
     }
     for (int k = 0; k < n_coarse; k++) {
         float *a = c->atom + (size_t)k * F;
         double n = 0.0;
-        for (int f = 0; f < F; f++) n += (double)a[f] * a[f];
+        for (int f = 0; f < F; f++)
+            n += (double)a[f] * a[f];
         if (n > 0.0)
-            for (int f = 0; f < F; f++) a[f] = (float)(a[f] / sqrt(n));
+            for (int f = 0; f < F; f++)
+                a[f] = (float)(a[f] / sqrt(n));
     }
     update_gram(c);
     free(sim);
@@ -382,7 +402,8 @@ static int relabel(const int *a, int n, int *out)
     if (!seen) return -1;
     for (int i = 0; i < n; i++) {
         int j = 0;
-        while (j < m && seen[j] != a[i]) j++;
+        while (j < m && seen[j] != a[i])
+            j++;
         if (j == m) seen[m++] = a[i];
         out[i] = j;
     }
@@ -400,7 +421,8 @@ double cdict_ari(const int *a, const int *b, int n)
     if (!ra || !rb || (ma = relabel(a, n, ra)) < 0 || (mb = relabel(b, n, rb)) < 0) goto out;
     tab = calloc((size_t)ma * mb, sizeof *tab);
     if (!tab) goto out;
-    for (int i = 0; i < n; i++) tab[(size_t)ra[i] * mb + rb[i]] += 1.0;
+    for (int i = 0; i < n; i++)
+        tab[(size_t)ra[i] * mb + rb[i]] += 1.0;
     double sij = 0.0, sa = 0.0, sb = 0.0;
     for (int i = 0; i < ma; i++) {
         double row = 0.0;
@@ -413,7 +435,8 @@ double cdict_ari(const int *a, const int *b, int n)
     }
     for (int j = 0; j < mb; j++) {
         double col = 0.0;
-        for (int i = 0; i < ma; i++) col += tab[(size_t)i * mb + j];
+        for (int i = 0; i < ma; i++)
+            col += tab[(size_t)i * mb + j];
         sb += col * (col - 1) / 2;
     }
     double total = (double)n * (n - 1) / 2;

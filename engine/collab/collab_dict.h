@@ -26,10 +26,10 @@
 struct cdata;
 
 struct cdict_params {
-    int n_atoms;     /* K */
-    double lambda;   /* L1 weight on the codes (rows have unit norm; 0.05..0.3 is sensible) */
-    int epochs;      /* passes over the rows */
-    int batch;       /* rows per mini-batch */
+    int n_atoms;   /* K */
+    double lambda; /* L1 weight on the codes (rows have unit norm; 0.05..0.3 is sensible) */
+    int epochs;    /* passes over the rows */
+    int batch;     /* rows per mini-batch */
     uint64_t seed;
 };
 
@@ -38,13 +38,13 @@ void cdict_params_default(struct cdict_params *p);
 struct cdict {
     int n_atoms, n_feat;
     double lambda;
-    float *atom;     /* (n_atoms, n_feat) nonnegative, L2 norm <= 1 */
-    double *gram;    /* (n_atoms, n_atoms) atom . atom */
+    float *atom;  /* (n_atoms, n_feat) nonnegative, L2 norm <= 1 */
+    double *gram; /* (n_atoms, n_atoms) atom . atom */
 };
 
 /* -1 with a reason for bad parameters (K < 1, more atoms than rows, lambda < 0, ...) or OOM. */
-int cdict_learn(const struct cdata *x, const struct cdict_params *p, struct cdict **out,
-                char *err, size_t errlen);
+int cdict_learn(const struct cdata *x, const struct cdict_params *p, struct cdict **out, char *err,
+                size_t errlen);
 void cdict_free(struct cdict *d);
 
 /* Codes of row r (nonnegative lasso, coordinate descent to convergence). code, work: (K). */

@@ -14,7 +14,7 @@ struct clive {
     struct ms_rng rng;
     uint64_t seen;
     size_t n;
-    int32_t *rows; /* (cap, width) */
+    int32_t *rows;  /* (cap, width) */
     uint16_t *tags; /* (cap) */
 };
 

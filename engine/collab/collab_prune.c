@@ -45,22 +45,27 @@ void cprune_scores(enum cprune_method m, const struct cdata *x, const struct cdi
     if (m == CPRUNE_METHOD_RANDOM) {
         struct ms_rng r;
         ms_rng_seed(&r, seed);
-        for (int f = 0; f < F; f++) score[f] = ms_rng_uniform(&r);
+        for (int f = 0; f < F; f++)
+            score[f] = ms_rng_uniform(&r);
         return;
     }
     if (m == CPRUNE_METHOD_FREQUENCY || !d || !codes) {
-        for (int f = 0; f < F; f++) score[f] = (double)x->count[f];
+        for (int f = 0; f < F; f++)
+            score[f] = (double)x->count[f];
         return;
     }
     /* sum_t sum_k a_tk D_kf = sum_k (sum_t a_tk) D_kf */
     int K = d->n_atoms;
     double *use = calloc((size_t)K, sizeof *use);
-    for (int f = 0; f < F; f++) score[f] = 0.0;
+    for (int f = 0; f < F; f++)
+        score[f] = 0.0;
     if (!use) return;
     for (size_t r = 0; r < x->n_row; r++)
-        for (int k = 0; k < K; k++) use[k] += codes[r * K + k];
+        for (int k = 0; k < K; k++)
+            use[k] += codes[r * K + k];
     for (int k = 0; k < K; k++)
-        for (int f = 0; f < F; f++) score[f] += use[k] * d->atom[(size_t)k * F + f];
+        for (int f = 0; f < F; f++)
+            score[f] += use[k] * d->atom[(size_t)k * F + f];
     free(use);
 }
 
@@ -115,7 +120,8 @@ int cprune_select(const struct cprune_shape *s, double ratio, const double *scor
                 rk[i] = (struct ranked){e, score[f], count ? count[f] : 0};
             }
             qsort(rk, (size_t)per, sizeof *rk, cmp_ranked);
-            for (int i = 0; i < per; i++) keep[(size_t)l * E + rk[i].e] = i < keep_g;
+            for (int i = 0; i < per; i++)
+                keep[(size_t)l * E + rk[i].e] = i < keep_g;
         }
     free(rk);
     *n_keep = keep_g * G;
@@ -237,8 +243,7 @@ static int write_config(const char *model_dir, const struct model_desc *md, int 
                strncmp(mt, "deepseek_v", 10) == 0) {
         /* whichever of the names the folder uses (transformers has renamed some: qwen3_moe
          * folders carry num_experts or num_local_experts), else the family's usual one */
-        static const char *const names[] = {"num_local_experts", "num_experts",
-                                            "n_routed_experts"};
+        static const char *const names[] = {"num_local_experts", "num_experts", "n_routed_experts"};
         for (int i = 0; i < 3; i++)
             if (json_object_get(c, names[i]) &&
                 json_object_set_new(c, names[i], json_integer(value)) != 0) {
@@ -248,13 +253,15 @@ static int write_config(const char *model_dir, const struct model_desc *md, int 
                 key = names[i];
             }
         if (!key)
-            key = strcmp(mt, "mixtral") == 0        ? "num_local_experts"
+            key = strcmp(mt, "mixtral") == 0           ? "num_local_experts"
                   : strncmp(mt, "deepseek_v", 10) == 0 ? "n_routed_experts"
-                                                        : "num_experts";
+                                                       : "num_experts";
     } else {
         json_decref(c);
-        return ms_errf(err, errlen, "pruning %s models is not supported (mohge, mixtral, "
-                                    "qwen2_moe, qwen3_moe, olmoe, deepseek_v2/v3 are)", mt);
+        return ms_errf(err, errlen,
+                       "pruning %s models is not supported (mohge, mixtral, "
+                       "qwen2_moe, qwen3_moe, olmoe, deepseek_v2/v3 are)",
+                       mt);
     }
     int rc = json_object_set_new(c, key, json_integer(value));
     if (rc == 0) rc = json_dump_file(c, path, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
@@ -274,9 +281,11 @@ int cprune_write(const char *model_dir, const struct model_desc *md, const bool 
         return ms_errf(err, errlen, "out of memory");
     }
     int n_moe = 0;
-    for (int l = 0; l < md->n_layer; l++) moe_of[l] = md->layer_is_moe[l] ? n_moe++ : -1;
+    for (int l = 0; l < md->n_layer; l++)
+        moe_of[l] = md->layer_is_moe[l] ? n_moe++ : -1;
     int n_keep = 0;
-    for (int e = 0; e < E; e++) n_keep += n_moe > 0 && keep[e];
+    for (int e = 0; e < E; e++)
+        n_keep += n_moe > 0 && keep[e];
     char tmp[PATH_MAX], path[PATH_MAX];
     if (snprintf(tmp, sizeof tmp, "%s.tmp-%d", out_dir, (int)getpid()) >= (int)sizeof tmp) {
         free(moe_of);
@@ -308,7 +317,8 @@ int cprune_write(const char *model_dir, const struct model_desc *md, const bool 
             const bool *k = keep + (size_t)ml * E;
             if (!k[expert]) continue;
             int id = 0;
-            for (int e = 0; e < expert; e++) id += k[e];
+            for (int e = 0; e < expert; e++)
+                id += k[e];
             char name[512];
             if (snprintf(name, sizeof name, "%.*s%d%s", (int)e_at, t->name, id, t->name + e_end) >=
                 (int)sizeof name) {
@@ -378,7 +388,8 @@ int cprune_write(const char *model_dir, const struct model_desc *md, const bool 
 out:
     if (made) remove_tree(tmp);
     stw_free(w);
-    for (int i = 0; i < n_owned; i++) free(owned[i]);
+    for (int i = 0; i < n_owned; i++)
+        free(owned[i]);
     free(owned);
     st_close(a);
     free(moe_of);

@@ -51,9 +51,9 @@ void cprune_scores(enum cprune_method m, const struct cdata *x, const struct cdi
 /* The pruning problem's shape. */
 struct cprune_shape {
     int n_layer, n_expert, top_k;
-    int n_group, topk_group;  /* groups (contiguous blocks of n_expert / n_group), 0: none */
-    int min_per_group;        /* experts a group must keep (DeepSeek-V3 scores a group by its
-                                 top 2: 2), 0 or 1: one */
+    int n_group, topk_group; /* groups (contiguous blocks of n_expert / n_group), 0: none */
+    int min_per_group;       /* experts a group must keep (DeepSeek-V3 scores a group by its
+                                top 2: 2), 0 or 1: one */
 };
 
 /* keep (n_layer, n_expert): true for kept experts; *n_keep: experts kept per layer. count

@@ -246,6 +246,21 @@ uint16_t dash_tag_id(struct dash *d, const char *tag)
     return (uint16_t)id;
 }
 
+int dash_tag_count(struct dash *d)
+{
+    pthread_mutex_lock(&d->mu);
+    int n = d->n_tags;
+    pthread_mutex_unlock(&d->mu);
+    return n;
+}
+
+void dash_tag_name(struct dash *d, int id, char *buf, size_t n)
+{
+    pthread_mutex_lock(&d->mu);
+    snprintf(buf, n, "%s", id >= 0 && id < d->n_tags ? d->tag_name[id] : "");
+    pthread_mutex_unlock(&d->mu);
+}
+
 void dash_after_step(struct dash *d, struct engine *e)
 {
     if (d->live) {

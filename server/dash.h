@@ -29,6 +29,9 @@ void dash_free(struct dash *d);
  * DASH_MAX_TAGS - 2 names; later ones share the last number, shown as "other"). */
 #define DASH_MAX_TAGS 32
 uint16_t dash_tag_id(struct dash *d, const char *tag);
+/* Tag numbers in use so far (names 0..n-1), and the name of one (into buf). */
+int dash_tag_count(struct dash *d);
+void dash_tag_name(struct dash *d, int id, char *buf, size_t n);
 /* Scheduler thread, after every step. */
 void dash_after_step(struct dash *d, struct engine *e);
 /* The JSON document of GET /v1/moe/stats (documented in proto/openapi.yaml). st may be NULL. */

@@ -36,11 +36,18 @@
 struct after_step_ctx {
     struct splace *pl;
     struct dash *dash;
+    int tags_declared; /* request tags (moe_tag) named in the routing trace so far */
 };
 
 static void serve_after_step(void *ctx, struct engine *e)
 {
     struct after_step_ctx *a = ctx;
+    /* a tag the step used was numbered before its request was queued: name it first */
+    for (int n = a->dash ? dash_tag_count(a->dash) : 0; a->tags_declared < n; a->tags_declared++) {
+        char name[80];
+        dash_tag_name(a->dash, a->tags_declared, name, sizeof name);
+        splace_trace_tag(a->pl, a->tags_declared, name);
+    }
     splace_after_step(a->pl, e);
     if (a->dash) dash_after_step(a->dash, e);
 }

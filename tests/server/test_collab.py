@@ -1,6 +1,7 @@
 """Expert collaboration in the server and the pruned checkpoints (engine/collab, server/dash.c):
 - GET /v1/moe/stats with --collab-groups (a GROUPS.json of `moeserve analyze`) and
-  --collab-reservoir: after real traffic, tokens per (layer, expert) add up to what was routed,
+  --collab-reservoir: after real traffic (requests tagged with moe_tag, counted per tag in the
+  sample and in the --record-routing trace), tokens per (layer, expert) add up to what was routed,
   the collaboration graph has nodes and edges and the groups have live usage; it needs the API
   key (401 OpenAI error JSON without it) while GET /dashboard is served without one and pulls
   nothing from another host;
@@ -13,10 +14,15 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import unittest
 
 import srvtest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "tools"))
+import routing_trace  # noqa: E402  (tools/routing_trace.py)
 
 KEY = "sk-collab-test"
 PROMPTS = [("12+35=", "math"), ("ROMEO: good night", "verse"), ('{"name": "Ada", "tags": [', None),
@@ -43,8 +49,10 @@ class CollabServerTest(unittest.TestCase):
         shutil.rmtree(cls.tmp)
 
     def test_stats_and_dashboard(self):
+        trace = os.path.join(self.tmp, "served.rtrace")
         with srvtest.Server("--api-key", KEY, "--collab-groups", self.groups,
-                            "--collab-reservoir", "4096", model=srvtest.bundled_model()) as srv:
+                            "--collab-reservoir", "4096", "--record-routing", trace,
+                            model=srvtest.bundled_model()) as srv:
             auth = {"Authorization": "Bearer " + KEY}
             st, h, body = srvtest.request(srv.port, "GET", "/v1/moe/stats")
             self.assertEqual(st, 401)
@@ -112,18 +120,31 @@ class CollabServerTest(unittest.TestCase):
                 self.assertEqual(by_tag[tag], tagged[tag] - 2)
             for g in col["groups"]:
                 self.assertEqual(set(g["share_by_tag"]), set(by_tag))
+            for n in col["nodes"]:
+                self.assertIn(n["group"], range(4))
             # tags are bounded: 30 names, then "other"
+            other_tokens = 0  # prompt tokens of the requests past 30 names (max_tokens 1)
             for i in range(32):
                 st, _, r = srvtest.post_json(srv.port, "/v1/completions",
                                              {"prompt": "1+%d=" % i, "max_tokens": 1,
                                               "moe_tag": "t%02d" % i}, headers=auth)
                 self.assertEqual(st, 200, r)
+                if i >= 28:
+                    other_tokens += r["usage"]["prompt_tokens"]
             st, _, raw = srvtest.request(srv.port, "GET", "/v1/moe/stats", headers=auth)
             names = set(json.loads(raw)["collab"]["sampled_by_tag"])
             self.assertEqual(names, {"math", "verse", "untagged", "other"} |
                              {"t%02d" % i for i in range(28)})
-            for n in col["nodes"]:
-                self.assertIn(n["group"], range(4))
+        # the routing trace carries the same tags, named
+        t = routing_trace.RoutingTrace(trace)
+        count = {}
+        for st in t.steps():
+            for tag in st.tags:
+                count[t.tags[tag]] = count.get(t.tags[tag], 0) + 1
+        t.close()
+        for tag in ("math", "verse"):
+            self.assertEqual(count[tag], tagged[tag] - 2)
+        self.assertEqual(count["other"], other_tokens)
 
     def test_pruned_model_serves(self):
         out = os.path.join(self.tmp, "pruned")

@@ -29,8 +29,9 @@
 #include "metrics.h"
 #include "model.h"
 #include "scheduler.h"
-#include "serve_placement.h"
 #include "dash.h"
+#include "serve_placement.h"
+#include "slog.h"
 
 /* The scheduler's after-step hook: placement (trace, rebalancing), then the dashboard. */
 struct after_step_ctx {
@@ -51,7 +52,6 @@ static void serve_after_step(void *ctx, struct engine *e)
     splace_after_step(a->pl, e);
     if (a->dash) dash_after_step(a->dash, e);
 }
-#include "slog.h"
 
 enum opt_type { OPT_STR, OPT_INT, OPT_BYTES, OPT_BOOL };
 

@@ -110,6 +110,7 @@ struct engine {
     int32_t *route_ids;   /* (n_moe, max_batch_tokens, top_k) */
     float *route_w;       /* (n_moe, max_batch_tokens, top_k), capture_weights only */
     int32_t *route_tokens;/* (max_batch_tokens) */
+    uint16_t *route_tags; /* (max_batch_tokens) */
     struct engine_routing routing;
     bool have_routing;
     struct rstats *rstats;
@@ -1099,11 +1100,13 @@ static int capture_init(struct engine *e, char *err, size_t errlen)
     size_t cells = (size_t)e->n_moe * e->p.max_batch_tokens * md->top_k;
     e->route_ids = malloc(sizeof(int32_t) * cells);
     e->route_tokens = malloc(sizeof(int32_t) * (size_t)e->p.max_batch_tokens);
+    e->route_tags = malloc(sizeof(uint16_t) * (size_t)e->p.max_batch_tokens);
     if (p->capture_weights) e->route_w = malloc(sizeof(float) * cells);
-    if (!e->route_ids || !e->route_tokens || (p->capture_weights && !e->route_w))
+    if (!e->route_ids || !e->route_tokens || !e->route_tags || (p->capture_weights && !e->route_w))
         return ms_errf(err, errlen, "out of memory for the routing capture");
     e->routing = (struct engine_routing){.n_layer = e->n_moe, .top_k = md->top_k,
-                                         .tokens = e->route_tokens, .ids = e->route_ids,
+                                         .tokens = e->route_tokens, .tags = e->route_tags,
+                                         .ids = e->route_ids,
                                          .weights = e->route_w,
                                          .layer_stride = (size_t)e->p.max_batch_tokens * md->top_k,
                                          .layer_index = e->moe_layers};
@@ -1238,6 +1241,7 @@ void engine_free(struct engine *e)
     free(e->route_ids);
     free(e->route_w);
     free(e->route_tokens);
+    free(e->route_tags);
     rstats_free(e->rstats);
     free(e->stats.dev_rows_away);
     free(e->stats.dev_tokens_away);
@@ -1352,7 +1356,10 @@ int engine_step(struct engine *e, struct engine_item *items, int n_items, char *
     if (e->route_ids) {
         int t = 0;
         for (int i = 0; i < n_items; i++)
-            for (int j = 0; j < e->items[i].n_tokens; j++) e->route_tokens[t++] = e->items[i].tokens[j];
+            for (int j = 0; j < e->items[i].n_tokens; j++) {
+                e->route_tags[t] = e->items[i].tag;
+                e->route_tokens[t++] = e->items[i].tokens[j];
+            }
     }
     if (e->n_dev > 1) {
         pthread_mutex_lock(&e->lock);

@@ -90,6 +90,7 @@ struct engine_item {
     int n_tokens;
     int pos;                /* position of tokens[0]; positions [0, pos) are already cached */
     int moe_top_k;          /* experts per token for this sequence; 0 = the model's default */
+    uint16_t tag;           /* the request's tag in routing captures (moe_tag), 0 = none */
     int moe_samples;        /* continuous experts: samples per token, 0 = the default */
     double moe_neuron_fraction; /* continuous experts: neuron fraction, 0 = the default */
     bool moe_samples_adaptive; /* continuous experts: moe_samples (or the default) is an
@@ -137,6 +138,7 @@ struct engine_stats {
 struct engine_routing {
     int n_tok, n_layer, top_k;
     const int32_t *tokens;   /* (n_tok) token ids */
+    const uint16_t *tags;    /* (n_tok) each token's item's tag */
     const int32_t *ids;
     const float *weights;    /* NULL unless capture_weights */
     size_t layer_stride;

@@ -288,7 +288,9 @@ static void compute_experts(const struct moe_ctx *ctx, struct moe_scratch *s, co
     double flops = 0.0, bytes = 0.0;
     for (int e = 0; e < E; e++) {
         if (s->expert_count[e] == 0) continue;
-        ctx->stats->expert_rows[(size_t)ctx->layer * E + e] += (uint64_t)s->expert_count[e];
+        /* atomic: with replicas, two devices' threads count the same expert at once */
+        __atomic_fetch_add(&ctx->stats->expert_rows[(size_t)ctx->layer * E + e],
+                           (uint64_t)s->expert_count[e], __ATOMIC_RELAXED);
         flops += 6.0 * d * md->expert_d_ff[e] * s->expert_count[e];
         const struct ffn_w *f = &ctx->m->layers[ctx->layer].experts[e];
         bytes += (double)(wtype_bytes(f->gate->type, f->gate->rows, f->gate->cols) +

@@ -683,6 +683,7 @@ static void add_item(struct sched *s, int *n_items, struct rows *rw, struct sche
     it->n_tokens = n;
     it->pos = r->n_computed;
     it->moe_top_k = r->p.moe_top_k;
+    it->tag = r->p.tag;
     it->moe_samples = r->p.moe_samples;
     it->moe_neuron_fraction = r->p.moe_neuron_fraction;
     it->moe_samples_adaptive = r->p.moe_samples_adaptive;

@@ -72,6 +72,7 @@ struct sched_req_params {
     bool ignore_eos;
     bool skip_special;      /* drop special tokens from the text (default true) */
     int moe_top_k;          /* 0 = the model's */
+    uint16_t tag;           /* tag of the request's tokens in routing captures (0: none) */
     int moe_samples;        /* continuous experts: 0 = the engine's default */
     double moe_neuron_fraction; /* continuous experts: 0 = the engine's default */
     bool moe_samples_adaptive;  /* continuous experts: per-token K around moe_samples */

@@ -140,6 +140,7 @@ const struct proto_field proto_fields[] = {
     {"echo", CHAT, UNSUP, "false"},
     /* moeserve */
     {"moe_top_k", BOTH, IMPL, NULL},
+    {"moe_tag", BOTH, IMPL, NULL},
     {"moe_samples", BOTH, IMPL, NULL},
     {"moe_neuron_fraction", BOTH, IMPL, NULL},
     {"moe_samples_adaptive", BOTH, IMPL, NULL},
@@ -843,6 +844,10 @@ static int get_generation(json_t *o, struct proto_req *r, struct proto_error *e)
     if (rc) r->truncate_prompt_tokens = (int)x;
     if (get_bool(o, "return_tokens_as_token_ids", &r->tokens_as_ids, e) < 0) return -1;
     if (get_string(o, "cache_salt", &r->cache_salt, e) < 0) return -1;
+    if (get_string(o, "moe_tag", &r->moe_tag, e) < 0) return -1;
+    if (r->moe_tag && (!r->moe_tag[0] || strlen(r->moe_tag) > PROTO_MAX_MOE_TAG))
+        return proto_fail(e, 400, "moe_tag", "invalid_value",
+                          "'moe_tag' must be 1 to %d bytes", PROTO_MAX_MOE_TAG);
     if (get_bool(o, "add_special_tokens", &r->add_special_tokens, e) < 0) return -1;
     if (get_response_format(o, r, e) < 0 || get_guided(o, r, e) < 0) return -1;
     return 0;
@@ -940,6 +945,7 @@ void proto_req_free(struct proto_req *r)
     free(r->logit_bias);
     free(r->allowed_token_ids);
     free(r->cache_salt);
+    free(r->moe_tag);
     free(r->guide);
     free(r->guide_name);
     free(r->tools_json);

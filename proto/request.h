@@ -19,6 +19,7 @@
 #include <stdint.h>
 
 #define PROTO_MAX_STOP 8
+#define PROTO_MAX_MOE_TAG 64      /* bytes of a moe_tag */
 #define PROTO_MAX_N 16
 #define PROTO_MAX_PROMPTS 64
 #define PROTO_MAX_LOGPROBS 20
@@ -147,6 +148,8 @@ struct proto_req {
     int truncate_prompt_tokens; /* 0 = off; else keep the last k prompt tokens */
     bool tokens_as_ids;         /* return_tokens_as_token_ids */
     char *cache_salt;           /* NULL or a salt separating this request's prefix cache */
+    char *moe_tag;              /* NULL or the request's tag in the live collaboration view
+                                   (1..PROTO_MAX_MOE_TAG bytes) */
 
     enum proto_guide guide_kind;
     char *guide;                /* see enum proto_guide */

@@ -21,6 +21,7 @@
 #include <time.h>
 
 #include "common.h"
+#include "dash.h"
 #include "grammar.h"
 #include "h1.h"
 #include "jinja.h"
@@ -40,6 +41,7 @@ struct http_server {
     struct sched *s;
     jinja_template *chat;     /* m->chat_template parsed once at ready; NULL if none/invalid */
     struct grm_vocab *gvocab; /* the token trie structured output masks with (built at ready) */
+    struct dash *dash;        /* GET /v1/moe/stats (set before ready; NULL: 404) */
     char chat_err[MS_ERR_LEN];/* why chat is NULL when the model has a template */
     int port;
     atomic_int active;
@@ -101,7 +103,8 @@ struct conn {
 static bool is_get_route(const char *route)
 {
     static const char *const get_routes[] = {"/v1/models", "/v1/models/{id}", "/health",
-                                             "/metrics", "/version", "/tokenizer_info"};
+                                             "/metrics", "/version", "/tokenizer_info",
+                                             "/v1/moe/stats", "/dashboard"};
     for (size_t i = 0; i < sizeof get_routes / sizeof *get_routes; i++)
         if (strcmp(route, get_routes[i]) == 0) return true;
     return false;
@@ -689,6 +692,7 @@ static void req_params(const struct gen *g, const struct proto_req *pr, int max_
     sp->n_stop_ids = pr->n_stop_token_ids;
     sp->min_tokens = pr->min_tokens;
     sp->cache_salt = salt_hash(pr->cache_salt);
+    sp->tag = g->h->dash ? dash_tag_id(g->h->dash, pr->moe_tag) : 0;
 }
 
 /* Compiles the request's structured-output constraint. A JSON Schema keyword the compiler
@@ -1052,7 +1056,8 @@ static int handle_tokenize(struct http_server *h, struct h1_conn *c, struct conn
 
 static const char *const known_routes[] = {"/v1/completions", "/v1/chat/completions",
                                            "/v1/models", "/health", "/metrics", "/tokenize",
-                                           "/detokenize", "/version", "/tokenizer_info"};
+                                           "/detokenize", "/version", "/tokenizer_info",
+                                           "/v1/moe/stats", "/dashboard"};
 
 /* The token of an "Authorization: Bearer TOKEN" header, or NULL. The scheme name is
  * case-insensitive (RFC 9110 11.1), so "bearer" works as clients send it. */
@@ -1142,8 +1147,19 @@ static int on_end(struct http_server *h, struct h1_conn *c, struct conn *cn)
                          metrics_render(h->mt, state != HTTP_LOADING ? &st : NULL, h->model_name),
                          "text/plain; version=0.0.4");
     }
+    if (strcmp(route, "/dashboard") == 0) {
+        char *page = malloc(dash_page_len + 1);
+        if (page) memcpy(page, dash_page, dash_page_len + 1);
+        return send_text(h, c, route, 200, page, "text/html; charset=utf-8");
+    }
     if (state == HTTP_LOADING)
         return fail(h, c, route, 503, NULL, NULL, "the model is loading");
+    if (strcmp(route, "/v1/moe/stats") == 0) {
+        if (!h->dash) return fail(h, c, route, 404, NULL, "not_found", "no MoE statistics");
+        struct sched_stats st;
+        sched_get_stats(h->s, &st);
+        return send_json(h, c, route, 200, dash_stats_json(h->dash, &st, h->model_name));
+    }
     if (strcmp(route, "/v1/models") == 0)
         return send_json(h, c, route, 200,
                          proto_resp_models(h->model_name, h->created, h->cfg.max_model_len));
@@ -1284,6 +1300,11 @@ int http_start(const struct http_config *cfg, struct metrics *mt, struct http_se
 int http_port(const struct http_server *h)
 {
     return h->port;
+}
+
+void http_set_dash(struct http_server *h, struct dash *d)
+{
+    h->dash = d;
 }
 
 void http_set_ready(struct http_server *h, const struct model *m, struct sched *s,

@@ -42,6 +42,10 @@ int http_port(const struct http_server *h);
 void http_set_ready(struct http_server *h, const struct model *m, struct sched *s,
                     int max_model_len);
 void http_set_draining(struct http_server *h);
+/* Before http_set_ready: the live MoE view behind GET /v1/moe/stats (borrowed; it must outlive
+ * http_stop). */
+struct dash;
+void http_set_dash(struct http_server *h, struct dash *d);
 int http_active_streams(const struct http_server *h); /* generation requests in flight */
 void http_stop(struct http_server *h);
 

@@ -29,8 +29,29 @@
 #include "metrics.h"
 #include "model.h"
 #include "scheduler.h"
+#include "dash.h"
 #include "serve_placement.h"
 #include "slog.h"
+
+/* The scheduler's after-step hook: placement (trace, rebalancing), then the dashboard. */
+struct after_step_ctx {
+    struct splace *pl;
+    struct dash *dash;
+    int tags_declared; /* request tags (moe_tag) named in the routing trace so far */
+};
+
+static void serve_after_step(void *ctx, struct engine *e)
+{
+    struct after_step_ctx *a = ctx;
+    /* a tag the step used was numbered before its request was queued: name it first */
+    for (int n = a->dash ? dash_tag_count(a->dash) : 0; a->tags_declared < n; a->tags_declared++) {
+        char name[80];
+        dash_tag_name(a->dash, a->tags_declared, name, sizeof name);
+        splace_trace_tag(a->pl, a->tags_declared, name);
+    }
+    splace_after_step(a->pl, e);
+    if (a->dash) dash_after_step(a->dash, e);
+}
 
 enum opt_type { OPT_STR, OPT_INT, OPT_BYTES, OPT_BOOL };
 
@@ -44,6 +65,8 @@ struct serve_opts {
     long weight_cache;
     const char *placement, *placement_trace, *routing_stats, *record_routing;
     long redundant, max_experts_per_dev, rebalance_s, half_life, record_max, per_expert;
+    const char *collab_groups;
+    long collab_reservoir;
     long access_log, stats_interval_s;
     long moe_samples;
     const char *moe_fraction;
@@ -139,6 +162,11 @@ static const struct opt_def opt_defs[] = {
      "moe_neuron_fraction (the model's neuron_fraction; at most it)"},
     {"metrics-per-expert", "MOESERVE_METRICS_PER_EXPERT", OPT_BOOL, OFF(per_expert), 0, 1,
      "export routed tokens per (layer, expert) (off; models up to 256 experts)"},
+    {"collab-groups", "MOESERVE_COLLAB_GROUPS", OPT_STR, OFF(collab_groups), 0, 0,
+     "a GROUPS.json of `moeserve analyze` for this model: the dashboard's collaboration groups"},
+    {"collab-reservoir", "MOESERVE_COLLAB_RESERVOIR", OPT_INT, OFF(collab_reservoir), 0,
+     1 << 24, "served tokens whose cross-layer routing is kept as a uniform sample for the "
+     "dashboard's graph and group usage (0: off)"},
 };
 #define N_OPTS (sizeof opt_defs / sizeof *opt_defs)
 
@@ -541,6 +569,8 @@ int cli_serve(int argc, char **argv)
     struct sched *s = NULL;
     struct http_server *h = NULL;
     struct splace *pl = NULL;
+    struct dash *dash = NULL;
+    struct after_step_ctx asc = {0};
     struct metrics *mt = metrics_create();
     if (!mt) return 1;
 
@@ -619,10 +649,18 @@ int cli_serve(int argc, char **argv)
         status = 2;
         goto out;
     }
+    if (o.collab_reservoir > 0) ep.capture_routing = true; /* the dashboard's live sample */
     if (engine_create(m, &ep, &e, err, sizeof err) != 0) {
         slog("error", "%s", err);
         goto out;
     }
+    if (dash_create(e, o.collab_groups, (int)o.collab_reservoir, &dash, err, sizeof err) != 0) {
+        slog("error", "%s", err);
+        status = 2;
+        goto out;
+    }
+    asc = (struct after_step_ctx){.pl = pl, .dash = dash};
+    http_set_dash(h, dash);
     metrics_set_engine(mt, e);
     if (splace_start(pl, e, mt, err, sizeof err) != 0) {
         slog("error", "%s", err);
@@ -635,7 +673,7 @@ int cli_serve(int argc, char **argv)
                               .max_waiting = (int)o.max_waiting,
                               .disable_prefix_caching = !o.prefix_caching,
                               .obs = metrics_observer(mt),
-                              .after_step = splace_after_step, .after_step_ctx = pl};
+                              .after_step = serve_after_step, .after_step_ctx = &asc};
     sp.obs.on_warning = log_sched_warning;
     if (sched_create(e, &sp, &s, err, sizeof err) != 0 || sched_start(s, err, sizeof err) != 0) {
         slog("error", "%s", err);
@@ -687,6 +725,7 @@ out:
     http_stop(h);
     sched_free(s);
     splace_free(pl); /* after the scheduler: it closes the routing trace */
+    dash_free(dash);  /* after the scheduler and the HTTP threads, its two users */
     engine_free(e);
     model_free(m);
     metrics_free(mt);

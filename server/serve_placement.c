@@ -184,6 +184,16 @@ int splace_start(struct splace *p, struct engine *e, struct metrics *mt, char *e
     return 0;
 }
 
+void splace_trace_tag(struct splace *p, int id, const char *name)
+{
+    char err[MS_ERR_LEN];
+    if (!p->w || p->trace_failed) return;
+    if (rtrace_writer_tag(p->w, id, name, err, sizeof err) != 0) {
+        p->trace_failed = true;
+        if (p->o.log) p->o.log("error", "--record-routing stopped: %s", err);
+    }
+}
+
 void splace_after_step(void *ctx, struct engine *e)
 {
     struct splace *p = ctx;
@@ -191,7 +201,8 @@ void splace_after_step(void *ctx, struct engine *e)
     const struct engine_routing *rt = engine_last_routing(e);
     if (p->w && rt && !p->trace_failed) {
         struct rtrace_step st = {.step = p->step, .n_tok = rt->n_tok, .tokens = rt->tokens,
-                                 .ids = rt->ids, .layer_stride = rt->layer_stride};
+                                 .tags = rt->tags, .ids = rt->ids,
+                                 .layer_stride = rt->layer_stride};
         if (rtrace_write_step(p->w, &st, err, sizeof err) != 0) {
             /* Serving goes on; the trace stops here (a full disk must not stop requests). */
             p->trace_failed = true;

@@ -43,8 +43,10 @@ int splace_prepare(const struct splace_opts *o, const struct model *m, struct en
                    struct splace **out, char *err, size_t errlen);
 int splace_start(struct splace *p, struct engine *e, struct metrics *mt, char *err,
                  size_t errlen);
-/* struct sched_params.after_step. */
+/* struct sched_params.after_step. The trace records each token's request tag (moe_tag) as
+ * the engine captured it; declare a tag's name first (no-op without --record-routing). */
 void splace_after_step(void *ctx, struct engine *e);
+void splace_trace_tag(struct splace *p, int id, const char *name);
 /* One line for the log: what placement is in use. */
 void splace_describe(const struct splace *p, char *buf, size_t n);
 void splace_free(struct splace *p);

@@ -76,6 +76,8 @@ static void test_validation(void)
     BAD(C, "{\"prompt\":\"x\",\"echo\":\"yes\"}", "echo");
     BAD(C, "{\"prompt\":\"x\",\"ignore_eos\":0}", "ignore_eos");
     BAD(C, "{\"prompt\":\"x\",\"moe_top_k\":-1}", "moe_top_k");
+    BAD(C, "{\"prompt\":\"x\",\"moe_tag\":7}", "moe_tag");
+    BAD(C, "{\"prompt\":\"x\",\"moe_tag\":\"\"}", "moe_tag");
     BAD(C, "{\"prompt\":\"x\",\"max_tokens\":1,\"max_tokens\":2}", "");
 
     BAD(H, "{\"prompt\":\"x\"}", "prompt");

@@ -123,6 +123,16 @@ const int *rsynth_groups(const struct rsynth *s)
     return s->group;
 }
 
+int rsynth_topic_of(const struct rsynth *s, int layer, int expert)
+{
+    int E = s->c.n_expert;
+    const int *m = s->member + (size_t)layer * E;
+    for (int i = 0; i < E; i++)
+        if (m[i] == expert) return ((i / s->c.cluster - layer) % s->n_cluster + s->n_cluster) %
+                                   s->n_cluster;
+    return -1;
+}
+
 void rsynth_step(struct rsynth *s, int n, int32_t *ids, uint16_t *tags)
 {
     int E = s->c.n_expert, L = s->c.n_layer, K = s->c.top_k, C = s->c.cluster;

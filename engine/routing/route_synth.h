@@ -37,6 +37,9 @@ void rsynth_free(struct rsynth *s);
 /* FFN width and group of each expert (n_expert), for a trace header. */
 const int *rsynth_widths(const struct rsynth *s);
 const int *rsynth_groups(const struct rsynth *s);
+/* The planted truth: the topic whose tokens draw expert `expert` of layer `layer` from their
+ * cluster (what a collaboration analysis should recover). */
+int rsynth_topic_of(const struct rsynth *s, int layer, int expert);
 /* n tokens: ids (n_layer, n, top_k) layer-major as in struct rtrace_step, and each token's
  * topic in tags (n) (may be NULL). */
 void rsynth_step(struct rsynth *s, int n, int32_t *ids, uint16_t *tags);

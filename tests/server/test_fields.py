@@ -49,7 +49,7 @@ COMMON = {
     "priority": (1, "unsup"), "kv_transfer_params": ({"a": 1}, "unsup"),
     "vllm_xargs": ({"a": 1}, "unsup"), "guided_whitespace_pattern": (" ", "unsup"),
     "structural_tag": ("{}", "unsup"), "structured_outputs": ({"choice": ["a"]}, "unsup"),
-    "moe_top_k": (1, "impl"),
+    "moe_top_k": (1, "impl"), "moe_tag": ("math", "impl"),
     # continuous-experts budget: 400 naming the field on a model that is not continuous (the
     # fixture's mixtral); accepted on infmoe models (test_infmoe.py)
     "moe_samples": (2, "model"), "moe_neuron_fraction": (0.1, "model"),

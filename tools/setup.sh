@@ -34,8 +34,6 @@ if ! python3 -c "import openai" >/dev/null 2>&1; then
     echo "setup: pip install openai"
     pip_install openai
 fi
-# tests/server/test_lm_eval.py runs lm-evaluation-harness (its API extra: no torch needed);
-# the structured-output tests validate with jsonschema.
 # tests/server/test_dashboard.py opens /dashboard in headless Chromium through selenium.
 if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
     echo "setup: installing chromium chromium-driver (dashboard browser test)"
@@ -46,6 +44,8 @@ if ! python3 -c "import selenium" >/dev/null 2>&1; then
     echo "setup: pip install selenium"
     pip_install selenium
 fi
+# tests/server/test_lm_eval.py runs lm-evaluation-harness (its API extra: no torch needed);
+# the structured-output tests validate with jsonschema.
 if ! python3 -c "import lm_eval, jsonschema" >/dev/null 2>&1; then
     echo "setup: pip install lm-eval[api] jsonschema"
     pip_install "lm-eval[api]==0.4.13" jsonschema

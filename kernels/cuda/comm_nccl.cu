@@ -180,6 +180,7 @@ static struct comm_nccl *cn_new(const char *who, int world, int first_rank, int 
     if (!cn) goto oom;
     cn->base.ops = &nccl_ops;
     cn->base.n_rank = world;
+    cn->base.self = -1; /* the engine drives NCCL ranks as threads (comm.h) */
     cn->first_rank = first_rank;
     cn->n_local = n_local;
     cn->base.bytes_sent =

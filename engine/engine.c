@@ -8,6 +8,8 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -127,6 +129,18 @@ struct engine {
     struct engine_item *items;
     int n_items;
     int32_t *item_tok0;   /* (max_seqs) flat offset of each item */
+
+    /* Multi-process (engine_params.comm): devices other than `self` are other processes.
+     * proc_mu serializes steps and pings (the communicator is used by one thread at a time). */
+    bool remote;
+    int self;             /* the device this process runs (0 when not remote) */
+    int32_t *plan;        /* (plan_cap) a step's plan as sent (rank 0) or received */
+    size_t plan_cap;
+    struct kv_seq *w_kv;  /* ranks > 0: (max_seqs) block tables pointing into `plan` */
+    pthread_mutex_t proc_mu;
+    bool proc_mu_init;
+    atomic_bool failed;   /* set once, after fail_why (which never changes afterwards) */
+    char fail_why[MS_ERR_LEN];
 
     struct engine_stats stats;
 };
@@ -322,9 +336,50 @@ static void ffn_layer(struct device *dv, int l)
     be->ops->add(be, dv->x, dv->tmp, n, d);
 }
 
+/* The next chunk of up to max_rows logit rows of the items before `end`, from (item *it, its
+ * logit row *j) on: each row's index among the device's tokens (first token tok0) goes to
+ * rows_out (NULL: only counted). Returns the count; (*it, *j) is left where it started. */
+static int logit_chunk(const struct engine *e, int it, int j, int end, int tok0, int max_rows,
+                       int32_t *rows_out)
+{
+    int rows = 0;
+    for (int i = it, k = j; i < end && rows < max_rows;) {
+        const struct engine_item *item = &e->items[i];
+        if (k >= item->n_logits) {
+            i++;
+            k = 0;
+            continue;
+        }
+        if (rows_out) rows_out[rows] = e->item_tok0[i] - tok0 + item->n_tokens - item->n_logits + k;
+        rows++;
+        k++;
+    }
+    return rows;
+}
+
+/* Copies `rows` logit rows (host memory; NULL: none, only skip them) to the items from (*it,
+ * *j) on, advancing them. */
+static void logit_hand_out(const struct engine *e, int *it, int *j, int rows, const float *host)
+{
+    int V = e->m->desc.vocab;
+    for (int r = 0; r < rows;) {
+        const struct engine_item *item = &e->items[*it];
+        if (*j >= item->n_logits) {
+            (*it)++;
+            *j = 0;
+            continue;
+        }
+        if (host)
+            memcpy(item->logits + (size_t)*j * V, host + (size_t)r * V, sizeof(float) * (size_t)V);
+        (*j)++;
+        r++;
+    }
+}
+
 /* The rows that want logits are gathered logit_rows at a time (one LM-head matmul for all
  * sequences of the step), downloaded once per chunk on backends with their own memory, and
- * handed out to the items. */
+ * handed out to the items; on a rank of a multi-process engine other than 0, sent to rank 0
+ * instead (which receives them chunk by chunk in the same order: engine_step). */
 static void logits_out(struct device *dv)
 {
     struct engine *e = dv->e;
@@ -335,19 +390,7 @@ static void logits_out(struct device *dv)
     const float *host = be->ops->host_memory ? dv->logits : dv->h_logits;
     int it = dv->item0, j = 0; /* next (item, logit row) to hand out */
     for (;;) {
-        /* Collect up to logit_rows rows, remembering where the chunk starts. */
-        int rows = 0, it_start = it, j_start = j;
-        for (int i = it, k = j; i < dv->item1 && rows < dv->logit_rows;) {
-            const struct engine_item *item = &e->items[i];
-            if (k >= item->n_logits) {
-                i++;
-                k = 0;
-                continue;
-            }
-            dv->h_lrows[rows++] =
-                e->item_tok0[i] - dv->tok0 + item->n_tokens - item->n_logits + k;
-            k++;
-        }
+        int rows = logit_chunk(e, it, j, dv->item1, dv->tok0, dv->logit_rows, dv->h_lrows);
         if (rows == 0) return;
         if (!be->ops->host_memory)
             be->ops->upload(be, dv->lrows, dv->h_lrows, sizeof(int32_t) * (size_t)rows);
@@ -356,19 +399,13 @@ static void logits_out(struct device *dv)
         be->ops->matmul(be, dv->logits, dv->h, m->lm_head, NULL, rows, d, V);
         if (!be->ops->host_memory)
             be->ops->download(be, dv->h_logits, dv->logits, sizeof(float) * (size_t)rows * V);
-        it = it_start;
-        j = j_start;
-        for (int r = 0; r < rows;) {
-            const struct engine_item *item = &e->items[it];
-            if (j >= item->n_logits) {
-                it++;
-                j = 0;
-                continue;
-            }
-            memcpy(item->logits + (size_t)j * V, host + (size_t)r * V, sizeof(float) * (size_t)V);
-            j++;
-            r++;
+        const float *out = host;
+        if (e->remote && e->self != 0) {
+            if (e->comm->ops->send(e->comm, 0, host, sizeof(float) * (size_t)rows * V) != 0)
+                return; /* the communicator is broken: engine_worker_run reports it */
+            out = NULL; /* sent: only step past the rows */
         }
+        logit_hand_out(e, &it, &j, rows, out);
     }
 }
 
@@ -845,7 +882,8 @@ static int device_kv(struct engine *e, char *err, size_t errlen)
     }
     for (int r = 0; r < e->n_dev; r++) {
         struct device *dv = &e->dev[r];
-        if (r == 0 || !e->sticky) {
+        if (e->remote && r != e->self) continue; /* another process's */
+        if (r == e->self || !e->sticky) {
             dv->kv_k = e->kv.k;
             dv->kv_v = e->kv.v;
             continue;
@@ -908,6 +946,10 @@ static void sticky_order(struct engine *e, struct engine_item *items, int n_item
 /* In-process copies between CPU devices; NCCL between GPUs. */
 static int make_comm(struct engine *e, char *err, size_t errlen)
 {
+    if (e->p.comm) {
+        e->comm = e->p.comm; /* borrowed */
+        return 0;
+    }
     if (e->p.backend != ENGINE_BACKEND_CUDA || e->n_dev == 1) {
         e->comm = comm_local_create(e->n_dev);
         if (!e->comm)
@@ -1068,6 +1110,11 @@ static int capture_init(struct engine *e, char *err, size_t errlen)
     return 0;
 }
 
+/* Multi-process engines (the end of this file). */
+static int proc_init(struct engine *e, char *err, size_t errlen);
+static void proc_quit(struct engine *e);
+static int proc_step(struct engine *e, int total, char *err, size_t errlen);
+
 int engine_create(const struct model *m, const struct engine_params *p, struct engine **out,
                   char *err, size_t errlen)
 {
@@ -1084,10 +1131,28 @@ int engine_create(const struct model *m, const struct engine_params *p, struct e
     if (md->rope_dim % 2 != 0 || md->rope_dim <= 0)
         return ms_errf(err, errlen, "rotary width %d must be even for RoPE", md->rope_dim);
 
+    if (p->comm) {
+        if (p->comm->self < 0 || p->comm->self >= p->comm->n_rank || !p->comm->ops->send ||
+            !p->comm->ops->recv || !p->comm->ops->status)
+            return ms_errf(err, errlen, "a multi-process engine needs a communicator whose ranks "
+                                        "are processes (MPI)");
+        if (p->backend != ENGINE_BACKEND_CPU)
+            return ms_errf(err, errlen, "multi-process engines run on CPU devices only for now "
+                                        "(--device cpu)");
+        if (p->routing_stats != ENGINE_RSTATS_OFF || p->capture_routing)
+            return ms_errf(err, errlen, "routing statistics and traces are not available with "
+                                        "several processes yet (they would count rank 0's "
+                                        "tokens only)");
+    }
     struct engine *e = calloc(1, sizeof *e);
     if (!e) return ms_errf(err, errlen, "out of memory");
     e->m = m;
     e->p = *p;
+    if (p->comm) {
+        e->p.n_devices = p->comm->n_rank;
+        e->remote = true;
+        e->self = p->comm->self;
+    }
     if (e->p.max_model_len <= 0)
         e->p.max_model_len = md->max_pos > 0 && md->max_pos < 4096 ? md->max_pos : 4096;
     if (md->max_pos > 0 && e->p.max_model_len > md->max_pos) {
@@ -1095,7 +1160,7 @@ int engine_create(const struct model *m, const struct engine_params *p, struct e
         return ms_errf(err, errlen, "max_model_len %d exceeds the model's %d positions",
                        p->max_model_len, md->max_pos);
     }
-    e->n_dev = p->n_devices;
+    e->n_dev = e->p.n_devices;
     e->attn_scale = md->attn_scale;
 
     e->owner = malloc(sizeof(int) * (size_t)(md->n_expert > 0 ? md->n_expert : 1));
@@ -1117,13 +1182,15 @@ int engine_create(const struct model *m, const struct engine_params *p, struct e
         ms_errf(err, errlen, "out of memory for the RoPE table");
         goto fail;
     }
-    e->sticky = p->backend != ENGINE_BACKEND_CPU && e->n_dev > 1;
+    /* Separate processes hold separate KV storage, like GPUs. */
+    e->sticky = (p->backend != ENGINE_BACKEND_CPU || e->remote) && e->n_dev > 1;
     if (make_comm(e, err, errlen) != 0) goto fail;
 
     /* Threads: the cores split between the devices (each runs its ops on a pool of its own),
      * at least one each. */
     long ncpu = e->p.n_threads > 0 ? e->p.n_threads : sysconf(_SC_NPROCESSORS_ONLN);
     int threads = (int)(ncpu / e->n_dev) > 1 ? (int)(ncpu / e->n_dev) : 1;
+    if (e->remote) threads = (int)ncpu; /* one device per process: its threads are its own */
     if (e->p.backend == ENGINE_BACKEND_CUDA && (e->m->quant != MODEL_QUANT_NONE ||
                                                e->m->dtype == MODEL_DTYPE_F32)) {
         ms_errf(err, errlen, "the CUDA backend computes with bf16 weights: %s is CPU-only for now "
@@ -1140,7 +1207,9 @@ int engine_create(const struct model *m, const struct engine_params *p, struct e
                             (size_t)e->p.kv_block_size;
     e->blocks_per_seq = (int)blocks_per_seq;
     for (int r = 0; r < e->n_dev; r++)
-        if (device_init(e, &e->dev[r], r, threads, err, errlen) != 0) goto fail;
+        if ((!e->remote || r == e->self) &&
+            device_init(e, &e->dev[r], r, threads, err, errlen) != 0)
+            goto fail;
     if (bind_comm_streams(e, err, errlen) != 0) goto fail;
 
     size_t n_blocks = e->p.kv_cache_bytes ? e->p.kv_cache_bytes / block_bytes
@@ -1150,7 +1219,7 @@ int engine_create(const struct model *m, const struct engine_params *p, struct e
                 e->p.kv_cache_bytes, n_blocks, block_bytes);
         goto fail;
     }
-    if (kv_create_rows(&e->kv, e->dev[0].be, md->n_layer, k_row, v_row, e->p.kv_block_size,
+    if (kv_create_rows(&e->kv, e->dev[e->self].be, md->n_layer, k_row, v_row, e->p.kv_block_size,
                        (int)n_blocks, err, errlen) != 0)
         goto fail;
     if (device_kv(e, err, errlen) != 0) goto fail;
@@ -1159,7 +1228,8 @@ int engine_create(const struct model *m, const struct engine_params *p, struct e
     pthread_cond_init(&e->wake, NULL);
     pthread_cond_init(&e->idle, NULL);
     e->sync_init = true;
-    for (int r = 1; r < e->n_dev; r++) {
+    if (e->remote && proc_init(e, err, errlen) != 0) goto fail;
+    for (int r = 1; r < e->n_dev && !e->remote; r++) {
         if (pthread_create(&e->dev[r].thread, NULL, device_main, &e->dev[r]) != 0) {
             ms_errf(err, errlen, "cannot start device thread %d", r);
             goto fail;
@@ -1183,9 +1253,13 @@ void engine_free(struct engine *e)
         pthread_cond_destroy(&e->wake);
         pthread_cond_destroy(&e->idle);
     }
+    if (e->remote && e->self == 0 && e->plan && !atomic_load(&e->failed)) proc_quit(e);
+    if (e->proc_mu_init) pthread_mutex_destroy(&e->proc_mu);
+    free(e->plan);
+    free(e->w_kv);
     if (e->kv.k) kv_destroy(&e->kv);
     for (int r = 0; e->dev && r < e->n_dev; r++) device_release(&e->dev[r]);
-    if (e->comm) e->comm->ops->destroy(e->comm);
+    if (e->comm && !e->p.comm) e->comm->ops->destroy(e->comm);
     free(e->cos_sin);
     free(e->owner);
     plc_map_free(&e->map);
@@ -1262,6 +1336,12 @@ int engine_step(struct engine *e, struct engine_item *items, int n_items, char *
                 size_t errlen)
 {
     const struct model_desc *md = &e->m->desc;
+    if (e->remote) {
+        if (e->self != 0)
+            return ms_errf(err, errlen, "rank %d of a multi-process engine runs "
+                                        "engine_worker_run, not engine_step", e->self);
+        if (engine_failed(e, err, errlen)) return -1;
+    }
     if (n_items < 1) return 0;
     if (n_items > e->p.max_seqs)
         return ms_errf(err, errlen, "step has %d sequences, more than max_seqs %d", n_items,
@@ -1309,6 +1389,7 @@ int engine_step(struct engine *e, struct engine_item *items, int n_items, char *
         for (int i = 0; i < n_items; i++)
             for (int j = 0; j < e->items[i].n_tokens; j++) e->route_tokens[t++] = e->items[i].tokens[j];
     }
+    if (e->remote) return proc_step(e, total, err, errlen);
     if (e->n_dev > 1) {
         pthread_mutex_lock(&e->lock);
         e->running = e->n_dev - 1;
@@ -1388,6 +1469,8 @@ const struct engine_routing *engine_last_routing(const struct engine *e)
 int engine_set_placement(struct engine *e, const struct plc_map *m, char *err, size_t errlen)
 {
     const struct model_desc *md = &e->m->desc;
+    if (e->remote)
+        return ms_errf(err, errlen, "a multi-process engine cannot change its placement yet");
     if (m->n_dev != e->n_dev || m->n_layer != e->map.n_layer || m->n_expert != e->map.n_expert ||
         m->n_slots > e->dev[0].moe.max_slots)
         return ms_errf(err, errlen, "new placement has %d devices, %d MoE layers, %d experts, %d "
@@ -1452,4 +1535,244 @@ int engine_set_placement(struct engine *e, const struct plc_map *m, char *err, s
     e->stats.rebalances++;
     e->stats.rebalance_moves += (uint64_t)moves;
     return 0;
+}
+
+/* --- multi-process engines ----------------------------------------------------------------- */
+
+/* A plan is int32 words: a header, then per item PLAN_ITEM words (n_tokens, pos, moe_top_k,
+ * n_logits, device, blocks), then every item's tokens, then every item's block table (as many
+ * blocks as its positions after the step need). */
+enum { PLAN_STEP = 1, PLAN_PING = 2, PLAN_QUIT = 3 };
+enum { PLAN_HEADER = 4, PLAN_ITEM = 6 };
+
+static int proc_init(struct engine *e, char *err, size_t errlen)
+{
+    e->plan_cap = PLAN_HEADER + (size_t)e->p.max_seqs * (PLAN_ITEM + (size_t)e->blocks_per_seq) +
+                  (size_t)e->p.max_batch_tokens;
+    e->plan = malloc(sizeof(int32_t) * e->plan_cap);
+    if (e->self != 0) e->w_kv = calloc((size_t)e->p.max_seqs, sizeof *e->w_kv);
+    if (!e->plan || (e->self != 0 && !e->w_kv))
+        return ms_errf(err, errlen, "out of memory for the step plan");
+    if (e->self != 0 && !e->sorted) { /* a world of one process has no sticky buffers */
+        e->sorted = malloc(sizeof *e->sorted * (size_t)e->p.max_seqs);
+        if (!e->sorted) return ms_errf(err, errlen, "out of memory for the step plan");
+    }
+    pthread_mutex_init(&e->proc_mu, NULL);
+    e->proc_mu_init = true;
+    return 0;
+}
+
+/* Marks the engine failed with the communicator's reason (or `why`). Under proc_mu. */
+static int proc_fail(struct engine *e, const char *why, char *err, size_t errlen)
+{
+    if (!atomic_load(&e->failed)) {
+        if (e->comm->ops->status(e->comm, e->fail_why, sizeof e->fail_why) == 0)
+            snprintf(e->fail_why, sizeof e->fail_why, "%s", why);
+        atomic_store(&e->failed, true);
+    }
+    return ms_errf(err, errlen, "%s", e->fail_why);
+}
+
+/* Rank 0: sends the first `words` words of the plan to every other rank. */
+static int proc_send_plan(struct engine *e, size_t words)
+{
+    for (int r = 1; r < e->n_dev; r++)
+        if (e->comm->ops->send(e->comm, r, e->plan, sizeof(int32_t) * words) != 0) return -1;
+    return 0;
+}
+
+/* Rank 0: one status word from every other rank (0: its step or ping went well). */
+static int proc_gather_status(struct engine *e, char *why, size_t whylen)
+{
+    for (int r = 1; r < e->n_dev; r++) {
+        int32_t st = -1;
+        size_t got = 0;
+        if (e->comm->ops->recv(e->comm, r, &st, sizeof st, &got) != 0) return -1;
+        if (got != sizeof st || st != 0) {
+            snprintf(why, whylen, "rank %d reported a failed step", r);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int proc_step(struct engine *e, int total, char *err, size_t errlen)
+{
+    const struct model_desc *md = &e->m->desc;
+    int V = md->vocab, bs = e->kv.block_size;
+    char why[MS_ERR_LEN] = "a rank failed";
+    pthread_mutex_lock(&e->proc_mu);
+    /* the plan: items in device order (sticky_order), then tokens, then block tables */
+    int32_t *w = e->plan, *tok = w + PLAN_HEADER + (size_t)PLAN_ITEM * e->n_items;
+    w[0] = PLAN_STEP;
+    w[1] = e->n_items;
+    w[2] = total;
+    w[3] = 0;
+    int32_t *blk = tok + total;
+    for (int i = 0; i < e->n_items; i++) {
+        const struct engine_item *it = &e->items[i];
+        int nb = (it->pos + it->n_tokens + bs - 1) / bs;
+        int32_t *iw = w + PLAN_HEADER + (size_t)PLAN_ITEM * i;
+        iw[0] = it->n_tokens;
+        iw[1] = it->pos;
+        iw[2] = it->moe_top_k;
+        iw[3] = it->n_logits;
+        iw[4] = it->kv->device;
+        iw[5] = nb;
+        memcpy(tok, it->tokens, sizeof(int32_t) * (size_t)it->n_tokens);
+        tok += it->n_tokens;
+        memcpy(blk, it->kv->blocks, sizeof(int32_t) * (size_t)nb);
+        blk += nb;
+    }
+    int rc = proc_send_plan(e, (size_t)(blk - w));
+    if (rc == 0) device_forward(&e->dev[0]);
+    /* the other ranks' logits, chunk by chunk in the order their logits_out sends them */
+    float *host = e->dev[0].logits; /* host memory: the CPU backend */
+    for (int r = 1; r < e->n_dev && rc == 0; r++) {
+        const struct device *dv = &e->dev[r];
+        int it = dv->item0, j = 0;
+        for (;;) {
+            int rows = logit_chunk(e, it, j, dv->item1, dv->tok0, e->dev[0].logit_rows, NULL);
+            if (rows == 0) break;
+            size_t want = sizeof(float) * (size_t)rows * V, got = 0;
+            if (e->comm->ops->recv(e->comm, r, host, want, &got) != 0 || got != want) {
+                if (got != want) snprintf(why, sizeof why, "rank %d sent %zu bytes of logits, "
+                                                           "not %zu", r, got, want);
+                rc = -1;
+                break;
+            }
+            logit_hand_out(e, &it, &j, rows, host);
+        }
+    }
+    if (rc == 0) rc = proc_gather_status(e, why, sizeof why);
+    if (rc != 0 || e->comm->ops->status(e->comm, NULL, 0) != 0) {
+        proc_fail(e, why, err, errlen);
+        pthread_mutex_unlock(&e->proc_mu);
+        e->items = NULL;
+        return -1;
+    }
+    pthread_mutex_unlock(&e->proc_mu);
+    e->items = NULL;
+    e->stats.steps++;
+    e->stats.tokens += (uint64_t)total;
+    return 0;
+}
+
+/* Rank 0 at engine_free: tells the others to stop (failures ignored: they are leaving). */
+static void proc_quit(struct engine *e)
+{
+    pthread_mutex_lock(&e->proc_mu);
+    e->plan[0] = PLAN_QUIT;
+    e->plan[1] = e->plan[2] = e->plan[3] = 0;
+    proc_send_plan(e, PLAN_HEADER);
+    pthread_mutex_unlock(&e->proc_mu);
+}
+
+int engine_ping(struct engine *e, char *err, size_t errlen)
+{
+    if (!e->remote || e->self != 0) return 0;
+    if (pthread_mutex_trylock(&e->proc_mu) != 0) return 0; /* a step is checking */
+    if (atomic_load(&e->failed)) {
+        ms_errf(err, errlen, "%s", e->fail_why);
+        pthread_mutex_unlock(&e->proc_mu);
+        return -1;
+    }
+    char why[MS_ERR_LEN] = "a rank failed";
+    e->plan[0] = PLAN_PING;
+    e->plan[1] = e->plan[2] = e->plan[3] = 0;
+    int rc = proc_send_plan(e, PLAN_HEADER);
+    if (rc == 0) rc = proc_gather_status(e, why, sizeof why);
+    if (rc != 0) proc_fail(e, why, err, errlen);
+    pthread_mutex_unlock(&e->proc_mu);
+    return rc;
+}
+
+bool engine_failed(struct engine *e, char *why, size_t whylen)
+{
+    if (!e->remote || !atomic_load(&e->failed)) return false;
+    if (why && whylen) snprintf(why, whylen, "%s", e->fail_why);
+    return true;
+}
+
+/* Ranks > 0: checks a received step plan against this engine's limits and builds e->items
+ * from it (block tables and tokens point into the plan). -1 with the reason. */
+static int proc_take_plan(struct engine *e, size_t words, int *total_out, char *err,
+                          size_t errlen)
+{
+    const int32_t *w = e->plan;
+    int n_items = w[1], total = w[2], bs = e->kv.block_size;
+    if (n_items < 1 || n_items > e->p.max_seqs || total < 1 || total > e->p.max_batch_tokens ||
+        words < PLAN_HEADER + (size_t)PLAN_ITEM * n_items + (size_t)total)
+        return ms_errf(err, errlen, "rank 0 sent a malformed plan (%d items, %d tokens)", n_items,
+                       total);
+    int32_t *tok = e->plan + PLAN_HEADER + (size_t)PLAN_ITEM * n_items;
+    int32_t *blk = tok + total;
+    const int32_t *end = e->plan + words;
+    int sum = 0;
+    for (int i = 0; i < n_items; i++) {
+        const int32_t *iw = w + PLAN_HEADER + (size_t)PLAN_ITEM * i;
+        int n = iw[0], pos = iw[1], nb = iw[5];
+        if (n < 1 || pos < 0 || pos + n > e->p.max_model_len || iw[3] < 0 || iw[3] > n ||
+            iw[4] < 0 || iw[4] >= e->n_dev || nb != (pos + n + bs - 1) / bs || sum + n > total ||
+            blk + nb > end)
+            return ms_errf(err, errlen, "rank 0 sent a malformed plan (item %d)", i);
+        for (int b = 0; b < nb; b++)
+            if (blk[b] < 0 || blk[b] >= e->kv.n_blocks)
+                return ms_errf(err, errlen, "rank 0 sent block %d of %d", blk[b], e->kv.n_blocks);
+        for (int t = 0; t < n; t++)
+            if (tok[t] < 0 || tok[t] >= e->m->desc.vocab)
+                return ms_errf(err, errlen, "rank 0 sent token id %d", tok[t]);
+        struct kv_seq *kv = &e->w_kv[i];
+        kv->blocks = blk;
+        kv->n_blocks = nb;
+        kv->max_blocks = nb;
+        kv->device = iw[4];
+        e->sorted[i] = (struct engine_item){.kv = kv, .tokens = tok, .n_tokens = n, .pos = pos,
+                                            .moe_top_k = iw[2], .n_logits = iw[3]};
+        e->item_tok0[i] = sum;
+        sum += n;
+        tok += n;
+        blk += nb;
+    }
+    if (sum != total) return ms_errf(err, errlen, "rank 0 sent a malformed plan (token count)");
+    e->items = e->sorted;
+    e->n_items = n_items;
+    *total_out = total;
+    return 0;
+}
+
+int engine_worker_run(struct engine *e, char *err, size_t errlen)
+{
+    if (!e->remote || e->self == 0)
+        return ms_errf(err, errlen, "engine_worker_run is for ranks other than 0");
+    struct comm *c = e->comm;
+    for (;;) {
+        size_t got = 0;
+        if (c->ops->recv(c, 0, e->plan, sizeof(int32_t) * e->plan_cap, &got) != 0)
+            return proc_fail(e, "rank 0 failed", err, errlen);
+        size_t words = got / sizeof(int32_t);
+        if (words < PLAN_HEADER) return proc_fail(e, "rank 0 sent a short plan", err, errlen);
+        int kind = e->plan[0];
+        if (kind == PLAN_QUIT) return 0;
+        int32_t st = 0;
+        if (kind == PLAN_STEP) {
+            int total = 0;
+            char why[MS_ERR_LEN];
+            if (proc_take_plan(e, words, &total, why, sizeof why) != 0) {
+                /* answer, so that rank 0 fails at once, then stop */
+                st = -1;
+                c->ops->send(c, 0, &st, sizeof st);
+                return proc_fail(e, why, err, errlen);
+            }
+            partition(e, total);
+            device_forward(&e->dev[e->self]);
+            e->items = NULL;
+            if (c->ops->status(c, NULL, 0) != 0) return proc_fail(e, "", err, errlen);
+            e->stats.steps++;
+            e->stats.tokens += (uint64_t)total;
+        } else if (kind != PLAN_PING) {
+            return proc_fail(e, "rank 0 sent an unknown plan", err, errlen);
+        }
+        if (c->ops->send(c, 0, &st, sizeof st) != 0) return proc_fail(e, "", err, errlen);
+    }
 }

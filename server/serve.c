@@ -4,13 +4,21 @@
  * the scheduler loop, then waits for SIGTERM/SIGINT. On a signal it stops taking generation
  * requests (503), lets in-flight ones finish within a grace period, aborts the rest (every
  * stream still gets its final chunk and [DONE]), and exits 0; a second signal during the drain
- * cuts the grace to zero; a signal while the model loads exits 0 at once. */
+ * cuts the grace to zero; a signal while the model loads exits 0 at once.
+ *
+ * Started by mpirun (`mpirun -np N moeserve serve ...`), every process loads the model and runs
+ * one engine rank; rank 0 also runs the HTTP server and the scheduler, and pings the other
+ * ranks while idle. When a rank fails (no answer within --comm-timeout), rank 0 logs which,
+ * turns /health to 503, ends the requests in flight with an error, keeps answering 503 for
+ * FAIL_LINGER_S seconds so that probes see it, and exits 1; the other ranks exit 1 on their own
+ * deadline. */
 #include "serve.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -28,6 +36,7 @@
 #include "http.h"
 #include "metrics.h"
 #include "model.h"
+#include "mpi/comm_mpi.h"
 #include "scheduler.h"
 #include "serve_placement.h"
 
@@ -43,6 +52,7 @@ struct serve_opts {
     long weight_cache;
     const char *placement, *placement_trace, *routing_stats, *record_routing;
     long redundant, max_experts_per_dev, rebalance_s, half_life, record_max, per_expert;
+    long comm_timeout_s;
 };
 
 struct opt_def {
@@ -124,6 +134,8 @@ static const struct opt_def opt_defs[] = {
      0, 0, "rotate the routing trace to FILE.1 past this size (1G)"},
     {"metrics-per-expert", "MOESERVE_METRICS_PER_EXPERT", OPT_BOOL, OFF(per_expert), 0, 1,
      "export routed tokens per (layer, expert) (off; models up to 256 experts)"},
+    {"comm-timeout", "MOESERVE_COMM_TIMEOUT", OPT_INT, OFF(comm_timeout_s), 1, 86400,
+     "under mpirun: seconds a rank may go without answering before it counts as failed (60)"},
 };
 #define N_OPTS (sizeof opt_defs / sizeof *opt_defs)
 
@@ -219,6 +231,7 @@ static int parse_opts(int argc, char **argv, struct serve_opts *o)
     o->prefix_caching = 1;
     o->half_life = 65536;
     o->record_max = 1L << 30;
+    o->comm_timeout_s = 60;
     o->model = NULL; /* the bundled model unless --model / MOESERVE_MODEL says otherwise */
     for (size_t i = 0; i < N_OPTS; i++) {
         const char *v = getenv(opt_defs[i].env);
@@ -289,14 +302,16 @@ static int parse_opts(int argc, char **argv, struct serve_opts *o)
 }
 
 static bool log_json;
+static int log_rank = -1; /* under mpirun: this process's rank, shown in every line */
 
 static void slog(const char *level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void slog(const char *level, const char *fmt, ...)
 {
     char msg[1024];
+    int pre = log_rank >= 0 ? snprintf(msg, sizeof msg, "[rank %d] ", log_rank) : 0;
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    vsnprintf(msg + pre, sizeof msg - (size_t)pre, fmt, ap);
     va_end(ap);
     time_t now = time(NULL);
     struct tm tm;
@@ -457,6 +472,142 @@ static int signals_wait(int n, double until, int *last)
     return count;
 }
 
+/* Model load options from the flags (every rank loads the same way; only rank 0 shows the
+ * progress bar). */
+static void load_opts(const struct serve_opts *o, bool progress, struct model_load_opts *lo)
+{
+    model_load_opts_default(lo);
+    lo->progress = progress ? cli_progress : NULL;
+    lo->progress_ctx = "loading weights";
+    model_dtype_parse(o->dtype, &lo->dtype); /* checked by parse_opts */
+    model_quant_parse(o->quantization, &lo->quant);
+    lo->threads = (int)o->threads;
+    lo->cache = o->weight_cache != 0;
+}
+
+/* Engine parameters from the flags; mc: the MPI communicator (one device per process). */
+static void engine_opts(const struct serve_opts *o, struct comm *mc, struct engine_params *ep)
+{
+    engine_params_default(ep);
+    ep->n_devices = mc ? mc->n_rank : (int)o->devices;
+    ep->n_threads = (int)o->threads;
+    engine_backend_parse(o->device, &ep->backend); /* checked by parse_opts */
+    ep->max_seqs = (int)o->max_num_seqs;
+    ep->max_batch_tokens = (int)o->max_batched;
+    ep->max_model_len = (int)o->max_model_len;
+    ep->kv_cache_bytes = (size_t)o->kv_bytes;
+    ep->comm = mc;
+}
+
+static struct splace_opts placement_opts(const struct serve_opts *o, const char *name)
+{
+    return (struct splace_opts){.policy = o->placement, .redundant = o->redundant,
+                                .slots_per_dev = o->max_experts_per_dev,
+                                .trace = o->placement_trace, .interval_s = o->rebalance_s,
+                                .routing_stats = o->routing_stats, .half_life = o->half_life,
+                                .record = o->record_routing,
+                                .record_max_bytes = o->record_max, .model_name = name,
+                                .log = slog};
+}
+
+/* Flags a multi-process server cannot honour yet: 0, or -1 after logging why. */
+static int check_mpi_opts(const struct serve_opts *o)
+{
+    const char *bad = o->devices != 1          ? "--devices (each process is one device: "
+                                                 "mpirun -np N gives N)"
+                      : o->rebalance_s > 0     ? "--rebalance-interval"
+                      : o->record_routing      ? "--record-routing"
+                      : strcmp(o->device, "cpu") != 0 ? "--device cuda (GPUs across processes "
+                                                        "are not wired to the server yet)"
+                      : o->routing_stats && strcmp(o->routing_stats, "auto") != 0 &&
+                                strcmp(o->routing_stats, "off") != 0
+                          ? "--routing-stats"
+                          : NULL;
+    if (!bad) return 0;
+    slog("error", "under mpirun: %s is not available with several processes yet", bad);
+    return -1;
+}
+
+/* Ranks other than 0 under mpirun: load the model, build this rank's part of the engine and
+ * run the steps rank 0 plans until it says stop (exit 0) or a rank fails (exit 1). */
+static int serve_worker(const struct serve_opts *o, struct comm *mc, const char *name)
+{
+    char err[MS_ERR_LEN];
+    int status = 1;
+    struct model *m = NULL;
+    struct engine *e = NULL;
+    struct splace *pl = NULL;
+    struct model_load_opts lo;
+    load_opts(o, false, &lo);
+    if (model_load(o->model, &lo, &m, err, sizeof err) != 0) {
+        slog("error", "cannot load the model: %s", err);
+        goto out;
+    }
+    struct engine_params ep;
+    engine_opts(o, mc, &ep);
+    struct splace_opts po = placement_opts(o, name);
+    if (splace_prepare(&po, m, &ep, &pl, err, sizeof err) != 0) {
+        slog("error", "%s", err);
+        status = 2;
+        goto out;
+    }
+    if (engine_create(m, &ep, &e, err, sizeof err) != 0) {
+        slog("error", "%s", err);
+        goto out;
+    }
+    pthread_mutex_lock(&sigs.mu);
+    sigs.phase = PHASE_SERVING; /* signals go to rank 0's drain; this rank follows its plans */
+    pthread_mutex_unlock(&sigs.mu);
+    slog("info", "ready: device %d of %d", mc->self, mc->n_rank);
+    if (engine_worker_run(e, err, sizeof err) != 0) {
+        slog("error", "expert parallelism failed: %s; exiting", err);
+        goto out;
+    }
+    slog("info", "stopped");
+    status = 0;
+out:
+    engine_free(e);
+    splace_free(pl);
+    model_free(m);
+    return status;
+}
+
+/* Rank 0 under mpirun: pings the other ranks while the server is idle (engine_ping skips while a
+ * step runs), every interval_s, until told to stop or a ping fails. */
+struct pinger {
+    struct engine *e;
+    double interval_s;
+    atomic_bool stop;
+    pthread_t thread;
+    bool started;
+};
+
+static void *pinger_main(void *arg)
+{
+    struct pinger *p = arg;
+    char err[MS_ERR_LEN];
+    double next = ms_now() + p->interval_s;
+    while (!atomic_load(&p->stop)) {
+        struct timespec ts = {0, 50 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+        if (ms_now() < next) continue;
+        if (engine_ping(p->e, err, sizeof err) != 0) break; /* the main thread reports it */
+        next = ms_now() + p->interval_s;
+    }
+    return NULL;
+}
+
+static void pinger_stop(struct pinger *p)
+{
+    if (!p->started) return;
+    atomic_store(&p->stop, true);
+    pthread_join(p->thread, NULL);
+    p->started = false;
+}
+
+/* Seconds a failed multi-process server keeps answering 503 before it exits. */
+#define FAIL_LINGER_S 2.0
+
 int cli_serve(int argc, char **argv)
 {
     struct serve_opts o;
@@ -468,16 +619,50 @@ int cli_serve(int argc, char **argv)
     if (pr != 0) return 2;
     log_json = strcmp(o.log_format, "json") == 0;
 
+    /* Under mpirun: every process runs one engine rank; rank 0 also serves HTTP. */
+    char err[MS_ERR_LEN];
+    struct comm *mc = NULL;
+    int rank = 0;
+    if (comm_mpi_launched() > 1) {
+        int world = 0;
+        if (comm_mpi_init(&rank, &world, err, sizeof err) != 0) {
+            slog("error", "started by mpirun, but: %s", err);
+            return 2;
+        }
+        log_rank = rank;
+        if (check_mpi_opts(&o) != 0) return 2;
+        mc = comm_mpi_create((int)o.comm_timeout_s * 1000, err, sizeof err);
+        if (!mc) {
+            slog("error", "%s", err);
+            return 1;
+        }
+        slog("info", "rank %d of %d, pid %d (mpirun): %s", rank, world, (int)getpid(),
+             rank == 0 ? "HTTP server, scheduler and device 0" : "one expert-parallel device");
+    }
+
     /* Before any thread of ours starts, so that all inherit the mask. */
     static sigset_t sigset;
     if (signals_start(&sigset) != 0) {
         slog("error", "cannot set up signal handling: %s", strerror(errno));
         return 1;
     }
+    const char *name = o.served_name;
+    if (!name) {
+        const char *slash = strrchr(o.model, '/');
+        name = slash && slash[1] ? slash + 1 : o.model;
+    }
+    if (rank != 0) {
+        int st = serve_worker(&o, mc, name);
+        char why[MS_ERR_LEN];
+        bool broken = mc->ops->status(mc, why, sizeof why) != 0;
+        mc->ops->destroy(mc);
+        if (!broken) comm_mpi_finalize(); /* with a failed peer, MPI_Finalize could wait on it */
+        return st;
+    }
     int max_conns = raise_nofile();
 
-    char err[MS_ERR_LEN];
     int status = 1;
+    struct pinger ping = {.interval_s = (double)o.comm_timeout_s / 4};
     struct model *m = NULL;
     struct engine *e = NULL;
     struct sched *s = NULL;
@@ -485,12 +670,6 @@ int cli_serve(int argc, char **argv)
     struct splace *pl = NULL;
     struct metrics *mt = metrics_create();
     if (!mt) return 1;
-
-    const char *name = o.served_name;
-    if (!name) {
-        const char *slash = strrchr(o.model, '/');
-        name = slash && slash[1] ? slash + 1 : o.model;
-    }
     struct http_config hc = {.host = o.host, .port = (int)o.port, .api_key = o.api_key,
                              .model_name = name, .max_body = 1 << 20, .threads = 4,
                              .max_model_len = (int)o.max_model_len,
@@ -504,13 +683,7 @@ int cli_serve(int argc, char **argv)
     slog("info", "listening on http://%s:%d (loading %s)", o.host, http_port(h), o.model);
 
     struct model_load_opts lo;
-    model_load_opts_default(&lo);
-    lo.progress = cli_progress;
-    lo.progress_ctx = "loading weights";
-    model_dtype_parse(o.dtype, &lo.dtype); /* checked by parse_opts */
-    model_quant_parse(o.quantization, &lo.quant);
-    lo.threads = (int)o.threads;
-    lo.cache = o.weight_cache != 0;
+    load_opts(&o, true, &lo);
     if (model_load(o.model, &lo, &m, err, sizeof err) != 0) {
         slog("error", "cannot load the model: %s", err);
         goto out;
@@ -528,19 +701,8 @@ int cli_serve(int argc, char **argv)
         m->chat_template = t;
     }
     struct engine_params ep;
-    engine_params_default(&ep);
-    ep.n_devices = (int)o.devices;
-    ep.n_threads = (int)o.threads;
-    engine_backend_parse(o.device, &ep.backend); /* checked by parse_opts */
-    ep.max_seqs = (int)o.max_num_seqs;
-    ep.max_batch_tokens = (int)o.max_batched;
-    ep.max_model_len = (int)o.max_model_len;
-    ep.kv_cache_bytes = (size_t)o.kv_bytes;
-    struct splace_opts po = {.policy = o.placement, .redundant = o.redundant,
-                             .slots_per_dev = o.max_experts_per_dev, .trace = o.placement_trace,
-                             .interval_s = o.rebalance_s, .routing_stats = o.routing_stats,
-                             .half_life = o.half_life, .record = o.record_routing,
-                             .record_max_bytes = o.record_max, .model_name = name, .log = slog};
+    engine_opts(&o, mc, &ep);
+    struct splace_opts po = placement_opts(&o, name);
     /* Placement errors are flag errors: the reason names the flag, the status is 2. */
     if (o.per_expert && m->desc.n_expert > 256) {
         slog("error", "--metrics-per-expert: %d experts, more than the 256 that per-expert series "
@@ -557,6 +719,14 @@ int cli_serve(int argc, char **argv)
     if (engine_create(m, &ep, &e, err, sizeof err) != 0) {
         slog("error", "%s", err);
         goto out;
+    }
+    if (mc) {
+        ping.e = e;
+        if (pthread_create(&ping.thread, NULL, pinger_main, &ping) != 0) {
+            slog("error", "cannot start the rank pinger thread");
+            goto out;
+        }
+        ping.started = true;
     }
     metrics_set_engine(mt, e);
     if (splace_start(pl, e, mt, err, sizeof err) != 0) {
@@ -582,17 +752,36 @@ int cli_serve(int argc, char **argv)
     pthread_mutex_unlock(&sigs.mu);
     struct sched_stats st;
     sched_get_stats(s, &st);
-    slog("info", "ready: model %s, %d KV blocks, max_model_len %d, %d %s device(s)", name,
-         st.kv_blocks_total, engine_get_params(e)->max_model_len, (int)o.devices,
-         engine_backend_name(ep.backend));
+    slog("info", "ready: model %s, %d KV blocks, max_model_len %d, %d %s device(s)%s", name,
+         st.kv_blocks_total, engine_get_params(e)->max_model_len, ep.n_devices,
+         engine_backend_name(ep.backend), mc ? ", one per process (mpirun)" : "");
     if (ep.backend != ENGINE_BACKEND_CUDA)
         slog("info", "cpu kernels: %s (cpu: %s)", backend_cpu_kernels(), backend_cpu_features());
     char pdesc[256];
     splace_describe(pl, pdesc, sizeof pdesc);
     slog("info", "%s", pdesc);
 
-    int sig;
-    signals_wait(1, 0, &sig);
+    int sig = 0;
+    if (!mc) {
+        signals_wait(1, 0, &sig);
+    } else {
+        /* also watch the other ranks: a failure ends the server (see the top of this file) */
+        char why[MS_ERR_LEN];
+        while (signals_wait(1, ms_now() + 0.1, &sig) < 1) {
+            if (!engine_failed(e, why, sizeof why)) continue;
+            slog("error", "expert parallelism failed: %s; ending the requests in flight, "
+                          "answering 503, exiting with status 1",
+                 why);
+            http_set_draining(h);
+            sched_close(s);
+            sched_stop(s); /* what the failed steps did not already end */
+            double until = ms_now() + FAIL_LINGER_S;
+            while (ms_now() < until && signals_wait(1, ms_now() + 0.05, NULL) < 1) {
+            }
+            status = 1;
+            goto out;
+        }
+    }
     slog("info", "%s: draining (grace %lds; a second signal ends it now)", sig_name(sig),
          o.grace_s);
     http_set_draining(h);
@@ -618,8 +807,16 @@ out:
     http_stop(h);
     sched_free(s);
     splace_free(pl); /* after the scheduler: it closes the routing trace */
-    engine_free(e);
+    pinger_stop(&ping);
+    bool broken = e && engine_failed(e, NULL, 0);
+    engine_free(e); /* under mpirun: tells the other ranks to stop */
     model_free(m);
     metrics_free(mt);
+    if (mc) {
+        broken = broken || mc->ops->status(mc, err, sizeof err) != 0;
+        mc->ops->destroy(mc);
+        if (!broken) comm_mpi_finalize(); /* with a failed peer, MPI_Finalize could wait on it */
+        if (broken && status == 0) status = 1;
+    }
     return status;
 }

@@ -657,6 +657,8 @@ int cli_serve(int argc, char **argv)
         bool broken = mc->ops->status(mc, why, sizeof why) != 0;
         mc->ops->destroy(mc);
         if (!broken) comm_mpi_finalize(); /* with a failed peer, MPI_Finalize could wait on it */
+        /* mpirun --enable-recovery exits 0 whatever the ranks did: say it here */
+        slog(st ? "error" : "info", "exiting with status %d", st);
         return st;
     }
     int max_conns = raise_nofile();
@@ -817,6 +819,7 @@ out:
         mc->ops->destroy(mc);
         if (!broken) comm_mpi_finalize(); /* with a failed peer, MPI_Finalize could wait on it */
         if (broken && status == 0) status = 1;
+        slog(status ? "error" : "info", "exiting with status %d", status);
     }
     return status;
 }

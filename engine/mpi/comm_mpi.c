@@ -79,17 +79,24 @@ static int mpi_fail(struct comm_mpi *m, const char *fmt, ...)
     return -1;
 }
 
-static void short_pause(void)
+/* Between polls of a wait that began `waited` seconds ago: yield for the first 2 ms (a step's
+ * exchanges), then sleep 50 us, then 1 ms once the wait is long (an idle rank waiting for the
+ * next plan must not keep a core busy). */
+static void pause_after(double waited)
 {
-    struct timespec ts = {0, 50 * 1000}; /* 50 us */
+    if (waited < 0.002) {
+        sched_yield();
+        return;
+    }
+    struct timespec ts = {0, waited < 0.05 ? 50 * 1000 : 1000 * 1000};
     nanosleep(&ts, NULL);
 }
 
 /* Waits for n requests until the deadline. On time out, the requests still pending name the
  * peers that failed (receives first: a send may complete without its peer); they are cancelled
  * and the communicator is broken. Spins first (a step's exchanges are microseconds apart on a
- * quiet machine), then yields, then sleeps briefly, so that a rank waiting on a slower one
- * leaves it the CPU. */
+ * quiet machine), then pauses (pause_after), so that a rank waiting on a slower one leaves it
+ * the CPU. */
 static int wait_all(struct comm_mpi *m, int n, const char *what)
 {
     if (n == 0) return 0;
@@ -107,10 +114,7 @@ static int wait_all(struct comm_mpi *m, int n, const char *what)
         if (spin < 2000) continue;
         double now = ms_now();
         if (now > deadline) break;
-        if (now - t0 < 0.002)
-            sched_yield();
-        else
-            short_pause();
+        pause_after(now - t0);
     }
     /* Who is missing: the first pending receive's peer, else the first pending send's. */
     char ranks[128] = "";
@@ -255,10 +259,7 @@ static int mpi_recv(struct comm *c, int src, void *buf, size_t cap, size_t *got)
         if (spin < 2000) continue;
         double now = ms_now();
         if (now > deadline) break;
-        if (now - t0 < 0.002)
-            sched_yield();
-        else
-            short_pause();
+        pause_after(now - t0);
     }
     MPI_Cancel(&m->reqs[0]);
     MPI_Request_free(&m->reqs[0]);

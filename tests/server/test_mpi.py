@@ -1,0 +1,204 @@
+"""Multi-process expert parallelism: `mpirun -np N moeserve serve` on loopback (TCP, ranks
+oversubscribed on this machine's cores) gives the same greedy completions and the same logprobs
+(top 3 included, within 1e-6) as the single-process server with the same flags, on fixture
+models of several architectures and on the bundled model, with requests batched together,
+prefix-cache hits and preemption (a KV cache too small for the batch). Killing one rank while a
+stream runs, or stopping it (a hang), makes the server name the rank, end the stream with an
+error, answer 503 on /health within 10 s, and exit 1; the other survivors exit 1 too. SIGTERM
+to mpirun stops every rank with status 0.
+
+Skipped (77) without mpirun or with a binary built without MPI."""
+import concurrent.futures
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import unittest
+
+import srvtest
+
+MPIRUN = shutil.which("mpirun")
+# Loopback TCP between the ranks; --enable-recovery keeps mpirun from killing the survivors
+# itself when a rank dies, so that they can notice, report and exit on their own.
+MPI_ARGS = ["--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "--mca", "btl",
+            "self,tcp", "--mca", "btl_tcp_if_include", "lo", "--enable-recovery"]
+
+PROMPTS = ["ROMEO: %s" % w for w in ("good night", "my lord", "what light", "the sun",
+                                     "fair maid", "speak again")]
+SHARED = "JULIET: O Romeo, Romeo, wherefore art thou Romeo? Deny thy father and refuse thy name"
+
+
+class MpiServer(srvtest.Server):
+    """A Server started as `mpirun -np N moeserve serve ...`. Each rank logs its exit status
+    (mpirun's own is 0 under --enable-recovery whatever the ranks did); stop() sends SIGTERM to
+    rank 0, which drains and then stops the others (mpirun, signalled itself, would kill the
+    ranks after odls_base_sigkill_timeout and exit 1)."""
+
+    def __init__(self, np, *extra, **kw):
+        launcher = [MPIRUN] + MPI_ARGS + ["-np", str(np)]
+        super().__init__(*extra, launcher=launcher, **kw)
+
+    def rank_pid(self, rank):
+        m = re.search(r"\[rank %d\] rank %d of \d+, pid (\d+)" % (rank, rank), self.output())
+        return int(m.group(1)) if m else None
+
+    def rank_status(self):
+        return {int(r): int(st) for r, st in
+                re.findall(r"\[rank (\d+)\] exiting with status (\d+)", self.output())}
+
+    def output(self):
+        return super().output() if self.log else getattr(self, "kept", "")
+
+    def close(self):
+        if self.log:
+            self.kept = self.output()  # the exit statuses are read after the stop
+        super().close()
+
+    def stop(self, timeout=30):
+        if self.proc and self.proc.poll() is None and self.rank_pid(0):
+            os.kill(self.rank_pid(0), signal.SIGTERM)
+            try:
+                return self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        return super().stop(timeout)
+
+
+
+
+def complete(port, prompt, max_tokens=12):
+    st, _, body = srvtest.post_json(port, "/v1/completions",
+                                    {"prompt": prompt, "max_tokens": max_tokens,
+                                     "temperature": 0, "logprobs": 3, "ignore_eos": True},
+                                    timeout=120)
+    assert st == 200, (st, body)
+    c = body["choices"][0]
+    return c["text"], c["logprobs"]["token_logprobs"], c["logprobs"]["top_logprobs"]
+
+
+def workload(port, max_tokens=12):
+    """The prompts at once (batched), then two that share a long prefix (the second hits the
+    prefix cache)."""
+    with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as ex:
+        out = list(ex.map(lambda p: complete(port, p, max_tokens), PROMPTS))
+    out.append(complete(port, SHARED + " and I", max_tokens))
+    out.append(complete(port, SHARED + " or if", max_tokens))
+    return out
+
+
+class MpiTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        if MPIRUN is None:
+            raise unittest.SkipTest("mpirun not found (tools/setup.sh installs openmpi-bin)")
+        p = subprocess.run([MPIRUN] + MPI_ARGS + ["-np", "2", srvtest.binary(), "serve",
+                                                  "--model", "/nonexistent", "--port", "0"],
+                           capture_output=True, timeout=60)
+        if b"this build has no MPI" in p.stdout + p.stderr:
+            raise unittest.SkipTest("moeserve was built without MPI")
+
+    def assert_same(self, want, got, what):
+        for i, ((wt, wl, wtop), (gt, gl, gtop)) in enumerate(zip(want, got)):
+            self.assertEqual(wt, gt, "%s, request %d: text" % (what, i))
+            self.assertEqual(len(wl), len(gl))
+            for a, b in zip(wl, gl):
+                self.assertLessEqual(abs(a - b), 1e-6, "%s, request %d: logprob" % (what, i))
+            for ta, tb in zip(wtop, gtop):
+                self.assertEqual(sorted(ta), sorted(tb), "%s, request %d: top tokens" % (what, i))
+                for k in ta:
+                    self.assertLessEqual(abs(ta[k] - tb[k]), 1e-6, what)
+
+    def check_model(self, model, nps, extra=()):
+        args = ["--threads", "1"] + list(extra)
+        with srvtest.Server(*args, model=model) as ref:
+            want = workload(ref.port)
+            ref_m = ref.metrics()
+        for np in nps:
+            srv = MpiServer(np, *args, model=model)
+            with srv:
+                got = workload(srv.port)
+                m = srv.metrics()
+            self.assertEqual(srv.rank_status(), {r: 0 for r in range(np)},
+                             "%s -np %d: every rank exits 0 after SIGTERM" % (model, np))
+            self.assert_same(want, got, "%s -np %d" % (os.path.basename(model), np))
+            self.assertGreater(m.total("moeserve_prefix_cache_hits_total"), 0)
+        return ref_m, m
+
+    def test_fixture_models(self):
+        for name in ("mixtral", "qwen2_moe", "deepseek_v3", "mohge_tiny", "gpt_oss"):
+            with self.subTest(model=name):
+                self.check_model(srvtest.fixture_model(name), (2,))
+
+    def test_preemption_np4(self):
+        # mixtral fixture: 8 KiB per 16-token KV block; 8 blocks cannot hold the 6 concurrent
+        # sequences of 2 blocks each, so some are preempted and recomputed
+        ref_m, m = self.check_model(srvtest.fixture_model("mixtral"), (2, 4),
+                                    ("--kv-cache-memory", "64K", "--max-model-len", "64"))
+        self.assertGreater(ref_m.total("moeserve_num_preemptions_total"), 0)
+        self.assertGreater(m.total("moeserve_num_preemptions_total"), 0)
+
+    def test_bundled_model(self):
+        self.check_model(srvtest.bundled_model(), (2,))
+
+    def fail_rank(self, how):
+        srv = MpiServer(3, "--threads", "1", "--comm-timeout", "2").start()
+        try:
+            m = re.search(r"rank 1 of 3, pid (\d+)", srv.output())
+            self.assertIsNotNone(m, srv.output())
+            victim = int(m.group(1))
+            body = {"prompt": "ROMEO: but soft", "max_tokens": 400, "temperature": 0,
+                    "ignore_eos": True, "stream": True}
+            conn = srvtest.http.client.HTTPConnection("127.0.0.1", srv.port, timeout=60)
+            conn.request("POST", "/v1/completions", body=srvtest.json.dumps(body),
+                         headers={"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            self.assertEqual(resp.status, 200)
+            first = resp.read1(4096)  # a token arrived: generation is under way
+            self.assertIn(b"data: ", first)
+            os.kill(victim, how)
+            t0 = time.monotonic()
+
+            def health_503():
+                try:
+                    return srvtest.request(srv.port, "GET", "/health", timeout=2)[0] == 503
+                except OSError:
+                    return False
+            srvtest.wait_until(health_503, 10, "/health 503 after the rank failed", 0.05)
+            self.assertLess(time.monotonic() - t0, 10)
+            rest = (first + resp.read()).decode()
+            conn.close()
+            self.assertIn('"error"', rest)
+            self.assertIn("rank 1 did not answer", rest)
+            self.assertTrue(rest.rstrip().endswith("data: [DONE]"), rest[-200:])
+            # the survivors exit on their own; a hung rank keeps mpirun waiting for it
+            status = srvtest.wait_until(
+                lambda: (lambda st: st if 0 in st and 2 in st else None)(srv.rank_status()), 30,
+                "ranks 0 and 2 to exit")
+            self.assertEqual(status.get(0), 1, srv.output())
+            self.assertEqual(status.get(2), 1, srv.output())
+            self.assertIn("[rank 0] expert parallelism failed: rank 1 did not answer", srv.output())
+        finally:
+            for r in range(3):  # nothing of this job may outlive the test
+                pid = srv.rank_pid(r)
+                try:
+                    if pid:
+                        os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            if srv.proc.poll() is None:
+                srv.proc.kill()
+                srv.proc.wait()
+            srv.close()
+
+    def test_rank_killed(self):
+        self.fail_rank(signal.SIGKILL)
+
+    def test_rank_hangs(self):
+        self.fail_rank(signal.SIGSTOP)
+
+
+if __name__ == "__main__":
+    srvtest.main()

@@ -913,7 +913,14 @@ static void sticky_assign(struct engine *e, struct engine_item *items, int n_ite
     for (int i = 0; i < n_items; i++) {
         struct kv_seq *kv = items[i].kv;
         e->old_blocks[i] = kv->n_blocks;
-        if (kv->device >= 0) continue;
+        if (kv->device >= 0) {
+            /* A sequence keeps its device, unless it was released (preempted) and has since
+             * taken cached prefix blocks whose K/V another device holds: it moves there. */
+            int held = kv->n_blocks > 0 ? e->block_dev[kv->blocks[0]] : -1;
+            if (held < 0 || held == kv->device) continue;
+            e->dev_seqs[kv->device]--;
+            kv->device = -1;
+        }
         int d = kv->n_blocks > 0 ? e->block_dev[kv->blocks[0]] : -1;
         if (d < 0) {
             d = 0;

@@ -69,23 +69,26 @@ class MpiServer(srvtest.Server):
 
 
 
-def complete(port, prompt, max_tokens=12):
+def complete(port, prompt, max_tokens=12, n=1):
     st, _, body = srvtest.post_json(port, "/v1/completions",
-                                    {"prompt": prompt, "max_tokens": max_tokens,
+                                    {"prompt": prompt, "max_tokens": max_tokens, "n": n,
                                      "temperature": 0, "logprobs": 3, "ignore_eos": True},
                                     timeout=120)
     assert st == 200, (st, body)
-    c = body["choices"][0]
-    return c["text"], c["logprobs"]["token_logprobs"], c["logprobs"]["top_logprobs"]
+    return [(c["text"], c["logprobs"]["token_logprobs"], c["logprobs"]["top_logprobs"])
+            for c in sorted(body["choices"], key=lambda c: c["index"])]
 
 
-def workload(port, max_tokens=12):
+def workload(port, crowd=False):
     """The prompts at once (batched), then two that share a long prefix (the second hits the
-    prefix cache)."""
+    prefix cache); crowd: then one request of 6 choices of 40 tokens, which together outgrow a
+    small KV cache (preemption) whatever the timing."""
     with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as ex:
-        out = list(ex.map(lambda p: complete(port, p, max_tokens), PROMPTS))
-    out.append(complete(port, SHARED + " and I", max_tokens))
-    out.append(complete(port, SHARED + " or if", max_tokens))
+        out = sum(ex.map(lambda p: complete(port, p), PROMPTS), [])
+    out += complete(port, SHARED + " and I")
+    out += complete(port, SHARED + " or if")
+    if crowd:
+        out += complete(port, "ROMEO: but soft", max_tokens=40, n=6)
     return out
 
 
@@ -101,6 +104,7 @@ class MpiTest(unittest.TestCase):
             raise unittest.SkipTest("moeserve was built without MPI")
 
     def assert_same(self, want, got, what):
+        self.assertEqual(len(want), len(got))
         for i, ((wt, wl, wtop), (gt, gl, gtop)) in enumerate(zip(want, got)):
             self.assertEqual(wt, gt, "%s, request %d: text" % (what, i))
             self.assertEqual(len(wl), len(gl))
@@ -111,15 +115,15 @@ class MpiTest(unittest.TestCase):
                 for k in ta:
                     self.assertLessEqual(abs(ta[k] - tb[k]), 1e-6, what)
 
-    def check_model(self, model, nps, extra=()):
+    def check_model(self, model, nps, extra=(), crowd=False):
         args = ["--threads", "1"] + list(extra)
         with srvtest.Server(*args, model=model) as ref:
-            want = workload(ref.port)
+            want = workload(ref.port, crowd)
             ref_m = ref.metrics()
         for np in nps:
             srv = MpiServer(np, *args, model=model)
             with srv:
-                got = workload(srv.port)
+                got = workload(srv.port, crowd)
                 m = srv.metrics()
             self.assertEqual(srv.rank_status(), {r: 0 for r in range(np)},
                              "%s -np %d: every rank exits 0 after SIGTERM" % (model, np))
@@ -133,10 +137,11 @@ class MpiTest(unittest.TestCase):
                 self.check_model(srvtest.fixture_model(name), (2,))
 
     def test_preemption_np4(self):
-        # mixtral fixture: 8 KiB per 16-token KV block; 8 blocks cannot hold the 6 concurrent
-        # sequences of 2 blocks each, so some are preempted and recomputed
+        # mixtral fixture: 8 KiB per 16-token KV block; 8 blocks cannot hold 6 sequences of
+        # 3 blocks each, so some are preempted and recomputed
         ref_m, m = self.check_model(srvtest.fixture_model("mixtral"), (2, 4),
-                                    ("--kv-cache-memory", "64K", "--max-model-len", "64"))
+                                    ("--kv-cache-memory", "64K", "--max-model-len", "64"),
+                                    crowd=True)
         self.assertGreater(ref_m.total("moeserve_num_preemptions_total"), 0)
         self.assertGreater(m.total("moeserve_num_preemptions_total"), 0)
 

@@ -46,6 +46,8 @@ struct comm {
     int self; /* the rank this process drives (multi-process), or -1: every rank, as threads */
     /* Bytes this rank sent to each other rank, for /metrics: (n_rank, n_rank), row = sender. */
     unsigned long long *bytes_sent;
+    /* Multi-process: bytes this process sent with send() (step plans, logits, status words). */
+    unsigned long long msg_bytes_sent;
 };
 
 /* In-process communicator for CPU virtual devices (threads of one process). */

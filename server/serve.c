@@ -528,6 +528,20 @@ static int check_mpi_opts(const struct serve_opts *o)
     return -1;
 }
 
+/* Under mpirun: what this rank sent to the others over the steps it ran, for the log
+ * (bench/bench_mpi.py reads it): all-to-all (expert rows and their ids), and messages (step
+ * plans, logits, status words, pings). */
+static void log_traffic(struct engine *e, const struct comm *mc)
+{
+    const unsigned long long *b = engine_comm_bytes(e);
+    unsigned long long sent = 0;
+    for (int d = 0; d < mc->n_rank; d++) sent += b[(size_t)mc->self * mc->n_rank + d];
+    const struct engine_stats *st = engine_get_stats(e);
+    slog("info", "traffic: sent %llu bytes of expert rows and %llu bytes of messages to other "
+         "ranks over %llu steps of %llu tokens",
+         sent, mc->msg_bytes_sent, (unsigned long long)st->steps, (unsigned long long)st->tokens);
+}
+
 /* Ranks other than 0 under mpirun: load the model, build this rank's part of the engine and
  * run the steps rank 0 plans until it says stop (exit 0) or a rank fails (exit 1). */
 static int serve_worker(const struct serve_opts *o, struct comm *mc, const char *name)
@@ -566,6 +580,7 @@ static int serve_worker(const struct serve_opts *o, struct comm *mc, const char 
     slog("info", "stopped");
     status = 0;
 out:
+    if (e) log_traffic(e, mc);
     engine_free(e);
     splace_free(pl);
     model_free(m);
@@ -810,6 +825,7 @@ out:
     sched_free(s);
     splace_free(pl); /* after the scheduler: it closes the routing trace */
     pinger_stop(&ping);
+    if (e && mc) log_traffic(e, mc);
     bool broken = e && engine_failed(e, NULL, 0);
     engine_free(e); /* under mpirun: tells the other ranks to stop */
     model_free(m);

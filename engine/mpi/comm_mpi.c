@@ -4,7 +4,6 @@
 
 #include <limits.h>
 #include <mpi.h>
-#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -79,16 +78,13 @@ static int mpi_fail(struct comm_mpi *m, const char *fmt, ...)
     return -1;
 }
 
-/* Between polls of a wait that began `waited` seconds ago: yield for the first 2 ms (a step's
- * exchanges), then sleep 50 us, then 1 ms once the wait is long (an idle rank waiting for the
- * next plan must not keep a core busy). */
+/* Between polls of a wait that began `waited` seconds ago (after the first spins): sleep 20 us,
+ * which hands the core to the rank being waited for when ranks outnumber cores (sched_yield
+ * does not, under CFS), then 1 ms once the wait passes 50 ms (an idle rank waiting for the next
+ * plan must not keep a core busy). */
 static void pause_after(double waited)
 {
-    if (waited < 0.002) {
-        sched_yield();
-        return;
-    }
-    struct timespec ts = {0, waited < 0.05 ? 50 * 1000 : 1000 * 1000};
+    struct timespec ts = {0, waited < 0.05 ? 20 * 1000 : 1000 * 1000};
     nanosleep(&ts, NULL);
 }
 
@@ -224,7 +220,7 @@ static int mpi_send(struct comm *c, int dst, const void *buf, size_t bytes)
     m->req_peer[0] = m->req_peer[1] = dst;
     MPI_Isend(buf, (int)bytes, MPI_BYTE, dst, TAG_P2P, m->comm, &m->reqs[1]);
     int rc = wait_all(m, 2, "send");
-    if (rc == 0) c->bytes_sent[(size_t)c->self * c->n_rank + dst] += bytes;
+    if (rc == 0) c->msg_bytes_sent += bytes;
     return rc;
 }
 

@@ -86,11 +86,13 @@ static void test_p2p(struct comm *c)
 {
     int n = c->n_rank, me = c->self;
     char buf[256], back[256];
-    size_t got = 0;
+    size_t got = 0, sent = 0;
+    unsigned long long before = c->msg_bytes_sent;
     if (me == 0) {
         for (int d = 1; d < n; d++) {
             int len = snprintf(buf, sizeof buf, "step plan for rank %d", d);
             CHECK(c->ops->send(c, d, buf, (size_t)len) == 0);
+            sent += (size_t)len;
         }
         for (int d = 1; d < n; d++) {
             CHECK(c->ops->recv(c, d, back, sizeof back, &got) == 0);
@@ -108,7 +110,10 @@ static void test_p2p(struct comm *c)
                (int)got, buf);
         for (size_t i = 0; i < got; i++) back[i] = buf[got - 1 - i];
         CHECK(c->ops->send(c, 0, back, got) == 0);
+        sent = got;
     }
+    CHECKF(c->msg_bytes_sent - before == sent, "rank %d: %llu message bytes counted, %zu sent",
+           me, c->msg_bytes_sent - before, sent);
 }
 
 /* The last rank stops taking part: it waits on a world barrier the others reach only after

@@ -115,6 +115,7 @@ static int wait_all(struct comm_mpi *m, int n, const char *what)
     /* Who is missing: the first pending receive's peer, else the first pending send's. */
     char ranks[128] = "";
     size_t used = 0;
+    int named = 0;
     for (int pass = 0; pass < 2; pass++) {
         for (int i = 0; i < n; i++) {
             if (m->reqs[i] == MPI_REQUEST_NULL) continue;
@@ -123,9 +124,11 @@ static int wait_all(struct comm_mpi *m, int n, const char *what)
             if (flag) continue;
             bool is_recv = i % 2 == 0; /* requests are posted in (recv, send) pairs */
             if ((pass == 0) != is_recv) continue;
-            if (used < sizeof ranks - 16)
+            if (used < sizeof ranks - 16) { /* each peer once: one receive, one send */
                 used += (size_t)snprintf(ranks + used, sizeof ranks - used, "%s%d",
                                          used ? ", " : "", m->req_peer[i]);
+                named++;
+            }
         }
         if (used) break;
     }
@@ -134,9 +137,10 @@ static int wait_all(struct comm_mpi *m, int n, const char *what)
         if (i % 2 == 0) MPI_Cancel(&m->reqs[i]);
         MPI_Request_free(&m->reqs[i]);
     }
-    return mpi_fail(m, "rank %s did not answer within %.1f s (%s): the process failed, hangs "
+    /* Several names: the first may be the cause, the others blocked waiting for it. */
+    return mpi_fail(m, "%s %s did not answer within %.1f s (%s): the process failed, hangs "
                        "or is cut off",
-                    used ? ranks : "?", m->timeout_s, what);
+                    named > 1 ? "ranks" : "rank", used ? ranks : "?", m->timeout_s, what);
 }
 
 static int mpi_all_to_all_v(struct comm *c, int rank, const void *send, const int *send_counts,

@@ -4,8 +4,9 @@ oversubscribed on this machine's cores) gives the same greedy completions and th
 models of several architectures and on the bundled model, with requests batched together,
 prefix-cache hits and preemption (a KV cache too small for the batch). Killing one rank while a
 stream runs, or stopping it (a hang), makes the server name the rank, end the stream with an
-error, answer 503 on /health within 10 s, and exit 1; the other survivors exit 1 too. SIGTERM
-to mpirun stops every rank with status 0.
+error, answer 503 on /health within 10 s, and exit 1; the other survivors exit 1 too; when
+rank 0 itself dies, the others exit 1 within 10 s. SIGTERM to rank 0 stops every rank with
+status 0.
 
 Skipped (77) without mpirun or with a binary built without MPI."""
 import concurrent.futures
@@ -199,6 +200,30 @@ class MpiTest(unittest.TestCase):
                     if pid:
                         os.kill(pid, signal.SIGKILL)
                 except OSError:
+                    pass
+            if srv.proc.poll() is None:
+                srv.proc.kill()
+                srv.proc.wait()
+            srv.close()
+
+    def test_rank0_killed(self):
+        """The HTTP rank itself dies: the others notice within --comm-timeout (rank 0 pings
+        them every --comm-timeout/4 s, idle or not) and exit 1 instead of waiting forever."""
+        srv = MpiServer(3, "--threads", "1", "--comm-timeout", "2").start()
+        try:
+            os.kill(srv.rank_pid(0), signal.SIGKILL)
+            t0 = time.monotonic()
+            status = srvtest.wait_until(
+                lambda: (lambda st: st if 1 in st and 2 in st else None)(srv.rank_status()), 30,
+                "ranks 1 and 2 to exit")
+            self.assertLess(time.monotonic() - t0, 10)
+            self.assertEqual(status, {1: 1, 2: 1}, srv.output())
+            self.assertRegex(srv.output(), r"\[rank 1\] expert parallelism failed: rank 0")
+        finally:
+            for r in range(3):
+                try:
+                    os.kill(srv.rank_pid(r), signal.SIGKILL)
+                except (OSError, TypeError):
                     pass
             if srv.proc.poll() is None:
                 srv.proc.kill()

@@ -40,6 +40,9 @@ int http_port(const struct http_server *h);
 void http_set_ready(struct http_server *h, const struct model *m, struct sched *s,
                     int max_model_len);
 void http_set_draining(struct http_server *h);
+/* Like http_set_draining, from a READY server that cannot go on (a failed rank under mpirun):
+ * 503s say "the server failed: WHY". */
+void http_set_failed(struct http_server *h, const char *why);
 int http_active_streams(const struct http_server *h); /* generation requests in flight */
 void http_stop(struct http_server *h);
 

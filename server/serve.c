@@ -789,7 +789,7 @@ int cli_serve(int argc, char **argv)
             slog("error", "expert parallelism failed: %s; ending the requests in flight, "
                           "answering 503, exiting with status 1",
                  why);
-            http_set_draining(h);
+            http_set_failed(h, why);
             sched_close(s);
             sched_stop(s); /* what the failed steps did not already end */
             double until = ms_now() + FAIL_LINGER_S;

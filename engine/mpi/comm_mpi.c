@@ -59,12 +59,6 @@ void comm_mpi_finalize(void)
     if (!done) MPI_Finalize();
 }
 
-void comm_mpi_abort(int status)
-{
-    MPI_Abort(MPI_COMM_WORLD, status);
-    exit(status); /* MPI_Abort should not return */
-}
-
 /* Breaks the communicator with a reason (the first one is kept). Returns -1. */
 static int mpi_fail(struct comm_mpi *m, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static int mpi_fail(struct comm_mpi *m, const char *fmt, ...)

@@ -48,7 +48,4 @@ struct comm *comm_mpi_create(int timeout_ms, char *err, size_t errlen);
 /* Clean exit (after every communicator is destroyed): MPI_Finalize. */
 void comm_mpi_finalize(void);
 
-/* Ends every process of the job (MPI_Abort) with this status; does not return. */
-void comm_mpi_abort(int status) __attribute__((noreturn));
-
 #endif

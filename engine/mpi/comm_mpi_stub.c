@@ -35,8 +35,3 @@ struct comm *comm_mpi_create(int timeout_ms, char *err, size_t errlen)
 void comm_mpi_finalize(void)
 {
 }
-
-void comm_mpi_abort(int status)
-{
-    exit(status);
-}

@@ -172,9 +172,10 @@ class MpiTest(unittest.TestCase):
 
             def health_503():
                 try:
-                    return srvtest.request(srv.port, "GET", "/health", timeout=2)[0] == 503
+                    st, _, body = srvtest.request(srv.port, "GET", "/health", timeout=2)
                 except OSError:
                     return False
+                return st == 503 and b"the server failed: rank" in body
             srvtest.wait_until(health_503, 10, "/health 503 after the rank failed", 0.05)
             self.assertLess(time.monotonic() - t0, 10)
             rest = (first + resp.read()).decode()

@@ -134,6 +134,7 @@ struct engine {
      * proc_mu serializes steps and pings (the communicator is used by one thread at a time). */
     bool remote;
     int self;             /* the device this process runs (0 when not remote) */
+    struct comm *ctl;     /* plans, logits, status words: engine_params.comm (e->comm: rows) */
     int32_t *plan;        /* (plan_cap) a step's plan as sent (rank 0) or received */
     size_t plan_cap;
     struct kv_seq *w_kv;  /* ranks > 0: (max_seqs) block tables pointing into `plan` */
@@ -401,7 +402,7 @@ static void logits_out(struct device *dv)
             be->ops->download(be, dv->h_logits, dv->logits, sizeof(float) * (size_t)rows * V);
         const float *out = host;
         if (e->remote && e->self != 0) {
-            if (e->comm->ops->send(e->comm, 0, host, sizeof(float) * (size_t)rows * V) != 0)
+            if (e->ctl->ops->send(e->ctl, 0, host, sizeof(float) * (size_t)rows * V) != 0)
                 return; /* the communicator is broken: engine_worker_run reports it */
             out = NULL; /* sent: only step past the rows */
         }
@@ -703,7 +704,8 @@ static int device_backend(struct engine *e, struct device *dv, int threads, char
                                 dv->rank, threads);
     }
 #ifdef MOESERVE_HAVE_CUDA
-    dv->be = backend_cuda_create(dv->rank, err, errlen);
+    /* one GPU per process when multi-process: the one it was given */
+    dv->be = backend_cuda_create(dv->e->remote ? dv->e->p.cuda_device : dv->rank, err, errlen);
     return dv->be ? 0 : -1;
 #else
     return ms_errf(err, errlen, "this build has no CUDA backend (configure with -DMOESERVE_CUDA=ON "
@@ -953,8 +955,9 @@ static void sticky_order(struct engine *e, struct engine_item *items, int n_item
 /* In-process copies between CPU devices; NCCL between GPUs. */
 static int make_comm(struct engine *e, char *err, size_t errlen)
 {
-    if (e->p.comm) {
-        e->comm = e->p.comm; /* borrowed */
+    if (e->p.comm) { /* borrowed */
+        e->ctl = e->p.comm;
+        e->comm = e->p.data_comm ? e->p.data_comm : e->p.comm;
         return 0;
     }
     if (e->p.backend != ENGINE_BACKEND_CUDA || e->n_dev == 1) {
@@ -982,7 +985,8 @@ static int bind_comm_streams(struct engine *e, char *err, size_t errlen)
 #if defined(MOESERVE_HAVE_CUDA) && defined(MOESERVE_HAVE_NCCL)
     if (e->p.backend != ENGINE_BACKEND_CUDA || e->n_dev == 1) return 0;
     for (int r = 0; r < e->n_dev; r++)
-        if (comm_nccl_set_stream(e->comm, r, backend_cuda_stream(e->dev[r].be), err, errlen) != 0)
+        if ((!e->remote || r == e->self) &&
+            comm_nccl_set_stream(e->comm, r, backend_cuda_stream(e->dev[r].be), err, errlen) != 0)
             return -1;
 #endif
     return 0;
@@ -1143,9 +1147,11 @@ int engine_create(const struct model *m, const struct engine_params *p, struct e
             !p->comm->ops->recv || !p->comm->ops->status)
             return ms_errf(err, errlen, "a multi-process engine needs a communicator whose ranks "
                                         "are processes (MPI)");
-        if (p->backend != ENGINE_BACKEND_CPU)
-            return ms_errf(err, errlen, "multi-process engines run on CPU devices only for now "
-                                        "(--device cpu)");
+        if (p->backend == ENGINE_BACKEND_CUDA && !p->data_comm)
+            return ms_errf(err, errlen, "a multi-process GPU engine needs an NCCL communicator "
+                                        "for the expert rows");
+        if (p->backend == ENGINE_BACKEND_CPU_STAGED)
+            return ms_errf(err, errlen, "multi-process engines run on CPU or CUDA devices");
         if (p->routing_stats != ENGINE_RSTATS_OFF || p->capture_routing)
             return ms_errf(err, errlen, "routing statistics and traces are not available with "
                                         "several processes yet (they would count rank 0's "
@@ -1573,7 +1579,7 @@ static int proc_init(struct engine *e, char *err, size_t errlen)
 static int proc_fail(struct engine *e, const char *why, char *err, size_t errlen)
 {
     if (!atomic_load(&e->failed)) {
-        if (e->comm->ops->status(e->comm, e->fail_why, sizeof e->fail_why) == 0)
+        if (e->ctl->ops->status(e->ctl, e->fail_why, sizeof e->fail_why) == 0)
             snprintf(e->fail_why, sizeof e->fail_why, "%s", why);
         atomic_store(&e->failed, true);
     }
@@ -1584,7 +1590,7 @@ static int proc_fail(struct engine *e, const char *why, char *err, size_t errlen
 static int proc_send_plan(struct engine *e, size_t words)
 {
     for (int r = 1; r < e->n_dev; r++)
-        if (e->comm->ops->send(e->comm, r, e->plan, sizeof(int32_t) * words) != 0) return -1;
+        if (e->ctl->ops->send(e->ctl, r, e->plan, sizeof(int32_t) * words) != 0) return -1;
     return 0;
 }
 
@@ -1594,7 +1600,7 @@ static int proc_gather_status(struct engine *e, char *why, size_t whylen)
     for (int r = 1; r < e->n_dev; r++) {
         int32_t st = -1;
         size_t got = 0;
-        if (e->comm->ops->recv(e->comm, r, &st, sizeof st, &got) != 0) return -1;
+        if (e->ctl->ops->recv(e->ctl, r, &st, sizeof st, &got) != 0) return -1;
         if (got != sizeof st || st != 0) {
             snprintf(why, whylen, "rank %d reported a failed step", r);
             return -1;
@@ -1634,7 +1640,7 @@ static int proc_step(struct engine *e, int total, char *err, size_t errlen)
     int rc = proc_send_plan(e, (size_t)(blk - w));
     if (rc == 0) device_forward(&e->dev[0]);
     /* the other ranks' logits, chunk by chunk in the order their logits_out sends them */
-    float *host = e->dev[0].logits; /* host memory: the CPU backend */
+    float *host = e->dev[0].be->ops->host_memory ? e->dev[0].logits : e->dev[0].h_logits;
     for (int r = 1; r < e->n_dev && rc == 0; r++) {
         const struct device *dv = &e->dev[r];
         int it = dv->item0, j = 0;
@@ -1642,7 +1648,7 @@ static int proc_step(struct engine *e, int total, char *err, size_t errlen)
             int rows = logit_chunk(e, it, j, dv->item1, dv->tok0, e->dev[0].logit_rows, NULL);
             if (rows == 0) break;
             size_t want = sizeof(float) * (size_t)rows * V, got = 0;
-            if (e->comm->ops->recv(e->comm, r, host, want, &got) != 0 || got != want) {
+            if (e->ctl->ops->recv(e->ctl, r, host, want, &got) != 0 || got != want) {
                 if (got != want) snprintf(why, sizeof why, "rank %d sent %zu bytes of logits, "
                                                            "not %zu", r, got, want);
                 rc = -1;
@@ -1652,7 +1658,8 @@ static int proc_step(struct engine *e, int total, char *err, size_t errlen)
         }
     }
     if (rc == 0) rc = proc_gather_status(e, why, sizeof why);
-    if (rc != 0 || e->comm->ops->status(e->comm, NULL, 0) != 0) {
+    if (rc == 0 && device_check(&e->dev[0], why, sizeof why) != 0) rc = -1;
+    if (rc != 0 || e->ctl->ops->status(e->ctl, NULL, 0) != 0) {
         proc_fail(e, why, err, errlen);
         pthread_mutex_unlock(&e->proc_mu);
         e->items = NULL;
@@ -1752,7 +1759,7 @@ int engine_worker_run(struct engine *e, char *err, size_t errlen)
 {
     if (!e->remote || e->self == 0)
         return ms_errf(err, errlen, "engine_worker_run is for ranks other than 0");
-    struct comm *c = e->comm;
+    struct comm *c = e->ctl;
     for (;;) {
         size_t got = 0;
         if (c->ops->recv(c, 0, e->plan, sizeof(int32_t) * e->plan_cap, &got) != 0)
@@ -1762,9 +1769,9 @@ int engine_worker_run(struct engine *e, char *err, size_t errlen)
         int kind = e->plan[0];
         if (kind == PLAN_QUIT) return 0;
         int32_t st = 0;
+        char why[MS_ERR_LEN];
         if (kind == PLAN_STEP) {
             int total = 0;
-            char why[MS_ERR_LEN];
             if (proc_take_plan(e, words, &total, why, sizeof why) != 0) {
                 /* answer, so that rank 0 fails at once, then stop */
                 st = -1;
@@ -1775,6 +1782,11 @@ int engine_worker_run(struct engine *e, char *err, size_t errlen)
             device_forward(&e->dev[e->self]);
             e->items = NULL;
             if (c->ops->status(c, NULL, 0) != 0) return proc_fail(e, "", err, errlen);
+            if (device_check(&e->dev[e->self], why, sizeof why) != 0) {
+                st = -1;
+                c->ops->send(c, 0, &st, sizeof st);
+                return proc_fail(e, why, err, errlen);
+            }
             e->stats.steps++;
             e->stats.tokens += (uint64_t)total;
         } else if (kind != PLAN_PING) {
@@ -1782,4 +1794,19 @@ int engine_worker_run(struct engine *e, char *err, size_t errlen)
         }
         if (c->ops->send(c, 0, &st, sizeof st) != 0) return proc_fail(e, "", err, errlen);
     }
+}
+
+struct comm *engine_comm_nccl_world(int world, int rank, int gpu, const char *master_addr,
+                                    int master_port, int timeout_ms, char *err, size_t errlen)
+{
+#if defined(MOESERVE_HAVE_CUDA) && defined(MOESERVE_HAVE_NCCL)
+    /* rank 0 serves the NCCL id on every address; the others fetch it from master_addr */
+    return comm_nccl_create_world(world, world, rank, 1, &gpu, rank == 0 ? NULL : master_addr,
+                                  master_port, timeout_ms, err, errlen);
+#else
+    (void)world, (void)rank, (void)gpu, (void)master_addr, (void)master_port, (void)timeout_ms;
+    ms_errf(err, errlen, "GPUs across processes need CUDA and NCCL, and this build has %s",
+            engine_has_cuda() ? "no NCCL" : "no CUDA");
+    return NULL;
+#endif
 }

@@ -81,6 +81,12 @@ struct engine_params {
      * CPU backend only; no routing capture or statistics (their counts would cover rank 0's
      * tokens only), no engine_set_placement. NULL: every device is a thread of this process. */
     struct comm *comm;
+    /* With comm and the CUDA backend: the communicator the MoE rows go through (NCCL, whose
+     * ranks are comm's; engine_comm_nccl_world), borrowed; plans and logits still go through
+     * comm. cuda_device: the GPU this process uses. Compiled, never run yet (no GPUs here); NCCL
+     * exchanges have no deadline (a dead rank hangs a step; only idle pings detect it). */
+    struct comm *data_comm;
+    int cuda_device;
 };
 
 void engine_params_default(struct engine_params *p);
@@ -195,5 +201,11 @@ int engine_ping(struct engine *e, char *err, size_t errlen);
 int engine_worker_run(struct engine *e, char *err, size_t errlen);
 /* Whether the engine has failed for good (multi-process); the reason in why. */
 bool engine_failed(struct engine *e, char *why, size_t whylen);
+/* The NCCL communicator of a multi-process GPU engine (engine_params.data_comm): global rank
+ * `rank` of `world`, one per process, on CUDA device `gpu`, bootstrapped over the TCP
+ * rendezvous (engine/bootstrap.h) at master_addr:master_port (rank 0 listens on every address
+ * of that port). NULL with the reason (e.g. a build without CUDA or NCCL). */
+struct comm *engine_comm_nccl_world(int world, int rank, int gpu, const char *master_addr,
+                                    int master_port, int timeout_ms, char *err, size_t errlen);
 
 #endif

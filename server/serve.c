@@ -53,6 +53,8 @@ struct serve_opts {
     const char *placement, *placement_trace, *routing_stats, *record_routing;
     long redundant, max_experts_per_dev, rebalance_s, half_life, record_max, per_expert;
     long comm_timeout_s;
+    const char *master_addr;
+    long master_port;
 };
 
 struct opt_def {
@@ -136,6 +138,12 @@ static const struct opt_def opt_defs[] = {
      "export routed tokens per (layer, expert) (off; models up to 256 experts)"},
     {"comm-timeout", "MOESERVE_COMM_TIMEOUT", OPT_INT, OFF(comm_timeout_s), 1, 86400,
      "under mpirun: seconds a rank may go without answering before it counts as failed (60)"},
+    {"master-addr", "MOESERVE_MASTER_ADDR", OPT_STR, OFF(master_addr), 0, 0,
+     "under mpirun with --device cuda: rank 0's address for the NCCL rendezvous (MASTER_ADDR, "
+     "else 127.0.0.1)"},
+    {"master-port", "MOESERVE_MASTER_PORT", OPT_INT, OFF(master_port), 1, 65535,
+     "under mpirun with --device cuda: the TCP port of that rendezvous (MASTER_PORT, else "
+     "29500)"},
 };
 #define N_OPTS (sizeof opt_defs / sizeof *opt_defs)
 
@@ -232,6 +240,7 @@ static int parse_opts(int argc, char **argv, struct serve_opts *o)
     o->half_life = 65536;
     o->record_max = 1L << 30;
     o->comm_timeout_s = 60;
+    o->master_addr = NULL; /* MASTER_ADDR (torchrun's), else 127.0.0.1: see below */
     o->model = NULL; /* the bundled model unless --model / MOESERVE_MODEL says otherwise */
     for (size_t i = 0; i < N_OPTS; i++) {
         const char *v = getenv(opt_defs[i].env);
@@ -266,6 +275,18 @@ static int parse_opts(int argc, char **argv, struct serve_opts *o)
             return -1;
         }
         if (set_opt(o, d, val, a) != 0) return -1;
+    }
+    if (!o->master_addr) {
+        const char *v = getenv("MASTER_ADDR");
+        o->master_addr = v && *v ? v : "127.0.0.1";
+    }
+    if (!o->master_port) {
+        const char *v = getenv("MASTER_PORT");
+        for (size_t k = 0; k < N_OPTS && v && *v; k++)
+            if (strcmp(opt_defs[k].name, "master-port") == 0 &&
+                set_opt(o, &opt_defs[k], v, "MASTER_PORT") != 0)
+                return -1;
+        if (!o->master_port) o->master_port = 29500;
     }
     if (!o->model) {
         static char default_model[4096];
@@ -485,8 +506,18 @@ static void load_opts(const struct serve_opts *o, bool progress, struct model_lo
     lo->cache = o->weight_cache != 0;
 }
 
-/* Engine parameters from the flags; mc: the MPI communicator (one device per process). */
-static void engine_opts(const struct serve_opts *o, struct comm *mc, struct engine_params *ep)
+/* Under mpirun: the GPU of this process, its rank among the processes of its node (Open MPI's
+ * OMPI_COMM_WORLD_LOCAL_RANK), so that a node's processes take GPUs 0, 1, ... */
+static int local_gpu(void)
+{
+    const char *v = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+    return v ? atoi(v) : 0;
+}
+
+/* Engine parameters from the flags; mc: the MPI communicator (one device per process), nccl:
+ * with --device cuda under mpirun, the communicator of the expert rows. */
+static void engine_opts(const struct serve_opts *o, struct comm *mc, struct comm *nccl,
+                        struct engine_params *ep)
 {
     engine_params_default(ep);
     ep->n_devices = mc ? mc->n_rank : (int)o->devices;
@@ -497,6 +528,8 @@ static void engine_opts(const struct serve_opts *o, struct comm *mc, struct engi
     ep->max_model_len = (int)o->max_model_len;
     ep->kv_cache_bytes = (size_t)o->kv_bytes;
     ep->comm = mc;
+    ep->data_comm = nccl;
+    ep->cuda_device = local_gpu();
 }
 
 static struct splace_opts placement_opts(const struct serve_opts *o, const char *name)
@@ -517,8 +550,6 @@ static int check_mpi_opts(const struct serve_opts *o)
                                                  "mpirun -np N gives N)"
                       : o->rebalance_s > 0     ? "--rebalance-interval"
                       : o->record_routing      ? "--record-routing"
-                      : strcmp(o->device, "cpu") != 0 ? "--device cuda (GPUs across processes "
-                                                        "are not wired to the server yet)"
                       : o->routing_stats && strcmp(o->routing_stats, "auto") != 0 &&
                                 strcmp(o->routing_stats, "off") != 0
                           ? "--routing-stats"
@@ -544,7 +575,8 @@ static void log_traffic(struct engine *e, const struct comm *mc)
 
 /* Ranks other than 0 under mpirun: load the model, build this rank's part of the engine and
  * run the steps rank 0 plans until it says stop (exit 0) or a rank fails (exit 1). */
-static int serve_worker(const struct serve_opts *o, struct comm *mc, const char *name)
+static int serve_worker(const struct serve_opts *o, struct comm *mc, struct comm *nccl,
+                        const char *name)
 {
     char err[MS_ERR_LEN];
     int status = 1;
@@ -558,7 +590,7 @@ static int serve_worker(const struct serve_opts *o, struct comm *mc, const char 
         goto out;
     }
     struct engine_params ep;
-    engine_opts(o, mc, &ep);
+    engine_opts(o, mc, nccl, &ep);
     struct splace_opts po = placement_opts(o, name);
     if (splace_prepare(&po, m, &ep, &pl, err, sizeof err) != 0) {
         slog("error", "%s", err);
@@ -636,7 +668,7 @@ int cli_serve(int argc, char **argv)
 
     /* Under mpirun: every process runs one engine rank; rank 0 also serves HTTP. */
     char err[MS_ERR_LEN];
-    struct comm *mc = NULL;
+    struct comm *mc = NULL, *nccl = NULL;
     int rank = 0;
     if (comm_mpi_launched() > 1) {
         int world = 0;
@@ -653,6 +685,19 @@ int cli_serve(int argc, char **argv)
         }
         slog("info", "rank %d of %d, pid %d (mpirun): %s", rank, world, (int)getpid(),
              rank == 0 ? "HTTP server, scheduler and device 0" : "one expert-parallel device");
+        if (strcmp(o.device, "cuda") == 0) {
+            /* expert rows over NCCL, bootstrapped over TCP at rank 0's address */
+            slog("info", "NCCL rendezvous at %s:%ld (GPU %d)", o.master_addr, o.master_port,
+                 local_gpu());
+            nccl = engine_comm_nccl_world(world, rank, local_gpu(), o.master_addr,
+                                          (int)o.master_port, (int)o.comm_timeout_s * 1000, err,
+                                          sizeof err);
+            if (!nccl) {
+                slog("error", "%s", err);
+                mc->ops->destroy(mc);
+                return 1;
+            }
+        }
     }
 
     /* Before any thread of ours starts, so that all inherit the mask. */
@@ -667,9 +712,10 @@ int cli_serve(int argc, char **argv)
         name = slash && slash[1] ? slash + 1 : o.model;
     }
     if (rank != 0) {
-        int st = serve_worker(&o, mc, name);
+        int st = serve_worker(&o, mc, nccl, name);
         char why[MS_ERR_LEN];
         bool broken = mc->ops->status(mc, why, sizeof why) != 0;
+        if (nccl) nccl->ops->destroy(nccl);
         mc->ops->destroy(mc);
         if (!broken) comm_mpi_finalize(); /* with a failed peer, MPI_Finalize could wait on it */
         /* mpirun --enable-recovery exits 0 whatever the ranks did: say it here */
@@ -718,7 +764,7 @@ int cli_serve(int argc, char **argv)
         m->chat_template = t;
     }
     struct engine_params ep;
-    engine_opts(&o, mc, &ep);
+    engine_opts(&o, mc, nccl, &ep);
     struct splace_opts po = placement_opts(&o, name);
     /* Placement errors are flag errors: the reason names the flag, the status is 2. */
     if (o.per_expert && m->desc.n_expert > 256) {
@@ -830,6 +876,7 @@ out:
     engine_free(e); /* under mpirun: tells the other ranks to stop */
     model_free(m);
     metrics_free(mt);
+    if (nccl) nccl->ops->destroy(nccl);
     if (mc) {
         broken = broken || mc->ops->status(mc, err, sizeof err) != 0;
         mc->ops->destroy(mc);

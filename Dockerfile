@@ -1,14 +1,26 @@
 # moeserve images. Two targets:
-#   docker build --target cpu  -t moeserve:cpu .    (Debian 12, CPU backend only)
-#   docker build --target cuda -t moeserve:cuda .   (CUDA runtime + cuBLAS/NCCL, sm_90 with PTX)
-# Both run `moeserve` (the HTTP server once it lands; `moeserve generate` today) as an
-# unprivileged user, with models mounted at /models.
+#   docker build --target cpu  -t moeserve:cpu .    (Debian 12, CPU backend)
+#   docker build --target cuda -t moeserve:cuda .   (CUDA 12.6 runtime + cuBLAS/NCCL)
+# Both run `moeserve serve` (the default command) as the numeric user 10001, listening on
+# 0.0.0.0:8000 (MOESERVE_HOST/MOESERVE_PORT; every flag has such a variable), with the bundled
+# model at /models/mohge-small (mount your own and pass --model /models/NAME).
+# Stopping: SIGTERM starts a drain of --shutdown-grace seconds (30 by default; the server exits
+# 0 when the last request ends), so give the container longer than that before the kill:
+# `docker run --stop-timeout 40`, or `docker stop -t 40`; Kubernetes:
+# terminationGracePeriodSeconds > --shutdown-grace (deploy/kubernetes).
+# Health: `moeserve healthcheck` (exit 0 when /health answers 200), so no curl in the image.
+# Base images are pinned to a point release (Debian 12.11; CUDA 12.6.3 on Ubuntu 24.04);
+# apt packages are not pinned (see .hadolint.yaml). Labels: OCI image annotations; pass
+# --build-arg VERSION=... REVISION=$(git rev-parse HEAD) CREATED=$(date -u +%FT%TZ).
+ARG VERSION=0.1.0
+ARG REVISION=unknown
+ARG CREATED=unknown
 
 # ---- CPU build -----------------------------------------------------------------------------
-FROM debian:bookworm AS build-cpu
+FROM debian:12.11 AS build-cpu
 RUN apt-get update && apt-get install -y --no-install-recommends \
-        build-essential cmake pkg-config libjansson-dev libpcre2-dev \
-        libuv1-dev && rm -rf /var/lib/apt/lists/*
+        build-essential cmake pkg-config libjansson-dev libpcre2-dev libuv1-dev \
+    && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY CMakeLists.txt ./
 COPY engine engine
@@ -20,21 +32,41 @@ COPY tests tests
 RUN cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DMOESERVE_CUDA=OFF \
     && cmake --build build -j"$(nproc)" --target moeserve
 
-FROM debian:bookworm-slim AS cpu
+FROM debian:12.11-slim AS cpu
+ARG VERSION
+ARG REVISION
+ARG CREATED
+LABEL org.opencontainers.image.title="moeserve (CPU)" \
+      org.opencontainers.image.description="OpenAI-compatible inference server for Mixture-of-Experts models, CPU backend" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.created="${CREATED}" \
+      org.opencontainers.image.base.name="docker.io/library/debian:12.11-slim"
 RUN apt-get update && apt-get install -y --no-install-recommends \
         libjansson4 libpcre2-8-0 libuv1 ca-certificates \
-    && rm -rf /var/lib/apt/lists/* && useradd --system --uid 10001 moeserve
+    && rm -rf /var/lib/apt/lists/* \
+    && groupadd --gid 10001 moeserve \
+    && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
+        --shell /usr/sbin/nologin moeserve
 COPY --from=build-cpu /src/build/moeserve /usr/local/bin/moeserve
 COPY models /models
-USER moeserve
+WORKDIR /
+ENV MOESERVE_HOST=0.0.0.0 \
+    MOESERVE_PORT=8000
+USER 10001:10001
 EXPOSE 8000
+STOPSIGNAL SIGTERM
+# start-period: a large model takes minutes to load (/health is 503 until it is ready)
+HEALTHCHECK --interval=30s --timeout=6s --start-period=600s --retries=3 \
+    CMD ["/usr/local/bin/moeserve", "healthcheck"]
 ENTRYPOINT ["/usr/local/bin/moeserve"]
+CMD ["serve"]
 
 # ---- CUDA build ----------------------------------------------------------------------------
 FROM nvidia/cuda:12.6.3-devel-ubuntu24.04 AS build-cuda
 RUN apt-get update && apt-get install -y --no-install-recommends \
-        build-essential cmake pkg-config libjansson-dev libpcre2-dev \
-        libuv1-dev libnccl-dev && rm -rf /var/lib/apt/lists/*
+        build-essential cmake pkg-config libjansson-dev libpcre2-dev libuv1-dev libnccl-dev \
+    && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY CMakeLists.txt ./
 COPY engine engine
@@ -47,13 +79,32 @@ RUN cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DMOESERVE_CUDA=ON \
     && cmake --build build -j"$(nproc)" --target moeserve
 
 FROM nvidia/cuda:12.6.3-runtime-ubuntu24.04 AS cuda
+ARG VERSION
+ARG REVISION
+ARG CREATED
+LABEL org.opencontainers.image.title="moeserve (CUDA)" \
+      org.opencontainers.image.description="OpenAI-compatible inference server for Mixture-of-Experts models, NVIDIA GPUs" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.created="${CREATED}" \
+      org.opencontainers.image.base.name="docker.io/nvidia/cuda:12.6.3-runtime-ubuntu24.04"
 RUN apt-get update && apt-get install -y --no-install-recommends \
-        libjansson4 libpcre2-8-0 libuv1t64 libnccl2 \
-        libcublas-12-6 && rm -rf /var/lib/apt/lists/* && useradd --system --uid 10001 moeserve
+        libjansson4 libpcre2-8-0 libuv1t64 libnccl2 libcublas-12-6 \
+    && rm -rf /var/lib/apt/lists/* \
+    && groupadd --gid 10001 moeserve \
+    && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
+        --shell /usr/sbin/nologin moeserve
 COPY --from=build-cuda /src/build/moeserve /usr/local/bin/moeserve
 COPY models /models
+WORKDIR /
 # The GPU image serves on the GPU unless told otherwise (--device cpu).
-ENV MOESERVE_DEVICE=cuda
-USER moeserve
+ENV MOESERVE_HOST=0.0.0.0 \
+    MOESERVE_PORT=8000 \
+    MOESERVE_DEVICE=cuda
+USER 10001:10001
 EXPOSE 8000
+STOPSIGNAL SIGTERM
+HEALTHCHECK --interval=30s --timeout=6s --start-period=600s --retries=3 \
+    CMD ["/usr/local/bin/moeserve", "healthcheck"]
 ENTRYPOINT ["/usr/local/bin/moeserve"]
+CMD ["serve"]

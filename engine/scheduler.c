@@ -404,9 +404,22 @@ static void retire(struct sched *s, struct sched_req *r, enum sched_finish why, 
     /* Order matters to readers of /metrics: counters, then gauges, then the client. Whoever
      * sees the running gauge drop (or gets its answer) also sees the request counted, and its
      * blocks free. */
+    double now = ms_now();
     if (s->p.obs.on_finish)
         s->p.obs.on_finish(s->p.obs.ctx, why, r->n_prompt, r->n_total - r->n_prompt,
-                           ms_now() - r->t_arrival);
+                           now - r->t_arrival);
+    if (s->p.obs.on_request_done) {
+        bool sched = r->t_scheduled > 0, first = r->t_first_token > 0;
+        struct sched_req_done d = {
+            .id = r->id, .why = why, .n_prompt = r->n_prompt,
+            .n_generated = r->n_total - r->n_prompt, .max_tokens = r->p.max_tokens,
+            .queue_s = sched ? r->t_scheduled - r->t_arrival : -1,
+            .prefill_s = sched && first ? r->t_first_token - r->t_scheduled : -1,
+            .decode_s = first ? r->t_last_token - r->t_first_token : -1,
+            .inference_s = sched && first ? r->t_last_token - r->t_scheduled : -1,
+            .e2e_s = now - r->t_arrival};
+        s->p.obs.on_request_done(s->p.obs.ctx, &d);
+    }
     publish_stats(s, 0);
     pthread_mutex_lock(&r->mu);
     finish_locked(r, why, msg);
@@ -495,6 +508,7 @@ static enum sched_finish accept_token(struct sched *s, struct sched_req *r, floa
     /* with a grammar, EOS was allowed only where the output may end: it ends it */
     bool eos = (!r->p.ignore_eos || r->gm) && is_eos(s->m, t) && !stop_id;
     pthread_mutex_lock(&r->mu);
+    if (r->out.n_tokens == 0) r->out.ttft_s = now - r->t_arrival;
     r->out.tokens[r->out.n_tokens] = t;
     if (r->out.lps) r->out.lps[r->out.n_tokens] = lp;
     r->out.n_tokens++;

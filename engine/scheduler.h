@@ -102,6 +102,7 @@ struct sched_out {
     struct smp_logprobs *prompt_lps;
     int n_prompt_lps;
     int n_cached_tokens;      /* prompt tokens whose K/V came from the prefix cache */
+    double ttft_s;            /* seconds from arrival to the first generated token (0 before) */
     enum sched_finish finish; /* set once, after the last text and tokens are published */
     char error[128];
     /* Wakes the reader (e.g. resumes a suspended HTTP connection). Called by the scheduler
@@ -158,6 +159,19 @@ void sched_req_lock(struct sched_req *r);
 void sched_req_unlock(struct sched_req *r);
 void sched_req_set_notify(struct sched_req *r, void (*notify)(void *ctx), void *ctx);
 
+/* A finished request's sizes and times, for metrics (sched_observer.on_request_done). Times
+ * are seconds; a phase the request never reached (no first token, never scheduled) is -1. */
+struct sched_req_done {
+    uint64_t id;
+    enum sched_finish why;
+    int n_prompt, n_generated, max_tokens;
+    double queue_s;     /* arrival to first scheduled */
+    double prefill_s;   /* first scheduled to first token */
+    double decode_s;    /* first token to last token */
+    double inference_s; /* first scheduled to last token */
+    double e2e_s;       /* arrival to finish */
+};
+
 /* Hooks for metrics, called on the scheduler thread (may be NULL). */
 struct sched_observer {
     void *ctx;
@@ -166,6 +180,8 @@ struct sched_observer {
     void (*on_finish)(void *ctx, enum sched_finish why, int n_prompt, int n_generated,
                       double e2e_s);
     void (*on_step)(void *ctx, int n_tokens, int n_seqs);
+    /* After on_finish, with the request's phases (vLLM's prefill/decode/inference times). */
+    void (*on_request_done)(void *ctx, const struct sched_req_done *d);
     /* Something about one request a log should show (e.g. its grammar allowed no token). */
     void (*on_warning)(void *ctx, uint64_t req_id, const char *msg);
 };

@@ -199,6 +199,9 @@ static json_t *choice_obj(enum proto_kind kind, const struct proto_choice *c, bo
             json_object_set_new(msg, "content", json_null()); /* as OpenAI: calls only */
         else if (!chunk || c->text_len > 0 || role)
             json_object_set_new(msg, "content", text_obj(c));
+        if (c->reasoning_len > 0)
+            json_object_set_new(msg, "reasoning_content",
+                                json_stringn(c->reasoning, c->reasoning_len));
         if (c->n_calls > 0) json_object_set_new(msg, "tool_calls", tool_calls_arr(c, chunk));
         json_object_set_new(o, chunk ? "delta" : "message", msg);
         json_object_set_new(o, "logprobs", c->lps ? chat_logprobs(c, tok) : json_null());
@@ -300,6 +303,16 @@ char *proto_resp_model(const char *model, long created, int max_model_len)
 #ifndef MOESERVE_SANITIZE_OPT
 #define MOESERVE_SANITIZE_OPT ""
 #endif
+
+const char *proto_version_string(void)
+{
+    return MOESERVE_VERSION;
+}
+
+const char *proto_commit_string(void)
+{
+    return MOESERVE_COMMIT;
+}
 
 char *proto_resp_version(void)
 {

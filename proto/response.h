@@ -41,6 +41,10 @@ struct proto_choice {
     int n_calls;
     int call_index0;
     const char *call_id;
+    /* chat: the model's reasoning (gpt-oss's analysis channel), as reasoning_content when
+     * reasoning_len > 0 */
+    const char *reasoning;
+    size_t reasoning_len;
 };
 
 struct proto_usage {
@@ -70,6 +74,9 @@ char *proto_resp_models(const char *model, long created, int max_model_len);
 char *proto_resp_model(const char *model, long created, int max_model_len); /* /v1/models/{id} */
 /* GET /version: {"version", "commit", "build": {"cuda", "sanitize", "native"}} */
 char *proto_resp_version(void);
+/* The version and commit /version reports (static strings; moeserve_build_info). */
+const char *proto_version_string(void);
+const char *proto_commit_string(void);
 /* GET /tokenizer_info (vLLM's; lm-eval's remote tokenizer reads it): the special tokens and
  * chat template (each may be NULL), the context length and vocabulary size. */
 char *proto_resp_tokenizer_info(const char *bos, const char *eos, const char *chat_template,

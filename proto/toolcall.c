@@ -1,7 +1,8 @@
 /* Tool-call syntaxes (see toolcall.h). A call is a block between an open and a close marker;
  * what lies between is parsed per syntax (a JSON object with name and arguments, or DeepSeek's
- * name line and fenced JSON). Streaming holds back text that may be the start of an open
- * marker and everything inside an open block, so content never shows a call's syntax. */
+ * name line and fenced JSON); harmony's messages have their own small state machine.
+ * Streaming holds back text that may be the start of an open marker and everything inside an
+ * open block, so content never shows a call's syntax. */
 #include "proto/toolcall.h"
 
 #include <jansson.h>
@@ -28,14 +29,23 @@ static const char *close_marker(enum tc_syntax s)
     return s == TC_DEEPSEEK ? DS_CALL_END : "</tool_call>";
 }
 
+#define H_START "<|start|>"
+#define H_CHANNEL "<|channel|>"
+#define H_MESSAGE "<|message|>"
+
 enum tc_syntax tc_syntax_of(const struct tokenizer *tok)
 {
-    return tok && tok_token_id(tok, DS_CALLS_BEGIN) >= 0 ? TC_DEEPSEEK : TC_HERMES;
+    if (!tok) return TC_HERMES;
+    if (tok_token_id(tok, DS_CALLS_BEGIN) >= 0) return TC_DEEPSEEK;
+    if (tok_token_id(tok, H_CHANNEL) >= 0 && tok_token_id(tok, H_MESSAGE) >= 0 &&
+        tok_token_id(tok, "<|call|>") >= 0)
+        return TC_HARMONY;
+    return TC_HERMES;
 }
 
 bool tc_needs_special_tokens(enum tc_syntax syn)
 {
-    return syn == TC_DEEPSEEK;
+    return syn == TC_DEEPSEEK || syn == TC_HARMONY;
 }
 
 void tc_calls_free(struct tc_call *calls, int n)
@@ -142,6 +152,173 @@ size_t tc_strip_markers(enum tc_syntax syn, char *content, size_t len)
     return len;
 }
 
+
+/* --- harmony (gpt-oss) ---------------------------------------------------------------------- */
+
+enum { H_OUT, H_HEADER, H_BODY };
+enum { HK_CONTENT, HK_HIDDEN, HK_CALL };
+
+/* What ends a body: the first three are consumed with it, the last two open the next header. */
+static const char *const h_ends[] = {"<|end|>", "<|call|>", "<|return|>", H_START, H_CHANNEL};
+#define H_N_ENDS 5
+#define H_MAX_MARKER 11 /* strlen(H_CHANNEL), the longest marker */
+
+/* The earliest of markers[0, n) in text[from, len): its address (NULL if none), which in *which. */
+static const char *find_first(const char *text, size_t from, size_t len, const char *const *mk,
+                              int n, int *which)
+{
+    const char *best = NULL;
+    for (int i = 0; i < n; i++) {
+        const char *at = find(text + from, len - from, mk[i]);
+        if (at && (!best || at < best)) {
+            best = at;
+            *which = i;
+        }
+    }
+    return best;
+}
+
+/* Length of the longest tail of text[from, len) that is a proper prefix of one of markers. */
+static size_t held_tail(const char *text, size_t from, size_t len, const char *const *mk, int n)
+{
+    size_t keep = 0;
+    for (int i = 0; i < n; i++) {
+        size_t ml = strlen(mk[i]);
+        for (size_t k = ml - 1; k > keep; k--)
+            if (k <= len - from && memcmp(text + len - k, mk[i], k) == 0) {
+                keep = k;
+                break;
+            }
+    }
+    return keep;
+}
+
+/* The word after `key` in a header (up to a space, '<' or the end), or an empty span. */
+static void header_word(const char *h, size_t n, const char *key, const char **w, size_t *wl)
+{
+    const char *at = find(h, n, key);
+    *w = h;
+    *wl = 0;
+    if (!at) return;
+    at += strlen(key);
+    while (at < h + n && *at == ' ') at++;
+    const char *e = at;
+    while (e < h + n && *e != ' ' && *e != '<') e++;
+    *w = at;
+    *wl = (size_t)(e - at);
+}
+
+/* A call body: its recipient (functions. prefix dropped) and JSON arguments; 1, 0 or -1 (OOM). */
+static int harmony_call(const char *hdr, size_t hl, const char *body, size_t bl,
+                        struct tc_call *c)
+{
+    const char *r;
+    size_t rl;
+    header_word(hdr, hl, "to=", &r, &rl);
+    if (rl > 10 && memcmp(r, "functions.", 10) == 0) {
+        r += 10;
+        rl -= 10;
+    }
+    json_t *args = json_loadb(body, bl, 0, NULL);
+    char *a = json_is_object(args) ? args_text(args) : NULL;
+    json_decref(args);
+    if (!a || rl == 0) {
+        free(a);
+        return 0;
+    }
+    char *name = malloc(rl + 1);
+    if (!name) {
+        free(a);
+        return -1;
+    }
+    memcpy(name, r, rl);
+    name[rl] = '\0';
+    c->name = name;
+    c->arguments = a;
+    return 1;
+}
+
+static size_t resume_at(size_t len, size_t floor)
+{
+    return len > floor + H_MAX_MARKER ? len - H_MAX_MARKER : floor;
+}
+
+static int harmony_step(struct tc_stream *s, const char *text, size_t len, bool final,
+                        size_t *from, size_t *to, struct tc_call **calls, int *n_calls)
+{
+    *from = *to = s->pos;
+    s->reasoning = false;
+    int which = 0;
+    if (s->h_state == H_OUT) {
+        static const char *const opens[] = {H_START, H_CHANNEL};
+        const char *o = find_first(text, s->pos, len, opens, 2, &which);
+        if (!o) {
+            *to = len - (final ? 0 : held_tail(text, s->pos, len, opens, 2));
+            s->pos = *to;
+            return 0;
+        }
+        *to = (size_t)(o - text);
+        s->h_state = H_HEADER;
+        s->h_hdr = s->h_scan = s->pos = *to;
+        return 1;
+    }
+    if (s->h_state == H_HEADER) {
+        const char *m = find(text + s->h_scan, len - s->h_scan, H_MESSAGE);
+        if (!m) {
+            s->h_scan = resume_at(len, s->h_hdr);
+            if (!final) return 0;
+            /* a header that never opened a body is plain text */
+            *from = s->h_hdr;
+            *to = s->pos = len;
+            s->h_state = H_OUT;
+            return 1;
+        }
+        const char *h = text + s->h_hdr, *w;
+        size_t hl = (size_t)(m - h), wl;
+        header_word(h, hl, "to=", &w, &wl);
+        int kind = HK_CONTENT;
+        if (wl) {
+            kind = HK_CALL;
+        } else {
+            header_word(h, hl, H_CHANNEL, &w, &wl);
+            if (wl == 8 && memcmp(w, "analysis", 8) == 0) kind = HK_HIDDEN;
+        }
+        s->h_kind = kind;
+        s->h_state = H_BODY;
+        s->h_body = s->h_scan = s->pos = (size_t)(m - text) + strlen(H_MESSAGE);
+        return 1;
+    }
+    /* in a body */
+    const char *e = find_first(text, s->h_scan, len, h_ends, H_N_ENDS, &which);
+    s->reasoning = s->h_kind == HK_HIDDEN;
+    if (!e && !final) {
+        s->h_scan = resume_at(len, s->h_body);
+        if (s->h_kind == HK_CALL) return 0;
+        *to = len - held_tail(text, s->pos, len, h_ends, H_N_ENDS);
+        s->pos = *to;
+        return *to > *from;
+    }
+    size_t end = e ? (size_t)(e - text) : len;
+    size_t next = e && which < 3 ? end + strlen(h_ends[which]) : end;
+    if (s->h_kind != HK_CALL) {
+        *to = end;
+    } else {
+        struct tc_call call;
+        int rc = harmony_call(text + s->h_hdr, s->h_body - s->h_hdr, text + s->h_body,
+                              end - s->h_body, &call);
+        if (rc < 0) return -1;
+        if (rc == 0) { /* no call after all: the whole message is content */
+            *from = s->h_hdr;
+            *to = end;
+        } else if (push_call(calls, n_calls, call) < 0) {
+            return -1;
+        }
+    }
+    s->pos = next;
+    s->h_state = H_OUT;
+    return 1;
+}
+
 void tc_stream_init(struct tc_stream *s, enum tc_syntax syn)
 {
     memset(s, 0, sizeof *s);
@@ -151,6 +328,8 @@ void tc_stream_init(struct tc_stream *s, enum tc_syntax syn)
 int tc_stream_step(struct tc_stream *s, const char *text, size_t len, bool final, size_t *from,
                    size_t *to, struct tc_call **calls, int *n_calls)
 {
+    if (s->syn == TC_HARMONY) return harmony_step(s, text, len, final, from, to, calls, n_calls);
+    s->reasoning = false;
     const char *om = open_marker(s->syn), *cm = close_marker(s->syn);
     size_t ol = strlen(om), cl = strlen(cm);
     *from = *to = s->pos;
@@ -204,12 +383,26 @@ static bool is_space(char c)
     return c == ' ' || c == '\n' || c == '\t' || c == '\r';
 }
 
-int tc_parse(enum tc_syntax syn, const char *text, size_t len, char **content,
-             struct tc_call **calls, int *n_calls)
+/* Trims spaces at both ends of buf[0, w) in place and terminates it. */
+static void trim(char *buf, size_t w)
 {
-    char *out = malloc(len + 1);
-    if (!out) return -1;
-    size_t w = 0;
+    size_t a = 0;
+    while (a < w && is_space(buf[a])) a++;
+    while (w > a && is_space(buf[w - 1])) w--;
+    memmove(buf, buf + a, w - a);
+    buf[w - a] = '\0';
+}
+
+int tc_parse(enum tc_syntax syn, const char *text, size_t len, char **content,
+             struct tc_call **calls, int *n_calls, char **reasoning)
+{
+    char *out = malloc(len + 1), *think = malloc(len + 1);
+    if (!out || !think) {
+        free(out);
+        free(think);
+        return -1;
+    }
+    size_t w = 0, tw = 0;
     struct tc_stream st;
     tc_stream_init(&st, syn);
     for (;;) {
@@ -217,19 +410,26 @@ int tc_parse(enum tc_syntax syn, const char *text, size_t len, char **content,
         int rc = tc_stream_step(&st, text, len, true, &from, &to, calls, n_calls);
         if (rc < 0) {
             free(out);
+            free(think);
             return -1;
         }
-        memcpy(out + w, text + from, to - from);
-        w += to - from;
+        if (st.reasoning) {
+            memcpy(think + tw, text + from, to - from);
+            tw += to - from;
+        } else {
+            memcpy(out + w, text + from, to - from);
+            w += to - from;
+        }
         if (rc == 0 && st.pos >= len) break;
     }
     w = tc_strip_markers(syn, out, w);
-    size_t a = 0;
-    while (a < w && is_space(out[a])) a++;
-    while (w > a && is_space(out[w - 1])) w--;
-    memmove(out, out + a, w - a);
-    out[w - a] = '\0';
+    trim(out, w);
     *content = out;
+    trim(think, tw);
+    if (reasoning)
+        *reasoning = think;
+    else
+        free(think);
     return 0;
 }
 
@@ -237,7 +437,7 @@ int tc_grammar(enum tc_syntax syn, const char *tools_json, const char *only_name
                char **out, char *err, size_t errlen, char *bad_keyword, size_t kwlen)
 {
     *out = NULL;
-    if (syn != TC_HERMES)
+    if (syn != TC_HERMES) /* DeepSeek and harmony */
         return ms_errf(err, errlen,
                        "forcing a tool call is not supported for this model's tool-call syntax "
                        "(its markers are special tokens)");

@@ -7,7 +7,14 @@
  *   TC_DEEPSEEK DeepSeek-V3: <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f
  *               \n```json\n{...}\n```<｜tool▁call▁end｜>...<｜tool▁calls▁end｜> (parsed; a
  *               grammar for it is refused: its markers are special tokens)
- * gpt-oss's harmony format is not supported yet (the model is not either).
+ *   TC_HARMONY  gpt-oss: the output is a run of messages, each a header
+ *               ([<|start|>assistant][ to=R]<|channel|>C[ to=R][ <|constrain|>json]<|message|>)
+ *               and a body ending at <|end|>, <|call|>, <|return|>, the next header or the end
+ *               of the output. A body with a recipient R (functions.NAME) is a call of NAME
+ *               with the body as its arguments; an "analysis" body is the model's reasoning
+ *               (reported apart from the content, as reasoning_content); any other body ("final", a "commentary" preamble) is
+ *               content. Text outside any message is content. Parsed for every chat on such a
+ *               model, with or without tools; no forcing grammar (special-token markers).
  *
  * Ownership: results are malloc'd and owned by the caller (tc_calls_free); inputs borrowed. */
 #ifndef MOESERVE_PROTO_TOOLCALL_H
@@ -18,7 +25,7 @@
 
 #include "tokenizer.h"
 
-enum tc_syntax { TC_HERMES, TC_DEEPSEEK };
+enum tc_syntax { TC_HERMES, TC_DEEPSEEK, TC_HARMONY };
 
 struct tc_call {
     char *name;
@@ -32,9 +39,11 @@ bool tc_needs_special_tokens(enum tc_syntax syn);
 
 /* Splits a whole output into its content (a new string: the text outside well-formed calls,
  * the syntax's outer markers dropped, trimmed) and its calls (appended to *calls, *n_calls).
- * A block that does not parse stays in the content. Returns 0, or -1 when out of memory. */
+ * A block that does not parse stays in the content. With reasoning non-NULL it receives the
+ * model's reasoning (harmony's analysis bodies, a new string, empty when none). Returns 0, or
+ * -1 when out of memory. */
 int tc_parse(enum tc_syntax syn, const char *text, size_t len, char **content,
-             struct tc_call **calls, int *n_calls);
+             struct tc_call **calls, int *n_calls, char **reasoning);
 void tc_calls_free(struct tc_call *calls, int n);
 
 /* Streaming: the output so far is fed whole each time; each step reports the content that can
@@ -45,13 +54,19 @@ struct tc_stream {
     size_t pos;      /* text before this is reported */
     bool in_block;
     size_t block_at; /* where the open block started */
+    /* harmony: outside a message, in its header or in its body (of which kind), where the
+     * header and the body start, and where the next marker search resumes */
+    int h_state, h_kind;
+    size_t h_hdr, h_body, h_scan;
+    bool reasoning; /* the range the last step reported is reasoning, not content */
 };
 void tc_stream_init(struct tc_stream *s, enum tc_syntax syn);
 /* Removes the syntax's outer markers (DeepSeek's calls begin/end) from content in place;
  * returns the new length. */
 size_t tc_strip_markers(enum tc_syntax syn, char *content, size_t len);
 /* Reports at most one call per step: call it again while it returns 1 (progress). Returns 1,
- * 0 (nothing more now) or -1 (out of memory). */
+ * 0 (nothing more now) or -1 (out of memory). After each step s->reasoning says whether the
+ * range it reported is the model's reasoning rather than content. */
 int tc_stream_step(struct tc_stream *s, const char *text, size_t len, bool final, size_t *from,
                    size_t *to, struct tc_call **calls, int *n_calls);
 

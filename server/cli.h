@@ -6,6 +6,8 @@ int cli_generate(int argc, char **argv);
 /* `moeserve trace info|record|synth` and `moeserve placement-sim` (cli_routing.c). */
 int cli_trace(int argc, char **argv);
 int cli_placement_sim(int argc, char **argv);
+/* `moeserve healthcheck`: exit 0 when the local server's /health answers 200 (cli_health.c). */
+int cli_healthcheck(int argc, char **argv);
 
 #include <stddef.h>
 

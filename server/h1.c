@@ -95,6 +95,7 @@ struct h1_conn {
     void *rctx;
     bool chunked_out, stream_done;
     void *data;
+    char peer[24];  /* the client's "address:port" (IPv4), for logs */
     /* under w->wake_mu */
     bool wq, dead;
     struct h1_conn *wq_prev, *wq_next;
@@ -759,7 +760,9 @@ static void accept_batch(struct h1_worker *w)
 {
     struct h1_server *s = w->s;
     for (int i = 0; i < ACCEPT_BATCH; i++) {
-        int fd = accept4(s->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        struct sockaddr_in pa;
+        socklen_t pal = sizeof pa;
+        int fd = accept4(s->lfd, (struct sockaddr *)&pa, &pal, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
             if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
                 /* out of descriptors: stop taking connections for a moment rather than spin on
@@ -776,6 +779,9 @@ static void accept_batch(struct h1_worker *w)
             close(fd);
             continue;
         }
+        char ip[INET_ADDRSTRLEN];
+        if (pa.sin_family == AF_INET && inet_ntop(AF_INET, &pa.sin_addr, ip, sizeof ip))
+            snprintf(c->peer, sizeof c->peer, "%s:%u", ip, (unsigned)ntohs(pa.sin_port));
         if (atomic_fetch_add(&s->n_conns, 1) >= s->cfg.max_conns) {
             c->no_linger = true;
             conn_fail(c, 503, "too many open connections; retry later");
@@ -920,6 +926,11 @@ void h1_stop(struct h1_server *s)
 }
 
 /* --- request accessors ----------------------------------------------------------------------- */
+
+const char *h1_peer(const struct h1_conn *c)
+{
+    return c->peer;
+}
 
 const char *h1_method(const struct h1_conn *c)
 {

@@ -84,6 +84,7 @@ void h1_stop(struct h1_server *s);
 
 /* The current request (valid from H1_HEAD until on_done). */
 const char *h1_method(const struct h1_conn *c);
+const char *h1_peer(const struct h1_conn *c); /* the client's "address:port", "" if unknown */
 const char *h1_path(const struct h1_conn *c);
 const char *h1_header(const struct h1_conn *c, const char *name); /* first value, or NULL */
 /* Declared body length: >= 0, INT64_MAX when too large to represent, -1 for chunked, -2

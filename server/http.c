@@ -26,6 +26,7 @@
 #include "jinja.h"
 #include "proto/request.h"
 #include "proto/response.h"
+#include "slog.h"
 
 enum { HTTP_LOADING, HTTP_READY, HTTP_DRAINING };
 
@@ -73,7 +74,7 @@ struct gen {
     bool echo_lps;             /* echo + logprobs: the prompt's logprobs lead each choice's */
     bool plp_field;            /* vLLM prompt_logprobs asked for */
     bool tokens_as_ids;
-    bool tools;                /* chat with tool calls to parse out of the output */
+    bool tools;                /* chat output to parse: tool calls, harmony channels */
     enum tc_syntax tc_syn;
     char id[64];
     char call_id[80];          /* tool-call ids: "<call_id>_<index>" */
@@ -90,10 +91,13 @@ struct gen {
     char *pend;                /* SSE bytes not yet handed to h1 */
     size_t pend_len, pend_off;
     bool usage_sent, done_sent;
+    bool tool_calls;           /* a choice ended in tool calls (the access log's finish reason) */
 };
 
 struct conn {
     const char *route;
+    double t0;     /* the head arrived (ms_now) */
+    int status;    /* of the response queued, 0 before */
     char *body;
     size_t len, cap;
     struct gen *g;
@@ -108,6 +112,27 @@ static bool is_get_route(const char *route)
     for (size_t i = 0; i < sizeof get_routes / sizeof *get_routes; i++)
         if (strcmp(route, get_routes[i]) == 0) return true;
     return false;
+}
+
+/* The access-log line of a request whose head never arrived (h1 reports framing errors of
+ * such requests with no request data): there is nothing else to wait for. */
+static void log_headless(struct h1_conn *c, const char *route, int status)
+{
+    const char *peer = h1_peer(c);
+    struct slog_access a = {.route = route, .status = status, .client = peer[0] ? peer : NULL,
+                            .prompt_tokens = -1, .completion_tokens = -1, .ttft_s = -1,
+                            .duration_s = -1, .outcome = "sent"};
+    slog_access(&a);
+}
+
+/* Every response goes through here: the metrics count it, the access log gets its status. */
+static void count_response(struct http_server *h, struct h1_conn *c, const char *route,
+                           int status)
+{
+    metrics_http(h->mt, route, status);
+    struct conn *cn = h1_data(c);
+    if (cn) cn->status = status;
+    else if (h->cfg.access_log) log_headless(c, route, status);
 }
 
 static int send_text(struct http_server *h, struct h1_conn *c, const char *route, int status,
@@ -125,7 +150,7 @@ static int send_text(struct http_server *h, struct h1_conn *c, const char *route
              status == 429 ? "Retry-After: 1\r\n" : "",
              status == 405 ? (is_get_route(route) ? "Allow: GET\r\n" : "Allow: POST\r\n") : "",
              status == 401 ? "WWW-Authenticate: Bearer\r\n" : "");
-    metrics_http(h->mt, route, status);
+    count_response(h, c, route, status);
     return h1_respond(c, status, headers, body, strlen(body));
 }
 
@@ -331,8 +356,9 @@ static char *gen_body(struct gen *g, int *status, struct proto_error *e)
     int completion = 0, n_ch = 0;
     struct tc_call **calls = calloc(n_choices, sizeof *calls);
     int *n_calls = calloc(n_choices, sizeof *n_calls);
+    char **thinks = calloc(n_choices, sizeof *thinks);
     *status = 200;
-    if (!ch || !texts || !order || !calls || !n_calls) goto out;
+    if (!ch || !texts || !order || !calls || !n_calls || !thinks) goto out;
     for (int i = 0; i < g->n; i++) {
         struct sched_req *r = g->reqs[i];
         sched_req_lock(r);
@@ -374,16 +400,20 @@ static char *gen_body(struct gen *g, int *status, struct proto_error *e)
             if (g->tools) {
                 char *content = NULL;
                 if (tc_parse(g->tc_syn, texts[n_ch], c->text_len, &content, &calls[n_ch],
-                             &n_calls[n_ch]) != 0)
+                             &n_calls[n_ch], &thinks[n_ch]) != 0)
                     goto out;
                 free(texts[n_ch]);
                 c->text = texts[n_ch] = content;
                 c->text_len = strlen(content);
+                c->reasoning = thinks[n_ch];
+                c->reasoning_len = strlen(thinks[n_ch]);
                 c->calls = calls[n_ch];
                 c->n_calls = n_calls[n_ch];
                 c->call_id = g->call_id;
-                if (n_calls[n_ch] > 0 && r->out.finish == SCHED_FINISH_STOP)
+                if (n_calls[n_ch] > 0 && r->out.finish == SCHED_FINISH_STOP) {
                     c->finish_reason = "tool_calls";
+                    g->tool_calls = true;
+                }
             }
             if (g->logprobs) {
                 c->lps = r->out.lps;
@@ -401,6 +431,8 @@ static char *gen_body(struct gen *g, int *status, struct proto_error *e)
 out:
     for (int i = 0; texts && i < n_ch; i++) free(texts[i]);
     for (int i = 0; calls && i < n_ch; i++) tc_calls_free(calls[i], n_calls[i]);
+    for (size_t i = 0; thinks && i < n_choices; i++) free(thinks[i]);
+    free(thinks);
     free(calls);
     free(n_calls);
     free(texts);
@@ -431,26 +463,40 @@ static bool pend_add(struct gen *g, char *frame)
  * Returns -1 when out of memory. */
 static int tool_delta(struct gen *g, struct choice_state *cs, const struct sched_req *r,
                       size_t tl, bool final, char **content, size_t *len, struct tc_call **calls,
-                      int *n_calls)
+                      int *n_calls, char **reasoning, size_t *rlen)
 {
-    char *buf = malloc(tl - cs->tcs.pos + 1);
-    if (!buf) return -1;
-    size_t w = 0;
+    size_t room = tl - cs->tcs.pos + 1;
+    char *buf = malloc(room), *think = malloc(room);
+    if (!buf || !think) {
+        free(buf);
+        free(think);
+        return -1;
+    }
+    size_t w = 0, tw = 0;
     for (;;) {
         size_t from, to;
         int rc = tc_stream_step(&cs->tcs, r->out.text, tl, final, &from, &to, calls, n_calls);
         if (rc < 0) {
             free(buf);
+            free(think);
             return -1;
         }
-        memcpy(buf + w, r->out.text + from, to - from);
-        w += to - from;
+        if (cs->tcs.reasoning) {
+            memcpy(think + tw, r->out.text + from, to - from);
+            tw += to - from;
+        } else {
+            memcpy(buf + w, r->out.text + from, to - from);
+            w += to - from;
+        }
         if (rc == 0) break;
     }
     w = tc_strip_markers(g->tc_syn, buf, w);
     buf[w] = '\0';
+    think[tw] = '\0';
     *content = buf;
     *len = w;
+    *reasoning = think;
+    *rlen = tw;
     return 0;
 }
 
@@ -484,12 +530,13 @@ static bool gen_collect(struct gen *g)
         } else if (has_new) {
             char *text = r->out.text + cs->text_sent;
             size_t len = tl - cs->text_sent;
-            char *joined = NULL;
+            char *joined = NULL, *think = NULL;
+            size_t think_len = 0;
             struct tc_call *calls = NULL;
             int n_calls = 0;
             if (g->tools) {
                 if (tool_delta(g, cs, r, tl, fin != SCHED_FINISH_NONE, &joined, &len, &calls,
-                               &n_calls) != 0) {
+                               &n_calls, &think, &think_len) != 0) {
                     sched_req_unlock(r);
                     return added;
                 }
@@ -514,13 +561,18 @@ static bool gen_collect(struct gen *g)
             if (!cs->role_sent) choice_prompt(g, r, &c);
             c.calls = calls;
             c.n_calls = n_calls;
+            c.reasoning = think;
+            c.reasoning_len = think_len;
             c.call_index0 = cs->calls_sent;
             c.call_id = g->call_id;
-            if (fin == SCHED_FINISH_STOP && cs->calls_sent + n_calls > 0)
+            if (fin == SCHED_FINISH_STOP && cs->calls_sent + n_calls > 0) {
                 c.finish_reason = "tool_calls";
+                g->tool_calls = true;
+            }
             /* nothing to say yet (a call's text is held back): no empty delta */
-            bool empty = g->tools && len == 0 && n_calls == 0 && cs->role_sent &&
-                         fin == SCHED_FINISH_NONE && !(g->logprobs && nt > cs->tok_sent);
+            bool empty = g->tools && len == 0 && n_calls == 0 && think_len == 0 &&
+                         cs->role_sent && fin == SCHED_FINISH_NONE &&
+                         !(g->logprobs && nt > cs->tok_sent);
             if (!empty)
                 frame = proto_resp_chunk(g->kind, g->id, g->created, g->h->model_name, &c,
                                          g->kind == PROTO_CHAT && !cs->role_sent, NULL,
@@ -530,6 +582,7 @@ static bool gen_collect(struct gen *g)
             for (size_t b = 0; frame && b < len; b++)
                 cs->chars_sent += ((unsigned char)text[b] & 0xC0) != 0x80;
             free(joined);
+            free(think);
         }
         sched_req_unlock(r);
         if (frame) {
@@ -740,6 +793,10 @@ static int gen_submit(struct http_server *h, struct gen *g, struct proto_req *pr
         if ((pr->tool_choice == PROTO_TOOL_REQUIRED || pr->tool_choice == PROTO_TOOL_NAMED) &&
             compile_tool_grammar(h, pr, g->tc_syn, &grammar, e) != 0)
             return -1;
+    } else if (pr->kind == PROTO_CHAT && tc_syntax_of(m->tok) == TC_HARMONY) {
+        /* harmony output is always messages on channels: the reasoning is not content */
+        g->tools = true;
+        g->tc_syn = TC_HARMONY;
     }
     /* struct proto_bias and struct smp_bias have the same fields: copy, do not alias */
     struct smp_bias *bias = NULL;
@@ -889,8 +946,9 @@ static int handle_generate(struct http_server *h, struct h1_conn *c, struct conn
     int rc = gen_submit(h, g, &pr, &e);
     proto_req_free(&pr);
     if (rc != 0) return send_error(h, c, cn->route, &e);
+    metrics_request_n(h->mt, g->n_out);
     if (g->stream) {
-        metrics_http(h->mt, cn->route, 200);
+        count_response(h, c, cn->route, 200);
         return h1_respond_stream(c, 200,
                                  "Content-Type: text/event-stream\r\nCache-Control: no-cache\r\n",
                                  stream_reader, g);
@@ -989,6 +1047,7 @@ static int on_head(struct http_server *h, struct h1_conn *c)
     if (!cn) return fail(h, c, "other", 500, NULL, NULL, "out of memory");
     h1_set_data(c, cn);
     cn->route = "other";
+    cn->t0 = ms_now();
     const char *path = h1_path(c);
     for (size_t i = 0; i < sizeof known_routes / sizeof *known_routes; i++)
         if (strcmp(path, known_routes[i]) == 0) cn->route = known_routes[i];
@@ -1116,10 +1175,45 @@ static void on_error(void *cls, struct h1_conn *c, int status, const char *messa
     fail(h, c, cn ? cn->route : "other", status, NULL, code, message);
 }
 
+/* The access-log line of a request whose life is over (on_done). */
+static void log_access(struct h1_conn *c, struct conn *cn, enum h1_done why)
+{
+    const char *peer = h1_peer(c);
+    struct slog_access a = {.method = h1_method(c), .route = cn->route, .status = cn->status,
+                            .client = peer[0] ? peer : NULL, .prompt_tokens = -1,
+                            .completion_tokens = -1, .ttft_s = -1,
+                            .duration_s = ms_now() - cn->t0,
+                            .outcome = why == H1_DONE_SENT     ? "sent"
+                                       : why == H1_DONE_CLOSED ? "client_closed"
+                                                               : "server_stopped"};
+    struct gen *g = cn->g;
+    if (g) {
+        a.id = g->id;
+        a.prompt_tokens = g->prompt_tokens;
+        a.completion_tokens = 0;
+        for (int i = 0; g->reqs && i < g->n; i++) {
+            struct sched_req *r = g->reqs[i];
+            if (!r) continue;
+            sched_req_lock(r);
+            a.completion_tokens += r->out.n_tokens;
+            if (r->out.n_tokens > 0 && (a.ttft_s < 0 || r->out.ttft_s < a.ttft_s))
+                a.ttft_s = r->out.ttft_s;
+            if (i == 0)
+                a.finish_reason = g->tool_calls && r->out.finish == SCHED_FINISH_STOP
+                                      ? "tool_calls"
+                                      : sched_finish_str(r->out.finish);
+            sched_req_unlock(r);
+        }
+    }
+    slog_access(&a);
+}
+
 static void on_done(void *cls, struct h1_conn *c, enum h1_done why)
 {
+    struct http_server *h = cls;
     struct conn *cn = h1_data(c);
     if (!cn) return;
+    if (h->cfg.access_log) log_access(c, cn, why);
     gen_free(cn->g); /* cancels choices still running (client gone, or stopping) */
     free(cn->body);
     free(cn);

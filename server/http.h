@@ -11,6 +11,7 @@
 #ifndef MOESERVE_HTTP_H
 #define MOESERVE_HTTP_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "metrics.h"
@@ -29,6 +30,7 @@ struct http_config {
     int max_conns;           /* open connections at once (h1_config.max_conns) */
     double keep_alive_s;     /* idle / stall timeout (h1_config.keep_alive_s) */
     double read_timeout_s;   /* whole-request deadline (h1_config.read_timeout_s) */
+    bool access_log;         /* one slog_access line per request (slog.h) */
 };
 
 struct http_server;

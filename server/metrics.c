@@ -2,14 +2,19 @@
  * rendered into Prometheus text format 0.0.4 with HELP and TYPE lines for every family. */
 #include "metrics.h"
 
+#include <dirent.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "placement/placement.h"
 #include "placement/rebalance.h"
+#include "proto/response.h"
 
 #define HIST_MAX 24
 #define N_ROUTES 9
@@ -37,12 +42,24 @@ static const double lat_buckets[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08,
 static const double itl_buckets[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1,
                                      0.15,  0.2,    0.3,   0.4,  0.5,   0.75, 1.0,   2.5};
 static const double tok_buckets[] = {1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192};
+/* request sizes in tokens: 1-2-5 steps as vLLM's */
+static const double size_buckets[] = {1,     2,     5,     10,     20,     50,     100,
+                                      200,   500,   1000,  2000,   5000,   10000,  20000,
+                                      50000, 100000, 200000, 500000, 1000000};
+/* whole-request phases (prefill, decode, inference): up to half an hour */
+static const double phase_buckets[] = {0.01, 0.025, 0.05, 0.1,  0.25, 0.5,  1.0,   2.5,  5.0,  10.0,
+                                       15.0, 20.0,  30.0, 40.0, 60.0, 120., 240.0, 480., 960., 1920.};
+static const double n_buckets[] = {1, 2, 5, 10, 20};
 static const double rebal_buckets[] = {0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5};
 
 struct metrics {
     pthread_mutex_t mu;
     struct engine *e;
     struct hist ttft, itl, e2e, queue, step_tokens;
+    /* per finished request (vLLM's request-level histograms) */
+    struct hist req_prompt, req_gen, req_max_tokens, req_tpot, req_prefill, req_decode,
+        req_inference, req_n;
+    double t_start;                           /* wall clock at metrics_create */
     uint64_t finished[5];                     /* by enum sched_finish */
     uint64_t http[N_ROUTES][N_CODES];
     /* per device, copied from the engine on the scheduler thread */
@@ -104,6 +121,19 @@ struct metrics *metrics_create(void)
     hist_init(&mt->itl, itl_buckets, (int)(sizeof itl_buckets / sizeof *itl_buckets));
     hist_init(&mt->step_tokens, tok_buckets, (int)(sizeof tok_buckets / sizeof *tok_buckets));
     hist_init(&mt->rebalance_s, rebal_buckets, (int)(sizeof rebal_buckets / sizeof *rebal_buckets));
+#define NB(a) (int)(sizeof a / sizeof *a)
+    hist_init(&mt->req_prompt, size_buckets, NB(size_buckets));
+    hist_init(&mt->req_gen, size_buckets, NB(size_buckets));
+    hist_init(&mt->req_max_tokens, size_buckets, NB(size_buckets));
+    hist_init(&mt->req_tpot, itl_buckets, NB(itl_buckets));
+    hist_init(&mt->req_prefill, phase_buckets, NB(phase_buckets));
+    hist_init(&mt->req_decode, phase_buckets, NB(phase_buckets));
+    hist_init(&mt->req_inference, phase_buckets, NB(phase_buckets));
+    hist_init(&mt->req_n, n_buckets, NB(n_buckets));
+#undef NB
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    mt->t_start = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
     return mt;
 }
 
@@ -303,6 +333,37 @@ static void on_finish(void *ctx, enum sched_finish why, int n_prompt, int n_gen,
     pthread_mutex_unlock(&mt->mu);
 }
 
+static void on_request_done(void *ctx, const struct sched_req_done *d)
+{
+    struct metrics *mt = ctx;
+    pthread_mutex_lock(&mt->mu);
+    hist_add(&mt->req_prompt, d->n_prompt);
+    hist_add(&mt->req_gen, d->n_generated);
+    hist_add(&mt->req_max_tokens, d->max_tokens);
+    if (d->prefill_s >= 0) hist_add(&mt->req_prefill, d->prefill_s);
+    if (d->decode_s >= 0) hist_add(&mt->req_decode, d->decode_s);
+    if (d->inference_s >= 0) hist_add(&mt->req_inference, d->inference_s);
+    /* vLLM: decode time over the tokens after the first */
+    if (d->decode_s >= 0 && d->n_generated > 1)
+        hist_add(&mt->req_tpot, d->decode_s / (double)(d->n_generated - 1));
+    pthread_mutex_unlock(&mt->mu);
+}
+
+void metrics_request_n(struct metrics *mt, int n)
+{
+    pthread_mutex_lock(&mt->mu);
+    hist_add(&mt->req_n, n);
+    pthread_mutex_unlock(&mt->mu);
+}
+
+double metrics_imbalance(struct metrics *mt)
+{
+    pthread_mutex_lock(&mt->mu);
+    double v = mt->imbalance;
+    pthread_mutex_unlock(&mt->mu);
+    return v;
+}
+
 /* Runs on the scheduler thread, the only one that may read the engine's counters. */
 static void on_step(void *ctx, int n_tokens, int n_seqs)
 {
@@ -338,7 +399,8 @@ static void on_step(void *ctx, int n_tokens, int n_seqs)
 struct sched_observer metrics_observer(struct metrics *mt)
 {
     struct sched_observer o = {.ctx = mt, .on_first_token = on_first_token, .on_token = on_token,
-                               .on_finish = on_finish, .on_step = on_step};
+                               .on_finish = on_finish, .on_step = on_step,
+                               .on_request_done = on_request_done};
     return o;
 }
 
@@ -477,6 +539,51 @@ static void render_placement(struct buf *b, const struct metrics *mt, const char
     }
 }
 
+/* The Prometheus client libraries' standard process_* families, from /proc (Linux). A value
+ * that cannot be read is left out rather than reported as 0. */
+static void render_process(struct buf *b, double t_start)
+{
+    long tick = sysconf(_SC_CLK_TCK), page = sysconf(_SC_PAGESIZE);
+    FILE *f = fopen("/proc/self/stat", "r");
+    char line[1024];
+    if (f && fgets(line, sizeof line, f)) {
+        /* fields after the ")" closing comm: state is field 3; utime 14, stime 15, vsize 23,
+         * rss 24 (pages) */
+        const char *p = strrchr(line, ')');
+        unsigned long long utime = 0, stime = 0, vsize = 0, rss = 0;
+        if (p && tick > 0 &&
+            sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu %*d %*d %*d %*d "
+                          "%*d %*d %*u %llu %llu",
+                   &utime, &stime, &vsize, &rss) == 4) {
+            family(b, "process_cpu_seconds_total", "counter",
+                   "Total user and system CPU time spent in seconds.");
+            bprintf(b, "process_cpu_seconds_total %.2f\n", (double)(utime + stime) / (double)tick);
+            family(b, "process_virtual_memory_bytes", "gauge", "Virtual memory size in bytes.");
+            bprintf(b, "process_virtual_memory_bytes %llu\n", vsize);
+            family(b, "process_resident_memory_bytes", "gauge", "Resident memory size in bytes.");
+            bprintf(b, "process_resident_memory_bytes %llu\n", rss * (unsigned long long)page);
+        }
+    }
+    if (f) fclose(f);
+    family(b, "process_start_time_seconds", "gauge",
+           "Start time of the process since unix epoch in seconds.");
+    bprintf(b, "process_start_time_seconds %.3f\n", t_start);
+    DIR *d = opendir("/proc/self/fd");
+    if (d) {
+        long n = 0;
+        for (struct dirent *de; (de = readdir(d));)
+            if (de->d_name[0] != '.') n++;
+        closedir(d);
+        family(b, "process_open_fds", "gauge", "Number of open file descriptors.");
+        bprintf(b, "process_open_fds %ld\n", n - 1); /* less the one reading the folder */
+    }
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
+        family(b, "process_max_fds", "gauge", "Maximum number of open file descriptors.");
+        bprintf(b, "process_max_fds %llu\n", (unsigned long long)rl.rlim_cur);
+    }
+}
+
 char *metrics_render(struct metrics *mt, const struct sched_stats *st, const char *model_name)
 {
     struct buf b = {.s = malloc(16384), .cap = 16384};
@@ -487,6 +594,17 @@ char *metrics_render(struct metrics *mt, const struct sched_stats *st, const cha
     struct sched_stats z = {0};
     if (!st) st = &z;
 
+    family(&b, "moeserve_build_info", "gauge",
+           "Build of this server (value 1): version, commit, CUDA compiled in.");
+    bprintf(&b, "moeserve_build_info{version=\"%s\",commit=\"%s\",cuda=\"%s\"} 1\n",
+            proto_version_string(), proto_commit_string(),
+#ifdef MOESERVE_HAVE_CUDA
+            "true"
+#else
+            "false"
+#endif
+    );
+    render_process(&b, mt->t_start);
     family(&b, "moeserve_num_requests_running", "gauge", "Requests in the running batch.");
     bprintf(&b, "moeserve_num_requests_running{%s} %d\n", lab, st->running);
     family(&b, "moeserve_num_requests_waiting", "gauge", "Requests waiting to be scheduled.");
@@ -543,6 +661,27 @@ char *metrics_render(struct metrics *mt, const struct sched_stats *st, const cha
                 &mt->queue, lab);
     render_hist(&b, "moeserve_iteration_tokens", "Tokens per engine step.",
                 &mt->step_tokens, lab);
+    /* vLLM's time_per_output_token_seconds is the inter-token latency under its older name */
+    render_hist(&b, "moeserve_time_per_output_token_seconds",
+                "Time between generated tokens (the inter-token latency, vLLM's older name).",
+                &mt->itl, lab);
+    render_hist(&b, "moeserve_request_time_per_output_token_seconds",
+                "Per request: decode time over the generated tokens after the first.",
+                &mt->req_tpot, lab);
+    render_hist(&b, "moeserve_request_prompt_tokens", "Prompt tokens per finished request.",
+                &mt->req_prompt, lab);
+    render_hist(&b, "moeserve_request_generation_tokens",
+                "Generated tokens per finished request.", &mt->req_gen, lab);
+    render_hist(&b, "moeserve_request_params_max_tokens", "max_tokens of each finished request.",
+                &mt->req_max_tokens, lab);
+    render_hist(&b, "moeserve_request_params_n", "n (choices) of each generation request.",
+                &mt->req_n, lab);
+    render_hist(&b, "moeserve_request_prefill_time_seconds",
+                "Per request: first scheduled to first token.", &mt->req_prefill, lab);
+    render_hist(&b, "moeserve_request_decode_time_seconds",
+                "Per request: first token to last token.", &mt->req_decode, lab);
+    render_hist(&b, "moeserve_request_inference_time_seconds",
+                "Per request: first scheduled to last token.", &mt->req_inference, lab);
     family(&b, "moeserve_http_requests_total", "counter", "HTTP responses by route and status.");
     for (int r = 0; r < N_ROUTES; r++)
         for (int c = 0; c < N_CODES; c++)

@@ -6,6 +6,9 @@
  * (label: layer only), replicas, experts per device, rebalances (count, duration, slots moved),
  * expert rows and tokens sent to other devices, all-to-all bytes per sending device, mean
  * routed expert width; per-expert routed tokens only when asked (models up to 256 experts).
+ * Also vLLM's request-level histograms (prompt and generated tokens, max_tokens, n, prefill,
+ * decode and inference time, time per output token), the process_* families of the Prometheus
+ * client libraries, and moeserve_build_info.
  *
  * Threads: the observer hooks run on the scheduler thread, metrics_http on HTTP threads,
  * metrics_render on any; one mutex guards the counters (held for microseconds, never across a
@@ -29,6 +32,10 @@ void metrics_set_rebalancer(struct metrics *mt, const struct rebal *r);
 void metrics_set_per_expert(struct metrics *mt, bool on);
 /* Hooks to pass in sched_params.obs. */
 struct sched_observer metrics_observer(struct metrics *mt);
+/* One generation request of n choices (vLLM's request_params_n). */
+void metrics_request_n(struct metrics *mt, int n);
+/* The device load-imbalance ratio of the last window (the periodic stats line). */
+double metrics_imbalance(struct metrics *mt);
 /* Counts one HTTP response. route: one of the server's route names, or "other". */
 void metrics_http(struct metrics *mt, const char *route, int status);
 /* Renders the exposition text; st may be NULL (before the scheduler exists). */

@@ -39,6 +39,7 @@
 #include "mpi/comm_mpi.h"
 #include "scheduler.h"
 #include "serve_placement.h"
+#include "slog.h"
 
 enum opt_type { OPT_STR, OPT_INT, OPT_BYTES, OPT_BOOL };
 
@@ -52,6 +53,7 @@ struct serve_opts {
     long weight_cache;
     const char *placement, *placement_trace, *routing_stats, *record_routing;
     long redundant, max_experts_per_dev, rebalance_s, half_life, record_max, per_expert;
+    long access_log, stats_interval_s;
     long comm_timeout_s;
     const char *master_addr;
     long master_port;
@@ -101,6 +103,10 @@ static const struct opt_def opt_defs[] = {
     {"chat-template", "MOESERVE_CHAT_TEMPLATE", OPT_STR, OFF(chat_template), 0, 0,
      "Jinja chat template file overriding tokenizer_config.json's"},
     {"log-format", "MOESERVE_LOG_FORMAT", OPT_STR, OFF(log_format), 0, 0, "text or json (text)"},
+    {"access-log", "MOESERVE_ACCESS_LOG", OPT_BOOL, OFF(access_log), 0, 1,
+     "log one line per HTTP request (on)"},
+    {"log-stats-interval", "MOESERVE_LOG_STATS_INTERVAL", OPT_INT, OFF(stats_interval_s), 0,
+     86400, "seconds between stats lines while busy (10; 0 = none)"},
     {"max-waiting", "MOESERVE_MAX_WAITING", OPT_INT, OFF(max_waiting), 1, 1 << 20,
      "queued requests before 429 (1024)"},
     {"shutdown-grace", "MOESERVE_SHUTDOWN_GRACE", OPT_INT, OFF(grace_s), 0, 3600,
@@ -232,6 +238,8 @@ static int parse_opts(int argc, char **argv, struct serve_opts *o)
     o->dtype = "auto";
     o->quantization = "none";
     o->log_format = "text";
+    o->access_log = 1;
+    o->stats_interval_s = 10;
     o->max_waiting = 1024;
     o->grace_s = 30;
     o->keep_alive_s = 5;
@@ -322,33 +330,60 @@ static int parse_opts(int argc, char **argv, struct serve_opts *o)
     return 0;
 }
 
-static bool log_json;
-static int log_rank = -1; /* under mpirun: this process's rank, shown in every line */
-
 static void slog(const char *level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void slog(const char *level, const char *fmt, ...)
 {
-    char msg[1024];
-    int pre = log_rank >= 0 ? snprintf(msg, sizeof msg, "[rank %d] ", log_rank) : 0;
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg + pre, sizeof msg - (size_t)pre, fmt, ap);
+    slog_vmsg(level, fmt, ap);
     va_end(ap);
-    time_t now = time(NULL);
-    struct tm tm;
-    gmtime_r(&now, &tm);
-    char ts[32];
-    strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%SZ", &tm);
-    if (log_json) {
-        fprintf(stderr, "{\"ts\":\"%s\",\"level\":\"%s\",\"msg\":\"", ts, level);
-        for (const char *p = msg; *p; p++) {
-            if (*p == '"' || *p == '\\') fputc('\\', stderr);
-            if ((unsigned char)*p >= 0x20) fputc(*p, stderr);
-        }
-        fprintf(stderr, "\"}\n");
-    } else {
-        fprintf(stderr, "%s %s %s\n", ts, level, msg);
+}
+
+/* Model-load progress: the bar on a terminal; elsewhere (a container's log, a file) a log line
+ * at every tenth, which a log collector keeps and a bar's carriage returns would garble. */
+static void load_progress(void *ctx, double fraction)
+{
+    static int last_tenth = -1;
+    static double t0;
+    if (isatty(STDERR_FILENO)) {
+        cli_progress(ctx, fraction);
+        return;
     }
+    if (last_tenth < 0) t0 = ms_now();
+    int tenth = (int)(fraction * 10.0 + 1e-9);
+    if (tenth <= last_tenth) return;
+    last_tenth = tenth;
+    slog("info", "loading weights: %d%% (%.1fs)", tenth * 10, ms_now() - t0);
+}
+
+/* vLLM's periodic stats line: throughput since the last line, queue, KV usage, prefix-cache
+ * hits, device load imbalance. Logged only while there is or was work since the last one. */
+struct stats_log {
+    struct sched_stats last;
+    double t_last;
+};
+
+static void log_stats(struct stats_log *sl, struct sched *s, struct metrics *mt)
+{
+    struct sched_stats st;
+    sched_get_stats(s, &st);
+    double now = ms_now(), dt = now - sl->t_last;
+    uint64_t dp = st.prompt_tokens - sl->last.prompt_tokens;
+    uint64_t dg = st.generation_tokens - sl->last.generation_tokens;
+    uint64_t dq = st.prefix_cache_queries - sl->last.prefix_cache_queries;
+    uint64_t dh = st.prefix_cache_hits - sl->last.prefix_cache_hits;
+    if ((dp || dg || st.running || st.waiting) && dt > 0) {
+        double kv = st.kv_blocks_total > 0
+                        ? 100.0 * (1.0 - (double)st.kv_blocks_free / st.kv_blocks_total)
+                        : 0.0;
+        slog("info", "stats: prompt throughput %.1f tokens/s, generation throughput %.1f "
+                     "tokens/s, running %d reqs, waiting %d reqs, KV cache usage %.1f%%, prefix "
+                     "cache hit rate %.1f%%, device load imbalance %.3f",
+             (double)dp / dt, (double)dg / dt, st.running, st.waiting, kv,
+             dq ? 100.0 * (double)dh / (double)dq : 0.0, metrics_imbalance(mt));
+    }
+    sl->last = st;
+    sl->t_last = now;
 }
 
 /* Scheduler warnings about one request (e.g. a grammar that allowed no token). */
@@ -498,7 +533,7 @@ static int signals_wait(int n, double until, int *last)
 static void load_opts(const struct serve_opts *o, bool progress, struct model_load_opts *lo)
 {
     model_load_opts_default(lo);
-    lo->progress = progress ? cli_progress : NULL;
+    lo->progress = progress ? load_progress : NULL;
     lo->progress_ctx = "loading weights";
     model_dtype_parse(o->dtype, &lo->dtype); /* checked by parse_opts */
     model_quant_parse(o->quantization, &lo->quant);
@@ -664,7 +699,7 @@ int cli_serve(int argc, char **argv)
         return 0;
     }
     if (pr != 0) return 2;
-    log_json = strcmp(o.log_format, "json") == 0;
+    slog_set_json(strcmp(o.log_format, "json") == 0);
 
     /* Under mpirun: every process runs one engine rank; rank 0 also serves HTTP. */
     char err[MS_ERR_LEN];
@@ -676,7 +711,9 @@ int cli_serve(int argc, char **argv)
             slog("error", "started by mpirun, but: %s", err);
             return 2;
         }
-        log_rank = rank;
+        char prefix[32];
+        snprintf(prefix, sizeof prefix, "[rank %d] ", rank);
+        slog_set_prefix(prefix);
         if (check_mpi_opts(&o) != 0) return 2;
         mc = comm_mpi_create((int)o.comm_timeout_s * 1000, err, sizeof err);
         if (!mc) {
@@ -738,7 +775,8 @@ int cli_serve(int argc, char **argv)
                              .max_model_len = (int)o.max_model_len,
                              .max_waiting = (int)o.max_waiting, .max_conns = max_conns,
                              .keep_alive_s = (double)o.keep_alive_s,
-                             .read_timeout_s = (double)o.read_timeout_s};
+                             .read_timeout_s = (double)o.read_timeout_s,
+                             .access_log = o.access_log != 0};
     if (http_start(&hc, mt, &h, err, sizeof err) != 0) {
         slog("error", "%s", err);
         goto out;
@@ -824,26 +862,30 @@ int cli_serve(int argc, char **argv)
     splace_describe(pl, pdesc, sizeof pdesc);
     slog("info", "%s", pdesc);
 
+    /* Wait for a signal; log the stats line every --log-stats-interval; under mpirun also
+     * watch the other ranks every 0.1 s: a failure ends the server (see the top of this file). */
     int sig = 0;
-    if (!mc) {
-        signals_wait(1, 0, &sig);
-    } else {
-        /* also watch the other ranks: a failure ends the server (see the top of this file) */
+    struct stats_log sl = {.t_last = ms_now()};
+    sched_get_stats(s, &sl.last);
+    for (;;) {
+        double next = o.stats_interval_s > 0 ? sl.t_last + (double)o.stats_interval_s : 0;
+        if (mc) next = next > 0 && next < ms_now() + 0.1 ? next : ms_now() + 0.1;
+        if (signals_wait(1, next, &sig) >= 1) break;
+        if (o.stats_interval_s > 0 && ms_now() >= sl.t_last + (double)o.stats_interval_s)
+            log_stats(&sl, s, mt);
         char why[MS_ERR_LEN];
-        while (signals_wait(1, ms_now() + 0.1, &sig) < 1) {
-            if (!engine_failed(e, why, sizeof why)) continue;
-            slog("error", "expert parallelism failed: %s; ending the requests in flight, "
-                          "answering 503, exiting with status 1",
-                 why);
-            http_set_failed(h, why);
-            sched_close(s);
-            sched_stop(s); /* what the failed steps did not already end */
-            double until = ms_now() + FAIL_LINGER_S;
-            while (ms_now() < until && signals_wait(1, ms_now() + 0.05, NULL) < 1) {
-            }
-            status = 1;
-            goto out;
+        if (!mc || !engine_failed(e, why, sizeof why)) continue;
+        slog("error", "expert parallelism failed: %s; ending the requests in flight, "
+                      "answering 503, exiting with status 1",
+             why);
+        http_set_failed(h, why);
+        sched_close(s);
+        sched_stop(s); /* what the failed steps did not already end */
+        double until = ms_now() + FAIL_LINGER_S;
+        while (ms_now() < until && signals_wait(1, ms_now() + 0.05, NULL) < 1) {
         }
+        status = 1;
+        goto out;
     }
     slog("info", "%s: draining (grace %lds; a second signal ends it now)", sig_name(sig),
          o.grace_s);

@@ -299,6 +299,13 @@ static void test_elementwise(const struct gemm_kernels *kk)
     double worst = 0;
     for (int i = 0; i < N; i++) worst = fmax(worst, fabs(a[i] - b[i]) / fmax(fabs(b[i]), 1e-3));
     CHECKF(worst <= 1e-5, "%s silu_mul: relative error %.3g", kk->name, worst);
+    /* gpt-oss's clamp (limit 7, alpha 1.702): both sides of both clamps are in g and u */
+    for (int i = 0; i < N; i++) u[i] = urand(-10, 10);
+    kk->swiglu_oai(a, g, u, N, 1.702f, 7.0f);
+    gemm_kernels_portable()->swiglu_oai(b, g, u, N, 1.702f, 7.0f);
+    worst = 0;
+    for (int i = 0; i < N; i++) worst = fmax(worst, fabs(a[i] - b[i]) / fmax(fabs(b[i]), 1e-3));
+    CHECKF(worst <= 1e-5, "%s swiglu_oai: relative error %.3g", kk->name, worst);
 
     /* attention over a shuffled block table, GQA groups, a sliding window start */
     int bs = 4, n_kv = 2, blocks = 40;

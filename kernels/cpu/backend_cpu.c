@@ -429,18 +429,6 @@ static void cpu_route(struct backend *be, int32_t *idx, float *w, const float *l
     for (int t = 0; t < n; t++) route_token(r, logits, glog, tok_k, t, idx, w);
 }
 
-/* gpt-oss's clamped SwiGLU (BE_ACT_SWIGLU_OAI), in the reference's order of operations; out
- * may be g. */
-static void swiglu_oai(float *out, const float *g, const float *u, int n, float alpha,
-                       float limit)
-{
-    for (int i = 0; i < n; i++) {
-        float gi = g[i] < limit ? g[i] : limit;
-        float ui = u[i] < -limit ? -limit : u[i] > limit ? limit : u[i];
-        out[i] = (ui + 1.0f) * (gi * (1.0f / (1.0f + expf(-(gi * alpha)))));
-    }
-}
-
 /* Expert FFNs in two pool jobs: (1) gate and up of every expert, EXPERT_CHUNK weight rows a
  * task, SiLU(gate) * up written to the expert's hidden rows in `gate`; (2) down, EXPERT_CHUNK
  * rows a task, the first task of each expert preparing its hidden rows as activations (the
@@ -475,7 +463,7 @@ static void ex_up_task(void *ctx, int t, int thread)
         if (ex->b_up)
             for (int c = 0; c < w; c++) ui[c] += ex->b_up[r0 + c];
         if (ex->act == BE_ACT_SWIGLU_OAI)
-            swiglu_oai(hi, hi, ui, w, ex->alpha, ex->limit);
+            b->kk->swiglu_oai(hi, hi, ui, w, ex->alpha, ex->limit);
         else
             b->kk->silu_mul(hi, hi, ui, w);
     }

@@ -23,32 +23,48 @@ size_t gemm_act_bytes(enum act_kind kind, int n, int k)
 #if defined(__x86_64__)
 #include <cpuid.h>
 
-/* F16C from cpuid leaf 1 directly: clang's __builtin_cpu_supports does not know "f16c". */
-static int has_f16c(void)
+/* The features, read once: a kernel asks per call, and CPUID itself traps to the hypervisor
+ * in a virtual machine (microseconds). F16C comes from cpuid leaf 1 directly, as clang's
+ * __builtin_cpu_supports does not know "f16c". */
+static struct {
+    int f16c, avx2, avx512, vnni, bf16;
+} feat;
+static pthread_once_t feat_once = PTHREAD_ONCE_INIT;
+
+static void read_features(void)
 {
     unsigned a, b, c, d;
-    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+    feat.f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+    feat.avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && feat.f16c;
+    feat.avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                  __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+                  feat.avx2;
+    feat.vnni = feat.avx512 && __builtin_cpu_supports("avx512vnni");
+    feat.bf16 = feat.avx512 && __builtin_cpu_supports("avx512bf16");
+}
+
+static int has_f16c(void)
+{
+    pthread_once(&feat_once, read_features);
+    return feat.f16c;
 }
 
 static int has_avx2(void)
 {
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c();
-}
-
-static int has_avx512(void)
-{
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && has_avx2();
+    pthread_once(&feat_once, read_features);
+    return feat.avx2;
 }
 
 int cpu_has_avx512_vnni(void)
 {
-    return has_avx512() && __builtin_cpu_supports("avx512vnni");
+    pthread_once(&feat_once, read_features);
+    return feat.vnni;
 }
 
 int cpu_has_avx512_bf16(void)
 {
-    return has_avx512() && __builtin_cpu_supports("avx512bf16");
+    pthread_once(&feat_once, read_features);
+    return feat.bf16;
 }
 #else
 static int has_avx2(void)

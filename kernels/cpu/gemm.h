@@ -70,6 +70,10 @@ struct gemm_kernels {
     void (*gemm)(const struct wmat *w, const struct act *a, float *y, size_t ldy, int r0, int r1);
     /* out[i] = silu(g[i]) * u[i] for i < n (out may be g). */
     void (*silu_mul)(float *out, const float *g, const float *u, int n);
+    /* gpt-oss's clamped SwiGLU: with g' = min(g, limit) and u' = clamp(u, -limit, limit),
+     * out[i] = (u' + 1) * g' * sigmoid(alpha * g') (out may be g). */
+    void (*swiglu_oai)(float *out, const float *g, const float *u, int n, float alpha,
+                       float limit);
     /* Paged causal attention for one token and one KV head: the `group` query heads q
      * (group, hd) over positions [start, pos] whose K/V rows are at krow(t)/vrow(t) (see
      * struct attn_rows); out (group, hd). scratch: (group, pos + 1) floats. */

@@ -464,6 +464,26 @@ static void v_silu_mul(float *out, const float *g, const float *u, int n)
     for (; i < n; i++) out[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
+static void v_swiglu_oai(float *out, const float *g, const float *u, int n, float alpha,
+                         float limit)
+{
+    const __m256 lim = _mm256_set1_ps(limit), nlim = _mm256_set1_ps(-limit);
+    const __m256 one = _mm256_set1_ps(1.0f), nalpha = _mm256_set1_ps(-alpha);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 gv = _mm256_min_ps(_mm256_loadu_ps(g + i), lim);
+        __m256 uv = _mm256_max_ps(_mm256_min_ps(_mm256_loadu_ps(u + i), lim), nlim);
+        __m256 e = exp256(_mm256_mul_ps(gv, nalpha));
+        __m256 s = _mm256_div_ps(gv, _mm256_add_ps(one, e));
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_add_ps(uv, one), s));
+    }
+    for (; i < n; i++) {
+        float gi = g[i] < limit ? g[i] : limit;
+        float ui = u[i] < -limit ? -limit : u[i] > limit ? limit : u[i];
+        out[i] = (ui + 1.0f) * (gi * (1.0f / (1.0f + expf(-(gi * alpha)))));
+    }
+}
+
 /* Eight dot products q . k[j] over hd (16 registers hold eight accumulators and their
  * inputs), reduced four at a time by hsum4. */
 static void v_dots(float *s, const float *q, const float *const *k, int cnt, int hd, float scale)
@@ -534,6 +554,7 @@ const struct gemm_kernels gemm_avx2 = {
     .act_prepare = v_act_prepare,
     .gemm = v_gemm,
     .silu_mul = v_silu_mul,
+    .swiglu_oai = v_swiglu_oai,
     .attn_head = v_attn_head,
     .attn_head_ex = v_attn_head_ex,
 };

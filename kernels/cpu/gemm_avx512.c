@@ -435,6 +435,21 @@ static void x_silu_mul(float *out, const float *g, const float *u, int n)
     }
 }
 
+static void x_swiglu_oai(float *out, const float *g, const float *u, int n, float alpha,
+                         float limit)
+{
+    const __m512 lim = _mm512_set1_ps(limit), nlim = _mm512_set1_ps(-limit);
+    const __m512 one = _mm512_set1_ps(1.0f), nalpha = _mm512_set1_ps(-alpha);
+    for (int i = 0; i < n; i += 16) {
+        __mmask16 m = mask16(n - i);
+        __m512 gv = _mm512_min_ps(_mm512_maskz_loadu_ps(m, g + i), lim);
+        __m512 uv = _mm512_max_ps(_mm512_min_ps(_mm512_maskz_loadu_ps(m, u + i), lim), nlim);
+        __m512 e = exp512(_mm512_mul_ps(gv, nalpha));
+        __m512 s = _mm512_div_ps(gv, _mm512_add_ps(one, e));
+        _mm512_mask_storeu_ps(out + i, m, _mm512_mul_ps(_mm512_add_ps(uv, one), s));
+    }
+}
+
 /* Sixteen dot products q . k[j] over hd, one accumulator each, reduced four at a time by
  * hsum4 (the same tree for every j). */
 static void x_dots(float *s, const float *q, const float *const *k, int cnt, int hd, float scale)
@@ -497,6 +512,7 @@ const struct gemm_kernels gemm_avx512 = {
     .act_prepare = x_act_prepare,
     .gemm = x_gemm,
     .silu_mul = x_silu_mul,
+    .swiglu_oai = x_swiglu_oai,
     .attn_head = x_attn_head,
     .attn_head_ex = x_attn_head_ex,
 };

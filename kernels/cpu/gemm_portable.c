@@ -150,6 +150,16 @@ static void p_silu_mul(float *out, const float *g, const float *u, int n)
     for (int i = 0; i < n; i++) out[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
+static void p_swiglu_oai(float *out, const float *g, const float *u, int n, float alpha,
+                         float limit)
+{
+    for (int i = 0; i < n; i++) {
+        float gi = g[i] < limit ? g[i] : limit;
+        float ui = u[i] < -limit ? -limit : u[i] > limit ? limit : u[i];
+        out[i] = (ui + 1.0f) * (gi * (1.0f / (1.0f + expf(-(gi * alpha)))));
+    }
+}
+
 static void p_dots(float *s, const float *q, const float *const *k, int cnt, int hd, float scale)
 {
     for (int j = 0; j < cnt; j++) {
@@ -189,6 +199,7 @@ const struct gemm_kernels gemm_portable = {
     .act_prepare = p_act_prepare,
     .gemm = p_gemm,
     .silu_mul = p_silu_mul,
+    .swiglu_oai = p_swiglu_oai,
     .attn_head = p_attn_head,
     .attn_head_ex = p_attn_head_ex,
 };

@@ -36,6 +36,7 @@
 #include "http.h"
 #include "metrics.h"
 #include "model.h"
+#include "comm_tcp.h"
 #include "mpi/comm_mpi.h"
 #include "scheduler.h"
 #include "serve_placement.h"
@@ -57,6 +58,7 @@ struct serve_opts {
     long comm_timeout_s;
     const char *master_addr;
     long master_port;
+    long nnodes, node_rank;
 };
 
 struct opt_def {
@@ -144,12 +146,17 @@ static const struct opt_def opt_defs[] = {
      "export routed tokens per (layer, expert) (off; models up to 256 experts)"},
     {"comm-timeout", "MOESERVE_COMM_TIMEOUT", OPT_INT, OFF(comm_timeout_s), 1, 86400,
      "under mpirun: seconds a rank may go without answering before it counts as failed (60)"},
+    {"nnodes", "MOESERVE_NNODES", OPT_INT, OFF(nnodes), 1, 256,
+     "without mpirun: processes (one engine device each) serving together; rank 0 serves HTTP "
+     "(NNODES, else 1)"},
+    {"node-rank", "MOESERVE_NODE_RANK", OPT_INT, OFF(node_rank), 0, 255,
+     "without mpirun: this process's rank, 0..nnodes-1 (NODE_RANK, else 0)"},
     {"master-addr", "MOESERVE_MASTER_ADDR", OPT_STR, OFF(master_addr), 0, 0,
-     "under mpirun with --device cuda: rank 0's address for the NCCL rendezvous (MASTER_ADDR, "
-     "else 127.0.0.1)"},
+     "rank 0's address: the --nnodes rendezvous, and the NCCL one with --device cuda "
+     "(MASTER_ADDR, else 127.0.0.1)"},
     {"master-port", "MOESERVE_MASTER_PORT", OPT_INT, OFF(master_port), 1, 65535,
-     "under mpirun with --device cuda: the TCP port of that rendezvous (MASTER_PORT, else "
-     "29500)"},
+     "rank 0's TCP port for them (MASTER_PORT, else 29500; NCCL takes the next port under "
+     "--nnodes)"},
 };
 #define N_OPTS (sizeof opt_defs / sizeof *opt_defs)
 
@@ -249,6 +256,7 @@ static int parse_opts(int argc, char **argv, struct serve_opts *o)
     o->record_max = 1L << 30;
     o->comm_timeout_s = 60;
     o->master_addr = NULL; /* MASTER_ADDR (torchrun's), else 127.0.0.1: see below */
+    o->master_port = o->nnodes = o->node_rank = -1; /* likewise */
     o->model = NULL; /* the bundled model unless --model / MOESERVE_MODEL says otherwise */
     for (size_t i = 0; i < N_OPTS; i++) {
         const char *v = getenv(opt_defs[i].env);
@@ -288,13 +296,24 @@ static int parse_opts(int argc, char **argv, struct serve_opts *o)
         const char *v = getenv("MASTER_ADDR");
         o->master_addr = v && *v ? v : "127.0.0.1";
     }
-    if (!o->master_port) {
-        const char *v = getenv("MASTER_PORT");
-        for (size_t k = 0; k < N_OPTS && v && *v; k++)
-            if (strcmp(opt_defs[k].name, "master-port") == 0 &&
-                set_opt(o, &opt_defs[k], v, "MASTER_PORT") != 0)
+    /* torchrun's variables stand in for flags not given */
+    const char *torch_env[][2] = {{"master-port", "MASTER_PORT"}, {"nnodes", "NNODES"},
+                                  {"node-rank", "NODE_RANK"}};
+    long *torch_val[] = {&o->master_port, &o->nnodes, &o->node_rank};
+    for (size_t i = 0; i < 3; i++) {
+        const char *v = getenv(torch_env[i][1]);
+        for (size_t k = 0; k < N_OPTS && v && *v && *torch_val[i] < 0; k++)
+            if (strcmp(opt_defs[k].name, torch_env[i][0]) == 0 &&
+                set_opt(o, &opt_defs[k], v, torch_env[i][1]) != 0)
                 return -1;
-        if (!o->master_port) o->master_port = 29500;
+    }
+    if (o->master_port < 0) o->master_port = 29500;
+    if (o->nnodes < 0) o->nnodes = 1;
+    if (o->node_rank < 0) o->node_rank = 0;
+    if (o->node_rank >= o->nnodes) {
+        fprintf(stderr, "moeserve serve: --node-rank %ld must be below --nnodes %ld\n",
+                o->node_rank, o->nnodes);
+        return -1;
     }
     if (!o->model) {
         static char default_model[4096];
@@ -541,11 +560,13 @@ static void load_opts(const struct serve_opts *o, bool progress, struct model_lo
     lo->cache = o->weight_cache != 0;
 }
 
-/* Under mpirun: the GPU of this process, its rank among the processes of its node (Open MPI's
- * OMPI_COMM_WORLD_LOCAL_RANK), so that a node's processes take GPUs 0, 1, ... */
+/* With several processes: the GPU of this process, its rank among the processes of its node
+ * (Open MPI's OMPI_COMM_WORLD_LOCAL_RANK, or torchrun's LOCAL_RANK), so that a node's processes
+ * take GPUs 0, 1, ...; 0 when neither is set (one process per node or pod). */
 static int local_gpu(void)
 {
     const char *v = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+    if (!v) v = getenv("LOCAL_RANK");
     return v ? atoi(v) : 0;
 }
 
@@ -590,7 +611,7 @@ static int check_mpi_opts(const struct serve_opts *o)
                           ? "--routing-stats"
                           : NULL;
     if (!bad) return 0;
-    slog("error", "under mpirun: %s is not available with several processes yet", bad);
+    slog("error", "%s is not available with several processes yet", bad);
     return -1;
 }
 
@@ -701,34 +722,55 @@ int cli_serve(int argc, char **argv)
     if (pr != 0) return 2;
     slog_set_json(strcmp(o.log_format, "json") == 0);
 
-    /* Under mpirun: every process runs one engine rank; rank 0 also serves HTTP. */
+    /* Several processes (mpirun, or --nnodes): every process runs one engine rank; rank 0 also
+     * serves HTTP. Plans, logits and (on CPUs) expert rows go through MPI or a TCP star around
+     * rank 0 (engine/comm_tcp.h). */
     char err[MS_ERR_LEN];
     struct comm *mc = NULL, *nccl = NULL;
-    int rank = 0;
-    if (comm_mpi_launched() > 1) {
-        int world = 0;
-        if (comm_mpi_init(&rank, &world, err, sizeof err) != 0) {
+    bool use_mpi = comm_mpi_launched() > 1;
+    int rank = 0, world = 1;
+    if (use_mpi || o.nnodes > 1) {
+        if (use_mpi && o.nnodes > 1) {
+            slog("error", "--nnodes is for processes started without mpirun (mpirun -np N "
+                          "gives N ranks)");
+            return 2;
+        }
+        if (use_mpi && comm_mpi_init(&rank, &world, err, sizeof err) != 0) {
             slog("error", "started by mpirun, but: %s", err);
             return 2;
+        }
+        if (!use_mpi) {
+            rank = (int)o.node_rank;
+            world = (int)o.nnodes;
         }
         char prefix[32];
         snprintf(prefix, sizeof prefix, "[rank %d] ", rank);
         slog_set_prefix(prefix);
         if (check_mpi_opts(&o) != 0) return 2;
-        mc = comm_mpi_create((int)o.comm_timeout_s * 1000, err, sizeof err);
+        int timeout_ms = (int)o.comm_timeout_s * 1000;
+        if (use_mpi) {
+            mc = comm_mpi_create(timeout_ms, err, sizeof err);
+        } else {
+            /* pods of one group start in any order: joining may take several timeouts */
+            slog("info", "joining rank 0 at %s:%ld (%d processes)", o.master_addr,
+                 o.master_port, world);
+            mc = comm_tcp_create(world, rank, o.master_addr, (int)o.master_port, timeout_ms,
+                                 5 * timeout_ms, err, sizeof err);
+        }
         if (!mc) {
             slog("error", "%s", err);
             return 1;
         }
-        slog("info", "rank %d of %d, pid %d (mpirun): %s", rank, world, (int)getpid(),
+        slog("info", "rank %d of %d, pid %d (%s): %s", rank, world, (int)getpid(),
+             use_mpi ? "mpirun" : "--nnodes",
              rank == 0 ? "HTTP server, scheduler and device 0" : "one expert-parallel device");
         if (strcmp(o.device, "cuda") == 0) {
-            /* expert rows over NCCL, bootstrapped over TCP at rank 0's address */
-            slog("info", "NCCL rendezvous at %s:%ld (GPU %d)", o.master_addr, o.master_port,
-                 local_gpu());
-            nccl = engine_comm_nccl_world(world, rank, local_gpu(), o.master_addr,
-                                          (int)o.master_port, (int)o.comm_timeout_s * 1000, err,
-                                          sizeof err);
+            /* expert rows over NCCL, bootstrapped over TCP at rank 0's address (the next port
+             * when the master port carries the --nnodes control connections) */
+            int port = (int)o.master_port + (use_mpi ? 0 : 1);
+            slog("info", "NCCL rendezvous at %s:%d (GPU %d)", o.master_addr, port, local_gpu());
+            nccl = engine_comm_nccl_world(world, rank, local_gpu(), o.master_addr, port,
+                                          timeout_ms, err, sizeof err);
             if (!nccl) {
                 slog("error", "%s", err);
                 mc->ops->destroy(mc);
@@ -754,7 +796,8 @@ int cli_serve(int argc, char **argv)
         bool broken = mc->ops->status(mc, why, sizeof why) != 0;
         if (nccl) nccl->ops->destroy(nccl);
         mc->ops->destroy(mc);
-        if (!broken) comm_mpi_finalize(); /* with a failed peer, MPI_Finalize could wait on it */
+        /* with a failed peer, MPI_Finalize could wait on it */
+        if (use_mpi && !broken) comm_mpi_finalize();
         /* mpirun --enable-recovery exits 0 whatever the ranks did: say it here */
         slog(st ? "error" : "info", "exiting with status %d", st);
         return st;
@@ -922,7 +965,8 @@ out:
     if (mc) {
         broken = broken || mc->ops->status(mc, err, sizeof err) != 0;
         mc->ops->destroy(mc);
-        if (!broken) comm_mpi_finalize(); /* with a failed peer, MPI_Finalize could wait on it */
+        /* with a failed peer, MPI_Finalize could wait on it */
+        if (use_mpi && !broken) comm_mpi_finalize();
         if (broken && status == 0) status = 1;
         slog(status ? "error" : "info", "exiting with status %d", status);
     }

@@ -68,6 +68,56 @@ class MpiServer(srvtest.Server):
         return super().stop(timeout)
 
 
+class TcpServer(MpiServer):
+    """The same server as N processes started one by one with --nnodes N --node-rank R (no
+    mpirun): rank 0 through Server.start, the others before it, each with its own log."""
+
+    def __init__(self, np, *extra, **kw):
+        self.np = np
+        self.master_port = srvtest.free_port()
+        rdv = ["--nnodes", str(np), "--master-port", str(self.master_port)]
+        srvtest.Server.__init__(self, *(list(extra) + rdv + ["--node-rank", "0"]), **kw)
+        self.rank_extra = list(extra) + rdv
+        self.workers = []
+
+    def start(self):
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith("MOESERVE_") or k in ("MOESERVE_BIN", "MOESERVE_TESTS_DIR")}
+        for r in range(1, self.np):
+            log = tempfile.TemporaryFile()
+            p = subprocess.Popen([srvtest.binary(), "serve", "--model", self.model, "--port",
+                                  "0"] + self.rank_extra + ["--node-rank", str(r)],
+                                 stdout=log, stderr=subprocess.STDOUT, env=env)
+            self.workers.append((p, log))
+        return super().start()
+
+    def output(self):
+        out = super().output()
+        for _, log in self.workers:
+            log.seek(0)
+            out += log.read().decode("utf-8", "replace")
+        return out
+
+    def stop(self, timeout=30):
+        rc = super().stop(timeout)
+        for p, _ in self.workers:
+            try:
+                p.wait(timeout)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        return rc
+
+    def close(self):
+        if self.log:
+            self.kept = self.output()
+        for p, log in self.workers:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+            log.close()
+        self.workers = []
+        srvtest.Server.close(self)
 
 
 def complete(port, prompt, max_tokens=12, n=1):
@@ -93,16 +143,12 @@ def workload(port, crowd=False):
     return out
 
 
-class MpiTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        if MPIRUN is None:
-            raise unittest.SkipTest("mpirun not found (tools/setup.sh installs openmpi-bin)")
-        p = subprocess.run([MPIRUN] + MPI_ARGS + ["-np", "2", srvtest.binary(), "serve",
-                                                  "--model", "/nonexistent", "--port", "0"],
-                           capture_output=True, timeout=60)
-        if b"this build has no MPI" in p.stdout + p.stderr:
-            raise unittest.SkipTest("moeserve was built without MPI")
+class MultiProcess:
+    """The checks, for one way of starting the processes (SERVER); the failure reasons each
+    way gives (MPI names the silent rank; the TCP star sees a closed connection at once)."""
+    SERVER = None
+    FAIL_RANK0 = None  # what rank 0 reports when rank 1 is killed (SIGKILL) or stopped
+    FAIL_RANK2 = None  # what rank 2 reports then
 
     def assert_same(self, want, got, what):
         self.assertEqual(len(want), len(got))
@@ -122,7 +168,7 @@ class MpiTest(unittest.TestCase):
             want = workload(ref.port, crowd)
             ref_m = ref.metrics()
         for np in nps:
-            srv = MpiServer(np, *args, model=model)
+            srv = self.SERVER(np, *args, model=model)
             with srv:
                 got = workload(srv.port, crowd)
                 m = srv.metrics()
@@ -153,7 +199,7 @@ class MpiTest(unittest.TestCase):
         self.check_model(srvtest.bundled_model(), (2,))
 
     def fail_rank(self, how):
-        srv = MpiServer(3, "--threads", "1", "--comm-timeout", "2").start()
+        srv = self.SERVER(3, "--threads", "1", "--comm-timeout", "2").start()
         try:
             m = re.search(r"rank 1 of 3, pid (\d+)", srv.output())
             self.assertIsNotNone(m, srv.output())
@@ -181,8 +227,7 @@ class MpiTest(unittest.TestCase):
             rest = (first + resp.read()).decode()
             conn.close()
             self.assertIn('"error"', rest)
-            # rank 1, and maybe rank 2 too: blocked in an exchange with rank 1, it falls silent
-            self.assertRegex(rest, r"ranks? (2, )?1(, 2)? did not answer")
+            self.assertRegex(rest, self.FAIL_RANK0)
             self.assertTrue(rest.rstrip().endswith("data: [DONE]"), rest[-200:])
             # the survivors exit on their own; a hung rank keeps mpirun waiting for it
             status = srvtest.wait_until(
@@ -190,10 +235,10 @@ class MpiTest(unittest.TestCase):
                 "ranks 0 and 2 to exit")
             self.assertEqual(status.get(0), 1, srv.output())
             self.assertEqual(status.get(2), 1, srv.output())
-            self.assertRegex(srv.output(), r"\[rank 0\] expert parallelism failed: ranks? "
-                                           r"(2, )?1(, 2)? did not answer")
-            self.assertRegex(srv.output(), r"\[rank 2\] expert parallelism failed: ranks? "
-                                           r"[0-9, ]*\b1\b[0-9, ]* did not answer")
+            self.assertRegex(srv.output(),
+                             r"\[rank 0\] expert parallelism failed: " + self.FAIL_RANK0)
+            self.assertRegex(srv.output(),
+                             r"\[rank 2\] expert parallelism failed: " + self.FAIL_RANK2)
         finally:
             for r in range(3):  # nothing of this job may outlive the test
                 pid = srv.rank_pid(r)
@@ -210,7 +255,7 @@ class MpiTest(unittest.TestCase):
     def test_rank0_killed(self):
         """The HTTP rank itself dies: the others notice within --comm-timeout (rank 0 pings
         them every --comm-timeout/4 s, idle or not) and exit 1 instead of waiting forever."""
-        srv = MpiServer(3, "--threads", "1", "--comm-timeout", "2").start()
+        srv = self.SERVER(3, "--threads", "1", "--comm-timeout", "2").start()
         try:
             os.kill(srv.rank_pid(0), signal.SIGKILL)
             t0 = time.monotonic()
@@ -236,6 +281,35 @@ class MpiTest(unittest.TestCase):
 
     def test_rank_hangs(self):
         self.fail_rank(signal.SIGSTOP)
+
+
+class MpiTest(MultiProcess, unittest.TestCase):
+    SERVER = MpiServer
+    # rank 1, and maybe rank 2 too: blocked in an exchange with rank 1, it falls silent
+    FAIL_RANK0 = r"ranks? (2, )?1(, 2)? did not answer"
+    FAIL_RANK2 = r"ranks? [0-9, ]*\b1\b[0-9, ]* did not answer"
+
+    @classmethod
+    def setUpClass(cls):
+        if MPIRUN is None:
+            raise unittest.SkipTest("mpirun not found (tools/setup.sh installs openmpi-bin)")
+        p = subprocess.run([MPIRUN] + MPI_ARGS + ["-np", "2", srvtest.binary(), "serve",
+                                                  "--model", "/nonexistent", "--port", "0"],
+                           capture_output=True, timeout=60)
+        if b"this build has no MPI" in p.stdout + p.stderr:
+            raise unittest.SkipTest("moeserve was built without MPI")
+
+
+class TcpTest(MultiProcess, unittest.TestCase):
+    """--nnodes without mpirun; fewer models: the engine path is the same as under MPI."""
+    SERVER = TcpServer
+    # killed: its connection closes at once; stopped: it does not answer. Rank 2 talks to
+    # rank 0 only, and sees it leave (or fall silent while it lingers).
+    FAIL_RANK0 = r"rank 1 (closed its connection|did not answer)"
+    FAIL_RANK2 = r"rank 0 (closed its connection|did not answer)"
+
+    def test_fixture_models(self):
+        self.check_model(srvtest.fixture_model("deepseek_v3"), (2,))
 
 
 if __name__ == "__main__":

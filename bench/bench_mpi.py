@@ -7,7 +7,7 @@ token of the steps they ran, from each rank's "traffic:" log line at exit: exper
 dispatch and combine: the all-to-all, what a placement simulator's cost model needs) and
 messages (step plans, the logits of the other ranks' sequences, status words, idle pings).
 
-  python3 bench/bench_mpi.py --binary build/moeserve --model models/mohge-small
+  python3 bench/bench_mpi.py --binary build/moeserve --model models/mohge-small [--via tcp]
 
 On one machine more ranks than cores only add exchanges and context switches: the expected
 result is a slowdown; the bytes per token are what a placement simulator's all-to-all cost
@@ -32,22 +32,34 @@ MPI_ARGS = ["--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "--mc
 
 
 def start(args, np, port, log):
+    """The server as np processes (mpirun, or --nnodes with the others started first); returns
+    rank 0's process (mpirun's) and the others'."""
     cmd = [args.binary, "serve", "--model", args.model, "--port", str(port), "--host",
            "127.0.0.1", "--threads", str(args.threads), "--max-num-seqs", "64"]
-    if np > 1:
+    others = []
+    if np > 1 and args.via == "mpi":
         cmd = [shutil.which("mpirun")] + MPI_ARGS + ["-np", str(np)] + cmd
+    elif np > 1:
+        rdv = ["--nnodes", str(np), "--master-port", str(bench_server.free_port())]
+        for r in range(1, np):
+            others.append(subprocess.Popen(cmd[:4] + ["--port", "0"] + cmd[6:] + rdv +
+                                           ["--node-rank", str(r)], stdout=log,
+                                           stderr=subprocess.STDOUT))
+        cmd += rdv + ["--node-rank", "0"]
     p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 120
     while True:
         try:
             if bench_server.get("127.0.0.1", port, "/health")[0] == 200:
-                return p
+                break
         except OSError:
             pass
         if p.poll() is not None or time.monotonic() > deadline:
             log.seek(0)
             sys.exit("server did not start:\n" + log.read().decode())
         time.sleep(0.05)
+    p.others = others
+    return p
 
 
 def stop(p, np, log):
@@ -56,6 +68,8 @@ def stop(p, np, log):
     m = re.search(r"\[rank 0\] rank 0 of \d+, pid (\d+)", text)
     os.kill(int(m.group(1)) if (np > 1 and m) else p.pid, signal.SIGTERM)
     p.wait(120)
+    for o in p.others:
+        o.wait(120)
     log.seek(0)
     return log.read().decode()
 
@@ -76,22 +90,25 @@ def main():
     ap.add_argument("--binary", default="build/moeserve")
     ap.add_argument("--model", default="models/mohge-small")
     ap.add_argument("--ranks", default="1,2,4")
+    ap.add_argument("--via", choices=("mpi", "tcp"), default="mpi",
+                    help="start the ranks with mpirun (MPI communicator) or with --nnodes (TCP)")
     ap.add_argument("--threads", type=int, default=1, help="--threads of each process")
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--decode-requests", type=int, default=4)
     ap.add_argument("--json", help="also write the results to this file")
     args = ap.parse_args()
-    if shutil.which("mpirun") is None:
+    if args.via == "mpi" and shutil.which("mpirun") is None:
         sys.exit("mpirun not found (tools/setup.sh installs openmpi-bin)")
     body = json.dumps({"prompt": "The history of the world, in brief:",
                        "max_tokens": args.max_tokens, "temperature": 0, "ignore_eos": True,
                        "stream": True, "stream_options": {"include_usage": True}})
     headers = {"Content-Type": "application/json"}
     out = []
-    print("model %s, --threads %d per process, %d tokens per request; all-to-all rows if every "
-          "expert were remote: %d bytes/token" % (args.model, args.threads, args.max_tokens,
-                                                  rows_bytes_per_token(args.model)))
+    print("model %s, ranks via %s, --threads %d per process, %d tokens per request; all-to-all "
+          "rows if every expert were remote: %d bytes/token" % (
+              args.model, args.via, args.threads, args.max_tokens,
+              rows_bytes_per_token(args.model)))
     print("%5s %12s %14s %14s %12s %12s" % ("ranks", "decode tok/s", "serve tok/s",
                                               "serve TTFT p50", "rows B/tok", "msgs B/tok"))
     for np in [int(x) for x in args.ranks.split(",")]:

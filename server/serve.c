@@ -6,9 +6,9 @@
  * stream still gets its final chunk and [DONE]), and exits 0; a second signal during the drain
  * cuts the grace to zero; a signal while the model loads exits 0 at once.
  *
- * Started by mpirun (`mpirun -np N moeserve serve ...`), every process loads the model and runs
- * one engine rank; rank 0 also runs the HTTP server and the scheduler, and pings the other
- * ranks while idle. When a rank fails (no answer within --comm-timeout), rank 0 logs which,
+ * Started by mpirun (`mpirun -np N moeserve serve ...`) or as one of --nnodes processes, every
+ * process loads the model and runs one engine rank; rank 0 also runs the HTTP server and the
+ * scheduler, and pings the other ranks while idle. When a rank fails (no answer within --comm-timeout), rank 0 logs which,
  * turns /health to 503, ends the requests in flight with an error, keeps answering 503 for
  * FAIL_LINGER_S seconds so that probes see it, and exits 1; the other ranks exit 1 on their own
  * deadline. */
@@ -145,7 +145,8 @@ static const struct opt_def opt_defs[] = {
     {"metrics-per-expert", "MOESERVE_METRICS_PER_EXPERT", OPT_BOOL, OFF(per_expert), 0, 1,
      "export routed tokens per (layer, expert) (off; models up to 256 experts)"},
     {"comm-timeout", "MOESERVE_COMM_TIMEOUT", OPT_INT, OFF(comm_timeout_s), 1, 86400,
-     "under mpirun: seconds a rank may go without answering before it counts as failed (60)"},
+     "with several processes: seconds a rank may go without answering before it counts as "
+     "failed (60)"},
     {"nnodes", "MOESERVE_NNODES", OPT_INT, OFF(nnodes), 1, 256,
      "without mpirun: processes (one engine device each) serving together; rank 0 serves HTTP "
      "(NNODES, else 1)"},
@@ -571,7 +572,7 @@ static int local_gpu(void)
 }
 
 /* Engine parameters from the flags; mc: the MPI communicator (one device per process), nccl:
- * with --device cuda under mpirun, the communicator of the expert rows. */
+ * with --device cuda and several processes, the communicator of the expert rows. */
 static void engine_opts(const struct serve_opts *o, struct comm *mc, struct comm *nccl,
                         struct engine_params *ep)
 {
@@ -600,7 +601,7 @@ static struct splace_opts placement_opts(const struct serve_opts *o, const char 
 }
 
 /* Flags a multi-process server cannot honour yet: 0, or -1 after logging why. */
-static int check_mpi_opts(const struct serve_opts *o)
+static int check_multi_opts(const struct serve_opts *o)
 {
     const char *bad = o->devices != 1          ? "--devices (each process is one device: "
                                                  "mpirun -np N gives N)"
@@ -615,7 +616,7 @@ static int check_mpi_opts(const struct serve_opts *o)
     return -1;
 }
 
-/* Under mpirun: what this rank sent to the others over the steps it ran, for the log
+/* With several processes: what this rank sent to the others over the steps it ran, for the log
  * (bench/bench_mpi.py reads it): all-to-all (expert rows and their ids), and messages (step
  * plans, logits, status words, pings). */
 static void log_traffic(struct engine *e, const struct comm *mc)
@@ -629,7 +630,7 @@ static void log_traffic(struct engine *e, const struct comm *mc)
          sent, mc->msg_bytes_sent, (unsigned long long)st->steps, (unsigned long long)st->tokens);
 }
 
-/* Ranks other than 0 under mpirun: load the model, build this rank's part of the engine and
+/* Ranks other than 0 (mpirun or --nnodes): load the model, build this rank's part of the engine and
  * run the steps rank 0 plans until it says stop (exit 0) or a rank fails (exit 1). */
 static int serve_worker(const struct serve_opts *o, struct comm *mc, struct comm *nccl,
                         const char *name)
@@ -675,7 +676,7 @@ out:
     return status;
 }
 
-/* Rank 0 under mpirun: pings the other ranks while the server is idle (engine_ping skips while a
+/* Rank 0 of several processes: pings the other ranks while the server is idle (engine_ping skips while a
  * step runs), every interval_s, until told to stop or a ping fails. */
 struct pinger {
     struct engine *e;
@@ -746,7 +747,7 @@ int cli_serve(int argc, char **argv)
         char prefix[32];
         snprintf(prefix, sizeof prefix, "[rank %d] ", rank);
         slog_set_prefix(prefix);
-        if (check_mpi_opts(&o) != 0) return 2;
+        if (check_multi_opts(&o) != 0) return 2;
         int timeout_ms = (int)o.comm_timeout_s * 1000;
         if (use_mpi) {
             mc = comm_mpi_create(timeout_ms, err, sizeof err);
@@ -898,14 +899,14 @@ int cli_serve(int argc, char **argv)
     sched_get_stats(s, &st);
     slog("info", "ready: model %s, %d KV blocks, max_model_len %d, %d %s device(s)%s", name,
          st.kv_blocks_total, engine_get_params(e)->max_model_len, ep.n_devices,
-         engine_backend_name(ep.backend), mc ? ", one per process (mpirun)" : "");
+         engine_backend_name(ep.backend), mc ? ", one per process" : "");
     if (ep.backend != ENGINE_BACKEND_CUDA)
         slog("info", "cpu kernels: %s (cpu: %s)", backend_cpu_kernels(), backend_cpu_features());
     char pdesc[256];
     splace_describe(pl, pdesc, sizeof pdesc);
     slog("info", "%s", pdesc);
 
-    /* Wait for a signal; log the stats line every --log-stats-interval; under mpirun also
+    /* Wait for a signal; log the stats line every --log-stats-interval; with several processes also
      * watch the other ranks every 0.1 s: a failure ends the server (see the top of this file). */
     int sig = 0;
     struct stats_log sl = {.t_last = ms_now()};
@@ -958,7 +959,7 @@ out:
     pinger_stop(&ping);
     if (e && mc) log_traffic(e, mc);
     bool broken = e && engine_failed(e, NULL, 0);
-    engine_free(e); /* under mpirun: tells the other ranks to stop */
+    engine_free(e); /* several processes: tells the other ranks to stop */
     model_free(m);
     metrics_free(mt);
     if (nccl) nccl->ops->destroy(nccl);

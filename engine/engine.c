@@ -1801,8 +1801,15 @@ struct comm *engine_comm_nccl_world(int world, int rank, int gpu, const char *ma
 {
 #if defined(MOESERVE_HAVE_CUDA) && defined(MOESERVE_HAVE_NCCL)
     /* rank 0 serves the NCCL id on every address; the others fetch it from master_addr */
-    return comm_nccl_create_world(world, world, rank, 1, &gpu, rank == 0 ? NULL : master_addr,
-                                  master_port, timeout_ms, err, errlen);
+    struct comm *c = comm_nccl_create_world(world, world, rank, 1, &gpu,
+                                            rank == 0 ? NULL : master_addr, master_port,
+                                            timeout_ms, err, errlen);
+    /* every exchange bounded like the control messages: a dead peer fails the step */
+    if (c && comm_nccl_set_timeout(c, timeout_ms, err, errlen) != 0) {
+        c->ops->destroy(c);
+        return NULL;
+    }
+    return c;
 #else
     (void)world, (void)rank, (void)gpu, (void)master_addr, (void)master_port, (void)timeout_ms;
     ms_errf(err, errlen, "GPUs across processes need CUDA and NCCL, and this build has %s",

@@ -83,8 +83,7 @@ struct engine_params {
     struct comm *comm;
     /* With comm and the CUDA backend: the communicator the MoE rows go through (NCCL, whose
      * ranks are comm's; engine_comm_nccl_world), borrowed; plans and logits still go through
-     * comm. cuda_device: the GPU this process uses. Compiled, never run yet (no GPUs here); NCCL
-     * exchanges have no deadline (a dead rank hangs a step; only idle pings detect it). */
+     * comm. cuda_device: the GPU this process uses. Compiled, never run yet (no GPUs here). */
     struct comm *data_comm;
     int cuda_device;
 };
@@ -204,7 +203,8 @@ bool engine_failed(struct engine *e, char *why, size_t whylen);
 /* The NCCL communicator of a multi-process GPU engine (engine_params.data_comm): global rank
  * `rank` of `world`, one per process, on CUDA device `gpu`, bootstrapped over the TCP
  * rendezvous (engine/bootstrap.h) at master_addr:master_port (rank 0 listens on every address
- * of that port). NULL with the reason (e.g. a build without CUDA or NCCL). */
+ * of that port); every exchange waits at most timeout_ms, then aborts the communicator
+ * (comm_nccl_set_timeout). NULL with the reason (e.g. a build without CUDA or NCCL). */
 struct comm *engine_comm_nccl_world(int world, int rank, int gpu, const char *master_addr,
                                     int master_port, int timeout_ms, char *err, size_t errlen);
 

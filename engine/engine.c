@@ -138,6 +138,8 @@ struct engine {
     int32_t *plan;        /* (plan_cap) a step's plan as sent (rank 0) or received */
     size_t plan_cap;
     struct kv_seq *w_kv;  /* ranks > 0: (max_seqs) block tables pointing into `plan` */
+    struct proc_report *report; /* a rank's answer to a step or ping (report_bytes) */
+    size_t report_bytes;
     pthread_mutex_t proc_mu;
     bool proc_mu_init;
     atomic_bool failed;   /* set once, after fail_why (which never changes afterwards) */
@@ -1269,6 +1271,7 @@ void engine_free(struct engine *e)
     if (e->remote && e->self == 0 && e->plan && !atomic_load(&e->failed)) proc_quit(e);
     if (e->proc_mu_init) pthread_mutex_destroy(&e->proc_mu);
     free(e->plan);
+    free(e->report);
     free(e->w_kv);
     if (e->kv.k) kv_destroy(&e->kv);
     for (int r = 0; e->dev && r < e->n_dev; r++) device_release(&e->dev[r]);
@@ -1552,6 +1555,16 @@ int engine_set_placement(struct engine *e, const struct plc_map *m, char *err, s
 
 /* --- multi-process engines ----------------------------------------------------------------- */
 
+/* What a rank > 0 answers after each step and ping: its status and its device's cumulative
+ * counters, which rank 0 copies into its own engine_stats (and its communicator's bytes
+ * matrix), so that /metrics shows every device. Followed by (n_moe) doubles, the FLOPs of each
+ * MoE layer on the device, then (n_dev) uint64, the bytes it sent each rank. */
+struct proc_report {
+    int32_t status, pad;
+    uint64_t routed_rows, rows_away, tokens_away;
+    double expert_flops, busy_s, width_rows;
+};
+
 /* A plan is int32 words: a header, then per item PLAN_ITEM words (n_tokens, pos, moe_top_k,
  * n_logits, device, blocks), then every item's tokens, then every item's block table (as many
  * blocks as its positions after the step need). */
@@ -1563,8 +1576,11 @@ static int proc_init(struct engine *e, char *err, size_t errlen)
     e->plan_cap = PLAN_HEADER + (size_t)e->p.max_seqs * (PLAN_ITEM + (size_t)e->blocks_per_seq) +
                   (size_t)e->p.max_batch_tokens;
     e->plan = malloc(sizeof(int32_t) * e->plan_cap);
+    e->report_bytes = sizeof *e->report + sizeof(double) * (size_t)(e->n_moe > 0 ? e->n_moe : 1) +
+                      sizeof(uint64_t) * (size_t)e->n_dev;
+    e->report = calloc(1, e->report_bytes);
     if (e->self != 0) e->w_kv = calloc((size_t)e->p.max_seqs, sizeof *e->w_kv);
-    if (!e->plan || (e->self != 0 && !e->w_kv))
+    if (!e->plan || !e->report || (e->self != 0 && !e->w_kv))
         return ms_errf(err, errlen, "out of memory for the step plan");
     if (e->self != 0 && !e->sorted) { /* a world of one process has no sticky buffers */
         e->sorted = malloc(sizeof *e->sorted * (size_t)e->p.max_seqs);
@@ -1594,17 +1610,48 @@ static int proc_send_plan(struct engine *e, size_t words)
     return 0;
 }
 
-/* Rank 0: one status word from every other rank (0: its step or ping went well). */
+/* Ranks > 0: answers rank 0 with `status` and this device's counters. */
+static int proc_send_report(struct engine *e, int32_t status)
+{
+    struct proc_report *rp = e->report;
+    const struct engine_stats *st = &e->stats;
+    int me = e->self, n = e->n_dev, L = e->n_moe;
+    *rp = (struct proc_report){.status = status, .routed_rows = st->dev_routed_rows[me],
+                               .rows_away = st->dev_rows_away[me],
+                               .tokens_away = st->dev_tokens_away[me],
+                               .expert_flops = st->dev_expert_flops[me],
+                               .busy_s = st->dev_busy_s[me], .width_rows = st->dev_width_rows[me]};
+    double *lf = (double *)(rp + 1);
+    uint64_t *sent = (uint64_t *)(lf + (L > 0 ? L : 1));
+    for (int l = 0; l < L; l++) lf[l] = st->layer_dev_flops[(size_t)l * n + me];
+    for (int d = 0; d < n; d++) sent[d] = e->comm->bytes_sent[(size_t)me * n + d];
+    return e->ctl->ops->send(e->ctl, 0, rp, e->report_bytes);
+}
+
+/* Rank 0: every other rank's report (its status 0: its step or ping went well), its counters
+ * copied into this engine's stats. */
 static int proc_gather_status(struct engine *e, char *why, size_t whylen)
 {
-    for (int r = 1; r < e->n_dev; r++) {
-        int32_t st = -1;
+    int n = e->n_dev, L = e->n_moe;
+    for (int r = 1; r < n; r++) {
         size_t got = 0;
-        if (e->ctl->ops->recv(e->ctl, r, &st, sizeof st, &got) != 0) return -1;
-        if (got != sizeof st || st != 0) {
+        if (e->ctl->ops->recv(e->ctl, r, e->report, e->report_bytes, &got) != 0) return -1;
+        const struct proc_report *rp = e->report;
+        if (got != e->report_bytes || rp->status != 0) {
             snprintf(why, whylen, "rank %d reported a failed step", r);
             return -1;
         }
+        struct engine_stats *st = &e->stats;
+        st->dev_routed_rows[r] = rp->routed_rows;
+        st->dev_rows_away[r] = rp->rows_away;
+        st->dev_tokens_away[r] = rp->tokens_away;
+        st->dev_expert_flops[r] = rp->expert_flops;
+        st->dev_busy_s[r] = rp->busy_s;
+        st->dev_width_rows[r] = rp->width_rows;
+        const double *lf = (const double *)(rp + 1);
+        const uint64_t *sent = (const uint64_t *)(lf + (L > 0 ? L : 1));
+        for (int l = 0; l < L; l++) st->layer_dev_flops[(size_t)l * n + r] = lf[l];
+        for (int d = 0; d < n; d++) e->comm->bytes_sent[(size_t)r * n + d] = sent[d];
     }
     return 0;
 }
@@ -1768,14 +1815,12 @@ int engine_worker_run(struct engine *e, char *err, size_t errlen)
         if (words < PLAN_HEADER) return proc_fail(e, "rank 0 sent a short plan", err, errlen);
         int kind = e->plan[0];
         if (kind == PLAN_QUIT) return 0;
-        int32_t st = 0;
         char why[MS_ERR_LEN];
         if (kind == PLAN_STEP) {
             int total = 0;
             if (proc_take_plan(e, words, &total, why, sizeof why) != 0) {
                 /* answer, so that rank 0 fails at once, then stop */
-                st = -1;
-                c->ops->send(c, 0, &st, sizeof st);
+                proc_send_report(e, -1);
                 return proc_fail(e, why, err, errlen);
             }
             partition(e, total);
@@ -1783,8 +1828,7 @@ int engine_worker_run(struct engine *e, char *err, size_t errlen)
             e->items = NULL;
             if (c->ops->status(c, NULL, 0) != 0) return proc_fail(e, "", err, errlen);
             if (device_check(&e->dev[e->self], why, sizeof why) != 0) {
-                st = -1;
-                c->ops->send(c, 0, &st, sizeof st);
+                proc_send_report(e, -1);
                 return proc_fail(e, why, err, errlen);
             }
             e->stats.steps++;
@@ -1792,7 +1836,7 @@ int engine_worker_run(struct engine *e, char *err, size_t errlen)
         } else if (kind != PLAN_PING) {
             return proc_fail(e, "rank 0 sent an unknown plan", err, errlen);
         }
-        if (c->ops->send(c, 0, &st, sizeof st) != 0) return proc_fail(e, "", err, errlen);
+        if (proc_send_report(e, 0) != 0) return proc_fail(e, "", err, errlen);
     }
 }
 

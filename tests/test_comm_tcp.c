@@ -68,10 +68,13 @@ static void silent_rank(int me, int port, int hold)
     double waited = ms_now() - t0;
     CHECKF(r == -1, "rank %d: the exchange with a silent rank returned %d", me, r);
     CHECK(c->ops->status(c, why, sizeof why) == -1);
-    /* rank 0 waits for the silent rank; rank 1 waits for rank 0, which relays */
+    /* rank 0 waits for the silent rank; rank 1 waits for rank 0, which relays, and which may
+     * time out first and leave */
     char want[32];
     snprintf(want, sizeof want, "rank %d did not answer", me == 0 ? WORLD - 1 : 0);
-    CHECKF(strstr(why, want) != NULL, "rank %d: reason '%s' lacks '%s'", me, why, want);
+    CHECKF(strstr(why, want) != NULL ||
+               (me != 0 && strstr(why, "rank 0 closed its connection") != NULL),
+           "rank %d: reason '%s' lacks '%s'", me, why, want);
     CHECKF(waited >= 0.45 && waited < 5.0, "rank %d waited %.2f s", me, waited);
     t0 = ms_now();
     size_t got;
@@ -109,6 +112,7 @@ static int run_world(int world, void (*fn)(int, int), int port)
     for (int r = 0; r < world; r++) {
         pids[r] = fork();
         if (pids[r] == 0) {
+            test_failed_ = 0; /* a child's verdict is its own */
             fn(r, port);
             fflush(NULL);
             _exit(test_failed_ ? 1 : 0);
@@ -141,6 +145,7 @@ int main(void)
     port = free_port();
     pid_t p = fork();
     if (p == 0) {
+        test_failed_ = 0;
         struct comm *c = comm_tcp_create(3, 1, "127.0.0.1", port, 1000, 1500, err, sizeof err);
         _exit(c == NULL && strstr(err, "refused") ? 0 : 1);
     }
@@ -156,6 +161,7 @@ int main(void)
     for (int r = 0; r < WORLD; r++) {
         pids[r] = fork();
         if (pids[r] == 0) {
+            test_failed_ = 0;
             close(hold[1]);
             silent_rank(r, port, hold[0]);
             fflush(NULL);

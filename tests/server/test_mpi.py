@@ -179,6 +179,10 @@ class MultiProcess:
                 self.assertNotIn(bad, srv.output())
             self.assert_same(want, got, "%s -np %d" % (os.path.basename(model), np))
             self.assertGreater(m.total("moeserve_prefix_cache_hits_total"), 0)
+            # rank 0's /metrics covers every device: the ranks report their counters
+            for d in range(np):
+                self.assertGreater(m.total("moeserve_device_routed_tokens_total",
+                                           device=str(d)), 0, "device %d" % d)
         return ref_m, m
 
     def test_fixture_models(self):

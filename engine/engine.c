@@ -1628,9 +1628,10 @@ static int proc_send_report(struct engine *e, int32_t status)
     return e->ctl->ops->send(e->ctl, 0, rp, e->report_bytes);
 }
 
-/* Rank 0: every other rank's report (its status 0: its step or ping went well), its counters
- * copied into this engine's stats. */
-static int proc_gather_status(struct engine *e, char *why, size_t whylen)
+/* Rank 0: every other rank's report (its status 0: its step or ping went well). After a step
+ * (copy) its counters go into this engine's stats; a ping, which runs on another thread than
+ * the readers of those stats and changes no counter, leaves them alone. */
+static int proc_gather_status(struct engine *e, bool copy, char *why, size_t whylen)
 {
     int n = e->n_dev, L = e->n_moe;
     for (int r = 1; r < n; r++) {
@@ -1641,6 +1642,7 @@ static int proc_gather_status(struct engine *e, char *why, size_t whylen)
             snprintf(why, whylen, "rank %d reported a failed step", r);
             return -1;
         }
+        if (!copy) continue;
         struct engine_stats *st = &e->stats;
         st->dev_routed_rows[r] = rp->routed_rows;
         st->dev_rows_away[r] = rp->rows_away;
@@ -1704,7 +1706,7 @@ static int proc_step(struct engine *e, int total, char *err, size_t errlen)
             logit_hand_out(e, &it, &j, rows, host);
         }
     }
-    if (rc == 0) rc = proc_gather_status(e, why, sizeof why);
+    if (rc == 0) rc = proc_gather_status(e, true, why, sizeof why);
     if (rc == 0 && device_check(&e->dev[0], why, sizeof why) != 0) rc = -1;
     if (rc != 0 || e->ctl->ops->status(e->ctl, NULL, 0) != 0) {
         proc_fail(e, why, err, errlen);
@@ -1742,7 +1744,7 @@ int engine_ping(struct engine *e, char *err, size_t errlen)
     e->plan[0] = PLAN_PING;
     e->plan[1] = e->plan[2] = e->plan[3] = 0;
     int rc = proc_send_plan(e, PLAN_HEADER);
-    if (rc == 0) rc = proc_gather_status(e, why, sizeof why);
+    if (rc == 0) rc = proc_gather_status(e, false, why, sizeof why);
     if (rc != 0) proc_fail(e, why, err, errlen);
     pthread_mutex_unlock(&e->proc_mu);
     return rc;

@@ -14,7 +14,11 @@
  *       shakespeare=tools/train/data/shakespeare.heldout.txt arithmetic=... json=...
  *
  * --dtype / --quantization load the weights as the server would, so the loss says what a
- * weight type costs in quality.
+ * weight type costs in quality. For a continuous-experts (infmoe) model, --moe-samples K and
+ * --moe-neuron-fraction F set the budget, and the report adds the FFN neurons computed per
+ * token and layer (engine_stats.dev_cont_neurons): the loss a smaller budget costs and the
+ * work it saves; --moe-samples-adaptive makes K an average spent by the router's uncertainty
+ * (a model calibrated by tools/train/calibrate.py), to compare with a fixed K at equal work.
  */
 #include <math.h>
 #include <stdio.h>
@@ -63,14 +67,18 @@ static int cmp_float(const void *a, const void *b)
 static void usage(void)
 {
     fprintf(stderr, "usage: mohge_eval --model DIR [--window N] [--max-tokens N] [--devices N] "
-                    "[--moe-top-k K] [--dtype auto|bfloat16|float32] "
+                    "[--moe-top-k K] [--moe-samples K] [--moe-samples-adaptive] "
+                    "[--moe-neuron-fraction F] "
+                    "[--dtype auto|bfloat16|float32] "
                     "[--quantization none|int8|int4] NAME=FILE...\n");
 }
 
 int main(int argc, char **argv)
 {
     const char *model_dir = NULL;
-    int window = 192, max_tokens = 2048, devices = 1, n_dom = 0, moe_k = 0;
+    int window = 192, max_tokens = 2048, devices = 1, n_dom = 0, moe_k = 0, moe_s = 0;
+    double moe_f = 0.0;
+    bool moe_adaptive = false;
     const char *dom_name[MAX_DOMAINS], *dom_file[MAX_DOMAINS];
     char dom_buf[MAX_DOMAINS][64];
     struct model_load_opts lo;
@@ -86,6 +94,12 @@ int main(int argc, char **argv)
             devices = atoi(argv[++i]);
         } else if (strcmp(argv[i], "--moe-top-k") == 0 && i + 1 < argc) {
             moe_k = atoi(argv[++i]); /* expert budget: quality cost of fewer experts */
+        } else if (strcmp(argv[i], "--moe-samples") == 0 && i + 1 < argc) {
+            moe_s = atoi(argv[++i]);
+        } else if (strcmp(argv[i], "--moe-samples-adaptive") == 0) {
+            moe_adaptive = true; /* --moe-samples is then the average */
+        } else if (strcmp(argv[i], "--moe-neuron-fraction") == 0 && i + 1 < argc) {
+            moe_f = atof(argv[++i]);
         } else if (strcmp(argv[i], "--dtype") == 0 && i + 1 < argc) {
             if (model_dtype_parse(argv[++i], &lo.dtype) != 0) {
                 fprintf(stderr, "mohge_eval: --dtype must be auto, bfloat16 or float32\n");
@@ -127,6 +141,19 @@ int main(int argc, char **argv)
     }
     const struct model_desc *md = &m->desc;
     int V = md->vocab, E = md->n_expert, L = md->n_layer;
+    bool cont = md->ffn == FFN_KIND_CONTINUOUS;
+    if (moe_adaptive && (!cont || md->cont_n_quant == 0)) {
+        fprintf(stderr, "mohge_eval: --moe-samples-adaptive needs an infmoe model with an "
+                        "adaptive_logvar_quantiles calibration (tools/train/calibrate.py)\n");
+        goto fail;
+    }
+    if ((moe_s > 0 || moe_f > 0) &&
+        (!cont || moe_s < 0 || moe_s > md->cont_max_samples || moe_f < 0 || moe_f > md->cont_fraction)) {
+        fprintf(stderr, "mohge_eval: --moe-samples / --moe-neuron-fraction need an infmoe model "
+                        "and its bounds (1..%d samples, fraction up to %g)\n",
+                md->cont_max_samples, md->cont_fraction);
+        goto fail;
+    }
     int G = md->expert_group && md->n_group > 0 ? md->n_group : 1;
     struct engine_params ep;
     engine_params_default(&ep);
@@ -176,6 +203,9 @@ int main(int argc, char **argv)
                                          .n_tokens = 1,
                                          .pos = t,
                                          .moe_top_k = moe_k,
+                                         .moe_samples = moe_s,
+                                         .moe_neuron_fraction = moe_f,
+                                         .moe_samples_adaptive = moe_adaptive,
                                          .n_logits = 1,
                                          .logits = logits};
                 if (engine_step(e, &it, 1, err, sizeof err) != 0) {
@@ -212,7 +242,16 @@ int main(int argc, char **argv)
             if ((G > 1 ? md->expert_group[x] : 0) == g) w = md->expert_d_ff[x];
         printf(" %d", w);
     }
-    printf("; window %d, up to %d tokens per domain\n\n", window, max_tokens);
+    printf("; window %d, up to %d tokens per domain\n", window, max_tokens);
+    if (cont && n_rec > 0) {
+        uint64_t neurons = 0;
+        for (int d = 0; d < devices; d++) neurons += st->dev_cont_neurons[d];
+        printf("continuous experts: K = %d%s, neuron fraction %g: %.1f of %d FFN neurons "
+               "computed per token and layer\n",
+               moe_s > 0 ? moe_s : md->cont_samples, moe_adaptive ? " (adaptive average)" : "", moe_f > 0 ? moe_f : md->cont_fraction,
+               (double)neurons / ((double)n_rec * L), md->cont_d_ff);
+    }
+    printf("\n");
     printf("| domain | tokens | loss (nats) | ppl |");
     for (int g = 0; g < G; g++)
         printf(" group %d |", g);

@@ -16,6 +16,7 @@
 #include "backend.h"
 #include "comm.h"
 #include "common.h"
+#include "infmoe.h"
 #include "moe.h"
 #ifdef MOESERVE_HAVE_CUDA
 #include "cuda/backend_cuda.h"
@@ -82,6 +83,7 @@ struct device {
     int32_t *h_blocks; /* host staging of `blocks` */
 
     struct moe_scratch moe;
+    struct infmoe_scratch cont; /* continuous-experts models only */
 };
 
 struct engine {
@@ -333,6 +335,9 @@ static void ffn_layer(struct device *dv, int l)
             be->ops->synchronize(be);
             e->stats.moe_s += ms_now() - t0;
         }
+    } else if (md->ffn == FFN_KIND_CONTINUOUS) {
+        e->stats.dev_cont_neurons[dv->rank] +=
+            infmoe_forward(&dv->w, l, be, &dv->cont, dv->h, n, dv->tmp);
     } else {
         moe_ffn_rows(be, &lw->dense, d, dv->h, n, dv->tmp, dv->moe.gate, dv->moe.up);
     }
@@ -422,10 +427,28 @@ static void device_forward(struct device *dv)
      * the host and uploaded together. */
     int32_t *ids = dv->h_in, *pos = ids + n, *tok_k = pos + n, *tok_seq = tok_k + n;
     int t = 0;
+    bool cont = md->ffn == FFN_KIND_CONTINUOUS;
     for (int it = dv->item0; it < dv->item1; it++) {
         const struct engine_item *item = &e->items[it];
         int k = item->moe_top_k > 0 && item->moe_top_k < md->top_k ? item->moe_top_k : md->top_k;
+        int ks = 0, keep = 0;
+        if (cont) {
+            /* The sequence's budget, else the engine's default, else the model's; clamped to
+             * the model's bounds (callers check them and name the field). */
+            ks = item->moe_samples > 0 ? item->moe_samples
+                 : e->p.moe_samples > 0 ? e->p.moe_samples : md->cont_samples;
+            ks = ks > md->cont_max_samples ? md->cont_max_samples : ks;
+            double f = item->moe_neuron_fraction > 0 ? item->moe_neuron_fraction
+                       : e->p.moe_neuron_fraction > 0 ? e->p.moe_neuron_fraction
+                                                      : md->cont_fraction;
+            keep = model_cont_neurons(md, f < md->cont_fraction ? f : md->cont_fraction);
+        }
         for (int i = 0; i < item->n_tokens; i++, t++) {
+            if (cont) {
+                dv->cont.tok_samples[t] = ks;
+                dv->cont.tok_keep[t] = keep;
+                dv->cont.tok_adaptive[t] = item->moe_samples_adaptive;
+            }
             ids[t] = item->tokens[i];
             pos[t] = item->pos + i;
             tok_k[t] = k;
@@ -664,6 +687,15 @@ static int device_weights(struct engine *e, struct device *dv)
         lw->kv_a_norm = dev_vec(dv, src->kv_a_norm, (size_t)md->kv_lora_rank, &ok);
         lw->wkv_b = dev_weight(dv, src->wkv_b, &ok);
         lw->w_uk_t = dev_weight(dv, src->w_uk_t, &ok);
+        if (md->ffn == FFN_KIND_CONTINUOUS) {
+            lw->cont_router = dev_weight(dv, src->cont_router, &ok);
+            lw->cont_router_b = dev_vec(dv, src->cont_router_b, 2 * (size_t)md->cont_z, &ok);
+            lw->cont_keys = dev_weight(dv, src->cont_keys, &ok);
+            lw->cont_gate = dev_weight(dv, src->cont_gate, &ok);
+            lw->cont_up = dev_weight(dv, src->cont_up, &ok);
+            lw->cont_down_t = dev_weight(dv, src->cont_down_t, &ok);
+            continue;
+        }
         if (!md->layer_is_moe[l]) {
             dev_ffn(dv, &lw->dense, &src->dense, D, &ok);
             continue;
@@ -799,6 +831,9 @@ static int device_init(struct engine *e, struct device *dv, int rank, int thread
     if (moe_scratch_init(&dv->moe, be, e->m, e->p.max_batch_tokens, e->n_dev, dense_ff) != 0 ||
         moe_scratch_slots(&dv->moe, e->map.n_slots > 0 ? e->map.n_slots : 1) != 0)
         return ms_errf(err, errlen, "out of memory for device %d MoE buffers", rank);
+    if (md->ffn == FFN_KIND_CONTINUOUS &&
+        infmoe_scratch_init(&dv->cont, be, e->m, e->p.max_batch_tokens) != 0)
+        return ms_errf(err, errlen, "out of memory for device %d continuous-expert buffers", rank);
     /* Largest GEMM input: a token batch (T rows of up to max(d, qdim, ffn widths)) or the
      * routed rows (T * top_k rows of up to max(d, widest expert)). */
     int widest = max_int(max_int((int)d, (int)widest_in), max_int(dense_ff, md->shared_d_ff));
@@ -814,6 +849,12 @@ static int device_init(struct engine *e, struct device *dv, int rank, int thread
                             .max_heads = md->attn == ATTN_KIND_MLA ? md->n_head
                                                                   : md->n_head / md->n_kv_head};
     if (logit_in > rs.max_elems) rs.max_elems = logit_in;
+    if (md->ffn == FFN_KIND_CONTINUOUS) { /* the key product: T * max_samples rows of Z */
+        int z_rows = (int)T * md->cont_max_samples;
+        size_t z_in = (size_t)z_rows * (size_t)md->cont_z;
+        rs.max_rows = max_int(rs.max_rows, z_rows);
+        if (z_in > rs.max_elems) rs.max_elems = z_in;
+    }
     if (be->ops->reserve(be, &rs) != 0)
         return ms_errf(err, errlen, "out of memory for device %d GEMM workspace", rank);
     if (device_weights(e, dv) != 0)
@@ -861,6 +902,7 @@ static void device_release(struct device *dv)
     free(dv->h_logits);
     free(dv->h_lrows);
     moe_scratch_release(&dv->moe, be);
+    if (dv->cont.max_tokens > 0) infmoe_scratch_release(&dv->cont, be);
     be->ops->destroy(be);
     dv->be = NULL;
 }
@@ -1184,10 +1226,12 @@ int engine_create(const struct model *m, const struct engine_params *p, struct e
     e->stats.dev_routed_rows = calloc((size_t)e->n_dev, sizeof(uint64_t));
     e->stats.dev_expert_flops = calloc((size_t)e->n_dev, sizeof(double));
     e->stats.dev_busy_s = calloc((size_t)e->n_dev, sizeof(double));
+    e->stats.dev_cont_neurons = calloc((size_t)e->n_dev, sizeof(uint64_t));
     e->stats.expert_rows =
         calloc((size_t)md->n_layer * (md->n_expert > 0 ? md->n_expert : 1), sizeof(uint64_t));
     if (!e->owner || !e->item_tok0 || !e->dev || !e->stats.dev_routed_rows ||
-        !e->stats.dev_expert_flops || !e->stats.dev_busy_s || !e->stats.expert_rows) {
+        !e->stats.dev_expert_flops || !e->stats.dev_busy_s || !e->stats.expert_rows ||
+        !e->stats.dev_cont_neurons) {
         ms_errf(err, errlen, "out of memory");
         goto fail;
     }
@@ -1298,6 +1342,7 @@ void engine_free(struct engine *e)
     free(e->stats.dev_routed_rows);
     free(e->stats.dev_expert_flops);
     free(e->stats.dev_busy_s);
+    free(e->stats.dev_cont_neurons);
     free(e->stats.expert_rows);
     free(e);
 }
@@ -1561,15 +1606,16 @@ int engine_set_placement(struct engine *e, const struct plc_map *m, char *err, s
  * MoE layer on the device, then (n_dev) uint64, the bytes it sent each rank. */
 struct proc_report {
     int32_t status, pad;
-    uint64_t routed_rows, rows_away, tokens_away;
+    uint64_t routed_rows, rows_away, tokens_away, cont_neurons;
     double expert_flops, busy_s, width_rows;
 };
 
 /* A plan is int32 words: a header, then per item PLAN_ITEM words (n_tokens, pos, moe_top_k,
- * n_logits, device, blocks), then every item's tokens, then every item's block table (as many
- * blocks as its positions after the step need). */
+ * n_logits, device, blocks, moe_samples, moe_samples_adaptive, then moe_neuron_fraction's 8
+ * bytes), then every item's tokens, then every item's block table (as many blocks as its
+ * positions after the step need). */
 enum { PLAN_STEP = 1, PLAN_PING = 2, PLAN_QUIT = 3 };
-enum { PLAN_HEADER = 4, PLAN_ITEM = 6 };
+enum { PLAN_HEADER = 4, PLAN_ITEM = 10 };
 
 static int proc_init(struct engine *e, char *err, size_t errlen)
 {
@@ -1619,6 +1665,7 @@ static int proc_send_report(struct engine *e, int32_t status)
     *rp = (struct proc_report){.status = status, .routed_rows = st->dev_routed_rows[me],
                                .rows_away = st->dev_rows_away[me],
                                .tokens_away = st->dev_tokens_away[me],
+                               .cont_neurons = st->dev_cont_neurons[me],
                                .expert_flops = st->dev_expert_flops[me],
                                .busy_s = st->dev_busy_s[me], .width_rows = st->dev_width_rows[me]};
     double *lf = (double *)(rp + 1);
@@ -1647,6 +1694,7 @@ static int proc_gather_status(struct engine *e, bool copy, char *why, size_t why
         st->dev_routed_rows[r] = rp->routed_rows;
         st->dev_rows_away[r] = rp->rows_away;
         st->dev_tokens_away[r] = rp->tokens_away;
+        st->dev_cont_neurons[r] = rp->cont_neurons;
         st->dev_expert_flops[r] = rp->expert_flops;
         st->dev_busy_s[r] = rp->busy_s;
         st->dev_width_rows[r] = rp->width_rows;
@@ -1681,6 +1729,9 @@ static int proc_step(struct engine *e, int total, char *err, size_t errlen)
         iw[3] = it->n_logits;
         iw[4] = it->kv->device;
         iw[5] = nb;
+        iw[6] = it->moe_samples;
+        iw[7] = it->moe_samples_adaptive;
+        memcpy(&iw[8], &it->moe_neuron_fraction, sizeof(double));
         memcpy(tok, it->tokens, sizeof(int32_t) * (size_t)it->n_tokens);
         tok += it->n_tokens;
         memcpy(blk, it->kv->blocks, sizeof(int32_t) * (size_t)nb);
@@ -1790,8 +1841,13 @@ static int proc_take_plan(struct engine *e, size_t words, int *total_out, char *
         kv->n_blocks = nb;
         kv->max_blocks = nb;
         kv->device = iw[4];
+        double frac;
+        memcpy(&frac, &iw[8], sizeof frac);
         e->sorted[i] = (struct engine_item){.kv = kv, .tokens = tok, .n_tokens = n, .pos = pos,
-                                            .moe_top_k = iw[2], .n_logits = iw[3]};
+                                            .moe_top_k = iw[2], .moe_samples = iw[6],
+                                            .moe_neuron_fraction = frac,
+                                            .moe_samples_adaptive = iw[7] != 0,
+                                            .n_logits = iw[3]};
         e->item_tok0[i] = sum;
         sum += n;
         tok += n;

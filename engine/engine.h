@@ -61,6 +61,11 @@ struct engine_params {
     int max_model_len;      /* positions per sequence; 0 = min(max_position_embeddings, 4096) */
     int kv_block_size;      /* tokens per KV block */
     size_t kv_cache_bytes;  /* memory for KV blocks; 0 = enough for max_seqs full sequences */
+    /* Continuous-experts models (infmoe): the budget of sequences that ask for none (0 = the
+     * model's num_samples / neuron_fraction); the caller keeps them within the model's
+     * bounds (the engine clamps). Ignored for other models. */
+    int moe_samples;
+    double moe_neuron_fraction;
     const int *placement;   /* (n_expert) device owning each expert, or NULL: contiguous blocks
                                (mohge: All-size Group-decoupling, see moe_mohge_placement) */
     /* Per-layer placement with replicas (engine/placement), copied; overrides `placement`.
@@ -97,6 +102,11 @@ struct engine_item {
     int n_tokens;
     int pos;                /* position of tokens[0]; positions [0, pos) are already cached */
     int moe_top_k;          /* experts per token for this sequence; 0 = the model's default */
+    int moe_samples;        /* continuous experts: samples per token, 0 = the default */
+    double moe_neuron_fraction; /* continuous experts: neuron fraction, 0 = the default */
+    bool moe_samples_adaptive; /* continuous experts: moe_samples (or the default) is an
+                                  average, each token's K from the router's uncertainty
+                                  (engine/infmoe.h); needs a calibrated model */
     int n_logits;           /* logits wanted for the last n_logits tokens (0, 1 .. n_tokens) */
     float *logits;          /* OUT: (n_logits, vocab), caller-owned */
 };
@@ -108,6 +118,8 @@ struct engine_stats {
     uint64_t *dev_routed_rows;  /* (n_devices) token-expert rows computed on each device */
     double *dev_expert_flops;   /* (n_devices) */
     double *dev_busy_s;         /* (n_devices) time in expert compute */
+    uint64_t *dev_cont_neurons; /* (n_devices) continuous experts: FFN neurons computed, summed
+                                   over tokens and layers (each token's union of its samples) */
     uint64_t *expert_rows;      /* (n_layer, n_expert) */
     /* MoE layers (benchmarks): calls, experts that had rows, the bytes of their weights as the
      * backend stores them, and (only while engine_set_profile is on: the backend is

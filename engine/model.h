@@ -43,6 +43,14 @@ enum router_kind {
     ROUTER_KIND_MOHGE,         /* two-level: sigmoid group router, softmax inside groups */
 };
 
+/* What a layer's FFN is when it is not a routed-expert (MoE) layer. */
+enum ffn_kind {
+    FFN_KIND_DENSE,      /* one SwiGLU of dense_d_ff */
+    FFN_KIND_CONTINUOUS, /* infmoe continuous experts: a per-token slice of one SwiGLU of
+                            cont_d_ff neurons chosen by samples of a Gaussian latent
+                            (engine/infmoe.h); every layer of such a model */
+};
+
 enum shared_gate_kind {
     SHARED_GATE_NONE,    /* shared experts always added with weight 1 */
     SHARED_GATE_SIGMOID, /* qwen2_moe: sigmoid(x . w_gate) scales the shared expert */
@@ -123,6 +131,21 @@ struct model_desc {
     enum ffn_act expert_act;/* routed experts' activation; dense and shared FFNs are SiLU */
     float act_alpha, act_limit; /* FFN_ACT_SWIGLU_OAI */
     bool expert_bias;     /* routed experts' projections have biases (gpt-oss) */
+    /* Continuous experts (ffn == FFN_KIND_CONTINUOUS, infmoe; engine/infmoe.h): per token the
+     * router predicts a Gaussian over a latent z of cont_z values; each of K samples keeps the
+     * N = infmoe_neurons_kept(fraction) neurons whose keys score highest against it, and the
+     * K slices are averaged. K and the fraction are a per-request budget within the bounds. */
+    enum ffn_kind ffn;
+    int cont_d_ff;        /* F: neurons of the layer's FFN */
+    int cont_z;           /* Z */
+    int cont_samples;     /* default K (the trained one) */
+    int cont_max_samples; /* the largest K a request may ask for */
+    double cont_fraction; /* default neuron fraction (the trained one), also the largest */
+    /* The adaptive budget's calibration (config adaptive_logvar_quantiles; engine/infmoe.h):
+     * per layer, cont_n_quant ascending quantiles of the tokens' mean predicted log-variance;
+     * NULL (cont_n_quant 0) when the config has none. */
+    int cont_n_quant;
+    double *cont_quant;   /* (n_layer, cont_n_quant) */
     int n_shared;         /* always-on shared experts */
     int shared_d_ff;      /* width of each shared expert */
     enum shared_gate_kind shared_gate;
@@ -177,6 +200,15 @@ struct layer_w {
     struct ffn_w *shared;            /* (n_shared) */
     const struct wmat *shared_gate;  /* (1, d_model), SHARED_GATE_SIGMOID only */
     struct ffn_w dense;              /* dense layers only */
+
+    /* FFN_KIND_CONTINUOUS (infmoe) layers: */
+    const struct wmat *cont_router;  /* (2*cont_z, d_model): mean, then log-variance of z */
+    const float *cont_router_b;      /* (2*cont_z) */
+    const struct wmat *cont_keys;    /* (cont_d_ff, cont_z) one key per neuron */
+    const struct wmat *cont_gate;    /* (cont_d_ff, d_model) */
+    const struct wmat *cont_up;      /* (cont_d_ff, d_model) */
+    const struct wmat *cont_down_t;  /* (cont_d_ff, d_model): the down projection neuron-major,
+                                        so a neuron's output weights are one row */
 };
 
 /* What activations and unquantized weights compute in (vLLM's --dtype). Matrix products
@@ -276,6 +308,21 @@ size_t model_active_params(const struct model *m, int k);
 /* Whether the model computes in bf16 (see enum model_dtype): --dtype bfloat16, or auto with
  * bf16 matrices. */
 bool model_computes_bf16(const struct model *m);
+
+/* Continuous experts: the neurons one sample keeps at neuron fraction f,
+ * max(1, floor(f * cont_d_ff + 1/2)) and at most cont_d_ff (tools/train/infmoe_model.py's
+ * neurons_kept), and the most a token can compute with k samples (k slices, no overlap). */
+static inline int model_cont_neurons(const struct model_desc *md, double f)
+{
+    double x = f * (double)md->cont_d_ff + 0.5;
+    int n = x >= (double)md->cont_d_ff ? md->cont_d_ff : (int)x;
+    return n < 1 ? 1 : n;
+}
+static inline int model_cont_union_max(const struct model_desc *md, int k, double f)
+{
+    long u = (long)k * model_cont_neurons(md, f);
+    return u > md->cont_d_ff ? md->cont_d_ff : (int)u;
+}
 
 /* The attention window of layer l (0 = full attention). */
 static inline int model_layer_window(const struct model_desc *md, int l)

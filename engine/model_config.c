@@ -1,5 +1,6 @@
 /* config.json -> struct model_desc. Each supported Hugging Face architecture (mixtral,
- * qwen2_moe, qwen3_moe, olmoe, deepseek_v2/v3, gpt_oss, and moeserve's own mohge) is translated into the one
+ * qwen2_moe, qwen3_moe, olmoe, deepseek_v2/v3, gpt_oss, and moeserve's own mohge and infmoe) is
+ * translated into the one
  * architecture-neutral description the forward pass reads: attention kind and q/k norm, biases,
  * which layers are MoE, expert widths and groups, shared experts and their gate. Fields are
  * type-checked; anything the engine cannot run exactly (rope scaling other than YaRN,
@@ -475,6 +476,71 @@ static int cfg_mohge(json_t *root, struct model_desc *d, const char *path, char 
     return cfg_moe_layers(root, d, false, path, err, errlen);
 }
 
+/* moeserve's continuous-experts model (tools/train/infmoe_model.py; fields in README, "The
+ * infmoe config.json"): no routed experts; every layer's FFN is one SwiGLU of
+ * intermediate_size neurons run on a per-token selection (FFN_KIND_CONTINUOUS). */
+static int cfg_infmoe(json_t *root, struct model_desc *d, const char *path, char *err,
+                      size_t errlen)
+{
+    double frac = 0;
+    if (cfg_int(root, "intermediate_size", true, 0, &d->cont_d_ff, path, err, errlen) ||
+        cfg_positive(d->cont_d_ff, "intermediate_size", path, err, errlen) ||
+        cfg_int(root, "latent_dim", true, 0, &d->cont_z, path, err, errlen) ||
+        cfg_positive(d->cont_z, "latent_dim", path, err, errlen) ||
+        cfg_int(root, "num_samples", true, 0, &d->cont_samples, path, err, errlen) ||
+        cfg_int(root, "max_samples", false, d->cont_samples, &d->cont_max_samples, path, err,
+                errlen) ||
+        cfg_num(root, "neuron_fraction", 0, &frac, path, err, errlen))
+        return -1;
+    if (d->cont_z > 4096)
+        return ms_errf(err, errlen, "%s: latent_dim %d exceeds 4096", path, d->cont_z);
+    if (d->cont_max_samples < 1 || d->cont_max_samples > 64)
+        return ms_errf(err, errlen, "%s: max_samples %d must be in 1..64", path,
+                       d->cont_max_samples);
+    if (d->cont_samples < 1 || d->cont_samples > d->cont_max_samples)
+        return ms_errf(err, errlen, "%s: num_samples %d must be in 1..max_samples (%d)", path,
+                       d->cont_samples, d->cont_max_samples);
+    if (!(frac > 0 && frac <= 1))
+        return ms_errf(err, errlen, "%s: neuron_fraction %g must be in (0, 1]", path, frac);
+    d->cont_fraction = frac;
+    d->ffn = FFN_KIND_CONTINUOUS;
+    json_t *cal = json_object_get(root, "adaptive_logvar_quantiles");
+    if (cal && !json_is_null(cal)) {
+        size_t nq = json_is_array(json_array_get(cal, 0)) ? json_array_size(json_array_get(cal, 0))
+                                                          : 0;
+        if (!json_is_array(cal) || json_array_size(cal) != (size_t)d->n_layer || nq < 2 ||
+            nq > 1024)
+            return ms_errf(err, errlen,
+                           "%s: 'adaptive_logvar_quantiles' must list num_hidden_layers (%d) lists "
+                           "of 2..1024 numbers",
+                           path, d->n_layer);
+        d->cont_quant = malloc(sizeof(double) * nq * (size_t)d->n_layer);
+        if (!d->cont_quant) return ms_errf(err, errlen, "%s: out of memory", path);
+        d->cont_n_quant = (int)nq;
+        for (int l = 0; l < d->n_layer; l++) {
+            json_t *row = json_array_get(cal, (size_t)l);
+            if (!json_is_array(row) || json_array_size(row) != nq)
+                return ms_errf(err, errlen,
+                               "%s: adaptive_logvar_quantiles[%d] must list %zu numbers", path, l,
+                               nq);
+            for (size_t i = 0; i < nq; i++) {
+                json_t *x = json_array_get(row, i);
+                double v = json_is_number(x) ? json_number_value(x) : NAN;
+                double *q = d->cont_quant + (size_t)l * nq;
+                if (!isfinite(v) || (i > 0 && v < q[i - 1]))
+                    return ms_errf(err, errlen,
+                                   "%s: adaptive_logvar_quantiles[%d][%zu] must be a number, not "
+                                   "below the one before",
+                                   path, l, i);
+                q[i] = v;
+            }
+        }
+    }
+    d->layer_is_moe = calloc((size_t)d->n_layer, sizeof *d->layer_is_moe);
+    if (!d->layer_is_moe) return ms_errf(err, errlen, "%s: out of memory", path);
+    return 0;
+}
+
 /* A string field that must be one of `allowed` (NULL-terminated); *out = its index, or `def`
  * when absent or null. */
 static int cfg_choice(json_t *root, const char *key, const char *const *allowed, int def, int *out,
@@ -689,6 +755,9 @@ void model_desc_free(struct model_desc *desc)
     free(desc->layer_is_moe);
     free(desc->expert_d_ff);
     free(desc->expert_group);
+    free(desc->cont_quant);
+    desc->cont_quant = NULL;
+    desc->cont_n_quant = 0;
     desc->layer_is_moe = NULL;
     desc->expert_d_ff = NULL;
     desc->expert_group = NULL;
@@ -729,10 +798,12 @@ int model_desc_parse(const char *json_text, size_t len, const char *path, struct
         arch = cfg_deepseek;
     else if (strcmp(type, "gpt_oss") == 0)
         arch = cfg_gpt_oss;
+    else if (strcmp(type, "infmoe") == 0)
+        arch = cfg_infmoe;
     if (!arch) {
         ms_errf(err, errlen,
                 "%s: unknown model_type '%.64s' (supported: mixtral, qwen2_moe, qwen3_moe, olmoe, "
-                "deepseek_v2, deepseek_v3, gpt_oss, mohge)",
+                "deepseek_v2, deepseek_v3, gpt_oss, mohge, infmoe)",
                 path, type);
         goto out;
     }

@@ -304,6 +304,19 @@ static int plan_model(struct plan *p, struct model *m, const char *wname, bool q
             plan_vec(p, &lw->k_norm, full ? kv_dim : d->head_dim, "%sself_attn.k_norm.weight", pre);
         }
         }
+        if (d->ffn == FFN_KIND_CONTINUOUS) {
+            /* infmoe: the neuron matrices are read a row at a time (gathered by the selection),
+             * so they stay as stored (or --dtype) under --quantization. */
+            const int64_t Fn = d->cont_d_ff, Z = d->cont_z;
+            snprintf(moe, sizeof moe, "%smlp.", pre);
+            plan_mat(p, &lw->cont_router, false, 2 * Z, D, "%srouter.weight", moe);
+            plan_vec(p, &lw->cont_router_b, 2 * Z, "%srouter.bias", moe);
+            plan_mat(p, &lw->cont_keys, false, Fn, Z, "%sneuron_keys.weight", moe);
+            plan_mat(p, &lw->cont_gate, false, Fn, D, "%sgate_proj.weight", moe);
+            plan_mat(p, &lw->cont_up, false, Fn, D, "%sup_proj.weight", moe);
+            plan_mat(p, &lw->cont_down_t, false, Fn, D, "%sdown_t.weight", moe);
+            continue;
+        }
         if (!d->layer_is_moe[l]) {
             snprintf(moe, sizeof moe, "%smlp.", pre);
             plan_ffn(p, &lw->dense, d->dense_d_ff, d->d_model, moe, "gate_proj", "up_proj",
@@ -1134,6 +1147,13 @@ size_t model_active_params(const struct model *m, int k)
         if (d->attn_sinks) n += (size_t)d->n_head;
         if (d->qk_norm == QK_NORM_HEAD) n += 2 * (size_t)d->head_dim;
         if (d->qk_norm == QK_NORM_FULL) n += q + kv;
+        if (d->ffn == FFN_KIND_CONTINUOUS) {
+            /* the router, the keys, and the default K slices as if they never overlapped */
+            size_t Z = (size_t)d->cont_z;
+            n += 2 * Z * D + 2 * Z + (size_t)d->cont_d_ff * Z +
+                 3 * D * (size_t)model_cont_union_max(d, d->cont_samples, d->cont_fraction);
+            continue;
+        }
         if (!d->layer_is_moe[l]) {
             n += 3 * D * (size_t)d->dense_d_ff;
             continue;
@@ -1206,6 +1226,14 @@ size_t model_active_bytes(const struct model *m, int k)
         if (d->attn_sinks) n += 4 * (size_t)d->n_head;
         if (d->qk_norm == QK_NORM_HEAD) n += 4 * 2 * (size_t)d->head_dim;
         if (d->qk_norm == QK_NORM_FULL) n += 4 * (q + kv);
+        if (d->ffn == FFN_KIND_CONTINUOUS) {
+            size_t rows = (size_t)model_cont_union_max(d, d->cont_samples, d->cont_fraction);
+            size_t F = (size_t)(d->cont_d_ff > 0 ? d->cont_d_ff : 1);
+            n += mat_bytes(lw->cont_router) + 4 * 2 * (size_t)d->cont_z + mat_bytes(lw->cont_keys) +
+                 (mat_bytes(lw->cont_gate) + mat_bytes(lw->cont_up) + mat_bytes(lw->cont_down_t)) /
+                     F * rows;
+            continue;
+        }
         if (!d->layer_is_moe[l]) {
             n += ffn_bytes(&lw->dense);
             continue;

@@ -683,6 +683,9 @@ static void add_item(struct sched *s, int *n_items, struct rows *rw, struct sche
     it->n_tokens = n;
     it->pos = r->n_computed;
     it->moe_top_k = r->p.moe_top_k;
+    it->moe_samples = r->p.moe_samples;
+    it->moe_neuron_fraction = r->p.moe_neuron_fraction;
+    it->moe_samples_adaptive = r->p.moe_samples_adaptive;
     /* max_tokens 0 samples nothing: its last chunk needs no row of its own */
     it->n_logits = last && r->p.max_tokens > 0 ? 1 : 0;
     if (prompt_lps_pending(r)) {
@@ -700,6 +703,14 @@ static void add_item(struct sched *s, int *n_items, struct rows *rw, struct sche
 static uint64_t cache_key(const struct sched_req *r)
 {
     uint64_t k = r->p.moe_top_k > 0 ? (uint64_t)r->p.moe_top_k : 0;
+    if (r->p.moe_samples > 0 || r->p.moe_neuron_fraction > 0 || r->p.moe_samples_adaptive) {
+        /* the continuous-experts budget: samples and the fraction's bits, mixed in */
+        uint64_t fb;
+        memcpy(&fb, &r->p.moe_neuron_fraction, sizeof fb);
+        k ^= ((uint64_t)r->p.moe_samples << 16 | 1u << 15 | (uint64_t)r->p.moe_samples_adaptive << 14) *
+             0xbf58476d1ce4e5b9ull;
+        k ^= fb * 0x94d049bb133111ebull;
+    }
     return r->p.cache_salt ? k ^ (r->p.cache_salt * 0x9e3779b97f4a7c15ull) : k;
 }
 

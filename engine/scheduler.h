@@ -22,7 +22,8 @@
  * so that it gets logits. After each step the full blocks a sequence has computed are registered
  * (kv_seq_register), prompt and generated tokens alike, so later requests with the same prefix
  * and a preempted request coming back both hit them. Blocks are keyed by the request's
- * moe_top_k as well, since the expert budget changes the K/V of every layer after the first.
+ * moe_top_k, moe_samples and moe_neuron_fraction as well, since the expert budget changes the K/V
+ * of every layer after the first.
  *
  * Threads: one thread owns the scheduler, the engine and the KV cache. Either the caller runs
  * sched_step itself (tests), or sched_start runs a libuv loop thread that steps whenever there
@@ -71,6 +72,9 @@ struct sched_req_params {
     bool ignore_eos;
     bool skip_special;      /* drop special tokens from the text (default true) */
     int moe_top_k;          /* 0 = the model's */
+    int moe_samples;        /* continuous experts: 0 = the engine's default */
+    double moe_neuron_fraction; /* continuous experts: 0 = the engine's default */
+    bool moe_samples_adaptive;  /* continuous experts: per-token K around moe_samples */
     int prompt_logprobs;    /* < 0: off; else record every prompt token's logprob (from the
                                prefill the request runs anyway) with this many alternatives */
     int n_stop;

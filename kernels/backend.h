@@ -188,6 +188,18 @@ struct backend_ops {
     void (*moe_experts)(struct backend *be, float *y, const float *x, int d, int n_experts,
                         const int *off, const struct be_expert *experts, float *gate, float *up);
 
+    /* Continuous experts (infmoe): token i computes only its neurons idx[i * stride + j],
+     * j < count[i] (each < F), of one SwiGLU FFN whose three weight handles are (F, d) and
+     * neuron-major (down_t row f: what neuron f adds to the output):
+     *   y_i (d) = sum_j coef[i * stride + j] * silu(gate_f . x_i) * (up_f . x_i) * down_t_f,
+     * f = idx[i * stride + j], summed in j order whatever the thread count. idx, coef and
+     * count are backend memory; hbuf: scratch of n * stride floats. The matrices are f32, f16
+     * or bf16 (the loader never quantizes them); products take f32 activations. */
+    void (*neuron_ffn)(struct backend *be, float *y, const float *x, int n, int d,
+                       const struct wmat *gate, const struct wmat *up, const struct wmat *down_t,
+                       const int32_t *idx, const float *coef, const int32_t *count, int stride,
+                       float *hbuf);
+
     /* Paged causal attention for n tokens (of one or several sequences; see be_tokens) whose
      * keys/values for positions [0, pos] are already in the cache.
      * q (n, n_head, head_dim) -> out (n, n_head, head_dim).

@@ -140,6 +140,9 @@ const struct proto_field proto_fields[] = {
     {"echo", CHAT, UNSUP, "false"},
     /* moeserve */
     {"moe_top_k", BOTH, IMPL, NULL},
+    {"moe_samples", BOTH, IMPL, NULL},
+    {"moe_neuron_fraction", BOTH, IMPL, NULL},
+    {"moe_samples_adaptive", BOTH, IMPL, NULL},
 };
 const int proto_n_fields = (int)(sizeof proto_fields / sizeof *proto_fields);
 
@@ -797,6 +800,11 @@ static int get_generation(json_t *o, struct proto_req *r, struct proto_error *e)
     if (get_bool(o, "ignore_eos", &r->ignore_eos, e) < 0) return -1;
     if ((rc = get_int(o, "moe_top_k", 0, 512, &x, e)) < 0) return -1;
     if (rc) r->moe_top_k = (int)x;
+    /* continuous-experts budget; the model's bounds are checked where the model is known */
+    if ((rc = get_int(o, "moe_samples", 0, 64, &x, e)) < 0) return -1;
+    if (rc) r->moe_samples = (int)x;
+    if (get_num(o, "moe_neuron_fraction", 0.0, 1.0, &r->moe_neuron_fraction, e) < 0) return -1;
+    if (get_bool(o, "moe_samples_adaptive", &r->moe_samples_adaptive, e) < 0) return -1;
 
     if ((rc = get_int(o, "prompt_logprobs", 0, PROTO_MAX_LOGPROBS, &x, e)) < 0) return -1;
     if (rc) r->prompt_logprobs = (int)x;

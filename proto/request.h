@@ -128,6 +128,10 @@ struct proto_req {
     bool echo;
     bool ignore_eos;
     int moe_top_k;              /* 0 = the model's */
+    int moe_samples;            /* continuous experts: samples per token, 0 = the default */
+    double moe_neuron_fraction; /* continuous experts: neuron fraction, 0 = the default */
+    bool moe_samples_adaptive;  /* continuous experts: moe_samples is an average, per-token K
+                                   from the router's uncertainty */
 
     int prompt_logprobs;        /* vLLM prompt_logprobs: -1 = off, else alternatives (0..20) */
     int min_tokens;             /* EOS and stop conditions are held off until this many */

@@ -21,6 +21,13 @@ void cli_progress(void *ctx, double fraction);
  * binary (../models/... from build/), then /models/... (container). Writes into buf. */
 const char *cli_default_model(char *buf, size_t n);
 
+/* The continuous-experts budget flags (--moe-samples, --moe-neuron-fraction; 0 = not given)
+ * against the model: 0, or -1 with a message naming the flag (another model, or outside the
+ * model's bounds). Defined in cli_generate.c. */
+struct model_desc;
+int cli_cont_budget(const struct model_desc *md, int samples, double fraction, char *err,
+                    size_t errlen);
+
 /* A whole file, NUL-terminated, in malloc'd memory (its length in *len when len is not NULL),
  * or NULL when it cannot be read. */
 char *cli_read_file(const char *path, size_t *len);

@@ -41,10 +41,32 @@ static void generate_usage(FILE *f)
             "      --quantization-cache keep converted/quantized weights in MODEL/.moeserve/ and\n"
             "                           map them from there the next time\n"
             "      --moe-top-k K        experts per token, at most the model's (default: model)\n"
+            "      --moe-samples K      continuous-experts (infmoe) models: samples per token,\n"
+            "                           at most the model's max_samples (default: num_samples)\n"
+            "      --moe-neuron-fraction F  infmoe models: share of the FFN's neurons a sample\n"
+            "                           keeps, at most the model's (default: neuron_fraction)\n"
+            "      --moe-samples-adaptive  infmoe models with a calibration: --moe-samples is an\n"
+            "                           average, each token's K from the router's uncertainty\n"
             "      --max-batch-tokens N prefill chunk size (default 512)\n"
             "      --ignore-eos         keep generating past the end-of-sequence token\n"
             "      --no-special         do not add the tokenizer's special tokens (BOS)\n"
             "  -h, --help               this text\n");
+}
+
+int cli_cont_budget(const struct model_desc *md, int samples, double fraction, char *err,
+                    size_t errlen)
+{
+    bool cont = md->ffn == FFN_KIND_CONTINUOUS;
+    if ((samples > 0 || fraction > 0) && !cont)
+        return ms_errf(err, errlen, "%s applies to continuous-experts (infmoe) models only",
+                       samples > 0 ? "--moe-samples" : "--moe-neuron-fraction");
+    if (samples > 0 && samples > md->cont_max_samples)
+        return ms_errf(err, errlen, "--moe-samples %d exceeds the model's max_samples %d", samples,
+                       md->cont_max_samples);
+    if (fraction > 0 && fraction > md->cont_fraction)
+        return ms_errf(err, errlen, "--moe-neuron-fraction %g exceeds the model's neuron_fraction %g",
+                       fraction, md->cont_fraction);
+    return 0;
 }
 
 static int parse_int(const char *name, const char *s, long lo, long hi, int *out)
@@ -86,6 +108,9 @@ struct gen_opts {
     enum model_quant quant;
     bool weight_cache;
     int moe_top_k;
+    int moe_samples;
+    float moe_fraction;
+    bool moe_adaptive;
     int max_batch;
     bool ignore_eos;
     bool add_special;
@@ -97,7 +122,7 @@ static int parse_args(int argc, char **argv, struct gen_opts *o)
     enum {
         OPT_TEMP = 256, OPT_TOPP, OPT_TOPK, OPT_MINP, OPT_REP, OPT_SEED, OPT_DEV, OPT_MOEK,
         OPT_BATCH, OPT_IGNORE_EOS, OPT_NO_SPECIAL, OPT_DEVICE, OPT_DTYPE, OPT_QUANT, OPT_THREADS,
-        OPT_WCACHE,
+        OPT_WCACHE, OPT_MOES, OPT_MOEF, OPT_MOEA,
     };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},
@@ -116,6 +141,9 @@ static int parse_args(int argc, char **argv, struct gen_opts *o)
         {"threads", required_argument, 0, OPT_THREADS},
         {"quantization-cache", no_argument, 0, OPT_WCACHE},
         {"moe-top-k", required_argument, 0, OPT_MOEK},
+        {"moe-samples", required_argument, 0, OPT_MOES},
+        {"moe-neuron-fraction", required_argument, 0, OPT_MOEF},
+        {"moe-samples-adaptive", no_argument, 0, OPT_MOEA},
         {"max-batch-tokens", required_argument, 0, OPT_BATCH},
         {"ignore-eos", no_argument, 0, OPT_IGNORE_EOS},
         {"no-special", no_argument, 0, OPT_NO_SPECIAL},
@@ -177,6 +205,11 @@ static int parse_args(int argc, char **argv, struct gen_opts *o)
         case OPT_THREADS: rc = parse_int("--threads", optarg, 0, 1024, &o->threads); break;
         case OPT_WCACHE: o->weight_cache = true; break;
         case OPT_MOEK: rc = parse_int("--moe-top-k", optarg, 1, 512, &o->moe_top_k); break;
+        case OPT_MOES: rc = parse_int("--moe-samples", optarg, 1, 64, &o->moe_samples); break;
+        case OPT_MOEA: o->moe_adaptive = true; break;
+        case OPT_MOEF:
+            rc = parse_float("--moe-neuron-fraction", optarg, 1e-9, 1.0, &o->moe_fraction);
+            break;
         case OPT_BATCH: rc = parse_int("--max-batch-tokens", optarg, 1, 1 << 20, &o->max_batch); break;
         case OPT_IGNORE_EOS: o->ignore_eos = true; break;
         case OPT_NO_SPECIAL: o->add_special = false; break;
@@ -241,6 +274,15 @@ int cli_generate(int argc, char **argv)
                 o.moe_top_k, md->top_k);
         goto out;
     }
+    if (cli_cont_budget(md, o.moe_samples, o.moe_fraction, err, sizeof err) != 0) {
+        fprintf(stderr, "moeserve generate: %s\n", err);
+        goto out;
+    }
+    if (o.moe_adaptive && (md->ffn != FFN_KIND_CONTINUOUS || md->cont_n_quant == 0)) {
+        fprintf(stderr, "moeserve generate: --moe-samples-adaptive needs an infmoe model with an "
+                        "adaptive_logvar_quantiles calibration (tools/train/calibrate.py)\n");
+        goto out;
+    }
 
     size_t plen = strlen(o.prompt);
     int cap = (int)plen + 8;
@@ -300,7 +342,9 @@ int cli_generate(int argc, char **argv)
         int chunk = n_prompt - done < o.max_batch ? n_prompt - done : o.max_batch;
         struct engine_item it = {
             .kv = &seq, .tokens = ids + done, .n_tokens = chunk, .pos = done,
-            .moe_top_k = o.moe_top_k, .n_logits = done + chunk == n_prompt ? 1 : 0,
+            .moe_top_k = o.moe_top_k, .moe_samples = o.moe_samples,
+            .moe_neuron_fraction = o.moe_fraction, .moe_samples_adaptive = o.moe_adaptive,
+            .n_logits = done + chunk == n_prompt ? 1 : 0,
             .logits = logits,
         };
         if (engine_step(e, &it, 1, err, sizeof err) != 0) {
@@ -328,7 +372,9 @@ int cli_generate(int argc, char **argv)
         if (i + 1 == o.n) break;
         struct engine_item it = {
             .kv = &seq, .tokens = &tok, .n_tokens = 1, .pos = n_prompt + i,
-            .moe_top_k = o.moe_top_k, .n_logits = 1, .logits = logits,
+            .moe_top_k = o.moe_top_k, .moe_samples = o.moe_samples,
+            .moe_neuron_fraction = o.moe_fraction, .moe_samples_adaptive = o.moe_adaptive,
+            .n_logits = 1, .logits = logits,
         };
         if (engine_step(e, &it, 1, err, sizeof err) != 0) {
             fprintf(stderr, "\nmoeserve generate: %s\n", err);

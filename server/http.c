@@ -682,6 +682,9 @@ static void req_params(const struct gen *g, const struct proto_req *pr, int max_
     sp->ignore_eos = pr->ignore_eos;
     sp->skip_special = pr->skip_special_tokens;
     sp->moe_top_k = pr->moe_top_k;
+    sp->moe_samples = pr->moe_samples;
+    sp->moe_neuron_fraction = pr->moe_neuron_fraction;
+    sp->moe_samples_adaptive = pr->moe_samples_adaptive;
     sp->prompt_logprobs = -1;
     if (g->plp_field) sp->prompt_logprobs = pr->prompt_logprobs;
     if (g->echo_lps && pr->top_logprobs > sp->prompt_logprobs)
@@ -757,6 +760,35 @@ static char *echo_text(const struct tokenizer *tok, const char *text, const int3
     return s;
 }
 
+/* The continuous-experts budget (moe_samples, moe_neuron_fraction) against the model: within
+ * its bounds, and only for a continuous-experts model (like moe_top_k above a model's k, the
+ * field is refused rather than ignored). */
+static int check_cont_budget(const struct model_desc *md, const struct proto_req *pr,
+                             struct proto_error *e)
+{
+    bool cont = md->ffn == FFN_KIND_CONTINUOUS;
+    if (pr->moe_samples > 0 && !cont)
+        return proto_fail(e, 400, "moe_samples", "invalid_value",
+                          "'moe_samples' applies to continuous-experts (infmoe) models only");
+    if (pr->moe_samples > 0 && pr->moe_samples > md->cont_max_samples)
+        return proto_fail(e, 400, "moe_samples", "invalid_value",
+                          "'moe_samples' must be at most the model's %d samples per token",
+                          md->cont_max_samples);
+    if (pr->moe_samples_adaptive && (!cont || md->cont_n_quant == 0))
+        return proto_fail(e, 400, "moe_samples_adaptive", "invalid_value",
+                          "'moe_samples_adaptive' needs a continuous-experts (infmoe) model whose "
+                          "config has an adaptive_logvar_quantiles calibration");
+    if (pr->moe_neuron_fraction > 0 && !cont)
+        return proto_fail(e, 400, "moe_neuron_fraction", "invalid_value",
+                          "'moe_neuron_fraction' applies to continuous-experts (infmoe) models "
+                          "only");
+    if (pr->moe_neuron_fraction > 0 && pr->moe_neuron_fraction > md->cont_fraction)
+        return proto_fail(e, 400, "moe_neuron_fraction", "invalid_value",
+                          "'moe_neuron_fraction' must be at most the model's trained %g",
+                          md->cont_fraction);
+    return 0;
+}
+
 /* Builds and submits the scheduler requests: per prompt, n (or best_of) samples. Returns 0 or
  * -1 with e. */
 static int gen_submit(struct http_server *h, struct gen *g, struct proto_req *pr,
@@ -784,6 +816,7 @@ static int gen_submit(struct http_server *h, struct gen *g, struct proto_req *pr
         return proto_fail(e, 400, "moe_top_k", "invalid_value",
                           "'moe_top_k' must be at most the model's %d experts per token",
                           m->desc.top_k);
+    if (check_cont_budget(&m->desc, pr, e) != 0) return -1;
     if (check_ids(pr, m->desc.vocab, e) != 0) return -1;
     struct grm_grammar *grammar = NULL;
     if (pr->guide_kind != PROTO_GUIDE_NONE && compile_guide(h, pr, &grammar, e) != 0) return -1;

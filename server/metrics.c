@@ -70,6 +70,7 @@ struct metrics {
     uint64_t *win_base; /* (n_dev) routed rows at the start of the current window */
     int win_steps;
     double imbalance;
+    uint64_t cont_neurons; /* continuous experts: FFN neurons computed, all devices */
     /* placement, copied from the engine on the scheduler thread */
     int n_moe;
     int *moe_layer;            /* (n_moe) model layer of each MoE layer (the label) */
@@ -377,6 +378,8 @@ static void on_step(void *ctx, int n_tokens, int n_seqs)
             mt->flops[d] = es->dev_expert_flops[d];
             mt->busy[d] = es->dev_busy_s[d];
         }
+        mt->cont_neurons = 0;
+        for (int d = 0; d < mt->n_dev; d++) mt->cont_neurons += es->dev_cont_neurons[d];
         if (++mt->win_steps >= IMB_WINDOW) {
             double max = 0, sum = 0;
             for (int d = 0; d < mt->n_dev; d++) {
@@ -555,9 +558,16 @@ static void render_process(struct buf *b, double t_start)
             sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu %*d %*d %*d %*d "
                           "%*d %*d %*u %llu %llu",
                    &utime, &stime, &vsize, &rss) == 4) {
+            /* getrusage has microseconds; /proc's clock ticks (10 ms) read 0 for a process
+             * that has used less than a tick */
+            struct rusage ru;
+            double cpu = (double)(utime + stime) / (double)tick;
+            if (getrusage(RUSAGE_SELF, &ru) == 0)
+                cpu = (double)ru.ru_utime.tv_sec + (double)ru.ru_stime.tv_sec +
+                      1e-6 * (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
             family(b, "process_cpu_seconds_total", "counter",
                    "Total user and system CPU time spent in seconds.");
-            bprintf(b, "process_cpu_seconds_total %.2f\n", (double)(utime + stime) / (double)tick);
+            bprintf(b, "process_cpu_seconds_total %.6f\n", cpu);
             family(b, "process_virtual_memory_bytes", "gauge", "Virtual memory size in bytes.");
             bprintf(b, "process_virtual_memory_bytes %llu\n", vsize);
             family(b, "process_resident_memory_bytes", "gauge", "Resident memory size in bytes.");
@@ -706,6 +716,13 @@ char *metrics_render(struct metrics *mt, const struct sched_stats *st, const cha
     family(&b, "moeserve_load_imbalance_ratio", "gauge",
            "Max over mean of routed rows per device over the last window of steps.");
     bprintf(&b, "moeserve_load_imbalance_ratio{%s} %.6f\n", lab, mt->imbalance);
+    if (mt->e && engine_model(mt->e)->desc.ffn == FFN_KIND_CONTINUOUS) {
+        family(&b, "moeserve_continuous_neurons_total", "counter",
+               "FFN neurons computed by continuous-experts (infmoe) layers, over tokens and "
+               "layers: what the moe_samples / moe_neuron_fraction budget spends.");
+        bprintf(&b, "moeserve_continuous_neurons_total{%s} %llu\n", lab,
+                (unsigned long long)mt->cont_neurons);
+    }
     if (mt->e && mt->layer_flops) render_placement(&b, mt, lab);
     pthread_mutex_unlock(&mt->mu);
 

@@ -59,6 +59,9 @@ struct serve_opts {
     const char *master_addr;
     long master_port;
     long nnodes, node_rank;
+    long moe_samples;
+    const char *moe_fraction;
+    double moe_fraction_v; /* parsed --moe-neuron-fraction (0: the model's) */
 };
 
 struct opt_def {
@@ -142,6 +145,12 @@ static const struct opt_def opt_defs[] = {
      "write every step's routing (experts per token and layer) to FILE"},
     {"record-routing-max-bytes", "MOESERVE_RECORD_ROUTING_MAX_BYTES", OPT_BYTES, OFF(record_max),
      0, 0, "rotate the routing trace to FILE.1 past this size (1G)"},
+    {"moe-samples", "MOESERVE_MOE_SAMPLES", OPT_INT, OFF(moe_samples), 0, 64,
+     "continuous-experts (infmoe) models: samples per token of requests without moe_samples "
+     "(0 = the model's num_samples; at most its max_samples)"},
+    {"moe-neuron-fraction", "MOESERVE_MOE_NEURON_FRACTION", OPT_STR, OFF(moe_fraction), 0, 0,
+     "continuous-experts (infmoe) models: neuron fraction of requests without "
+     "moe_neuron_fraction (the model's neuron_fraction; at most it)"},
     {"metrics-per-expert", "MOESERVE_METRICS_PER_EXPERT", OPT_BOOL, OFF(per_expert), 0, 1,
      "export routed tokens per (layer, expert) (off; models up to 256 experts)"},
     {"comm-timeout", "MOESERVE_COMM_TIMEOUT", OPT_INT, OFF(comm_timeout_s), 1, 86400,
@@ -340,6 +349,18 @@ static int parse_opts(int argc, char **argv, struct serve_opts *o)
         fprintf(stderr, "moeserve serve: --quantization must be none, int8 or int4, got '%s'\n",
                 o->quantization);
         return -1;
+    }
+    if (o->moe_fraction) {
+        char *end;
+        errno = 0;
+        o->moe_fraction_v = strtod(o->moe_fraction, &end);
+        if (errno || end == o->moe_fraction || *end || !(o->moe_fraction_v > 0) ||
+            o->moe_fraction_v > 1) {
+            fprintf(stderr, "moeserve serve: --moe-neuron-fraction must be a number in (0, 1], "
+                            "got '%s'\n",
+                    o->moe_fraction);
+            return -1;
+        }
     }
     struct splace_opts po = {.policy = o->placement, .routing_stats = o->routing_stats};
     char err[MS_ERR_LEN];
@@ -584,6 +605,8 @@ static void engine_opts(const struct serve_opts *o, struct comm *mc, struct comm
     ep->max_batch_tokens = (int)o->max_batched;
     ep->max_model_len = (int)o->max_model_len;
     ep->kv_cache_bytes = (size_t)o->kv_bytes;
+    ep->moe_samples = (int)o->moe_samples;
+    ep->moe_neuron_fraction = o->moe_fraction_v;
     ep->comm = mc;
     ep->data_comm = nccl;
     ep->cuda_device = local_gpu();
@@ -648,6 +671,10 @@ static int serve_worker(const struct serve_opts *o, struct comm *mc, struct comm
     }
     struct engine_params ep;
     engine_opts(o, mc, nccl, &ep);
+    if (cli_cont_budget(&m->desc, (int)o->moe_samples, o->moe_fraction_v, err, sizeof err) != 0) {
+        slog("error", "%s", err); /* as rank 0 does: every rank stops */
+        goto out;
+    }
     struct splace_opts po = placement_opts(o, name);
     if (splace_prepare(&po, m, &ep, &pl, err, sizeof err) != 0) {
         slog("error", "%s", err);
@@ -847,6 +874,10 @@ int cli_serve(int argc, char **argv)
     }
     struct engine_params ep;
     engine_opts(&o, mc, nccl, &ep);
+    if (cli_cont_budget(&m->desc, (int)o.moe_samples, o.moe_fraction_v, err, sizeof err) != 0) {
+        slog("error", "%s", err);
+        goto out;
+    }
     struct splace_opts po = placement_opts(&o, name);
     /* Placement errors are flag errors: the reason names the flag, the status is 2. */
     if (o.per_expert && m->desc.n_expert > 256) {

@@ -65,6 +65,15 @@ grep -q "^cpu kernels: portable" "$tmp/e" && ok || bad "MOESERVE_CPU_KERNELS=por
 expect_fail 1 "CPU-only" generate --model "$model" --prompt hi --quantization int8 --device cuda
 expect_fail 1 "config.json" generate --model "$tmp/nope" --prompt hi
 expect_fail 1 "exceeds the model's top-k" generate --model "$model" --prompt hi --moe-top-k 5
+# The continuous-experts budget: refused for another model and outside the model's bounds.
+inf="$tests/fixtures/models/infmoe_tiny"
+expect_fail 1 "--moe-samples applies to continuous-experts" generate --model "$model" --prompt hi --moe-samples 2
+expect_fail 1 "--moe-samples-adaptive needs an infmoe model" generate --model "$model" --prompt hi --moe-samples-adaptive
+expect_fail 1 "--moe-samples 9 exceeds the model's max_samples 8" generate --model "$inf" --prompt hi --moe-samples 9
+expect_fail 1 "--moe-neuron-fraction 0.5 exceeds" generate --model "$inf" --prompt hi --moe-neuron-fraction 0.5
+expect_fail 2 "--moe-samples must be an integer" generate --model "$inf" --prompt hi --moe-samples 0
+"$bin" generate --model "$inf" --prompt "ROMEO:" -n 6 --moe-samples 2 --moe-samples-adaptive >"$tmp/o" 2>"$tmp/e" &&
+    [ -s "$tmp/o" ] && ok || bad "infmoe adaptive generate: $(head -c 300 "$tmp/e")"
 
 # Broken folders: a copy of the fixture with one thing wrong each time.
 mkdir "$tmp/m"

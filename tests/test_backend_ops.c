@@ -563,6 +563,41 @@ static void check_moe_experts(struct ops_ctx *t, int n_experts, int d, int max_r
     ops_release(t);
 }
 
+/* Continuous experts: each of n tokens computes a random ascending subset (up to `stride`, some
+ * empty) of F neurons of (F, d) neuron-major matrices with random weights. */
+static void check_neuron_ffn(struct ops_ctx *t, int n, int d, int F, int stride)
+{
+    char shape[64];
+    snprintf(shape, sizeof shape, "n=%d d=%d F=%d stride=%d", n, d, F, stride);
+    const struct wmat *rw[3], *dw[3];
+    for (int p = 0; p < 3; p++) {
+        float *w = ops_rand(t, (size_t)F * d, -0.2f, 0.2f);
+        rw[p] = ops_weight(t, t->ref, w, F, d);
+        dw[p] = ops_weight(t, t->dut, w, F, d);
+    }
+    int32_t *idx = ops_host(t, sizeof(int32_t) * (size_t)n * stride);
+    int32_t *count = ops_host(t, sizeof(int32_t) * (size_t)n);
+    float *coef = ops_rand(t, (size_t)n * stride, 0.0f, 1.0f);
+    for (int i = 0; i < n && idx && count; i++) {
+        int c = 0;
+        for (int f = 0; f < F && c < stride; f++) /* keep each neuron with probability 1/2 */
+            if (i % 5 != 4 && ops_uniform(t, 0.0f, 1.0f) < 0.5f) idx[(size_t)i * stride + c++] = f;
+        count[i] = c;
+    }
+    float *rx, *dx, *ry, *dy, *rh, *dh, *rc, *dc;
+    int32_t *ri, *di, *rn, *dn;
+    BOTH(ops_rand(t, (size_t)n * d, -1, 1), sizeof(float) * n * d, rx, dx);
+    BOTH(idx, sizeof(int32_t) * (size_t)n * stride, ri, di);
+    BOTH(count, sizeof(int32_t) * (size_t)n, rn, dn);
+    BOTH(coef, sizeof(float) * (size_t)n * stride, rc, dc);
+    BOTH(NULL, sizeof(float) * (size_t)n * d, ry, dy);
+    BOTH(NULL, sizeof(float) * (size_t)n * stride, rh, dh);
+    RUN2(t->ref->ops->neuron_ffn(t->ref, ry, rx, n, d, rw[0], rw[1], rw[2], ri, rc, rn, stride, rh),
+         t->dut->ops->neuron_ffn(t->dut, dy, dx, n, d, dw[0], dw[1], dw[2], di, dc, dn, stride, dh));
+    ops_compare_tol(t, "neuron_ffn", shape, ry, dy, (size_t)n * d, OPS_TOL_BF16);
+    ops_release(t);
+}
+
 /* A block table for `n_pos` positions: distinct physical blocks in random order out of
  * n_blocks (>= needed). */
 static int32_t *ops_block_table(struct ops_ctx *t, int needed, int n_blocks)
@@ -819,6 +854,8 @@ static void check_all_ops(struct ops_ctx *t)
     check_moe_experts(t, 6, 64, 20, 0);
     check_moe_experts(t, 40, 256, 9, 0);
     check_moe_experts(t, 8, 64, 12, 1);
+    check_neuron_ffn(t, 1, 64, 256, 96);
+    check_neuron_ffn(t, 7, 192, 300, 64);
     check_matmul_mxfp4(t, 3, 96, 40);
     check_matmul_mxfp4(t, 20, 256, 64);
     check_moe_combine(t, 10, 4, 30, 200);

@@ -547,6 +547,18 @@ static void cb_add_scaled_rows(struct backend *be, float *y, const float *x, con
     cb_note(b, cuk_add_scaled_rows(b->stream, y, x, s, n, d, sigmoid, CB_ERR(b)));
 }
 
+static void cb_neuron_ffn(struct backend *be, float *y, const float *x, int n, int d,
+                          const struct wmat *gate, const struct wmat *up,
+                          const struct wmat *down_t, const int32_t *idx, const float *coef,
+                          const int32_t *count, int stride, float *hbuf)
+{
+    struct cuda_backend *b = cb_of(be);
+    if (n <= 0 || cb_enter(b) < 0) return;
+    /* handles from cb_weight_upload: always bf16 */
+    cb_note(b, cuk_neuron_ffn(b->stream, y, x, n, d, gate->data, up->data, down_t->data, idx, coef,
+                              count, stride, hbuf, CB_ERR(b)));
+}
+
 static void cb_attention(struct backend *be, float *out, const float *q, const float *k_cache,
                          const float *v_cache, const struct be_tokens *tk, int block_size, int n,
                          int n_head, int n_kv_head, int head_dim, int window, float scale,
@@ -620,7 +632,7 @@ static void cb_attention_ex(struct backend *be, float *out, const float *q, cons
 }
 
 /* Positional (C++17 has no designated initializers): this catches a field added to the table. */
-static_assert(sizeof(struct backend_ops) == 31 * sizeof(void *),
+static_assert(sizeof(struct backend_ops) == 32 * sizeof(void *),
               "struct backend_ops changed: update cuda_ops to match kernels/backend.h");
 
 static const struct backend_ops cuda_ops = {
@@ -649,6 +661,7 @@ static const struct backend_ops cuda_ops = {
     /* .add_scaled_rows */ cb_add_scaled_rows,
     /* .route */ cb_route,
     /* .moe_experts */ cb_moe_experts,
+    /* .neuron_ffn */ cb_neuron_ffn,
     /* .attention */ cb_attention,
     /* .kv_write */ cb_kv_write,
     /* .matmul_ld */ cb_matmul_ld,

@@ -88,6 +88,11 @@ int cuk_kv_write(cudaStream_t st, float *k_cache, float *v_cache, const float *k
                  const struct be_tokens *tk, int block_size, int n, int row, char *err,
                  size_t errlen);
 
+/* neuron_ffn.cu: backend.h neuron_ffn; gate, up and down_t are (F, d) bf16 arrays */
+int cuk_neuron_ffn(cudaStream_t st, float *y, const float *x, int n, int d, const void *gate,
+                   const void *up, const void *down_t, const int32_t *idx, const float *coef,
+                   const int32_t *count, int stride, float *hbuf, char *err, size_t errlen);
+
 /* bf16_route.cu. dst of cuk_to_bf16 and the embedding table are bf16 (__nv_bfloat16) arrays. */
 struct be_route;
 int cuk_to_bf16(cudaStream_t st, void *dst, const float *src, size_t total, char *err,

@@ -199,6 +199,33 @@ class MultiProcess:
         self.assertGreater(ref_m.total("moeserve_num_preemptions_total"), 0)
         self.assertGreater(m.total("moeserve_num_preemptions_total"), 0)
 
+    def test_infmoe_budgets(self):
+        """Continuous experts: the per-request budget travels in the step plan."""
+        model = srvtest.fixture_model("infmoe_tiny")
+        bodies = [{}, {"moe_samples": 1}, {"moe_samples": 2, "moe_neuron_fraction": 0.0625},
+                  {"moe_samples": 2, "moe_samples_adaptive": True}]
+
+        def one(port, extra):
+            body = {"prompt": PROMPTS[0], "max_tokens": 24, "temperature": 0, "logprobs": 1,
+                    "ignore_eos": True}
+            body.update(extra)
+            st, _, r = srvtest.post_json(port, "/v1/completions", body, timeout=120)
+            self.assertEqual(st, 200, r)
+            c = r["choices"][0]
+            return c["text"], c["logprobs"]["token_logprobs"], c["logprobs"]["top_logprobs"]
+
+        def run(port):
+            # at once, so that the sequences spread over the ranks
+            with concurrent.futures.ThreadPoolExecutor(len(bodies)) as ex:
+                return list(ex.map(lambda x: one(port, x), bodies))
+        with srvtest.Server("--threads", "1", model=model) as ref:
+            want = run(ref.port)
+        with self.SERVER(2, "--threads", "1", model=model) as srv:
+            got = run(srv.port)
+        self.assert_same(want, got, "infmoe_tiny, 2 ranks")
+        # the budgets differ: the test would not see a budget that did not travel
+        self.assertNotEqual(want[0][1], want[1][1])
+
     def test_bundled_model(self):
         self.check_model(srvtest.bundled_model(), (2,))
 

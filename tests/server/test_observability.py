@@ -156,7 +156,12 @@ class Observability(unittest.TestCase):
         start = m.total("process_start_time_seconds")
         self.assertGreaterEqual(start, self.t_before - 1)
         self.assertLessEqual(start, self.t_after + 1)
-        self.assertGreater(m.total("process_cpu_seconds_total"), 0)
+        cpu = m.total("process_cpu_seconds_total")
+        self.assertGreater(cpu, 0)
+        with open("/proc/%d/stat" % pid) as f:  # utime + stime in clock ticks, read after
+            fields = f.read().rsplit(")", 1)[1].split()
+        ticks = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        self.assertLessEqual(cpu, ticks + 0.05)  # tick accounting is sampled
         with open("/proc/%d/status" % pid) as f:
             rss = int(re.search(r"VmRSS:\s+(\d+) kB", f.read()).group(1)) * 1024
         self.assertLess(abs(m.total("process_resident_memory_bytes") - rss), rss * 0.25)

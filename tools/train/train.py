@@ -11,11 +11,13 @@ log give held-out loss per domain computed by the reference implementation.
                     96/160/224/288 (x0.5..x1.5 of 192), k=2, kg=2, one shared expert of 192
 --preset homogeneous the baseline: the same, but one group of 16 experts of width 192 (equal
                     total and mean active parameters); not shipped
+--preset infmoe     continuous experts (infmoe_model.py) on the same skeleton, at most the
+                    same active FFN width per token at its default K = 2
 
 --init DIR continues from a checkpoint (the shipped model was trained in two phases, see
 README.md); --mix sets how many batch rows each domain gets per cycle.
 
-Usage: python3 train.py --out DIR [--preset small|homogeneous] [--steps N] [--threads 1]
+Usage: python3 train.py --out DIR [--preset small|homogeneous|infmoe] [--steps N] [--threads 1]
                         [--init DIR] [--mix 1,1,1]
 """
 
@@ -32,6 +34,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import corpus  # noqa: E402
+from infmoe_model import InfmoeForCausalLM  # noqa: E402
 from mohge_model import MohgeForCausalLM  # noqa: E402
 
 PRESETS = {
@@ -46,6 +49,20 @@ PRESETS = {
 }
 PRESETS["homogeneous"] = dict(PRESETS["small"], num_expert_groups=1, experts_per_group=16,
                               group_intermediate_sizes=[192], num_groups_per_tok=1)
+# Continuous experts (infmoe_model.py) on the same skeleton: one FFN of 3072 neurons per layer,
+# 288 kept per sample (neuron_fraction 0.09375), K = 2 trained samples, so a token computes at
+# most 576 neurons: the mohge model's mean active width (shared 192 + 2 experts of mean 192).
+_SKELETON = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+             "head_dim", "vocab_size", "rms_norm_eps", "rope_theta", "max_position_embeddings",
+             "tie_word_embeddings", "eos_token_id")
+PRESETS["infmoe"] = dict({k: PRESETS["small"][k] for k in _SKELETON}, model_type="infmoe",
+                         architectures=["InfmoeForCausalLM"], intermediate_size=3072,
+                         latent_dim=16, neuron_fraction=0.09375, num_samples=2, max_samples=8,
+                         balance_loss_coef=0.01, kl_loss_coef=0.001)
+
+
+def model_class(cfg):
+    return InfmoeForCausalLM if cfg.get("model_type") == "infmoe" else MohgeForCausalLM
 
 
 def encode_domains(tok, data_dir, split):
@@ -144,14 +161,15 @@ def main():
     train = encode_domains(tok, args.data, "train")
     held = encode_domains(tok, args.data, "heldout")
     cfg = dict(PRESETS[args.preset], vocab_size=tok.get_vocab_size())
+    cls = model_class(cfg)
     if args.init:
-        model = MohgeForCausalLM.load(args.init)
+        model = cls.load(args.init)
         model.train()
         for k, v in cfg.items():
             if model.config.get(k) != v:
                 raise SystemExit(f"--init {args.init}: config {k} differs from preset")
     else:
-        model = MohgeForCausalLM(cfg)
+        model = cls(cfg)
         model.init_weights(seed=args.seed)
     starts = line_starts(tok, train) if args.line_starts > 0 else None
     mix = [d for d, n in zip(corpus.DOMAINS, map(int, args.mix.split(","))) for _ in range(n)]
@@ -188,8 +206,9 @@ def main():
         opt.step()
         el = time.time() - t0
         if step % 10 == 0 or step == 1:
+            names = ("bal", "kl") if cls is InfmoeForCausalLM else ("group", "bal")
             rec = {"step": step, "t": round(el, 1), "lr": round(lr, 6), "lm": round(lm.item(), 4),
-                   "group": round(aux[0].item(), 4), "bal": round(aux[1].item(), 4)}
+                   names[0]: round(aux[0].item(), 4), names[1]: round(aux[1].item(), 4)}
             log.append(rec)
             print(json.dumps(rec), flush=True)
         if time.time() - last_ckpt > args.ckpt_minutes * 60:

@@ -1,0 +1,284 @@
+/* Continuous experts (infmoe): sampling, neuron selection and the gathered FFN of one layer.
+ * The selection is the reference's (tools/train/infmoe_model.py): the N highest scores of
+ * each sample (ties, which the reference leaves to torch.topk, go to the lower index here),
+ * weights sigmoid(score) summed over the samples that keep a neuron, divided by K. */
+#include "infmoe.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define LOGVAR_MIN (-10.0f)
+#define LOGVAR_MAX 10.0f
+
+/* The standard normal quantile in double: Acklam's rational approximation refined by one
+ * Halley step on erfc (the reference's _ndtri). */
+static double ndtri(double p)
+{
+    static const double a[] = {-3.969683028665376e+01, 2.209460984245205e+02,
+                               -2.759285104469687e+02, 1.383577518672690e+02,
+                               -3.066479806614716e+01, 2.506628277459239e+00};
+    static const double b[] = {-5.447609879822406e+01, 1.615858368580409e+02,
+                               -1.556989798598866e+02, 6.680131188771972e+01,
+                               -1.328068155288572e+01};
+    static const double c[] = {-7.784894002430293e-03, -3.223964580411365e-01,
+                               -2.400758277161838e+00, -2.549732539343734e+00,
+                               4.374664141464968e+00,  2.938163982698783e+00};
+    static const double d[] = {7.784695709041462e-03, 3.224671290700398e-01, 2.445134137142996e+00,
+                               3.754408661907416e+00};
+    if (p < 1e-12) p = 1e-12;
+    if (p > 1.0 - 1e-12) p = 1.0 - 1e-12;
+    double x;
+    if (p < 0.02425 || p > 1.0 - 0.02425) {
+        double q = sqrt(-2.0 * log(p < 0.5 ? p : 1.0 - p));
+        x = (((((c[0] * q + c[1]) * q + c[2]) * q + c[3]) * q + c[4]) * q + c[5]) /
+            ((((d[0] * q + d[1]) * q + d[2]) * q + d[3]) * q + 1.0);
+        if (p > 0.5) x = -x;
+    } else {
+        double q = p - 0.5, r = q * q;
+        x = (((((a[0] * r + a[1]) * r + a[2]) * r + a[3]) * r + a[4]) * r + a[5]) * q /
+            (((((b[0] * r + b[1]) * r + b[2]) * r + b[3]) * r + b[4]) * r + 1.0);
+    }
+    double e = 0.5 * erfc(-x / sqrt(2.0)) - p;
+    double u = e * sqrt(2.0 * M_PI) * exp(x * x / 2.0);
+    return x - u / (1.0 + x * u / 2.0);
+}
+
+void infmoe_offsets(int k, int z, float *eps)
+{
+    /* R_d: alpha_j = phi^-(j+1), phi the positive root of x^(z+1) = x + 1 (Newton from 2,
+     * decreasing to it); point s is frac(1/2 + s alpha), whose s = 0 is the mean. */
+    double x = 2.0;
+    for (int i = 0; i < 100; i++)
+        x = x - (pow(x, z + 1) - x - 1.0) / ((z + 1) * pow(x, z) - 1.0);
+    for (int s = 0; s < k; s++)
+        for (int j = 0; j < z; j++)
+            eps[(size_t)s * z + j] =
+                s == 0 ? 0.0f : (float)ndtri(fmod(0.5 + s * pow(x, -(double)(j + 1)), 1.0));
+}
+
+int infmoe_scratch_init(struct infmoe_scratch *s, struct backend *be, const struct model *m,
+                        int max_tokens)
+{
+    const struct model_desc *md = &m->desc;
+    memset(s, 0, sizeof *s);
+    size_t T = (size_t)max_tokens, Z = (size_t)md->cont_z, F = (size_t)md->cont_d_ff;
+    size_t KM = (size_t)md->cont_max_samples;
+    s->max_tokens = max_tokens;
+    s->max_union = model_cont_union_max(md, md->cont_max_samples, md->cont_fraction);
+    size_t U = (size_t)s->max_union;
+    bool ok = true;
+#define ALLOC(field, bytes)                                                                        \
+    do {                                                                                           \
+        s->field = be->ops->alloc(be, (bytes));                                                    \
+        ok = ok && s->field;                                                                       \
+    } while (0)
+    ALLOC(rz, T * 2 * Z * sizeof(float));
+    ALLOC(z, T * KM * Z * sizeof(float));
+    ALLOC(scores, T * KM * F * sizeof(float));
+    ALLOC(idx, T * U * sizeof(int32_t));
+    ALLOC(coef, T * U * sizeof(float));
+    ALLOC(count, T * sizeof(int32_t));
+    ALLOC(hbuf, T * U * sizeof(float));
+#undef ALLOC
+    if (be->ops->host_memory) {
+        s->h_rz = s->rz;
+        s->h_z = s->z;
+        s->h_scores = s->scores;
+        s->h_idx = s->idx;
+        s->h_coef = s->coef;
+        s->h_count = s->count;
+    } else {
+        s->h_rz = malloc(T * 2 * Z * sizeof(float));
+        s->h_z = malloc(T * KM * Z * sizeof(float));
+        s->h_scores = malloc(T * KM * F * sizeof(float));
+        s->h_idx = malloc(T * U * sizeof(int32_t));
+        s->h_coef = malloc(T * U * sizeof(float));
+        s->h_count = malloc(T * sizeof(int32_t));
+        ok = ok && s->h_rz && s->h_z && s->h_scores && s->h_idx && s->h_coef && s->h_count;
+    }
+    s->eps = malloc(KM * Z * sizeof(float));
+    s->acc = calloc(F, sizeof(float));
+    s->mark = calloc(F, 1);
+    s->work = malloc(F * sizeof(float));
+    s->tok_samples = malloc(T * sizeof(int32_t));
+    s->tok_keep = malloc(T * sizeof(int32_t));
+    s->tok_adaptive = calloc(T, 1);
+    s->k_used = malloc(T * sizeof(int32_t));
+    if (!ok || !s->eps || !s->acc || !s->mark || !s->work || !s->tok_samples || !s->tok_keep ||
+        !s->tok_adaptive || !s->k_used) {
+        infmoe_scratch_release(s, be);
+        return -1;
+    }
+    infmoe_offsets((int)KM, (int)Z, s->eps);
+    for (size_t t = 0; t < T; t++) {
+        s->tok_samples[t] = md->cont_samples;
+        s->tok_keep[t] = model_cont_neurons(md, md->cont_fraction);
+    }
+    return 0;
+}
+
+void infmoe_scratch_release(struct infmoe_scratch *s, struct backend *be)
+{
+    if (s->h_rz != s->rz) {
+        free(s->h_rz);
+        free(s->h_z);
+        free(s->h_scores);
+        free(s->h_idx);
+        free(s->h_coef);
+        free(s->h_count);
+    }
+    void *bufs[] = {s->rz, s->z, s->scores, s->idx, s->coef, s->count, s->hbuf};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i]) be->ops->free(be, bufs[i]);
+    free(s->eps);
+    free(s->acc);
+    free(s->mark);
+    free(s->work);
+    free(s->tok_samples);
+    free(s->tok_keep);
+    free(s->tok_adaptive);
+    free(s->k_used);
+    memset(s, 0, sizeof *s);
+}
+
+int infmoe_adaptive_k(const double *q, int nq, double u, int k, int k_max)
+{
+    int Q = nq - 1;
+    double r;
+    if (u <= q[0]) {
+        r = 0.0;
+    } else if (u >= q[Q]) {
+        r = 1.0;
+    } else {
+        int i = 0;
+        while (i + 1 < Q && u >= q[i + 1])
+            i++;
+        double span = q[i + 1] - q[i];
+        r = (i + (span > 0 ? (u - q[i]) / span : 0.0)) / Q;
+    }
+    int kk = 1 + (int)floor(2.0 * (k - 1) * r + 0.5);
+    return kk < 1 ? 1 : kk > k_max ? k_max : kk;
+}
+
+/* The n-th largest (n >= 1) of v[0..len) by quickselect; v is reordered. */
+static float nth_largest(float *v, int len, int n)
+{
+    int lo = 0, hi = len - 1, want = n - 1;
+    while (lo < hi) {
+        float pivot = v[lo + (hi - lo) / 2];
+        int i = lo, j = hi;
+        while (i <= j) {
+            while (v[i] > pivot)
+                i++;
+            while (v[j] < pivot)
+                j--;
+            if (i <= j) {
+                float t = v[i];
+                v[i] = v[j];
+                v[j] = t;
+                i++;
+                j--;
+            }
+        }
+        if (want <= j)
+            hi = j;
+        else if (want >= i)
+            lo = i;
+        else
+            return v[want];
+    }
+    return v[want];
+}
+
+/* Adds sample row sc (F scores)'s top-`keep` neurons' sigmoid weights into acc and marks
+ * them. */
+static void select_sample(const float *sc, int F, int keep, float *acc, unsigned char *mark,
+                          float *work)
+{
+    memcpy(work, sc, sizeof(float) * (size_t)F);
+    float thr = nth_largest(work, F, keep);
+    int above = 0;
+    for (int f = 0; f < F; f++)
+        above += sc[f] > thr;
+    int ties = keep - above; /* neurons equal to the threshold still to take, lowest first */
+    for (int f = 0; f < F; f++) {
+        bool take = sc[f] > thr || (sc[f] == thr && ties-- > 0);
+        if (!take) continue;
+        acc[f] += 1.0f / (1.0f + expf(-sc[f]));
+        mark[f] = 1;
+    }
+}
+
+uint64_t infmoe_forward(const struct model *m, int layer, struct backend *be,
+                        struct infmoe_scratch *s, const float *h, int n, float *out)
+{
+    const struct model_desc *md = &m->desc;
+    const struct layer_w *lw = &m->layers[layer];
+    int D = md->d_model, Z = md->cont_z, F = md->cont_d_ff, U = s->max_union;
+    if (n <= 0) return 0;
+
+    be->ops->matmul(be, s->rz, h, lw->cont_router, lw->cont_router_b, n, D, 2 * Z);
+    be->ops->download(be, s->h_rz, s->rz, sizeof(float) * (size_t)n * 2 * Z);
+    /* Samples, scaled by 1/sqrt(Z) before the key product (the reference's order). */
+    float scale = (float)(1.0 / sqrt((double)Z));
+    int rows = 0;
+    for (int t = 0; t < n; t++) {
+        const float *mu = s->h_rz + (size_t)t * 2 * Z, *lv = mu + Z;
+        int K = s->tok_samples[t];
+        if (s->tok_adaptive[t] && md->cont_n_quant >= 2) {
+            double u = 0.0;
+            for (int j = 0; j < Z; j++) {
+                float v = lv[j] < LOGVAR_MIN ? LOGVAR_MIN : lv[j] > LOGVAR_MAX ? LOGVAR_MAX : lv[j];
+                u += (double)v;
+            }
+            K = infmoe_adaptive_k(md->cont_quant + (size_t)layer * md->cont_n_quant,
+                                  md->cont_n_quant, u / Z, K, md->cont_max_samples);
+        }
+        s->k_used[t] = K;
+        for (int k = 0; k < K; k++, rows++) {
+            float *zr = s->h_z + (size_t)rows * Z;
+            const float *eps = s->eps + (size_t)k * Z;
+            for (int j = 0; j < Z; j++) {
+                float v = lv[j] < LOGVAR_MIN ? LOGVAR_MIN : lv[j] > LOGVAR_MAX ? LOGVAR_MAX : lv[j];
+                zr[j] = (mu[j] + expf(0.5f * v) * eps[j]) * scale;
+            }
+        }
+    }
+    be->ops->upload(be, s->z, s->h_z, sizeof(float) * (size_t)rows * Z);
+    be->ops->matmul(be, s->scores, s->z, lw->cont_keys, NULL, rows, Z, F);
+    be->ops->download(be, s->h_scores, s->scores, sizeof(float) * (size_t)rows * F);
+
+    /* Per token: the union of its samples' slices, in ascending neuron order. */
+    uint64_t computed = 0;
+    rows = 0;
+    for (int t = 0; t < n; t++) {
+        int K = s->k_used[t];
+        for (int k = 0; k < K; k++, rows++)
+            select_sample(s->h_scores + (size_t)rows * F, F, s->tok_keep[t], s->acc, s->mark,
+                          s->work);
+        int c = 0;
+        int32_t *ti = s->h_idx + (size_t)t * U;
+        float *tc = s->h_coef + (size_t)t * U;
+        for (int f = 0; f < F; f++) {
+            if (!s->mark[f]) continue;
+            if (c < U) { /* always so: K <= max_samples, N <= the model's */
+                ti[c] = f;
+                tc[c] = s->acc[f] / (float)K;
+                c++;
+            }
+            s->acc[f] = 0.0f;
+            s->mark[f] = 0;
+        }
+        s->h_count[t] = c;
+        computed += (uint64_t)c;
+    }
+    if (!be->ops->host_memory) {
+        be->ops->upload(be, s->count, s->h_count, sizeof(int32_t) * (size_t)n);
+        be->ops->upload(be, s->idx, s->h_idx, sizeof(int32_t) * (size_t)n * U);
+        be->ops->upload(be, s->coef, s->h_coef, sizeof(float) * (size_t)n * U);
+    }
+    be->ops->neuron_ffn(be, out, h, n, D, lw->cont_gate, lw->cont_up, lw->cont_down_t, s->idx,
+                        s->coef, s->count, U, s->hbuf);
+    return computed;
+}

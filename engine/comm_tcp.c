@@ -30,10 +30,10 @@ struct frame_hdr {
 struct comm_tcp {
     struct comm base;
     double timeout_s;
-    int *fd;              /* (n_rank) rank 0: the connection to each rank; others: fd[0] */
-    unsigned char **relay;/* rank 0: (n_rank) the all-to-all frame each rank sent */
+    int *fd;               /* (n_rank) rank 0: the connection to each rank; others: fd[0] */
+    unsigned char **relay; /* rank 0: (n_rank) the all-to-all frame each rank sent */
     size_t *relay_cap;
-    int32_t *zeros;       /* (n_rank) the counts of a barrier */
+    int32_t *zeros; /* (n_rank) the counts of a barrier */
     bool broken;
     char why[256];
 };
@@ -81,8 +81,9 @@ static int tcp_io(struct comm_tcp *t, int peer, void *buf, size_t n, bool write,
         int w = poll(&p, 1, left_ms(deadline));
         if (w < 0 && errno != EINTR) return tcp_fail(t, "poll: %s", strerror(errno));
         if (w == 0)
-            return tcp_fail(t, "rank %d did not answer within %.1f s (%s): the process failed, "
-                               "hangs or is cut off",
+            return tcp_fail(t,
+                            "rank %d did not answer within %.1f s (%s): the process failed, "
+                            "hangs or is cut off",
                             peer, t->timeout_s, what);
     }
     return 0;
@@ -117,7 +118,8 @@ static int tcp_send(struct comm *c, int dst, const void *buf, size_t bytes)
 {
     struct comm_tcp *t = (struct comm_tcp *)c;
     if (t->broken) return -1;
-    if (!star_ok(t, dst)) return tcp_fail(t, "send to rank %d: not a peer of rank %d", dst, c->self);
+    if (!star_ok(t, dst))
+        return tcp_fail(t, "send to rank %d: not a peer of rank %d", dst, c->self);
     double deadline = ms_now() + t->timeout_s;
     if (put_hdr(t, dst, KIND_MSG, bytes, deadline, "message") != 0 ||
         tcp_io(t, dst, (void *)buf, bytes, true, deadline, "message") != 0)
@@ -135,8 +137,9 @@ static int tcp_recv(struct comm *c, int src, void *buf, size_t cap, size_t *got)
     double deadline = ms_now() + t->timeout_s;
     uint64_t len;
     if (get_hdr(t, src, KIND_MSG, &len, deadline, "message") != 0) return -1;
-    if (len > cap) return tcp_fail(t, "rank %d sent %llu bytes, more than %zu", src,
-                                   (unsigned long long)len, cap);
+    if (len > cap)
+        return tcp_fail(t, "rank %d sent %llu bytes, more than %zu", src, (unsigned long long)len,
+                        cap);
     if (tcp_io(t, src, buf, (size_t)len, false, deadline, "message") != 0) return -1;
     *got = (size_t)len;
     return 0;
@@ -150,7 +153,8 @@ static const unsigned char *relay_rows(const struct comm_tcp *t, int s, int d, c
     const int32_t *cnt = s == 0 ? (const int32_t *)send_counts : (const int32_t *)t->relay[s];
     const unsigned char *rows = s == 0 ? send : t->relay[s] + sizeof(int32_t) * (size_t)n;
     size_t before = 0;
-    for (int k = 0; k < d; k++) before += (size_t)cnt[k];
+    for (int k = 0; k < d; k++)
+        before += (size_t)cnt[k];
     *count = cnt[d];
     return rows + before * row_bytes;
 }
@@ -178,12 +182,12 @@ static int tcp_all_to_all_v(struct comm *c, int rank, const void *send, const in
             tcp_io(t, 0, (void *)send, total * row_bytes, true, deadline, "all-to-all"))
             return -1;
         uint64_t len;
-        if (get_hdr(t, 0, KIND_A2A, &len, deadline, "all-to-all") != 0 ||
-            len < counts_bytes ||
+        if (get_hdr(t, 0, KIND_A2A, &len, deadline, "all-to-all") != 0 || len < counts_bytes ||
             tcp_io(t, 0, recv_counts, counts_bytes, false, deadline, "all-to-all") != 0)
             return -1;
         size_t in = 0;
-        for (int s = 0; s < n; s++) in += recv_counts[s] >= 0 ? (size_t)recv_counts[s] : 0;
+        for (int s = 0; s < n; s++)
+            in += recv_counts[s] >= 0 ? (size_t)recv_counts[s] : 0;
         if (len != counts_bytes + in * row_bytes)
             return tcp_fail(t, "rank 0 sent a malformed all-to-all frame");
         return tcp_io(t, 0, recv, in * row_bytes, false, deadline, "all-to-all");
@@ -195,15 +199,16 @@ static int tcp_all_to_all_v(struct comm *c, int rank, const void *send, const in
         if (len < counts_bytes) return tcp_fail(t, "rank %d sent a malformed all-to-all", s);
         if (len > t->relay_cap[s]) { /* grows to the largest exchange once, then stays */
             unsigned char *p = realloc(t->relay[s], (size_t)len);
-            if (!p) return tcp_fail(t, "out of memory relaying %llu bytes",
-                                    (unsigned long long)len);
+            if (!p)
+                return tcp_fail(t, "out of memory relaying %llu bytes", (unsigned long long)len);
             t->relay[s] = p;
             t->relay_cap[s] = (size_t)len;
         }
         if (tcp_io(t, s, t->relay[s], (size_t)len, false, deadline, "all-to-all") != 0) return -1;
         size_t rows = 0;
         const int32_t *cnt = (const int32_t *)t->relay[s];
-        for (int d = 0; d < n; d++) rows += cnt[d] >= 0 ? (size_t)cnt[d] : 0;
+        for (int d = 0; d < n; d++)
+            rows += cnt[d] >= 0 ? (size_t)cnt[d] : 0;
         for (int d = 0; d < n; d++)
             if (cnt[d] < 0 || len != counts_bytes + rows * row_bytes)
                 return tcp_fail(t, "rank %d sent a malformed all-to-all", s);
@@ -261,7 +266,8 @@ static void tcp_destroy(struct comm *c)
     if (!t) return;
     for (int i = 0; t->fd && i < c->n_rank; i++)
         if (t->fd[i] >= 0) close(t->fd[i]);
-    for (int i = 0; t->relay && i < c->n_rank; i++) free(t->relay[i]);
+    for (int i = 0; t->relay && i < c->n_rank; i++)
+        free(t->relay[i]);
     free(t->fd);
     free(t->relay);
     free(t->relay_cap);
@@ -310,8 +316,10 @@ static int read_exact(int fd, void *buf, size_t n, int ms, double deadline)
 static int setup_root(struct comm_tcp *t, int port, double deadline, char *err, size_t errlen)
 {
     int n = t->base.n_rank;
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
-                             .ai_flags = AI_PASSIVE | AI_NUMERICSERV}, *res = NULL;
+    struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                             .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_PASSIVE | AI_NUMERICSERV},
+                    *res = NULL;
     char serv[16];
     snprintf(serv, sizeof serv, "%d", port);
     int g = getaddrinfo(NULL, serv, &hints, &res);
@@ -337,8 +345,9 @@ static int setup_root(struct comm_tcp *t, int port, double deadline, char *err, 
         int w = poll(&p, 1, left_ms(deadline));
         if (w == 0) {
             close(lfd);
-            return ms_errf(err, errlen, "comm_tcp: %d of %d ranks joined on port %d before the "
-                                        "deadline",
+            return ms_errf(err, errlen,
+                           "comm_tcp: %d of %d ranks joined on port %d before the "
+                           "deadline",
                            joined, n - 1, port);
         }
         int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
@@ -370,8 +379,10 @@ static int setup_root(struct comm_tcp *t, int port, double deadline, char *err, 
 static int setup_leaf(struct comm_tcp *t, const char *addr, int port, double deadline, char *err,
                       size_t errlen)
 {
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
-                             .ai_flags = AI_NUMERICSERV}, *res = NULL;
+    struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                             .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_NUMERICSERV},
+                    *res = NULL;
     char serv[16];
     snprintf(serv, sizeof serv, "%d", port);
     const char *why = "no answer";
@@ -387,7 +398,8 @@ static int setup_leaf(struct comm_tcp *t, const char *addr, int port, double dea
             }
             tune(fd);
             uint32_t hello[4] = {TCP_MAGIC, KIND_HELLO, (uint32_t)t->base.n_rank,
-                                 (uint32_t)t->base.self}, ok = 0;
+                                 (uint32_t)t->base.self},
+                     ok = 0;
             if (send(fd, hello, sizeof hello, MSG_NOSIGNAL) == (ssize_t)sizeof hello &&
                 read_exact(fd, &ok, sizeof ok, 2000, deadline) == 0 && ok == TCP_MAGIC) {
                 freeaddrinfo(res);
@@ -402,8 +414,8 @@ static int setup_leaf(struct comm_tcp *t, const char *addr, int port, double dea
         struct timespec ts = {0, 100 * 1000 * 1000};
         nanosleep(&ts, NULL);
     }
-    return ms_errf(err, errlen, "comm_tcp: rank %d cannot join rank 0 at %s:%d: %s",
-                   t->base.self, addr, port, why);
+    return ms_errf(err, errlen, "comm_tcp: rank %d cannot join rank 0 at %s:%d: %s", t->base.self,
+                   addr, port, why);
 }
 
 struct comm *comm_tcp_create(int world, int rank, const char *master_addr, int master_port,
@@ -422,7 +434,8 @@ struct comm *comm_tcp_create(int world, int rank, const char *master_addr, int m
     t->base.self = rank;
     t->timeout_s = timeout_ms / 1000.0;
     t->fd = malloc(sizeof *t->fd * (size_t)world);
-    for (int i = 0; t->fd && i < world; i++) t->fd[i] = -1;
+    for (int i = 0; t->fd && i < world; i++)
+        t->fd[i] = -1;
     t->relay = calloc((size_t)world, sizeof *t->relay);
     t->relay_cap = calloc((size_t)world, sizeof *t->relay_cap);
     t->zeros = calloc((size_t)world, sizeof *t->zeros);

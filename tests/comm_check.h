@@ -2,7 +2,7 @@
  * tests/test_comm_tcp.c): all_to_all_v moves exactly the rows comm.h promises (counts and bytes
  * from a formula every rank can evaluate, zero counts and self rows included, several row
  * sizes) and counts them in bytes_sent; send/recv carry a message and its length between rank 0
- * and each other rank and count it in msg_bytes_sent. Include once, after test.h. */
+ * and each other rank and count it in msg_bytes_sent. Include once per test program. */
 #ifndef MOESERVE_COMM_CHECK_H
 #define MOESERVE_COMM_CHECK_H
 
@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "comm.h"
+#include "test.h"
 
 /* Rows rank s sends to rank d in round r: some zero, some large. */
 static inline int rows_for(int r, int s, int d)
@@ -50,18 +51,21 @@ static inline void test_exchange(struct comm *c)
         for (int d = 0; d < n; d++) {
             sc[d] = rows_for(r, me, d);
             for (int i = 0; i < sc[d]; i++, off += rb)
-                for (size_t b = 0; b < rb; b++) send[off + b] = byte_for(r, me, d, i, b);
+                for (size_t b = 0; b < rb; b++)
+                    send[off + b] = byte_for(r, me, d, i, b);
         }
         memset(recv, 0xEE, cap * rb);
-        for (int s = 0; s < n; s++) rc[s] = -7;
+        for (int s = 0; s < n; s++)
+            rc[s] = -7;
         CHECKF(c->ops->all_to_all_v(c, me, send, sc, recv, rc, rb) == 0, "round %d", r);
         off = 0;
         int bad = 0;
         for (int s = 0; s < n; s++) {
-            CHECKF(rc[s] == rows_for(r, s, me), "round %d: %d rows from %d, want %d", r, rc[s],
-                   s, rows_for(r, s, me));
+            CHECKF(rc[s] == rows_for(r, s, me), "round %d: %d rows from %d, want %d", r, rc[s], s,
+                   rows_for(r, s, me));
             for (int i = 0; i < rows_for(r, s, me); i++, off += rb)
-                for (size_t b = 0; b < rb; b++) bad += recv[off + b] != byte_for(r, s, me, i, b);
+                for (size_t b = 0; b < rb; b++)
+                    bad += recv[off + b] != byte_for(r, s, me, i, b);
         }
         CHECKF(bad == 0, "round %d (row %zu bytes): %d bytes differ", r, rb, bad);
     }
@@ -70,7 +74,8 @@ static inline void test_exchange(struct comm *c)
     for (int d = 0; d < n; d++) {
         if (d == me) continue;
         unsigned long long want = 0;
-        for (int r = 0; r < 6; r++) want += (unsigned long long)rows_for(r, me, d) * row_sizes[r % 3];
+        for (int r = 0; r < 6; r++)
+            want += (unsigned long long)rows_for(r, me, d) * row_sizes[r % 3];
         CHECKF(c->bytes_sent[(size_t)me * n + d] == want, "bytes to %d: %llu, want %llu", d,
                c->bytes_sent[(size_t)me * n + d], want);
     }
@@ -99,7 +104,8 @@ static inline void test_p2p(struct comm *c)
             int len = snprintf(buf, sizeof buf, "step plan for rank %d", d);
             CHECKF(got == (size_t)len, "reply of %zu bytes from %d, want %d", got, d, len);
             int same = got == (size_t)len;
-            for (int i = 0; same && i < len; i++) same = back[i] == buf[len - 1 - i];
+            for (int i = 0; same && i < len; i++)
+                same = back[i] == buf[len - 1 - i];
             CHECKF(same, "reply from %d", d);
         }
     } else {
@@ -108,12 +114,13 @@ static inline void test_p2p(struct comm *c)
         int len = snprintf(want, sizeof want, "step plan for rank %d", me);
         CHECKF(got == (size_t)len && memcmp(buf, want, got) == 0, "rank %d got '%.*s'", me,
                (int)got, buf);
-        for (size_t i = 0; i < got; i++) back[i] = buf[got - 1 - i];
+        for (size_t i = 0; i < got; i++)
+            back[i] = buf[got - 1 - i];
         CHECK(c->ops->send(c, 0, back, got) == 0);
         sent = got;
     }
-    CHECKF(c->msg_bytes_sent - before == sent, "rank %d: %llu message bytes counted, %zu sent",
-           me, c->msg_bytes_sent - before, sent);
+    CHECKF(c->msg_bytes_sent - before == sent, "rank %d: %llu message bytes counted, %zu sent", me,
+           c->msg_bytes_sent - before, sent);
 }
 
 #endif

@@ -121,8 +121,7 @@ static int run_world(int world, void (*fn)(int, int), int port)
     int bad = 0;
     for (int r = 0; r < world; r++) {
         int st = 0;
-        if (pids[r] < 0 || waitpid(pids[r], &st, 0) < 0 || !WIFEXITED(st) || WEXITSTATUS(st))
-            bad++;
+        if (pids[r] < 0 || waitpid(pids[r], &st, 0) < 0 || !WIFEXITED(st) || WEXITSTATUS(st)) bad++;
     }
     return bad;
 }

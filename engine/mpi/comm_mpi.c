@@ -17,11 +17,11 @@ enum { TAG_COUNTS = 101, TAG_ROWS = 102, TAG_BARRIER = 103, TAG_P2P = 104 };
 
 struct comm_mpi {
     struct comm base;
-    MPI_Comm comm;        /* our duplicate of MPI_COMM_WORLD (errors return, never abort) */
+    MPI_Comm comm; /* our duplicate of MPI_COMM_WORLD (errors return, never abort) */
     double timeout_s;
-    MPI_Request *reqs;    /* (2 n_rank) */
-    int *req_peer;        /* (2 n_rank) the peer of each request */
-    int *counts_in;       /* (n_rank) counts received in the first phase */
+    MPI_Request *reqs; /* (2 n_rank) */
+    int *req_peer;     /* (2 n_rank) the peer of each request */
+    int *counts_in;    /* (n_rank) counts received in the first phase */
     bool broken;
     char why[256];
 };
@@ -44,8 +44,9 @@ int comm_mpi_init(int *rank, int *size, char *err, size_t errlen)
     if (MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS)
         return ms_errf(err, errlen, "MPI_Init_thread failed");
     if (provided < MPI_THREAD_SERIALIZED)
-        return ms_errf(err, errlen, "this MPI library offers thread level %d; moeserve needs "
-                                    "MPI_THREAD_SERIALIZED (%d)",
+        return ms_errf(err, errlen,
+                       "this MPI library offers thread level %d; moeserve needs "
+                       "MPI_THREAD_SERIALIZED (%d)",
                        provided, MPI_THREAD_SERIALIZED);
     MPI_Comm_rank(MPI_COMM_WORLD, rank);
     MPI_Comm_size(MPI_COMM_WORLD, size);
@@ -132,8 +133,9 @@ static int wait_all(struct comm_mpi *m, int n, const char *what)
         MPI_Request_free(&m->reqs[i]);
     }
     /* Several names: the first may be the cause, the others blocked waiting for it. */
-    return mpi_fail(m, "%s %s did not answer within %.1f s (%s): the process failed, hangs "
-                       "or is cut off",
+    return mpi_fail(m,
+                    "%s %s did not answer within %.1f s (%s): the process failed, hangs "
+                    "or is cut off",
                     named > 1 ? "ranks" : "rank", used ? ranks : "?", m->timeout_s, what);
 }
 
@@ -176,8 +178,8 @@ static int mpi_all_to_all_v(struct comm *c, int rank, const void *send, const in
             k++;
             m->req_peer[k] = p;
             if (out)
-                MPI_Isend((const char *)send + send_off, (int)out, MPI_BYTE, p, TAG_ROWS,
-                          m->comm, &m->reqs[k]);
+                MPI_Isend((const char *)send + send_off, (int)out, MPI_BYTE, p, TAG_ROWS, m->comm,
+                          &m->reqs[k]);
             else
                 m->reqs[k] = MPI_REQUEST_NULL;
             k++;
@@ -257,8 +259,9 @@ static int mpi_recv(struct comm *c, int src, void *buf, size_t cap, size_t *got)
     }
     MPI_Cancel(&m->reqs[0]);
     MPI_Request_free(&m->reqs[0]);
-    return mpi_fail(m, "rank %d did not answer within %.1f s (message): the process failed, "
-                       "hangs or is cut off",
+    return mpi_fail(m,
+                    "rank %d did not answer within %.1f s (message): the process failed, "
+                    "hangs or is cut off",
                     src, m->timeout_s);
 }
 
@@ -322,7 +325,8 @@ struct comm *comm_mpi_create(int timeout_ms, char *err, size_t errlen)
     m->counts_in = calloc(n, sizeof *m->counts_in);
     m->base.bytes_sent = calloc(n * n, sizeof *m->base.bytes_sent);
     if (!m->reqs || !m->req_peer || !m->counts_in || !m->base.bytes_sent) goto oom;
-    for (size_t i = 0; i < 2 * (n + 1); i++) m->reqs[i] = MPI_REQUEST_NULL;
+    for (size_t i = 0; i < 2 * (n + 1); i++)
+        m->reqs[i] = MPI_REQUEST_NULL;
     return &m->base;
 oom:
     ms_errf(err, errlen, "out of memory for the MPI communicator");

@@ -32,6 +32,4 @@ struct comm *comm_mpi_create(int timeout_ms, char *err, size_t errlen)
     return NULL;
 }
 
-void comm_mpi_finalize(void)
-{
-}
+void comm_mpi_finalize(void) {}

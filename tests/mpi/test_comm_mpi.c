@@ -24,7 +24,8 @@ static void test_failure(struct comm *c)
     }
     int *sc = calloc((size_t)n, sizeof(int)), *rc = calloc((size_t)n, sizeof(int));
     float send[8] = {0}, recv[8 * 64];
-    for (int d = 0; d < n; d++) sc[d] = 1;
+    for (int d = 0; d < n; d++)
+        sc[d] = 1;
     double t0 = ms_now();
     int r = c->ops->all_to_all_v(c, me, send, sc, recv, rc, sizeof(float));
     double waited = ms_now() - t0;

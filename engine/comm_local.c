@@ -67,6 +67,7 @@ struct comm *comm_local_create(int n_rank)
     if (!l) return NULL;
     l->base.ops = &local_ops;
     l->base.n_rank = n_rank;
+    l->base.self = -1;
     l->base.bytes_sent = calloc((size_t)n_rank * n_rank, sizeof(unsigned long long));
     if (!l->base.bytes_sent || pthread_barrier_init(&l->barrier, NULL, (unsigned)n_rank) != 0) {
         free(l->base.bytes_sent);

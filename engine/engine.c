@@ -8,6 +8,8 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -130,6 +132,21 @@ struct engine {
     struct engine_item *items;
     int n_items;
     int32_t *item_tok0;   /* (max_seqs) flat offset of each item */
+
+    /* Multi-process (engine_params.comm): devices other than `self` are other processes.
+     * proc_mu serializes steps and pings (the communicator is used by one thread at a time). */
+    bool remote;
+    int self;             /* the device this process runs (0 when not remote) */
+    struct comm *ctl;     /* plans, logits, status words: engine_params.comm (e->comm: rows) */
+    int32_t *plan;        /* (plan_cap) a step's plan as sent (rank 0) or received */
+    size_t plan_cap;
+    struct kv_seq *w_kv;  /* ranks > 0: (max_seqs) block tables pointing into `plan` */
+    struct proc_report *report; /* a rank's answer to a step or ping (report_bytes) */
+    size_t report_bytes;
+    pthread_mutex_t proc_mu;
+    bool proc_mu_init;
+    atomic_bool failed;   /* set once, after fail_why (which never changes afterwards) */
+    char fail_why[MS_ERR_LEN];
 
     struct engine_stats stats;
 };
@@ -328,9 +345,50 @@ static void ffn_layer(struct device *dv, int l)
     be->ops->add(be, dv->x, dv->tmp, n, d);
 }
 
+/* The next chunk of up to max_rows logit rows of the items before `end`, from (item *it, its
+ * logit row *j) on: each row's index among the device's tokens (first token tok0) goes to
+ * rows_out (NULL: only counted). Returns the count; (*it, *j) is left where it started. */
+static int logit_chunk(const struct engine *e, int it, int j, int end, int tok0, int max_rows,
+                       int32_t *rows_out)
+{
+    int rows = 0;
+    for (int i = it, k = j; i < end && rows < max_rows;) {
+        const struct engine_item *item = &e->items[i];
+        if (k >= item->n_logits) {
+            i++;
+            k = 0;
+            continue;
+        }
+        if (rows_out) rows_out[rows] = e->item_tok0[i] - tok0 + item->n_tokens - item->n_logits + k;
+        rows++;
+        k++;
+    }
+    return rows;
+}
+
+/* Copies `rows` logit rows (host memory; NULL: none, only skip them) to the items from (*it,
+ * *j) on, advancing them. */
+static void logit_hand_out(const struct engine *e, int *it, int *j, int rows, const float *host)
+{
+    int V = e->m->desc.vocab;
+    for (int r = 0; r < rows;) {
+        const struct engine_item *item = &e->items[*it];
+        if (*j >= item->n_logits) {
+            (*it)++;
+            *j = 0;
+            continue;
+        }
+        if (host)
+            memcpy(item->logits + (size_t)*j * V, host + (size_t)r * V, sizeof(float) * (size_t)V);
+        (*j)++;
+        r++;
+    }
+}
+
 /* The rows that want logits are gathered logit_rows at a time (one LM-head matmul for all
  * sequences of the step), downloaded once per chunk on backends with their own memory, and
- * handed out to the items. */
+ * handed out to the items; on a rank of a multi-process engine other than 0, sent to rank 0
+ * instead (which receives them chunk by chunk in the same order: engine_step). */
 static void logits_out(struct device *dv)
 {
     struct engine *e = dv->e;
@@ -341,19 +399,7 @@ static void logits_out(struct device *dv)
     const float *host = be->ops->host_memory ? dv->logits : dv->h_logits;
     int it = dv->item0, j = 0; /* next (item, logit row) to hand out */
     for (;;) {
-        /* Collect up to logit_rows rows, remembering where the chunk starts. */
-        int rows = 0, it_start = it, j_start = j;
-        for (int i = it, k = j; i < dv->item1 && rows < dv->logit_rows;) {
-            const struct engine_item *item = &e->items[i];
-            if (k >= item->n_logits) {
-                i++;
-                k = 0;
-                continue;
-            }
-            dv->h_lrows[rows++] =
-                e->item_tok0[i] - dv->tok0 + item->n_tokens - item->n_logits + k;
-            k++;
-        }
+        int rows = logit_chunk(e, it, j, dv->item1, dv->tok0, dv->logit_rows, dv->h_lrows);
         if (rows == 0) return;
         if (!be->ops->host_memory)
             be->ops->upload(be, dv->lrows, dv->h_lrows, sizeof(int32_t) * (size_t)rows);
@@ -362,19 +408,13 @@ static void logits_out(struct device *dv)
         be->ops->matmul(be, dv->logits, dv->h, m->lm_head, NULL, rows, d, V);
         if (!be->ops->host_memory)
             be->ops->download(be, dv->h_logits, dv->logits, sizeof(float) * (size_t)rows * V);
-        it = it_start;
-        j = j_start;
-        for (int r = 0; r < rows;) {
-            const struct engine_item *item = &e->items[it];
-            if (j >= item->n_logits) {
-                it++;
-                j = 0;
-                continue;
-            }
-            memcpy(item->logits + (size_t)j * V, host + (size_t)r * V, sizeof(float) * (size_t)V);
-            j++;
-            r++;
+        const float *out = host;
+        if (e->remote && e->self != 0) {
+            if (e->ctl->ops->send(e->ctl, 0, host, sizeof(float) * (size_t)rows * V) != 0)
+                return; /* the communicator is broken: engine_worker_run reports it */
+            out = NULL; /* sent: only step past the rows */
         }
+        logit_hand_out(e, &it, &j, rows, out);
     }
 }
 
@@ -699,7 +739,8 @@ static int device_backend(struct engine *e, struct device *dv, int threads, char
                                 dv->rank, threads);
     }
 #ifdef MOESERVE_HAVE_CUDA
-    dv->be = backend_cuda_create(dv->rank, err, errlen);
+    /* one GPU per process when multi-process: the one it was given */
+    dv->be = backend_cuda_create(dv->e->remote ? dv->e->p.cuda_device : dv->rank, err, errlen);
     return dv->be ? 0 : -1;
 #else
     return ms_errf(err, errlen, "this build has no CUDA backend (configure with -DMOESERVE_CUDA=ON "
@@ -888,7 +929,8 @@ static int device_kv(struct engine *e, char *err, size_t errlen)
     }
     for (int r = 0; r < e->n_dev; r++) {
         struct device *dv = &e->dev[r];
-        if (r == 0 || !e->sticky) {
+        if (e->remote && r != e->self) continue; /* another process's */
+        if (r == e->self || !e->sticky) {
             dv->kv_k = e->kv.k;
             dv->kv_v = e->kv.v;
             continue;
@@ -918,7 +960,14 @@ static void sticky_assign(struct engine *e, struct engine_item *items, int n_ite
     for (int i = 0; i < n_items; i++) {
         struct kv_seq *kv = items[i].kv;
         e->old_blocks[i] = kv->n_blocks;
-        if (kv->device >= 0) continue;
+        if (kv->device >= 0) {
+            /* A sequence keeps its device, unless it was released (preempted) and has since
+             * taken cached prefix blocks whose K/V another device holds: it moves there. */
+            int held = kv->n_blocks > 0 ? e->block_dev[kv->blocks[0]] : -1;
+            if (held < 0 || held == kv->device) continue;
+            e->dev_seqs[kv->device]--;
+            kv->device = -1;
+        }
         int d = kv->n_blocks > 0 ? e->block_dev[kv->blocks[0]] : -1;
         if (d < 0) {
             d = 0;
@@ -951,6 +1000,11 @@ static void sticky_order(struct engine *e, struct engine_item *items, int n_item
 /* In-process copies between CPU devices; NCCL between GPUs. */
 static int make_comm(struct engine *e, char *err, size_t errlen)
 {
+    if (e->p.comm) { /* borrowed */
+        e->ctl = e->p.comm;
+        e->comm = e->p.data_comm ? e->p.data_comm : e->p.comm;
+        return 0;
+    }
     if (e->p.backend != ENGINE_BACKEND_CUDA || e->n_dev == 1) {
         e->comm = comm_local_create(e->n_dev);
         if (!e->comm)
@@ -976,7 +1030,8 @@ static int bind_comm_streams(struct engine *e, char *err, size_t errlen)
 #if defined(MOESERVE_HAVE_CUDA) && defined(MOESERVE_HAVE_NCCL)
     if (e->p.backend != ENGINE_BACKEND_CUDA || e->n_dev == 1) return 0;
     for (int r = 0; r < e->n_dev; r++)
-        if (comm_nccl_set_stream(e->comm, r, backend_cuda_stream(e->dev[r].be), err, errlen) != 0)
+        if ((!e->remote || r == e->self) &&
+            comm_nccl_set_stream(e->comm, r, backend_cuda_stream(e->dev[r].be), err, errlen) != 0)
             return -1;
 #endif
     return 0;
@@ -1113,6 +1168,11 @@ static int capture_init(struct engine *e, char *err, size_t errlen)
     return 0;
 }
 
+/* Multi-process engines (the end of this file). */
+static int proc_init(struct engine *e, char *err, size_t errlen);
+static void proc_quit(struct engine *e);
+static int proc_step(struct engine *e, int total, char *err, size_t errlen);
+
 int engine_create(const struct model *m, const struct engine_params *p, struct engine **out,
                   char *err, size_t errlen)
 {
@@ -1129,10 +1189,30 @@ int engine_create(const struct model *m, const struct engine_params *p, struct e
     if (md->rope_dim % 2 != 0 || md->rope_dim <= 0)
         return ms_errf(err, errlen, "rotary width %d must be even for RoPE", md->rope_dim);
 
+    if (p->comm) {
+        if (p->comm->self < 0 || p->comm->self >= p->comm->n_rank || !p->comm->ops->send ||
+            !p->comm->ops->recv || !p->comm->ops->status)
+            return ms_errf(err, errlen, "a multi-process engine needs a communicator whose ranks "
+                                        "are processes (MPI)");
+        if (p->backend == ENGINE_BACKEND_CUDA && !p->data_comm)
+            return ms_errf(err, errlen, "a multi-process GPU engine needs an NCCL communicator "
+                                        "for the expert rows");
+        if (p->backend == ENGINE_BACKEND_CPU_STAGED)
+            return ms_errf(err, errlen, "multi-process engines run on CPU or CUDA devices");
+        if (p->routing_stats != ENGINE_RSTATS_OFF || p->capture_routing)
+            return ms_errf(err, errlen, "routing statistics and traces are not available with "
+                                        "several processes yet (they would count rank 0's "
+                                        "tokens only)");
+    }
     struct engine *e = calloc(1, sizeof *e);
     if (!e) return ms_errf(err, errlen, "out of memory");
     e->m = m;
     e->p = *p;
+    if (p->comm) {
+        e->p.n_devices = p->comm->n_rank;
+        e->remote = true;
+        e->self = p->comm->self;
+    }
     if (e->p.max_model_len <= 0)
         e->p.max_model_len = md->max_pos > 0 && md->max_pos < 4096 ? md->max_pos : 4096;
     if (md->max_pos > 0 && e->p.max_model_len > md->max_pos) {
@@ -1140,7 +1220,7 @@ int engine_create(const struct model *m, const struct engine_params *p, struct e
         return ms_errf(err, errlen, "max_model_len %d exceeds the model's %d positions",
                        p->max_model_len, md->max_pos);
     }
-    e->n_dev = p->n_devices;
+    e->n_dev = e->p.n_devices;
     e->attn_scale = md->attn_scale;
 
     e->owner = malloc(sizeof(int) * (size_t)(md->n_expert > 0 ? md->n_expert : 1));
@@ -1164,13 +1244,15 @@ int engine_create(const struct model *m, const struct engine_params *p, struct e
         ms_errf(err, errlen, "out of memory for the RoPE table");
         goto fail;
     }
-    e->sticky = p->backend != ENGINE_BACKEND_CPU && e->n_dev > 1;
+    /* Separate processes hold separate KV storage, like GPUs. */
+    e->sticky = (p->backend != ENGINE_BACKEND_CPU || e->remote) && e->n_dev > 1;
     if (make_comm(e, err, errlen) != 0) goto fail;
 
     /* Threads: the cores split between the devices (each runs its ops on a pool of its own),
      * at least one each. */
     long ncpu = e->p.n_threads > 0 ? e->p.n_threads : sysconf(_SC_NPROCESSORS_ONLN);
     int threads = (int)(ncpu / e->n_dev) > 1 ? (int)(ncpu / e->n_dev) : 1;
+    if (e->remote) threads = (int)ncpu; /* one device per process: its threads are its own */
     if (e->p.backend == ENGINE_BACKEND_CUDA && (e->m->quant != MODEL_QUANT_NONE ||
                                                e->m->dtype == MODEL_DTYPE_F32)) {
         ms_errf(err, errlen, "the CUDA backend computes with bf16 weights: %s is CPU-only for now "
@@ -1187,7 +1269,9 @@ int engine_create(const struct model *m, const struct engine_params *p, struct e
                             (size_t)e->p.kv_block_size;
     e->blocks_per_seq = (int)blocks_per_seq;
     for (int r = 0; r < e->n_dev; r++)
-        if (device_init(e, &e->dev[r], r, threads, err, errlen) != 0) goto fail;
+        if ((!e->remote || r == e->self) &&
+            device_init(e, &e->dev[r], r, threads, err, errlen) != 0)
+            goto fail;
     if (bind_comm_streams(e, err, errlen) != 0) goto fail;
 
     size_t n_blocks = e->p.kv_cache_bytes ? e->p.kv_cache_bytes / block_bytes
@@ -1197,7 +1281,7 @@ int engine_create(const struct model *m, const struct engine_params *p, struct e
                 e->p.kv_cache_bytes, n_blocks, block_bytes);
         goto fail;
     }
-    if (kv_create_rows(&e->kv, e->dev[0].be, md->n_layer, k_row, v_row, e->p.kv_block_size,
+    if (kv_create_rows(&e->kv, e->dev[e->self].be, md->n_layer, k_row, v_row, e->p.kv_block_size,
                        (int)n_blocks, err, errlen) != 0)
         goto fail;
     if (device_kv(e, err, errlen) != 0) goto fail;
@@ -1206,7 +1290,8 @@ int engine_create(const struct model *m, const struct engine_params *p, struct e
     pthread_cond_init(&e->wake, NULL);
     pthread_cond_init(&e->idle, NULL);
     e->sync_init = true;
-    for (int r = 1; r < e->n_dev; r++) {
+    if (e->remote && proc_init(e, err, errlen) != 0) goto fail;
+    for (int r = 1; r < e->n_dev && !e->remote; r++) {
         if (pthread_create(&e->dev[r].thread, NULL, device_main, &e->dev[r]) != 0) {
             ms_errf(err, errlen, "cannot start device thread %d", r);
             goto fail;
@@ -1230,9 +1315,14 @@ void engine_free(struct engine *e)
         pthread_cond_destroy(&e->wake);
         pthread_cond_destroy(&e->idle);
     }
+    if (e->remote && e->self == 0 && e->plan && !atomic_load(&e->failed)) proc_quit(e);
+    if (e->proc_mu_init) pthread_mutex_destroy(&e->proc_mu);
+    free(e->plan);
+    free(e->report);
+    free(e->w_kv);
     if (e->kv.k) kv_destroy(&e->kv);
     for (int r = 0; e->dev && r < e->n_dev; r++) device_release(&e->dev[r]);
-    if (e->comm) e->comm->ops->destroy(e->comm);
+    if (e->comm && !e->p.comm) e->comm->ops->destroy(e->comm);
     free(e->cos_sin);
     free(e->owner);
     plc_map_free(&e->map);
@@ -1311,6 +1401,12 @@ int engine_step(struct engine *e, struct engine_item *items, int n_items, char *
                 size_t errlen)
 {
     const struct model_desc *md = &e->m->desc;
+    if (e->remote) {
+        if (e->self != 0)
+            return ms_errf(err, errlen, "rank %d of a multi-process engine runs "
+                                        "engine_worker_run, not engine_step", e->self);
+        if (engine_failed(e, err, errlen)) return -1;
+    }
     if (n_items < 1) return 0;
     if (n_items > e->p.max_seqs)
         return ms_errf(err, errlen, "step has %d sequences, more than max_seqs %d", n_items,
@@ -1361,6 +1457,7 @@ int engine_step(struct engine *e, struct engine_item *items, int n_items, char *
                 e->route_tokens[t++] = e->items[i].tokens[j];
             }
     }
+    if (e->remote) return proc_step(e, total, err, errlen);
     if (e->n_dev > 1) {
         pthread_mutex_lock(&e->lock);
         e->running = e->n_dev - 1;
@@ -1440,6 +1537,8 @@ const struct engine_routing *engine_last_routing(const struct engine *e)
 int engine_set_placement(struct engine *e, const struct plc_map *m, char *err, size_t errlen)
 {
     const struct model_desc *md = &e->m->desc;
+    if (e->remote)
+        return ms_errf(err, errlen, "a multi-process engine cannot change its placement yet");
     if (m->n_dev != e->n_dev || m->n_layer != e->map.n_layer || m->n_expert != e->map.n_expert ||
         m->n_slots > e->dev[0].moe.max_slots)
         return ms_errf(err, errlen, "new placement has %d devices, %d MoE layers, %d experts, %d "
@@ -1504,4 +1603,326 @@ int engine_set_placement(struct engine *e, const struct plc_map *m, char *err, s
     e->stats.rebalances++;
     e->stats.rebalance_moves += (uint64_t)moves;
     return 0;
+}
+
+/* --- multi-process engines ----------------------------------------------------------------- */
+
+/* What a rank > 0 answers after each step and ping: its status and its device's cumulative
+ * counters, which rank 0 copies into its own engine_stats (and its communicator's bytes
+ * matrix), so that /metrics shows every device. Followed by (n_moe) doubles, the FLOPs of each
+ * MoE layer on the device, then (n_dev) uint64, the bytes it sent each rank. */
+struct proc_report {
+    int32_t status, pad;
+    uint64_t routed_rows, rows_away, tokens_away, cont_neurons;
+    double expert_flops, busy_s, width_rows;
+};
+
+/* A plan is int32 words: a header, then per item PLAN_ITEM words (n_tokens, pos, moe_top_k,
+ * n_logits, device, blocks, moe_samples, moe_samples_adaptive, then moe_neuron_fraction's 8
+ * bytes), then every item's tokens, then every item's block table (as many blocks as its
+ * positions after the step need). */
+enum { PLAN_STEP = 1, PLAN_PING = 2, PLAN_QUIT = 3 };
+enum { PLAN_HEADER = 4, PLAN_ITEM = 10 };
+
+static int proc_init(struct engine *e, char *err, size_t errlen)
+{
+    e->plan_cap = PLAN_HEADER + (size_t)e->p.max_seqs * (PLAN_ITEM + (size_t)e->blocks_per_seq) +
+                  (size_t)e->p.max_batch_tokens;
+    e->plan = malloc(sizeof(int32_t) * e->plan_cap);
+    e->report_bytes = sizeof *e->report + sizeof(double) * (size_t)(e->n_moe > 0 ? e->n_moe : 1) +
+                      sizeof(uint64_t) * (size_t)e->n_dev;
+    e->report = calloc(1, e->report_bytes);
+    if (e->self != 0) e->w_kv = calloc((size_t)e->p.max_seqs, sizeof *e->w_kv);
+    if (!e->plan || !e->report || (e->self != 0 && !e->w_kv))
+        return ms_errf(err, errlen, "out of memory for the step plan");
+    if (e->self != 0 && !e->sorted) { /* a world of one process has no sticky buffers */
+        e->sorted = malloc(sizeof *e->sorted * (size_t)e->p.max_seqs);
+        if (!e->sorted) return ms_errf(err, errlen, "out of memory for the step plan");
+    }
+    pthread_mutex_init(&e->proc_mu, NULL);
+    e->proc_mu_init = true;
+    return 0;
+}
+
+/* Marks the engine failed with the communicator's reason (or `why`). Under proc_mu. */
+static int proc_fail(struct engine *e, const char *why, char *err, size_t errlen)
+{
+    if (!atomic_load(&e->failed)) {
+        if (e->ctl->ops->status(e->ctl, e->fail_why, sizeof e->fail_why) == 0)
+            snprintf(e->fail_why, sizeof e->fail_why, "%s", why);
+        atomic_store(&e->failed, true);
+    }
+    return ms_errf(err, errlen, "%s", e->fail_why);
+}
+
+/* Rank 0: sends the first `words` words of the plan to every other rank. */
+static int proc_send_plan(struct engine *e, size_t words)
+{
+    for (int r = 1; r < e->n_dev; r++)
+        if (e->ctl->ops->send(e->ctl, r, e->plan, sizeof(int32_t) * words) != 0) return -1;
+    return 0;
+}
+
+/* Ranks > 0: answers rank 0 with `status` and this device's counters. */
+static int proc_send_report(struct engine *e, int32_t status)
+{
+    struct proc_report *rp = e->report;
+    const struct engine_stats *st = &e->stats;
+    int me = e->self, n = e->n_dev, L = e->n_moe;
+    *rp = (struct proc_report){.status = status, .routed_rows = st->dev_routed_rows[me],
+                               .rows_away = st->dev_rows_away[me],
+                               .tokens_away = st->dev_tokens_away[me],
+                               .cont_neurons = st->dev_cont_neurons[me],
+                               .expert_flops = st->dev_expert_flops[me],
+                               .busy_s = st->dev_busy_s[me], .width_rows = st->dev_width_rows[me]};
+    double *lf = (double *)(rp + 1);
+    uint64_t *sent = (uint64_t *)(lf + (L > 0 ? L : 1));
+    for (int l = 0; l < L; l++) lf[l] = st->layer_dev_flops[(size_t)l * n + me];
+    for (int d = 0; d < n; d++) sent[d] = e->comm->bytes_sent[(size_t)me * n + d];
+    return e->ctl->ops->send(e->ctl, 0, rp, e->report_bytes);
+}
+
+/* Rank 0: every other rank's report (its status 0: its step or ping went well). After a step
+ * (copy) its counters go into this engine's stats; a ping, which runs on another thread than
+ * the readers of those stats and changes no counter, leaves them alone. */
+static int proc_gather_status(struct engine *e, bool copy, char *why, size_t whylen)
+{
+    int n = e->n_dev, L = e->n_moe;
+    for (int r = 1; r < n; r++) {
+        size_t got = 0;
+        if (e->ctl->ops->recv(e->ctl, r, e->report, e->report_bytes, &got) != 0) return -1;
+        const struct proc_report *rp = e->report;
+        if (got != e->report_bytes || rp->status != 0) {
+            snprintf(why, whylen, "rank %d reported a failed step", r);
+            return -1;
+        }
+        if (!copy) continue;
+        struct engine_stats *st = &e->stats;
+        st->dev_routed_rows[r] = rp->routed_rows;
+        st->dev_rows_away[r] = rp->rows_away;
+        st->dev_tokens_away[r] = rp->tokens_away;
+        st->dev_cont_neurons[r] = rp->cont_neurons;
+        st->dev_expert_flops[r] = rp->expert_flops;
+        st->dev_busy_s[r] = rp->busy_s;
+        st->dev_width_rows[r] = rp->width_rows;
+        const double *lf = (const double *)(rp + 1);
+        const uint64_t *sent = (const uint64_t *)(lf + (L > 0 ? L : 1));
+        for (int l = 0; l < L; l++) st->layer_dev_flops[(size_t)l * n + r] = lf[l];
+        for (int d = 0; d < n; d++) e->comm->bytes_sent[(size_t)r * n + d] = sent[d];
+    }
+    return 0;
+}
+
+static int proc_step(struct engine *e, int total, char *err, size_t errlen)
+{
+    const struct model_desc *md = &e->m->desc;
+    int V = md->vocab, bs = e->kv.block_size;
+    char why[MS_ERR_LEN] = "a rank failed";
+    pthread_mutex_lock(&e->proc_mu);
+    /* the plan: items in device order (sticky_order), then tokens, then block tables */
+    int32_t *w = e->plan, *tok = w + PLAN_HEADER + (size_t)PLAN_ITEM * e->n_items;
+    w[0] = PLAN_STEP;
+    w[1] = e->n_items;
+    w[2] = total;
+    w[3] = 0;
+    int32_t *blk = tok + total;
+    for (int i = 0; i < e->n_items; i++) {
+        const struct engine_item *it = &e->items[i];
+        int nb = (it->pos + it->n_tokens + bs - 1) / bs;
+        int32_t *iw = w + PLAN_HEADER + (size_t)PLAN_ITEM * i;
+        iw[0] = it->n_tokens;
+        iw[1] = it->pos;
+        iw[2] = it->moe_top_k;
+        iw[3] = it->n_logits;
+        iw[4] = it->kv->device;
+        iw[5] = nb;
+        iw[6] = it->moe_samples;
+        iw[7] = it->moe_samples_adaptive;
+        memcpy(&iw[8], &it->moe_neuron_fraction, sizeof(double));
+        memcpy(tok, it->tokens, sizeof(int32_t) * (size_t)it->n_tokens);
+        tok += it->n_tokens;
+        memcpy(blk, it->kv->blocks, sizeof(int32_t) * (size_t)nb);
+        blk += nb;
+    }
+    int rc = proc_send_plan(e, (size_t)(blk - w));
+    if (rc == 0) device_forward(&e->dev[0]);
+    /* the other ranks' logits, chunk by chunk in the order their logits_out sends them */
+    float *host = e->dev[0].be->ops->host_memory ? e->dev[0].logits : e->dev[0].h_logits;
+    for (int r = 1; r < e->n_dev && rc == 0; r++) {
+        const struct device *dv = &e->dev[r];
+        int it = dv->item0, j = 0;
+        for (;;) {
+            int rows = logit_chunk(e, it, j, dv->item1, dv->tok0, e->dev[0].logit_rows, NULL);
+            if (rows == 0) break;
+            size_t want = sizeof(float) * (size_t)rows * V, got = 0;
+            if (e->ctl->ops->recv(e->ctl, r, host, want, &got) != 0 || got != want) {
+                if (got != want) snprintf(why, sizeof why, "rank %d sent %zu bytes of logits, "
+                                                           "not %zu", r, got, want);
+                rc = -1;
+                break;
+            }
+            logit_hand_out(e, &it, &j, rows, host);
+        }
+    }
+    if (rc == 0) rc = proc_gather_status(e, true, why, sizeof why);
+    if (rc == 0 && device_check(&e->dev[0], why, sizeof why) != 0) rc = -1;
+    if (rc != 0 || e->ctl->ops->status(e->ctl, NULL, 0) != 0) {
+        proc_fail(e, why, err, errlen);
+        pthread_mutex_unlock(&e->proc_mu);
+        e->items = NULL;
+        return -1;
+    }
+    pthread_mutex_unlock(&e->proc_mu);
+    e->items = NULL;
+    e->stats.steps++;
+    e->stats.tokens += (uint64_t)total;
+    return 0;
+}
+
+/* Rank 0 at engine_free: tells the others to stop (failures ignored: they are leaving). */
+static void proc_quit(struct engine *e)
+{
+    pthread_mutex_lock(&e->proc_mu);
+    e->plan[0] = PLAN_QUIT;
+    e->plan[1] = e->plan[2] = e->plan[3] = 0;
+    proc_send_plan(e, PLAN_HEADER);
+    pthread_mutex_unlock(&e->proc_mu);
+}
+
+int engine_ping(struct engine *e, char *err, size_t errlen)
+{
+    if (!e->remote || e->self != 0) return 0;
+    if (pthread_mutex_trylock(&e->proc_mu) != 0) return 0; /* a step is checking */
+    if (atomic_load(&e->failed)) {
+        ms_errf(err, errlen, "%s", e->fail_why);
+        pthread_mutex_unlock(&e->proc_mu);
+        return -1;
+    }
+    char why[MS_ERR_LEN] = "a rank failed";
+    e->plan[0] = PLAN_PING;
+    e->plan[1] = e->plan[2] = e->plan[3] = 0;
+    int rc = proc_send_plan(e, PLAN_HEADER);
+    if (rc == 0) rc = proc_gather_status(e, false, why, sizeof why);
+    if (rc != 0) proc_fail(e, why, err, errlen);
+    pthread_mutex_unlock(&e->proc_mu);
+    return rc;
+}
+
+bool engine_failed(struct engine *e, char *why, size_t whylen)
+{
+    if (!e->remote || !atomic_load(&e->failed)) return false;
+    if (why && whylen) snprintf(why, whylen, "%s", e->fail_why);
+    return true;
+}
+
+/* Ranks > 0: checks a received step plan against this engine's limits and builds e->items
+ * from it (block tables and tokens point into the plan). -1 with the reason. */
+static int proc_take_plan(struct engine *e, size_t words, int *total_out, char *err,
+                          size_t errlen)
+{
+    const int32_t *w = e->plan;
+    int n_items = w[1], total = w[2], bs = e->kv.block_size;
+    if (n_items < 1 || n_items > e->p.max_seqs || total < 1 || total > e->p.max_batch_tokens ||
+        words < PLAN_HEADER + (size_t)PLAN_ITEM * n_items + (size_t)total)
+        return ms_errf(err, errlen, "rank 0 sent a malformed plan (%d items, %d tokens)", n_items,
+                       total);
+    int32_t *tok = e->plan + PLAN_HEADER + (size_t)PLAN_ITEM * n_items;
+    int32_t *blk = tok + total;
+    const int32_t *end = e->plan + words;
+    int sum = 0;
+    for (int i = 0; i < n_items; i++) {
+        const int32_t *iw = w + PLAN_HEADER + (size_t)PLAN_ITEM * i;
+        int n = iw[0], pos = iw[1], nb = iw[5];
+        if (n < 1 || pos < 0 || pos + n > e->p.max_model_len || iw[3] < 0 || iw[3] > n ||
+            iw[4] < 0 || iw[4] >= e->n_dev || nb != (pos + n + bs - 1) / bs || sum + n > total ||
+            blk + nb > end)
+            return ms_errf(err, errlen, "rank 0 sent a malformed plan (item %d)", i);
+        for (int b = 0; b < nb; b++)
+            if (blk[b] < 0 || blk[b] >= e->kv.n_blocks)
+                return ms_errf(err, errlen, "rank 0 sent block %d of %d", blk[b], e->kv.n_blocks);
+        for (int t = 0; t < n; t++)
+            if (tok[t] < 0 || tok[t] >= e->m->desc.vocab)
+                return ms_errf(err, errlen, "rank 0 sent token id %d", tok[t]);
+        struct kv_seq *kv = &e->w_kv[i];
+        kv->blocks = blk;
+        kv->n_blocks = nb;
+        kv->max_blocks = nb;
+        kv->device = iw[4];
+        double frac;
+        memcpy(&frac, &iw[8], sizeof frac);
+        e->sorted[i] = (struct engine_item){.kv = kv, .tokens = tok, .n_tokens = n, .pos = pos,
+                                            .moe_top_k = iw[2], .moe_samples = iw[6],
+                                            .moe_neuron_fraction = frac,
+                                            .moe_samples_adaptive = iw[7] != 0,
+                                            .n_logits = iw[3]};
+        e->item_tok0[i] = sum;
+        sum += n;
+        tok += n;
+        blk += nb;
+    }
+    if (sum != total) return ms_errf(err, errlen, "rank 0 sent a malformed plan (token count)");
+    e->items = e->sorted;
+    e->n_items = n_items;
+    *total_out = total;
+    return 0;
+}
+
+int engine_worker_run(struct engine *e, char *err, size_t errlen)
+{
+    if (!e->remote || e->self == 0)
+        return ms_errf(err, errlen, "engine_worker_run is for ranks other than 0");
+    struct comm *c = e->ctl;
+    for (;;) {
+        size_t got = 0;
+        if (c->ops->recv(c, 0, e->plan, sizeof(int32_t) * e->plan_cap, &got) != 0)
+            return proc_fail(e, "rank 0 failed", err, errlen);
+        size_t words = got / sizeof(int32_t);
+        if (words < PLAN_HEADER) return proc_fail(e, "rank 0 sent a short plan", err, errlen);
+        int kind = e->plan[0];
+        if (kind == PLAN_QUIT) return 0;
+        char why[MS_ERR_LEN];
+        if (kind == PLAN_STEP) {
+            int total = 0;
+            if (proc_take_plan(e, words, &total, why, sizeof why) != 0) {
+                /* answer, so that rank 0 fails at once, then stop */
+                proc_send_report(e, -1);
+                return proc_fail(e, why, err, errlen);
+            }
+            partition(e, total);
+            device_forward(&e->dev[e->self]);
+            e->items = NULL;
+            if (c->ops->status(c, NULL, 0) != 0) return proc_fail(e, "", err, errlen);
+            if (device_check(&e->dev[e->self], why, sizeof why) != 0) {
+                proc_send_report(e, -1);
+                return proc_fail(e, why, err, errlen);
+            }
+            e->stats.steps++;
+            e->stats.tokens += (uint64_t)total;
+        } else if (kind != PLAN_PING) {
+            return proc_fail(e, "rank 0 sent an unknown plan", err, errlen);
+        }
+        if (proc_send_report(e, 0) != 0) return proc_fail(e, "", err, errlen);
+    }
+}
+
+struct comm *engine_comm_nccl_world(int world, int rank, int gpu, const char *master_addr,
+                                    int master_port, int timeout_ms, char *err, size_t errlen)
+{
+#if defined(MOESERVE_HAVE_CUDA) && defined(MOESERVE_HAVE_NCCL)
+    /* rank 0 serves the NCCL id on every address; the others fetch it from master_addr */
+    struct comm *c = comm_nccl_create_world(world, world, rank, 1, &gpu,
+                                            rank == 0 ? NULL : master_addr, master_port,
+                                            timeout_ms, err, errlen);
+    /* every exchange bounded like the control messages: a dead peer fails the step */
+    if (c && comm_nccl_set_timeout(c, timeout_ms, err, errlen) != 0) {
+        c->ops->destroy(c);
+        return NULL;
+    }
+    return c;
+#else
+    (void)world, (void)rank, (void)gpu, (void)master_addr, (void)master_port, (void)timeout_ms;
+    ms_errf(err, errlen, "GPUs across processes need CUDA and NCCL, and this build has %s",
+            engine_has_cuda() ? "no NCCL" : "no CUDA");
+    return NULL;
+#endif
 }

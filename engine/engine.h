@@ -79,6 +79,18 @@ struct engine_params {
     /* Keep each step's routing for engine_last_routing (routing traces); with weights too. */
     bool capture_routing;
     bool capture_weights;
+    /* Multi-process (`mpirun -np N moeserve serve`): a communicator whose ranks are processes
+     * (comm.h, self >= 0; engine/mpi), borrowed: it must outlive the engine. The engine then
+     * has one device per rank (n_devices is set to the communicator's size) and this process
+     * runs device comm->self alone; rank 0 calls engine_step, the others engine_worker_run.
+     * CPU backend only; no routing capture or statistics (their counts would cover rank 0's
+     * tokens only), no engine_set_placement. NULL: every device is a thread of this process. */
+    struct comm *comm;
+    /* With comm and the CUDA backend: the communicator the MoE rows go through (NCCL, whose
+     * ranks are comm's; engine_comm_nccl_world), borrowed; plans and logits still go through
+     * comm. cuda_device: the GPU this process uses. Compiled, never run yet (no GPUs here). */
+    struct comm *data_comm;
+    int cuda_device;
 };
 
 void engine_params_default(struct engine_params *p);
@@ -183,5 +195,31 @@ const unsigned long long *engine_comm_bytes(const struct engine *e);
 struct rstats *engine_routing_stats(struct engine *e);
 /* Last step's routing; NULL unless engine_params.capture_routing (or before the first step). */
 const struct engine_routing *engine_last_routing(const struct engine *e);
+
+/* --- multi-process engines (engine_params.comm) ---
+ * Rank 0 owns the scheduler: each engine_step sends the step's plan (items, tokens, positions,
+ * expert budgets, block tables, the device of each sequence) to every other rank, runs its own
+ * device, then receives the logits the other ranks computed and one status word from each.
+ * A sequence stays on one rank from its first step on (each process holds KV storage for the
+ * whole block pool; rank 0's allocator hands out the block ids), so outputs equal a
+ * single-process engine's. When a rank fails (the communicator's deadline), the step returns
+ * -1 naming it and the engine is failed for good: every later step and ping fails at once. */
+
+/* Rank 0, while no step runs: a round trip to every other rank, so that a rank that died while
+ * the server was idle is noticed (and so that idle ranks know rank 0 is alive). Skipped (0)
+ * while a step is running, which checks the same. 0, or -1 with the reason. */
+int engine_ping(struct engine *e, char *err, size_t errlen);
+/* Ranks other than 0: runs steps as rank 0's plans arrive until rank 0 says stop (0) or the
+ * communicator fails (-1 with the reason, naming the rank). */
+int engine_worker_run(struct engine *e, char *err, size_t errlen);
+/* Whether the engine has failed for good (multi-process); the reason in why. */
+bool engine_failed(struct engine *e, char *why, size_t whylen);
+/* The NCCL communicator of a multi-process GPU engine (engine_params.data_comm): global rank
+ * `rank` of `world`, one per process, on CUDA device `gpu`, bootstrapped over the TCP
+ * rendezvous (engine/bootstrap.h) at master_addr:master_port (rank 0 listens on every address
+ * of that port); every exchange waits at most timeout_ms, then aborts the communicator
+ * (comm_nccl_set_timeout). NULL with the reason (e.g. a build without CUDA or NCCL). */
+struct comm *engine_comm_nccl_world(int world, int rank, int gpu, const char *master_addr,
+                                    int master_port, int timeout_ms, char *err, size_t errlen);
 
 #endif

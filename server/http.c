@@ -37,6 +37,7 @@ struct http_server {
     struct h1_server *srv;
     struct metrics *mt;
     atomic_int state;
+    char fail_msg[256];       /* http_set_failed's reason: written once, before state turns */
     const struct model *m;
     struct sched *s;
     jinja_template *chat;     /* m->chat_template parsed once at ready; NULL if none/invalid */
@@ -48,6 +49,12 @@ struct http_server {
     long created;
     atomic_ullong next_id;
 };
+
+/* The 503 reason while draining: shutting down, or why the server failed (http_set_failed). */
+static const char *draining_msg(const struct http_server *h)
+{
+    return h->fail_msg[0] ? h->fail_msg : "the server is shutting down";
+}
 
 struct choice_state {
     size_t text_sent;
@@ -1104,7 +1111,7 @@ static int on_head(struct http_server *h, struct h1_conn *c)
     if (post && state == HTTP_LOADING)
         return fail(h, c, route, 503, NULL, NULL, "the model is loading");
     if (post && state == HTTP_DRAINING && strncmp(route, "/v1/", 4) == 0)
-        return fail(h, c, route, 503, NULL, NULL, "the server is shutting down");
+        return fail(h, c, route, 503, NULL, NULL, draining_msg(h));
     return 0;
 }
 
@@ -1139,7 +1146,7 @@ static int on_end(struct http_server *h, struct h1_conn *c, struct conn *cn)
         return state == HTTP_READY ? send_json(h, c, route, 200, strdup("{\"status\":\"ok\"}"))
                                    : fail(h, c, route, 503, NULL, NULL,
                                           state == HTTP_LOADING ? "the model is loading"
-                                                                : "the server is shutting down");
+                                                                : draining_msg(h));
     if (strcmp(route, "/metrics") == 0) {
         struct sched_stats st;
         if (state != HTTP_LOADING) sched_get_stats(h->s, &st);
@@ -1182,7 +1189,7 @@ static int on_end(struct http_server *h, struct h1_conn *c, struct conn *cn)
     if (strcmp(route, "/tokenize") == 0) return handle_tokenize(h, c, cn, false);
     if (strcmp(route, "/detokenize") == 0) return handle_tokenize(h, c, cn, true);
     if (state == HTTP_DRAINING)
-        return fail(h, c, route, 503, NULL, NULL, "the server is shutting down");
+        return fail(h, c, route, 503, NULL, NULL, draining_msg(h));
     return handle_generate(h, c, cn,
                            strcmp(route, "/v1/completions") == 0 ? PROTO_COMPLETION : PROTO_CHAT);
 }
@@ -1322,6 +1329,13 @@ void http_set_ready(struct http_server *h, const struct model *m, struct sched *
 
 void http_set_draining(struct http_server *h)
 {
+    atomic_store(&h->state, HTTP_DRAINING);
+}
+
+void http_set_failed(struct http_server *h, const char *why)
+{
+    if (atomic_load(&h->state) == HTTP_DRAINING) return; /* already answering 503 */
+    snprintf(h->fail_msg, sizeof h->fail_msg, "the server failed: %s", why);
     atomic_store(&h->state, HTTP_DRAINING);
 }
 

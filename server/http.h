@@ -46,6 +46,9 @@ void http_set_draining(struct http_server *h);
  * http_stop). */
 struct dash;
 void http_set_dash(struct http_server *h, struct dash *d);
+/* Like http_set_draining, from a READY server that cannot go on (a failed rank under mpirun):
+ * 503s say "the server failed: WHY". */
+void http_set_failed(struct http_server *h, const char *why);
 int http_active_streams(const struct http_server *h); /* generation requests in flight */
 void http_stop(struct http_server *h);
 

@@ -4,13 +4,21 @@
  * the scheduler loop, then waits for SIGTERM/SIGINT. On a signal it stops taking generation
  * requests (503), lets in-flight ones finish within a grace period, aborts the rest (every
  * stream still gets its final chunk and [DONE]), and exits 0; a second signal during the drain
- * cuts the grace to zero; a signal while the model loads exits 0 at once. */
+ * cuts the grace to zero; a signal while the model loads exits 0 at once.
+ *
+ * Started by mpirun (`mpirun -np N moeserve serve ...`) or as one of --nnodes processes, every
+ * process loads the model and runs one engine rank; rank 0 also runs the HTTP server and the
+ * scheduler, and pings the other ranks while idle. When a rank fails (no answer within --comm-timeout), rank 0 logs which,
+ * turns /health to 503, ends the requests in flight with an error, keeps answering 503 for
+ * FAIL_LINGER_S seconds so that probes see it, and exits 1; the other ranks exit 1 on their own
+ * deadline. */
 #include "serve.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -28,6 +36,8 @@
 #include "http.h"
 #include "metrics.h"
 #include "model.h"
+#include "comm_tcp.h"
+#include "mpi/comm_mpi.h"
 #include "scheduler.h"
 #include "dash.h"
 #include "serve_placement.h"
@@ -68,6 +78,10 @@ struct serve_opts {
     const char *collab_groups;
     long collab_reservoir;
     long access_log, stats_interval_s;
+    long comm_timeout_s;
+    const char *master_addr;
+    long master_port;
+    long nnodes, node_rank;
     long moe_samples;
     const char *moe_fraction;
     double moe_fraction_v; /* parsed --moe-neuron-fraction (0: the model's) */
@@ -167,6 +181,20 @@ static const struct opt_def opt_defs[] = {
     {"collab-reservoir", "MOESERVE_COLLAB_RESERVOIR", OPT_INT, OFF(collab_reservoir), 0,
      1 << 24, "served tokens whose cross-layer routing is kept as a uniform sample for the "
      "dashboard's graph and group usage (0: off)"},
+    {"comm-timeout", "MOESERVE_COMM_TIMEOUT", OPT_INT, OFF(comm_timeout_s), 1, 86400,
+     "with several processes: seconds a rank may go without answering before it counts as "
+     "failed (60)"},
+    {"nnodes", "MOESERVE_NNODES", OPT_INT, OFF(nnodes), 1, 256,
+     "without mpirun: processes (one engine device each) serving together; rank 0 serves HTTP "
+     "(NNODES, else 1)"},
+    {"node-rank", "MOESERVE_NODE_RANK", OPT_INT, OFF(node_rank), 0, 255,
+     "without mpirun: this process's rank, 0..nnodes-1 (NODE_RANK, else 0)"},
+    {"master-addr", "MOESERVE_MASTER_ADDR", OPT_STR, OFF(master_addr), 0, 0,
+     "rank 0's address: the --nnodes rendezvous, and the NCCL one with --device cuda "
+     "(MASTER_ADDR, else 127.0.0.1)"},
+    {"master-port", "MOESERVE_MASTER_PORT", OPT_INT, OFF(master_port), 1, 65535,
+     "rank 0's TCP port for them (MASTER_PORT, else 29500; NCCL takes the next port under "
+     "--nnodes)"},
 };
 #define N_OPTS (sizeof opt_defs / sizeof *opt_defs)
 
@@ -264,6 +292,9 @@ static int parse_opts(int argc, char **argv, struct serve_opts *o)
     o->prefix_caching = 1;
     o->half_life = 65536;
     o->record_max = 1L << 30;
+    o->comm_timeout_s = 60;
+    o->master_addr = NULL; /* MASTER_ADDR (torchrun's), else 127.0.0.1: see below */
+    o->master_port = o->nnodes = o->node_rank = -1; /* likewise */
     o->model = NULL; /* the bundled model unless --model / MOESERVE_MODEL says otherwise */
     for (size_t i = 0; i < N_OPTS; i++) {
         const char *v = getenv(opt_defs[i].env);
@@ -298,6 +329,29 @@ static int parse_opts(int argc, char **argv, struct serve_opts *o)
             return -1;
         }
         if (set_opt(o, d, val, a) != 0) return -1;
+    }
+    if (!o->master_addr) {
+        const char *v = getenv("MASTER_ADDR");
+        o->master_addr = v && *v ? v : "127.0.0.1";
+    }
+    /* torchrun's variables stand in for flags not given */
+    const char *torch_env[][2] = {{"master-port", "MASTER_PORT"}, {"nnodes", "NNODES"},
+                                  {"node-rank", "NODE_RANK"}};
+    long *torch_val[] = {&o->master_port, &o->nnodes, &o->node_rank};
+    for (size_t i = 0; i < 3; i++) {
+        const char *v = getenv(torch_env[i][1]);
+        for (size_t k = 0; k < N_OPTS && v && *v && *torch_val[i] < 0; k++)
+            if (strcmp(opt_defs[k].name, torch_env[i][0]) == 0 &&
+                set_opt(o, &opt_defs[k], v, torch_env[i][1]) != 0)
+                return -1;
+    }
+    if (o->master_port < 0) o->master_port = 29500;
+    if (o->nnodes < 0) o->nnodes = 1;
+    if (o->node_rank < 0) o->node_rank = 0;
+    if (o->node_rank >= o->nnodes) {
+        fprintf(stderr, "moeserve serve: --node-rank %ld must be below --nnodes %ld\n",
+                o->node_rank, o->nnodes);
+        return -1;
     }
     if (!o->model) {
         static char default_model[4096];
@@ -543,6 +597,176 @@ static int signals_wait(int n, double until, int *last)
     return count;
 }
 
+/* Model load options from the flags (every rank loads the same way; only rank 0 shows the
+ * progress bar). */
+static void load_opts(const struct serve_opts *o, bool progress, struct model_load_opts *lo)
+{
+    model_load_opts_default(lo);
+    lo->progress = progress ? load_progress : NULL;
+    lo->progress_ctx = "loading weights";
+    model_dtype_parse(o->dtype, &lo->dtype); /* checked by parse_opts */
+    model_quant_parse(o->quantization, &lo->quant);
+    lo->threads = (int)o->threads;
+    lo->cache = o->weight_cache != 0;
+}
+
+/* With several processes: the GPU of this process, its rank among the processes of its node
+ * (Open MPI's OMPI_COMM_WORLD_LOCAL_RANK, or torchrun's LOCAL_RANK), so that a node's processes
+ * take GPUs 0, 1, ...; 0 when neither is set (one process per node or pod). */
+static int local_gpu(void)
+{
+    const char *v = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+    if (!v) v = getenv("LOCAL_RANK");
+    return v ? atoi(v) : 0;
+}
+
+/* Engine parameters from the flags; mc: the MPI communicator (one device per process), nccl:
+ * with --device cuda and several processes, the communicator of the expert rows. */
+static void engine_opts(const struct serve_opts *o, struct comm *mc, struct comm *nccl,
+                        struct engine_params *ep)
+{
+    engine_params_default(ep);
+    ep->n_devices = mc ? mc->n_rank : (int)o->devices;
+    ep->n_threads = (int)o->threads;
+    engine_backend_parse(o->device, &ep->backend); /* checked by parse_opts */
+    ep->max_seqs = (int)o->max_num_seqs;
+    ep->max_batch_tokens = (int)o->max_batched;
+    ep->max_model_len = (int)o->max_model_len;
+    ep->kv_cache_bytes = (size_t)o->kv_bytes;
+    ep->moe_samples = (int)o->moe_samples;
+    ep->moe_neuron_fraction = o->moe_fraction_v;
+    ep->comm = mc;
+    ep->data_comm = nccl;
+    ep->cuda_device = local_gpu();
+}
+
+static struct splace_opts placement_opts(const struct serve_opts *o, const char *name)
+{
+    return (struct splace_opts){.policy = o->placement, .redundant = o->redundant,
+                                .slots_per_dev = o->max_experts_per_dev,
+                                .trace = o->placement_trace, .interval_s = o->rebalance_s,
+                                .routing_stats = o->routing_stats, .half_life = o->half_life,
+                                .record = o->record_routing,
+                                .record_max_bytes = o->record_max, .model_name = name,
+                                .log = slog};
+}
+
+/* Flags a multi-process server cannot honour yet: 0, or -1 after logging why. */
+static int check_multi_opts(const struct serve_opts *o)
+{
+    const char *bad = o->devices != 1          ? "--devices (each process is one device: "
+                                                 "mpirun -np N gives N)"
+                      : o->rebalance_s > 0     ? "--rebalance-interval"
+                      : o->record_routing      ? "--record-routing"
+                      : o->routing_stats && strcmp(o->routing_stats, "auto") != 0 &&
+                                strcmp(o->routing_stats, "off") != 0
+                          ? "--routing-stats"
+                          : NULL;
+    if (!bad) return 0;
+    slog("error", "%s is not available with several processes yet", bad);
+    return -1;
+}
+
+/* With several processes: what this rank sent to the others over the steps it ran, for the log
+ * (bench/bench_mpi.py reads it): all-to-all (expert rows and their ids), and messages (step
+ * plans, logits, status words, pings). */
+static void log_traffic(struct engine *e, const struct comm *mc)
+{
+    const unsigned long long *b = engine_comm_bytes(e);
+    unsigned long long sent = 0;
+    for (int d = 0; d < mc->n_rank; d++) sent += b[(size_t)mc->self * mc->n_rank + d];
+    const struct engine_stats *st = engine_get_stats(e);
+    slog("info", "traffic: sent %llu bytes of expert rows and %llu bytes of messages to other "
+         "ranks over %llu steps of %llu tokens",
+         sent, mc->msg_bytes_sent, (unsigned long long)st->steps, (unsigned long long)st->tokens);
+}
+
+/* Ranks other than 0 (mpirun or --nnodes): load the model, build this rank's part of the engine and
+ * run the steps rank 0 plans until it says stop (exit 0) or a rank fails (exit 1). */
+static int serve_worker(const struct serve_opts *o, struct comm *mc, struct comm *nccl,
+                        const char *name)
+{
+    char err[MS_ERR_LEN];
+    int status = 1;
+    struct model *m = NULL;
+    struct engine *e = NULL;
+    struct splace *pl = NULL;
+    struct model_load_opts lo;
+    load_opts(o, false, &lo);
+    if (model_load(o->model, &lo, &m, err, sizeof err) != 0) {
+        slog("error", "cannot load the model: %s", err);
+        goto out;
+    }
+    struct engine_params ep;
+    engine_opts(o, mc, nccl, &ep);
+    if (cli_cont_budget(&m->desc, (int)o->moe_samples, o->moe_fraction_v, err, sizeof err) != 0) {
+        slog("error", "%s", err); /* as rank 0 does: every rank stops */
+        goto out;
+    }
+    struct splace_opts po = placement_opts(o, name);
+    if (splace_prepare(&po, m, &ep, &pl, err, sizeof err) != 0) {
+        slog("error", "%s", err);
+        status = 2;
+        goto out;
+    }
+    if (engine_create(m, &ep, &e, err, sizeof err) != 0) {
+        slog("error", "%s", err);
+        goto out;
+    }
+    pthread_mutex_lock(&sigs.mu);
+    sigs.phase = PHASE_SERVING; /* signals go to rank 0's drain; this rank follows its plans */
+    pthread_mutex_unlock(&sigs.mu);
+    slog("info", "ready: device %d of %d", mc->self, mc->n_rank);
+    if (engine_worker_run(e, err, sizeof err) != 0) {
+        slog("error", "expert parallelism failed: %s; exiting", err);
+        goto out;
+    }
+    slog("info", "stopped");
+    status = 0;
+out:
+    if (e) log_traffic(e, mc);
+    engine_free(e);
+    splace_free(pl);
+    model_free(m);
+    return status;
+}
+
+/* Rank 0 of several processes: pings the other ranks while the server is idle (engine_ping skips while a
+ * step runs), every interval_s, until told to stop or a ping fails. */
+struct pinger {
+    struct engine *e;
+    double interval_s;
+    atomic_bool stop;
+    pthread_t thread;
+    bool started;
+};
+
+static void *pinger_main(void *arg)
+{
+    struct pinger *p = arg;
+    char err[MS_ERR_LEN];
+    double next = ms_now() + p->interval_s;
+    while (!atomic_load(&p->stop)) {
+        struct timespec ts = {0, 50 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+        if (ms_now() < next) continue;
+        if (engine_ping(p->e, err, sizeof err) != 0) break; /* the main thread reports it */
+        next = ms_now() + p->interval_s;
+    }
+    return NULL;
+}
+
+static void pinger_stop(struct pinger *p)
+{
+    if (!p->started) return;
+    atomic_store(&p->stop, true);
+    pthread_join(p->thread, NULL);
+    p->started = false;
+}
+
+/* Seconds a failed multi-process server keeps answering 503 before it exits. */
+#define FAIL_LINGER_S 2.0
+
 int cli_serve(int argc, char **argv)
 {
     struct serve_opts o;
@@ -554,16 +778,90 @@ int cli_serve(int argc, char **argv)
     if (pr != 0) return 2;
     slog_set_json(strcmp(o.log_format, "json") == 0);
 
+    /* Several processes (mpirun, or --nnodes): every process runs one engine rank; rank 0 also
+     * serves HTTP. Plans, logits and (on CPUs) expert rows go through MPI or a TCP star around
+     * rank 0 (engine/comm_tcp.h). */
+    char err[MS_ERR_LEN];
+    struct comm *mc = NULL, *nccl = NULL;
+    bool use_mpi = comm_mpi_launched() > 1;
+    int rank = 0, world = 1;
+    if (use_mpi || o.nnodes > 1) {
+        if (use_mpi && o.nnodes > 1) {
+            slog("error", "--nnodes is for processes started without mpirun (mpirun -np N "
+                          "gives N ranks)");
+            return 2;
+        }
+        if (use_mpi && comm_mpi_init(&rank, &world, err, sizeof err) != 0) {
+            slog("error", "started by mpirun, but: %s", err);
+            return 2;
+        }
+        if (!use_mpi) {
+            rank = (int)o.node_rank;
+            world = (int)o.nnodes;
+        }
+        char prefix[32];
+        snprintf(prefix, sizeof prefix, "[rank %d] ", rank);
+        slog_set_prefix(prefix);
+        if (check_multi_opts(&o) != 0) return 2;
+        int timeout_ms = (int)o.comm_timeout_s * 1000;
+        if (use_mpi) {
+            mc = comm_mpi_create(timeout_ms, err, sizeof err);
+        } else {
+            /* pods of one group start in any order: joining may take several timeouts */
+            slog("info", "joining rank 0 at %s:%ld (%d processes)", o.master_addr,
+                 o.master_port, world);
+            mc = comm_tcp_create(world, rank, o.master_addr, (int)o.master_port, timeout_ms,
+                                 5 * timeout_ms, err, sizeof err);
+        }
+        if (!mc) {
+            slog("error", "%s", err);
+            return 1;
+        }
+        slog("info", "rank %d of %d, pid %d (%s): %s", rank, world, (int)getpid(),
+             use_mpi ? "mpirun" : "--nnodes",
+             rank == 0 ? "HTTP server, scheduler and device 0" : "one expert-parallel device");
+        if (strcmp(o.device, "cuda") == 0) {
+            /* expert rows over NCCL, bootstrapped over TCP at rank 0's address (the next port
+             * when the master port carries the --nnodes control connections) */
+            int port = (int)o.master_port + (use_mpi ? 0 : 1);
+            slog("info", "NCCL rendezvous at %s:%d (GPU %d)", o.master_addr, port, local_gpu());
+            nccl = engine_comm_nccl_world(world, rank, local_gpu(), o.master_addr, port,
+                                          timeout_ms, err, sizeof err);
+            if (!nccl) {
+                slog("error", "%s", err);
+                mc->ops->destroy(mc);
+                return 1;
+            }
+        }
+    }
+
     /* Before any thread of ours starts, so that all inherit the mask. */
     static sigset_t sigset;
     if (signals_start(&sigset) != 0) {
         slog("error", "cannot set up signal handling: %s", strerror(errno));
         return 1;
     }
+    const char *name = o.served_name;
+    if (!name) {
+        const char *slash = strrchr(o.model, '/');
+        name = slash && slash[1] ? slash + 1 : o.model;
+    }
+    if (rank != 0) {
+        int st = serve_worker(&o, mc, nccl, name);
+        char why[MS_ERR_LEN];
+        bool broken = mc->ops->status(mc, why, sizeof why) != 0;
+        if (nccl) nccl->ops->destroy(nccl);
+        mc->ops->destroy(mc);
+        /* with a failed peer, MPI_Finalize could wait on it */
+        if (use_mpi && !broken) comm_mpi_finalize();
+        /* mpirun --enable-recovery exits 0 whatever the ranks did: say it here */
+        slog(st ? "error" : "info", "exiting with status %d", st);
+        return st;
+    }
     int max_conns = raise_nofile();
 
-    char err[MS_ERR_LEN];
     int status = 1;
+    struct pinger ping = {.interval_s = (double)o.comm_timeout_s / 4};
     struct model *m = NULL;
     struct engine *e = NULL;
     struct sched *s = NULL;
@@ -573,12 +871,6 @@ int cli_serve(int argc, char **argv)
     struct after_step_ctx asc = {0};
     struct metrics *mt = metrics_create();
     if (!mt) return 1;
-
-    const char *name = o.served_name;
-    if (!name) {
-        const char *slash = strrchr(o.model, '/');
-        name = slash && slash[1] ? slash + 1 : o.model;
-    }
     struct http_config hc = {.host = o.host, .port = (int)o.port, .api_key = o.api_key,
                              .model_name = name, .max_body = 1 << 20, .threads = 4,
                              .max_model_len = (int)o.max_model_len,
@@ -593,13 +885,7 @@ int cli_serve(int argc, char **argv)
     slog("info", "listening on http://%s:%d (loading %s)", o.host, http_port(h), o.model);
 
     struct model_load_opts lo;
-    model_load_opts_default(&lo);
-    lo.progress = load_progress;
-    lo.progress_ctx = "loading weights";
-    model_dtype_parse(o.dtype, &lo.dtype); /* checked by parse_opts */
-    model_quant_parse(o.quantization, &lo.quant);
-    lo.threads = (int)o.threads;
-    lo.cache = o.weight_cache != 0;
+    load_opts(&o, true, &lo);
     if (model_load(o.model, &lo, &m, err, sizeof err) != 0) {
         slog("error", "cannot load the model: %s", err);
         goto out;
@@ -617,25 +903,12 @@ int cli_serve(int argc, char **argv)
         m->chat_template = t;
     }
     struct engine_params ep;
-    engine_params_default(&ep);
-    ep.n_devices = (int)o.devices;
-    ep.n_threads = (int)o.threads;
-    engine_backend_parse(o.device, &ep.backend); /* checked by parse_opts */
-    ep.max_seqs = (int)o.max_num_seqs;
-    ep.max_batch_tokens = (int)o.max_batched;
-    ep.max_model_len = (int)o.max_model_len;
-    ep.kv_cache_bytes = (size_t)o.kv_bytes;
+    engine_opts(&o, mc, nccl, &ep);
     if (cli_cont_budget(&m->desc, (int)o.moe_samples, o.moe_fraction_v, err, sizeof err) != 0) {
         slog("error", "%s", err);
         goto out;
     }
-    ep.moe_samples = (int)o.moe_samples;
-    ep.moe_neuron_fraction = o.moe_fraction_v;
-    struct splace_opts po = {.policy = o.placement, .redundant = o.redundant,
-                             .slots_per_dev = o.max_experts_per_dev, .trace = o.placement_trace,
-                             .interval_s = o.rebalance_s, .routing_stats = o.routing_stats,
-                             .half_life = o.half_life, .record = o.record_routing,
-                             .record_max_bytes = o.record_max, .model_name = name, .log = slog};
+    struct splace_opts po = placement_opts(&o, name);
     /* Placement errors are flag errors: the reason names the flag, the status is 2. */
     if (o.per_expert && m->desc.n_expert > 256) {
         slog("error", "--metrics-per-expert: %d experts, more than the 256 that per-expert series "
@@ -661,6 +934,14 @@ int cli_serve(int argc, char **argv)
     }
     asc = (struct after_step_ctx){.pl = pl, .dash = dash};
     http_set_dash(h, dash);
+    if (mc) {
+        ping.e = e;
+        if (pthread_create(&ping.thread, NULL, pinger_main, &ping) != 0) {
+            slog("error", "cannot start the rank pinger thread");
+            goto out;
+        }
+        ping.started = true;
+    }
     metrics_set_engine(mt, e);
     if (splace_start(pl, e, mt, err, sizeof err) != 0) {
         slog("error", "%s", err);
@@ -685,21 +966,40 @@ int cli_serve(int argc, char **argv)
     pthread_mutex_unlock(&sigs.mu);
     struct sched_stats st;
     sched_get_stats(s, &st);
-    slog("info", "ready: model %s, %d KV blocks, max_model_len %d, %d %s device(s)", name,
-         st.kv_blocks_total, engine_get_params(e)->max_model_len, (int)o.devices,
-         engine_backend_name(ep.backend));
+    slog("info", "ready: model %s, %d KV blocks, max_model_len %d, %d %s device(s)%s", name,
+         st.kv_blocks_total, engine_get_params(e)->max_model_len, ep.n_devices,
+         engine_backend_name(ep.backend), mc ? ", one per process" : "");
     if (ep.backend != ENGINE_BACKEND_CUDA)
         slog("info", "cpu kernels: %s (cpu: %s)", backend_cpu_kernels(), backend_cpu_features());
     char pdesc[256];
     splace_describe(pl, pdesc, sizeof pdesc);
     slog("info", "%s", pdesc);
 
-    int sig;
+    /* Wait for a signal; log the stats line every --log-stats-interval; with several processes also
+     * watch the other ranks every 0.1 s: a failure ends the server (see the top of this file). */
+    int sig = 0;
     struct stats_log sl = {.t_last = ms_now()};
     sched_get_stats(s, &sl.last);
-    while (signals_wait(1, o.stats_interval_s > 0 ? ms_now() + (double)o.stats_interval_s : 0,
-                        &sig) < 1)
-        log_stats(&sl, s, mt);
+    for (;;) {
+        double next = o.stats_interval_s > 0 ? sl.t_last + (double)o.stats_interval_s : 0;
+        if (mc) next = next > 0 && next < ms_now() + 0.1 ? next : ms_now() + 0.1;
+        if (signals_wait(1, next, &sig) >= 1) break;
+        if (o.stats_interval_s > 0 && ms_now() >= sl.t_last + (double)o.stats_interval_s)
+            log_stats(&sl, s, mt);
+        char why[MS_ERR_LEN];
+        if (!mc || !engine_failed(e, why, sizeof why)) continue;
+        slog("error", "expert parallelism failed: %s; ending the requests in flight, "
+                      "answering 503, exiting with status 1",
+             why);
+        http_set_failed(h, why);
+        sched_close(s);
+        sched_stop(s); /* what the failed steps did not already end */
+        double until = ms_now() + FAIL_LINGER_S;
+        while (ms_now() < until && signals_wait(1, ms_now() + 0.05, NULL) < 1) {
+        }
+        status = 1;
+        goto out;
+    }
     slog("info", "%s: draining (grace %lds; a second signal ends it now)", sig_name(sig),
          o.grace_s);
     http_set_draining(h);
@@ -725,9 +1025,21 @@ out:
     http_stop(h);
     sched_free(s);
     splace_free(pl); /* after the scheduler: it closes the routing trace */
+    pinger_stop(&ping);
+    if (e && mc) log_traffic(e, mc);
+    bool broken = e && engine_failed(e, NULL, 0);
     dash_free(dash);  /* after the scheduler and the HTTP threads, its two users */
-    engine_free(e);
+    engine_free(e); /* several processes: tells the other ranks to stop */
     model_free(m);
     metrics_free(mt);
+    if (nccl) nccl->ops->destroy(nccl);
+    if (mc) {
+        broken = broken || mc->ops->status(mc, err, sizeof err) != 0;
+        mc->ops->destroy(mc);
+        /* with a failed peer, MPI_Finalize could wait on it */
+        if (use_mpi && !broken) comm_mpi_finalize();
+        if (broken && status == 0) status = 1;
+        slog(status ? "error" : "info", "exiting with status %d", status);
+    }
     return status;
 }

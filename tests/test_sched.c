@@ -611,6 +611,56 @@ out:
     free(want);
 }
 
+/* Sticky devices and preemption: a sequence released (preempted) on device 1 that then takes
+ * cached prefix blocks computed on device 0 must move to device 0, where their K/V are; it
+ * used to stay on device 1 and attend over that device's stale storage. Its logits must equal
+ * a fresh CPU prefill. */
+static void test_sticky_release(const struct model *m)
+{
+    enum { P = 64, HIT = 48 };
+    int V = m->desc.vocab;
+    struct engine *e = make_engine(m, 0, 64);
+    g_backend = ENGINE_BACKEND_CPU;
+    g_devices = 1;
+    struct engine *ref = make_engine(m, 0, 64);
+    g_backend = ENGINE_BACKEND_CPU_STAGED;
+    g_devices = 2;
+    float *got = malloc(sizeof(float) * V), *want = malloc(sizeof(float) * V);
+    struct kv_seq a, b, r;
+    int n_init = 0;
+    CHECK(e && ref && got && want);
+    if (!e || !ref || !got || !want) goto out;
+    struct kv_seq *all[] = {&a, &b, &r};
+    for (; n_init < 3; n_init++)
+        if (engine_seq_init(n_init == 2 ? ref : e, all[n_init]) != 0) goto out;
+    int32_t prompt[P];
+    for (int t = 0; t < P; t++) prompt[t] = 1 + (t * 29 + 5) % (V - 1);
+    CHECK(step_one(e, &a, prompt, P, 0, got) == 0 && a.device == 0);
+    CHECK(step_one(e, &b, prompt + 7, 20, 0, got) == 0 && b.device == 1);
+    struct kv_cache *kv = engine_kv(e);
+    kv_seq_register(kv, &a, 9, prompt, P);
+    kv_seq_release(kv, &b); /* what the scheduler's preemption does */
+    int taken = kv_seq_match(kv, &b, 9, prompt, HIT / kv->block_size);
+    CHECKF(taken * kv->block_size == HIT, "prefix match took %d blocks", taken);
+    CHECK(step_one(e, &b, prompt + HIT, P - HIT, HIT, got) == 0);
+    CHECKF(b.device == 0, "the released sequence reusing device 0's blocks runs on device %d",
+           b.device);
+    CHECK(step_one(ref, &r, prompt, P, 0, want) == 0);
+    double num = 0, den = 0;
+    for (int i = 0; i < V; i++) {
+        num += ((double)got[i] - want[i]) * ((double)got[i] - want[i]);
+        den += (double)want[i] * want[i];
+    }
+    CHECKF(sqrt(num / den) < 1e-5, "logits after a preempted sequence's prefix hit: rel err %.3e",
+           sqrt(num / den));
+out:
+    for (int i = 0; i < n_init; i++) engine_seq_free(i == 2 ? ref : e, all[i]);
+    engine_free(e);
+    engine_free(ref);
+    free(got);
+    free(want);
+}
+
 int main(int argc, char **argv)
 {
     const char *tests = argc > 1 ? argv[1] : "tests";
@@ -640,6 +690,7 @@ int main(int argc, char **argv)
     test_preemption(m, alone, true);
     test_prefix_cache(m);
     test_sticky_prefix(m);
+    test_sticky_release(m);
     model_free(m);
     return test_done("test_sched");
 }

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "bootstrap.h"
 #include "comm_nccl.h"
@@ -34,6 +35,7 @@ struct cn_rank {
 
 struct comm_nccl {
     struct comm base;      /* base.n_rank: ranks in the whole world */
+    double timeout_s;      /* comm_nccl_set_timeout; 0: exchanges wait as long as they take */
     int first_rank;        /* global rank of ranks[0] */
     int n_local;           /* ranks driven by this process */
     struct cn_rank *ranks; /* (n_local) */
@@ -58,6 +60,39 @@ static int cn_note(struct cn_rank *r, int rc)
 
 #define CN_CUDA(r, call) cn_note((r), CUDA_CHECK(call, (r)->last, sizeof(r)->last))
 #define CN_NCCL(r, call) cn_note((r), NCCL_CHECK(call, (r)->last, sizeof(r)->last))
+
+/* Waits for rank r's stream. With a timeout set, polls it against the deadline and NCCL's
+ * asynchronous error: a peer that died or hangs makes the wait abort the NCCL communicator
+ * (ncclCommAbort ends its kernels) and fail with a reason, instead of blocking forever. */
+static int cn_wait(struct comm_nccl *cn, struct cn_rank *r, int rank)
+{
+    if (cn->timeout_s <= 0) return CN_CUDA(r, cudaStreamSynchronize(r->stream));
+    double deadline = ms_now() + cn->timeout_s;
+    for (;;) {
+        cudaError_t q = cudaStreamQuery(r->stream);
+        if (q == cudaSuccess) return 0;
+        if (q != cudaErrorNotReady) return CN_CUDA(r, q);
+        ncclResult_t async = ncclSuccess;
+        if (r->nccl && ncclCommGetAsyncError(r->nccl, &async) == ncclSuccess &&
+            async != ncclSuccess && async != ncclInProgress) {
+            ms_errf(r->last, sizeof r->last, "rank %d: NCCL reports %s during an exchange",
+                    rank, ncclGetErrorString(async));
+            break;
+        }
+        if (ms_now() > deadline) {
+            ms_errf(r->last, sizeof r->last,
+                    "rank %d: an NCCL exchange did not finish within %.1f s (a peer failed or "
+                    "hangs)",
+                    rank, cn->timeout_s);
+            break;
+        }
+        struct timespec ts = {0, 20 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    if (r->nccl) (void)ncclCommAbort(r->nccl); /* broken for good: later calls fail */
+    r->nccl = NULL;
+    return cn_note(r, -1);
+}
 
 static void cn_destroy(struct comm *c)
 {
@@ -84,8 +119,9 @@ static int cn_all_to_all_v(struct comm *c, int rank, const void *send, const int
                            void *recv, int *recv_counts, size_t row_bytes)
 {
     int n = c->n_rank;
+    struct comm_nccl *cn = (struct comm_nccl *)c;
     struct cn_rank *r = cn_local(c, rank);
-    if (!r) return -1;
+    if (!r || !r->nccl) return -1; /* not ours, or aborted after a failure */
     if (CN_CUDA(r, cudaSetDevice(r->device)) < 0) return -1;
     /* Rows may come from any stream of this device unless the caller named the stream. */
     if (r->stream == r->own && CN_CUDA(r, cudaDeviceSynchronize()) < 0) return -1;
@@ -102,7 +138,7 @@ static int cn_all_to_all_v(struct comm *c, int rank, const void *send, const int
     if (CN_CUDA(r, cudaMemcpyAsync(h_all, r->d_all_counts, sizeof(int) * (size_t)n * n,
                                    cudaMemcpyDeviceToHost, r->stream)) < 0)
         return -1;
-    if (CN_CUDA(r, cudaStreamSynchronize(r->stream)) < 0) return -1;
+    if (cn_wait(cn, r, rank) < 0) return -1;
     for (int s = 0; s < n; s++) {
         recv_counts[s] = h_all[(size_t)s * n + rank];
         if (recv_counts[s] < 0 || h_all[(size_t)rank * n + s] != send_counts[s]) {
@@ -127,7 +163,7 @@ static int cn_all_to_all_v(struct comm *c, int rank, const void *send, const int
     }
     /* The group must be closed even after a failed enqueue. */
     if (CN_NCCL(r, ncclGroupEnd()) < 0 || rc < 0) return -1;
-    if (CN_CUDA(r, cudaStreamSynchronize(r->stream)) < 0) return -1;
+    if (cn_wait(cn, r, rank) < 0) return -1;
 
     for (int p = 0; p < n; p++)
         if (p != rank) c->bytes_sent[(size_t)rank * n + p] += (size_t)send_counts[p] * row_bytes;
@@ -137,12 +173,12 @@ static int cn_all_to_all_v(struct comm *c, int rank, const void *send, const int
 static void cn_barrier(struct comm *c, int rank)
 {
     struct cn_rank *r = cn_local(c, rank);
-    if (!r || c->n_rank == 1) return;
+    if (!r || !r->nccl || c->n_rank == 1) return;
     if (CN_CUDA(r, cudaSetDevice(r->device)) < 0) return;
     if (CN_NCCL(r, ncclAllReduce(r->d_token, r->d_token, 1, ncclInt32, ncclSum, r->nccl,
                                  r->stream)) < 0)
         return;
-    CN_CUDA(r, cudaStreamSynchronize(r->stream));
+    cn_wait((struct comm_nccl *)c, r, rank);
 }
 
 static const struct comm_ops nccl_ops = {
@@ -180,6 +216,7 @@ static struct comm_nccl *cn_new(const char *who, int world, int first_rank, int 
     if (!cn) goto oom;
     cn->base.ops = &nccl_ops;
     cn->base.n_rank = world;
+    cn->base.self = -1; /* the engine drives NCCL ranks as threads (comm.h) */
     cn->first_rank = first_rank;
     cn->n_local = n_local;
     cn->base.bytes_sent =
@@ -375,6 +412,13 @@ extern "C" int comm_nccl_set_stream(struct comm *c, int rank, void *stream, char
     return 0;
 }
 
+extern "C" int comm_nccl_set_timeout(struct comm *c, int timeout_ms, char *err, size_t errlen)
+{
+    if (!c || c->ops != &nccl_ops) return ms_errf(err, errlen, "not an NCCL communicator");
+    ((struct comm_nccl *)c)->timeout_s = timeout_ms > 0 ? timeout_ms / 1000.0 : 0;
+    return 0;
+}
+
 extern "C" int comm_nccl_error(struct comm *c, int rank, char *err, size_t errlen)
 {
     if (!c || c->ops != &nccl_ops) return ms_errf(err, errlen, "not an NCCL communicator");
@@ -416,6 +460,13 @@ extern "C" int comm_nccl_set_stream(struct comm *c, int rank, void *stream, char
     (void)c;
     (void)rank;
     (void)stream;
+    return ms_errf(err, errlen, "moeserve was built without NCCL");
+}
+
+extern "C" int comm_nccl_set_timeout(struct comm *c, int timeout_ms, char *err, size_t errlen)
+{
+    (void)c;
+    (void)timeout_ms;
     return ms_errf(err, errlen, "moeserve was built without NCCL");
 }
 

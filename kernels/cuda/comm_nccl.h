@@ -71,6 +71,12 @@ struct comm *comm_nccl_create_world(int world, int n_procs, int first_rank, int 
  * the communicator's own stream). Call from the rank's thread, between exchanges. */
 int comm_nccl_set_stream(struct comm *c, int rank, void *stream, char *err, size_t errlen);
 
+/* Bounds every later exchange's wait to timeout_ms (<= 0: no bound, the default): an exchange
+ * that has not finished by then (a peer died or hangs) or that NCCL reports failed aborts the
+ * rank's NCCL communicator and returns -1 (barrier: records the failure); every later call
+ * of that rank fails at once. comm_nccl_error says why. Call between exchanges. */
+int comm_nccl_set_timeout(struct comm *c, int timeout_ms, char *err, size_t errlen);
+
 /* -1 with the reason of rank's first failure, 0 when it has none. */
 int comm_nccl_error(struct comm *c, int rank, char *err, size_t errlen);
 

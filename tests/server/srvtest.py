@@ -67,8 +67,10 @@ def wait_until(pred, timeout, what, interval=0.02):
 class Server:
     """One `moeserve serve` child process. Use as a context manager."""
 
-    def __init__(self, *extra, model=None, name=None, env=None, ready_timeout=60):
+    def __init__(self, *extra, model=None, name=None, env=None, ready_timeout=60,
+                 launcher=None):
         self.extra = list(extra)
+        self.launcher = list(launcher or [])  # a command the server runs under (mpirun ...)
         self.model = model or fixture_model()
         self.name = name
         self.env = env
@@ -86,7 +88,7 @@ class Server:
         for _ in range(3):
             self.port = free_port()
             self.log = tempfile.TemporaryFile()
-            args = [binary(), "serve", "--model", self.model, "--port", str(self.port),
+            args = self.launcher + [binary(), "serve", "--model", self.model, "--port", str(self.port),
                     "--host", "127.0.0.1"] + self.extra
             if self.name:
                 args += ["--served-model-name", self.name]

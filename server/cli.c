@@ -1,5 +1,6 @@
-/* Helpers shared by the subcommands: the model-loading progress bar and where the bundled
- * default model is found when no --model is given. */
+/* Helpers shared by the subcommands: the model-loading progress bar, where the bundled
+ * default model is found when no --model is given, and checked command-line numbers. */
+#include <errno.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -73,4 +74,41 @@ char *cli_read_file(const char *path, size_t *len)
     }
     fclose(f);
     return buf;
+}
+
+int cli_parse_long(const char *cmd, const char *name, const char *s, long lo, long hi, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) {
+        fprintf(stderr, "moeserve %s: %s must be an integer in [%ld, %ld], got '%s'\n", cmd, name,
+                lo, hi, s);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+int cli_parse_int(const char *cmd, const char *name, const char *s, long lo, long hi, int *out)
+{
+    long v;
+    if (cli_parse_long(cmd, name, s, lo, hi, &v) != 0) return -1;
+    *out = (int)v;
+    return 0;
+}
+
+int cli_parse_double(const char *cmd, const char *name, const char *s, double lo, double hi,
+                     double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !(v >= lo && v <= hi)) {
+        fprintf(stderr, "moeserve %s: %s must be a number in [%g, %g], got '%s'\n", cmd, name, lo,
+                hi, s);
+        return -1;
+    }
+    *out = v;
+    return 0;
 }

@@ -31,6 +31,14 @@ struct model_desc;
 int cli_cont_budget(const struct model_desc *md, int samples, double fraction, char *err,
                     size_t errlen);
 
+/* Command-line numbers for subcommand `cmd`: the whole string must parse and lie in [lo, hi];
+ * 0, or -1 after a message naming the option ("moeserve CMD: NAME must be ..."). */
+int cli_parse_long(const char *cmd, const char *name, const char *s, long lo, long hi,
+                   long *out);
+int cli_parse_int(const char *cmd, const char *name, const char *s, long lo, long hi, int *out);
+int cli_parse_double(const char *cmd, const char *name, const char *s, double lo, double hi,
+                     double *out);
+
 /* A whole file, NUL-terminated, in malloc'd memory (its length in *len when len is not NULL),
  * or NULL when it cannot be read. */
 char *cli_read_file(const char *path, size_t *len);

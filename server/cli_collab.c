@@ -327,25 +327,10 @@ struct learn_opts {
     int seed;
 };
 
-static int parse_num(const char *cmd, const char *name, const char *s, double lo, double hi,
-                     double *out)
-{
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || *end || !(v >= lo && v <= hi)) {
-        fprintf(stderr, "moeserve %s: %s must be a number in [%g, %g], got '%s'\n", cmd, name, lo,
-                hi, s);
-        return -1;
-    }
-    *out = v;
-    return 0;
-}
-
 static int parse_i(const char *cmd, const char *name, const char *s, int lo, int hi, int *out)
 {
     double v;
-    if (parse_num(cmd, name, s, lo, hi, &v) != 0) return -1;
+    if (cli_parse_double(cmd, name, s, lo, hi, &v) != 0) return -1;
     if (v != floor(v)) {
         fprintf(stderr, "moeserve %s: %s must be an integer, got '%s'\n", cmd, name, s);
         return -1;
@@ -460,7 +445,7 @@ static int parse_common(const char *cmd, int o, struct calib_opts *co, struct le
     case O_FINE:
         return parse_i(cmd, "--fine-groups", optarg, 1, 4096, &lo->fine) ? 2 : 0;
     case O_LAMBDA:
-        return parse_num(cmd, "--lambda", optarg, 0, 100, &lo->lambda) ? 2 : 0;
+        return cli_parse_double(cmd, "--lambda", optarg, 0, 100, &lo->lambda) ? 2 : 0;
     case O_EPOCHS:
         return parse_i(cmd, "--epochs", optarg, 1, 1000, &lo->epochs) ? 2 : 0;
     case O_SEED:

@@ -33,43 +33,6 @@
 #define MAX_DOMAINS 64
 #define MAX_LIST 32
 
-static int parse_long(const char *cmd, const char *name, const char *s, long lo, long hi, long *out)
-{
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) {
-        fprintf(stderr, "moeserve %s: %s must be an integer in [%ld, %ld], got '%s'\n", cmd, name,
-                lo, hi, s);
-        return -1;
-    }
-    *out = v;
-    return 0;
-}
-
-static int parse_int(const char *cmd, const char *name, const char *s, long lo, long hi, int *out)
-{
-    long v;
-    if (parse_long(cmd, name, s, lo, hi, &v) != 0) return -1;
-    *out = (int)v;
-    return 0;
-}
-
-static int parse_double(const char *cmd, const char *name, const char *s, double lo, double hi,
-                        double *out)
-{
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || *end || !(v >= lo && v <= hi)) {
-        fprintf(stderr, "moeserve %s: %s must be a number in [%g, %g], got '%s'\n", cmd, name, lo,
-                hi, s);
-        return -1;
-    }
-    *out = v;
-    return 0;
-}
-
 /* --- trace info ---------------------------------------------------------------------------- */
 
 struct tok_note {
@@ -283,19 +246,19 @@ static int trace_synth(int argc, char **argv)
         int rc = 0;
         switch (o) {
         case O_OUT: out = optarg; break;
-        case O_EXP: rc = parse_int(cmd, "--experts", optarg, 1, RTRACE_MAX_EXPERTS, &c.n_expert); break;
-        case O_LAY: rc = parse_int(cmd, "--layers", optarg, 1, 1024, &c.n_layer); break;
-        case O_TOPK: rc = parse_int(cmd, "--top-k", optarg, 1, 256, &c.top_k); break;
-        case O_TOK: rc = parse_long(cmd, "--tokens", optarg, 1, 1L << 30, &tokens); break;
-        case O_STEP: rc = parse_int(cmd, "--step-tokens", optarg, 1, 1 << 20, &step); break;
-        case O_DM: rc = parse_int(cmd, "--d-model", optarg, 1, 1 << 20, &c.d_model); break;
-        case O_W: rc = parse_int(cmd, "--width", optarg, 1, 1 << 20, &c.width); break;
-        case O_G: rc = parse_int(cmd, "--groups", optarg, 0, 1024, &c.groups); break;
-        case O_CL: rc = parse_int(cmd, "--cluster", optarg, 1, RTRACE_MAX_EXPERTS, &c.cluster); break;
-        case O_PIN: rc = parse_double(cmd, "--p-in", optarg, 0, 1, &c.p_in); break;
-        case O_TS: rc = parse_double(cmd, "--topic-skew", optarg, 0, 10, &c.topic_skew); break;
-        case O_ES: rc = parse_double(cmd, "--expert-skew", optarg, 0, 10, &c.expert_skew); break;
-        case O_SEED: rc = parse_int(cmd, "--seed", optarg, 0, 0x7fffffff, &seed); break;
+        case O_EXP: rc = cli_parse_int(cmd, "--experts", optarg, 1, RTRACE_MAX_EXPERTS, &c.n_expert); break;
+        case O_LAY: rc = cli_parse_int(cmd, "--layers", optarg, 1, 1024, &c.n_layer); break;
+        case O_TOPK: rc = cli_parse_int(cmd, "--top-k", optarg, 1, 256, &c.top_k); break;
+        case O_TOK: rc = cli_parse_long(cmd, "--tokens", optarg, 1, 1L << 30, &tokens); break;
+        case O_STEP: rc = cli_parse_int(cmd, "--step-tokens", optarg, 1, 1 << 20, &step); break;
+        case O_DM: rc = cli_parse_int(cmd, "--d-model", optarg, 1, 1 << 20, &c.d_model); break;
+        case O_W: rc = cli_parse_int(cmd, "--width", optarg, 1, 1 << 20, &c.width); break;
+        case O_G: rc = cli_parse_int(cmd, "--groups", optarg, 0, 1024, &c.groups); break;
+        case O_CL: rc = cli_parse_int(cmd, "--cluster", optarg, 1, RTRACE_MAX_EXPERTS, &c.cluster); break;
+        case O_PIN: rc = cli_parse_double(cmd, "--p-in", optarg, 0, 1, &c.p_in); break;
+        case O_TS: rc = cli_parse_double(cmd, "--topic-skew", optarg, 0, 10, &c.topic_skew); break;
+        case O_ES: rc = cli_parse_double(cmd, "--expert-skew", optarg, 0, 10, &c.expert_skew); break;
+        case O_SEED: rc = cli_parse_int(cmd, "--seed", optarg, 0, 0x7fffffff, &seed); break;
         case 'h':
             printf("usage: moeserve trace synth --out FILE [--experts 64] [--layers 8] [--top-k 4]\n"
                    "  [--tokens 16384] [--step-tokens 256] [--d-model 2048] [--width 1408]\n"
@@ -391,11 +354,11 @@ static int trace_record(int argc, char **argv)
         switch (o) {
         case O_OUT: out = optarg; break;
         case O_MODEL: model_dir = optarg; break;
-        case O_WIN: rc = parse_int(cmd, "--window", optarg, 2, 1 << 16, &window); break;
-        case O_STEP: rc = parse_int(cmd, "--step-tokens", optarg, 1, 1 << 16, &step); break;
-        case O_MAX: rc = parse_int(cmd, "--max-tokens", optarg, 2, 1 << 26, &max_tokens); break;
-        case O_DEV: rc = parse_int(cmd, "--devices", optarg, 1, 64, &devices); break;
-        case O_K: rc = parse_int(cmd, "--moe-top-k", optarg, 1, 512, &moe_k); break;
+        case O_WIN: rc = cli_parse_int(cmd, "--window", optarg, 2, 1 << 16, &window); break;
+        case O_STEP: rc = cli_parse_int(cmd, "--step-tokens", optarg, 1, 1 << 16, &step); break;
+        case O_MAX: rc = cli_parse_int(cmd, "--max-tokens", optarg, 2, 1 << 26, &max_tokens); break;
+        case O_DEV: rc = cli_parse_int(cmd, "--devices", optarg, 1, 64, &devices); break;
+        case O_K: rc = cli_parse_int(cmd, "--moe-top-k", optarg, 1, 512, &moe_k); break;
         case O_WTS: weights = true; break;
         case O_DTYPE:
             if (model_dtype_parse(optarg, &mo.dtype) != 0) {
@@ -649,8 +612,8 @@ int cli_placement_sim(int argc, char **argv)
             if (n_pols == 0) rc = -1;
             break;
         }
-        case O_TPD: rc = parse_int(cmd, "--tokens-per-device", optarg, 1, 1 << 20, &p.tokens_per_dev); break;
-        case O_STEPS: rc = parse_int(cmd, "--min-steps", optarg, 1, 1 << 20, &p.min_steps); break;
+        case O_TPD: rc = cli_parse_int(cmd, "--tokens-per-device", optarg, 1, 1 << 20, &p.tokens_per_dev); break;
+        case O_STEPS: rc = cli_parse_int(cmd, "--min-steps", optarg, 1, 1 << 20, &p.min_steps); break;
         case O_FIT:
             if (strcmp(optarg, "all") == 0 || strcmp(optarg, "half") == 0) {
                 p.fit_all = optarg[0] == 'a';
@@ -660,12 +623,12 @@ int cli_placement_sim(int argc, char **argv)
                 rc = -1;
             }
             break;
-        case O_RPD: rc = parse_int(cmd, "--replicas-per-device", optarg, 0, 64, &p.replicas_per_dev); break;
-        case O_R: rc = parse_int(cmd, "--redundant-experts", optarg, 0, 1 << 20, &p.redundant); break;
-        case O_SLOTS: rc = parse_int(cmd, "--max-experts-per-device", optarg, 0, 1 << 20, &p.slots_per_dev); break;
-        case O_BOUND: rc = parse_double(cmd, "--c2r-bound", optarg, 1, 100, &p.c2r_bound); break;
-        case O_ACT: rc = parse_int(cmd, "--act-bytes", optarg, 1, 8, &p.act_bytes); break;
-        case O_WB: rc = parse_int(cmd, "--weight-bytes", optarg, 1, 8, &p.weight_bytes); break;
+        case O_RPD: rc = cli_parse_int(cmd, "--replicas-per-device", optarg, 0, 64, &p.replicas_per_dev); break;
+        case O_R: rc = cli_parse_int(cmd, "--redundant-experts", optarg, 0, 1 << 20, &p.redundant); break;
+        case O_SLOTS: rc = cli_parse_int(cmd, "--max-experts-per-device", optarg, 0, 1 << 20, &p.slots_per_dev); break;
+        case O_BOUND: rc = cli_parse_double(cmd, "--c2r-bound", optarg, 1, 100, &p.c2r_bound); break;
+        case O_ACT: rc = cli_parse_int(cmd, "--act-bytes", optarg, 1, 8, &p.act_bytes); break;
+        case O_WB: rc = cli_parse_int(cmd, "--weight-bytes", optarg, 1, 8, &p.weight_bytes); break;
         case O_CSV: csv = true; break;
         case O_ORDER:
             if (strcmp(optarg, "shuffle") == 0 || strcmp(optarg, "trace") == 0) {
@@ -679,7 +642,7 @@ int cli_placement_sim(int argc, char **argv)
             break;
         case O_SEED: {
             int seed;
-            rc = parse_int(cmd, "--seed", optarg, 0, 0x7fffffff, &seed);
+            rc = cli_parse_int(cmd, "--seed", optarg, 0, 0x7fffffff, &seed);
             p.seed = (uint64_t)seed;
             break;
         }

@@ -242,7 +242,42 @@ class Inner(nn.Module):
         self.norm = RMSNorm(c["hidden_size"], c["rms_norm_eps"])
 
 
-class MohgeForCausalLM(nn.Module):
+class HFFolder:
+    """save / load as a Hugging Face folder (config.json, model.safetensors,
+    generation_config.json), shared by the causal-LM classes (self.config, self.tied)."""
+
+    def save(self, folder, dtype=torch.float32):
+        from safetensors.torch import save_file
+        os.makedirs(folder, exist_ok=True)
+        cfg = dict(self.config)
+        cfg["torch_dtype"] = "bfloat16" if dtype == torch.bfloat16 else "float32"
+        with open(os.path.join(folder, "config.json"), "w") as f:
+            json.dump(cfg, f, indent=2)
+            f.write("\n")
+        sd = {k: v.detach().to(dtype).contiguous() for k, v in self.state_dict().items()
+              if not (self.tied and k == "lm_head.weight")}
+        save_file(sd, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
+        gen = {"eos_token_id": cfg["eos_token_id"]}
+        if cfg.get("bos_token_id") is not None:
+            gen["bos_token_id"] = cfg["bos_token_id"]
+        with open(os.path.join(folder, "generation_config.json"), "w") as f:
+            json.dump(gen, f, indent=2)
+            f.write("\n")
+
+    @classmethod
+    def load(cls, folder):
+        """Loads a saved folder; weights are upcast to float32 (bf16 values stay exact)."""
+        from safetensors.torch import load_file
+        with open(os.path.join(folder, "config.json")) as f:
+            cfg = json.load(f)
+        m = cls(cfg)
+        sd = {k: v.float() for k, v in load_file(os.path.join(folder, "model.safetensors")).items()}
+        m.load_state_dict(sd, strict=True)
+        m.eval()
+        return m
+
+
+class MohgeForCausalLM(HFFolder, nn.Module):
     def __init__(self, cfg):
         super().__init__()
         self.config = full_config(cfg)
@@ -308,32 +343,3 @@ class MohgeForCausalLM(nn.Module):
             seq.append(t)
         return out
 
-    def save(self, folder, dtype=torch.float32):
-        from safetensors.torch import save_file
-        os.makedirs(folder, exist_ok=True)
-        cfg = dict(self.config)
-        cfg["torch_dtype"] = "bfloat16" if dtype == torch.bfloat16 else "float32"
-        with open(os.path.join(folder, "config.json"), "w") as f:
-            json.dump(cfg, f, indent=2)
-            f.write("\n")
-        sd = {k: v.detach().to(dtype).contiguous() for k, v in self.state_dict().items()
-              if not (self.tied and k == "lm_head.weight")}
-        save_file(sd, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
-        gen = {"eos_token_id": cfg["eos_token_id"]}
-        if cfg.get("bos_token_id") is not None:
-            gen["bos_token_id"] = cfg["bos_token_id"]
-        with open(os.path.join(folder, "generation_config.json"), "w") as f:
-            json.dump(gen, f, indent=2)
-            f.write("\n")
-
-    @classmethod
-    def load(cls, folder):
-        """Loads a saved folder; weights are upcast to float32 (bf16 values stay exact)."""
-        from safetensors.torch import load_file
-        with open(os.path.join(folder, "config.json")) as f:
-            cfg = json.load(f)
-        m = cls(cfg)
-        sd = {k: v.float() for k, v in load_file(os.path.join(folder, "model.safetensors")).items()}
-        m.load_state_dict(sd, strict=True)
-        m.eval()
-        return m

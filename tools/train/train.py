@@ -15,10 +15,13 @@ log give held-out loss per domain computed by the reference implementation.
                     same active FFN width per token at its default K = 2
 
 --init DIR continues from a checkpoint (the shipped model was trained in two phases, see
-README.md); --mix sets how many batch rows each domain gets per cycle.
+README.md); --mix sets how many batch rows each domain gets per cycle. --resume picks a stopped
+run up where its last checkpoint in --out left it, exactly: every checkpoint also holds the
+optimizer state, the step, the elapsed time (the schedule depends on it) and the random states,
+so a run can be spread over several sittings.
 
 Usage: python3 train.py --out DIR [--preset small|homogeneous|infmoe] [--steps N] [--threads 1]
-                        [--init DIR] [--mix 1,1,1]
+                        [--init DIR] [--mix 1,1,1] [--resume]
 """
 
 import argparse
@@ -117,16 +120,24 @@ def heldout_loss(model, held, seq, max_windows=16):
     return res
 
 
-def save_ckpt(model, out, data_dir, step, log):
+def save_ckpt(model, out, data_dir, step, log, resume_state=None):
     tmp = out + ".tmp"
+    if os.path.exists(tmp):
+        shutil.rmtree(tmp)
     model.save(tmp)
     for f in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(os.path.join(data_dir, f), os.path.join(tmp, f))
     with open(os.path.join(tmp, "train_state.json"), "w") as f:
         json.dump({"step": step, "log": log[-20:]}, f, indent=1)
+    if resume_state is not None:  # what --resume needs beyond the weights
+        torch.save(resume_state, os.path.join(tmp, "resume.pt"))
     if os.path.exists(out):
         shutil.rmtree(out)
     os.rename(tmp, out)
+
+
+# Arguments that may change between the sittings of one run.
+RESUME_FREE = ("resume", "threads", "ckpt_minutes")
 
 
 def main():
@@ -145,6 +156,8 @@ def main():
     ap.add_argument("--ckpt-minutes", type=float, default=5.0)
     ap.add_argument("--init", default=None, help="continue from this checkpoint folder's weights "
                     "(fresh optimizer, new warmup + cosine)")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue the run whose checkpoint is in --out (same other arguments)")
     ap.add_argument("--line-starts", type=float, default=0.0,
                     help="share of rows whose window starts at a line boundary (phase 3)")
     ap.add_argument("--mix", default="1,1,1", help="rows per batch cycle for "
@@ -162,7 +175,18 @@ def main():
     held = encode_domains(tok, args.data, "heldout")
     cfg = dict(PRESETS[args.preset], vocab_size=tok.get_vocab_size())
     cls = model_class(cfg)
-    if args.init:
+    resume = None
+    if args.resume:
+        path = os.path.join(args.out, "resume.pt")
+        if not os.path.exists(path):
+            raise SystemExit(f"--resume: no {path} (a checkpoint written by this train.py)")
+        resume = torch.load(path, weights_only=False)
+        if resume["args"] != {k: v for k, v in vars(args).items() if k not in RESUME_FREE}:
+            raise SystemExit("--resume: the arguments differ from the stopped run's: "
+                             + json.dumps(resume["args"]))
+        model = cls.load(args.out)
+        model.train()
+    elif args.init:
         model = cls.load(args.init)
         model.train()
         for k, v in cfg.items():
@@ -184,10 +208,25 @@ def main():
                             lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
     rng = random.Random(args.seed)
     t0 = time.time()
-    last_ckpt = t0
     log = []
-    step = 0
-    for step in range(1, args.steps + 1):
+    step = first = 0
+    if resume:
+        opt.load_state_dict(resume["opt"])
+        rng.setstate(resume["py_rng"])
+        torch.set_rng_state(resume["torch_rng"])
+        t0 -= resume["elapsed"]
+        log = resume["log"]
+        first = step = resume["step"]
+        print(f"resuming at step {step + 1} ({resume['elapsed']:.0f} s done)", flush=True)
+    last_ckpt = time.time()
+    run_args = {k: v for k, v in vars(args).items() if k not in RESUME_FREE}
+
+    def state():
+        return {"opt": opt.state_dict(), "py_rng": rng.getstate(),
+                "torch_rng": torch.get_rng_state(), "elapsed": time.time() - t0,
+                "log": log, "step": step, "args": run_args}
+
+    for step in range(first + 1, args.steps + 1):
         # Progress is the larger of the step and the wall-clock fraction, so a run that hits
         # --max-minutes still ends its cosine decay.
         if step <= args.warmup:
@@ -212,13 +251,13 @@ def main():
             log.append(rec)
             print(json.dumps(rec), flush=True)
         if time.time() - last_ckpt > args.ckpt_minutes * 60:
-            save_ckpt(model, args.out, args.data, step, log)
+            save_ckpt(model, args.out, args.data, step, log, state())
             last_ckpt = time.time()
         if el > args.max_minutes * 60 and step < args.steps:
             print(f"time limit reached at step {step}", flush=True)
             break
     model.eval()
-    save_ckpt(model, args.out, args.data, step, log)
+    save_ckpt(model, args.out, args.data, step, log, state())
     hl = heldout_loss(model, held, args.seq)
     print("heldout " + json.dumps(hl), flush=True)
     with open(os.path.join(args.out, "heldout_python.json"), "w") as f:

@@ -100,7 +100,7 @@ int infmoe_scratch_init(struct infmoe_scratch *s, struct backend *be, const stru
     s->eps = malloc(KM * Z * sizeof(float));
     s->acc = calloc(F, sizeof(float));
     s->mark = calloc(F, 1);
-    s->work = malloc(F * sizeof(float));
+    s->work = malloc(2 * F * sizeof(uint32_t));
     s->tok_samples = malloc(T * sizeof(int32_t));
     s->tok_keep = malloc(T * sizeof(int32_t));
     s->tok_adaptive = calloc(T, 1);
@@ -161,50 +161,61 @@ int infmoe_adaptive_k(const double *q, int nq, double u, int k, int k_max)
     return kk < 1 ? 1 : kk > k_max ? k_max : kk;
 }
 
-/* The n-th largest (n >= 1) of v[0..len) by quickselect; v is reordered. */
-static float nth_largest(float *v, int len, int n)
+/* A float's bits as an unsigned key in the same order (-0 and +0 equal, like the floats). */
+static inline uint32_t order_key(float f)
 {
-    int lo = 0, hi = len - 1, want = n - 1;
-    while (lo < hi) {
-        float pivot = v[lo + (hi - lo) / 2];
-        int i = lo, j = hi;
-        while (i <= j) {
-            while (v[i] > pivot)
-                i++;
-            while (v[j] < pivot)
-                j--;
-            if (i <= j) {
-                float t = v[i];
-                v[i] = v[j];
-                v[j] = t;
-                i++;
-                j--;
-            }
-        }
-        if (want <= j)
-            hi = j;
-        else if (want >= i)
-            lo = i;
-        else
-            return v[want];
-    }
-    return v[want];
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if (u == 0x80000000u) u = 0;
+    return (u & 0x80000000u) ? ~u : u | 0x80000000u;
 }
 
-/* Adds sample row sc (F scores)'s top-`keep` neurons' sigmoid weights into acc and marks
- * them. */
-static void select_sample(const float *sc, int F, int keep, float *acc, unsigned char *mark,
-                          float *work)
+/* The key of the n-th largest (1 <= n <= len) of keys[0..len), by radix selection a byte at
+ * a time from the top: a histogram of the candidates' byte, the bucket holding the n-th, then
+ * only that bucket's keys (cand: len scratch) for the next byte. No data-dependent branches
+ * on the common path, unlike a quickselect over floats. *ties: how many keys equal to it are
+ * among the n largest (the rest are above it). */
+static uint32_t nth_largest_key(const uint32_t *keys, int len, int n, uint32_t *cand, int *ties)
 {
-    memcpy(work, sc, sizeof(float) * (size_t)F);
-    float thr = nth_largest(work, F, keep);
-    int above = 0;
+    uint32_t prefix = 0;
+    const uint32_t *src = keys;
+    int cnt = len;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        int hist[256] = {0};
+        for (int i = 0; i < cnt; i++)
+            hist[(src[i] >> shift) & 255]++;
+        int b = 255;
+        while (b > 0 && n > hist[b])
+            n -= hist[b--];
+        prefix |= (uint32_t)b << shift;
+        *ties = n;
+        if (shift == 0 || hist[b] == 1) {
+            if (hist[b] == 1) /* the only key left: find it */
+                for (int i = 0; i < cnt; i++)
+                    if (((src[i] >> shift) & 255) == (uint32_t)b) return src[i];
+            break;
+        }
+        int m = 0;
+        for (int i = 0; i < cnt; i++) {
+            cand[m] = src[i];
+            m += ((src[i] >> shift) & 255) == (uint32_t)b;
+        }
+        src = cand, cnt = m;
+    }
+    return prefix;
+}
+
+void infmoe_select(const float *sc, int F, int keep, float *acc, unsigned char *mark,
+                   uint32_t *work)
+{
+    uint32_t *keys = work, *cand = work + F;
     for (int f = 0; f < F; f++)
-        above += sc[f] > thr;
-    int ties = keep - above; /* neurons equal to the threshold still to take, lowest first */
+        keys[f] = order_key(sc[f]);
+    int ties; /* neurons equal to the threshold to take, lowest first */
+    uint32_t thr = nth_largest_key(keys, F, keep, cand, &ties);
     for (int f = 0; f < F; f++) {
-        bool take = sc[f] > thr || (sc[f] == thr && ties-- > 0);
-        if (!take) continue;
+        if (keys[f] < thr) continue;
+        if (keys[f] == thr && ties-- <= 0) continue;
         acc[f] += 1.0f / (1.0f + expf(-sc[f]));
         mark[f] = 1;
     }
@@ -255,7 +266,7 @@ uint64_t infmoe_forward(const struct model *m, int layer, struct backend *be,
     for (int t = 0; t < n; t++) {
         int K = s->k_used[t];
         for (int k = 0; k < K; k++, rows++)
-            select_sample(s->h_scores + (size_t)rows * F, F, s->tok_keep[t], s->acc, s->mark,
+            infmoe_select(s->h_scores + (size_t)rows * F, F, s->tok_keep[t], s->acc, s->mark,
                           s->work);
         int c = 0;
         int32_t *ti = s->h_idx + (size_t)t * U;

@@ -47,7 +47,7 @@ struct infmoe_scratch {
     float *eps;          /* (max_samples, Z) the offsets: row 0 zeros */
     float *acc;          /* (F) a token's summed weights */
     unsigned char *mark; /* (F) whether a sample of the token kept the neuron */
-    float *work;         /* (F) selection scratch */
+    uint32_t *work;      /* (2F) selection scratch: the scores as ordered keys, candidates */
     /* The per-token budget, set by the engine before infmoe_forward: */
     int32_t *tok_samples;        /* (T) K of each token, 1..max_samples */
     int32_t *tok_keep;           /* (T) N of each token, 1..model_cont_neurons(cont_fraction) */
@@ -55,6 +55,11 @@ struct infmoe_scratch {
                                     with a calibration) */
     int32_t *k_used;             /* (T) the samples each token took in the last layer */
 };
+
+/* One sample's slice: adds the sigmoid weights of the `keep` highest of the F scores sc into
+ * acc and marks them in mark (ties at the threshold go to the lower index). work: 2F. */
+void infmoe_select(const float *sc, int F, int keep, float *acc, unsigned char *mark,
+                   uint32_t *work);
 
 /* The adaptive budget's K for a token whose mean predicted log-variance is u, against one
  * layer's nq ascending calibration quantiles q, at average k (see above). */

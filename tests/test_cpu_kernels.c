@@ -5,7 +5,7 @@
  * does not depend on how many rows are computed with it or on how the output rows are split
  * between threads (bit for bit), and int8 activations quantize to the same bytes on every
  * table. Also f16 conversion (exhaustive), quantization error bounds, MXFP4 repacking and
- * dequantization (exact), SiLU and attention. */
+ * dequantization (exact), SiLU, attention and the continuous-experts (neuron) kernels. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -396,6 +396,91 @@ static void test_attention_ex(const struct gemm_kernels *kk)
     }
 }
 
+/* The continuous-experts kernels over gathered rows of f32, f16 and bf16 matrices against
+ * double precision; a row's h and a column's y do not depend on which other rows or columns
+ * the call was given (bit for bit). */
+static void test_neuron(const struct gemm_kernels *kk)
+{
+    enum { F = 300 };
+    static const int ks[] = {192, 100, 37};
+    static const int ns[] = {1, 7, 64};
+    static const enum wtype types[] = {WTYPE_F32, WTYPE_F16, WTYPE_BF16};
+    int cases = 0;
+    for (size_t ti = 0; ti < 3; ti++)
+        for (size_t ki = 0; ki < 3; ki++)
+            for (size_t ni = 0; ni < 3; ni++) {
+                enum wtype t = types[ti];
+                int k = ks[ki], n = ns[ni];
+                size_t el = t == WTYPE_F32 ? 4 : 2, cnt = (size_t)F * k;
+                void *wd[3];
+                double *wv[3]; /* the values the kernels see */
+                struct wmat w[3];
+                for (int m = 0; m < 3; m++) {
+                    wd[m] = xalloc(cnt * el);
+                    wv[m] = malloc(sizeof(double) * cnt);
+                    for (size_t e = 0; e < cnt; e++) {
+                        float v = urand(-0.5f, 0.5f);
+                        if (t == WTYPE_F32) {
+                            ((float *)wd[m])[e] = v;
+                            wv[m][e] = v;
+                        } else if (t == WTYPE_F16) {
+                            ((uint16_t *)wd[m])[e] = ms_f32_to_f16(v);
+                            wv[m][e] = ms_f16_to_f32(((uint16_t *)wd[m])[e]);
+                        } else {
+                            ((uint16_t *)wd[m])[e] = ms_f32_to_bf16(v);
+                            wv[m][e] = ms_bf16_to_f32(((uint16_t *)wd[m])[e]);
+                        }
+                    }
+                    w[m] = (struct wmat){.type = t, .rows = F, .cols = k, .data = wd[m]};
+                }
+                float x[192], coef[64], h[64], h2[64], y[192], y2[192];
+                float ref_h[64], ref_y[192];
+                int32_t rows[64];
+                for (int c = 0; c < k; c++) x[c] = urand(-1, 1);
+                for (int j = 0; j < n; j++) {
+                    rows[j] = (int32_t)((j * 37 + 11) % F);
+                    coef[j] = urand(0.1f, 1.0f);
+                }
+                for (int j = 0; j < n; j++) {
+                    double g = 0, u = 0;
+                    for (int c = 0; c < k; c++) {
+                        g += wv[0][(size_t)rows[j] * k + c] * x[c];
+                        u += wv[1][(size_t)rows[j] * k + c] * x[c];
+                    }
+                    ref_h[j] = (float)(coef[j] * (g / (1.0 + exp(-g))) * u);
+                }
+                kk->neuron_up(&w[0], &w[1], rows, n, x, coef, h);
+                char what[96];
+                snprintf(what, sizeof what, "%s neuron_up %s k=%d n=%d", kk->name, wtype_name(t),
+                         k, n);
+                CHECKF(rel_err(h, ref_h, (size_t)n) <= 1e-4, "%s: relative error %.3g", what,
+                       rel_err(h, ref_h, (size_t)n));
+                if (n > 1) {
+                    kk->neuron_up(&w[0], &w[1], rows + 1, n - 1, x, coef + 1, h2);
+                    CHECKF(memcmp(h + 1, h2, sizeof(float) * (size_t)(n - 1)) == 0,
+                           "%s: a row's value depends on the rows computed with it", what);
+                }
+                for (int c = 0; c < k; c++) {
+                    double acc = 0;
+                    for (int j = 0; j < n; j++) acc += (double)ref_h[j] * wv[2][(size_t)rows[j] * k + c];
+                    ref_y[c] = (float)acc;
+                }
+                kk->neuron_down(&w[2], rows, ref_h, n, y, 0, k);
+                snprintf(what, sizeof what, "%s neuron_down %s k=%d n=%d", kk->name,
+                         wtype_name(t), k, n);
+                CHECKF(rel_err(y, ref_y, (size_t)k) <= 1e-4, "%s: relative error %.3g", what,
+                       rel_err(y, ref_y, (size_t)k));
+                int split = k / 3;
+                kk->neuron_down(&w[2], rows, ref_h, n, y2, 0, split);
+                kk->neuron_down(&w[2], rows, ref_h, n, y2, split, k);
+                CHECKF(memcmp(y, y2, sizeof(float) * (size_t)k) == 0,
+                       "%s: a column's value depends on the column range", what);
+                for (int m = 0; m < 3; m++) free(wd[m]), free(wv[m]);
+                cases++;
+            }
+    printf("%-9s neuron_up/neuron_down: %d cases against double precision\n", kk->name, cases);
+}
+
 int main(void)
 {
     test_f16();
@@ -412,6 +497,7 @@ int main(void)
         test_gemm_table(tables[i]);
         test_elementwise(tables[i]);
         test_attention_ex(tables[i]);
+        test_neuron(tables[i]);
     }
     return test_done("test_cpu_kernels");
 }

@@ -7,7 +7,8 @@
  * continuations at K = 1 and 4; that the FFN neurons computed per token are exactly the
  * reference's union of slices (N per token at K = 1, more at the default); a mixed batch
  * (each sequence its own budget) equal to the sequences alone; equal results on 2 devices and
- * through the staged (device-memory) path; the parsed description; and config errors. */
+ * through the staged (device-memory) path; the slice selection against a sort (ties); the
+ * parsed description; and config errors. */
 #include <math.h>
 
 #include "common.h"
@@ -336,12 +337,52 @@ static void test_offsets(void)
         CHECK(isfinite(e8[i]) && e8[i] != 0.0f);
 }
 
+/* The slice selection against sorting: scores drawn from a few values (ties everywhere,
+ * -0 and +0, negatives), every keep from 1 to F. */
+static void test_select(void)
+{
+    enum { F = 97 };
+    float sc[F], acc[F];
+    unsigned char mark[F];
+    uint32_t work[2 * F];
+    int order[F], bad = 0;
+    uint64_t r = 0x9e3779b97f4a7c15ull;
+    for (int round = 0; round < 4; round++) {
+        for (int f = 0; f < F; f++) {
+            r = r * 6364136223846793005ull + 1442695040888963407ull;
+            int v = (int)((r >> 33) % (round == 0 ? 7u : 1000u)) - (round == 0 ? 3 : 500);
+            sc[f] = v == 0 && (r >> 20) % 2 ? -0.0f : (float)v * (round == 3 ? 1e-30f : 0.25f);
+            order[f] = f;
+        }
+        /* insertion sort: score descending, index ascending */
+        for (int i = 1; i < F; i++)
+            for (int j = i; j > 0; j--) {
+                int a = order[j - 1], b = order[j];
+                if (sc[a] > sc[b] || (sc[a] == sc[b] && a < b)) break;
+                order[j - 1] = b, order[j] = a;
+            }
+        for (int keep = 1; keep <= F; keep++) {
+            memset(mark, 0, sizeof mark);
+            for (int f = 0; f < F; f++) acc[f] = 0.0f;
+            infmoe_select(sc, F, keep, acc, mark, work);
+            for (int i = 0; i < F; i++) {
+                int f = order[i];
+                bool want = i < keep;
+                float w = want ? 1.0f / (1.0f + expf(-sc[f])) : 0.0f;
+                if ((mark[f] != 0) != want || acc[f] != w) bad++;
+            }
+        }
+    }
+    CHECKF(bad == 0, "infmoe_select: %d neurons chosen or weighted unlike a sort", bad);
+}
+
 int main(int argc, char **argv)
 {
     const char *tests = argc > 1 ? argv[1] : "tests";
     char dir[600];
     test_desc(tests);
     test_offsets();
+    test_select();
     snprintf(dir, sizeof dir, "%s/fixtures/models/infmoe_tiny", tests);
     check_model(dir, "infmoe_tiny", MODEL_DTYPE_AUTO); /* f32: auto is f32 */
     /* A trained model next to tests/ (none is shipped yet: see README, "Continuous experts"). */

@@ -556,54 +556,11 @@ static void cpu_moe_experts(struct backend *be, float *y, const float *x, int d,
 /* Token i's block table and position (see struct be_tokens). */
 /* --- continuous experts (neuron_ffn) ------------------------------------------------------ */
 
-/* Neurons per task of the gate/up pass, and output columns per task of the down pass. */
+/* Neurons per task of the gate/up pass (the kernels' results do not depend on it). */
 #define NEURON_CHUNK 32
-#define NEURON_COLS 64
-
-/* Row r of w (f32, f16 or bf16) dotted with x (d floats), accumulated in f32 in eight
- * interleaved partial sums (so the compiler can vectorize without reassociating) added in a
- * fixed order: the same bits on every run and thread count. */
-#define ROW_DOT_LOOP(conv)                                                                        \
-    do {                                                                                          \
-        int c = 0;                                                                                \
-        for (; c + 8 <= d; c += 8)                                                                \
-            for (int k = 0; k < 8; k++) acc[k] += conv(p[c + k]) * x[c + k];                      \
-        for (; c < d; c++) acc[c % 8] += conv(p[c]) * x[c];                                       \
-    } while (0)
-#define ROW_F32(v) (v)
-
-static float row_dot(const struct wmat *w, int r, const float *x, int d)
-{
-    float acc[8] = {0};
-    if (w->type == WTYPE_F32) {
-        const float *p = (const float *)w->data + (size_t)r * w->cols;
-        ROW_DOT_LOOP(ROW_F32);
-    } else if (w->type == WTYPE_BF16) {
-        const uint16_t *p = (const uint16_t *)w->data + (size_t)r * w->cols;
-        ROW_DOT_LOOP(ms_bf16_to_f32);
-    } else {
-        const uint16_t *p = (const uint16_t *)w->data + (size_t)r * w->cols;
-        ROW_DOT_LOOP(ms_f16_to_f32);
-    }
-    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-}
-
-/* y[c] += a * row r of w, for c in [c0, c1). */
-static void row_axpy(const struct wmat *w, int r, float a, float *y, int c0, int c1)
-{
-    if (w->type == WTYPE_F32) {
-        const float *p = (const float *)w->data + (size_t)r * w->cols;
-        for (int c = c0; c < c1; c++) y[c] += a * p[c];
-    } else {
-        const uint16_t *p = (const uint16_t *)w->data + (size_t)r * w->cols;
-        if (w->type == WTYPE_BF16)
-            for (int c = c0; c < c1; c++) y[c] += a * ms_bf16_to_f32(p[c]);
-        else
-            for (int c = c0; c < c1; c++) y[c] += a * ms_f16_to_f32(p[c]);
-    }
-}
 
 struct nf_job {
+    const struct gemm_kernels *kk;
     float *y;
     const float *x;
     int n, d, stride;
@@ -613,7 +570,9 @@ struct nf_job {
     const int32_t *count;
     float *hbuf;
     int up_chunks;  /* gate/up tasks per token: ceil(stride / NEURON_CHUNK) */
-    int col_chunks; /* down tasks per token: ceil(d / NEURON_COLS) */
+    int col_chunks; /* down tasks per token, each col_width columns (whole rows are read best:
+                     * one task a token unless there are fewer tokens than threads) */
+    int col_width;
 };
 
 /* hbuf[i, j] = coef * silu(gate . x_i) * (up . x_i) for the task's neurons of token i. */
@@ -622,26 +581,21 @@ static void nf_up_task(void *ctx, int t, int thread)
     struct nf_job *j = ctx;
     int i = t / j->up_chunks, j0 = (t % j->up_chunks) * NEURON_CHUNK;
     int j1 = j0 + NEURON_CHUNK < j->count[i] ? j0 + NEURON_CHUNK : j->count[i];
-    const float *xi = j->x + (size_t)i * j->d;
-    size_t base = (size_t)i * j->stride;
-    for (int k = j0; k < j1; k++) {
-        int f = j->idx[base + k];
-        float g = row_dot(j->gate, f, xi, j->d), u = row_dot(j->up, f, xi, j->d);
-        j->hbuf[base + k] = j->coef[base + k] * (g / (1.0f + expf(-g))) * u;
-    }
+    size_t base = (size_t)i * j->stride + (size_t)j0;
+    if (j1 > j0)
+        j->kk->neuron_up(j->gate, j->up, j->idx + base, j1 - j0, j->x + (size_t)i * j->d,
+                         j->coef + base, j->hbuf + base);
 }
 
 /* y[i, c0:c1] = sum_j hbuf[i, j] * down_t[idx[i, j], c0:c1], j in order. */
 static void nf_down_task(void *ctx, int t, int thread)
 {
     struct nf_job *j = ctx;
-    int i = t / j->col_chunks, c0 = (t % j->col_chunks) * NEURON_COLS;
-    int c1 = c0 + NEURON_COLS < j->d ? c0 + NEURON_COLS : j->d;
-    float *yi = j->y + (size_t)i * j->d;
+    int i = t / j->col_chunks, c0 = (t % j->col_chunks) * j->col_width;
+    int c1 = c0 + j->col_width < j->d ? c0 + j->col_width : j->d;
     size_t base = (size_t)i * j->stride;
-    for (int c = c0; c < c1; c++) yi[c] = 0.0f;
-    for (int k = 0; k < j->count[i]; k++)
-        row_axpy(j->down_t, j->idx[base + k], j->hbuf[base + k], yi, c0, c1);
+    j->kk->neuron_down(j->down_t, j->idx + base, j->hbuf + base, j->count[i],
+                       j->y + (size_t)i * j->d, c0, c1);
 }
 
 static void cpu_neuron_ffn(struct backend *be, float *y, const float *x, int n, int d,
@@ -651,11 +605,13 @@ static void cpu_neuron_ffn(struct backend *be, float *y, const float *x, int n, 
 {
     struct cpu_backend *b = cpu_of(be);
     if (n <= 0) return;
-    struct nf_job j = {.y = y, .x = x, .n = n, .d = d, .stride = stride, .gate = gate, .up = up,
+    struct nf_job j = {.kk = b->kk, .y = y, .x = x, .n = n, .d = d, .stride = stride, .gate = gate, .up = up,
                        .down_t = down_t, .idx = idx, .coef = coef, .count = count, .hbuf = hbuf,
-                       .up_chunks = (stride + NEURON_CHUNK - 1) / NEURON_CHUNK,
-                       .col_chunks = (d + NEURON_COLS - 1) / NEURON_COLS};
+                       .up_chunks = (stride + NEURON_CHUNK - 1) / NEURON_CHUNK};
     if (j.up_chunks < 1) j.up_chunks = 1;
+    int split = n >= b->n_threads ? 1 : (b->n_threads + n - 1) / n;
+    j.col_width = ((d + split - 1) / split + 15) / 16 * 16;
+    j.col_chunks = (d + j.col_width - 1) / j.col_width;
     pool_run(b->pool, nf_up_task, &j, n * j.up_chunks);
     pool_run(b->pool, nf_down_task, &j, n * j.col_chunks);
 }

@@ -87,6 +87,15 @@ struct gemm_kernels {
                          const float *k_cache, const float *v_cache, const int32_t *table,
                          int block_size, size_t krow, size_t vrow, size_t koff, size_t voff,
                          int start, int pos, float scale, const float *sinks, float *scratch);
+    /* Continuous experts (backend.h neuron_ffn) over gathered rows of (F, k) f32, f16 or bf16
+     * matrices, k = cols; each result by one fixed order, whatever rows a call is given.
+     * neuron_up: h[j] = coef[j] * silu(gate_f . x) * (up_f . x), f = rows[j], j < n (gate and
+     * up of one type). neuron_down: y[c] = sum_{j < n} h[j] * down_f[c], j in order, for c in
+     * [c0, c1) (y points at column 0). */
+    void (*neuron_up)(const struct wmat *gate, const struct wmat *up, const int32_t *rows,
+                      int n, const float *x, const float *coef, float *h);
+    void (*neuron_down)(const struct wmat *down, const int32_t *rows, const float *h, int n,
+                        float *y, int c0, int c1);
 };
 
 size_t gemm_act_bytes(enum act_kind kind, int n, int k);

@@ -185,6 +185,31 @@ static void p_exp_inplace(float *x, int n, float sub, float *sum)
     *sum = s;
 }
 
+/* --- continuous experts --------------------------------------------------------------- */
+
+static void p_neuron_up(const struct wmat *gate, const struct wmat *up, const int32_t *rows,
+                        int n, const float *x, const float *coef, float *h)
+{
+    int k = gate->cols;
+    for (int j = 0; j < n; j++) {
+        float g = 0.0f, u = 0.0f;
+        for (int c = 0; c < k; c++) {
+            g += w_at(gate, (size_t)rows[j] * (size_t)k + (size_t)c) * x[c];
+            u += w_at(up, (size_t)rows[j] * (size_t)k + (size_t)c) * x[c];
+        }
+        h[j] = coef[j] * (g / (1.0f + expf(-g))) * u;
+    }
+}
+
+static void p_neuron_down(const struct wmat *down, const int32_t *rows, const float *h, int n,
+                          float *y, int c0, int c1)
+{
+    for (int c = c0; c < c1; c++) y[c] = 0.0f;
+    for (int j = 0; j < n; j++)
+        for (int c = c0; c < c1; c++)
+            y[c] += h[j] * w_at(down, (size_t)rows[j] * (size_t)down->cols + (size_t)c);
+}
+
 #define ATTN_W 16
 #define ATTN_DOTS p_dots
 #define ATTN_AXPYS p_axpys
@@ -202,4 +227,6 @@ const struct gemm_kernels gemm_portable = {
     .swiglu_oai = p_swiglu_oai,
     .attn_head = p_attn_head,
     .attn_head_ex = p_attn_head_ex,
+    .neuron_up = p_neuron_up,
+    .neuron_down = p_neuron_down,
 };

@@ -16,9 +16,11 @@
  * --dtype / --quantization load the weights as the server would, so the loss says what a
  * weight type costs in quality. For a continuous-experts (infmoe) model, --moe-samples K and
  * --moe-neuron-fraction F set the budget, and the report adds the FFN neurons computed per
- * token and layer (engine_stats.dev_cont_neurons): the loss a smaller budget costs and the
- * work it saves; --moe-samples-adaptive makes K an average spent by the router's uncertainty
- * (a model calibrated by tools/train/calibrate.py), to compare with a fixed K at equal work.
+ * token and layer (engine_stats.dev_cont_neurons) in place of the group columns, per domain and
+ * per loss tercile: the loss a smaller budget costs and the work it saves; --moe-samples-adaptive
+ * makes K an average spent by the router's uncertainty (a model calibrated by
+ * tools/train/calibrate.py), to compare with a fixed K at equal work and to see whether the
+ * hard tokens get the samples.
  */
 #include <math.h>
 #include <stdio.h>
@@ -36,6 +38,7 @@ struct tok_rec {
     float loss;
     int domain;
     int rows_off; /* offset of this token's (G) group row counts in the rows array */
+    float neurons; /* infmoe: FFN neurons computed for the token, per layer */
 };
 
 static char *read_file(const char *path, size_t *len)
@@ -154,7 +157,8 @@ int main(int argc, char **argv)
                 md->cont_max_samples, md->cont_fraction);
         goto fail;
     }
-    int G = md->expert_group && md->n_group > 0 ? md->n_group : 1;
+    /* group columns: none for an infmoe model (no experts; its columns are neurons) */
+    int G = cont ? 0 : md->expert_group && md->n_group > 0 ? md->n_group : 1;
     struct engine_params ep;
     engine_params_default(&ep);
     ep.n_devices = devices;
@@ -171,13 +175,14 @@ int main(int argc, char **argv)
     logits = malloc(sizeof(float) * (size_t)V);
     prev = calloc(cells, sizeof *prev);
     recs = malloc(sizeof *recs * (size_t)cap_tok);
-    rows = calloc((size_t)cap_tok * (size_t)G, sizeof *rows);
+    rows = calloc((size_t)cap_tok * (size_t)(G > 0 ? G : 1), sizeof *rows);
     sorted = malloc(sizeof(float) * (size_t)cap_tok);
     if (!ids || !logits || !prev || !recs || !rows || !sorted) {
         fprintf(stderr, "mohge_eval: out of memory\n");
         goto fail;
     }
     const struct engine_stats *st = engine_get_stats(e);
+    uint64_t neurons_prev = 0;
     int n_rec = 0;
     for (int d = 0; d < n_dom; d++) {
         size_t len = 0;
@@ -222,7 +227,11 @@ int main(int argc, char **argv)
                 r->loss = (float)(mx + log(z) - logits[ids[s + t + 1]]);
                 r->domain = d;
                 r->rows_off = n_rec * G;
-                for (size_t c = 0; c < cells && E > 0; c++) {
+                uint64_t neurons_now = 0;
+                for (int dv = 0; dv < devices && cont; dv++) neurons_now += st->dev_cont_neurons[dv];
+                r->neurons = (float)(neurons_now - neurons_prev) / (float)L;
+                neurons_prev = neurons_now;
+                for (size_t c = 0; c < cells && E > 0 && G > 0; c++) {
                     uint64_t delta = st->expert_rows[c] - prev[c];
                     int ex = (int)(c % (size_t)E);
                     rows[r->rows_off + (G > 1 ? md->expert_group[ex] : 0)] += (int)delta;
@@ -235,12 +244,16 @@ int main(int argc, char **argv)
     }
 
     /* Per-domain table. */
-    printf("model %s: %d groups, widths", model_dir, G);
-    for (int g = 0; g < G; g++) {
-        int w = 0;
-        for (int x = 0; x < E; x++)
-            if ((G > 1 ? md->expert_group[x] : 0) == g) w = md->expert_d_ff[x];
-        printf(" %d", w);
+    if (cont) {
+        printf("model %s: continuous experts, %d neurons per layer", model_dir, md->cont_d_ff);
+    } else {
+        printf("model %s: %d groups, widths", model_dir, G);
+        for (int g = 0; g < G; g++) {
+            int w = 0;
+            for (int x = 0; x < E; x++)
+                if ((G > 1 ? md->expert_group[x] : 0) == g) w = md->expert_d_ff[x];
+            printf(" %d", w);
+        }
     }
     printf("; window %d, up to %d tokens per domain\n", window, max_tokens);
     if (cont && n_rec > 0) {
@@ -252,19 +265,20 @@ int main(int argc, char **argv)
                (double)neurons / ((double)n_rec * L), md->cont_d_ff);
     }
     printf("\n");
-    printf("| domain | tokens | loss (nats) | ppl |");
+    printf("| domain | tokens | loss (nats) | ppl |%s", cont ? " FFN neurons / layer |" : "");
     for (int g = 0; g < G; g++)
         printf(" group %d |", g);
-    printf("\n|---|---|---|---|");
+    printf("\n|---|---|---|---|%s", cont ? "---|" : "");
     for (int g = 0; g < G; g++)
         printf("---|");
     printf("\n");
     for (int d = 0; d < n_dom; d++) {
-        double loss = 0.0, tot = 0.0, gsum[MODEL_MAX_GROUPS] = {0};
+        double loss = 0.0, tot = 0.0, nsum = 0.0, gsum[MODEL_MAX_GROUPS] = {0};
         int cnt = 0;
         for (int i = 0; i < n_rec; i++) {
             if (recs[i].domain != d) continue;
             loss += recs[i].loss;
+            nsum += recs[i].neurons;
             cnt++;
             for (int g = 0; g < G; g++) {
                 gsum[g] += rows[recs[i].rows_off + g];
@@ -273,6 +287,7 @@ int main(int argc, char **argv)
         }
         printf("| %s | %d | %.4f | %.2f |", dom_name[d], cnt, cnt ? loss / cnt : 0.0,
                cnt ? exp(loss / cnt) : 0.0);
+        if (cont) printf(" %.1f |", cnt ? nsum / cnt : 0.0);
         for (int g = 0; g < G; g++)
             printf(" %.1f%% |", tot > 0 ? 100.0 * gsum[g] / tot : 0.0);
         printf("\n");
@@ -284,7 +299,8 @@ int main(int argc, char **argv)
     qsort(sorted, (size_t)n_rec, sizeof(float), cmp_float);
     float cut1 = n_rec ? sorted[n_rec / 3] : 0.0f, cut2 = n_rec ? sorted[2 * n_rec / 3] : 0.0f;
     static const char *bucket[] = {"easy (lowest-loss third)", "medium", "hard (highest third)"};
-    printf("\n| tokens by loss | tokens | mean loss | mean routed width |");
+    printf("\n| tokens by loss | tokens | mean loss | %s |",
+           cont ? "FFN neurons / layer" : "mean routed width");
     for (int g = 0; g < G; g++)
         printf(" group %d |", g);
     printf("\n|---|---|---|---|");
@@ -292,13 +308,14 @@ int main(int argc, char **argv)
         printf("---|");
     printf("\n");
     for (int b = 0; b < 3; b++) {
-        double loss = 0.0, tot = 0.0, width = 0.0, gsum[MODEL_MAX_GROUPS] = {0};
+        double loss = 0.0, tot = 0.0, width = 0.0, nsum = 0.0, gsum[MODEL_MAX_GROUPS] = {0};
         int cnt = 0;
         for (int i = 0; i < n_rec; i++) {
             float l = recs[i].loss;
             int bi = l < cut1 ? 0 : l < cut2 ? 1 : 2;
             if (bi != b) continue;
             loss += l;
+            nsum += recs[i].neurons;
             cnt++;
             for (int g = 0; g < G; g++) {
                 int r = rows[recs[i].rows_off + g];
@@ -311,7 +328,7 @@ int main(int argc, char **argv)
             }
         }
         printf("| %s | %d | %.4f | %.1f |", bucket[b], cnt, cnt ? loss / cnt : 0.0,
-               tot > 0 ? width / tot : 0.0);
+               cont ? (cnt ? nsum / cnt : 0.0) : tot > 0 ? width / tot : 0.0);
         for (int g = 0; g < G; g++)
             printf(" %.1f%% |", tot > 0 ? 100.0 * gsum[g] / tot : 0.0);
         printf("\n");

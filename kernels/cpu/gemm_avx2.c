@@ -560,102 +560,29 @@ static inline __attribute__((always_inline)) __m256 ld8(const int type, const vo
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
-/* Four rows at a time, gate and up side by side, one accumulator per row and matrix over
- * chunks of 8 in order, reduced by hsum4 (the tree of hsum); the next four rows prefetched. */
-static inline __attribute__((always_inline)) void
-nup(const int type, const struct wmat *gate, const struct wmat *up, const int32_t *rows, int n,
-    const float *x, const float *coef, float *h)
+static inline __attribute__((always_inline)) void st8(float *y, __m256 v, int n)
 {
-    const int k = gate->cols;
-    const size_t rb = (size_t)k * (type == WTYPE_F32 ? 4u : 2u);
-    for (int j0 = 0; j0 < n; j0 += 4) {
-        const unsigned char *gp[4], *upp[4];
-        __m256 ag[4], au[4];
-        for (int r = 0; r < 4; r++) {
-            size_t f = (size_t)rows[j0 + r < n ? j0 + r : n - 1];
-            gp[r] = (const unsigned char *)gate->data + f * rb;
-            upp[r] = (const unsigned char *)up->data + f * rb;
-            ag[r] = au[r] = _mm256_setzero_ps();
-        }
-        for (int r = j0 + 4; r < j0 + 8 && r < n; r++)
-            for (size_t o = 0; o < rb; o += 64) {
-                _mm_prefetch((const char *)gate->data + (size_t)rows[r] * rb + o, _MM_HINT_T0);
-                _mm_prefetch((const char *)up->data + (size_t)rows[r] * rb + o, _MM_HINT_T0);
-            }
-        for (int c = 0; c < k; c += 8) {
-            __m256 xv = load_part(x + c, k - c);
-#pragma GCC unroll 4
-            for (int r = 0; r < 4; r++) {
-                ag[r] = _mm256_fmadd_ps(ld8(type, gp[r], c, k), xv, ag[r]);
-                au[r] = _mm256_fmadd_ps(ld8(type, upp[r], c, k), xv, au[r]);
-            }
-        }
-        float g[4], u[4];
-        _mm_storeu_ps(g, hsum4(ag[0], ag[1], ag[2], ag[3]));
-        _mm_storeu_ps(u, hsum4(au[0], au[1], au[2], au[3]));
-        for (int r = 0; r < 4 && j0 + r < n; r++)
-            h[j0 + r] = coef[j0 + r] * (g[r] / (1.0f + expf(-g[r]))) * u[r];
-    }
-}
-
-static void v_neuron_up(const struct wmat *gate, const struct wmat *up, const int32_t *rows,
-                        int n, const float *x, const float *coef, float *h)
-{
-    if (up->type != gate->type) {
-        gemm_portable.neuron_up(gate, up, rows, n, x, coef, h);
+    if (n >= 8) {
+        _mm256_storeu_ps(y, v);
         return;
     }
-    switch (gate->type) {
-    case WTYPE_F32: nup(WTYPE_F32, gate, up, rows, n, x, coef, h); return;
-    case WTYPE_F16: nup(WTYPE_F16, gate, up, rows, n, x, coef, h); return;
-    default: nup(WTYPE_BF16, gate, up, rows, n, x, coef, h); return;
-    }
+    float t[8];
+    _mm256_storeu_ps(t, v);
+    memcpy(y, t, sizeof(float) * (size_t)n);
 }
 
-/* 32 columns at a time in four accumulators, each column summing its rows in order; the row
- * eight ahead is prefetched. */
-static inline __attribute__((always_inline)) void
-ndown(const int type, const struct wmat *down, const int32_t *rows, const float *h, int n,
-      float *y, int c0, int c1)
-{
-    const size_t es = type == WTYPE_F32 ? 4u : 2u, rb = (size_t)down->cols * es;
-    for (int c = c0; c < c1; c += 32) {
-        __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                         _mm256_setzero_ps()};
-        int lim = c + 32 < c1 ? c + 32 : c1;
-        size_t pf0 = (size_t)c * es, pf1 = (size_t)lim * es;
-        for (int j = 0; j < n; j++) {
-            const unsigned char *p = (const unsigned char *)down->data + (size_t)rows[j] * rb;
-            if (j + 8 < n) {
-                const char *q = (const char *)down->data + (size_t)rows[j + 8] * rb;
-                for (size_t o = pf0; o < pf1; o += 64) _mm_prefetch(q + o, _MM_HINT_T0);
-            }
-            __m256 hv = _mm256_set1_ps(h[j]);
-#pragma GCC unroll 4
-            for (int v = 0; v < 4; v++)
-                if (c + 8 * v < lim) acc[v] = _mm256_fmadd_ps(hv, ld8(type, p, c + 8 * v, lim), acc[v]);
-        }
-        for (int v = 0; v < 4 && c + 8 * v < lim; v++) {
-            if (lim - c - 8 * v >= 8) {
-                _mm256_storeu_ps(y + c + 8 * v, acc[v]);
-            } else {
-                float t[8];
-                _mm256_storeu_ps(t, acc[v]);
-                memcpy(y + c + 8 * v, t, sizeof(float) * (size_t)(lim - c - 8 * v));
-            }
-        }
-    }
-}
-
-static void v_neuron_down(const struct wmat *down, const int32_t *rows, const float *h, int n,
-                          float *y, int c0, int c1)
-{
-    switch (down->type) {
-    case WTYPE_F32: ndown(WTYPE_F32, down, rows, h, n, y, c0, c1); return;
-    case WTYPE_F16: ndown(WTYPE_F16, down, rows, h, n, y, c0, c1); return;
-    default: ndown(WTYPE_BF16, down, rows, h, n, y, c0, c1); return;
-    }
-}
+#define NV __m256
+#define NV_W 8
+#define NV_LD ld8
+#define NV_LDX(x, c, k) load_part((x) + (c), (k) - (c))
+#define NV_ZERO _mm256_setzero_ps
+#define NV_SET1 _mm256_set1_ps
+#define NV_FMA _mm256_fmadd_ps
+#define NV_HSUM4 hsum4
+#define NV_STORE st8
+#define NV_UP v_neuron_up
+#define NV_DOWN v_neuron_down
+#include "neuron_impl.h"
 
 #define ATTN_W 8
 #define ATTN_DOTS v_dots

@@ -511,97 +511,23 @@ static inline __attribute__((always_inline)) __m512 ld16(const int type, const v
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-/* Four rows at a time, gate and up side by side: one accumulator per row and matrix over
- * chunks of 16 in order, reduced by hsum4 (the tree of hsum), so a row's value does not depend
- * on its neighbours. */
-static inline __attribute__((always_inline)) void
-nup(const int type, const struct wmat *gate, const struct wmat *up, const int32_t *rows, int n,
-    const float *x, const float *coef, float *h)
+static inline __attribute__((always_inline)) void st16(float *y, __m512 v, int n)
 {
-    const int k = gate->cols;
-    const size_t rb = (size_t)k * (type == WTYPE_F32 ? 4u : 2u);
-    for (int j0 = 0; j0 < n; j0 += 4) {
-        const unsigned char *gp[4], *upp[4];
-        __m512 ag[4], au[4];
-        for (int r = 0; r < 4; r++) {
-            size_t f = (size_t)rows[j0 + r < n ? j0 + r : n - 1];
-            gp[r] = (const unsigned char *)gate->data + f * rb;
-            upp[r] = (const unsigned char *)up->data + f * rb;
-            ag[r] = au[r] = _mm512_setzero_ps();
-        }
-        /* the rows are scattered over the matrix: ask for the next group's ahead of time */
-        for (int r = j0 + 4; r < j0 + 8 && r < n; r++)
-            for (size_t o = 0; o < rb; o += 64) {
-                _mm_prefetch((const char *)gate->data + (size_t)rows[r] * rb + o, _MM_HINT_T0);
-                _mm_prefetch((const char *)up->data + (size_t)rows[r] * rb + o, _MM_HINT_T0);
-            }
-        for (int c = 0; c < k; c += 16) {
-            __m512 xv = _mm512_maskz_loadu_ps(mask16(k - c), x + c);
-#pragma GCC unroll 4
-            for (int r = 0; r < 4; r++) {
-                ag[r] = _mm512_fmadd_ps(ld16(type, gp[r], c, k), xv, ag[r]);
-                au[r] = _mm512_fmadd_ps(ld16(type, upp[r], c, k), xv, au[r]);
-            }
-        }
-        float g[4], u[4];
-        _mm_storeu_ps(g, hsum4(ag[0], ag[1], ag[2], ag[3]));
-        _mm_storeu_ps(u, hsum4(au[0], au[1], au[2], au[3]));
-        for (int r = 0; r < 4 && j0 + r < n; r++)
-            h[j0 + r] = coef[j0 + r] * (g[r] / (1.0f + expf(-g[r]))) * u[r];
-    }
+    _mm512_mask_storeu_ps(y, mask16(n), v);
 }
 
-static void x_neuron_up(const struct wmat *gate, const struct wmat *up, const int32_t *rows,
-                        int n, const float *x, const float *coef, float *h)
-{
-    if (up->type != gate->type) {
-        gemm_portable.neuron_up(gate, up, rows, n, x, coef, h);
-        return;
-    }
-    switch (gate->type) {
-    case WTYPE_F32: nup(WTYPE_F32, gate, up, rows, n, x, coef, h); return;
-    case WTYPE_F16: nup(WTYPE_F16, gate, up, rows, n, x, coef, h); return;
-    default: nup(WTYPE_BF16, gate, up, rows, n, x, coef, h); return;
-    }
-}
-
-/* 128 columns at a time in eight accumulators, each column summing its rows in order; the
- * row eight ahead is prefetched. */
-static inline __attribute__((always_inline)) void
-ndown(const int type, const struct wmat *down, const int32_t *rows, const float *h, int n,
-      float *y, int c0, int c1)
-{
-    const size_t es = type == WTYPE_F32 ? 4u : 2u, rb = (size_t)down->cols * es;
-    for (int c = c0; c < c1; c += 128) {
-        __m512 acc[8];
-        for (int v = 0; v < 8; v++) acc[v] = _mm512_setzero_ps();
-        int lim = c + 128 < c1 ? c + 128 : c1;
-        size_t pf0 = (size_t)c * es, pf1 = (size_t)lim * es;
-        for (int j = 0; j < n; j++) {
-            const unsigned char *p = (const unsigned char *)down->data + (size_t)rows[j] * rb;
-            if (j + 8 < n) {
-                const char *q = (const char *)down->data + (size_t)rows[j + 8] * rb;
-                for (size_t o = pf0; o < pf1; o += 64) _mm_prefetch(q + o, _MM_HINT_T0);
-            }
-            __m512 hv = _mm512_set1_ps(h[j]);
-#pragma GCC unroll 8
-            for (int v = 0; v < 8; v++)
-                if (c + 16 * v < lim) acc[v] = _mm512_fmadd_ps(hv, ld16(type, p, c + 16 * v, lim), acc[v]);
-        }
-        for (int v = 0; v < 8 && c + 16 * v < lim; v++)
-            _mm512_mask_storeu_ps(y + c + 16 * v, mask16(lim - c - 16 * v), acc[v]);
-    }
-}
-
-static void x_neuron_down(const struct wmat *down, const int32_t *rows, const float *h, int n,
-                          float *y, int c0, int c1)
-{
-    switch (down->type) {
-    case WTYPE_F32: ndown(WTYPE_F32, down, rows, h, n, y, c0, c1); return;
-    case WTYPE_F16: ndown(WTYPE_F16, down, rows, h, n, y, c0, c1); return;
-    default: ndown(WTYPE_BF16, down, rows, h, n, y, c0, c1); return;
-    }
-}
+#define NV __m512
+#define NV_W 16
+#define NV_LD ld16
+#define NV_LDX(x, c, k) _mm512_maskz_loadu_ps(mask16((k) - (c)), (x) + (c))
+#define NV_ZERO _mm512_setzero_ps
+#define NV_SET1 _mm512_set1_ps
+#define NV_FMA _mm512_fmadd_ps
+#define NV_HSUM4 hsum4
+#define NV_STORE st16
+#define NV_UP x_neuron_up
+#define NV_DOWN x_neuron_down
+#include "neuron_impl.h"
 
 #define ATTN_W 16
 #define ATTN_DOTS x_dots

@@ -98,6 +98,7 @@ int infmoe_scratch_init(struct infmoe_scratch *s, struct backend *be, const stru
         ok = ok && s->h_rz && s->h_z && s->h_scores && s->h_idx && s->h_coef && s->h_count;
     }
     s->eps = malloc(KM * Z * sizeof(float));
+    s->iscratch = malloc(NEURON_ISCRATCH(T, U, F) * sizeof(int32_t));
     s->acc = calloc(F, sizeof(float));
     s->mark = calloc(F, 1);
     s->work = malloc(2 * F * sizeof(uint32_t));
@@ -105,7 +106,7 @@ int infmoe_scratch_init(struct infmoe_scratch *s, struct backend *be, const stru
     s->tok_keep = malloc(T * sizeof(int32_t));
     s->tok_adaptive = calloc(T, 1);
     s->k_used = malloc(T * sizeof(int32_t));
-    if (!ok || !s->eps || !s->acc || !s->mark || !s->work || !s->tok_samples || !s->tok_keep ||
+    if (!ok || !s->eps || !s->iscratch || !s->acc || !s->mark || !s->work || !s->tok_samples || !s->tok_keep ||
         !s->tok_adaptive || !s->k_used) {
         infmoe_scratch_release(s, be);
         return -1;
@@ -132,6 +133,7 @@ void infmoe_scratch_release(struct infmoe_scratch *s, struct backend *be)
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->ops->free(be, bufs[i]);
     free(s->eps);
+    free(s->iscratch);
     free(s->acc);
     free(s->mark);
     free(s->work);
@@ -290,6 +292,6 @@ uint64_t infmoe_forward(const struct model *m, int layer, struct backend *be,
         be->ops->upload(be, s->coef, s->h_coef, sizeof(float) * (size_t)n * U);
     }
     be->ops->neuron_ffn(be, out, h, n, D, lw->cont_gate, lw->cont_up, lw->cont_down_t, s->idx,
-                        s->coef, s->count, U, s->hbuf);
+                        s->coef, s->count, U, s->hbuf, s->iscratch);
     return computed;
 }

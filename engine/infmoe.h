@@ -41,6 +41,7 @@ struct infmoe_scratch {
     float *coef;    /* (T, max_union) their summed weights */
     int32_t *count; /* (T) */
     float *hbuf;    /* (T, max_union) neuron_ffn scratch */
+    int32_t *iscratch; /* host: NEURON_ISCRATCH(T, max_union, F), neuron_ffn's batch path */
     /* host (aliases of the above on a host-memory backend) */
     float *h_rz, *h_z, *h_scores, *h_coef;
     int32_t *h_idx, *h_count;

@@ -73,6 +73,10 @@ struct be_expert {
 
 #define BE_MULTI_MAX 4
 
+/* int32 values of neuron_ffn's optional iscratch for n tokens of `stride` neurons out of F:
+ * per neuron a count and a start, then a (token, slot) pair per computed neuron. */
+#define NEURON_ISCRATCH(n, stride, F) (2 * ((size_t)(F) + 1) + 2 * (size_t)(n) * (size_t)(stride))
+
 /* What the ops of a step may ask for at most (reserve): the largest GEMM input, the rows of one
  * matmul or moe_experts call, the experts of one call, and the longest sequence. */
 struct be_reserve {
@@ -193,12 +197,15 @@ struct backend_ops {
      * neuron-major (down_t row f: what neuron f adds to the output):
      *   y_i (d) = sum_j coef[i * stride + j] * silu(gate_f . x_i) * (up_f . x_i) * down_t_f,
      * f = idx[i * stride + j], summed in j order whatever the thread count. idx, coef and
-     * count are backend memory; hbuf: scratch of n * stride floats. The matrices are f32, f16
-     * or bf16 (the loader never quantizes them); products take f32 activations. */
+     * count are backend memory; hbuf: scratch of n * stride floats; iscratch: NULL or host
+     * scratch of NEURON_ISCRATCH(n, stride, F) int32 values, with which a host backend may
+     * take a batch neuron by neuron (each weight row read once for all its tokens; the same
+     * results). The matrices are f32, f16 or bf16 (the loader never quantizes them); products
+     * take f32 activations. */
     void (*neuron_ffn)(struct backend *be, float *y, const float *x, int n, int d,
                        const struct wmat *gate, const struct wmat *up, const struct wmat *down_t,
                        const int32_t *idx, const float *coef, const int32_t *count, int stride,
-                       float *hbuf);
+                       float *hbuf, int32_t *iscratch);
 
     /* Paged causal attention for n tokens (of one or several sequences; see be_tokens) whose
      * keys/values for positions [0, pos] are already in the cache.

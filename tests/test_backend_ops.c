@@ -592,8 +592,11 @@ static void check_neuron_ffn(struct ops_ctx *t, int n, int d, int F, int stride)
     BOTH(coef, sizeof(float) * (size_t)n * stride, rc, dc);
     BOTH(NULL, sizeof(float) * (size_t)n * d, ry, dy);
     BOTH(NULL, sizeof(float) * (size_t)n * stride, rh, dh);
-    RUN2(t->ref->ops->neuron_ffn(t->ref, ry, rx, n, d, rw[0], rw[1], rw[2], ri, rc, rn, stride, rh),
-         t->dut->ops->neuron_ffn(t->dut, dy, dx, n, d, dw[0], dw[1], dw[2], di, dc, dn, stride, dh));
+    int32_t *is = ops_host(t, sizeof(int32_t) * NEURON_ISCRATCH(n, stride, F));
+    RUN2(t->ref->ops->neuron_ffn(t->ref, ry, rx, n, d, rw[0], rw[1], rw[2], ri, rc, rn, stride, rh,
+                                 is),
+         t->dut->ops->neuron_ffn(t->dut, dy, dx, n, d, dw[0], dw[1], dw[2], di, dc, dn, stride, dh,
+                                 is));
     ops_compare_tol(t, "neuron_ffn", shape, ry, dy, (size_t)n * d, OPS_TOL_BF16);
     ops_release(t);
 }
@@ -856,6 +859,7 @@ static void check_all_ops(struct ops_ctx *t)
     check_moe_experts(t, 8, 64, 12, 1);
     check_neuron_ffn(t, 1, 64, 256, 96);
     check_neuron_ffn(t, 7, 192, 300, 64);
+    check_neuron_ffn(t, 24, 192, 300, 64); /* the CPU reference neuron-major */
     check_matmul_mxfp4(t, 3, 96, 40);
     check_matmul_mxfp4(t, 20, 256, 64);
     check_moe_combine(t, 10, 4, 30, 200);

@@ -7,6 +7,7 @@
  * table. Also f16 conversion (exhaustive), quantization error bounds, MXFP4 repacking and
  * dequantization (exact), SiLU, attention and the continuous-experts (neuron) kernels. */
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -398,7 +399,8 @@ static void test_attention_ex(const struct gemm_kernels *kk)
 
 /* The continuous-experts kernels over gathered rows of f32, f16 and bf16 matrices against
  * double precision; a row's h and a column's y do not depend on which other rows or columns
- * the call was given (bit for bit). */
+ * the call was given, and the neuron-major entry points give the per-token values (all bit
+ * for bit). */
 static void test_neuron(const struct gemm_kernels *kk)
 {
     enum { F = 300 };
@@ -406,6 +408,9 @@ static void test_neuron(const struct gemm_kernels *kk)
     static const int ns[] = {1, 7, 64};
     static const enum wtype types[] = {WTYPE_F32, WTYPE_F16, WTYPE_BF16};
     int cases = 0;
+    /* its own random stream: the other tests keep the data they were written with */
+    uint64_t saved = rng;
+    rng = 0x6a09e667f3bcc909ull;
     for (size_t ti = 0; ti < 3; ti++)
         for (size_t ki = 0; ki < 3; ki++)
             for (size_t ni = 0; ni < 3; ni++) {
@@ -475,10 +480,38 @@ static void test_neuron(const struct gemm_kernels *kk)
                 kk->neuron_down(&w[2], rows, ref_h, n, y2, split, k);
                 CHECKF(memcmp(y, y2, sizeof(float) * (size_t)k) == 0,
                        "%s: a column's value depends on the column range", what);
+                /* neuron-major: token 0 is x, token 1 a copy (out of order in tok), token 2
+                 * another vector; each (token, neuron) bit for bit the per-token value */
+                float xs[3][192], hb[3 * 64], yb[3][192], ycheck[192];
+                memcpy(xs[0], x, sizeof x), memcpy(xs[1], x, sizeof x);
+                for (int c = 0; c < k; c++) xs[2][c] = urand(-1, 1);
+                int32_t tk[3] = {1, 0, 2}, sl[3];
+                float cf[3 * 64];
+                for (int j = 0; j < 3 * n; j++) cf[j] = coef[j % n];
+                memset(yb, 0, sizeof yb);
+                bool same = true;
+                for (int j = 0; j < n; j++) { /* neurons in ascending slot order */
+                    for (int q = 0; q < 3; q++) sl[q] = tk[q] * n + j;
+                    kk->neuron_up_tok(&w[0], &w[1], rows[j], &xs[0][0], 192, tk, sl, 3, cf, hb);
+                    kk->neuron_down_tok(&w[2], rows[j], tk, sl, 3, hb, &yb[0][0], 192, 0, k);
+                }
+                kk->neuron_down(&w[2], rows, hb, n, y2, 0, k); /* token 0's h */
+                same &= memcmp(hb, h, sizeof(float) * (size_t)n) == 0;
+                same &= memcmp(hb + n, h, sizeof(float) * (size_t)n) == 0;
+                same &= memcmp(yb[0], y2, sizeof(float) * (size_t)k) == 0;
+                same &= memcmp(yb[1], y2, sizeof(float) * (size_t)k) == 0;
+                kk->neuron_up(&w[0], &w[1], rows, n, xs[2], coef, h2);
+                same &= memcmp(hb + 2 * n, h2, sizeof(float) * (size_t)n) == 0;
+                kk->neuron_down(&w[2], rows, h2, n, ycheck, 0, k);
+                same &= memcmp(yb[2], ycheck, sizeof(float) * (size_t)k) == 0;
+                CHECKF(same, "%s %s k=%d n=%d: neuron-major results differ from per-token ones",
+                       kk->name, wtype_name(t), k, n);
                 for (int m = 0; m < 3; m++) free(wd[m]), free(wv[m]);
                 cases++;
             }
-    printf("%-9s neuron_up/neuron_down: %d cases against double precision\n", kk->name, cases);
+    rng = saved;
+    printf("%-9s neuron_up/neuron_down (+ neuron-major): %d cases against double precision\n",
+           kk->name, cases);
 }
 
 int main(void)

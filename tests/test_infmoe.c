@@ -6,7 +6,9 @@
  * smaller neuron fraction, per request and as the engine's default; identical 32-token greedy
  * continuations at K = 1 and 4; that the FFN neurons computed per token are exactly the
  * reference's union of slices (N per token at K = 1, more at the default); a mixed batch
- * (each sequence its own budget) equal to the sequences alone; equal results on 2 devices and
+ * (each sequence its own budget) equal to the sequences alone; the prefill bit for bit equal
+ * to one token per step (the batch's neuron-major FFN against the per-token one); equal
+ * results on 2 devices and
  * through the staged (device-memory) path; the slice selection against a sort (ties); the
  * parsed description; and config errors. */
 #include <math.h>
@@ -71,6 +73,32 @@ static int prefill(struct engine *e, const struct golden_prompt *p, const struct
                              .logits = out};
     int rc = engine_step(e, &it, 1, err, sizeof err);
     if (rc) fprintf(stderr, "step: %s\n", err);
+    engine_seq_free(e, &s);
+    return rc;
+}
+
+/* The same prompt one token per step (the per-token FFN path; a prefill of 8 or more tokens
+ * takes the neuron-major one), every position's logits into out. */
+static int stepwise(struct engine *e, const struct golden_prompt *p, const struct budget *b,
+                    float *out, int V)
+{
+    struct kv_seq s;
+    char err[MS_ERR_LEN];
+    if (engine_seq_init(e, &s) != 0) return -1;
+    int rc = 0;
+    for (int t = 0; t < p->n && rc == 0; t++) {
+        struct engine_item it = {.kv = &s,
+                                 .tokens = p->ids + t,
+                                 .n_tokens = 1,
+                                 .pos = t,
+                                 .moe_samples = b->samples,
+                                 .moe_neuron_fraction = b->fraction,
+                                 .moe_samples_adaptive = b->adaptive,
+                                 .n_logits = 1,
+                                 .logits = out + (size_t)t * V};
+        rc = engine_step(e, &it, 1, err, sizeof err);
+        if (rc) fprintf(stderr, "step: %s\n", err);
+    }
     engine_seq_free(e, &s);
     return rc;
 }
@@ -197,10 +225,15 @@ static void check_model(const char *dir, const char *name, enum model_dtype dtyp
             double rs = golden_rel_err(b, a, cnt);
             CHECKF(rs <= 1e-6, "prompt %d budget%s: staged path differs by %.3g", i, bu->suffix,
                    rs);
-            /* Deterministic: the same request twice gives the same bits. */
+            /* Deterministic: the same request twice gives the same bits, and so does feeding
+             * it one token per step (per-token FFN against the batch's neuron-major one). */
             CHECK(prefill(e1, &p[i], bu, b) == 0);
             CHECKF(memcmp(a, b, sizeof(float) * cnt) == 0, "prompt %d budget%s: not repeatable", i,
                    bu->suffix);
+            CHECK(stepwise(e1, &p[i], bu, b, V) == 0);
+            CHECKF(memcmp(a, b, sizeof(float) * cnt) == 0,
+                   "prompt %d budget%s: one token per step differs from the prefill (%.3g)", i,
+                   bu->suffix, golden_rel_err(b, a, cnt));
         }
         /* The budget cuts work: K = 1 computes exactly N neurons per token and layer, K = 2 more
          * (the union of two slices), at most twice as many; the default at most K times. */

@@ -558,6 +558,9 @@ static void cpu_moe_experts(struct backend *be, float *y, const float *x, int d,
 
 /* Neurons per task of the gate/up pass (the kernels' results do not depend on it). */
 #define NEURON_CHUNK 32
+/* From this many tokens a step is taken neuron by neuron (gemm.h neuron_up_tok): a neuron's
+ * rows are read once for all the tokens that kept it, instead of once per token. */
+#define NEURON_BATCH_MIN 8
 
 struct nf_job {
     const struct gemm_kernels *kk;
@@ -569,6 +572,9 @@ struct nf_job {
     const float *coef;
     const int32_t *count;
     float *hbuf;
+    /* the neuron-major path: tokens of neuron f at tok/slot[start[f] .. start[f + 1]) */
+    const int32_t *start, *tok, *slot;
+    int F;
     int up_chunks;  /* gate/up tasks per token: ceil(stride / NEURON_CHUNK) */
     int col_chunks; /* down tasks per token, each col_width columns (whole rows are read best:
                      * one task a token unless there are fewer tokens than threads) */
@@ -598,10 +604,65 @@ static void nf_down_task(void *ctx, int t, int thread)
                        j->y + (size_t)i * j->d, c0, c1);
 }
 
+/* Neuron-major gate/up: the task's NEURON_CHUNK neurons, each against all its tokens. */
+static void nf_up_tok_task(void *ctx, int t, int thread)
+{
+    struct nf_job *j = ctx;
+    int f1 = (t + 1) * NEURON_CHUNK < j->F ? (t + 1) * NEURON_CHUNK : j->F;
+    for (int f = t * NEURON_CHUNK; f < f1; f++) {
+        int s0 = j->start[f], cnt = j->start[f + 1] - s0;
+        if (cnt > 0)
+            j->kk->neuron_up_tok(j->gate, j->up, f, j->x, (size_t)j->d, j->tok + s0,
+                                 j->slot + s0, cnt, j->coef, j->hbuf);
+    }
+}
+
+/* Neuron-major down: the task's columns of every token, the neurons in ascending order (each
+ * token's own order, so the sums are the per-token path's). */
+static void nf_down_tok_task(void *ctx, int t, int thread)
+{
+    struct nf_job *j = ctx;
+    int c0 = t * j->col_width, c1 = c0 + j->col_width < j->d ? c0 + j->col_width : j->d;
+    for (int i = 0; i < j->n; i++)
+        memset(j->y + (size_t)i * j->d + c0, 0, sizeof(float) * (size_t)(c1 - c0));
+    for (int f = 0; f < j->F; f++) {
+        int s0 = j->start[f], cnt = j->start[f + 1] - s0;
+        if (cnt > 0)
+            j->kk->neuron_down_tok(j->down_t, f, j->tok + s0, j->slot + s0, cnt, j->hbuf, j->y,
+                                   (size_t)j->d, c0, c1);
+    }
+}
+
+/* The neuron-major plan in iscratch (backend.h NEURON_ISCRATCH): a counting sort of the
+ * (token, slot) pairs by neuron, tokens ascending within a neuron. */
+static void nf_plan(struct nf_job *j, int32_t *iscratch)
+{
+    int F = j->F;
+    int32_t *start = iscratch, *cur = iscratch + F + 1;
+    int32_t *tok = iscratch + 2 * ((size_t)F + 1);
+    int32_t *slot = tok + (size_t)j->n * (size_t)j->stride;
+    memset(cur, 0, sizeof(int32_t) * ((size_t)F + 1));
+    for (int i = 0; i < j->n; i++)
+        for (int k = 0; k < j->count[i]; k++) cur[j->idx[(size_t)i * j->stride + k]]++;
+    start[0] = 0;
+    for (int f = 0; f < F; f++) {
+        start[f + 1] = start[f] + cur[f];
+        cur[f] = start[f];
+    }
+    for (int i = 0; i < j->n; i++)
+        for (int k = 0; k < j->count[i]; k++) {
+            size_t s = (size_t)i * j->stride + (size_t)k;
+            int32_t p = cur[j->idx[s]]++;
+            tok[p] = i;
+            slot[p] = (int32_t)s;
+        }
+    j->start = start, j->tok = tok, j->slot = slot;
+}
+
 static void cpu_neuron_ffn(struct backend *be, float *y, const float *x, int n, int d,
                            const struct wmat *gate, const struct wmat *up,
                            const struct wmat *down_t, const int32_t *idx, const float *coef,
-                           const int32_t *count, int stride, float *hbuf)
+                           const int32_t *count, int stride, float *hbuf, int32_t *iscratch)
 {
     struct cpu_backend *b = cpu_of(be);
     if (n <= 0) return;
@@ -609,6 +670,14 @@ static void cpu_neuron_ffn(struct backend *be, float *y, const float *x, int n, 
                        .down_t = down_t, .idx = idx, .coef = coef, .count = count, .hbuf = hbuf,
                        .up_chunks = (stride + NEURON_CHUNK - 1) / NEURON_CHUNK};
     if (j.up_chunks < 1) j.up_chunks = 1;
+    if (iscratch && n >= NEURON_BATCH_MIN) {
+        j.F = gate->rows;
+        nf_plan(&j, iscratch);
+        j.col_width = ((d + b->n_threads - 1) / b->n_threads + 15) / 16 * 16;
+        pool_run(b->pool, nf_up_tok_task, &j, (j.F + NEURON_CHUNK - 1) / NEURON_CHUNK);
+        pool_run(b->pool, nf_down_tok_task, &j, (d + j.col_width - 1) / j.col_width);
+        return;
+    }
     int split = n >= b->n_threads ? 1 : (b->n_threads + n - 1) / n;
     j.col_width = ((d + split - 1) / split + 15) / 16 * 16;
     j.col_chunks = (d + j.col_width - 1) / j.col_width;

@@ -96,6 +96,18 @@ struct gemm_kernels {
                       int n, const float *x, const float *coef, float *h);
     void (*neuron_down)(const struct wmat *down, const int32_t *rows, const float *h, int n,
                         float *y, int c0, int c1);
+    /* The same products neuron-major, for a batch: one neuron f against cnt tokens, its rows
+     * read once. neuron_up_tok: h[slot[i]] = coef[slot[i]] * silu(gate_f . x_t) * (up_f . x_t),
+     * t = tok[i] (rows of x ldx apart), i < cnt: bit for bit neuron_up's value.
+     * neuron_down_tok: y_t[c] += h[slot[i]] * down_f[c] for c in [c0, c1) (rows of y ldy
+     * apart): with y zeroed and the neurons taken in ascending order, bit for bit what
+     * neuron_down gives for each token's ascending rows. */
+    void (*neuron_up_tok)(const struct wmat *gate, const struct wmat *up, int f, const float *x,
+                          size_t ldx, const int32_t *tok, const int32_t *slot, int cnt,
+                          const float *coef, float *h);
+    void (*neuron_down_tok)(const struct wmat *down, int f, const int32_t *tok,
+                            const int32_t *slot, int cnt, const float *h, float *y, size_t ldy,
+                            int c0, int c1);
 };
 
 size_t gemm_act_bytes(enum act_kind kind, int n, int k);

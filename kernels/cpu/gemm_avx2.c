@@ -582,6 +582,8 @@ static inline __attribute__((always_inline)) void st8(float *y, __m256 v, int n)
 #define NV_STORE st8
 #define NV_UP v_neuron_up
 #define NV_DOWN v_neuron_down
+#define NV_UP_TOK v_neuron_up_tok
+#define NV_DOWN_TOK v_neuron_down_tok
 #include "neuron_impl.h"
 
 #define ATTN_W 8
@@ -603,6 +605,8 @@ const struct gemm_kernels gemm_avx2 = {
     .attn_head_ex = v_attn_head_ex,
     .neuron_up = v_neuron_up,
     .neuron_down = v_neuron_down,
+    .neuron_up_tok = v_neuron_up_tok,
+    .neuron_down_tok = v_neuron_down_tok,
 };
 
 #else

@@ -527,6 +527,8 @@ static inline __attribute__((always_inline)) void st16(float *y, __m512 v, int n
 #define NV_STORE st16
 #define NV_UP x_neuron_up
 #define NV_DOWN x_neuron_down
+#define NV_UP_TOK x_neuron_up_tok
+#define NV_DOWN_TOK x_neuron_down_tok
 #include "neuron_impl.h"
 
 #define ATTN_W 16
@@ -548,6 +550,8 @@ const struct gemm_kernels gemm_avx512 = {
     .attn_head_ex = x_attn_head_ex,
     .neuron_up = x_neuron_up,
     .neuron_down = x_neuron_down,
+    .neuron_up_tok = x_neuron_up_tok,
+    .neuron_down_tok = x_neuron_down_tok,
 };
 
 #else

@@ -187,27 +187,53 @@ static void p_exp_inplace(float *x, int n, float sub, float *sum)
 
 /* --- continuous experts --------------------------------------------------------------- */
 
+/* One neuron's value for one token: the single expression both the per-token and the
+ * neuron-major entry points use, so they agree bit for bit. */
+static inline float neuron_value(const struct wmat *gate, const struct wmat *up, int f,
+                                 const float *x, float coef)
+{
+    size_t k = (size_t)gate->cols, base = (size_t)f * k;
+    float g = 0.0f, u = 0.0f;
+    for (size_t c = 0; c < k; c++) {
+        g += w_at(gate, base + c) * x[c];
+        u += w_at(up, base + c) * x[c];
+    }
+    return coef * (g / (1.0f + expf(-g))) * u;
+}
+
+/* y[c] += h * down_f[c] for c in [c0, c1). */
+static inline void neuron_axpy(const struct wmat *down, int f, float h, float *y, int c0, int c1)
+{
+    size_t base = (size_t)f * (size_t)down->cols;
+    for (int c = c0; c < c1; c++) y[c] += h * w_at(down, base + (size_t)c);
+}
+
 static void p_neuron_up(const struct wmat *gate, const struct wmat *up, const int32_t *rows,
                         int n, const float *x, const float *coef, float *h)
 {
-    int k = gate->cols;
-    for (int j = 0; j < n; j++) {
-        float g = 0.0f, u = 0.0f;
-        for (int c = 0; c < k; c++) {
-            g += w_at(gate, (size_t)rows[j] * (size_t)k + (size_t)c) * x[c];
-            u += w_at(up, (size_t)rows[j] * (size_t)k + (size_t)c) * x[c];
-        }
-        h[j] = coef[j] * (g / (1.0f + expf(-g))) * u;
-    }
+    for (int j = 0; j < n; j++) h[j] = neuron_value(gate, up, rows[j], x, coef[j]);
 }
 
 static void p_neuron_down(const struct wmat *down, const int32_t *rows, const float *h, int n,
                           float *y, int c0, int c1)
 {
     for (int c = c0; c < c1; c++) y[c] = 0.0f;
-    for (int j = 0; j < n; j++)
-        for (int c = c0; c < c1; c++)
-            y[c] += h[j] * w_at(down, (size_t)rows[j] * (size_t)down->cols + (size_t)c);
+    for (int j = 0; j < n; j++) neuron_axpy(down, rows[j], h[j], y, c0, c1);
+}
+
+static void p_neuron_up_tok(const struct wmat *gate, const struct wmat *up, int f, const float *x,
+                            size_t ldx, const int32_t *tok, const int32_t *slot, int cnt,
+                            const float *coef, float *h)
+{
+    for (int i = 0; i < cnt; i++)
+        h[slot[i]] = neuron_value(gate, up, f, x + (size_t)tok[i] * ldx, coef[slot[i]]);
+}
+
+static void p_neuron_down_tok(const struct wmat *down, int f, const int32_t *tok,
+                              const int32_t *slot, int cnt, const float *h, float *y, size_t ldy,
+                              int c0, int c1)
+{
+    for (int i = 0; i < cnt; i++) neuron_axpy(down, f, h[slot[i]], y + (size_t)tok[i] * ldy, c0, c1);
 }
 
 #define ATTN_W 16
@@ -229,4 +255,6 @@ const struct gemm_kernels gemm_portable = {
     .attn_head_ex = p_attn_head_ex,
     .neuron_up = p_neuron_up,
     .neuron_down = p_neuron_down,
+    .neuron_up_tok = p_neuron_up_tok,
+    .neuron_down_tok = p_neuron_down_tok,
 };

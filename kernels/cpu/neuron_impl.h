@@ -1,6 +1,7 @@
 /* The continuous-experts kernels (gemm.h neuron_up / neuron_down), written once and compiled by
  * each SIMD kernel file with its own vector primitives. The including file defines NV_UP and
- * NV_DOWN (the function names), NV (the vector type, NV_W float lanes) and:
+ * NV_DOWN, NV_UP_TOK and NV_DOWN_TOK (the function names), NV (the vector type, NV_W float
+ * lanes) and:
  *   NV NV_LD(const int type, const void *row, int c, int k)  NV_W elements of a float row
  *        (WTYPE_F32/F16/BF16, a constant after inlining) from column c as f32, zero beyond k
  *   NV NV_LDX(const float *x, int c, int k)                   the same for an f32 vector
@@ -98,5 +99,86 @@ static void NV_DOWN(const struct wmat *down, const int32_t *rows, const float *h
     case WTYPE_F32: nv_down_typed(WTYPE_F32, down, rows, h, n, y, c0, c1); return;
     case WTYPE_F16: nv_down_typed(WTYPE_F16, down, rows, h, n, y, c0, c1); return;
     default: nv_down_typed(WTYPE_BF16, down, rows, h, n, y, c0, c1); return;
+    }
+}
+
+/* Neuron-major (a batch): one neuron's rows against four tokens at a time, the same chunk
+ * order and reduction per (token, neuron) as nv_up_typed. */
+static inline __attribute__((always_inline)) void
+nv_up_tok_typed(const int type, const struct wmat *gate, const struct wmat *up, int f,
+                const float *x, size_t ldx, const int32_t *tok, const int32_t *slot, int cnt,
+                const float *coef, float *h)
+{
+    const int k = gate->cols;
+    const size_t rb = (size_t)k * (type == WTYPE_F32 ? 4u : 2u);
+    const unsigned char *gp = (const unsigned char *)gate->data + (size_t)f * rb;
+    const unsigned char *upp = (const unsigned char *)up->data + (size_t)f * rb;
+    for (int i0 = 0; i0 < cnt; i0 += 4) {
+        const float *xp[4];
+        NV ag[4], au[4];
+        for (int r = 0; r < 4; r++) {
+            xp[r] = x + (size_t)tok[i0 + r < cnt ? i0 + r : cnt - 1] * ldx;
+            ag[r] = au[r] = NV_ZERO();
+        }
+        for (int c = 0; c < k; c += NV_W) {
+            NV gv = NV_LD(type, gp, c, k), uv = NV_LD(type, upp, c, k);
+#pragma GCC unroll 4
+            for (int r = 0; r < 4; r++) {
+                NV xv = NV_LDX(xp[r], c, k);
+                ag[r] = NV_FMA(gv, xv, ag[r]);
+                au[r] = NV_FMA(uv, xv, au[r]);
+            }
+        }
+        float g[4], u[4];
+        _mm_storeu_ps(g, NV_HSUM4(ag[0], ag[1], ag[2], ag[3]));
+        _mm_storeu_ps(u, NV_HSUM4(au[0], au[1], au[2], au[3]));
+        for (int r = 0; r < 4 && i0 + r < cnt; r++) {
+            int s = slot[i0 + r];
+            h[s] = coef[s] * (g[r] / (1.0f + expf(-g[r]))) * u[r];
+        }
+    }
+}
+
+static void NV_UP_TOK(const struct wmat *gate, const struct wmat *up, int f, const float *x,
+                      size_t ldx, const int32_t *tok, const int32_t *slot, int cnt,
+                      const float *coef, float *h)
+{
+    if (up->type != gate->type) {
+        gemm_portable.neuron_up_tok(gate, up, f, x, ldx, tok, slot, cnt, coef, h);
+        return;
+    }
+    switch (gate->type) {
+    case WTYPE_F32: nv_up_tok_typed(WTYPE_F32, gate, up, f, x, ldx, tok, slot, cnt, coef, h); return;
+    case WTYPE_F16: nv_up_tok_typed(WTYPE_F16, gate, up, f, x, ldx, tok, slot, cnt, coef, h); return;
+    default: nv_up_tok_typed(WTYPE_BF16, gate, up, f, x, ldx, tok, slot, cnt, coef, h); return;
+    }
+}
+
+/* One neuron's down row into its tokens' outputs, a chunk of the row at a time (converted
+ * once for all the tokens): y = h * w + y, the operation nv_down_typed's accumulators do. */
+static inline __attribute__((always_inline)) void
+nv_down_tok_typed(const int type, const struct wmat *down, int f, const int32_t *tok,
+                  const int32_t *slot, int cnt, const float *h, float *y, size_t ldy, int c0,
+                  int c1)
+{
+    const size_t rb = (size_t)down->cols * (type == WTYPE_F32 ? 4u : 2u);
+    const unsigned char *p = (const unsigned char *)down->data + (size_t)f * rb;
+    for (int c = c0; c < c1; c += NV_W) {
+        NV wv = NV_LD(type, p, c, c1);
+        int left = c1 - c;
+        for (int i = 0; i < cnt; i++) {
+            float *yt = y + (size_t)tok[i] * ldy + c;
+            NV_STORE(yt, NV_FMA(NV_SET1(h[slot[i]]), wv, NV_LDX(yt, 0, left)), left);
+        }
+    }
+}
+
+static void NV_DOWN_TOK(const struct wmat *down, int f, const int32_t *tok, const int32_t *slot,
+                        int cnt, const float *h, float *y, size_t ldy, int c0, int c1)
+{
+    switch (down->type) {
+    case WTYPE_F32: nv_down_tok_typed(WTYPE_F32, down, f, tok, slot, cnt, h, y, ldy, c0, c1); return;
+    case WTYPE_F16: nv_down_tok_typed(WTYPE_F16, down, f, tok, slot, cnt, h, y, ldy, c0, c1); return;
+    default: nv_down_tok_typed(WTYPE_BF16, down, f, tok, slot, cnt, h, y, ldy, c0, c1); return;
     }
 }

@@ -550,8 +550,9 @@ static void cb_add_scaled_rows(struct backend *be, float *y, const float *x, con
 static void cb_neuron_ffn(struct backend *be, float *y, const float *x, int n, int d,
                           const struct wmat *gate, const struct wmat *up,
                           const struct wmat *down_t, const int32_t *idx, const float *coef,
-                          const int32_t *count, int stride, float *hbuf)
+                          const int32_t *count, int stride, float *hbuf, int32_t *iscratch)
 {
+    (void)iscratch; /* one thread block per token already shares nothing to gain */
     struct cuda_backend *b = cb_of(be);
     if (n <= 0 || cb_enter(b) < 0) return;
     /* handles from cb_weight_upload: always bf16 */

@@ -99,14 +99,18 @@ int infmoe_scratch_init(struct infmoe_scratch *s, struct backend *be, const stru
     }
     s->eps = malloc(KM * Z * sizeof(float));
     s->iscratch = malloc(NEURON_ISCRATCH(T, U, F) * sizeof(int32_t));
-    s->acc = calloc(F, sizeof(float));
-    s->mark = calloc(F, 1);
-    s->work = malloc(2 * F * sizeof(uint32_t));
+    s->workers = be->ops->host_workers(be);
+    if (s->workers < 1) s->workers = 1;
+    size_t W = (size_t)s->workers;
+    s->acc = calloc(W * F, sizeof(float));
+    s->mark = calloc(W * F, 1);
+    s->work = malloc(W * 2 * F * sizeof(uint32_t));
+    s->row0 = malloc(T * sizeof(int32_t));
     s->tok_samples = malloc(T * sizeof(int32_t));
     s->tok_keep = malloc(T * sizeof(int32_t));
     s->tok_adaptive = calloc(T, 1);
     s->k_used = malloc(T * sizeof(int32_t));
-    if (!ok || !s->eps || !s->iscratch || !s->acc || !s->mark || !s->work || !s->tok_samples || !s->tok_keep ||
+    if (!ok || !s->eps || !s->iscratch || !s->acc || !s->mark || !s->work || !s->row0 || !s->tok_samples || !s->tok_keep ||
         !s->tok_adaptive || !s->k_used) {
         infmoe_scratch_release(s, be);
         return -1;
@@ -137,6 +141,7 @@ void infmoe_scratch_release(struct infmoe_scratch *s, struct backend *be)
     free(s->acc);
     free(s->mark);
     free(s->work);
+    free(s->row0);
     free(s->tok_samples);
     free(s->tok_keep);
     free(s->tok_adaptive);
@@ -223,6 +228,39 @@ void infmoe_select(const float *sc, int F, int keep, float *acc, unsigned char *
     }
 }
 
+struct select_job {
+    struct infmoe_scratch *s;
+    int F;
+};
+
+/* Token t's slices and their union (ascending), with worker w's scratch. */
+static void select_task(void *ctx, int t, int w)
+{
+    struct select_job *j = ctx;
+    struct infmoe_scratch *s = j->s;
+    int F = j->F, U = s->max_union, K = s->k_used[t];
+    float *acc = s->acc + (size_t)w * F;
+    unsigned char *mark = s->mark + (size_t)w * F;
+    uint32_t *work = s->work + (size_t)w * 2 * F;
+    for (int k = 0; k < K; k++)
+        infmoe_select(s->h_scores + (size_t)(s->row0[t] + k) * F, F, s->tok_keep[t], acc, mark,
+                      work);
+    int c = 0;
+    int32_t *ti = s->h_idx + (size_t)t * U;
+    float *tc = s->h_coef + (size_t)t * U;
+    for (int f = 0; f < F; f++) {
+        if (!mark[f]) continue;
+        if (c < U) { /* always so: K <= max_samples, N <= the model's */
+            ti[c] = f;
+            tc[c] = acc[f] / (float)K;
+            c++;
+        }
+        acc[f] = 0.0f;
+        mark[f] = 0;
+    }
+    s->h_count[t] = c;
+}
+
 uint64_t infmoe_forward(const struct model *m, int layer, struct backend *be,
                         struct infmoe_scratch *s, const float *h, int n, float *out)
 {
@@ -249,6 +287,7 @@ uint64_t infmoe_forward(const struct model *m, int layer, struct backend *be,
                                   md->cont_n_quant, u / Z, K, md->cont_max_samples);
         }
         s->k_used[t] = K;
+        s->row0[t] = rows;
         for (int k = 0; k < K; k++, rows++) {
             float *zr = s->h_z + (size_t)rows * Z;
             const float *eps = s->eps + (size_t)k * Z;
@@ -263,29 +302,11 @@ uint64_t infmoe_forward(const struct model *m, int layer, struct backend *be,
     be->ops->download(be, s->h_scores, s->scores, sizeof(float) * (size_t)rows * F);
 
     /* Per token: the union of its samples' slices, in ascending neuron order. */
+    struct select_job j = {.s = s, .F = F};
+    be->ops->host_for(be, n, select_task, &j);
     uint64_t computed = 0;
-    rows = 0;
-    for (int t = 0; t < n; t++) {
-        int K = s->k_used[t];
-        for (int k = 0; k < K; k++, rows++)
-            infmoe_select(s->h_scores + (size_t)rows * F, F, s->tok_keep[t], s->acc, s->mark,
-                          s->work);
-        int c = 0;
-        int32_t *ti = s->h_idx + (size_t)t * U;
-        float *tc = s->h_coef + (size_t)t * U;
-        for (int f = 0; f < F; f++) {
-            if (!s->mark[f]) continue;
-            if (c < U) { /* always so: K <= max_samples, N <= the model's */
-                ti[c] = f;
-                tc[c] = s->acc[f] / (float)K;
-                c++;
-            }
-            s->acc[f] = 0.0f;
-            s->mark[f] = 0;
-        }
-        s->h_count[t] = c;
-        computed += (uint64_t)c;
-    }
+    for (int t = 0; t < n; t++)
+        computed += (uint64_t)s->h_count[t];
     if (!be->ops->host_memory) {
         be->ops->upload(be, s->count, s->h_count, sizeof(int32_t) * (size_t)n);
         be->ops->upload(be, s->idx, s->h_idx, sizeof(int32_t) * (size_t)n * U);

@@ -20,6 +20,9 @@
  * gathered FFN runs on the backend. Results do not depend on the batch: every token's budget,
  * offsets and selection are its own.
  *
+ * The selection of each token is independent, so it runs on the backend's host threads
+ * (backend.h host_for), each with scratch of its own.
+ *
  * Ownership: infmoe_scratch is per device, allocated once by infmoe_scratch_init for the
  * largest step and released by infmoe_scratch_release; infmoe_forward allocates nothing. */
 #ifndef MOESERVE_INFMOE_H
@@ -46,9 +49,12 @@ struct infmoe_scratch {
     float *h_rz, *h_z, *h_scores, *h_coef;
     int32_t *h_idx, *h_count;
     float *eps;          /* (max_samples, Z) the offsets: row 0 zeros */
-    float *acc;          /* (F) a token's summed weights */
-    unsigned char *mark; /* (F) whether a sample of the token kept the neuron */
-    uint32_t *work;      /* (2F) selection scratch: the scores as ordered keys, candidates */
+    /* per host worker (the selection runs token by token on the backend's host_for): */
+    int workers;
+    float *acc;          /* (workers, F) a token's summed weights */
+    unsigned char *mark; /* (workers, F) whether a sample of the token kept the neuron */
+    uint32_t *work;      /* (workers, 2F) selection scratch: the scores as ordered keys, candidates */
+    int32_t *row0;       /* (T) each token's first sample row */
     /* The per-token budget, set by the engine before infmoe_forward: */
     int32_t *tok_samples;        /* (T) K of each token, 1..max_samples */
     int32_t *tok_keep;           /* (T) N of each token, 1..model_cont_neurons(cont_fraction) */

@@ -244,6 +244,14 @@ struct backend_ops {
     void (*attention_ex)(struct backend *be, float *out, const float *q, const float *k_cache,
                          const float *v_cache, const struct be_tokens *tk, int block_size, int n,
                          const struct be_attn *a, float *scratch);
+
+    /* Host work of the engine (per-token loops on host data, e.g. infmoe's slice selection)
+     * spread over the backend's own threads: fn(ctx, task, worker) for every task <
+     * n_tasks, worker < host_workers(be) (for per-worker scratch), returning when all are
+     * done. A backend without host threads runs them in order on the caller (worker 0). */
+    int (*host_workers)(struct backend *be);
+    void (*host_for)(struct backend *be, int n_tasks, void (*fn)(void *ctx, int task, int worker),
+                     void *ctx);
 };
 
 struct backend {

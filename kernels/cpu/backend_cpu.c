@@ -755,6 +755,17 @@ static void cpu_attention(struct backend *be, float *out, const float *q, const 
     cpu_attention_ex(be, out, q, k_cache, v_cache, tk, block_size, n, &a, scratch);
 }
 
+static int cpu_host_workers(struct backend *be)
+{
+    return cpu_of(be)->n_threads;
+}
+
+static void cpu_host_for(struct backend *be, int n_tasks, void (*fn)(void *ctx, int task, int worker),
+                         void *ctx)
+{
+    pool_run(cpu_of(be)->pool, fn, ctx, n_tasks);
+}
+
 static const struct backend_ops cpu_ops = {
     .name = "cpu",
     .host_memory = 1,
@@ -788,6 +799,8 @@ static const struct backend_ops cpu_ops = {
     .rmsnorm_ld = cpu_rmsnorm_ld,
     .rope_ex = cpu_rope_ex,
     .attention_ex = cpu_attention_ex,
+    .host_workers = cpu_host_workers,
+    .host_for = cpu_host_for,
 };
 
 /* Staged variant: copies weights, and tells the engine its memory is not host memory, so the

@@ -633,7 +633,20 @@ static void cb_attention_ex(struct backend *be, float *out, const float *q, cons
 }
 
 /* Positional (C++17 has no designated initializers): this catches a field added to the table. */
-static_assert(sizeof(struct backend_ops) == 32 * sizeof(void *),
+static int cb_host_workers(struct backend *be)
+{
+    (void)be;
+    return 1;
+}
+
+static void cb_host_for(struct backend *be, int n_tasks, void (*fn)(void *ctx, int task, int worker),
+                        void *ctx)
+{
+    (void)be;
+    for (int t = 0; t < n_tasks; t++) fn(ctx, t, 0);
+}
+
+static_assert(sizeof(struct backend_ops) == 34 * sizeof(void *),
               "struct backend_ops changed: update cuda_ops to match kernels/backend.h");
 
 static const struct backend_ops cuda_ops = {
@@ -669,6 +682,8 @@ static const struct backend_ops cuda_ops = {
     /* .rmsnorm_ld */ cb_rmsnorm_ld,
     /* .rope_ex */ cb_rope_ex,
     /* .attention_ex */ cb_attention_ex,
+    /* .host_workers */ cb_host_workers,
+    /* .host_for */ cb_host_for,
 };
 
 extern "C" int backend_cuda_device_count(void)

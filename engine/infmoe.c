@@ -168,12 +168,13 @@ int infmoe_adaptive_k(const double *q, int nq, double u, int k, int k_max)
     return kk < 1 ? 1 : kk > k_max ? k_max : kk;
 }
 
-/* A float's bits as an unsigned key in the same order (-0 and +0 equal, like the floats). */
+/* A float's bits as an unsigned key in the same order (-0 and +0 equal, like the floats:
+ * adding +0 turns -0 into +0 and changes nothing else). */
 static inline uint32_t order_key(float f)
 {
     uint32_t u;
+    f += 0.0f;
     memcpy(&u, &f, sizeof u);
-    if (u == 0x80000000u) u = 0;
     return (u & 0x80000000u) ? ~u : u | 0x80000000u;
 }
 
@@ -181,31 +182,45 @@ static inline uint32_t order_key(float f)
  * a time from the top: a histogram of the candidates' byte, the bucket holding the n-th, then
  * only that bucket's keys (cand: len scratch) for the next byte. No data-dependent branches
  * on the common path, unlike a quickselect over floats. *ties: how many keys equal to it are
- * among the n largest (the rest are above it). */
-static uint32_t nth_largest_key(const uint32_t *keys, int len, int n, uint32_t *cand, int *ties)
+ * among the n largest (the rest are above it); *equal: how many keys equal it in all. */
+static uint32_t nth_largest_key(const uint32_t *keys, int len, int n, uint32_t *cand, int *ties,
+                                int *equal)
 {
     uint32_t prefix = 0;
     const uint32_t *src = keys;
     int cnt = len;
     for (int shift = 24; shift >= 0; shift -= 8) {
-        int hist[256] = {0};
-        for (int i = 0; i < cnt; i++)
-            hist[(src[i] >> shift) & 255]++;
+        /* four histograms, added after: scores crowd into few buckets, and one histogram
+         * would wait on its own last increment */
+        int hist[256], h4[4][256];
+        memset(h4, 0, sizeof h4);
+        int i = 0;
+        for (; i + 4 <= cnt; i += 4) {
+            h4[0][(src[i] >> shift) & 255]++;
+            h4[1][(src[i + 1] >> shift) & 255]++;
+            h4[2][(src[i + 2] >> shift) & 255]++;
+            h4[3][(src[i + 3] >> shift) & 255]++;
+        }
+        for (; i < cnt; i++)
+            h4[0][(src[i] >> shift) & 255]++;
+        for (int v = 0; v < 256; v++)
+            hist[v] = h4[0][v] + h4[1][v] + h4[2][v] + h4[3][v];
         int b = 255;
         while (b > 0 && n > hist[b])
             n -= hist[b--];
         prefix |= (uint32_t)b << shift;
         *ties = n;
+        *equal = hist[b];
         if (shift == 0 || hist[b] == 1) {
             if (hist[b] == 1) /* the only key left: find it */
-                for (int i = 0; i < cnt; i++)
-                    if (((src[i] >> shift) & 255) == (uint32_t)b) return src[i];
+                for (int x = 0; x < cnt; x++)
+                    if (((src[x] >> shift) & 255) == (uint32_t)b) return src[x];
             break;
         }
         int m = 0;
-        for (int i = 0; i < cnt; i++) {
-            cand[m] = src[i];
-            m += ((src[i] >> shift) & 255) == (uint32_t)b;
+        for (int x = 0; x < cnt; x++) {
+            cand[m] = src[x];
+            m += ((src[x] >> shift) & 255) == (uint32_t)b;
         }
         src = cand, cnt = m;
     }
@@ -218,11 +233,24 @@ void infmoe_select(const float *sc, int F, int keep, float *acc, unsigned char *
     uint32_t *keys = work, *cand = work + F;
     for (int f = 0; f < F; f++)
         keys[f] = order_key(sc[f]);
-    int ties; /* neurons equal to the threshold to take, lowest first */
-    uint32_t thr = nth_largest_key(keys, F, keep, cand, &ties);
+    int ties, equal; /* neurons equal to the threshold to take (lowest first), and in all */
+    uint32_t thr = nth_largest_key(keys, F, keep, cand, &ties, &equal);
+    /* the kept neurons' indices by a compaction without data-dependent branches (about one
+     * neuron in ten is kept: a branch per neuron mispredicts); when only some of the neurons
+     * equal to the threshold are kept (rare), those above it, then the lowest ties */
+    uint32_t *list = cand, lo = ties == equal || thr == UINT32_MAX ? thr : thr + 1;
+    int m = 0;
     for (int f = 0; f < F; f++) {
-        if (keys[f] < thr) continue;
-        if (keys[f] == thr && ties-- <= 0) continue;
+        list[m] = (uint32_t)f;
+        m += keys[f] >= lo;
+    }
+    for (int f = 0; ties < equal && ties > 0 && f < F; f++)
+        if (keys[f] == thr) {
+            list[m++] = (uint32_t)f;
+            ties--;
+        }
+    for (int i = 0; i < m; i++) {
+        uint32_t f = list[i];
         acc[f] += 1.0f / (1.0f + expf(-sc[f]));
         mark[f] = 1;
     }

@@ -3,7 +3,8 @@
 within its max_samples) and, when its config has a calibration, the adaptive budget at its
 default K, next to any other models given (mohge-small, a homogeneous MoE): held-out loss per
 domain (nats, from build/mohge_eval: the C engine, tokens fed one per step), FFN neurons computed
-per token and layer (infmoe rows), and decode tokens/s (`moeserve generate --threads T
+per token and layer (infmoe: counted by the engine; a discrete MoE: the shared experts' width plus
+k times the mean width of the experts its tokens were routed to), and decode tokens/s (`moeserve generate --threads T
 --ignore-eos`, best of --repeat runs). Prints one markdown table.
 
   python3 bench/infmoe_table.py --infmoe models/infmoe-small \\
@@ -34,7 +35,35 @@ def run_eval(args, model, extra):
         if len(cells) >= 3 and cells[0] in DOMAINS and cells[1].isdigit():
             loss.setdefault(cells[0], float(cells[2]))  # the per-domain table comes first
     m = re.search(r"([0-9.]+) of (\d+) FFN neurons computed", out)
-    return loss, (float(m.group(1)) if m else None)
+    if m:
+        return loss, float(m.group(1))
+    return loss, moe_active_width(model, out)
+
+
+def moe_active_width(model, out):
+    """A discrete MoE's FFN neurons per token and layer: the shared experts' width plus k
+    times the mean width of the experts tokens were routed to (group widths from the report's
+    header, each domain's group shares weighted by its tokens)."""
+    with open(os.path.join(model, "config.json")) as f:
+        cfg = json.load(f)
+    m = re.search(r"groups, widths ([0-9 ]+);", out)
+    if not m:
+        return None
+    widths = [int(w) for w in m.group(1).split()]
+    total, tokens = 0.0, 0
+    for line in out.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 4 + len(widths) and cells[0] in DOMAINS and cells[1].isdigit():
+            shares = [float(c.rstrip("%")) / 100 for c in cells[4:]]
+            n = int(cells[1])
+            total += n * sum(s * w for s, w in zip(shares, widths))
+            tokens += n
+        if line.startswith("| tokens by loss"):
+            break
+    if not tokens:
+        return None
+    shared = cfg.get("num_shared_experts", 0) * cfg.get("shared_intermediate_size", 0)
+    return shared + cfg.get("num_experts_per_tok", 1) * total / tokens
 
 
 def run_decode(args, model, extra):
@@ -79,8 +108,8 @@ def main():
         rows.append((name, label, neurons, loss, run_decode(args, args.infmoe, extra)))
     for spec in args.other:
         oname, _, odir = spec.partition("=")
-        loss, _ = run_eval(args, odir, [])
-        rows.append((oname, "default", None, loss, run_decode(args, odir, [])))
+        loss, width = run_eval(args, odir, [])
+        rows.append((oname, "default", width, loss, run_decode(args, odir, [])))
 
     print("| model | budget | FFN neurons / token / layer | " +
           " | ".join("%s loss" % d for d in DOMAINS) + " | decode tok/s |")

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The continuous-experts table in one command: for an infmoe model at K = 1, 2, 4, 8 (those
 within its max_samples) and, when its config has a calibration, the adaptive budget at its
-default K, next to any other models given (mohge-small, a homogeneous MoE): held-out loss per
+default K and at twice it, next to any other models given (mohge-small, a homogeneous MoE): held-out loss per
 domain (nats, from build/mohge_eval: the C engine, tokens fed one per step), FFN neurons computed
 per token and layer (infmoe: counted by the engine; a discrete MoE: the shared experts' width plus
 k times the mean width of the experts its tokens were routed to), and decode tokens/s (`moeserve generate --threads T
@@ -99,9 +99,11 @@ def main():
     budgets = [("K = %d" % k, ["--moe-samples", str(k)]) for k in (1, 2, 4, 8)
                if k <= cfg.get("max_samples", cfg["num_samples"])]
     if cfg.get("adaptive_logvar_quantiles"):
-        k = cfg["num_samples"]
-        budgets.append(("adaptive, mean K = %d" % k,
-                        ["--moe-samples", str(k), "--moe-samples-adaptive"]))
+        # the trained K and twice it, each next to the fixed K of the same average
+        for k in sorted({cfg["num_samples"], 2 * cfg["num_samples"]}):
+            if k <= cfg.get("max_samples", cfg["num_samples"]):
+                budgets.append(("adaptive, mean K = %d" % k,
+                                ["--moe-samples", str(k), "--moe-samples-adaptive"]))
     name = os.path.basename(os.path.normpath(args.infmoe))
     for label, extra in budgets:
         loss, neurons = run_eval(args, args.infmoe, extra)

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """The continuous-experts table in one command: for an infmoe model at K = 1, 2, 4, 8 (those
 within its max_samples) and, when its config has a calibration, the adaptive budget at its
-default K and at twice it, next to any other models given (mohge-small, a homogeneous MoE): held-out loss per
-domain (nats, from build/mohge_eval: the C engine, tokens fed one per step), FFN neurons computed
+default K and at twice it, next to any other models given (mohge-small, a homogeneous MoE):
+held-out loss per domain (nats, from build/mohge_eval: the C engine, tokens fed one per step), FFN neurons computed
 per token and layer (infmoe: counted by the engine; a discrete MoE: the shared experts' width plus
 k times the mean width of the experts its tokens were routed to), and decode tokens/s (`moeserve generate --threads T
 --ignore-eos`, best of --repeat runs). Prints one markdown table.

@@ -25,7 +25,8 @@ cannot flip a neuron choice (and whose adaptive K's are at least MIN_GAP / 1000 
 rounding boundary). Everything runs in float32 on one thread.
 
 With --trained DIR (default models/infmoe-small, if present): DIR/reference.safetensors in the
-same format for one prompt per domain of the trained model.
+same format for one prompt per domain of the trained model, the candidate of its domain
+(TRAINED_CANDIDATES) with the largest smallest neuron-score gap.
 
 Usage: python3 tests/reference/make_infmoe_fixtures.py [--trained DIR] [--skip-tiny]
 """
@@ -188,7 +189,18 @@ def reference_tensors(model, prompts):
     return tensors, worst_gap, worst_margin
 
 
-TRAINED_PROMPTS = ["ROMEO:\nBut soft", "12+35=", '{"id": 7, "name": "']
+# One prompt per domain for a trained model, each the candidate (in this order) whose smallest
+# neuron-score gap is largest: a trained model's 3072 scores crowd, and over some 2,000 (token,
+# layer, sample) choices one within ~1e-7 of the threshold is likely, where another summation
+# order (another CPU's kernels) could flip a neuron. The random tiny model is searched by seed
+# instead.
+TRAINED_CANDIDATES = [
+    ["ROMEO:\nBut soft", "JULIET:\nO", "KING HENRY:\nNow", "First Citizen:\nWe", "HAMLET:\nTo be",
+     "MENENIUS:\nWhy", "LADY:\nMy lord", "GLOUCESTER:\nNow is"],
+    ["12+35=", "47+21=", "90+18=", "33+66=", "58+29=", "71+44=", "15+80=", "26+37="],
+    ['{"id": 7, "name": "', '{"id": 12, "city": "', '{"name": "', '{"id": 3, "tags": [',
+     '{"id": 41, "ok": ', '{"user": "', '{"id": 9, "score": ', '{"item": "'],
+]
 
 
 def build_trained(folder):
@@ -197,7 +209,19 @@ def build_trained(folder):
     from tokenizers import Tokenizer
     tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
     model = InfmoeForCausalLM.load(str(folder))
-    prompts = [tok.encode(t, add_special_tokens=False).ids for t in TRAINED_PROMPTS]
+    prompts = []
+    for cands in TRAINED_CANDIDATES:
+        best = None
+        for text in cands:
+            ids = tok.encode(text, add_special_tokens=False).ids
+            _, gap, margin = reference_tensors(model, [ids])
+            print(f"  candidate {text!r}: min gap {gap:.3g}, greedy margin {margin:.3g}")
+            if margin >= 1e-3 and (best is None or gap > best[0]):
+                best = (gap, ids, text)
+        if best is None:
+            raise SystemExit(f"no candidate of {cands[0]!r}'s domain has a robust greedy margin")
+        print(f"chosen {best[2]!r}")
+        prompts.append(best[1])
     tensors, gap, margin = reference_tensors(model, prompts)
     print(f"{folder}: min neuron-score gap {gap:.3g}, min greedy top1-top2 {margin:.3g}")
     save_file(tensors, str(folder / "reference.safetensors"), metadata={"format": "pt"})

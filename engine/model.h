@@ -64,6 +64,9 @@ enum ffn_act {
 };
 
 #define MODEL_MAX_EXPERTS 512
+/* Far above any released model (126 layers at most so far); a config beyond it is refused
+ * before anything per layer is allocated or looped over. */
+#define MODEL_MAX_LAYERS 4096
 #define MODEL_MAX_GROUPS 64
 #define MODEL_MAX_EOS 8
 

@@ -213,8 +213,12 @@ static int cfg_common(json_t *root, struct model_desc *d, const char *path, char
                       size_t errlen)
 {
     if (cfg_int(root, "num_hidden_layers", true, 0, &d->n_layer, path, err, errlen) ||
-        cfg_positive(d->n_layer, "num_hidden_layers", path, err, errlen) ||
-        cfg_int(root, "hidden_size", true, 0, &d->d_model, path, err, errlen) ||
+        cfg_positive(d->n_layer, "num_hidden_layers", path, err, errlen))
+        return -1;
+    if (d->n_layer > MODEL_MAX_LAYERS)
+        return ms_errf(err, errlen, "%s: num_hidden_layers %d is more than %d", path, d->n_layer,
+                       MODEL_MAX_LAYERS);
+    if (cfg_int(root, "hidden_size", true, 0, &d->d_model, path, err, errlen) ||
         cfg_positive(d->d_model, "hidden_size", path, err, errlen) ||
         cfg_int(root, "vocab_size", true, 0, &d->vocab, path, err, errlen) ||
         cfg_positive(d->vocab, "vocab_size", path, err, errlen) ||

@@ -556,6 +556,11 @@ static void test_parse(void)
         {"{\"model_type\": \"olmoe\", \"hidden_size\": 64, \"num_hidden_layers\": -1}",
          "num_hidden_layers"},
         {"{\"model_type\": \"deepseek_v2\"}", "missing 'num_hidden_layers'"},
+        /* a fuzzer's find: per-layer arrays and loops must not follow a huge layer count */
+        {"{\"model_type\": \"qwen2_moe\", \"hidden_size\": 64, \"num_hidden_layers\": 888888512, "
+         "\"num_attention_heads\": 4, \"vocab_size\": 10, \"moe_intermediate_size\": 8, "
+         "\"num_experts\": 4, \"num_experts_per_tok\": 2}",
+         "num_hidden_layers 888888512 is more than"},
         {"{\"model_type\": \"mohge\"}", "missing 'num_hidden_layers'"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {

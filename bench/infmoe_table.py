@@ -8,7 +8,7 @@ k times the mean width of the experts its tokens were routed to), and decode tok
 --ignore-eos`, best of --repeat runs). Prints one markdown table.
 
   python3 bench/infmoe_table.py --infmoe models/infmoe-small \\
-      --other mohge=models/mohge-small --other homogeneous=/tmp/mohge_run/homogeneous3 \\
+      --other mohge=models/mohge-small --other homogeneous=/tmp/mohge_run/homogeneous-small \\
       --data tools/train/data --max-tokens 2048
 
 Decode speed depends on the machine and its load: run it on a quiet one and say which.

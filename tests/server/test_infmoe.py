@@ -67,20 +67,22 @@ class InfmoeTest(unittest.TestCase):
 
     def test_neurons_metric(self):
         """The budget is visible in /metrics: K = 1 costs N neurons per token and layer (32 x 2
-        layers for the fixture), the default K = 4 more."""
-        def total():
-            return self.srv.metrics().total("moeserve_continuous_neurons_total")
+        layers for the fixture), the default K = 4 more. A server of its own: the shared one's
+        last step of an earlier test may still be counted after that test's response."""
+        with srvtest.Server(model=MODEL, name="infmoe-metric") as srv:
+            def total():
+                return srv.metrics().total("moeserve_continuous_neurons_total")
 
-        def spent(**extra):  # a cache_salt of its own: the whole prompt is computed
-            before = total()
-            st, _, out = self.complete(self.srv.port, max_tokens=1, cache_salt=repr(extra), **extra)
-            self.assertEqual(st, 200, out)
-            # the counters are copied after the step, which may end after the response: the
-            # one step (the prompt's prefill) shows up as one change
-            return srvtest.wait_until(lambda: total() - before or None, 10, "the neuron counter")
-        n_prompt = len(REF["prompt1.ids"])
-        self.assertEqual(spent(moe_samples=1), n_prompt * 32 * 2)
-        self.assertGreater(spent(moe_samples=4), n_prompt * 32 * 2)
+            def spent(**extra):  # a cache_salt of its own: the whole prompt is computed
+                before = total()
+                st, _, out = self.complete(srv.port, max_tokens=1, cache_salt=repr(extra), **extra)
+                self.assertEqual(st, 200, out)
+                # the counters are copied after the step, which may end after the response: the
+                # request's one step (the prompt's prefill) shows up as one change
+                return srvtest.wait_until(lambda: total() - before or None, 10, "the neuron counter")
+            n_prompt = len(REF["prompt1.ids"])
+            self.assertEqual(spent(moe_samples=1), n_prompt * 32 * 2)
+            self.assertGreater(spent(moe_samples=4), n_prompt * 32 * 2)
 
     def test_bad_budget(self):
         for field, value in (("moe_samples", 9), ("moe_samples", -1), ("moe_samples", "2"),

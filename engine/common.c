@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <time.h>
 
 int ms_errf(char *err, size_t errlen, const char *fmt, ...)
@@ -70,4 +71,46 @@ double ms_now(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int ms_buf_reserve(struct ms_buf *b, size_t extra)
+{
+    if (extra > SIZE_MAX / 2 - b->len) return -1;
+    size_t need = b->len + extra + 1;
+    if (need <= b->cap) return 0;
+    size_t cap = b->cap ? b->cap : 64;
+    while (cap < need) cap *= 2;
+    char *p = realloc(b->p, cap);
+    if (!p) return -1;
+    b->p = p;
+    b->cap = cap;
+    return 0;
+}
+
+int ms_buf_add(struct ms_buf *b, const void *data, size_t n)
+{
+    if (ms_buf_reserve(b, n) != 0) return -1;
+    if (n) memcpy(b->p + b->len, data, n);
+    b->len += n;
+    b->p[b->len] = '\0';
+    return 0;
+}
+
+int ms_buf_adds(struct ms_buf *b, const char *s)
+{
+    return ms_buf_add(b, s, strlen(s));
+}
+
+char *ms_buf_take(struct ms_buf *b)
+{
+    char *p = b->p;
+    if (!p) p = calloc(1, 1);
+    *b = (struct ms_buf){0};
+    return p;
+}
+
+void ms_buf_free(struct ms_buf *b)
+{
+    free(b->p);
+    *b = (struct ms_buf){0};
 }

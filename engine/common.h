@@ -44,6 +44,26 @@ uint16_t ms_f32_to_f16(float f);
 /* Monotonic clock in seconds. */
 double ms_now(void);
 
+/* A growable byte string: the one buffer type of the output path (detokenized text, tool-call
+ * content, SSE frames), so that no caller sizes a copy by hand. p[0, len) is the data and p[len]
+ * is always '\0' once anything was added (p is NULL while cap is 0). The owner frees it with
+ * ms_buf_free, or takes p with ms_buf_take. A failed add (out of memory) leaves the buffer as
+ * it was and returns -1; a zeroed struct is an empty buffer. */
+struct ms_buf {
+    char *p;
+    size_t len, cap;
+};
+/* Room for `extra` more bytes (plus the terminator). 0 or -1. */
+int ms_buf_reserve(struct ms_buf *b, size_t extra);
+/* Appends data[0, n). 0 or -1. */
+int ms_buf_add(struct ms_buf *b, const void *data, size_t n);
+/* Appends a NUL-terminated string. 0 or -1. */
+int ms_buf_adds(struct ms_buf *b, const char *s);
+/* The data as a malloc'd NUL-terminated string (an empty one when nothing was added; NULL when
+ * out of memory); the buffer is left empty. */
+char *ms_buf_take(struct ms_buf *b);
+void ms_buf_free(struct ms_buf *b);
+
 #ifdef __cplusplus
 }
 #endif

@@ -255,15 +255,15 @@ char *proto_resp_body(enum proto_kind kind, const char *id, long created, const 
 static char *sse(char *json)
 {
     if (!json) return NULL;
-    size_t n = strlen(json);
-    char *f = malloc(n + 9);
-    if (f) {
-        memcpy(f, "data: ", 6);
-        memcpy(f + 6, json, n);
-        memcpy(f + 6 + n, "\n\n", 3);
-    }
+    struct ms_buf f = {0};
+    bool ok = ms_buf_adds(&f, "data: ") == 0 && ms_buf_adds(&f, json) == 0 &&
+              ms_buf_adds(&f, "\n\n") == 0;
     free(json);
-    return f;
+    if (!ok) {
+        ms_buf_free(&f);
+        return NULL;
+    }
+    return ms_buf_take(&f);
 }
 
 char *proto_resp_chunk(enum proto_kind kind, const char *id, long created, const char *model,

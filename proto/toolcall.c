@@ -125,6 +125,8 @@ no:
     return 0;
 }
 
+static size_t held_tail(const char *text, size_t from, size_t len, const char *const *mk, int n);
+
 static int push_call(struct tc_call **calls, int *n, struct tc_call c)
 {
     struct tc_call *g = realloc(*calls, sizeof *g * (size_t)(*n + 1));
@@ -138,7 +140,9 @@ static int push_call(struct tc_call **calls, int *n, struct tc_call c)
     return 0;
 }
 
-size_t tc_strip_markers(enum tc_syntax syn, char *content, size_t len)
+/* Removes the syntax's outer markers (DeepSeek's calls begin/end) from content in place;
+ * returns the new length. */
+static size_t strip_markers(enum tc_syntax syn, char *content, size_t len)
 {
     if (syn != TC_DEEPSEEK) return len;
     const char *drop[] = {DS_CALLS_BEGIN, DS_CALLS_END};
@@ -325,8 +329,12 @@ void tc_stream_init(struct tc_stream *s, enum tc_syntax syn)
     s->syn = syn;
 }
 
-int tc_stream_step(struct tc_stream *s, const char *text, size_t len, bool final, size_t *from,
-                   size_t *to, struct tc_call **calls, int *n_calls)
+/* One step: the range of text that is now certainly content (or reasoning: s->reasoning) and
+ * at most one completed call. The range may start before s->pos as it was (an unfinished block
+ * that turns out to be text is reported from its open marker). Returns 1 (call again), 0
+ * (nothing more now) or -1 (out of memory). */
+static int stream_step(struct tc_stream *s, const char *text, size_t len, bool final,
+                       size_t *from, size_t *to, struct tc_call **calls, int *n_calls)
 {
     if (s->syn == TC_HARMONY) return harmony_step(s, text, len, final, from, to, calls, n_calls);
     s->reasoning = false;
@@ -336,13 +344,11 @@ int tc_stream_step(struct tc_stream *s, const char *text, size_t len, bool final
     if (!s->in_block) {
         const char *o = find(text + s->pos, len - s->pos, om);
         if (!o) {
-            /* hold back a tail that may start the open marker */
-            size_t keep = 0;
-            for (size_t k = ol - 1; k > 0 && !final; k--)
-                if (k <= len - s->pos && memcmp(text + len - k, om, k) == 0) {
-                    keep = k;
-                    break;
-                }
+            /* hold back a tail that may start the open marker (or, for DeepSeek, an outer
+             * marker: content drops those whole, so one must not be split across steps) */
+            static const char *const ds_outer[] = {DS_CALL_BEGIN, DS_CALLS_BEGIN, DS_CALLS_END};
+            const char *const *mk = s->syn == TC_DEEPSEEK ? ds_outer : &om;
+            size_t keep = final ? 0 : held_tail(text, s->pos, len, mk, s->syn == TC_DEEPSEEK ? 3 : 1);
             *to = len - keep;
             s->pos = *to;
             return 0;
@@ -383,54 +389,61 @@ static bool is_space(char c)
     return c == ' ' || c == '\n' || c == '\t' || c == '\r';
 }
 
-/* Trims spaces at both ends of buf[0, w) in place and terminates it. */
-static void trim(char *buf, size_t w)
+int tc_stream_feed(struct tc_stream *s, const char *text, size_t len, bool final,
+                   struct ms_buf *content, struct ms_buf *reasoning, struct tc_call **calls,
+                   int *n_calls)
 {
-    size_t a = 0;
-    while (a < w && is_space(buf[a])) a++;
-    while (w > a && is_space(buf[w - 1])) w--;
-    memmove(buf, buf + a, w - a);
-    buf[w - a] = '\0';
+    size_t c0 = content->len;
+    for (;;) {
+        size_t from, to;
+        int rc = stream_step(s, text, len, final, &from, &to, calls, n_calls);
+        if (rc < 0) return -1;
+        struct ms_buf *dst = s->reasoning ? reasoning : content;
+        if (to > from && ms_buf_add(dst, text + from, to - from) != 0) return -1;
+        if (rc == 0) break;
+    }
+    if (content->len > c0) {
+        content->len = c0 + strip_markers(s->syn, content->p + c0, content->len - c0);
+        content->p[content->len] = '\0';
+    }
+    return 0;
+}
+
+/* Trims spaces at both ends of a buffer and hands its text over (NULL when out of memory). */
+static char *take_trimmed(struct ms_buf *b)
+{
+    size_t a = 0, w = b->len;
+    while (a < w && is_space(b->p[a])) a++;
+    while (w > a && is_space(b->p[w - 1])) w--;
+    if (a) memmove(b->p, b->p + a, w - a);
+    b->len = w - a;
+    if (b->p) b->p[b->len] = '\0';
+    return ms_buf_take(b);
 }
 
 int tc_parse(enum tc_syntax syn, const char *text, size_t len, char **content,
              struct tc_call **calls, int *n_calls, char **reasoning)
 {
-    char *out = malloc(len + 1), *think = malloc(len + 1);
-    if (!out || !think) {
-        free(out);
-        free(think);
-        return -1;
-    }
-    size_t w = 0, tw = 0;
+    struct ms_buf out = {0}, think = {0};
     struct tc_stream st;
     tc_stream_init(&st, syn);
-    for (;;) {
-        size_t from, to;
-        int rc = tc_stream_step(&st, text, len, true, &from, &to, calls, n_calls);
-        if (rc < 0) {
-            free(out);
-            free(think);
-            return -1;
-        }
-        if (st.reasoning) {
-            memcpy(think + tw, text + from, to - from);
-            tw += to - from;
-        } else {
-            memcpy(out + w, text + from, to - from);
-            w += to - from;
-        }
-        if (rc == 0 && st.pos >= len) break;
+    *content = NULL;
+    if (reasoning) *reasoning = NULL;
+    if (tc_stream_feed(&st, text, len, true, &out, &think, calls, n_calls) != 0) goto oom;
+    *content = take_trimmed(&out);
+    if (!*content) goto oom;
+    if (reasoning) {
+        *reasoning = take_trimmed(&think);
+        if (!*reasoning) goto oom;
     }
-    w = tc_strip_markers(syn, out, w);
-    trim(out, w);
-    *content = out;
-    trim(think, tw);
-    if (reasoning)
-        *reasoning = think;
-    else
-        free(think);
+    ms_buf_free(&think);
     return 0;
+oom:
+    free(*content);
+    *content = NULL;
+    ms_buf_free(&out);
+    ms_buf_free(&think);
+    return -1;
 }
 
 int tc_grammar(enum tc_syntax syn, const char *tools_json, const char *only_name, bool parallel,
@@ -506,7 +519,7 @@ int tc_grammar(enum tc_syntax syn, const char *tools_json, const char *only_name
     snprintf(g, total,
              "%scall ::= %.*s\nblock ::= \"<tool_call>\\n\" call \"\\n</tool_call>\"\n"
              "root ::= block%s\n",
-             rules, (int)calls_len, calls, parallel ? " ( \"\\n\" block )*" : "");
+             rules, (int)calls_len, calls, parallel && !only_name ? " ( \"\\n\" block )*" : "");
     *out = g;
     rc = 0;
 out:

@@ -23,6 +23,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "common.h"
 #include "tokenizer.h"
 
 enum tc_syntax { TC_HERMES, TC_DEEPSEEK, TC_HARMONY };
@@ -61,17 +62,20 @@ struct tc_stream {
     bool reasoning; /* the range the last step reported is reasoning, not content */
 };
 void tc_stream_init(struct tc_stream *s, enum tc_syntax syn);
-/* Removes the syntax's outer markers (DeepSeek's calls begin/end) from content in place;
- * returns the new length. */
-size_t tc_strip_markers(enum tc_syntax syn, char *content, size_t len);
-/* Reports at most one call per step: call it again while it returns 1 (progress). Returns 1,
- * 0 (nothing more now) or -1 (out of memory). After each step s->reasoning says whether the
- * range it reported is the model's reasoning rather than content. */
-int tc_stream_step(struct tc_stream *s, const char *text, size_t len, bool final, size_t *from,
-                   size_t *to, struct tc_call **calls, int *n_calls);
+/* Feeds the output so far (text[0, len), the whole of it each time, growing): appends to
+ * content what can no longer turn out to be part of a call (outer markers dropped), to
+ * reasoning what is the model's reasoning, and to *calls the calls completed since the last
+ * feed. With final, everything left is content. The buffers grow as needed, so a caller never
+ * sizes them: what is appended may start before the text the last feed consumed (an
+ * unfinished block that turns out to be text). Returns 0, or -1 when out of memory (what was
+ * appended stays, the stream is then unusable). */
+int tc_stream_feed(struct tc_stream *s, const char *text, size_t len, bool final,
+                   struct ms_buf *content, struct ms_buf *reasoning, struct tc_call **calls,
+                   int *n_calls);
 
 /* EBNF forcing one call (parallel: one or more) of the tools (a JSON array as OpenAI sends),
- * or of the one named. Returns 0 with a malloc'd grammar, or -1 with a reason (a parameters
+ * or exactly one call of the one named (whatever parallel says, as vLLM does: a named choice
+ * asks for that call, not a run of them). Returns 0 with a malloc'd grammar, or -1 with a reason (a parameters
  * schema the grammar compiler lacks: its keyword in bad_keyword). */
 int tc_grammar(enum tc_syntax syn, const char *tools_json, const char *only_name, bool parallel,
                char **out, char *err, size_t errlen, char *bad_keyword, size_t kwlen);

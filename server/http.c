@@ -90,8 +90,8 @@ struct gen {
     pthread_mutex_t mu;
     uint64_t events;
     bool suspended;
-    char *pend;                /* SSE bytes not yet handed to h1 */
-    size_t pend_len, pend_off;
+    struct ms_buf pend;        /* SSE bytes; those from pend_off on not yet handed to h1 */
+    size_t pend_off;
     bool usage_sent, done_sent;
     bool tool_calls;           /* a choice ended in tool calls (the access log's finish reason) */
 };
@@ -271,7 +271,7 @@ static void gen_free(struct gen *g)
     for (int i = 0; g->cs && i < g->n; i++) free(g->cs[i].echo);
     free(g->reqs);
     free(g->cs);
-    free(g->pend);
+    ms_buf_free(&g->pend);
     pthread_mutex_destroy(&g->mu);
     atomic_fetch_sub(&g->h->active, 1);
     free(g);
@@ -391,14 +391,15 @@ static char *gen_body(struct gen *g, int *status, struct proto_error *e)
             int i = order[base + j];
             struct sched_req *r = g->reqs[i];
             struct proto_choice *c = &ch[n_ch];
-            size_t el = g->cs[i].echo_len;
-            texts[n_ch] = malloc(el + r->out.text_len + 1);
-            if (!texts[n_ch]) goto out;
-            if (el) memcpy(texts[n_ch], g->cs[i].echo, el);
-            memcpy(texts[n_ch] + el, r->out.text, r->out.text_len);
+            struct ms_buf t = {0};
+            if (ms_buf_add(&t, g->cs[i].echo, g->cs[i].echo_len) != 0 ||
+                ms_buf_add(&t, r->out.text, r->out.text_len) != 0) {
+                ms_buf_free(&t);
+                goto out;
+            }
             c->index = n_ch;
-            c->text = texts[n_ch];
-            c->text_len = el + r->out.text_len;
+            c->text_len = t.len;
+            c->text = texts[n_ch] = ms_buf_take(&t);
             c->finish_reason = finish_name(r->out.finish);
             if (g->tools) {
                 char *content = NULL;
@@ -444,63 +445,28 @@ out:
     return body;
 }
 
+/* Queues a frame (malloc'd, taken) behind the SSE bytes not yet sent. */
 static bool pend_add(struct gen *g, char *frame)
 {
     if (!frame) return false;
-    size_t n = strlen(frame);
-    if (g->pend_off == g->pend_len) g->pend_off = g->pend_len = 0;
-    char *p = realloc(g->pend, g->pend_len + n + 1);
-    if (!p) {
-        free(frame);
-        return false;
-    }
-    g->pend = p;
-    memcpy(g->pend + g->pend_len, frame, n);
-    g->pend_len += n;
+    if (g->pend_off == g->pend.len) g->pend_off = g->pend.len = 0;
+    bool ok = ms_buf_adds(&g->pend, frame) == 0;
     free(frame);
-    return true;
+    return ok;
 }
 
-/* Tool calls while streaming: the content of r's text[0, tl) that is certainly not part of a
- * call (a new string, *len bytes) and the calls completed since the last time. Under r's lock.
- * Returns -1 when out of memory. */
-static int tool_delta(struct gen *g, struct choice_state *cs, const struct sched_req *r,
-                      size_t tl, bool final, char **content, size_t *len, struct tc_call **calls,
-                      int *n_calls, char **reasoning, size_t *rlen)
+/* A choice's new text for its next chunk, appended to text (and reasoning): the echoed prompt
+ * first when the choice has not started, then the output since the last chunk, or, for an
+ * output parsed for tool calls, what its parser released (the calls completed since then in
+ * *calls). Under r's lock. Returns -1 when out of memory. */
+static int choice_delta(struct gen *g, struct choice_state *cs, const struct sched_req *r,
+                        size_t tl, bool final, struct ms_buf *text, struct ms_buf *reasoning,
+                        struct tc_call **calls, int *n_calls)
 {
-    size_t room = tl - cs->tcs.pos + 1;
-    char *buf = malloc(room), *think = malloc(room);
-    if (!buf || !think) {
-        free(buf);
-        free(think);
-        return -1;
-    }
-    size_t w = 0, tw = 0;
-    for (;;) {
-        size_t from, to;
-        int rc = tc_stream_step(&cs->tcs, r->out.text, tl, final, &from, &to, calls, n_calls);
-        if (rc < 0) {
-            free(buf);
-            free(think);
-            return -1;
-        }
-        if (cs->tcs.reasoning) {
-            memcpy(think + tw, r->out.text + from, to - from);
-            tw += to - from;
-        } else {
-            memcpy(buf + w, r->out.text + from, to - from);
-            w += to - from;
-        }
-        if (rc == 0) break;
-    }
-    w = tc_strip_markers(g->tc_syn, buf, w);
-    buf[w] = '\0';
-    think[tw] = '\0';
-    *content = buf;
-    *len = w;
-    *reasoning = think;
-    *rlen = tw;
-    return 0;
+    if (cs->echo && !cs->role_sent && ms_buf_add(text, cs->echo, cs->echo_len) != 0) return -1;
+    if (g->tools)
+        return tc_stream_feed(&cs->tcs, r->out.text, tl, final, text, reasoning, calls, n_calls);
+    return ms_buf_add(text, r->out.text + cs->text_sent, tl - cs->text_sent);
 }
 
 /* Turns new output of every choice into SSE frames. Returns true when frames were added. */
@@ -531,29 +497,19 @@ static bool gen_collect(struct gen *g)
             proto_fail(&e, 500, NULL, NULL, "generation failed: %s", r->out.error);
             frame = proto_resp_error_sse(&e);
         } else if (has_new) {
-            char *text = r->out.text + cs->text_sent;
-            size_t len = tl - cs->text_sent;
-            char *joined = NULL, *think = NULL;
-            size_t think_len = 0;
+            struct ms_buf delta = {0}, think = {0};
             struct tc_call *calls = NULL;
             int n_calls = 0;
-            if (g->tools) {
-                if (tool_delta(g, cs, r, tl, fin != SCHED_FINISH_NONE, &joined, &len, &calls,
-                               &n_calls, &think, &think_len) != 0) {
-                    sched_req_unlock(r);
-                    return added;
-                }
-                text = joined;
+            if (choice_delta(g, cs, r, tl, fin != SCHED_FINISH_NONE, &delta, &think, &calls,
+                             &n_calls) != 0) {
+                sched_req_unlock(r);
+                ms_buf_free(&delta);
+                ms_buf_free(&think);
+                tc_calls_free(calls, n_calls);
+                return added;
             }
-            if (cs->echo && !cs->role_sent) {
-                joined = malloc(cs->echo_len + len + 1);
-                if (joined) {
-                    memcpy(joined, cs->echo, cs->echo_len);
-                    memcpy(joined + cs->echo_len, text, len);
-                    text = joined;
-                    len += cs->echo_len;
-                }
-            }
+            const char *text = delta.p ? delta.p : "";
+            size_t len = delta.len, think_len = think.len;
             struct proto_choice c = {
                 .index = i, .text = text, .text_len = len, .finish_reason = finish_name(fin),
                 .lps = g->logprobs ? r->out.lps + cs->tok_sent : NULL,
@@ -564,7 +520,7 @@ static bool gen_collect(struct gen *g)
             if (!cs->role_sent) choice_prompt(g, r, &c);
             c.calls = calls;
             c.n_calls = n_calls;
-            c.reasoning = think;
+            c.reasoning = think.p;
             c.reasoning_len = think_len;
             c.call_index0 = cs->calls_sent;
             c.call_id = g->call_id;
@@ -584,8 +540,8 @@ static bool gen_collect(struct gen *g)
             tc_calls_free(calls, n_calls);
             for (size_t b = 0; frame && b < len; b++)
                 cs->chars_sent += ((unsigned char)text[b] & 0xC0) != 0x80;
-            free(joined);
-            free(think);
+            ms_buf_free(&delta);
+            ms_buf_free(&think);
         }
         sched_req_unlock(r);
         if (frame) {
@@ -619,10 +575,10 @@ static long stream_reader(void *cls, char *buf, size_t max)
 {
     struct gen *g = cls;
     for (;;) {
-        if (g->pend_off < g->pend_len) {
-            size_t n = g->pend_len - g->pend_off;
+        if (g->pend_off < g->pend.len) {
+            size_t n = g->pend.len - g->pend_off;
             if (n > max) n = max;
-            memcpy(buf, g->pend + g->pend_off, n);
+            memcpy(buf, g->pend.p + g->pend_off, n);
             g->pend_off += n;
             return (long)n;
         }

@@ -41,28 +41,15 @@ static void check_r(enum tc_syntax syn, const char *text, const char *want_conte
     for (size_t cut = 1; cut <= len; cut++) {
         struct tc_stream st;
         tc_stream_init(&st, syn);
-        char *streamed = calloc(len + 1, 1), *think = calloc(len + 1, 1);
-        size_t w = 0, tw = 0;
+        struct ms_buf sb = {0}, tb = {0};
         calls = NULL;
         n = 0;
         for (size_t upto = cut;; upto = upto + cut < len ? upto + cut : len) {
             bool final = upto == len;
-            size_t from, to;
-            int rc;
-            do {
-                rc = tc_stream_step(&st, text, upto, final, &from, &to, &calls, &n);
-                if (st.reasoning) {
-                    memcpy(think + tw, text + from, to - from);
-                    tw += to - from;
-                } else {
-                    memcpy(streamed + w, text + from, to - from);
-                    w += to - from;
-                }
-            } while (rc > 0);
+            CHECK(tc_stream_feed(&st, text, upto, final, &sb, &tb, &calls, &n) == 0);
             if (final) break;
         }
-        w = tc_strip_markers(syn, streamed, w);
-        streamed[w] = '\0';
+        char *streamed = ms_buf_take(&sb), *think = ms_buf_take(&tb);
         /* whole-parse content is trimmed; compare trimmed */
         char *a = streamed;
         while (*a == ' ' || *a == '\n') a++;

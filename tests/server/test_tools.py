@@ -84,6 +84,54 @@ class ToolsTest(unittest.TestCase):
         self.assertEqual(list(calls), [0])
         self.check_call(calls[0]["name"], calls[0]["arguments"], want="add")
 
+    def test_named_gives_one_call(self):
+        # parallel_tool_calls left unset (true by default): a named choice still asks for that
+        # one call, as vLLM answers it, never a run of repeats
+        for seed in range(6):
+            r = self.client.chat.completions.create(
+                model=NAME, messages=MSGS, tools=TOOLS, temperature=1, seed=seed,
+                tool_choice={"type": "function", "function": {"name": "get_weather"}},
+                max_tokens=300)
+            c = r.choices[0]
+            self.assertEqual(c.finish_reason, "tool_calls", "seed %d" % seed)
+            self.assertEqual(len(c.message.tool_calls), 1, "seed %d" % seed)
+            self.check_call(c.message.tool_calls[0].function.name,
+                            c.message.tool_calls[0].function.arguments, want="get_weather")
+
+    def test_streamed_forced_call_cut_by_length(self):
+        # Issue 29's reproducer: a forced call still open when max_tokens ends the output is
+        # flushed as content. The streamed flush once wrote past a buffer sized for the text
+        # since the last chunk (it starts at the open marker, before that) and killed the
+        # server; seed 3 did it every time. The stream must end cleanly and say what the
+        # non-streamed answer says.
+        tools = [{"type": "function", "function": {"name": "f", "parameters": {
+            "type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}}}]
+        for seed in list(range(8)) + [3, 11, 17]:
+            body = {"messages": [{"role": "user", "content": "hi"}], "tools": tools,
+                    "tool_choice": "required", "seed": seed, "temperature": 0.8,
+                    "max_tokens": 100}
+            st, _, whole = srvtest.post_json(self.srv.port, "/v1/chat/completions", body)
+            self.assertEqual(st, 200, whole)
+            st, _, raw = srvtest.request(self.srv.port, "POST", "/v1/chat/completions",
+                                         dict(body, stream=True))
+            self.assertEqual(st, 200, raw[:300])
+            events = srvtest.sse_events(raw)
+            self.assertEqual(events[-1], "[DONE]", "seed %d" % seed)
+            content, names, finish = "", [], None
+            for ev in events[:-1]:
+                ch = json.loads(ev)["choices"][0]
+                content += ch["delta"].get("content") or ""
+                names += [t["function"]["name"] for t in ch["delta"].get("tool_calls") or []
+                          if t["function"].get("name")]
+                finish = ch["finish_reason"] or finish
+            msg = whole["choices"][0]["message"]
+            self.assertEqual(finish, whole["choices"][0]["finish_reason"], "seed %d" % seed)
+            self.assertEqual(content.strip(), (msg.get("content") or "").strip(),
+                             "seed %d" % seed)
+            self.assertEqual(names, [t["function"]["name"] for t in msg.get("tool_calls") or []])
+        st, _, _ = srvtest.request(self.srv.port, "GET", "/health")
+        self.assertEqual(st, 200)
+
     def test_round_trip_and_text_modes(self):
         r = self.client.chat.completions.create(
             model=NAME, messages=MSGS, tools=TOOLS, tool_choice="required", temperature=0,

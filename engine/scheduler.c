@@ -102,14 +102,12 @@ struct sched_req *sched_req_create(const int32_t *prompt, int n_prompt,
         ms_errf(err, errlen, "at most %d stop strings", SCHED_MAX_STOP);
         return NULL;
     }
-    size_t stop_max = 0;
     for (int i = 0; i < p->n_stop; i++) {
         size_t l = strlen(p->stop[i]);
         if (l == 0 || l > SCHED_MAX_STOP_LEN) {
             ms_errf(err, errlen, "stop strings must be 1 to %d bytes", SCHED_MAX_STOP_LEN);
             return NULL;
         }
-        if (l > stop_max) stop_max = l;
     }
     struct sched_req *r = calloc(1, sizeof *r);
     if (!r) goto oom;
@@ -121,9 +119,7 @@ struct sched_req *sched_req_create(const int32_t *prompt, int n_prompt,
     r->out.tokens = malloc(sizeof(int32_t) * (size_t)(p->max_tokens > 0 ? p->max_tokens : 1));
     r->out.text_cap = (size_t)p->max_tokens * 8 + 64;
     r->out.text = malloc(r->out.text_cap);
-    r->hold_cap = stop_max + sizeof(((struct sched *)0)->piece) + 1;
-    r->hold = malloc(r->hold_cap);
-    if (!r->tokens || !r->out.tokens || !r->out.text || !r->hold) goto oom;
+    if (!r->tokens || !r->out.tokens || !r->out.text) goto oom;
     if (p->logprobs) {
         r->out.lps = malloc(sizeof *r->out.lps * (size_t)(p->max_tokens > 0 ? p->max_tokens : 1));
         if (!r->out.lps) goto oom;
@@ -161,6 +157,11 @@ struct sched_req *sched_req_create(const int32_t *prompt, int n_prompt,
         memcpy(r->stop_buf[i], p->stop[i], strlen(p->stop[i]) + 1);
         r->p.stop[i] = r->stop_buf[i];
     }
+    if (stopstr_init(&r->ss, r->p.stop, r->p.n_stop, r->p.include_stop_str,
+                     sizeof(((struct sched *)0)->piece)) != 0) {
+        grm_release(p->grammar);
+        goto oom;
+    }
     r->out.text[0] = '\0';
     r->id = atomic_fetch_add(&sched_next_id, 1);
     r->t_arrival = ms_now();
@@ -177,7 +178,7 @@ oom:
         free(r->out.text);
         free(r->out.lps);
         free(r->out.prompt_lps);
-        free(r->hold);
+        stopstr_free(&r->ss);
         free(r->stop_ids);
         free(r->bias);
         free(r->allowed);
@@ -205,7 +206,7 @@ void sched_req_release(struct sched_req *r)
     free(r->out.text);
     free(r->out.lps);
     free(r->out.prompt_lps);
-    free(r->hold);
+    stopstr_free(&r->ss);
     free(r->stop_ids);
     free(r->bias);
     free(r->allowed);
@@ -320,52 +321,18 @@ static void out_append(struct sched_req *r, const char *t, size_t n)
     r->out.text[r->out.text_len] = '\0';
 }
 
-/* Feeds newly decoded text through the stop-string filter: publishes what can no longer be
- * the start of a stop string, holds back the rest. Returns true when a stop string matched
- * (the text before it is published, and the stop string itself with include_stop_str; the
- * rest dropped). Before min_tokens no stop string counts. Called with r->mu held. */
+static void out_emit(void *ctx, const char *t, size_t n)
+{
+    out_append(ctx, t, n);
+}
+
+/* Feeds newly decoded text through the stop-string filter (stopstr.h): publishes what can no
+ * longer be the start of a stop string. Returns true when a stop string matched. Before
+ * min_tokens no stop string counts. Called with r->mu held. */
 static bool feed_text(struct sched_req *r, const char *t, size_t n)
 {
-    if (r->p.n_stop == 0 || r->n_total - r->n_prompt < r->p.min_tokens) {
-        out_append(r, r->hold, r->hold_len);
-        r->hold_len = 0;
-        out_append(r, t, n);
-        return false;
-    }
-    if (r->hold_len + n > r->hold_cap) n = r->hold_cap - r->hold_len; /* cannot happen */
-    memcpy(r->hold + r->hold_len, t, n);
-    r->hold_len += n;
-    size_t best = r->hold_len, best_len = 0;
-    for (int i = 0; i < r->p.n_stop; i++) {
-        const char *st = r->p.stop[i];
-        size_t sl = strlen(st);
-        for (size_t k = 0; k + sl <= r->hold_len && k < best; k++)
-            if (memcmp(r->hold + k, st, sl) == 0) {
-                best = k;
-                best_len = sl;
-                break;
-            }
-    }
-    if (best < r->hold_len) {
-        out_append(r, r->hold, best + (r->p.include_stop_str ? best_len : 0));
-        r->hold_len = 0;
-        return true;
-    }
-    /* Longest suffix of hold that is a proper prefix of some stop string. */
-    size_t keep = 0;
-    for (int i = 0; i < r->p.n_stop; i++) {
-        const char *st = r->p.stop[i];
-        size_t sl = strlen(st);
-        for (size_t l = sl - 1; l > keep; l--)
-            if (l <= r->hold_len && memcmp(r->hold + r->hold_len - l, st, l) == 0) {
-                keep = l;
-                break;
-            }
-    }
-    out_append(r, r->hold, r->hold_len - keep);
-    memmove(r->hold, r->hold + r->hold_len - keep, keep);
-    r->hold_len = keep;
-    return false;
+    bool active = r->n_total - r->n_prompt >= r->p.min_tokens;
+    return stopstr_feed(&r->ss, t, n, active, out_emit, r);
 }
 
 /* Publishes the end of a request: held-back text, the finish reason; wakes the reader. */
@@ -373,8 +340,7 @@ static void finish_locked(struct sched_req *r, enum sched_finish why, const char
 {
     /* Text held back as a possible stop-string start turned out to be plain text (after a
      * stop-string match the hold is already empty). */
-    out_append(r, r->hold, r->hold_len);
-    r->hold_len = 0;
+    stopstr_flush(&r->ss, out_emit, r);
     r->out.finish = why;
     if (msg) snprintf(r->out.error, sizeof r->out.error, "%s", msg);
     if (r->out.notify) r->out.notify(r->out.notify_ctx);

@@ -47,6 +47,7 @@
 #include "engine.h"
 #include "grammar.h"
 #include "sampler.h"
+#include "stopstr.h"
 #include "tokenizer.h"
 
 struct sched;
@@ -138,8 +139,7 @@ struct sched_req {
     struct kv_seq kv;
     struct sampler *smp;
     struct tok_stream ts;
-    char *hold;               /* (hold_cap) text held back while it may start a stop string */
-    size_t hold_len, hold_cap;
+    struct stopstr ss;        /* stop strings over the decoded text (text held back) */
     double t_scheduled, t_first_token, t_last_token;
     int n_preempted;
     struct sched_req *next, *prev; /* wait queue / incoming list links */

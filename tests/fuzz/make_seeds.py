@@ -120,7 +120,30 @@ def tokenizer_seeds():
     return seeds
 
 
+def output_seeds():
+    ds = "<\uff5ctool\u2581calls\u2581begin\uff5c><\uff5ctool\u2581call\u2581begin\uff5c>function" \
+         "<\uff5ctool\u2581sep\uff5c>f\n```json\n{\"a\": 1}\n```<\uff5ctool\u2581call\u2581end\uff5c>" \
+         "<\uff5ctool\u2581calls\u2581end\uff5c>"
+    texts = [
+        (0, 'Sure.\n<tool_call>\n{"name": "f", "arguments": {"a": "x"}}\n</tool_call>'),
+        (0, '<tool_call>\n{"name": "f", "arguments": {"a": "unfinished'),  # cut by length
+        (0, 'a <tool_call>not json</tool_call> b <tool_call>{"name": "g"}</tool_call>'),
+        (1, "ok" + ds),
+        (1, ds[:40]),
+        (2, "<|channel|>analysis<|message|>think<|end|><|start|>assistant<|channel|>final"
+            "<|message|>Hi!<|return|>"),
+        (2, "<|channel|>commentary to=functions.f <|constrain|>json<|message|>{\"a\":1}<|call|>"),
+    ]
+    seeds = []
+    for tok, t in texts:
+        for flags in (0, 4 | 8, 16 | 32, 64):
+            stops = b"" if not flags & 24 else b"</tool\x01\n\x01" if flags & 16 else b"}\x01"
+            seeds.append(bytes([tok | flags, len(seeds)]) + stops + t.encode())
+    return seeds
+
+
 if __name__ == "__main__":
+    write("fuzz_output", output_seeds())
     write("fuzz_http", http_seeds())
     write("fuzz_proto", proto_seeds())
     write("fuzz_model_files", model_file_seeds())

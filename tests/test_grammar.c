@@ -25,7 +25,11 @@ static bool matches(const struct grm_grammar *g, const char *s)
 {
     struct grm_matcher *m = grm_matcher_create(g);
     if (!m) return false;
-    bool ok = grm_accept_bytes(m, s, strlen(s)) == 0 && grm_can_end(m);
+    /* a byte a call: the states one call passes through must fit the matcher's tables, and a
+     * state of the 10^4-property schema below has 10^4 stacks */
+    bool ok = true;
+    for (size_t i = 0, n = strlen(s); i < n && ok; i++) ok = grm_accept_bytes(m, s + i, 1) == 0;
+    ok = ok && grm_can_end(m);
     grm_matcher_free(m);
     return ok;
 }
@@ -100,7 +104,8 @@ static void test_compile(const struct grm_vocab *v)
     BAD(GRM_EBNF, "root ::= x\n", v, "'x' is used but not defined", NULL);
     BAD(GRM_EBNF, "start ::= \"a\"", v, "no 'root' rule", NULL);
     BAD(GRM_EBNF, "root ::= root \"a\" | \"b\"", v, "left-recursive", NULL);
-    BAD(GRM_EBNF, "root ::= x* \"a\"\nx ::= \"b\"?", v, "left-recursive", NULL);
+    BAD(GRM_EBNF, "root ::= x \"a\"\nx ::= \"b\"? root", v, "left-recursive", NULL);
+    BAD(GRM_EBNF, "root ::= (root)* \"a\"", v, "left-recursive", NULL);
     BAD(GRM_EBNF, "root ::= \"a\" | \"b\nroot2 ::= x", v, "unterminated", NULL);
     BAD(GRM_EBNF, "root ::= [z-a]", v, "backwards", NULL);
     BAD(GRM_EBNF, "root ::= \"a\"{5,2}", v, "repetition", NULL);
@@ -118,6 +123,200 @@ static void test_compile(const struct grm_vocab *v)
     BAD(GRM_JSON_SCHEMA, "{\"type\":\"string\",\"pattern\":\"^[^a]$\"}", v, "negated", "pattern");
     BAD(GRM_JSON_SCHEMA, "{\"type\":\"bogus\"}", v, "unknown type", "type");
     BAD(GRM_JSON_SCHEMA, "[1", v, "invalid JSON", NULL);
+}
+
+/* A growable string for the large inputs below. */
+struct sbuf {
+    char *p;
+    size_t len, cap;
+};
+
+static void sb_put(struct sbuf *b, const char *s)
+{
+    size_t n = strlen(s);
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = (b->len + n + 1) * 2;
+        char *q = realloc(b->p, cap);
+        if (!q) abort();
+        b->p = q;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, s, n + 1);
+    b->len += n;
+}
+
+static void sb_repeat(struct sbuf *b, const char *s, int n)
+{
+    for (int i = 0; i < n; i++) sb_put(b, s);
+}
+
+/* Groups nested `depth` deep around one "a", as a regex or EBNF. */
+static char *nested(bool ebnf, int depth)
+{
+    struct sbuf b = {0};
+    sb_put(&b, ebnf ? "root ::= " : "");
+    sb_repeat(&b, "(", depth);
+    sb_put(&b, ebnf ? "\"a\"" : "a");
+    sb_repeat(&b, ")", depth);
+    return b.p;
+}
+
+/* Inputs that used to overflow the stack or take quadratic time: deep nesting stops at
+ * GRM_MAX_NESTING with an error naming it, long rule chains and wide schemas compile. */
+static void test_limits(const struct grm_vocab *v)
+{
+    char err[MS_ERR_LEN], kw[64];
+    for (int ebnf = 0; ebnf < 2; ebnf++) {
+        enum grm_kind k = ebnf ? GRM_EBNF : GRM_REGEX;
+        char *at = nested(ebnf, GRM_MAX_NESTING), *over = nested(ebnf, GRM_MAX_NESTING + 1);
+        char *huge = nested(ebnf, 50000);
+        const char *const yes[] = {"a", NULL}, *const no[] = {"", "aa", NULL};
+        expect_matches(k, at, v, yes, no, __LINE__);
+        BAD(k, over, v, "groups nested deeper than 256 levels", NULL);
+        BAD(k, huge, v, "groups nested deeper than 256 levels", NULL);
+        free(at);
+        free(over);
+        free(huge);
+    }
+    /* a chain of 50,000 rules, each referring to the next */
+    struct sbuf b = {0};
+    char line[64];
+    sb_put(&b, "root ::= r0\n");
+    for (int i = 0; i < 50000; i++) {
+        snprintf(line, sizeof line, "r%d ::= \"x\" | \"<\" r%d \">\"\n", i, i + 1);
+        sb_put(&b, line);
+    }
+    sb_put(&b, "r50000 ::= \"x\"\n");
+    MATCHES(GRM_EBNF, b.p, v, "x", "<x>", "<<<x>>>", NULL, "", "<x", "x>", "<>", NULL);
+    free(b.p);
+    /* a chain of 50,000 nullable rules ending in one that consumes: not left-recursive */
+    b = (struct sbuf){0};
+    sb_put(&b, "root ::= r0 \"!\"\n");
+    for (int i = 0; i < 50000; i++) {
+        snprintf(line, sizeof line, "r%d ::= r%d | \"\"\n", i, i + 1);
+        sb_put(&b, line);
+    }
+    sb_put(&b, "r50000 ::= \"x\"\n");
+    MATCHES(GRM_EBNF, b.p, v, "!", "x!", NULL, "x", "xx!", NULL);
+    free(b.p);
+    /* ... and one that loops back to its start: left recursion found through all of them */
+    b = (struct sbuf){0};
+    sb_put(&b, "root ::= r0\n");
+    for (int i = 0; i < 50000; i++) {
+        snprintf(line, sizeof line, "r%d ::= \"\" | r%d\n", i, i + 1);
+        sb_put(&b, line);
+    }
+    sb_put(&b, "r50000 ::= r0 \"x\"\n");
+    BAD(GRM_EBNF, b.p, v, "left-recursive", NULL);
+    free(b.p);
+    /* a 10,000-property schema (all optional) and one with them all required */
+    for (int req = 0; req < 2; req++) {
+        b = (struct sbuf){0};
+        sb_put(&b, "{\"type\":\"object\",\"properties\":{");
+        for (int i = 0; i < 10000; i++) {
+            snprintf(line, sizeof line, "%s\"p%d\":{\"type\":\"string\"}", i ? "," : "", i);
+            sb_put(&b, line);
+        }
+        sb_put(&b, "}");
+        if (req) {
+            sb_put(&b, ",\"required\":[");
+            for (int i = 0; i < 10000; i++) {
+                snprintf(line, sizeof line, "%s\"p%d\"", i ? "," : "", i);
+                sb_put(&b, line);
+            }
+            sb_put(&b, "]");
+        }
+        sb_put(&b, "}");
+        struct grm_grammar *g = compile(GRM_JSON_SCHEMA, b.p, v, err, kw);
+        CHECKF(g != NULL, "10k properties: %s", err);
+        free(b.p);
+        if (!g) continue;
+        CHECK(!matches(g, "{\"p0\":1}"));                 /* a number, not a string */
+        CHECK(!matches(g, "{\"p1\":\"a\",\"p0\":\"b\"}")); /* out of order */
+        CHECK(!matches(g, "{\"q\":\"a\"}"));
+        CHECK(matches(g, "{\"p0\":\"a\",\"p1\":\"b\"}") == !req);
+        CHECK(matches(g, "{}") == !req);
+        /* every member (with all optional, each key position has a stack per remaining
+         * property: the full instance is checked on the required schema only) */
+        CHECK(matches(g, "{\"p0\":\"a\",\"p5000\":\"b\",\"p9999\":\"c\"}") == !req);
+        CHECK(!matches(g, "{\"p0\":\"a\",\"p5000\":\"b\",\"p10000\":\"c\"}"));
+        if (!req) {
+            grm_release(g);
+            continue;
+        }
+        struct sbuf all = {0};
+        sb_put(&all, "{");
+        for (int i = 0; i < 10000; i++) {
+            snprintf(line, sizeof line, "%s\"p%d\":\"v%d\"", i ? "," : "", i, i);
+            sb_put(&all, line);
+        }
+        sb_put(&all, "}");
+        CHECK(matches(g, all.p));
+        all.p[all.len - 3] = '1'; /* "v9999" -> "v9991": still valid */
+        CHECK(matches(g, all.p));
+        all.p[all.len - 1] = ','; /* unclosed */
+        CHECK(!matches(g, all.p));
+        free(all.p);
+        grm_release(g);
+    }
+}
+
+/* grm_compile_limited: each limit gives GRM_EBUDGET naming itself; within limits it compiles. */
+static void test_budget(const struct grm_vocab *v)
+{
+    char err[MS_ERR_LEN], kw[64];
+    struct grm_grammar *g = NULL;
+    const char *small = "root ::= [a-z]+ \"!\"";
+    struct grm_limits lim = {.max_seconds = 5, .max_rules = 100, .max_bytes = 1 << 20};
+    CHECKF(grm_compile_limited(GRM_EBNF, small, v, &lim, &g, err, sizeof err, kw, sizeof kw) == 0,
+           "%s", err);
+    CHECK(g && matches(g, "ab!") && !matches(g, "ab"));
+    grm_release(g);
+    g = NULL;
+    /* x{0,1000} nested three deep: ~3000 rules and quick; with a small rule budget refused */
+    const char *big = "root ::= ((\"a\"{0,1000}){0,1000}){0,1000}";
+    lim = (struct grm_limits){.max_rules = 1000};
+    CHECK(grm_compile_limited(GRM_EBNF, big, v, &lim, &g, err, sizeof err, kw, sizeof kw) ==
+          GRM_EBUDGET);
+    CHECK(g == NULL);
+    CHECKF(strstr(err, "1000 rules (limit max_rules)") != NULL, "%s", err);
+    lim = (struct grm_limits){.max_bytes = 4096};
+    CHECK(grm_compile_limited(GRM_EBNF, big, v, &lim, &g, err, sizeof err, kw, sizeof kw) ==
+          GRM_EBUDGET);
+    CHECKF(strstr(err, "4096 bytes (limit max_bytes)") != NULL, "%s", err);
+    lim = (struct grm_limits){.max_seconds = 1e-9};
+    CHECK(grm_compile_limited(GRM_EBNF, big, v, &lim, &g, err, sizeof err, kw, sizeof kw) ==
+          GRM_EBUDGET);
+    CHECKF(strstr(err, "1e-09 s (limit max_seconds)") != NULL, "%s", err);
+    /* invalid input stays -1, also with limits */
+    CHECK(grm_compile_limited(GRM_EBNF, "root ::= (", v, &lim, &g, err, sizeof err, kw,
+                              sizeof kw) == -1);
+    CHECK(grm_compile_limited(GRM_JSON_SCHEMA, "{\"minimum\":1}", v, &lim, &g, err, sizeof err,
+                              kw, sizeof kw) == -1 && strcmp(kw, "minimum") == 0);
+    /* no limits: the same grammar compiles */
+    CHECKF(grm_compile_limited(GRM_EBNF, big, v, NULL, &g, err, sizeof err, kw, sizeof kw) == 0,
+           "%s", err);
+    CHECK(g && matches(g, "aaa") && matches(g, ""));
+    grm_release(g);
+}
+
+/* Repetitions of bodies that can match nothing (once refused as left-recursive). */
+static void test_nested_quantifiers(const struct grm_vocab *v)
+{
+    MATCHES(GRM_REGEX, "(a*)*b", v, "b", "ab", "aaab", NULL, "", "a", "ba", NULL);
+    MATCHES(GRM_REGEX, "(.*)*x", v, "x", "abx", "xxx", NULL, "", "xa", "a\nx", NULL);
+    MATCHES(GRM_REGEX, "(a|b*)+c", v, "c", "ac", "abbac", "bbc", NULL, "", "ab", "cc", NULL);
+    MATCHES(GRM_REGEX, "(a?)*", v, "", "a", "aaaa", NULL, "b", "ab", NULL);
+    MATCHES(GRM_REGEX, "((a*)*)*", v, "", "aaa", NULL, "b", NULL);
+    MATCHES(GRM_REGEX, "(a?b?)+c{2}", v, "cc", "abcc", "bacc", "aabbcc", NULL, "c", "abc", NULL);
+    MATCHES(GRM_REGEX, "((a|)(b|))*x", v, "x", "abx", "bax", "aax", NULL, "xb", NULL);
+    MATCHES(GRM_REGEX, "(a*b*)*", v, "", "ba", "abab", NULL, "c", NULL);
+    MATCHES(GRM_REGEX, "(a?){2,}b", v, "b", "aaab", NULL, "ba", NULL);
+    MATCHES(GRM_EBNF, "root ::= (\"a\"*)*", v, "", "a", "aaa", NULL, "b", NULL);
+    MATCHES(GRM_EBNF, "root ::= x* \"a\"\nx ::= \"b\"?", v, "a", "ba", "bba", NULL, "b", "ab",
+            NULL);
+    MATCHES(GRM_EBNF, "root ::= (x y)+ \"!\"\nx ::= \"a\"* | \"\"\ny ::= z?\nz ::= \"b\" | x", v,
+            "!", "ab!", "bbaa!", NULL, "", "c!", NULL);
 }
 
 /* Mask of the matcher after `prefix` versus trying each token on another matcher. */
@@ -192,7 +391,12 @@ static void test_mask(const char *tok_path, const char *cfg, int stride, const c
         }
         free(row);
         grm_matcher_free(m);
-        if (stride == 1) test_compile(v);
+        if (stride == 1) {
+            test_compile(v);
+            test_limits(v);
+            test_budget(v);
+            test_nested_quantifiers(v);
+        }
     }
     grm_release(g);
     grm_vocab_free(v);

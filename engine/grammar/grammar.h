@@ -17,8 +17,15 @@
  *     primary::= "literal" | [class] | [^class] | . | name | ( alternatives )
  * Literals and classes take \n \t \r \\ \" \] \- \xHH (a byte in a literal, a code point in a
  * class) \uHHHH \UHHHHHHHH; classes hold code points and ranges a-z; `.` is any character.
- * Left recursion (also through rules that can match nothing) is refused, so matching always
- * terminates.
+ * A repetition whose body can match the empty string repeats the body's non-empty part
+ * ((x)* is (x minus "")*), so nested quantifiers such as ("a"*)* or the regex (a|b*)+c
+ * compile. Other left recursion (a rule reaching itself before consuming a byte, also through
+ * rules that can match nothing) is refused, so matching always terminates.
+ *
+ * Limits on input: groups "( ... )" in EBNF and in regular expressions nest at most
+ * GRM_MAX_NESTING deep (deeper is an error naming the limit); every other pass over the rules
+ * is iterative, so no input can exhaust the stack. A compile can also be given a budget
+ * (struct grm_limits: time, rules, bytes) that it checks as it goes.
  *
  * Ownership: a grm_grammar is immutable once compiled, reference counted (grm_retain /
  * grm_release, any thread) and keeps its grm_vocab borrowed: the vocab must outlive it. A
@@ -53,11 +60,35 @@ struct grm_vocab *grm_vocab_build(const struct tokenizer *tok, int vocab, const 
 void grm_vocab_free(struct grm_vocab *v);
 int grm_vocab_nodes(const struct grm_vocab *v); /* trie nodes (benchmarks) */
 
+/* Groups nest at most this deep in EBNF and regex text; deeper fails with "groups nested
+ * deeper than 256 levels". */
+#define GRM_MAX_NESTING 256
+
 /* Compiles `text` of `kind`. On failure returns -1 with the reason in err and, when the
- * reason is one keyword of a JSON Schema, that keyword in bad_keyword (may be NULL). */
+ * reason is one keyword of a JSON Schema, that keyword in bad_keyword (may be NULL).
+ * No budget: grm_compile_limited with lim NULL (only the hard caps of 2^20 rules and 2^22
+ * elements apply). */
 int grm_compile(enum grm_kind kind, const char *text, const struct grm_vocab *v,
                 struct grm_grammar **out, char *err, size_t errlen, char *bad_keyword,
                 size_t kwlen);
+
+/* A budget for one compile (untrusted grammars on a worker pool). The rule and byte limits
+ * are checked as each rule and element is made, the clock every 1024 of them and through the
+ * later passes, so a compile over budget stops within a few milliseconds of its limit (the
+ * JSON parse of a schema and the translation of a regex to EBNF, both linear in the input,
+ * are not interrupted). */
+struct grm_limits {
+    double max_seconds; /* wall time for one compile; 0 = none */
+    size_t max_rules;   /* rules after expansion; 0 = none */
+    size_t max_bytes;   /* memory the compiled grammar may take; 0 = none */
+};
+/* grm_compile with limits: returns 0, -1 (invalid input: err says why, bad_keyword as
+ * grm_compile) or GRM_EBUDGET (-2: over a limit; err names the limit and its value, e.g.
+ * "the grammar needs more than 1000 rules (limit max_rules)"). lim NULL: no budget. */
+#define GRM_EBUDGET (-2)
+int grm_compile_limited(enum grm_kind kind, const char *text, const struct grm_vocab *v,
+                        const struct grm_limits *lim, struct grm_grammar **out, char *err,
+                        size_t errlen, char *bad_keyword, size_t kwlen);
 void grm_retain(struct grm_grammar *g);
 void grm_release(struct grm_grammar *g);
 

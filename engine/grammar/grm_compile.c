@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common.h"
 #include "grm_internal.h"
@@ -21,25 +22,121 @@ struct gb_rule {
     uint32_t *els; /* alternatives, each ended by GRM_EL_END */
     int n, cap;
     int n_alts;
-    char name[48];
+    char name[48]; /* for error messages (cut short; lookups use the full name) */
     bool defined, referenced;
+    bool star; /* a helper "s ::= x s | """ of x*: els[0] is x (see fix_nullable_stars) */
 };
+
+/* An open-addressing hash table of int values (rule or set indices) under keys the caller
+ * compares: slots hold value + 1 (0: empty) and a cached hash. Grown at half full, so a probe
+ * sequence stays short; lookups are what make a grammar of 10^5 rules compile in linear time. */
+struct gb_hash {
+    uint32_t *hash;
+    int32_t *val;
+    uint32_t cap, used; /* cap: a power of two, or 0 before the first insert */
+};
+
+static uint32_t hash_bytes(const void *p, size_t n)
+{
+    const unsigned char *s = p;
+    uint32_t h = 2166136261u; /* FNV-1a */
+    for (size_t i = 0; i < n; i++) h = (h ^ s[i]) * 16777619u;
+    return h ^ (h >> 15);
+}
+
+static void gb_hash_free(struct gb_hash *t)
+{
+    free(t->hash);
+    free(t->val);
+}
+
+/* Makes room for one more entry. Returns -1 when out of memory. */
+static int gb_hash_reserve(struct gb_hash *t)
+{
+    if ((t->used + 1) * 2 <= t->cap) return 0;
+    uint32_t cap = t->cap ? t->cap * 2 : 256;
+    uint32_t *h = calloc(cap, sizeof *h);
+    int32_t *v = calloc(cap, sizeof *v);
+    if (!h || !v) {
+        free(h);
+        free(v);
+        return -1;
+    }
+    for (uint32_t i = 0; i < t->cap; i++) {
+        if (!t->val[i]) continue;
+        uint32_t j = t->hash[i] & (cap - 1);
+        while (v[j]) j = (j + 1) & (cap - 1);
+        h[j] = t->hash[i];
+        v[j] = t->val[i];
+    }
+    gb_hash_free(t);
+    t->hash = h;
+    t->val = v;
+    t->cap = cap;
+    return 0;
+}
 
 struct gb {
     struct gb_rule *rules;
     int n_rules, cap_rules;
     struct grm_set *sets;
     int n_sets, cap_sets;
-    int total;
+    int total;   /* elements */
+    int n_alts;  /* alternatives (ended ones) */
+    struct gb_hash names; /* named rules, keyed by their full name in the EBNF source */
+    const char **name_at; /* (cap_rules) where each named rule's name is in the source */
+    size_t *name_len;
+    struct gb_hash set_index; /* sets, keyed by their bits */
+    const struct grm_limits *lim; /* NULL: no budget */
+    double t0;                    /* compile start (monotonic seconds) */
+    unsigned tick;
     char *err;
     size_t errlen;
     bool failed;
+    bool over; /* failed on a budget limit (GRM_EBUDGET) */
 };
 
 static int gb_fail(struct gb *b, const char *msg, const char *arg)
 {
     if (!b->failed) ms_errf(b->err, b->errlen, msg, arg ? arg : "");
     b->failed = true;
+    return -1;
+}
+
+static double mono_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Fails with GRM_EBUDGET's message when the grammar so far is over a limit of b->lim. The
+ * clock is read every 1024th call only: callers sit in the compile's inner loops. */
+static int gb_budget(struct gb *b)
+{
+    const struct grm_limits *l = b->lim;
+    if (!l || b->failed) return b->failed ? -1 : 0;
+    const char *what = NULL;
+    char msg[160];
+    if (l->max_rules && (size_t)b->n_rules > l->max_rules) {
+        snprintf(msg, sizeof msg, "the grammar needs more than %zu rules (limit max_rules)",
+                 l->max_rules);
+        what = msg;
+    } else if (l->max_bytes && grm_compiled_bytes(b->total, b->n_sets, b->n_alts, b->n_rules) >
+                                   l->max_bytes) {
+        snprintf(msg, sizeof msg,
+                 "the compiled grammar needs more than %zu bytes (limit max_bytes)",
+                 l->max_bytes);
+        what = msg;
+    } else if (l->max_seconds > 0 && (++b->tick & 1023) == 0 &&
+               mono_seconds() - b->t0 > l->max_seconds) {
+        snprintf(msg, sizeof msg, "compiling the grammar took more than %g s (limit max_seconds)",
+                 l->max_seconds);
+        what = msg;
+    }
+    if (!what) return 0;
+    gb_fail(b, "%s", what);
+    b->over = true;
     return -1;
 }
 
@@ -52,24 +149,47 @@ static int gb_new_rule(struct gb *b, const char *name, size_t nlen)
         struct gb_rule *r = realloc(b->rules, sizeof *r * (size_t)cap);
         if (!r) return gb_fail(b, "out of memory%s", NULL);
         b->rules = r;
+        const char **at = realloc(b->name_at, sizeof *at * (size_t)cap);
+        if (at) b->name_at = at;
+        size_t *ln = at ? realloc(b->name_len, sizeof *ln * (size_t)cap) : NULL;
+        if (ln) b->name_len = ln;
+        if (!at || !ln) return gb_fail(b, "out of memory%s", NULL);
         b->cap_rules = cap;
     }
     struct gb_rule *r = &b->rules[b->n_rules];
     memset(r, 0, sizeof *r);
+    b->name_at[b->n_rules] = NULL;
+    b->name_len[b->n_rules] = 0;
     if (nlen >= sizeof r->name) nlen = sizeof r->name - 1;
     memcpy(r->name, name, nlen);
     r->name[nlen] = '\0';
-    return b->n_rules++;
+    b->n_rules++;
+    if (gb_budget(b) < 0) return -1;
+    return b->n_rules - 1;
 }
 
-/* The rule called name (created, undefined, on first mention). */
+/* The rule called name[0..nlen), a slice of the EBNF source that outlives the parse (created,
+ * undefined, on first mention). Helper rules are never in the table, so a user's name cannot
+ * meet one. */
 static int gb_named(struct gb *b, const char *name, size_t nlen)
 {
-    for (int i = 0; i < b->n_rules; i++)
-        if (strlen(b->rules[i].name) == nlen && memcmp(b->rules[i].name, name, nlen) == 0 &&
-            b->rules[i].name[0] != '_')
-            return i;
-    return gb_new_rule(b, name, nlen);
+    if (b->failed) return -1;
+    if (gb_hash_reserve(&b->names) < 0) return gb_fail(b, "out of memory%s", NULL);
+    uint32_t h = hash_bytes(name, nlen), mask = b->names.cap - 1, j = h & mask;
+    for (; b->names.val[j]; j = (j + 1) & mask) {
+        int r = b->names.val[j] - 1;
+        if (b->names.hash[j] == h && b->name_len[r] == nlen &&
+            memcmp(b->name_at[r], name, nlen) == 0)
+            return r;
+    }
+    int r = gb_new_rule(b, name, nlen);
+    if (r < 0) return -1;
+    b->name_at[r] = name;
+    b->name_len[r] = nlen;
+    b->names.hash[j] = h;
+    b->names.val[j] = r + 1;
+    b->names.used++;
+    return r;
 }
 
 /* A helper rule, named after the rule it serves (for error messages). */
@@ -96,16 +216,23 @@ static int gb_push(struct gb *b, int rule, uint32_t el)
     }
     r->els[r->n++] = el;
     b->total++;
-    if (GRM_EL_KIND(el) == GRM_EL_END) r->n_alts++;
+    if (GRM_EL_KIND(el) == GRM_EL_END) {
+        r->n_alts++;
+        b->n_alts++;
+    }
     if (GRM_EL_KIND(el) == GRM_EL_REF) b->rules[GRM_EL_IDX(el)].referenced = true;
-    return 0;
+    return gb_budget(b);
 }
 
 static int gb_set_bits(struct gb *b, const struct grm_set *s)
 {
-    for (int i = 0; i < b->n_sets; i++)
-        if (memcmp(&b->sets[i], s, sizeof *s) == 0) return i;
     if (b->failed) return -1;
+    if (gb_hash_reserve(&b->set_index) < 0) return gb_fail(b, "out of memory%s", NULL);
+    uint32_t h = hash_bytes(s, sizeof *s), mask = b->set_index.cap - 1, j = h & mask;
+    for (; b->set_index.val[j]; j = (j + 1) & mask) {
+        int i = b->set_index.val[j] - 1;
+        if (b->set_index.hash[j] == h && memcmp(&b->sets[i], s, sizeof *s) == 0) return i;
+    }
     if (b->n_sets == b->cap_sets) {
         int cap = b->cap_sets ? b->cap_sets * 2 : 64;
         struct grm_set *n = realloc(b->sets, sizeof *n * (size_t)cap);
@@ -114,6 +241,9 @@ static int gb_set_bits(struct gb *b, const struct grm_set *s)
         b->cap_sets = cap;
     }
     b->sets[b->n_sets] = *s;
+    b->set_index.hash[j] = h;
+    b->set_index.val[j] = b->n_sets + 1;
+    b->set_index.used++;
     return b->n_sets++;
 }
 
@@ -129,6 +259,10 @@ static void gb_free(struct gb *b)
     for (int i = 0; i < b->n_rules; i++) free(b->rules[i].els);
     free(b->rules);
     free(b->sets);
+    free(b->name_at);
+    free(b->name_len);
+    gb_hash_free(&b->names);
+    gb_hash_free(&b->set_index);
 }
 
 /* ---- code-point classes as UTF-8 byte sequences --------------------------------------- */
@@ -269,8 +403,12 @@ struct ps {
     const char *s;
     size_t i, n;
     int line;
+    int depth; /* groups open around the item being parsed (at most GRM_MAX_NESTING) */
     struct gb *b;
 };
+
+#define STR_(x) #x
+#define STR(x) STR_(x)
 
 static void skip_ws(struct ps *p)
 {
@@ -461,9 +599,15 @@ static int parse_primary(struct ps *p, int rule, uint32_t *prim, int *n)
         return -1;
     }
     if (c == '(') {
+        /* parse_alts recurses here: the bound keeps hostile nesting off the stack */
+        if (p->depth >= GRM_MAX_NESTING)
+            return perr(p, "groups nested deeper than " STR(GRM_MAX_NESTING) " levels");
         p->i++;
         int g = gb_anon(b, rule);
-        if (g < 0 || parse_alts(p, g) < 0) return -1;
+        p->depth++;
+        int rc = g < 0 ? -1 : parse_alts(p, g);
+        p->depth--;
+        if (rc < 0) return -1;
         skip_ws(p);
         if (p->i >= p->n || p->s[p->i] != ')') return perr(p, "missing ')'");
         p->i++;
@@ -499,6 +643,7 @@ static uint32_t opt_chain(struct gb *b, int parent, uint32_t x, int k)
 static uint32_t star_rule(struct gb *b, int parent, uint32_t x)
 {
     int s = gb_anon(b, parent);
+    if (s >= 0) b->rules[s].star = true; /* x stays els[0]: fix_nullable_stars may replace it */
     gb_push(b, s, x);
     gb_push(b, s, GRM_EL(GRM_EL_REF, s));
     gb_push(b, s, GRM_EL(GRM_EL_END, 0));
@@ -782,7 +927,10 @@ static int regex_to_ebnf_text(const char *re, struct grm_txt *t, char *err, size
             } else {
                 i++;
             }
-            depth++;
+            /* the EBNF parser nests a call per group: refuse here, naming the limit */
+            if (++depth > GRM_MAX_NESTING)
+                return ms_errf(err, errlen,
+                               "regex: groups nested deeper than " STR(GRM_MAX_NESTING) " levels");
             grm_txt_puts(t, " (");
             continue;
         }
@@ -902,6 +1050,202 @@ int grm_regex_to_ebnf(const char *re, char **out, char *err, size_t errlen)
 
 /* ---- flattening and checks ------------------------------------------------------------- */
 
+/* nullable[r] for rules 0..n-1 (r can match the empty string), in time linear in the grammar:
+ * each alternative without a byte set counts its references not yet known nullable; a rule
+ * found nullable decrements the counts of the alternatives that reference it, and an
+ * alternative reaching zero makes its rule nullable (a worklist, never a pass per rule of a
+ * long chain). References to rules at or past n are taken as not nullable. */
+static int compute_nullable(struct gb *b, int n, bool *nullable)
+{
+    int n_alts = 0, n_refs = 0;
+    for (int r = 0; r < n; r++) {
+        n_alts += b->rules[r].n_alts;
+        for (int k = 0; k < b->rules[r].n; k++)
+            n_refs += GRM_EL_KIND(b->rules[r].els[k]) == GRM_EL_REF;
+    }
+    int *pending = malloc(sizeof *pending * (size_t)(n_alts + 1));
+    int *alt_rule = malloc(sizeof *alt_rule * (size_t)(n_alts + 1));
+    int *first = calloc((size_t)n + 1, sizeof *first);
+    int *fill = malloc(sizeof *fill * (size_t)(n + 1));
+    int *uses = malloc(sizeof *uses * (size_t)(n_refs + 1)); /* alternatives per callee (CSR) */
+    int *queue = malloc(sizeof *queue * (size_t)(n + 1));
+    int rc = -1;
+    if (!pending || !alt_rule || !first || !fill || !uses || !queue) {
+        gb_fail(b, "out of memory%s", NULL);
+        goto out;
+    }
+    memset(nullable, 0, sizeof *nullable * (size_t)n);
+    for (int r = 0; r < n; r++)
+        for (int k = 0; k < b->rules[r].n; k++) {
+            uint32_t e = b->rules[r].els[k];
+            if (GRM_EL_KIND(e) == GRM_EL_REF && (int)GRM_EL_IDX(e) < n) first[GRM_EL_IDX(e) + 1]++;
+        }
+    for (int t = 0; t < n; t++) first[t + 1] += first[t];
+    memcpy(fill, first, sizeof *fill * (size_t)n);
+    int qn = 0, alt = 0;
+    for (int r = 0; r < n; r++) {
+        int refs = 0;
+        bool set = false;
+        for (int k = 0; k < b->rules[r].n; k++) {
+            uint32_t e = b->rules[r].els[k];
+            if (GRM_EL_KIND(e) == GRM_EL_END) {
+                alt_rule[alt] = r;
+                pending[alt] = set ? -1 : refs;
+                if (!set && refs == 0 && !nullable[r]) {
+                    nullable[r] = true;
+                    queue[qn++] = r;
+                }
+                alt++;
+                refs = 0;
+                set = false;
+            } else if (GRM_EL_KIND(e) == GRM_EL_REF && (int)GRM_EL_IDX(e) < n) {
+                refs++;
+                uses[fill[GRM_EL_IDX(e)]++] = alt;
+            } else {
+                set = true; /* a byte set (or a rule past n): never matches nothing */
+            }
+        }
+    }
+    for (int qi = 0; qi < qn; qi++) {
+        int t = queue[qi];
+        if ((qi & 1023) == 0 && gb_budget(b) < 0) goto out;
+        for (int j = first[t]; j < first[t + 1]; j++) {
+            int a2 = uses[j];
+            if (pending[a2] > 0 && --pending[a2] == 0 && !nullable[alt_rule[a2]]) {
+                nullable[alt_rule[a2]] = true;
+                queue[qn++] = alt_rule[a2];
+            }
+        }
+    }
+    rc = 0;
+out:
+    free(pending);
+    free(alt_rule);
+    free(first);
+    free(fill);
+    free(uses);
+    free(queue);
+    return rc;
+}
+
+/* Star rules over a body that can match nothing, s ::= x s | "", reach s again before
+ * consuming input. x* matches what (x minus "")* matches, so the body becomes x', a rule of
+ * x's non-empty strings: for an alternative e1..ek whose first p elements are nullable, x'
+ * takes e_i' e_(i+1)..e_k for i = 1..min(p+1, k), where e' is a byte set itself, a
+ * non-nullable rule itself and a nullable rule u its own u' (made the same way, once per
+ * rule, through a queue). The tails e_(i+1)..e_k are shared through a chain of helper rules
+ * R_j ::= e_j R_(j+1), so x' is linear in the size of x. Every x' is non-nullable; star
+ * bodies are rewritten before any alternative is copied, so a copied star rule already has
+ * x' and its copy is not left-recursive either. */
+struct prime_ctx {
+    struct gb *b;
+    int n0;            /* rules before fix_nullable_stars */
+    const bool *nullable;
+    int *prime;        /* (n0) u' of each nullable rule u, -1 until made */
+    int *queue, *qn;   /* rules whose u' is made but not filled yet */
+};
+
+/* e' of an element: itself, or u' (made on first use) for a reference to a nullable rule u. */
+static uint32_t prime_el(struct prime_ctx *c, uint32_t e)
+{
+    if (GRM_EL_KIND(e) != GRM_EL_REF) return e;
+    int u = (int)GRM_EL_IDX(e);
+    if (u >= c->n0 || !c->nullable[u]) return e;
+    if (c->prime[u] < 0) {
+        c->prime[u] = gb_anon(c->b, u);
+        if (c->prime[u] < 0) return e; /* b->failed is set */
+        c->queue[(*c->qn)++] = u;
+    }
+    return GRM_EL(GRM_EL_REF, c->prime[u]);
+}
+
+static int fix_nullable_stars(struct gb *b)
+{
+    int n0 = b->n_rules, rc = -1;
+    bool any = false;
+    for (int r = 0; r < n0 && !any; r++) any = b->rules[r].star;
+    if (!any) return 0;
+    bool *nullable = calloc((size_t)n0, sizeof *nullable);
+    int *prime = malloc(sizeof *prime * (size_t)n0);
+    int *queue = malloc(sizeof *queue * (size_t)n0);
+    uint32_t *tmp = NULL;
+    int *chain = NULL;
+    if (!nullable || !prime || !queue) {
+        gb_fail(b, "out of memory%s", NULL);
+        goto out;
+    }
+    if (compute_nullable(b, n0, nullable) < 0) goto out;
+    for (int r = 0; r < n0; r++) prime[r] = -1;
+    int qn = 0;
+    struct prime_ctx pc = {b, n0, nullable, prime, queue, &qn};
+    for (int r = 0; r < n0 && !b->failed; r++) {
+        if (!b->rules[r].star) continue;
+        uint32_t x = b->rules[r].els[0];
+        uint32_t xp = prime_el(&pc, x);
+        if (b->failed) goto out;
+        b->rules[r].els[0] = xp;
+        if (GRM_EL_KIND(xp) == GRM_EL_REF) b->rules[GRM_EL_IDX(xp)].referenced = true;
+    }
+    for (int qi = 0; qi < qn && !b->failed; qi++) {
+        int t = queue[qi], tp = prime[t];
+        /* copy t's alternatives out: making rules moves b->rules */
+        int len = b->rules[t].n;
+        free(tmp);
+        tmp = malloc(sizeof *tmp * (size_t)(len + 1));
+        if (!tmp) {
+            gb_fail(b, "out of memory%s", NULL);
+            goto out;
+        }
+        memcpy(tmp, b->rules[t].els, sizeof *tmp * (size_t)len);
+        for (int s0 = 0; s0 < len && !b->failed;) {
+            int k = 0;
+            while (GRM_EL_KIND(tmp[s0 + k]) != GRM_EL_END) k++;
+            const uint32_t *e = tmp + s0;
+            s0 += k + 1;
+            if (k == 0) continue; /* "" has no non-empty part */
+            int p = 0;
+            while (p < k && GRM_EL_KIND(e[p]) == GRM_EL_REF && (int)GRM_EL_IDX(e[p]) < n0 &&
+                   nullable[GRM_EL_IDX(e[p])])
+                p++;
+            int m = p + 1 < k ? p + 1 : k;
+            /* chain[j] (0-based j = 1..m-1): R_j ::= e_j R_(j+1), the last one e_(m-1)..e_(k-1) */
+            free(chain);
+            chain = malloc(sizeof *chain * (size_t)(m + 1));
+            if (!chain) {
+                gb_fail(b, "out of memory%s", NULL);
+                goto out;
+            }
+            for (int j = m - 1; j >= 1; j--) {
+                chain[j] = gb_anon(b, t);
+                if (j == m - 1) {
+                    for (int q = j; q < k; q++) gb_push(b, chain[j], e[q]);
+                } else {
+                    gb_push(b, chain[j], e[j]);
+                    gb_push(b, chain[j], GRM_EL(GRM_EL_REF, chain[j + 1]));
+                }
+                gb_push(b, chain[j], GRM_EL(GRM_EL_END, 0));
+            }
+            for (int i = 0; i < m && !b->failed; i++) {
+                uint32_t pe = prime_el(&pc, e[i]);
+                gb_push(b, tp, pe);
+                if (i < m - 1) gb_push(b, tp, GRM_EL(GRM_EL_REF, chain[i + 1]));
+                else
+                    for (int q = i + 1; q < k; q++) gb_push(b, tp, e[q]);
+                gb_push(b, tp, GRM_EL(GRM_EL_END, 0));
+            }
+        }
+        if (gb_budget(b) < 0) goto out;
+    }
+    rc = b->failed ? -1 : 0;
+out:
+    free(nullable);
+    free(prime);
+    free(queue);
+    free(tmp);
+    free(chain);
+    return rc;
+}
+
 /* Refuses left recursion: a rule reaching itself before consuming a byte would expand
  * forever. Edge A -> B when some alternative of A references B after only nullable elements;
  * a cycle among those edges is left recursion (found by peeling off rules without edges left,
@@ -918,27 +1262,12 @@ static int check_left_recursion(struct gb *b)
         gb_fail(b, "out of memory%s", NULL);
         goto out;
     }
-    for (bool changed = true; changed;) {
-        changed = false;
-        for (int r = 0; r < n; r++) {
-            if (nullable[r]) continue;
-            bool alt_ok = true;
-            for (int k = 0; k < b->rules[r].n && !nullable[r]; k++) {
-                uint32_t e = b->rules[r].els[k];
-                if (GRM_EL_KIND(e) == GRM_EL_END) {
-                    if (alt_ok) nullable[r] = changed = true;
-                    alt_ok = true;
-                } else if (GRM_EL_KIND(e) == GRM_EL_SET ||
-                           (GRM_EL_KIND(e) == GRM_EL_REF && !nullable[GRM_EL_IDX(e)])) {
-                    alt_ok = false;
-                }
-            }
-        }
-    }
+    if (compute_nullable(b, n, nullable) < 0) goto out;
     /* left-call edges, as lists of callers per callee (CSR) */
     int n_edges = 0;
     for (int pass = 0; pass < 2; pass++) {
         for (int r = 0; r < n; r++) {
+            if ((r & 1023) == 0 && gb_budget(b) < 0) goto out;
             bool live = true;
             for (int k = 0; k < b->rules[r].n; k++) {
                 uint32_t e = b->rules[r].els[k];
@@ -1020,7 +1349,7 @@ static int flatten(struct gb *b, const struct grm_vocab *v, struct grm_grammar *
         gb_push(b, sp, GRM_EL(GRM_EL_REF, root));
         gb_push(b, sp, GRM_EL(GRM_EL_END, 0));
     }
-    if (b->failed || check_left_recursion(b) < 0) return -1;
+    if (b->failed || fix_nullable_stars(b) < 0 || check_left_recursion(b) < 0) return -1;
     struct grm_grammar *g = calloc(1, sizeof *g);
     if (!g) return gb_fail(b, "out of memory%s", NULL);
     atomic_init(&g->refs, 1);
@@ -1060,7 +1389,15 @@ int grm_compile(enum grm_kind kind, const char *text, const struct grm_vocab *v,
                 struct grm_grammar **out, char *err, size_t errlen, char *bad_keyword,
                 size_t kwlen)
 {
+    return grm_compile_limited(kind, text, v, NULL, out, err, errlen, bad_keyword, kwlen);
+}
+
+int grm_compile_limited(enum grm_kind kind, const char *text, const struct grm_vocab *v,
+                        const struct grm_limits *lim, struct grm_grammar **out, char *err,
+                        size_t errlen, char *bad_keyword, size_t kwlen)
+{
     *out = NULL;
+    double t0 = mono_seconds();
     if (bad_keyword && kwlen) bad_keyword[0] = '\0';
     char *ebnf = NULL;
     int rc;
@@ -1090,11 +1427,13 @@ int grm_compile(enum grm_kind kind, const char *text, const struct grm_vocab *v,
         if (rc < 0) return -1;
         break;
     }
-    struct gb b = {.err = err, .errlen = errlen};
+    struct gb b = {.err = err, .errlen = errlen, .lim = lim, .t0 = t0};
     rc = parse_ebnf(&b, ebnf ? ebnf : text);
     if (rc == 0) rc = flatten(&b, v, out);
+    bool over = b.over;
     gb_free(&b);
     free(ebnf);
+    if (rc < 0 && over) return GRM_EBUDGET;
     return rc < 0 ? -1 : 0;
 }
 

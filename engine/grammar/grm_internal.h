@@ -18,8 +18,10 @@
 #define GRM_EL_IDX(e) ((e) & 0x3fffffffu)
 #define GRM_EL(kind, idx) ((uint32_t)(kind) << 30 | (uint32_t)(idx))
 
-#define GRM_MAX_ELEMENTS (1 << 20)
-#define GRM_MAX_RULES (1 << 16)
+/* Hard caps whatever the limits (element and rule indices must fit GRM_EL's 30 bits; a
+ * grm_limits budget is normally far below). */
+#define GRM_MAX_ELEMENTS (1 << 22)
+#define GRM_MAX_RULES (1 << 20)
 
 struct grm_set {
     uint64_t bits[4];
@@ -43,6 +45,14 @@ struct grm_grammar {
     int root;           /* the start rule */
     int root_sp;        /* " "? root: the start when the decoder drops a first leading space */
 };
+
+/* The bytes a compiled grammar of these counts takes (what grm_limits.max_bytes bounds). */
+static inline size_t grm_compiled_bytes(int n_els, int n_sets, int n_alts, int n_rules)
+{
+    return sizeof(struct grm_grammar) + sizeof(uint32_t) * (size_t)n_els +
+           sizeof(struct grm_set) * (size_t)n_sets + sizeof(int32_t) * (size_t)n_alts +
+           sizeof(int32_t) * ((size_t)n_rules + 1);
+}
 
 struct grm_vocab {
     int vocab;               /* the model's vocabulary size */

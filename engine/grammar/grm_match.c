@@ -171,7 +171,9 @@ int grm_vocab_nodes(const struct grm_vocab *v)
 #define POOL_NODES (1 << 17)    /* interned stack nodes */
 #define MAX_STATES (1 << 14)    /* interned states */
 #define STATE_INTS (1 << 18)    /* their tops, all together */
-#define MAX_SET 1024            /* tops in one state (more: the rest are dropped) */
+/* tops in one state (more: the rest are dropped, the walk is cut short); a schema object of
+ * 10^4 optional properties has one top per property after its "{" */
+#define MAX_SET (1 << 15)
 #define TRANS_SLOTS (1 << 17)   /* transition table (power of two) */
 #define MASK_CACHE 8            /* token masks kept */
 #define DEAD (-1)

@@ -248,22 +248,39 @@ static int gen_object(struct js *j, json_t *s, int depth, struct grm_txt *b)
     }
     size_t n = 0;
     const char *key;
+    /* name -> index, so that 'required' is matched in linear time (10^4 properties) */
+    json_t *index = json_object();
+    if (!index) {
+        fail(j, NULL, "out of memory");
+        goto out;
+    }
     json_object_foreach(props, key, v)
     {
         names[n] = key;
         schemas[n] = v;
+        if (json_object_set_new(index, key, json_integer((json_int_t)n)) < 0) {
+            json_decref(index);
+            fail(j, NULL, "out of memory");
+            goto out;
+        }
         n++;
     }
     json_array_foreach(req, i, v)
     {
-        size_t k = 0;
-        while (k < n && strcmp(names[k], json_string_value(v)) != 0) k++;
+        json_t *at = json_object_get(index, json_string_value(v));
+        size_t k = at ? (size_t)json_integer_value(at) : n;
         if (k == n) {
             names[n] = json_string_value(v);
             schemas[n++] = NULL;
+            if (json_object_set_new(index, names[k], json_integer((json_int_t)k)) < 0) {
+                json_decref(index);
+                fail(j, NULL, "out of memory");
+                goto out;
+            }
         }
         required[k] = true;
     }
+    json_decref(index);
     if (n == 0) {
         /* no named properties: any members, their values as additionalProperties says */
         if (addl && json_is_false(addl)) {

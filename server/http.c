@@ -2,8 +2,11 @@
  * with the head, where everything that needs no body is decided (route, method, API key,
  * declared size: an unauthenticated or oversized body is never read), then with body pieces
  * (collected up to max_body; past it the 413 goes out at once), then at the end; the route
- * handler answers at once (models, health, metrics, tokenize, errors) or creates a `gen` that
- * submits one scheduler request per choice. Non-streaming gens leave the request pending until
+ * handler answers at once (models, health, metrics, tokenize, errors) or creates a `gen` and
+ * hands its body to the preparation pool (prep.h), which parses it, renders the chat template,
+ * tokenizes, compiles any grammar (through the grammar cache, under a budget) and submits one
+ * scheduler request per choice, then wakes the connection: none of that work, whose cost the
+ * client picks, runs on an I/O thread. Non-streaming gens leave the request pending until
  * every choice finished; streaming gens answer with a stream whose reader turns new output
  * into SSE frames and parks the connection when there is nothing to send. The scheduler's
  * notify hook wakes it (h1_wake). A client that leaves while its request waits is seen by h1,
@@ -23,11 +26,30 @@
 #include "common.h"
 #include "dash.h"
 #include "grammar.h"
+#include "grm_cache.h"
 #include "h1.h"
 #include "jinja.h"
 #include "proto/request.h"
 #include "proto/response.h"
+#include "prep.h"
 #include "slog.h"
+
+/* Threads that prepare generation requests (prep.h): enough that a few slow compiles do not
+ * queue every other request behind them; they sleep when idle. */
+#define PREP_THREADS 4
+/* The compile budget of one request's grammar (guided_*, response_format, forced tools):
+ * over it the request is a 400 naming the field. Generous for real schemas, which compile in
+ * milliseconds; tight enough that no client holds a preparation thread for long. */
+#define GRAMMAR_MAX_SECONDS 2.0
+#define GRAMMAR_MAX_RULES (1u << 20)
+#define GRAMMAR_MAX_BYTES ((size_t)256 << 20)
+/* Compiled grammars kept (grm_cache.h): entries, and bytes of grammar text as keys. */
+#define GRAMMAR_CACHE_ENTRIES 64
+#define GRAMMAR_CACHE_BYTES ((size_t)32 << 20)
+
+static const struct grm_limits grammar_limits = {.max_seconds = GRAMMAR_MAX_SECONDS,
+                                                 .max_rules = GRAMMAR_MAX_RULES,
+                                                 .max_bytes = GRAMMAR_MAX_BYTES};
 
 enum { HTTP_LOADING, HTTP_READY, HTTP_DRAINING };
 
@@ -42,6 +64,8 @@ struct http_server {
     struct sched *s;
     jinja_template *chat;     /* m->chat_template parsed once at ready; NULL if none/invalid */
     struct grm_vocab *gvocab; /* the token trie structured output masks with (built at ready) */
+    struct grm_cache *gcache; /* compiled grammars by text (built at ready) */
+    struct prep_pool *prep;   /* where generation requests are prepared (prep.h) */
     struct dash *dash;        /* GET /v1/moe/stats (set before ready; NULL: 404) */
     char chat_err[MS_ERR_LEN];/* why chat is NULL when the model has a template */
     int port;
@@ -94,6 +118,17 @@ struct gen {
     size_t pend_off;
     bool usage_sent, done_sent;
     bool tool_calls;           /* a choice ended in tool calls (the access log's finish reason) */
+    /* Preparation on the pool (gen_prepare): the body, taken from the connection, is parsed
+     * and submitted there; the connection stays pending until the job wakes it. Under mu:
+     * refs (the connection's and the job's), prepared (the job is done: prep_rc, prep_err,
+     * stream, include_usage, logprobs and reqs are final), abandoned (on_done ran, so nobody
+     * may wake the connection). started is the I/O thread's alone. */
+    char *body;
+    size_t body_len;
+    int refs;
+    bool prepared, abandoned, started;
+    int prep_rc;
+    struct proto_error prep_err;
 };
 
 struct conn {
@@ -252,7 +287,7 @@ static void gen_notify(void *ctx)
     struct gen *g = ctx;
     pthread_mutex_lock(&g->mu);
     g->events++;
-    if (g->suspended) {
+    if (g->suspended && !g->abandoned) {
         g->suspended = false;
         h1_wake(g->c);
     }
@@ -272,9 +307,30 @@ static void gen_free(struct gen *g)
     free(g->reqs);
     free(g->cs);
     ms_buf_free(&g->pend);
+    free(g->body);
     pthread_mutex_destroy(&g->mu);
     atomic_fetch_sub(&g->h->active, 1);
     free(g);
+}
+
+/* Drops one reference (the connection's with abandon: nobody may wake it any more); the last
+ * frees the gen, cancelling its choices. */
+static void gen_unref(struct gen *g, bool abandon)
+{
+    if (!g) return;
+    pthread_mutex_lock(&g->mu);
+    if (abandon) g->abandoned = true;
+    bool last = --g->refs == 0;
+    pthread_mutex_unlock(&g->mu);
+    if (last) gen_free(g);
+}
+
+static bool gen_prepared(struct gen *g)
+{
+    pthread_mutex_lock(&g->mu);
+    bool done = g->prepared;
+    pthread_mutex_unlock(&g->mu);
+    return done;
 }
 
 /* Marks the gen as waiting for output unless output arrived since `seen` (then the caller
@@ -671,10 +727,15 @@ static int compile_guide(struct http_server *h, const struct proto_req *pr,
     case PROTO_GUIDE_CHOICE: kind = GRM_CHOICE; break;
     default: break;
     }
-    if (!h->gvocab)
+    if (!h->gcache)
         return proto_fail(e, 500, NULL, NULL, "structured output needs the model's tokenizer");
     char err[MS_ERR_LEN], kw[64];
-    if (grm_compile(kind, pr->guide, h->gvocab, out, err, sizeof err, kw, sizeof kw) != 0)
+    int rc = grm_cache_compile(h->gcache, kind, pr->guide, &grammar_limits, out, err, sizeof err,
+                               kw, sizeof kw);
+    if (rc == GRM_EBUDGET)
+        return proto_fail(e, 400, pr->guide_param, "grammar_too_expensive", "'%s': %s",
+                          pr->guide_param, err);
+    if (rc != 0)
         return proto_fail(e, 400, pr->guide_param,
                           kw[0] ? "unsupported_schema_keyword" : "invalid_grammar", "'%s': %s",
                           pr->guide_param, err);
@@ -699,9 +760,13 @@ static int compile_tool_grammar(struct http_server *h, const struct proto_req *p
     int rc = tc_grammar(syn, pr->tools_json,
                         pr->tool_choice == PROTO_TOOL_NAMED ? pr->tool_choice_name : NULL,
                         pr->parallel_tool_calls, &ebnf, err, sizeof err, kw, sizeof kw);
-    if (rc == 0 && !h->gvocab) rc = ms_errf(err, sizeof err, "the model has no tokenizer");
-    if (rc == 0) rc = grm_compile(GRM_EBNF, ebnf, h->gvocab, grammar, err, sizeof err, NULL, 0);
+    if (rc == 0 && !h->gcache) rc = ms_errf(err, sizeof err, "the model has no tokenizer");
+    if (rc == 0)
+        rc = grm_cache_compile(h->gcache, GRM_EBNF, ebnf, &grammar_limits, grammar, err,
+                               sizeof err, NULL, 0);
     free(ebnf);
+    if (rc == GRM_EBUDGET)
+        return proto_fail(e, 400, "tools", "grammar_too_expensive", "%s", err);
     if (rc != 0)
         return proto_fail(e, 400, kw[0] ? "tools" : "tool_choice",
                           kw[0] ? "unsupported_schema_keyword" : "invalid_value", "%s", err);
@@ -902,32 +967,56 @@ out:
 
 static int gen_poll(struct http_server *h, struct h1_conn *c, struct conn *cn);
 
+/* On a preparation thread: parses the body and submits the choices, then wakes the
+ * connection (gen_start answers on its I/O thread). */
+static void gen_prepare(void *ctx)
+{
+    struct gen *g = ctx;
+    struct http_server *h = g->h;
+    struct proto_req pr;
+    struct proto_error e = {0};
+    int rc = -1;
+    pthread_mutex_lock(&g->mu);
+    bool gone = g->abandoned;
+    pthread_mutex_unlock(&g->mu);
+    if (gone) {
+        proto_fail(&e, 499, NULL, NULL, "the client left");
+    } else if (proto_req_parse(g->body ? g->body : "", g->body_len, g->kind, &pr, &e) != 0) {
+        proto_req_free(&pr);
+    } else {
+        if (pr.model && strcmp(pr.model, h->model_name) != 0) {
+            proto_fail(&e, 404, "model", "model_not_found", "the model '%s' does not exist",
+                       pr.model);
+        } else {
+            g->stream = pr.stream;
+            g->include_usage = pr.include_usage;
+            g->logprobs = pr.logprobs;
+            rc = gen_submit(h, g, &pr, &e);
+        }
+        proto_req_free(&pr);
+    }
+    free(g->body);
+    g->body = NULL;
+    pthread_mutex_lock(&g->mu);
+    g->prep_rc = rc;
+    g->prep_err = e;
+    g->prepared = true;
+    if (!g->abandoned) h1_wake(g->c);
+    bool last = --g->refs == 0;
+    pthread_mutex_unlock(&g->mu);
+    if (last) gen_free(g);
+}
+
+/* The whole request is in: hands its body to the preparation pool. The connection waits
+ * (pending) until gen_prepare wakes it. */
 static int handle_generate(struct http_server *h, struct h1_conn *c, struct conn *cn,
                            enum proto_kind kind)
 {
-    struct proto_req pr;
-    struct proto_error e;
-    if (proto_req_parse(cn->body ? cn->body : "", cn->len, kind, &pr, &e) != 0) {
-        proto_req_free(&pr);
-        return send_error(h, c, cn->route, &e);
-    }
-    if (pr.model && strcmp(pr.model, h->model_name) != 0) {
-        proto_fail(&e, 404, "model", "model_not_found", "the model '%s' does not exist",
-                   pr.model);
-        proto_req_free(&pr);
-        return send_error(h, c, cn->route, &e);
-    }
     struct gen *g = calloc(1, sizeof *g);
-    if (!g) {
-        proto_req_free(&pr);
-        return fail(h, c, cn->route, 500, NULL, NULL, "out of memory");
-    }
+    if (!g) return fail(h, c, cn->route, 500, NULL, NULL, "out of memory");
     g->h = h;
     g->c = c;
     g->kind = kind;
-    g->stream = pr.stream;
-    g->include_usage = pr.include_usage;
-    g->logprobs = pr.logprobs;
     g->created = (long)time(NULL);
     snprintf(g->id, sizeof g->id, "%s-%llx%08llx", kind == PROTO_CHAT ? "chatcmpl" : "cmpl",
              (unsigned long long)g->created,
@@ -935,16 +1024,37 @@ static int handle_generate(struct http_server *h, struct h1_conn *c, struct conn
     snprintf(g->call_id, sizeof g->call_id, "call_%s", strchr(g->id, '-') + 1);
     pthread_mutex_init(&g->mu, NULL);
     atomic_fetch_add(&h->active, 1);
+    g->body = cn->body;
+    g->body_len = cn->len;
+    cn->body = NULL;
+    cn->len = cn->cap = 0;
+    g->refs = 2;
     cn->g = g;
-    int rc = gen_submit(h, g, &pr, &e);
-    proto_req_free(&pr);
-    if (rc != 0) return send_error(h, c, cn->route, &e);
-    metrics_request_n(h->mt, g->n_out);
-    if (g->stream) {
-        count_response(h, c, cn->route, 200);
-        return h1_respond_stream(c, 200,
-                                 "Content-Type: text/event-stream\r\nCache-Control: no-cache\r\n",
-                                 stream_reader, g);
+    if (prep_submit(h->prep, gen_prepare, g) != 0) {
+        g->refs = 1;
+        g->prepared = g->started = true;
+        return fail(h, c, cn->route, 503, NULL, NULL, "the server cannot take the request now");
+    }
+    return 0;
+}
+
+/* On the I/O thread, at each wake: the first after the preparation answers with its error or
+ * starts the response; later ones drive a non-streamed answer. */
+static int gen_start(struct http_server *h, struct h1_conn *c, struct conn *cn)
+{
+    struct gen *g = cn->g;
+    if (!g->started) {
+        if (!gen_prepared(g)) return 0;
+        g->started = true;
+        if (g->prep_rc != 0) return send_error(h, c, cn->route, &g->prep_err);
+        metrics_request_n(h->mt, g->n_out);
+        if (g->stream) {
+            count_response(h, c, cn->route, 200);
+            return h1_respond_stream(c, 200,
+                                     "Content-Type: text/event-stream\r\nCache-Control: "
+                                     "no-cache\r\n",
+                                     stream_reader, g);
+        }
     }
     return gen_poll(h, c, cn); /* suspends until the choices finish */
 }
@@ -1159,7 +1269,7 @@ static void on_request(void *cls, struct h1_conn *c, enum h1_event ev, const cha
     case H1_HEAD: on_head(h, c); break;
     case H1_BODY: if (cn) on_body(h, c, cn, data, len); break;
     case H1_END: if (cn) on_end(h, c, cn); break;
-    case H1_WAKE: if (cn && cn->g) gen_poll(h, c, cn); break;
+    case H1_WAKE: if (cn && cn->g) gen_start(h, c, cn); break;
     }
 }
 
@@ -1192,6 +1302,10 @@ static void log_access(struct h1_conn *c, struct conn *cn, enum h1_done why)
                                        : why == H1_DONE_CLOSED ? "client_closed"
                                                                : "server_stopped"};
     struct gen *g = cn->g;
+    if (g && !gen_prepared(g)) { /* still being prepared: its fields are the job's */
+        a.id = g->id;
+        g = NULL;
+    }
     if (g) {
         a.id = g->id;
         a.prompt_tokens = g->prompt_tokens;
@@ -1219,7 +1333,7 @@ static void on_done(void *cls, struct h1_conn *c, enum h1_done why)
     struct conn *cn = h1_data(c);
     if (!cn) return;
     if (h->cfg.access_log) log_access(c, cn, why);
-    gen_free(cn->g); /* cancels choices still running (client gone, or stopping) */
+    gen_unref(cn->g, true); /* cancels choices still running (client gone, or stopping) */
     free(cn->body);
     free(cn);
     h1_set_data(c, NULL);
@@ -1248,7 +1362,9 @@ int http_start(const struct http_config *cfg, struct metrics *mt, struct http_se
                            .read_timeout_s = cfg->read_timeout_s,
                            .cb = {.ctx = h, .on_request = on_request, .on_error = on_error,
                                   .on_done = on_done}};
-    if (h1_start(&hc, &h->srv, err, errlen) != 0) {
+    if (prep_start(PREP_THREADS, &h->prep, err, errlen) != 0 ||
+        h1_start(&hc, &h->srv, err, errlen) != 0) {
+        prep_stop(h->prep);
         free(h->host);
         free(h->model_name);
         free(h->api_key);
@@ -1280,6 +1396,7 @@ void http_set_ready(struct http_server *h, const struct model *m, struct sched *
     if (m->chat_template)
         h->chat = jinja_template_parse(m->chat_template, h->chat_err, sizeof h->chat_err);
     if (m->tok) h->gvocab = grm_vocab_build(m->tok, m->desc.vocab, m->desc.eos_ids, m->desc.n_eos);
+    if (h->gvocab) h->gcache = grm_cache_create(h->gvocab, GRAMMAR_CACHE_ENTRIES, GRAMMAR_CACHE_BYTES);
     atomic_store(&h->state, HTTP_READY);
 }
 
@@ -1304,7 +1421,9 @@ void http_stop(struct http_server *h)
 {
     if (!h) return;
     h1_stop(h->srv);
+    prep_stop(h->prep); /* runs what is queued: each job frees its abandoned gen */
     jinja_template_free(h->chat);
+    grm_cache_free(h->gcache);
     grm_vocab_free(h->gvocab);
     free(h->host);
     free(h->model_name);

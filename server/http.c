@@ -151,7 +151,8 @@ static int send_text(struct http_server *h, struct h1_conn *c, const char *route
     char headers[160];
     snprintf(headers, sizeof headers, "Content-Type: %s\r\n%s%s%s", ctype,
              status == 429 ? "Retry-After: 1\r\n" : "",
-             status == 405 ? (is_get_route(route) ? "Allow: GET\r\n" : "Allow: POST\r\n") : "",
+             status == 405 ? (is_get_route(route) ? "Allow: GET, HEAD\r\n" : "Allow: POST\r\n")
+                           : "",
              status == 401 ? "WWW-Authenticate: Bearer\r\n" : "");
     count_response(h, c, route, status);
     return h1_respond(c, status, headers, body, strlen(body));
@@ -1093,7 +1094,10 @@ static int on_head(struct http_server *h, struct h1_conn *c)
     const char *route = cn->route, *method = h1_method(c);
     if (strcmp(route, "other") == 0)
         return fail(h, c, route, 404, NULL, "not_found", "no such route");
-    bool get = strcmp(method, "GET") == 0, post = strcmp(method, "POST") == 0;
+    /* HEAD is served wherever GET is (RFC 9110 9.3.2): the same route runs and h1 sends its
+     * status and headers, Content-Length included, without the content. */
+    bool get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0,
+         post = strcmp(method, "POST") == 0;
     bool want_get = is_get_route(route);
     if ((want_get && !get) || (!want_get && !post))
         return fail(h, c, route, 405, NULL, "method_not_allowed", "method not allowed");

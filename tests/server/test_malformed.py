@@ -161,6 +161,39 @@ class MalformedTest(unittest.TestCase):
         self.check_error(*self.req("POST", "/detokenize", {}), 400, "tokens", "no tokens")
         self.still_serving()
 
+    def test_tokenize_unknown_fields(self):
+        """/tokenize and /detokenize refuse fields they do not take, as the generation routes
+        do: a 400 naming the field (code unknown_parameter), or unsupported_parameter for a
+        vLLM field this server does not implement; the fields they take still work."""
+        cases = [("/tokenize", {"prompt": "hi", "no_such_field": 1}, "no_such_field"),
+                 ("/tokenize", {"prompt": "hi", "max_tokens": 5}, "max_tokens"),
+                 # chat-only fields do nothing to a prompt
+                 ("/tokenize", {"prompt": "hi", "add_generation_prompt": False},
+                  "add_generation_prompt"),
+                 ("/tokenize", {"prompt": "hi", "tools": []}, "tools"),
+                 ("/tokenize", {"messages": MSGS, "temperature": 0}, "temperature"),
+                 ("/tokenize", {"messages": MSGS, "echo": False}, "echo"),
+                 ("/detokenize", {"tokens": [1, 2], "no_such_field": True}, "no_such_field"),
+                 ("/detokenize", {"tokens": [1, 2], "prompt": "hi"}, "prompt"),
+                 ("/detokenize", {"tokens": [], "skip_special_tokens": True},
+                  "skip_special_tokens")]
+        for path, body, param in cases:
+            err = self.check_error(*self.req("POST", path, body), 400, param,
+                                   "%s %r" % (path, body))
+            self.assertEqual(err["code"], "unknown_parameter", "%s %r" % (path, body))
+            self.assertIn(param, err["message"])
+        err = self.check_error(*self.req("POST", "/tokenize", {
+            "messages": MSGS, "chat_template": "{{ x }}"}), 400, "chat_template")
+        self.assertEqual(err["code"], "unsupported_parameter")
+        # what each form takes
+        st, _, out = srvtest.post_json(self.port, "/tokenize", {
+            "prompt": "hi", "model": "anything", "add_special_tokens": False})
+        self.assertEqual(st, 200, out)
+        st, _, out = srvtest.post_json(self.port, "/detokenize", {
+            "tokens": out["tokens"], "model": "anything"})
+        self.assertEqual((st, out["prompt"]), (200, "hi"))
+        self.still_serving()
+
     def test_routes_and_methods(self):
         self.check_error(*self.req("POST", CMPL, {"prompt": "x", "model": "gpt-4"}), 404,
                          "model", "unknown model")

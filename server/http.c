@@ -328,6 +328,24 @@ static int gen_cached_tokens(struct gen *g)
     return cached;
 }
 
+/* Once every choice finished, before the answer's last bytes go out (so a scrape after the
+ * answer sees it): per prompt, the most tokens one of its choices generated. vLLM observes
+ * request_max_num_generation_tokens per request of n choices, and each prompt of a list is a
+ * request there. */
+static void gen_observe_max(struct gen *g)
+{
+    int per = g->n_per_prompt > 0 ? g->n_per_prompt : 1;
+    for (int k = 0; k < g->n; k += per) {
+        int most = 0;
+        for (int j = k; j < k + per && j < g->n; j++) {
+            sched_req_lock(g->reqs[j]);
+            if (g->reqs[j]->out.n_tokens > most) most = g->reqs[j]->out.n_tokens;
+            sched_req_unlock(g->reqs[j]);
+        }
+        metrics_request_max_gen(g->h->mt, most);
+    }
+}
+
 /* Sum of the chosen tokens' logprobs: how best_of ranks a request's samples. */
 static double cum_logprob(const struct sched_req *r)
 {
@@ -609,6 +627,7 @@ static bool gen_collect(struct gen *g)
                                          false, &u, NULL));
             g->usage_sent = true;
         }
+        gen_observe_max(g);
         pend_add(g, strdup(PROTO_SSE_DONE));
         g->done_sent = true;
         added = true;
@@ -1010,6 +1029,7 @@ static int gen_poll(struct http_server *h, struct h1_conn *c, struct conn *cn)
         free(body);
         return send_error(h, c, cn->route, &e);
     }
+    gen_observe_max(g);
     return send_json(h, c, cn->route, 200, body);
 }
 

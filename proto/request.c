@@ -2,7 +2,8 @@
  * field has one small getter that checks its JSON type and range and names the field in the
  * error, so the error a client sees always says which field to fix. Before any getter runs,
  * every key of the body is looked up in proto_fields: unknown keys and unsupported fields with
- * a non-neutral value are refused there, so a getter never has to think about them. */
+ * a non-neutral value are refused there, so a getter never has to think about them (/tokenize,
+ * whose fields depend on its form, reads prompt or messages first). */
 #include "proto/request.h"
 
 #include <jansson.h>
@@ -46,13 +47,16 @@ const char *proto_error_type(int status)
 #define CMPL PROTO_K_CMPL
 #define CHAT PROTO_K_CHAT
 #define BOTH (PROTO_K_CMPL | PROTO_K_CHAT)
+#define TOK PROTO_K_TOK
+#define TOKC PROTO_K_TOK_CHAT
+#define DETOK PROTO_K_DETOK
 #define IMPL PROTO_FIELD_IMPL
 #define NOOP PROTO_FIELD_NOOP
 #define UNSUP PROTO_FIELD_UNSUP
 
 const struct proto_field proto_fields[] = {
     /* OpenAI, both endpoints */
-    {"model", BOTH, IMPL, NULL},
+    {"model", BOTH | TOK | TOKC | DETOK, IMPL, NULL},
     {"frequency_penalty", BOTH, IMPL, NULL},
     {"presence_penalty", BOTH, IMPL, NULL},
     {"logit_bias", BOTH, IMPL, NULL},
@@ -76,22 +80,22 @@ const struct proto_field proto_fields[] = {
     {"prompt_cache_key", BOTH, NOOP, NULL},
     {"prompt_cache_retention", BOTH, NOOP, NULL},
     /* OpenAI completions */
-    {"prompt", CMPL, IMPL, NULL},
+    {"prompt", CMPL | TOK, IMPL, NULL},
     {"echo", CMPL, IMPL, NULL},
     {"suffix", CMPL, UNSUP, "\"\""},
     /* OpenAI chat */
-    {"messages", CHAT, IMPL, NULL},
+    {"messages", CHAT | TOKC, IMPL, NULL},
     {"max_completion_tokens", CHAT, IMPL, NULL},
     {"top_logprobs", CHAT, IMPL, NULL},
-    {"tools", CHAT, IMPL, NULL},
-    {"tool_choice", CHAT, IMPL, NULL},
-    {"parallel_tool_calls", CHAT, IMPL, NULL},
+    {"tools", CHAT | TOKC, IMPL, NULL},
+    {"tool_choice", CHAT | TOKC, IMPL, NULL},
+    {"parallel_tool_calls", CHAT | TOKC, IMPL, NULL},
     {"functions", CHAT, UNSUP, "[]"},
     {"function_call", CHAT, UNSUP, NULL},
     {"audio", CHAT, UNSUP, NULL},
     {"modalities", CHAT, UNSUP, "[\"text\"]"},
     {"prediction", CHAT, UNSUP, NULL},
-    {"reasoning_effort", CHAT, IMPL, NULL}, /* to templates that take it (gpt-oss) */
+    {"reasoning_effort", CHAT | TOKC, IMPL, NULL}, /* to templates that take it (gpt-oss) */
     {"web_search_options", CHAT, UNSUP, NULL},
     {"verbosity", CHAT, UNSUP, NULL},
     /* vLLM's sampling and output extras, both endpoints */
@@ -110,7 +114,7 @@ const struct proto_field proto_fields[] = {
     {"allowed_token_ids", BOTH, IMPL, NULL},
     {"truncate_prompt_tokens", BOTH, IMPL, NULL},
     {"return_tokens_as_token_ids", BOTH, IMPL, NULL},
-    {"add_special_tokens", BOTH, IMPL, NULL},
+    {"add_special_tokens", BOTH | TOK | TOKC, IMPL, NULL},
     {"cache_salt", BOTH, IMPL, NULL},
     {"guided_json", BOTH, IMPL, NULL},
     {"guided_regex", BOTH, IMPL, NULL},
@@ -131,13 +135,15 @@ const struct proto_field proto_fields[] = {
     {"structured_outputs", BOTH, UNSUP, NULL},
     {"prompt_embeds", CMPL, UNSUP, NULL},
     /* vLLM chat */
-    {"add_generation_prompt", CHAT, IMPL, NULL},
-    {"chat_template_kwargs", CHAT, IMPL, NULL},
-    {"continue_final_message", CHAT, UNSUP, "false"},
-    {"chat_template", CHAT, UNSUP, NULL},
+    {"add_generation_prompt", CHAT | TOKC, IMPL, NULL},
+    {"chat_template_kwargs", CHAT | TOKC, IMPL, NULL},
+    {"continue_final_message", CHAT | TOKC, UNSUP, "false"},
+    {"chat_template", CHAT | TOKC, UNSUP, NULL},
     {"documents", CHAT, UNSUP, NULL},
-    {"mm_processor_kwargs", CHAT, UNSUP, NULL},
+    {"mm_processor_kwargs", CHAT | TOKC, UNSUP, NULL},
     {"echo", CHAT, UNSUP, "false"},
+    /* vLLM detokenize */
+    {"tokens", DETOK, IMPL, NULL},
     /* moeserve */
     {"moe_top_k", BOTH, IMPL, NULL},
     {"moe_tag", BOTH, IMPL, NULL},
@@ -879,8 +885,14 @@ int proto_req_parse(const char *body, size_t len, enum proto_kind kind, struct p
         proto_fail(e, 400, NULL, "invalid_json", "the body must be a JSON object");
         goto out;
     }
-    if ((kind == PROTO_COMPLETION || kind == PROTO_CHAT) &&
-        check_fields(o, kind == PROTO_CHAT ? PROTO_K_CHAT : PROTO_K_CMPL, e) < 0)
+    /* Every route refuses the fields it does not take, /tokenize and /detokenize included: a
+     * field there that would do nothing (max_tokens on /tokenize, say) is a client's mistake
+     * too. /tokenize's fields depend on its form, known once prompt or messages is read. */
+    if (kind != PROTO_TOKENIZE &&
+        check_fields(o, kind == PROTO_CHAT         ? PROTO_K_CHAT
+                        : kind == PROTO_COMPLETION ? PROTO_K_CMPL
+                                                   : PROTO_K_DETOK,
+                     e) < 0)
         goto out;
     if (get_string(o, "model", &r->model, e) < 0) goto out;
     switch (kind) {
@@ -903,6 +915,7 @@ int proto_req_parse(const char *body, size_t len, enum proto_kind kind, struct p
             proto_fail(e, 400, "prompt", "invalid_type", "'prompt' must be a string");
             goto out;
         }
+        if (check_fields(o, r->messages_json ? PROTO_K_TOK_CHAT : PROTO_K_TOK, e) < 0) goto out;
         if (get_bool(o, "add_special_tokens", &r->add_special_tokens, e) < 0) goto out;
         if (get_bool(o, "add_generation_prompt", &r->add_generation_prompt, e) < 0) goto out;
         /* a chat renders as /v1/chat/completions would render it (vLLM's TokenizeChatRequest) */

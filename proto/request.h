@@ -55,17 +55,21 @@ enum proto_field_how {
     PROTO_FIELD_UNSUP, /* 400 unless null or its neutral value */
 };
 
-#define PROTO_K_CMPL 1u
-#define PROTO_K_CHAT 2u
+#define PROTO_K_CMPL  1u
+#define PROTO_K_CHAT  2u
+#define PROTO_K_TOK      4u  /* POST /tokenize of a prompt (vLLM's TokenizeCompletionRequest) */
+#define PROTO_K_TOK_CHAT 8u  /* POST /tokenize of messages (vLLM's TokenizeChatRequest) */
+#define PROTO_K_DETOK    16u /* POST /detokenize */
 
 struct proto_field {
     const char *name;
-    unsigned kinds;           /* PROTO_K_CMPL | PROTO_K_CHAT */
+    unsigned kinds;           /* the requests that take it: PROTO_K_* bits */
     enum proto_field_how how;
     const char *neutral;      /* UNSUP: the JSON value that asks for nothing (NULL: only null) */
 };
 
-/* Every field of OpenAI's and vLLM's completion and chat requests, and moeserve's own. */
+/* Every field of OpenAI's and vLLM's completion, chat, tokenize and detokenize requests, and
+ * moeserve's own. */
 extern const struct proto_field proto_fields[];
 extern const int proto_n_fields;
 

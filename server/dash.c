@@ -17,7 +17,8 @@
 #include "model.h"
 #include "scheduler.h"
 
-#define DASH_HISTORY    120  /* seconds of per-device load kept */
+#define DASH_HISTORY    120  /* points of per-device load kept */
+#define DASH_SLOT_S     1.0  /* seconds each history point covers */
 #define DASH_COPY_S     0.25 /* counters copied at most this often */
 #define DASH_MAX_NODES  128  /* graph nodes (the groups' members, else the busiest pairs) */
 #define DASH_MAX_EDGES  256
@@ -35,17 +36,22 @@ struct dash {
     int *moe_layer; /* (n_moe) model layer of each MoE layer */
     int *width;     /* (n_expert) */
     int *egroup;    /* (n_expert) MoHGE / DeepSeek group, or -1 */
-    double t0, last_copy, last_sample;
+    double t0, last_copy;
     /* copies, under mu */
     uint64_t steps, tokens;
     uint64_t *dev_rows;    /* (n_dev) */
     double *dev_flops;     /* (n_dev) */
     uint64_t *expert_rows; /* (n_moe, n_expert) */
-    /* history ring: per second, expert FLOPs per device in that second */
+    /* History ring, under mu: one point per DASH_SLOT_S of wall time since t0, whether or not
+     * anything ran in it, with the expert FLOPs per device copied during that slot. Slots are
+     * closed by whichever thread looks first after they end (a step, or a GET of the stats),
+     * so an idle server's history goes on with zero points instead of stopping at the last
+     * busy second. */
     int hist_n, hist_at;
     double hist_t[DASH_HISTORY];
     double *hist_load;  /* (DASH_HISTORY, n_dev) */
-    double *prev_flops; /* (n_dev) at the last sample (scheduler thread only) */
+    int64_t slot;       /* the slot being filled: [t0 + slot, t0 + slot + 1) * DASH_SLOT_S */
+    double *slot_base;  /* (n_dev) dev_flops when the slot began */
     /* collaboration */
     struct clive *live;
     int n_groups;
@@ -159,7 +165,7 @@ void dash_free(struct dash *d)
     free(d->dev_flops);
     free(d->expert_rows);
     free(d->hist_load);
-    free(d->prev_flops);
+    free(d->slot_base);
     clive_free(d->live);
     free(d->dict.atom);
     free(d->dict.gram);
@@ -191,11 +197,11 @@ int dash_create(struct engine *e, const char *groups_path, int reservoir, struct
     d->egroup = malloc(sizeof(int) * (size_t)E);
     d->dev_rows = calloc((size_t)d->n_dev, sizeof *d->dev_rows);
     d->dev_flops = calloc((size_t)d->n_dev, sizeof *d->dev_flops);
-    d->prev_flops = calloc((size_t)d->n_dev, sizeof *d->prev_flops);
+    d->slot_base = calloc((size_t)d->n_dev, sizeof *d->slot_base);
     d->expert_rows = calloc((size_t)L * E, sizeof *d->expert_rows);
     d->hist_load = calloc((size_t)DASH_HISTORY * d->n_dev, sizeof *d->hist_load);
     if (!d->moe_layer || !d->width || !d->egroup || !d->dev_rows || !d->dev_flops ||
-        !d->prev_flops || !d->expert_rows || !d->hist_load) {
+        !d->slot_base || !d->expert_rows || !d->hist_load) {
         dash_free(d);
         return ms_errf(err, errlen, "out of memory");
     }
@@ -261,6 +267,29 @@ void dash_tag_name(struct dash *d, int id, char *buf, size_t n)
     pthread_mutex_unlock(&d->mu);
 }
 
+/* Under mu: closes every slot that ended by `now`. A slot's load is what the copies gained
+ * during it; the copies change only when steps run, so the slots of an idle stretch get zero.
+ * After a stretch longer than the ring only its last DASH_HISTORY slots are made (the slot
+ * that held the last work is then out of the window too). */
+static void advance_history(struct dash *d, double now)
+{
+    int64_t cur = (int64_t)floor((now - d->t0) / DASH_SLOT_S);
+    if (cur - d->slot > DASH_HISTORY) {
+        memcpy(d->slot_base, d->dev_flops, sizeof(double) * (size_t)d->n_dev);
+        d->slot = cur - DASH_HISTORY;
+    }
+    for (; d->slot < cur; d->slot++) {
+        double *row = d->hist_load + (size_t)d->hist_at * d->n_dev;
+        for (int i = 0; i < d->n_dev; i++) {
+            row[i] = d->dev_flops[i] - d->slot_base[i];
+            d->slot_base[i] = d->dev_flops[i];
+        }
+        d->hist_t[d->hist_at] = (double)(d->slot + 1) * DASH_SLOT_S;
+        d->hist_at = (d->hist_at + 1) % DASH_HISTORY;
+        if (d->hist_n < DASH_HISTORY) d->hist_n++;
+    }
+}
+
 void dash_after_step(struct dash *d, struct engine *e)
 {
     if (d->live) {
@@ -275,25 +304,16 @@ void dash_after_step(struct dash *d, struct engine *e)
     pthread_mutex_lock(&d->mu);
     d->steps = es->steps;
     d->tokens = es->tokens;
-    for (int i = 0; i < d->n_dev; i++) {
+    for (int i = 0; i < d->n_dev; i++)
         d->dev_rows[i] = es->dev_routed_rows[i];
-        d->dev_flops[i] = es->dev_expert_flops[i];
-    }
     for (int l = 0; l < d->n_moe; l++)
         memcpy(d->expert_rows + (size_t)l * d->n_expert,
                es->expert_rows + (size_t)d->moe_layer[l] * md->n_expert,
                sizeof(uint64_t) * (size_t)d->n_expert);
-    if (now - d->last_sample >= 1.0) {
-        double *row = d->hist_load + (size_t)d->hist_at * d->n_dev;
-        for (int i = 0; i < d->n_dev; i++) {
-            row[i] = d->last_sample > 0 ? d->dev_flops[i] - d->prev_flops[i] : 0.0;
-            d->prev_flops[i] = d->dev_flops[i];
-        }
-        d->hist_t[d->hist_at] = now - d->t0;
-        d->hist_at = (d->hist_at + 1) % DASH_HISTORY;
-        if (d->hist_n < DASH_HISTORY) d->hist_n++;
-        d->last_sample = now;
-    }
+    /* the slots that ended before this copy get what was copied before it */
+    advance_history(d, now);
+    for (int i = 0; i < d->n_dev; i++)
+        d->dev_flops[i] = es->dev_expert_flops[i];
     pthread_mutex_unlock(&d->mu);
 }
 
@@ -482,6 +502,7 @@ char *dash_stats_json(struct dash *d, const struct sched_stats *st, const char *
         return NULL;
     }
     pthread_mutex_lock(&d->mu);
+    advance_history(d, ms_now()); /* the slots an idle server had no step to close */
     memcpy(rows, d->expert_rows, sizeof(uint64_t) * (size_t)L * E);
     memcpy(dev_rows, d->dev_rows, sizeof(uint64_t) * (size_t)N);
     memcpy(dev_flops, d->dev_flops, sizeof(double) * (size_t)N);

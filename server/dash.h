@@ -7,7 +7,9 @@
  * Threads: dash_after_step runs on the scheduler thread (the only one that reads the engine's
  * counters) and copies them, at most every 250 ms, under the dash mutex; dash_stats_json runs
  * on HTTP threads and only reads those copies and the reservoir's snapshot (no lock is held
- * across a forward pass). Ownership: dash_create borrows the engine (it must outlive the dash);
+ * across a forward pass). The load history has a point per second of wall time: both close
+ * the seconds that ended (under the mutex), so an idle server, which runs no step, still
+ * shows its idle seconds, at zero load. Ownership: dash_create borrows the engine (it must outlive the dash);
  * dash_stats_json returns a malloc'd string (NULL when out of memory). */
 #ifndef MOESERVE_DASH_H
 #define MOESERVE_DASH_H

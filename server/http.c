@@ -186,7 +186,8 @@ static int send_text(struct http_server *h, struct h1_conn *c, const char *route
     char headers[160];
     snprintf(headers, sizeof headers, "Content-Type: %s\r\n%s%s%s", ctype,
              status == 429 ? "Retry-After: 1\r\n" : "",
-             status == 405 ? (is_get_route(route) ? "Allow: GET\r\n" : "Allow: POST\r\n") : "",
+             status == 405 ? (is_get_route(route) ? "Allow: GET, HEAD\r\n" : "Allow: POST\r\n")
+                           : "",
              status == 401 ? "WWW-Authenticate: Bearer\r\n" : "");
     count_response(h, c, route, status);
     return h1_respond(c, status, headers, body, strlen(body));
@@ -381,6 +382,24 @@ static int gen_cached_tokens(struct gen *g)
         sched_req_unlock(g->reqs[k]);
     }
     return cached;
+}
+
+/* Once every choice finished, before the answer's last bytes go out (so a scrape after the
+ * answer sees it): per prompt, the most tokens one of its choices generated. vLLM observes
+ * request_max_num_generation_tokens per request of n choices, and each prompt of a list is a
+ * request there. */
+static void gen_observe_max(struct gen *g)
+{
+    int per = g->n_per_prompt > 0 ? g->n_per_prompt : 1;
+    for (int k = 0; k < g->n; k += per) {
+        int most = 0;
+        for (int j = k; j < k + per && j < g->n; j++) {
+            sched_req_lock(g->reqs[j]);
+            if (g->reqs[j]->out.n_tokens > most) most = g->reqs[j]->out.n_tokens;
+            sched_req_unlock(g->reqs[j]);
+        }
+        metrics_request_max_gen(g->h->mt, most);
+    }
 }
 
 /* Sum of the chosen tokens' logprobs: how best_of ranks a request's samples. */
@@ -620,6 +639,7 @@ static bool gen_collect(struct gen *g)
                                          false, &u, NULL));
             g->usage_sent = true;
         }
+        gen_observe_max(g);
         pend_add(g, strdup(PROTO_SSE_DONE));
         g->done_sent = true;
         added = true;
@@ -1075,6 +1095,7 @@ static int gen_poll(struct http_server *h, struct h1_conn *c, struct conn *cn)
         free(body);
         return send_error(h, c, cn->route, &e);
     }
+    gen_observe_max(g);
     return send_json(h, c, cn->route, 200, body);
 }
 
@@ -1159,7 +1180,10 @@ static int on_head(struct http_server *h, struct h1_conn *c)
     const char *route = cn->route, *method = h1_method(c);
     if (strcmp(route, "other") == 0)
         return fail(h, c, route, 404, NULL, "not_found", "no such route");
-    bool get = strcmp(method, "GET") == 0, post = strcmp(method, "POST") == 0;
+    /* HEAD is served wherever GET is (RFC 9110 9.3.2): the same route runs and h1 sends its
+     * status and headers, Content-Length included, without the content. */
+    bool get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0,
+         post = strcmp(method, "POST") == 0;
     bool want_get = is_get_route(route);
     if ((want_get && !get) || (!want_get && !post))
         return fail(h, c, route, 405, NULL, "method_not_allowed", "method not allowed");

@@ -57,8 +57,8 @@ struct metrics {
     struct engine *e;
     struct hist ttft, itl, e2e, queue, step_tokens;
     /* per finished request (vLLM's request-level histograms) */
-    struct hist req_prompt, req_gen, req_max_tokens, req_tpot, req_prefill, req_decode,
-        req_inference, req_n;
+    struct hist req_prompt, req_gen, req_max_gen, req_max_tokens, req_tpot, req_prefill,
+        req_decode, req_inference, req_n;
     double t_start;                           /* wall clock at metrics_create */
     uint64_t finished[5];                     /* by enum sched_finish */
     uint64_t http[N_ROUTES][N_CODES];
@@ -125,6 +125,7 @@ struct metrics *metrics_create(void)
 #define NB(a) (int)(sizeof a / sizeof *a)
     hist_init(&mt->req_prompt, size_buckets, NB(size_buckets));
     hist_init(&mt->req_gen, size_buckets, NB(size_buckets));
+    hist_init(&mt->req_max_gen, size_buckets, NB(size_buckets));
     hist_init(&mt->req_max_tokens, size_buckets, NB(size_buckets));
     hist_init(&mt->req_tpot, itl_buckets, NB(itl_buckets));
     hist_init(&mt->req_prefill, phase_buckets, NB(phase_buckets));
@@ -347,6 +348,13 @@ static void on_request_done(void *ctx, const struct sched_req_done *d)
     /* vLLM: decode time over the tokens after the first */
     if (d->decode_s >= 0 && d->n_generated > 1)
         hist_add(&mt->req_tpot, d->decode_s / (double)(d->n_generated - 1));
+    pthread_mutex_unlock(&mt->mu);
+}
+
+void metrics_request_max_gen(struct metrics *mt, int max_generated)
+{
+    pthread_mutex_lock(&mt->mu);
+    hist_add(&mt->req_max_gen, max_generated);
     pthread_mutex_unlock(&mt->mu);
 }
 
@@ -682,6 +690,10 @@ char *metrics_render(struct metrics *mt, const struct sched_stats *st, const cha
                 &mt->req_prompt, lab);
     render_hist(&b, "moeserve_request_generation_tokens",
                 "Generated tokens per finished request.", &mt->req_gen, lab);
+    render_hist(&b, "moeserve_request_max_num_generation_tokens",
+                "Per finished request of n choices (each prompt): the most tokens one of its "
+                "choices generated.",
+                &mt->req_max_gen, lab);
     render_hist(&b, "moeserve_request_params_max_tokens", "max_tokens of each finished request.",
                 &mt->req_max_tokens, lab);
     render_hist(&b, "moeserve_request_params_n", "n (choices) of each generation request.",

@@ -33,6 +33,40 @@ def tools_data(name):
     return os.path.join(os.path.dirname(srvtest.tests_dir()), "tools", "train", "data", name)
 
 
+class IdleHistoryTest(unittest.TestCase):
+    """The load history of GET /v1/moe/stats has a point per second of wall time, busy or not:
+    after traffic stops, new points keep coming, at zero load (the dashboard's chart falls to
+    zero instead of freezing at the last busy second)."""
+
+    def test_history_ticks_when_idle(self):
+        with srvtest.Server() as srv:
+            def stats():
+                st, _, raw = srvtest.request(srv.port, "GET", "/v1/moe/stats")
+                self.assertEqual(st, 200, raw[:200])
+                return json.loads(raw)
+
+            def busy_point():
+                st, _, r = srvtest.post_json(srv.port, "/v1/completions", {
+                    "prompt": "Hello", "max_tokens": 16, "ignore_eos": True})
+                self.assertEqual(st, 200, r)
+                return any(sum(p["load"]) > 0 for p in stats()["history"])
+            # traffic until a second with load is in the history
+            srvtest.wait_until(busy_point, 30, "a history point with load", interval=0.1)
+            # idle from here: every second that starts after idle_from has no step in it
+            idle_from = stats()["uptime_s"]
+            hist = srvtest.wait_until(
+                lambda: (lambda h: len([p for p in h if p["t"] - 1.0 >= idle_from]) >= 2 and h)(
+                    stats()["history"]), 10, "two history points of idle seconds", interval=0.2)
+            idle = [p for p in hist if p["t"] - 1.0 >= idle_from]
+            for p in idle:
+                self.assertEqual(p["load"], [0.0] * len(p["load"]), p)
+                self.assertEqual(p["imbalance"], 0.0, p)
+            # one point per second, in order, with no gap
+            ts = [p["t"] for p in hist]
+            self.assertEqual(ts, [ts[0] + i for i in range(len(ts))])
+            self.assertTrue(any(sum(p["load"]) > 0 for p in hist), "the busy second is kept")
+
+
 class CollabServerTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):

@@ -161,6 +161,39 @@ class MalformedTest(unittest.TestCase):
         self.check_error(*self.req("POST", "/detokenize", {}), 400, "tokens", "no tokens")
         self.still_serving()
 
+    def test_tokenize_unknown_fields(self):
+        """/tokenize and /detokenize refuse fields they do not take, as the generation routes
+        do: a 400 naming the field (code unknown_parameter), or unsupported_parameter for a
+        vLLM field this server does not implement; the fields they take still work."""
+        cases = [("/tokenize", {"prompt": "hi", "no_such_field": 1}, "no_such_field"),
+                 ("/tokenize", {"prompt": "hi", "max_tokens": 5}, "max_tokens"),
+                 # chat-only fields do nothing to a prompt
+                 ("/tokenize", {"prompt": "hi", "add_generation_prompt": False},
+                  "add_generation_prompt"),
+                 ("/tokenize", {"prompt": "hi", "tools": []}, "tools"),
+                 ("/tokenize", {"messages": MSGS, "temperature": 0}, "temperature"),
+                 ("/tokenize", {"messages": MSGS, "echo": False}, "echo"),
+                 ("/detokenize", {"tokens": [1, 2], "no_such_field": True}, "no_such_field"),
+                 ("/detokenize", {"tokens": [1, 2], "prompt": "hi"}, "prompt"),
+                 ("/detokenize", {"tokens": [], "skip_special_tokens": True},
+                  "skip_special_tokens")]
+        for path, body, param in cases:
+            err = self.check_error(*self.req("POST", path, body), 400, param,
+                                   "%s %r" % (path, body))
+            self.assertEqual(err["code"], "unknown_parameter", "%s %r" % (path, body))
+            self.assertIn(param, err["message"])
+        err = self.check_error(*self.req("POST", "/tokenize", {
+            "messages": MSGS, "chat_template": "{{ x }}"}), 400, "chat_template")
+        self.assertEqual(err["code"], "unsupported_parameter")
+        # what each form takes
+        st, _, out = srvtest.post_json(self.port, "/tokenize", {
+            "prompt": "hi", "model": "anything", "add_special_tokens": False})
+        self.assertEqual(st, 200, out)
+        st, _, out = srvtest.post_json(self.port, "/detokenize", {
+            "tokens": out["tokens"], "model": "anything"})
+        self.assertEqual((st, out["prompt"]), (200, "hi"))
+        self.still_serving()
+
     def test_routes_and_methods(self):
         self.check_error(*self.req("POST", CMPL, {"prompt": "x", "model": "gpt-4"}), 404,
                          "model", "unknown model")
@@ -169,12 +202,61 @@ class MalformedTest(unittest.TestCase):
                              ("GET", "/v1/models/../metrics")):
             self.check_error(*self.req(method, path), 404, None, "%s %s" % (method, path))
         for method, path, allow in (("GET", CMPL, "POST"), ("GET", CHAT, "POST"),
-                                    ("PUT", CMPL, "POST"), ("POST", "/v1/models", "GET"),
-                                    ("DELETE", "/health", "GET"), ("POST", "/metrics", "GET"),
+                                    ("PUT", CMPL, "POST"),
+                                    ("POST", "/v1/models", "GET, HEAD"),
+                                    ("DELETE", "/health", "GET, HEAD"),
+                                    ("POST", "/metrics", "GET, HEAD"),
                                     ("GET", "/tokenize", "POST")):
             st, hdrs, raw = self.req(method, path, {} if method != "GET" else None)
             self.check_error(st, hdrs, raw, 405, None, "%s %s" % (method, path))
             self.assertEqual(hdrs.get("allow"), allow, "%s %s" % (method, path))
+        # HEAD where only POST is served: the 405's headers, and no body (HEAD never has one)
+        st, hdrs, raw = self.req("HEAD", CMPL)
+        self.assertEqual((st, hdrs.get("allow"), raw), (405, "POST", b""))
+        self.still_serving()
+
+    def read_head(self, s, buf):
+        """Reads from s until buf holds a whole response head; returns (head, rest)."""
+        while b"\r\n\r\n" not in buf:
+            piece = s.recv(65536)
+            self.assertTrue(piece, "the server closed before a whole head: %r" % buf[:200])
+            buf += piece
+        head, _, rest = buf.partition(b"\r\n\r\n")
+        return head + b"\r\n\r\n", rest
+
+    def test_head_on_get_routes(self):
+        """HEAD is answered wherever GET is (RFC 9110 9.3.2): GET's status and headers, the
+        Content-Length of GET's body, no body, and the connection serves the next request."""
+        name = json.loads(self.req("GET", "/v1/models")[2])["data"][0]["id"]
+        # routes whose body does not change between two requests: same Content-Length
+        stable = ["/health", "/v1/models", "/v1/models/" + name, "/v1/models/nope", "/version",
+                  "/tokenizer_info", "/dashboard"]
+        for path in stable + ["/metrics", "/v1/moe/stats"]:
+            s = socket.create_connection(("127.0.0.1", self.port), timeout=30)
+            try:
+                s.sendall(b"HEAD %s HTTP/1.1\r\nHost: x\r\n\r\n" % path.encode())
+                head, rest = self.read_head(s, b"")
+                # the same connection, kept alive: the GET's answer must come next, so any
+                # body bytes after the HEAD's head would show up as a broken response here
+                s.sendall(b"GET %s HTTP/1.1\r\nHost: x\r\n\r\n" % path.encode())
+                ghead, grest = self.read_head(s, rest)
+                g_st, g_hdrs, _, _ = srvtest.parse_response(ghead)
+                while len(grest) < int(g_hdrs["content-length"]):
+                    piece = s.recv(65536)
+                    self.assertTrue(piece, path)
+                    grest += piece
+            finally:
+                s.close()
+            h_st, h_hdrs, _, _ = srvtest.parse_response(head)
+            self.assertEqual(rest, b"", "%s: HEAD sent a body" % path)
+            self.assertTrue(ghead.startswith(b"HTTP/1.1 "), "%s: %r" % (path, ghead[:80]))
+            self.assertEqual(h_st, g_st, path)
+            self.assertNotEqual(h_st, 405, path)
+            self.assertEqual(len(grest), int(g_hdrs["content-length"]), path)
+            h_hdrs.pop("date"), g_hdrs.pop("date")
+            if path not in stable:
+                h_hdrs.pop("content-length"), g_hdrs.pop("content-length")
+            self.assertEqual(h_hdrs, g_hdrs, path)
         self.still_serving()
 
     def test_oversized_body(self):

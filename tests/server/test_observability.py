@@ -30,7 +30,8 @@ VLLM_NAMES = {
     "vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds",
     "vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds",
     "vllm:request_inference_time_seconds", "vllm:request_prompt_tokens",
-    "vllm:request_generation_tokens", "vllm:request_params_max_tokens",
+    "vllm:request_generation_tokens", "vllm:request_max_num_generation_tokens",
+    "vllm:request_params_max_tokens",
     "vllm:request_params_n",
 }
 HIST_SUFFIXES = ("_bucket", "_sum", "_count")
@@ -134,6 +135,12 @@ class Observability(unittest.TestCase):
         self.assertEqual(m.total("moeserve_request_prompt_tokens_sum"),
                          self.usage["prompt_tokens"] * 2 + self.usage2["prompt_tokens"])
         self.assertEqual(m.total("moeserve_request_params_max_tokens_sum"), 15)
+        # per request, not per choice: the n=2 request's most (6) and the chat's 3
+        self.assertEqual(m.total("moeserve_request_max_num_generation_tokens_count"), 2)
+        self.assertEqual(m.total("moeserve_request_max_num_generation_tokens_sum"), 9)
+        for le, want in (("2", 0), ("5", 1), ("10", 2), ("+Inf", 2)):
+            self.assertEqual(m.total("moeserve_request_max_num_generation_tokens_bucket", le=le),
+                             want, "le=%s" % le)
         self.assertEqual(m.total("moeserve_request_params_n_count"), 2)
         self.assertEqual(m.total("moeserve_request_params_n_sum"), 3)
         self.assertEqual(m.total("moeserve_request_params_n_bucket", le="1"), 1)
@@ -150,6 +157,47 @@ class Observability(unittest.TestCase):
             self.assertEqual(m.total("moeserve_time_per_output_token_seconds" + suffix),
                              m.total("moeserve_inter_token_latency_seconds" + suffix))
         self.assertEqual(m.total("moeserve_inter_token_latency_seconds_count"), 15 - 3)
+
+    def test_max_num_generation_tokens_counts_generated(self):
+        """vLLM's request_max_num_generation_tokens is the most tokens a request's choices
+        generated (its ParentRequest's max over children), not max_tokens: a request cut short
+        by a stop string counts what it generated, each prompt of a list is a request, and a
+        streamed request counts once its stream is complete."""
+        port = self.srv.port
+        before = self.srv.metrics()
+        st, _, r = srvtest.post_json(port, "/v1/completions", {
+            "prompt": "Hello world", "max_tokens": 16, "temperature": 0, "ignore_eos": True})
+        self.assertEqual((st, r["usage"]["completion_tokens"]), (200, 16), r)
+        text = r["choices"][0]["text"]
+        stop = text[len(text) // 2:][:2]
+        self.assertTrue(stop, repr(text))
+        # greedy again, so the same text, cut where the stop string first shows
+        st, _, r = srvtest.post_json(port, "/v1/completions", {
+            "prompt": "Hello world", "max_tokens": 16, "temperature": 0, "ignore_eos": True,
+            "n": 2, "stop": [stop]})
+        self.assertEqual(st, 200, r)
+        cut = r["usage"]["completion_tokens"] // 2
+        self.assertLess(cut, 16, r)
+        self.assertGreater(cut, 0, r)
+        st, _, r = srvtest.post_json(port, "/v1/completions", {
+            "prompt": ["a", "b"], "max_tokens": 4, "ignore_eos": True})
+        self.assertEqual(st, 200, r)
+        # streamed: observed before [DONE] goes out
+        st, _, raw = srvtest.request(port, "POST", "/v1/completions", {
+            "prompt": "Hi", "max_tokens": 3, "ignore_eos": True, "n": 2, "stream": True})
+        self.assertEqual(st, 200, raw[:200])
+        self.assertEqual(srvtest.sse_events(raw)[-1], "[DONE]")
+        after = self.srv.metrics()
+
+        def delta(suffix, **labels):
+            name = "moeserve_request_max_num_generation_tokens" + suffix
+            return after.total(name, **labels) - before.total(name, **labels)
+        observed = [16, cut, 4, 4, 3]
+        self.assertEqual(delta("_count"), len(observed))
+        self.assertEqual(delta("_sum"), sum(observed))
+        for le in (1, 2, 5, 10, 20):
+            self.assertEqual(delta("_bucket", le=str(le)), sum(v <= le for v in observed),
+                             "le=%d" % le)
 
     def test_process_and_build_info(self):
         m, pid = self.m, self.srv.proc.pid

@@ -145,15 +145,23 @@ static int push_call(struct tc_call **calls, int *n, struct tc_call c)
 static size_t strip_markers(enum tc_syntax syn, char *content, size_t len)
 {
     if (syn != TC_DEEPSEEK) return len;
-    const char *drop[] = {DS_CALLS_BEGIN, DS_CALLS_END};
-    for (int d = 0; d < 2; d++) {
-        size_t m = strlen(drop[d]);
-        for (char *at; (at = (char *)find(content, len, drop[d]));) {
-            memmove(at, at + m, len - (size_t)(at - content) - m);
-            len -= m;
+    /* One pass over the text as it was: a marker that only appears once another is removed
+     * ("<｜tool" + marker + "▁calls▁begin｜>") is text the model wrote, and stays. */
+    static const char *const drop[] = {DS_CALLS_BEGIN, DS_CALLS_END};
+    size_t w = 0;
+    for (size_t i = 0; i < len;) {
+        size_t skip = 0;
+        for (int d = 0; d < 2 && !skip; d++) {
+            size_t m = strlen(drop[d]);
+            if (m <= len - i && memcmp(content + i, drop[d], m) == 0) skip = m;
         }
+        if (skip) {
+            i += skip;
+            continue;
+        }
+        content[w++] = content[i++];
     }
-    return len;
+    return w;
 }
 
 
@@ -409,41 +417,27 @@ int tc_stream_feed(struct tc_stream *s, const char *text, size_t len, bool final
     return 0;
 }
 
-/* Trims spaces at both ends of a buffer and hands its text over (NULL when out of memory). */
-static char *take_trimmed(struct ms_buf *b)
+/* Trims spaces at both ends of b[from, len) in place. */
+static void trim_from(struct ms_buf *b, size_t from)
 {
-    size_t a = 0, w = b->len;
+    size_t a = from, w = b->len;
     while (a < w && is_space(b->p[a])) a++;
     while (w > a && is_space(b->p[w - 1])) w--;
-    if (a) memmove(b->p, b->p + a, w - a);
-    b->len = w - a;
+    if (a > from) memmove(b->p + from, b->p + a, w - a);
+    b->len = from + (w - a);
     if (b->p) b->p[b->len] = '\0';
-    return ms_buf_take(b);
 }
 
-int tc_parse(enum tc_syntax syn, const char *text, size_t len, char **content,
-             struct tc_call **calls, int *n_calls, char **reasoning)
+int tc_parse(enum tc_syntax syn, const char *text, size_t len, struct ms_buf *content,
+             struct tc_call **calls, int *n_calls, struct ms_buf *reasoning)
 {
-    struct ms_buf out = {0}, think = {0};
     struct tc_stream st;
     tc_stream_init(&st, syn);
-    *content = NULL;
-    if (reasoning) *reasoning = NULL;
-    if (tc_stream_feed(&st, text, len, true, &out, &think, calls, n_calls) != 0) goto oom;
-    *content = take_trimmed(&out);
-    if (!*content) goto oom;
-    if (reasoning) {
-        *reasoning = take_trimmed(&think);
-        if (!*reasoning) goto oom;
-    }
-    ms_buf_free(&think);
+    size_t c0 = content->len, r0 = reasoning->len;
+    if (tc_stream_feed(&st, text, len, true, content, reasoning, calls, n_calls) != 0) return -1;
+    trim_from(content, c0);
+    trim_from(reasoning, r0);
     return 0;
-oom:
-    free(*content);
-    *content = NULL;
-    ms_buf_free(&out);
-    ms_buf_free(&think);
-    return -1;
 }
 
 int tc_grammar(enum tc_syntax syn, const char *tools_json, const char *only_name, bool parallel,

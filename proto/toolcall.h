@@ -38,13 +38,13 @@ enum tc_syntax tc_syntax_of(const struct tokenizer *tok);
 /* Whether the syntax's markers are special tokens (the text must keep special tokens). */
 bool tc_needs_special_tokens(enum tc_syntax syn);
 
-/* Splits a whole output into its content (a new string: the text outside well-formed calls,
- * the syntax's outer markers dropped, trimmed) and its calls (appended to *calls, *n_calls).
- * A block that does not parse stays in the content. With reasoning non-NULL it receives the
- * model's reasoning (harmony's analysis bodies, a new string, empty when none). Returns 0, or
- * -1 when out of memory. */
-int tc_parse(enum tc_syntax syn, const char *text, size_t len, char **content,
-             struct tc_call **calls, int *n_calls, char **reasoning);
+/* Splits a whole output into its content (the text outside well-formed calls, the syntax's
+ * outer markers dropped, trimmed; appended to content) and its calls (appended to *calls,
+ * *n_calls). A block that does not parse stays in the content. reasoning receives the model's
+ * reasoning (harmony's analysis bodies, trimmed; nothing when none). Text may hold NUL bytes:
+ * the buffers carry the lengths. Returns 0, or -1 when out of memory. */
+int tc_parse(enum tc_syntax syn, const char *text, size_t len, struct ms_buf *content,
+             struct tc_call **calls, int *n_calls, struct ms_buf *reasoning);
 void tc_calls_free(struct tc_call *calls, int n);
 
 /* Streaming: the output so far is fed whole each time; each step reports the content that can

@@ -477,15 +477,15 @@ static char *gen_body(struct gen *g, int *status, struct proto_error *e)
             c->text = texts[n_ch] = ms_buf_take(&t);
             c->finish_reason = finish_name(r->out.finish);
             if (g->tools) {
-                char *content = NULL;
-                if (tc_parse(g->tc_syn, texts[n_ch], c->text_len, &content, &calls[n_ch],
-                             &n_calls[n_ch], &thinks[n_ch]) != 0)
-                    goto out;
+                struct ms_buf content = {0}, think = {0};
+                int prc = tc_parse(g->tc_syn, texts[n_ch], c->text_len, &content, &calls[n_ch],
+                                   &n_calls[n_ch], &think);
+                c->text_len = content.len;
+                c->reasoning_len = think.len;
                 free(texts[n_ch]);
-                c->text = texts[n_ch] = content;
-                c->text_len = strlen(content);
-                c->reasoning = thinks[n_ch];
-                c->reasoning_len = strlen(thinks[n_ch]);
+                c->text = texts[n_ch] = ms_buf_take(&content);
+                c->reasoning = thinks[n_ch] = ms_buf_take(&think);
+                if (prc != 0 || !c->text || !c->reasoning) goto out;
                 c->calls = calls[n_ch];
                 c->n_calls = n_calls[n_ch];
                 c->call_id = g->call_id;
@@ -508,8 +508,9 @@ static char *gen_body(struct gen *g, int *status, struct proto_error *e)
     body = proto_resp_body(g->kind, g->id, g->created, g->h->model_name, ch, n_ch, &u,
                            g->h->m->tok);
 out:
-    for (int i = 0; texts && i < n_ch; i++) free(texts[i]);
-    for (int i = 0; calls && i < n_ch; i++) tc_calls_free(calls[i], n_calls[i]);
+    /* all of them: a failure leaves the choice it was building half made */
+    for (size_t i = 0; texts && i < n_choices; i++) free(texts[i]);
+    for (size_t i = 0; calls && n_calls && i < n_choices; i++) tc_calls_free(calls[i], n_calls[i]);
     for (size_t i = 0; thinks && i < n_choices; i++) free(thinks[i]);
     free(thinks);
     free(calls);

@@ -21,10 +21,11 @@
 static void check_r(enum tc_syntax syn, const char *text, const char *want_content,
                     const char *want_reasoning, const char *const *want, int n_want)
 {
-    char *content = NULL, *reasoning = NULL;
+    struct ms_buf cb = {0}, rb = {0};
     struct tc_call *calls = NULL;
     int n = 0;
-    CHECK(tc_parse(syn, text, strlen(text), &content, &calls, &n, &reasoning) == 0);
+    CHECK(tc_parse(syn, text, strlen(text), &cb, &calls, &n, &rb) == 0);
+    char *content = ms_buf_take(&cb), *reasoning = ms_buf_take(&rb);
     CHECKF(content && strcmp(content, want_content) == 0, "content '%s', want '%s'", content,
            want_content);
     CHECKF(reasoning && strcmp(reasoning, want_reasoning) == 0, "reasoning '%s', want '%s'",

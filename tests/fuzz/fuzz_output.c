@@ -64,8 +64,8 @@ static void emit(void *ctx, const char *t, size_t n)
 static void trimmed(const char *s, size_t n, const char **out, size_t *out_len)
 {
     size_t a = 0;
-    while (a < n && strchr(" \t\n\r", s[a]) && s[a]) a++;
-    while (n > a && strchr(" \t\n\r", s[n - 1]) && s[n - 1]) n--;
+    while (a < n && s[a] && strchr(" \t\n\r", s[a])) a++;
+    while (n > a && s[n - 1] && strchr(" \t\n\r", s[n - 1])) n--;
     *out = s + a;
     *out_len = n - a;
 }
@@ -171,7 +171,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     /* the HTTP path: the published text parsed for tool calls, whole and streamed */
     enum tc_syntax syn = syns[ti];
     const char *T = out.p ? out.p : "";
-    char *content = NULL, *reasoning = NULL;
+    struct ms_buf content = {0}, reasoning = {0};
     struct tc_call *calls = NULL, *scalls = NULL;
     int n_calls = 0, n_scalls = 0;
     if (tc_parse(syn, T, out.len, &content, &calls, &n_calls, &reasoning) != 0) abort();
@@ -184,8 +184,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (tc_stream_feed(&st, T, ends[b], false, &sc, &sr, &scalls, &n_scalls) != 0) abort();
     }
     if (tc_stream_feed(&st, T, out.len, true, &sc, &sr, &scalls, &n_scalls) != 0) abort();
-    same_text(sc.p ? sc.p : "", sc.len, content, strlen(content), "content");
-    same_text(sr.p ? sr.p : "", sr.len, reasoning, strlen(reasoning), "reasoning");
+    same_text(sc.p ? sc.p : "", sc.len, content.p ? content.p : "", content.len, "content");
+    same_text(sr.p ? sr.p : "", sr.len, reasoning.p ? reasoning.p : "", reasoning.len,
+              "reasoning");
     if (n_scalls != n_calls) {
         fprintf(stderr, "calls: %d streamed, %d whole\n", n_scalls, n_calls);
         abort();
@@ -197,8 +198,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     tc_calls_free(calls, n_calls);
     tc_calls_free(scalls, n_scalls);
-    free(content);
-    free(reasoning);
+    ms_buf_free(&content);
+    ms_buf_free(&reasoning);
     ms_buf_free(&sc);
     ms_buf_free(&sr);
     ms_buf_free(&out);

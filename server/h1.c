@@ -84,7 +84,9 @@ struct h1_conn {
     int64_t body_left;
     struct h1p_chunked ch;
     bool body_done;
-    bool peer_closed; /* the client shut its side (EOF or EPOLLRDHUP) */
+    bool peer_closed; /* the client shut its sending side (EOF or EPOLLRDHUP): at least a
+                       * half-close; whether it still reads is only learnt by writing to it */
+    bool probed;      /* this request's half-close was probed (probe_peer) */
     size_t lingered;
     int outq_seen; /* our send queue at the last idle check (slow readers) */
     /* output */
@@ -201,7 +203,7 @@ static void end_request(struct h1_conn *c, enum h1_done why)
     c->wlen = c->woff = c->wcap = 0;
     c->reader = NULL;
     c->rctx = NULL;
-    c->responded = c->chunked_out = c->stream_done = false;
+    c->responded = c->chunked_out = c->stream_done = c->probed = false;
 }
 
 static void conn_close(struct h1_conn *c, enum h1_done why)
@@ -270,10 +272,12 @@ static void conn_fail(struct h1_conn *c, int status, const char *why)
     if (!c->responded) conn_close(c, H1_DONE_CLOSED);
 }
 
-/* After a response: the next request (keep-alive), lingering, or close. */
+/* After a response: the next request (keep-alive), lingering, or close. A half-closed client
+ * stays in keep-alive: requests it pipelined before its EOF are still answered, and reading
+ * meets the EOF once they are done, which closes the connection. */
 static void response_complete(struct h1_conn *c)
 {
-    bool keep = !c->close_after && !c->peer_closed && c->req && c->req->keep_alive;
+    bool keep = !c->close_after && c->req && c->req->keep_alive;
     end_request(c, H1_DONE_SENT);
     if (keep) {
         c->st = C_HEAD;
@@ -519,11 +523,7 @@ static bool fill_stream(struct h1_conn *c)
         return true;
     }
     if (n == 0) {
-        if (c->peer_closed) {
-            conn_close(c, H1_DONE_CLOSED);
-            return false;
-        }
-        c->st = C_PARKED;
+        c->st = C_PARKED; /* even half-closed: the client may still read (see probe_peer) */
         return false;
     }
     if (n == H1_STREAM_END) {
@@ -536,6 +536,32 @@ static bool fill_stream(struct h1_conn *c)
     }
     conn_close(c, H1_DONE_CLOSED); /* the handler cut the stream */
     return false;
+}
+
+/* A pending request's client shut its sending side. That may be a half-close (shutdown
+ * SHUT_WR, as `nc -N` does after its request), which still wants the answer, or a full close;
+ * TCP tells them apart only when data reaches the client: a closed socket answers it with a
+ * reset. Nothing else on Linux does: both leave our socket in CLOSE-WAIT with only
+ * EPOLLRDHUP (EPOLLHUP needs both directions shut), recv and MSG_PEEK both see EOF, a
+ * zero-length send emits no segment, and keep-alive probes carry no new data, so even a closed
+ * peer just acknowledges them. So bytes the client must accept are sent: an interim
+ * "100 Continue", which RFC 9110 15.2 has every HTTP/1.1 client parse and skip before the
+ * final response, unexpected or not. A client that left resets; EPOLLHUP|EPOLLERR (or the
+ * next send failing) then closes the connection and cancels the request. Once per request, so
+ * clients that cap interim responses are safe. Not for HTTP/1.0, which must not get a 1xx:
+ * there a full close is seen only when the answer is written. A streamed response needs no
+ * probe: its own bytes (the head at once, then each event) are the probe. */
+static void probe_peer(struct h1_conn *c)
+{
+    static const char probe[] = "HTTP/1.1 100 Continue\r\n\r\n";
+    c->probed = true;
+    if (!c->req || c->req->minor == 0) return;
+    ssize_t n = send(c->fd, probe, sizeof probe - 1, MSG_NOSIGNAL);
+    if (n == (ssize_t)(sizeof probe - 1)) return;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+        return; /* no room now: the answer will tell */
+    /* gone (EPIPE, ECONNRESET), or a partial interim response that would corrupt the stream */
+    conn_close(c, H1_DONE_CLOSED);
 }
 
 /* C_WRITE: sends what is queued, refills from a stream reader. Returns false when blocked on
@@ -581,8 +607,10 @@ static void conn_run(struct h1_conn *c)
             progress = step_write(c);
             break;
         case C_PENDING:
+            /* half-closed or gone while waiting: find out which (probe_peer) */
+            if (c->peer_closed && !c->probed) probe_peer(c);
+            break;
         case C_PARKED:
-            if (c->peer_closed) conn_close(c, H1_DONE_CLOSED); /* gone while waiting */
             break;
         case C_LINGER:
             break;

@@ -13,8 +13,21 @@
  * A connection lives on the I/O thread that accepted it. Its states: reading a head, reading a
  * body, waiting for the handler (pending), writing, streaming but parked (waiting for output),
  * and lingering (discarding what a refused client still sends, so that our answer is not
- * lost to a reset). A pending or parked connection is watched for hang-up only (EPOLLRDHUP),
- * so a client that leaves while its request is queued or running is seen at once.
+ * lost to a reset). A pending or parked connection is watched for hang-up only.
+ *
+ * A client that stops sending, by case:
+ * - mid-request (head or body incomplete) and EOF: the request can never complete; closed.
+ * - half-close after a complete request (shutdown(SHUT_WR), `nc -N`): answered, then closed.
+ *   Requests it pipelined before its EOF are answered first. A pending (non-streamed) request
+ *   first gets one interim "HTTP/1.1 100 Continue" (HTTP/1.1 only), which a client must skip.
+ * - full close or reset while the request is pending, parked or written: the request is
+ *   cancelled (on_done with H1_DONE_CLOSED). TCP shows a full close only as an EOF, the same as
+ *   a half-close, until data reaches the client and its closed socket resets; so a pending
+ *   request's EOF is answered by the 100 Continue probe (h1.c, probe_peer), and a streamed one's
+ *   by its own next bytes; the reset (EPOLLHUP/EPOLLERR, or EPIPE/ECONNRESET from send) then
+ *   cancels. An HTTP/1.0 client that closes while its request is pending is seen only when the
+ *   answer is written (no 1xx may be sent to it), and a streamed request's only at its next
+ *   event; a client that resets (closes with unread data) is seen at once.
  *
  * Timeouts: keep_alive_s bounds an idle connection between requests and any stall while the
  * server waits on the client (a request arriving, a response not being read); read_timeout_s

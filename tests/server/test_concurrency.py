@@ -2,7 +2,9 @@
 token counts they asked for (ignore_eos + max_tokens, counted from the streamed per-token
 logprobs and from the usage chunk) and, at temperature 0, the same tokens as when run alone;
 a client that closes its socket mid-stream (streaming or not) has its request cancelled and its
-KV blocks freed, which /metrics shows within a bounded wait."""
+KV blocks freed, which /metrics shows within a bounded wait; a client that only half-closes
+(shutdown(SHUT_WR) after its request, as `nc -N` does) gets its whole answer, streamed or not,
+and then the server closes, while one that half-closes and then closes is still cancelled."""
 import http.client
 import json
 import socket
@@ -89,11 +91,13 @@ class ConcurrencyTest(unittest.TestCase):
             self.assertEqual(toks, solo[p][:want], "client %d: batched greedy != solo" % i)
         srvtest.wait_until(self.idle, 10, "no running or waiting requests")
 
-    def disconnect_case(self, stream):
+    def disconnect_case(self, stream, half_close_first=False):
         """Sends a long generation (16 choices x 400 tokens), closes the socket after the
         first bytes of the answer arrive (streaming) or right away (non-streaming), and checks
         that the choices are aborted, far fewer tokens than asked were generated, and KV usage
-        and running requests return to their idle values."""
+        and running requests return to their idle values. half_close_first: shutdown(SHUT_WR)
+        right after the request, then the same close (the server cannot tell the two apart
+        from the EOF alone)."""
         before = srvtest.wait_until(self.idle, 10, "idle before the test")
         kv_idle = before.total("moeserve_kv_cache_usage_perc")
         gen0 = before.total("moeserve_generation_tokens_total")
@@ -105,6 +109,8 @@ class ConcurrencyTest(unittest.TestCase):
         s = socket.create_connection(("127.0.0.1", self.srv.port), timeout=30)
         s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
                   b"application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        if half_close_first:
+            s.shutdown(socket.SHUT_WR)
         if stream:
             got = b""
             while got.count(b"data: ") < 3:
@@ -145,6 +151,80 @@ class ConcurrencyTest(unittest.TestCase):
 
     def test_client_killed_while_waiting_for_full_body(self):
         self.disconnect_case(stream=False)
+
+    def test_half_closed_then_killed_mid_stream(self):
+        self.disconnect_case(stream=True, half_close_first=True)
+
+    def test_half_closed_then_killed_while_waiting(self):
+        self.disconnect_case(stream=False, half_close_first=True)
+
+    def half_close_exchange(self, body):
+        """Sends one completion request, shuts the sending side, reads until the server closes;
+        returns (final status, headers, body bytes, interim statuses) of the one response."""
+        data = json.dumps(body).encode()
+        s = socket.create_connection(("127.0.0.1", self.srv.port), timeout=60)
+        try:
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                      b"application/json\r\nContent-Length: %d\r\n\r\n" % len(data) + data)
+            s.shutdown(socket.SHUT_WR)
+            raw = b""
+            while True:  # to the server's close: a timeout here is a failure
+                piece = s.recv(65536)
+                if not piece:
+                    break
+                raw += piece
+        finally:
+            s.close()
+        interim = []
+        while True:
+            status, hdrs, _, rest = srvtest.parse_response(raw)
+            if status >= 200:
+                break
+            interim.append(status)  # a 1xx has no body: the final response follows
+            raw = raw.partition(b"\r\n\r\n")[2]
+        head, _, rest = raw.partition(b"\r\n\r\n")
+        if hdrs.get("transfer-encoding") == "chunked":
+            payload = b""
+            while True:
+                size, _, rest = rest.partition(b"\r\n")
+                n = int(size, 16)
+                if n == 0:
+                    self.assertEqual(rest, b"\r\n", "bytes after the last chunk")
+                    break
+                payload += rest[:n]
+                self.assertEqual(rest[n:n + 2], b"\r\n")
+                rest = rest[n + 2:]
+        else:
+            payload = rest
+            self.assertEqual(len(payload), int(hdrs["content-length"]), "truncated body")
+        return status, hdrs, payload, interim
+
+    def test_half_close_gets_whole_answer(self):
+        before = srvtest.wait_until(self.idle, 10, "idle before the test")
+        abort0 = before.total("moeserve_request_success_total", finished_reason="abort")
+        status, hdrs, payload, interim = self.half_close_exchange(
+            {"prompt": "Hello", "max_tokens": 64, "n": 2, "ignore_eos": True})
+        self.assertEqual(status, 200, payload[:300])
+        self.assertTrue(set(interim) <= {100}, interim)
+        r = json.loads(payload)
+        self.assertEqual(r["usage"]["completion_tokens"], 128)
+        self.assertEqual([c["finish_reason"] for c in r["choices"]], ["length", "length"])
+        after = srvtest.wait_until(self.idle, 10, "idle after the test")
+        self.assertEqual(after.total("moeserve_request_success_total", finished_reason="abort"),
+                         abort0)
+
+    def test_half_close_gets_whole_stream(self):
+        status, hdrs, payload, interim = self.half_close_exchange(
+            {"prompt": "Hello", "max_tokens": 64, "ignore_eos": True, "logprobs": 0,
+             "stream": True})
+        self.assertEqual(status, 200, payload[:300])
+        self.assertEqual(interim, [])  # the stream's own head went out at once
+        events = srvtest.sse_events(payload)
+        self.assertEqual(events[-1], "[DONE]")
+        chunks = [json.loads(e) for e in events[:-1]]
+        tokens = sum(len(c["choices"][0]["logprobs"]["tokens"]) for c in chunks if c["choices"])
+        self.assertEqual(tokens, 64)
+        self.assertEqual(chunks[-1]["choices"][0]["finish_reason"], "length")
 
 
 if __name__ == "__main__":

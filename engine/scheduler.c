@@ -31,6 +31,8 @@ struct sched {
     float *logits;
     int extra_rows;
     char piece[512];
+    char *spill;        /* a token's text longer than piece (rare long added tokens) */
+    size_t spill_cap;
     uint64_t pc_queries, pc_hits; /* prefix cache tokens, copied into st by publish_stats */
 
     /* incoming requests, handed over by any thread */
@@ -425,6 +427,31 @@ static enum sched_finish stop_without_token(struct sched *s, struct sched_req *r
     return SCHED_FINISH_STOP;
 }
 
+/* Decodes token t into r's stream: its text in s->piece or, when longer than that, in
+ * s->spill, grown as needed (a long added token: never on the usual path, and kept for the
+ * next). Returns the length with *text set, or -1 (the text is then lost: out of memory or a
+ * piece over 1 MiB). */
+static int push_piece(struct sched *s, struct sched_req *r, int32_t t, const char **text)
+{
+    *text = s->piece;
+    int w = tok_stream_push(s->m->tok, &r->ts, t, s->piece, sizeof s->piece);
+    if (w >= 0 || t < 0 || t >= tok_vocab_size(s->m->tok)) return w;
+    if (s->spill_cap > 0) {
+        w = tok_stream_push(s->m->tok, &r->ts, t, s->spill, s->spill_cap);
+        *text = s->spill;
+    }
+    while (w < 0 && s->spill_cap < ((size_t)1 << 20)) {
+        size_t cap = s->spill_cap ? s->spill_cap * 2 : 4096;
+        char *p = realloc(s->spill, cap);
+        if (!p) return -1;
+        s->spill = p;
+        s->spill_cap = cap;
+        w = tok_stream_push(s->m->tok, &r->ts, t, s->spill, cap);
+        *text = s->spill;
+    }
+    return w;
+}
+
 /* Samples the next token of r from its logits row and publishes it. Returns the finish reason
  * (SCHED_FINISH_NONE to continue). */
 static enum sched_finish accept_token(struct sched *s, struct sched_req *r, float *row)
@@ -481,8 +508,9 @@ static enum sched_finish accept_token(struct sched *s, struct sched_req *r, floa
     if (eos) {
         why = SCHED_FINISH_STOP;
     } else if (s->m->tok) {
-        int w = tok_stream_push(s->m->tok, &r->ts, t, s->piece, sizeof s->piece);
-        if (w > 0 && feed_text(r, s->piece, (size_t)w)) why = SCHED_FINISH_STOP;
+        const char *text;
+        int w = push_piece(s, r, t, &text);
+        if (w > 0 && feed_text(r, text, (size_t)w)) why = SCHED_FINISH_STOP;
         if (stop_id) why = SCHED_FINISH_STOP;
     }
     if (stop_id && !s->m->tok) why = SCHED_FINISH_STOP;
@@ -1066,6 +1094,7 @@ void sched_free(struct sched *s)
     free(s->items);
     free(s->item_req);
     free(s->logits);
+    free(s->spill);
     free(s);
 }
 

@@ -98,10 +98,8 @@ static int parse_block(enum tc_syntax syn, const char *s, size_t n, struct tc_ca
         const char *nm = sep + strlen(DS_SEP);
         const char *nl = memchr(nm, '\n', (size_t)(s + n - nm));
         if (!nl || nl == nm) goto no;
-        name = malloc((size_t)(nl - nm) + 1);
+        name = strndup(nm, (size_t)(nl - nm));
         if (!name) return -1;
-        memcpy(name, nm, (size_t)(nl - nm));
-        name[nl - nm] = '\0';
         const char *body = nl + 1, *end = s + n;
         if ((size_t)(end - body) >= 7 && memcmp(body, "```json", 7) == 0) body += 7;
         while (end > body && (end[-1] == '\n' || end[-1] == ' ')) end--;
@@ -238,13 +236,11 @@ static int harmony_call(const char *hdr, size_t hl, const char *body, size_t bl,
         free(a);
         return 0;
     }
-    char *name = malloc(rl + 1);
+    char *name = strndup(r, rl);
     if (!name) {
         free(a);
         return -1;
     }
-    memcpy(name, r, rl);
-    name[rl] = '\0';
     c->name = name;
     c->arguments = a;
     return 1;
@@ -450,8 +446,7 @@ int tc_grammar(enum tc_syntax syn, const char *tools_json, const char *only_name
                        "(its markers are special tokens)");
     json_t *tools = json_loads(tools_json, 0, NULL);
     char *rules = strdup(jschema_base_rules());
-    char *calls = NULL;
-    size_t calls_len = 0;
+    struct ms_buf calls = {0}; /* the alternatives of `call`, one per tool */
     int rc = -1, n = 0;
     size_t i;
     json_t *t;
@@ -481,44 +476,38 @@ int tc_grammar(enum tc_syntax syn, const char *tools_json, const char *only_name
             ms_errf(err, errlen, "out of memory");
             goto out;
         }
-        size_t need = calls_len + strlen(qn) * 4 + 128;
-        char *grown = realloc(calls, need);
-        if (!grown) {
-            free(qn);
+        bool ok = ms_buf_adds(&calls, n ? " | \"{\\\"name\\\": " : "\"{\\\"name\\\": ") == 0;
+        for (const char *c = qn; *c && ok; c++) /* the JSON name, escaped as an EBNF literal */
+            ok = (!(*c == '"' || *c == '\\') || ms_buf_add(&calls, "\\", 1) == 0) &&
+                 ms_buf_add(&calls, c, 1) == 0;
+        free(qn);
+        ok = ok && ms_buf_adds(&calls, ", \\\"arguments\\\": \" ") == 0 &&
+             ms_buf_adds(&calls, prefix) == 0 && ms_buf_adds(&calls, "root \"}\"") == 0;
+        if (!ok) {
             ms_errf(err, errlen, "out of memory");
             goto out;
         }
-        calls = grown;
-        int w = snprintf(calls + calls_len, need - calls_len, "%s\"{\\\"name\\\": ", n ? " | " : "");
-        calls_len += (size_t)w;
-        for (const char *c = qn; *c; c++) {
-            if (*c == '"' || *c == '\\') calls[calls_len++] = '\\';
-            calls[calls_len++] = *c;
-        }
-        free(qn);
-        w = snprintf(calls + calls_len, need - calls_len, ", \\\"arguments\\\": \" %sroot \"}\"", prefix);
-        calls_len += (size_t)w;
         n++;
     }
     if (n == 0) {
         ms_errf(err, errlen, "no tool to call");
         goto out;
     }
-    size_t total = strlen(rules) + calls_len + 256;
-    char *g = malloc(total);
-    if (!g) {
+    struct ms_buf g = {0};
+    if (ms_buf_adds(&g, rules) != 0 || ms_buf_adds(&g, "call ::= ") != 0 ||
+        ms_buf_add(&g, calls.p, calls.len) != 0 ||
+        ms_buf_adds(&g, "\nblock ::= \"<tool_call>\\n\" call \"\\n</tool_call>\"\n"
+                        "root ::= block") != 0 ||
+        ms_buf_adds(&g, parallel && !only_name ? " ( \"\\n\" block )*\n" : "\n") != 0) {
+        ms_buf_free(&g);
         ms_errf(err, errlen, "out of memory");
         goto out;
     }
-    snprintf(g, total,
-             "%scall ::= %.*s\nblock ::= \"<tool_call>\\n\" call \"\\n</tool_call>\"\n"
-             "root ::= block%s\n",
-             rules, (int)calls_len, calls, parallel && !only_name ? " ( \"\\n\" block )*" : "");
-    *out = g;
+    *out = ms_buf_take(&g);
     rc = 0;
 out:
     json_decref(tools);
     free(rules);
-    free(calls);
+    ms_buf_free(&calls);
     return rc;
 }

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common.h"
 #include "engine.h"
@@ -282,6 +283,64 @@ static void test_stop_string(const struct model *m)
 out:
     sched_free(s);
     engine_free(e);
+}
+
+/* A token whose text is longer than the scheduler's piece buffer (a long added token) is
+ * published whole, and a stop string inside it still cuts there. The model's tokenizer is
+ * swapped for a small one written here whose added token 5 is 1500 bytes; allowed_token_ids
+ * makes the sampler draw it. */
+static void test_long_token(struct model *m)
+{
+    enum { LONG = 1500 };
+    char path[] = "/tmp/moeserve_longtok_XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    if (fd < 0) return;
+    FILE *f = fdopen(fd, "w");
+    fputs("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1, \"c\": 2, \"d\": 3, "
+          "\"e\": 4}, \"merges\": []}, \"pre_tokenizer\": {\"type\": \"ByteLevel\", "
+          "\"add_prefix_space\": false, \"use_regex\": true}, \"decoder\": {\"type\": "
+          "\"ByteLevel\"}, \"added_tokens\": [{\"id\": 5, \"content\": \"", f);
+    for (int i = 0; i < LONG; i++) fputc(i == LONG / 2 ? 'Z' : 'x', f);
+    fputs("\", \"single_word\": false, \"lstrip\": false, \"rstrip\": false, "
+          "\"normalized\": false, \"special\": false}]}", f);
+    fclose(f);
+    struct tokenizer *tok = NULL;
+    char err[MS_ERR_LEN];
+    int lrc = tok_load(path, NULL, &tok, err, sizeof err);
+    unlink(path);
+    CHECKF(lrc == 0, "%s", err);
+    if (lrc != 0) return;
+    struct tokenizer *saved = m->tok;
+    m->tok = tok;
+    struct engine *e = make_engine(m, 0, 64);
+    struct sched *s = e ? make_sched(e, 64, 0) : NULL;
+    CHECK(s != NULL);
+    for (int with_stop = 0; s && with_stop < 2; with_stop++) {
+        struct sched_req_params p;
+        sched_req_params_default(&p);
+        p.max_tokens = 2;
+        p.ignore_eos = true;
+        int32_t five = 5;
+        p.smp.allowed = &five;
+        p.smp.n_allowed = 1;
+        if (with_stop) {
+            p.n_stop = 1;
+            p.stop[0] = "xZx";
+        }
+        struct sched_req *r = sched_req_create(prompts[0], prompt_len[0], &p, err, sizeof err);
+        CHECK(r && sched_submit(s, r, err, sizeof err) == 0);
+        run_until_idle(s);
+        size_t want = with_stop ? LONG / 2 - 1 : 2 * LONG;
+        CHECKF(r->out.text_len == want, "stop %d: %zu bytes, want %zu", with_stop,
+               r->out.text_len, want);
+        CHECK(r->out.text_len == 0 || r->out.text[0] == 'x');
+        sched_req_release(r);
+    }
+    sched_free(s);
+    engine_free(e);
+    m->tok = saved;
+    tok_free(tok);
 }
 
 /* The loop thread: requests submitted from this thread, completion seen through notify. */
@@ -681,6 +740,7 @@ int main(int argc, char **argv)
     test_prefix_cache(m);
     test_cancel_and_limits(m);
     test_stop_string(m);
+    test_long_token(m);
     test_loop_thread(m, alone);
     /* Sticky devices: preempted sequences and prefix hits must come back to the device that
      * holds their K/V; outputs as on one CPU device. */

@@ -117,6 +117,10 @@ class ConcurrencyTest(unittest.TestCase):
                 piece = s.recv(4096)
                 self.assertTrue(piece, "server closed the stream early")
                 got += piece
+            # a request still being prepared when the EOF came may get a 100 first (h1's
+            # probe of a pending request, h1.h); the stream's own head follows
+            if got.startswith(b"HTTP/1.1 100 "):
+                got = got.partition(b"\r\n\r\n")[2]
             self.assertIn(b"200", got.split(b"\r\n", 1)[0])
         else:
             # wait until the scheduler runs the choices, then hang up
@@ -218,7 +222,9 @@ class ConcurrencyTest(unittest.TestCase):
             {"prompt": "Hello", "max_tokens": 64, "ignore_eos": True, "logprobs": 0,
              "stream": True})
         self.assertEqual(status, 200, payload[:300])
-        self.assertEqual(interim, [])  # the stream's own head went out at once
+        # at most the probe of a request still pending (being prepared) when the EOF came; once
+        # the stream started its own bytes are the probe
+        self.assertTrue(set(interim) <= {100}, interim)
         events = srvtest.sse_events(payload)
         self.assertEqual(events[-1], "[DONE]")
         chunks = [json.loads(e) for e in events[:-1]]

@@ -181,6 +181,37 @@ static void test_limits(const struct grm_vocab *v)
         free(over);
         free(huge);
     }
+    /* JSON Schema: 64 levels of items compile, 65 do not; deeper JSON stops in the parser */
+    for (int depth = 64; depth <= 65; depth++) {
+        struct sbuf js = {0};
+        sb_repeat(&js, "{\"type\":\"array\",\"items\":", depth);
+        sb_put(&js, "{\"type\":\"integer\"}");
+        sb_repeat(&js, "}", depth);
+        struct grm_grammar *g = compile(GRM_JSON_SCHEMA, js.p, v, err, kw);
+        if (depth == 64) {
+            CHECKF(g != NULL, "%s", err);
+            struct sbuf inst = {0};
+            sb_repeat(&inst, "[", depth);
+            sb_put(&inst, "7");
+            sb_repeat(&inst, "]", depth);
+            CHECK(g && matches(g, inst.p));
+            inst.p[depth] = 'x';
+            CHECK(g && !matches(g, inst.p));
+            free(inst.p);
+        } else {
+            CHECK(g == NULL && strstr(err, "schemas nested deeper than 64 levels") != NULL);
+        }
+        grm_release(g);
+        free(js.p);
+    }
+    {
+        struct sbuf js = {0};
+        sb_repeat(&js, "[", 100000);
+        sb_repeat(&js, "]", 100000);
+        BAD(GRM_JSON_SCHEMA, js.p, v, "invalid JSON", NULL);
+        BAD(GRM_CHOICE, js.p, v, "non-empty JSON array", NULL);
+        free(js.p);
+    }
     /* a chain of 50,000 rules, each referring to the next */
     struct sbuf b = {0};
     char line[64];

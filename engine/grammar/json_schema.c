@@ -402,7 +402,9 @@ static json_t *resolve(struct js *j, const char *ref)
 static int gen(struct js *j, json_t *s, int depth)
 {
     if (j->failed) return -1;
-    if (depth > MAX_DEPTH) return fail(j, NULL, "JSON Schema: nested too deeply");
+    /* gen recurses once per level (and per $ref followed): bounded */
+    if (depth > MAX_DEPTH)
+        return fail(j, NULL, "JSON Schema: schemas nested deeper than %d levels", MAX_DEPTH);
     struct grm_txt b = {0};
     int rule = -1;
     if (json_is_true(s)) {

@@ -175,6 +175,8 @@ def grammar_seeds():
     seeds += [b"\x01" + r.encode() for r in regexes]
     seeds += [b"\x02" + c.encode() for c in choices]
     seeds += [b"\x03" + json.dumps(s).encode() for s in schemas]
+    # findings of earlier runs, minimized: a refused anyOf branch leaked the rule text
+    seeds += [b'\x03{"anyOf":[{"const":1},{"t{1,}ype":"null"}]}']
     seeds += [b"\x01(a|b*)+c\x00abbac", b"\x03" + json.dumps(schemas[0]).encode() +
               b'\x00{"name":"bob","tags":["a"]}', b'\x00root ::= [a-z]+ "!"\x00abc!']
     return seeds

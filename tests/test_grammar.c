@@ -338,6 +338,33 @@ static void test_budget(const struct grm_vocab *v)
     grm_release(g);
 }
 
+/* A grammar whose parse stacks multiply (10^6 after the first character): the mask stops
+ * within its work bound (it took 36 s on a 151k vocabulary) and keeps only tokens the
+ * grammar allows. */
+static void test_mask_work_bound(const struct grm_vocab *v, int vocab)
+{
+    char err[MS_ERR_LEN], kw[64];
+    struct grm_grammar *g =
+        compile(GRM_EBNF, "root ::= (((.\"a\"{0,1000}){0,1000}){0,1000})", v, err, kw);
+    CHECKF(g != NULL, "%s", err);
+    if (!g) return;
+    struct grm_matcher *m = grm_matcher_create(g), *b = grm_matcher_create(g);
+    float *row = calloc((size_t)vocab, sizeof *row);
+    CHECK(m && b && row);
+    if (m && b && row) {
+        int n = grm_mask(m, row), bad = 0;
+        CHECK(n > 0);
+        for (int id = 0; id < vocab; id++)
+            if (row[id] == 0.0f && !grm_allows(b, id)) bad++;
+        CHECKF(bad == 0, "%d masked-in tokens refused", bad);
+        CHECK(grm_accept_bytes(m, "xa", 2) == 0 && grm_can_end(m));
+    }
+    free(row);
+    grm_matcher_free(m);
+    grm_matcher_free(b);
+    grm_release(g);
+}
+
 /* Repetitions of bodies that can match nothing (once refused as left-recursive). */
 static void test_nested_quantifiers(const struct grm_vocab *v)
 {
@@ -482,6 +509,7 @@ static void test_mask(const char *tests, const char *tok_path, const char *cfg, 
             test_budget(v);
             test_nested_quantifiers(v);
             test_regex_cases(tests, v);
+            test_mask_work_bound(v, vocab);
         }
     }
     grm_release(g);

@@ -177,6 +177,8 @@ def grammar_seeds():
     seeds += [b"\x03" + json.dumps(s).encode() for s in schemas]
     # findings of earlier runs, minimized: a refused anyOf branch leaked the rule text
     seeds += [b'\x03{"anyOf":[{"const":1},{"t{1,}ype":"null"}]}']
+    # ... and a grammar whose parse stacks multiply: the mask walk took seconds (timeout)
+    seeds += [b'\x00root ::= (((."a"{0,1000}){0,1000}){0,1000})']
     seeds += [b"\x01(a|b*)+c\x00abbac", b"\x03" + json.dumps(schemas[0]).encode() +
               b'\x00{"name":"bob","tags":["a"]}', b'\x00root ::= [a-z]+ "!"\x00abc!']
     return seeds

@@ -78,6 +78,9 @@ static void test_compile(const struct grm_vocab *v)
     MATCHES(GRM_REGEX, "(?P<year>[0-9]{4})-(?:0[1-9]|1[0-2])", v, "2024-01", "1999-12", NULL,
             "2024-13", "24-01", NULL);
     MATCHES(GRM_REGEX, "a.c|\\.\\*", v, "abc", "a\xc3\xa9" "c", ".*", NULL, "a\nc", "ac", NULL);
+    /* {,n} and {,} as Python reads them; other braces are literal */
+    MATCHES(GRM_REGEX, "a{,2}b{,}c{1,2,3}", v, "c{1,2,3}", "aabbbc{1,2,3}", NULL, "aaac{1,2,3}",
+            "c", NULL);
     MATCHES(GRM_CHOICE, "[\"yes\", \"no\", \"n\\\"a\"]", v, "yes", "no", "n\"a", NULL, "ye",
             "yesno", NULL);
     MATCHES(GRM_JSON_OBJECT, "", v, "{}", "{\"a\": [1, 2.5e3, null, true, \"x\\n\"]}",
@@ -123,6 +126,10 @@ static void test_compile(const struct grm_vocab *v)
     BAD(GRM_JSON_SCHEMA, "{\"type\":\"string\",\"pattern\":\"^[^a]$\"}", v, "negated", "pattern");
     BAD(GRM_JSON_SCHEMA, "{\"type\":\"bogus\"}", v, "unknown type", "type");
     BAD(GRM_JSON_SCHEMA, "[1", v, "invalid JSON", NULL);
+    /* refused after some of the rule was written (fuzz_grammar: leaked that text) */
+    BAD(GRM_JSON_SCHEMA, "{\"anyOf\":[{\"const\":1},{\"t{1,}ype\":\"null\"}]}", v,
+        "'t{1,}ype' is not supported", "t{1,}ype");
+    BAD(GRM_JSON_SCHEMA, "{\"type\":[\"string\",\"bogus\"]}", v, "unknown type", "type");
 }
 
 /* A growable string for the large inputs below. */
@@ -177,6 +184,37 @@ static void test_limits(const struct grm_vocab *v)
         free(at);
         free(over);
         free(huge);
+    }
+    /* JSON Schema: 64 levels of items compile, 65 do not; deeper JSON stops in the parser */
+    for (int depth = 64; depth <= 65; depth++) {
+        struct sbuf js = {0};
+        sb_repeat(&js, "{\"type\":\"array\",\"items\":", depth);
+        sb_put(&js, "{\"type\":\"integer\"}");
+        sb_repeat(&js, "}", depth);
+        struct grm_grammar *g = compile(GRM_JSON_SCHEMA, js.p, v, err, kw);
+        if (depth == 64) {
+            CHECKF(g != NULL, "%s", err);
+            struct sbuf inst = {0};
+            sb_repeat(&inst, "[", depth);
+            sb_put(&inst, "7");
+            sb_repeat(&inst, "]", depth);
+            CHECK(g && matches(g, inst.p));
+            inst.p[depth] = 'x';
+            CHECK(g && !matches(g, inst.p));
+            free(inst.p);
+        } else {
+            CHECK(g == NULL && strstr(err, "schemas nested deeper than 64 levels") != NULL);
+        }
+        grm_release(g);
+        free(js.p);
+    }
+    {
+        struct sbuf js = {0};
+        sb_repeat(&js, "[", 100000);
+        sb_repeat(&js, "]", 100000);
+        BAD(GRM_JSON_SCHEMA, js.p, v, "invalid JSON", NULL);
+        BAD(GRM_CHOICE, js.p, v, "non-empty JSON array", NULL);
+        free(js.p);
     }
     /* a chain of 50,000 rules, each referring to the next */
     struct sbuf b = {0};
@@ -300,6 +338,33 @@ static void test_budget(const struct grm_vocab *v)
     grm_release(g);
 }
 
+/* A grammar whose parse stacks multiply (10^6 after the first character): the mask stops
+ * within its work bound (it took 36 s on a 151k vocabulary) and keeps only tokens the
+ * grammar allows. */
+static void test_mask_work_bound(const struct grm_vocab *v, int vocab)
+{
+    char err[MS_ERR_LEN], kw[64];
+    struct grm_grammar *g =
+        compile(GRM_EBNF, "root ::= (((.\"a\"{0,1000}){0,1000}){0,1000})", v, err, kw);
+    CHECKF(g != NULL, "%s", err);
+    if (!g) return;
+    struct grm_matcher *m = grm_matcher_create(g), *b = grm_matcher_create(g);
+    float *row = calloc((size_t)vocab, sizeof *row);
+    CHECK(m && b && row);
+    if (m && b && row) {
+        int n = grm_mask(m, row), bad = 0;
+        CHECK(n > 0);
+        for (int id = 0; id < vocab; id++)
+            if (row[id] == 0.0f && !grm_allows(b, id)) bad++;
+        CHECKF(bad == 0, "%d masked-in tokens refused", bad);
+        CHECK(grm_accept_bytes(m, "xa", 2) == 0 && grm_can_end(m));
+    }
+    free(row);
+    grm_matcher_free(m);
+    grm_matcher_free(b);
+    grm_release(g);
+}
+
 /* Repetitions of bodies that can match nothing (once refused as left-recursive). */
 static void test_nested_quantifiers(const struct grm_vocab *v)
 {
@@ -317,6 +382,52 @@ static void test_nested_quantifiers(const struct grm_vocab *v)
             NULL);
     MATCHES(GRM_EBNF, "root ::= (x y)+ \"!\"\nx ::= \"a\"* | \"\"\ny ::= z?\nz ::= \"b\" | x", v,
             "!", "ab!", "bbaa!", NULL, "", "c!", NULL);
+}
+
+/* The text of a fixture line after its "X " tag, its escapes \\ \n \t \r undone, into out. */
+static void unescape(const char *s, char *out)
+{
+    for (; *s && *s != '\n'; s++) {
+        if (*s == '\\' && s[1]) {
+            s++;
+            *out++ = *s == 'n' ? '\n' : *s == 't' ? '\t' : *s == 'r' ? '\r' : *s;
+        } else {
+            *out++ = *s;
+        }
+    }
+    *out = '\0';
+}
+
+/* Every case of tests/fixtures/regex_cases.txt (tests/reference/make_regex_cases.py): random
+ * regexes with strings and whether Python's re.fullmatch takes them; ours must agree. */
+static void test_regex_cases(const char *tests, const struct grm_vocab *v)
+{
+    FILE *f = fopen(test_path(tests, "fixtures/regex_cases.txt"), "r");
+    CHECKF(f != NULL, "cannot open %s", test_path(tests, "fixtures/regex_cases.txt"));
+    if (!f) return;
+    char line[1024], text[1024], rx[1024] = "", err[MS_ERR_LEN], kw[64];
+    struct grm_grammar *g = NULL;
+    int n_rx = 0, n_str = 0, wrong = 0;
+    while (fgets(line, sizeof line, f)) {
+        if (line[0] == '#' || line[1] != ' ') continue;
+        unescape(line + 2, text);
+        if (line[0] == 'R') {
+            grm_release(g);
+            snprintf(rx, sizeof rx, "%s", text);
+            g = compile(GRM_REGEX, rx, v, err, kw);
+            if (!g && wrong++ < 10) fprintf(stderr, "regex /%s/ refused: %s\n", rx, err);
+            n_rx++;
+        } else if (g && (line[0] == 'Y' || line[0] == 'N')) {
+            bool want = line[0] == 'Y', got = matches(g, text);
+            if (got != want && wrong++ < 10)
+                fprintf(stderr, "regex /%s/ on '%s': ours %d, Python %d\n", rx, text, got, want);
+            n_str++;
+        }
+    }
+    grm_release(g);
+    fclose(f);
+    CHECKF(n_rx >= 300 && n_str >= 300 * 15, "%d regexes, %d strings", n_rx, n_str);
+    CHECKF(wrong == 0, "%d disagreements with Python's re", wrong);
 }
 
 /* Mask of the matcher after `prefix` versus trying each token on another matcher. */
@@ -354,7 +465,8 @@ static void check_mask(const struct grm_grammar *g, const struct grm_vocab *v, i
     free(row);
 }
 
-static void test_mask(const char *tok_path, const char *cfg, int stride, const char *what)
+static void test_mask(const char *tests, const char *tok_path, const char *cfg, int stride,
+                      const char *what)
 {
     char err[MS_ERR_LEN], kw[64];
     struct tokenizer *tok = NULL;
@@ -396,6 +508,8 @@ static void test_mask(const char *tok_path, const char *cfg, int stride, const c
             test_limits(v);
             test_budget(v);
             test_nested_quantifiers(v);
+            test_regex_cases(tests, v);
+            test_mask_work_bound(v, vocab);
         }
     }
     grm_release(g);
@@ -410,9 +524,9 @@ int main(int argc, char **argv)
     char path[4096], cfg[4096];
     snprintf(path, sizeof path, "%s/../models/mohge-small/tokenizer.json", tests);
     snprintf(cfg, sizeof cfg, "%s/../models/mohge-small/tokenizer_config.json", tests);
-    test_mask(path, cfg, 1, "mohge-small");
+    test_mask(tests, path, cfg, 1, "mohge-small");
     snprintf(path, sizeof path, "%s/tokenizers/qwen3/tokenizer.json", built);
     snprintf(cfg, sizeof cfg, "%s/fixtures/tokenizers/qwen3/tokenizer_config.json", tests);
-    test_mask(path, cfg, 97, "qwen3");
+    test_mask(tests, path, cfg, 97, "qwen3");
     return test_done("test_grammar");
 }

@@ -204,6 +204,26 @@ static void test_errors(void)
                  "{{ f(1) }}",
                  msgs, "runs too long");
     expect_error("{% set s = 'a' * 60000000 %}{{ s ~ s ~ s ~ s ~ s }}", msgs, "at most 256 MiB");
+    /* values nest at most JINJA_MAX_VALUE_DEPTH deep: printing or comparing a value built by a
+     * loop of [x] 99,990 deep overflowed the stack; a namespace holding itself made a cycle */
+    expect_error("{% set ns = namespace(x=[]) %}{% for i in range(99990) %}{% set ns.x = [ns.x] %}"
+                 "{% endfor %}{{ ns.x }}{{ ns.x == ns.x }}",
+                 msgs, "values nested deeper than 512 levels");
+    expect_error("{% set ns = namespace(x=[]) %}{% for i in range(512) %}{% set ns.x = [ns.x] %}"
+                 "{% endfor %}{{ ns.x }}",
+                 msgs, "values nested deeper than 512 levels");
+    expect_error("{% set ns = namespace(a=1) %}{% set ns.x = ns %}{{ ns }}", msgs,
+                 "a namespace cannot hold a namespace");
+    expect_error("{% set ns = namespace(a=1) %}{% set ns.x = [{'k': ns}] %}{{ ns }}", msgs,
+                 "a namespace cannot hold a namespace");
+    {
+        char *o = NULL;
+        CHECK(jinja_render_chat("{% set ns = namespace(x=[]) %}{% for i in range(511) %}"
+                                "{% set ns.x = [ns.x] %}{% endfor %}{{ ns.x|string|length }}",
+                                msgs, false, NULL, NULL, &o, err, sizeof err) == 0);
+        CHECKF(o && strcmp(o, "1024") == 0, "got %s", o ? o : err);
+        free(o);
+    }
     out = NULL;
     CHECK(jinja_render_chat("{{ 2 ** 62 }} {{ (-1) ** 65 }} {{ 'abcdef'[1::9223372036854775807] }} "
                             "{{ 'abc'[::-9223372036854775807] }} "

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Fuzzes moeserve's input parsers with libFuzzer under AddressSanitizer + UBSan (harnesses in
-# tests/fuzz: fuzz_http, fuzz_proto, fuzz_tokenizer, fuzz_model_files, fuzz_jinja):
+# tests/fuzz: fuzz_http, fuzz_proto, fuzz_tokenizer, fuzz_model_files, fuzz_jinja,
+# fuzz_grammar):
 #   tools/fuzz.sh                                 every harness for 60 s (what CI runs)
 #   tools/fuzz.sh --time 600 fuzz_jinja           one harness for ten minutes
 #   nice -n 19 tools/fuzz.sh --runs 10000000      ten million executions of each, one at a time
 # Builds build-fuzz (clang, -DMOESERVE_FUZZ=ON) first unless --no-build. A harness starts from
 # its committed seeds (tests/fuzz/corpus/NAME) plus what earlier runs kept (BUILD/fuzz-corpus/
 # NAME), with tests/fuzz/NAME.dict when there is one and the libFuzzer flags listed in
-# tests/fuzz/NAME.options (one a line). Crashes, leaks, timeouts and OOMs are
+# tests/fuzz/NAME.options (one a line; they override the defaults -timeout=20
+# -rss_limit_mb=4096). Crashes, leaks, timeouts and OOMs are
 # written to BUILD/fuzz-findings/NAME/ (reproduce: BUILD/NAME FILE). Prints one line per
 # harness: executions, seconds, new findings; exits 1 when any harness found something.
 set -euo pipefail
@@ -24,7 +26,7 @@ while [ $# -gt 0 ]; do
         --runs) runs=$2; shift 2 ;;
         --build-dir) build=$2; shift 2 ;;
         --no-build) do_build=0; shift ;;
-        -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
         -*) echo "fuzz.sh: unknown option $1" >&2; exit 2 ;;
         *) names+=("$1"); shift ;;
     esac
@@ -57,7 +59,7 @@ for name in "${names[@]}"; do
     start=$SECONDS
     rc=0
     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-        "$build/$name" "${limit[@]}" "${extra[@]}" -timeout=20 -rss_limit_mb=4096 \
+        "$build/$name" "${limit[@]}" -timeout=20 -rss_limit_mb=4096 "${extra[@]}" \
         -print_final_stats=1 -artifact_prefix="$found/" "$work" "tests/fuzz/corpus/$name" \
         >"$log" 2>&1 || rc=$?
     execs=$(grep -a -o 'stat::number_of_executed_units: [0-9]*' "$log" | awk '{print $2}' || true)

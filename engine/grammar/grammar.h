@@ -98,7 +98,9 @@ void grm_matcher_free(struct grm_matcher *m);
 
 /* Sets logits[i] to -inf for every token the grammar does not allow next (row of the model's
  * vocab size); an eos id stays allowed only where the output may end. Returns the number of
- * tokens left allowed (0: nothing can continue). */
+ * tokens left allowed (0: nothing can continue). The work of one call is bounded: for a
+ * grammar whose parse stacks explode (bounded repetitions nested in each other) the mask
+ * keeps only the tokens found within that work, never a token the grammar refuses. */
 int grm_mask(struct grm_matcher *m, float *logits);
 /* Advances by token id. Returns 0, or -1 when the grammar does not allow it (the matcher is
  * then unchanged). An eos id is allowed where the output may end and changes nothing. */

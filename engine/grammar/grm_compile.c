@@ -953,12 +953,25 @@ static int regex_to_ebnf_text(const char *re, struct grm_txt *t, char *err, size
             continue;
         }
         if (c == '{') {
-            size_t k = i + 1;
-            while (k < n && ((re[k] >= '0' && re[k] <= '9') || re[k] == ',')) k++;
-            if (k < n && re[k] == '}' && k > i + 1 && re[i + 1] != ',') {
-                grm_txt_put(t, re + i, k + 1 - i);
+            /* Python's forms: {m}, {m,}, {m,n}, {,n}, {,} (an empty bound is 0 or none);
+             * anything else is a literal '{' */
+            size_t k = i + 1, lo_end, comma = 0;
+            while (k < n && re[k] >= '0' && re[k] <= '9') k++;
+            lo_end = k;
+            if (k < n && re[k] == ',') {
+                comma = k++;
+                while (k < n && re[k] >= '0' && re[k] <= '9') k++;
+            }
+            if (k < n && re[k] == '}' && (comma || lo_end > i + 1)) {
+                grm_txt_put(t, "{", 1);
+                if (lo_end == i + 1) grm_txt_put(t, "0", 1);
+                else grm_txt_put(t, re + i + 1, lo_end - i - 1);
+                if (comma) grm_txt_put(t, re + comma, k - comma); /* ",n" or "," */
+                grm_txt_put(t, "}", 1);
                 i = k + 1;
                 if (i < n && re[i] == '?') i++;
+                if (i < n && re[i] == '+')
+                    return ms_errf(err, errlen, "regex: possessive quantifiers are not supported");
                 continue;
             }
             grm_txt_puts(t, " \"{\"");

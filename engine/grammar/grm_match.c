@@ -176,6 +176,12 @@ int grm_vocab_nodes(const struct grm_vocab *v)
 #define MAX_SET (1 << 15)
 #define TRANS_SLOTS (1 << 17)   /* transition table (power of two) */
 #define MASK_CACHE 8            /* token masks kept */
+/* Node expansions one mask walk may do. Stacks can multiply: bounded repetitions nested in
+ * each other, (("a"{0,1000}){0,1000}){0,1000}, make 10^6 distinct stacks that fill the pool
+ * on every step, and a walk over a 151k vocabulary took 36 s. Real grammars need at most
+ * ~10^5 (a JSON Schema object of 10^4 optional properties: 1.3 * 10^5); past this the walk
+ * stops with the tokens found so far (a subset of the allowed ones: never a wrong token). */
+#define WALK_WORK (1u << 23)
 #define DEAD (-1)
 
 struct gnode {
@@ -221,6 +227,7 @@ struct grm_matcher {
     struct frame *frames; /* (max_depth + 2) */
     struct mask_slot cache[MASK_CACHE];
     uint32_t clock;
+    uint64_t work_done;   /* nodes expanded so far (bounds a walk: WALK_WORK) */
 };
 
 static uint32_t mix(uint64_t x)
@@ -298,6 +305,7 @@ static void expand(struct grm_matcher *m, int32_t x, int *n, bool *end)
         }
         if (m->stamp[y] == m->cur_stamp) continue; /* reached twice: same stacks */
         m->stamp[y] = m->cur_stamp;
+        m->work_done++;
         uint32_t el = g->els[m->pool[y].pos];
         if (GRM_EL_KIND(el) == GRM_EL_SET) {
             if (*n < MAX_SET) m->tops[(*n)++] = y;
@@ -468,9 +476,10 @@ static int walk(struct grm_matcher *m, int32_t s, uint8_t *bits)
     memset(bits, 0, ((size_t)v->vocab + 7) / 8);
     if (m->states[s].n == 0) return 0;
     int count = 0, d = 0;
+    uint64_t work_end = m->work_done + WALK_WORK;
     m->frames[0] = (struct frame){.trie = 0, .k = v->child_first[0], .k_end = v->child_first[1],
                                   .state = s};
-    while (d >= 0) {
+    while (d >= 0 && m->work_done < work_end) {
         struct frame *f = &m->frames[d];
         if (f->k == f->k_end) {
             d--;
@@ -508,7 +517,9 @@ int grm_mask(struct grm_matcher *m, float *logits)
         for (int i = 1; i < MASK_CACHE; i++)
             if (m->cache[i].used < slot->used) slot = &m->cache[i];
         slot->count = walk(m, m->cur, slot->bits);
-        slot->state = m->full ? -1 : m->cur; /* a cut-short walk is not kept */
+        /* a walk cut short by full tables is not kept (after a restart it may finish); one
+         * stopped by WALK_WORK is (it would stop again) */
+        slot->state = m->full ? -1 : m->cur;
     }
     slot->used = ++m->clock;
     const uint8_t *bits = slot->bits;

@@ -398,15 +398,17 @@ static json_t *resolve(struct js *j, const char *ref)
     return *p ? NULL : at;
 }
 
-/* Generates the rule for schema s; returns its number. */
-static int gen(struct js *j, json_t *s, int depth)
+/* gen with the rule body written to *bp, which the caller frees (also on failure: the
+ * early returns below may leave text there). */
+static int gen_into(struct js *j, json_t *s, int depth, struct grm_txt *bp)
 {
     if (j->failed) return -1;
-    if (depth > MAX_DEPTH) return fail(j, NULL, "JSON Schema: nested too deeply");
-    struct grm_txt b = {0};
+    /* gen recurses once per level (and per $ref followed): bounded */
+    if (depth > MAX_DEPTH)
+        return fail(j, NULL, "JSON Schema: schemas nested deeper than %d levels", MAX_DEPTH);
     int rule = -1;
     if (json_is_true(s)) {
-        grm_txt_puts(&b, "json_value");
+        grm_txt_puts(bp, "json_value");
         goto done;
     }
     if (json_is_false(s)) return fail(j, NULL, "JSON Schema: the schema false matches nothing");
@@ -434,9 +436,8 @@ static int gen(struct js *j, json_t *s, int depth)
         j->ref_rule[j->n_refs++] = rule;
         int tr = gen(j, target, depth + 1);
         if (tr < 0) return -1;
-        grm_txt_putf(&b, "%sr%d", j->pfx, tr);
-        emit(j, rule, &b);
-        free(b.p);
+        grm_txt_putf(bp, "%sr%d", j->pfx, tr);
+        emit(j, rule, bp);
         return rule;
     }
     json_t *cst = json_object_get(s, "const"), *en = json_object_get(s, "enum");
@@ -450,8 +451,8 @@ static int gen(struct js *j, json_t *s, int depth)
             json_t *val = cst ? cst : json_array_get(list, i);
             char *lit = json_dumps(val, JSON_ENCODE_ANY | JSON_COMPACT);
             if (!lit) return fail(j, NULL, "out of memory");
-            if (i) grm_txt_puts(&b, " | ");
-            grm_txt_literal(&b, lit, strlen(lit));
+            if (i) grm_txt_puts(bp, " | ");
+            grm_txt_literal(bp, lit, strlen(lit));
             free(lit);
         }
         goto done;
@@ -461,7 +462,7 @@ static int gen(struct js *j, json_t *s, int depth)
             return fail(j, "allOf", "JSON Schema: 'allOf' is supported with one schema only");
         int r = gen(j, json_array_get(all, 0), depth + 1);
         if (r < 0) return -1;
-        grm_txt_putf(&b, "%sr%d", j->pfx, r);
+        grm_txt_putf(bp, "%sr%d", j->pfx, r);
         goto done;
     }
     if (any) {
@@ -472,7 +473,7 @@ static int gen(struct js *j, json_t *s, int depth)
         {
             int r = gen(j, v, depth + 1);
             if (r < 0) return -1;
-            grm_txt_putf(&b, i ? " | %sr%d" : "%sr%d", j->pfx, r);
+            grm_txt_putf(bp, i ? " | %sr%d" : "%sr%d", j->pfx, r);
         }
         goto done;
     }
@@ -481,18 +482,18 @@ static int gen(struct js *j, json_t *s, int depth)
     if (!type) {
         if (json_object_get(s, "properties") || json_object_get(s, "required") ||
             json_object_get(s, "additionalProperties")) {
-            if (gen_type(j, s, "object", depth, &b) < 0) return -1;
+            if (gen_type(j, s, "object", depth, bp) < 0) return -1;
         } else if (json_object_get(s, "items") || json_object_get(s, "minItems") ||
                    json_object_get(s, "maxItems")) {
-            if (gen_type(j, s, "array", depth, &b) < 0) return -1;
+            if (gen_type(j, s, "array", depth, bp) < 0) return -1;
         } else if (json_object_get(s, "pattern") || json_object_get(s, "format") ||
                    json_object_get(s, "minLength") || json_object_get(s, "maxLength")) {
-            if (gen_type(j, s, "string", depth, &b) < 0) return -1;
+            if (gen_type(j, s, "string", depth, bp) < 0) return -1;
         } else {
-            grm_txt_puts(&b, "json_value");
+            grm_txt_puts(bp, "json_value");
         }
     } else if (json_is_string(type)) {
-        if (gen_type(j, s, json_string_value(type), depth, &b) < 0) return -1;
+        if (gen_type(j, s, json_string_value(type), depth, bp) < 0) return -1;
     } else if (json_is_array(type) && json_array_size(type) > 0) {
         size_t i;
         json_array_foreach(type, i, v)
@@ -506,18 +507,26 @@ static int gen(struct js *j, json_t *s, int depth)
             int r = new_rule(j);
             emit(j, r, &alt);
             free(alt.p);
-            grm_txt_putf(&b, i ? " | %sr%d" : "%sr%d", j->pfx, r);
+            grm_txt_putf(bp, i ? " | %sr%d" : "%sr%d", j->pfx, r);
         }
     } else {
         return fail(j, "type", "JSON Schema: 'type' must be a string or an array of strings");
     }
-    if (nullable) grm_txt_puts(&b, " | \"null\"");
+    if (nullable) grm_txt_puts(bp, " | \"null\"");
 done:
-    if (b.failed) return fail(j, NULL, "out of memory");
+    if (bp->failed) return fail(j, NULL, "out of memory");
     rule = new_rule(j);
-    emit(j, rule, &b);
-    free(b.p);
+    emit(j, rule, bp);
     return rule;
+}
+
+/* Generates the rule for schema s; returns its number. */
+static int gen(struct js *j, json_t *s, int depth)
+{
+    struct grm_txt b = {0};
+    int r = gen_into(j, s, depth, &b);
+    free(b.p);
+    return r;
 }
 
 /* The rules of one schema, named with prefix, its start rule "<prefix>root". */

@@ -188,9 +188,29 @@ jinja_value jinja_list_new(jinja_ctx *cx, size_t cap)
     return (jinja_value){.t = JINJA_LIST, .u.l = l};
 }
 
+/* Records that container c (depth *depth, *has_ns) takes v; fails past the depth limit. */
+static int take_child(jinja_ctx *cx, int *depth, bool *has_ns, jinja_value v)
+{
+    int d = 0;
+    bool ns = v.t == JINJA_NS;
+    if (v.t == JINJA_LIST) {
+        d = v.u.l->depth;
+        ns = v.u.l->has_ns;
+    } else if (v.t == JINJA_DICT || v.t == JINJA_NS) {
+        d = v.u.d->depth;
+        ns = ns || v.u.d->has_ns;
+    }
+    if (d + 1 > JINJA_MAX_VALUE_DEPTH)
+        return jinja_fail(cx, 0, "values nested deeper than %d levels", JINJA_MAX_VALUE_DEPTH);
+    if (d + 1 > *depth) *depth = d + 1;
+    *has_ns = *has_ns || ns;
+    return 0;
+}
+
 int jinja_list_push(jinja_ctx *cx, jinja_value list, jinja_value v)
 {
     struct jinja_list *l = list.u.l;
+    if (take_child(cx, &l->depth, &l->has_ns, v) < 0) return -1;
     if (l->n == l->cap) {
         size_t cap = l->cap ? l->cap * 2 : 8;
         jinja_value *nv = jinja_arena_alloc(cx->a, cap * sizeof *nv);
@@ -230,6 +250,13 @@ jinja_value *jinja_dict_findstr(const struct jinja_dict *d, const char *key, siz
 int jinja_dict_set(jinja_ctx *cx, jinja_value dict, jinja_value key, jinja_value v)
 {
     struct jinja_dict *d = dict.u.d;
+    /* a namespace changes after it is made: one inside another could make a cycle */
+    if (dict.t == JINJA_NS && (v.t == JINJA_NS || ((v.t == JINJA_LIST && v.u.l->has_ns) ||
+                                                  (v.t == JINJA_DICT && v.u.d->has_ns))))
+        return jinja_fail(cx, 0, "a namespace cannot hold a namespace");
+    if (take_child(cx, &d->depth, &d->has_ns, key) < 0 ||
+        take_child(cx, &d->depth, &d->has_ns, v) < 0)
+        return -1;
     jinja_value *slot = jinja_dict_find(d, key);
     if (slot) {
         *slot = v;

@@ -63,9 +63,15 @@ typedef struct jinja_value {
     } u;
 } jinja_value;
 
+/* depth (lists and dicts): 1 + the deepest element's depth when it was added, at most
+ * JINJA_MAX_VALUE_DEPTH, so that printing, comparing and converting values (recursive) stay
+ * shallow. Only namespaces change after they are made, and they may not hold a namespace
+ * (has_ns), so a value is at most about twice the limit deep. */
 struct jinja_list {
     jinja_value *v;
     size_t n, cap;
+    int depth;
+    bool has_ns;
     bool tuple; /* prints as (a, b): tuple literals and dict items */
 };
 
@@ -74,6 +80,8 @@ struct jinja_dict {
     jinja_value *k; /* strings (or other scalars) */
     jinja_value *v;
     size_t n, cap;
+    int depth;
+    bool has_ns;
 };
 
 /* ---- syntax tree ---------------------------------------------------------------------- */

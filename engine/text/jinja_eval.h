@@ -41,6 +41,9 @@ typedef struct jinja_ctx {
  * (or runaway nesting) long before it ties up a server thread or its memory. */
 #define JINJA_MAX_STEPS 100000
 #define JINJA_MAX_RENDER_BYTES (256 << 20) /* arena; any one text buffer gets a quarter */
+/* Lists and dicts nest at most this deep ("values nested deeper than 512 levels"): a loop of
+ * `set ns.x = [ns.x]` would otherwise build a value whose printing overflows the stack. */
+#define JINJA_MAX_VALUE_DEPTH 512
 
 /* Evaluated call arguments: positional v[0..n), keyword kw[0..nkw) named kwnames. */
 typedef struct jinja_args {

@@ -142,6 +142,70 @@ def output_seeds():
     return seeds
 
 
+def grammar_seeds():
+    """Selector byte 0 EBNF, 1 regex, 2 choices, 3 JSON Schema (fuzz_grammar.c), then the text;
+    some carry a NUL and bytes for the matcher."""
+    ebnf = [
+        'root ::= "a" [0-9]+ ("x" | "yz")?  # comment\n',
+        "root ::= item{2,3}\nitem ::= [a-b] | \"-\"",
+        "root ::= [\\u00e9-\\u00fc]+ [^a-z]",
+        'root ::= . "\\x01" ""',
+        'root ::= ("a"*)*',
+        'root ::= x* "a"\nx ::= "b"?',
+        'root ::= (x y)+ "!"\nx ::= "a"* | ""\ny ::= z?\nz ::= "b" | x',
+        'root ::= obj\nobj ::= "{" ws (pair ("," ws pair)*)? "}"\npair ::= [a-z]+ ":" ws obj\n'
+        'ws ::= [ \\t]*',
+        'root ::= ((("a"{0,1000}){0,1000}){0,1000})',
+        "root ::= " + "(" * 256 + '"a"' + ")" * 256,
+        "root ::= " + "(" * 257 + '"a"' + ")" * 257,
+        "root ::= r0\n" + "".join('r%d ::= "x" | "<" r%d ">"\n' % (i, i + 1) for i in range(200)) +
+        'r200 ::= "y"',
+        "root ::= root \"a\" | \"b\"",
+        "root ::= (root)* \"a\"",
+    ]
+    regexes = [
+        "^[a-c]{2}\\d+(x|yz)?$", "(?P<year>[0-9]{4})-(?:0[1-9]|1[0-2])", "a.c|\\.\\*",
+        "(a*)*b", "(.*)*x", "(a|b*)+c", "(a?)*", "((a*)*)*", "(a?b?)+c{2}", "a{,2}b{,}c{1,2,3}",
+        "[]a]*[^]a-c\\d]", "\\x41\\u00e9[\\s\\w-]+?", "(|a|)*", "\\S\\W\\D",
+        "(" * 256 + "a" + ")" * 256, "(" * 300 + "a" + ")" * 300, "a{1000}{1000}",
+    ]
+    here = os.path.join(TESTS, "fixtures", "regex_cases.txt")
+    if os.path.exists(here):
+        for line in open(here, encoding="utf-8"):
+            if line.startswith("R ") and len(regexes) < 40:
+                regexes.append(line[2:].rstrip("\n").replace("\\\\", "\\"))
+    choices = ['["yes", "no", "n\\"a"]', '["", "a", "ab"]', "[]", '[1]']
+    schemas = [
+        {"type": "object", "properties": {"name": {"type": "string", "maxLength": 5},
+                                          "age": {"type": "integer"},
+                                          "tags": {"type": "array", "items": {"enum": ["a", "b"]},
+                                                   "minItems": 1, "maxItems": 2},
+                                          "when": {"type": "string", "format": "date"},
+                                          "kind": {"anyOf": [{"const": 1}, {"type": "null"}]},
+                                          "next": {"$ref": "#/$defs/node"}},
+         "required": ["name", "tags"], "additionalProperties": False,
+         "$defs": {"node": {"type": ["object", "null"],
+                            "properties": {"next": {"$ref": "#/$defs/node"}}}}},
+        {"type": "string", "pattern": "^[A-Z]{2}-[0-9]+$"},
+        {"type": "object", "properties": {"p%d" % i: {"type": "string"} for i in range(50)}},
+        {"type": "array", "items": {"type": "number"}, "minItems": 2},
+        {"type": "object", "additionalProperties": {"type": "boolean"}},
+        {"type": "string", "format": "uuid"},
+        {"type": "integer", "minimum": 3},
+    ]
+    seeds = [b"\x00" + e.encode() for e in ebnf]
+    seeds += [b"\x01" + r.encode() for r in regexes]
+    seeds += [b"\x02" + c.encode() for c in choices]
+    seeds += [b"\x03" + json.dumps(s).encode() for s in schemas]
+    # findings of earlier runs, minimized: a refused anyOf branch leaked the rule text
+    seeds += [b'\x03{"anyOf":[{"const":1},{"t{1,}ype":"null"}]}']
+    # ... and a grammar whose parse stacks multiply: the mask walk took seconds (timeout)
+    seeds += [b'\x00root ::= (((."a"{0,1000}){0,1000}){0,1000})']
+    seeds += [b"\x01(a|b*)+c\x00abbac", b"\x03" + json.dumps(schemas[0]).encode() +
+              b'\x00{"name":"bob","tags":["a"]}', b'\x00root ::= [a-z]+ "!"\x00abc!']
+    return seeds
+
+
 if __name__ == "__main__":
     write("fuzz_output", output_seeds())
     write("fuzz_http", http_seeds())
@@ -149,3 +213,4 @@ if __name__ == "__main__":
     write("fuzz_model_files", model_file_seeds())
     write("fuzz_jinja", jinja_seeds())
     write("fuzz_tokenizer", tokenizer_seeds())
+    write("fuzz_grammar", grammar_seeds())

@@ -25,6 +25,7 @@
 #include "common.h"
 #include "proto/toolcall.h"
 #include "stopstr.h"
+#include "tests/fuzz/fixture_tok.h"
 #include "tokenizer.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -41,15 +42,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     (void)argv;
     static const char *const names[N_TOK] = {"qwen3", "deepseek_v3", "gptoss"};
     for (int i = 0; i < N_TOK; i++) {
-        char json[1024], cfg[1024], err[512];
-        snprintf(json, sizeof json, "%s/tokenizers/%s/tokenizer.json", MOESERVE_FUZZ_FIXTURES,
-                 names[i]);
-        snprintf(cfg, sizeof cfg, "%s/fixtures/tokenizers/%s/tokenizer_config.json",
-                 MOESERVE_TESTS_DIR, names[i]);
-        if (tok_load(json, cfg, &toks[i], err, sizeof err) != 0) {
-            fprintf(stderr, "fuzz_output: %s\n", err);
-            exit(1);
-        }
+        toks[i] = fixture_tok("fuzz_output", names[i]);
         syns[i] = tc_syntax_of(toks[i]);
     }
     return 0;

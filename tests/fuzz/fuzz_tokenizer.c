@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tests/fuzz/fixture_tok.h"
 #include "tokenizer.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -25,15 +26,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     static const char *const names[2] = {"qwen3", "llama2"};
     for (int i = 0; i < 2; i++) {
-        char json[1024], cfg[1024], err[512];
-        snprintf(json, sizeof json, "%s/tokenizers/%s/tokenizer.json", MOESERVE_FUZZ_FIXTURES,
-                 names[i]);
-        snprintf(cfg, sizeof cfg, "%s/fixtures/tokenizers/%s/tokenizer_config.json",
-                 MOESERVE_TESTS_DIR, names[i]);
-        if (tok_load(json, cfg, &toks[i], err, sizeof err) != 0) {
-            fprintf(stderr, "fuzz_tokenizer: %s\n", err);
-            exit(1);
-        }
+        toks[i] = fixture_tok("fuzz_tokenizer", names[i]);
     }
     return 0;
 }

@@ -181,8 +181,8 @@ int grm_vocab_nodes(const struct grm_vocab *v)
  * on every step, and a walk over a 151k vocabulary took 36 s. Real grammars need far less
  * (on Qwen3's vocabulary: 10^4 choices 4 * 10^4, a JSON Schema object of 10^4 optional
  * properties 1.7 * 10^6 after its "{", about 50 ms); past this the walk stops with the tokens
- * found so far (a subset of the allowed ones: never a wrong token), about 0.2 s. */
-#define WALK_WORK (1u << 23)
+ * found so far (a subset of the allowed ones: never a wrong token), about 0.1 s. */
+#define WALK_WORK (1u << 22)
 #define DEAD (-1)
 
 struct gnode {

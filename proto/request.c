@@ -348,6 +348,18 @@ static int get_messages(json_t *o, struct proto_req *r, struct proto_error *e, b
             {
                 json_t *t = json_object_get(part, "text");
                 json_t *ty = json_object_get(part, "type");
+                const char *tys = json_string_value(ty);
+                if (tys && strcmp(tys, "text") != 0 &&
+                    (strncmp(tys, "image", 5) == 0 || strncmp(tys, "input_", 6) == 0 ||
+                     strncmp(tys, "audio", 5) == 0 || strncmp(tys, "video", 5) == 0)) {
+                    /* image_url, input_image, input_audio, video_url, ...: media this text-only
+                     * server cannot read, refused by name rather than dropped */
+                    json_decref(out);
+                    return proto_fail(e, 400, "messages", "unsupported_content",
+                                      "messages[%zu].content[%zu] is a '%s' part: the model is "
+                                      "served text-only (only \"text\" parts are accepted)",
+                                      i, j, tys);
+                }
                 if (!json_is_string(t) || !json_is_string(ty) ||
                     strcmp(json_string_value(ty), "text") != 0) {
                     json_decref(out);

@@ -89,6 +89,24 @@ static void test_validation(void)
     BAD(H, "{\"messages\":[{\"role\":\"user\",\"content\":5}]}", "messages");
     BAD(H, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\"}]}]}",
         "messages");
+    { /* media parts are refused by name: the server is text-only */
+        static const char *const media[] = {"image_url", "input_image", "input_audio", "video_url"};
+        for (int k = 0; k < 4; k++) {
+            char body[256];
+            snprintf(body, sizeof body,
+                     "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\","
+                     "\"text\":\"a\"},{\"type\":\"%s\",\"%s\":{\"url\":\"x\"}}]}]}",
+                     media[k], media[k]);
+            struct proto_req r;
+            struct proto_error e;
+            CHECK(proto_req_parse(body, strlen(body), PROTO_CHAT, &r, &e) != 0);
+            CHECKF(e.status == 400 && strcmp(e.code, "unsupported_content") == 0 &&
+                       strstr(e.message, media[k]) && strstr(e.message, "content[1]") &&
+                       strstr(e.message, "text-only"),
+                   "%s: %d %s %s", media[k], e.status, e.code, e.message);
+            proto_req_free(&r);
+        }
+    }
     BAD(H, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":1}", "logprobs");
     BAD(H, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_logprobs\":2}",
         "top_logprobs");

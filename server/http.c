@@ -2,7 +2,9 @@
  * with the head, where everything that needs no body is decided (route, method, API key,
  * declared size: an unauthenticated or oversized body is never read), then with body pieces
  * (collected up to max_body; past it the 413 goes out at once), then at the end; the route
- * handler answers at once (models, health, metrics, tokenize, errors) or creates a `gen` and
+ * handler answers at once (models, health, metrics, errors), hands a tokenize body to the
+ * preparation pool (a `tok_job`, answered when the pool wakes the connection), or creates a
+ * `gen` and
  * hands its body to the preparation pool (prep.h), which parses it, renders the chat template,
  * tokenizes, compiles any grammar (through the grammar cache, under a budget) and submits one
  * scheduler request per choice, then wakes the connection: none of that work, whose cost the
@@ -138,6 +140,25 @@ struct conn {
     char *body;
     size_t len, cap;
     struct gen *g;
+    struct tok_job *tj;   /* /tokenize, /detokenize on the preparation pool */
+};
+
+/* A /tokenize or /detokenize request answered on the preparation pool: rendering a chat
+ * template and encoding a megabyte of text is work no I/O thread should do. Shared by the
+ * connection and the job like a gen (refs, done and abandoned under mu); the job leaves the
+ * answer (status, JSON body) and wakes the connection unless it was abandoned. */
+struct tok_job {
+    struct http_server *h;
+    struct h1_conn *c;
+    bool detok;
+    char *body; /* the request's, taken from the connection */
+    size_t len;
+    pthread_mutex_t mu;
+    int refs;
+    bool done, abandoned;
+    int status;
+    char *answer;
+    bool sent; /* the I/O thread's: the answer went out */
 };
 
 /* --- helpers ------------------------------------------------------------------------------- */
@@ -1102,24 +1123,27 @@ static int gen_poll(struct http_server *h, struct h1_conn *c, struct conn *cn)
 
 /* --- other routes -------------------------------------------------------------------------- */
 
-static int handle_tokenize(struct http_server *h, struct h1_conn *c, struct conn *cn,
-                           bool detok)
+/* The answer to a /tokenize or /detokenize body: its status and JSON (NULL when out of
+ * memory). On a preparation thread. */
+static char *tokenize_answer(struct http_server *h, const char *req, size_t len, bool detok,
+                             int *status)
 {
     struct proto_req pr;
     struct proto_error e;
     const struct model *m = h->m;
-    if (proto_req_parse(cn->body ? cn->body : "", cn->len,
-                        detok ? PROTO_DETOKENIZE : PROTO_TOKENIZE, &pr, &e) != 0) {
+    *status = 400;
+    if (proto_req_parse(req, len, detok ? PROTO_DETOKENIZE : PROTO_TOKENIZE, &pr, &e) != 0) {
         proto_req_free(&pr);
-        return send_error(h, c, cn->route, &e);
+        *status = e.status;
+        return proto_resp_error(&e);
     }
     char *body = NULL;
     if (detok) {
         for (int i = 0; i < pr.n_tokens; i++)
             if (pr.tokens[i] >= m->desc.vocab) {
                 proto_req_free(&pr);
-                return fail(h, c, cn->route, 400, "tokens", "invalid_value",
-                            "token id out of range");
+                proto_fail(&e, 400, "tokens", "invalid_value", "token id out of range");
+                return proto_resp_error(&e);
             }
         char tmp[1];
         long need = pr.n_tokens ? tok_decode(m->tok, pr.tokens, pr.n_tokens, true, tmp, 1) : 0;
@@ -1135,7 +1159,8 @@ static int handle_tokenize(struct http_server *h, struct h1_conn *c, struct conn
         if (pr.messages_json) {
             if (render_chat(h, &pr, &rendered, &e) != 0) {
                 proto_req_free(&pr);
-                return send_error(h, c, cn->route, &e);
+                *status = e.status;
+                return proto_resp_error(&e);
             }
             special = false;
         }
@@ -1146,7 +1171,75 @@ static int handle_tokenize(struct http_server *h, struct h1_conn *c, struct conn
         free(rendered);
     }
     proto_req_free(&pr);
-    return send_json(h, c, cn->route, 200, body);
+    *status = 200;
+    return body;
+}
+
+static void tok_job_unref(struct tok_job *j, bool abandon)
+{
+    if (!j) return;
+    pthread_mutex_lock(&j->mu);
+    if (abandon) j->abandoned = true;
+    bool last = --j->refs == 0;
+    pthread_mutex_unlock(&j->mu);
+    if (!last) return;
+    pthread_mutex_destroy(&j->mu);
+    free(j->body);
+    free(j->answer);
+    free(j);
+}
+
+static void tok_job_run(void *ctx)
+{
+    struct tok_job *j = ctx;
+    pthread_mutex_lock(&j->mu);
+    bool gone = j->abandoned;
+    pthread_mutex_unlock(&j->mu);
+    int status = 500;
+    char *answer = gone ? NULL : tokenize_answer(j->h, j->body ? j->body : "", j->len, j->detok,
+                                                 &status);
+    pthread_mutex_lock(&j->mu);
+    j->status = status;
+    j->answer = answer;
+    j->done = true;
+    if (!j->abandoned) h1_wake(j->c);
+    pthread_mutex_unlock(&j->mu);
+    tok_job_unref(j, false);
+}
+
+static int handle_tokenize(struct http_server *h, struct h1_conn *c, struct conn *cn,
+                           bool detok)
+{
+    struct tok_job *j = calloc(1, sizeof *j);
+    if (!j) return fail(h, c, cn->route, 500, NULL, NULL, "out of memory");
+    *j = (struct tok_job){.h = h, .c = c, .detok = detok, .body = cn->body, .len = cn->len,
+                          .refs = 2};
+    pthread_mutex_init(&j->mu, NULL);
+    cn->body = NULL;
+    cn->len = cn->cap = 0;
+    cn->tj = j;
+    if (prep_submit(h->prep, tok_job_run, j) != 0) {
+        j->refs = 1;
+        j->done = j->sent = true;
+        return fail(h, c, cn->route, 503, NULL, NULL, "the server cannot take the request now");
+    }
+    return 0;
+}
+
+/* The I/O thread's side: the job's answer, once it is there. */
+static int tok_job_answer(struct http_server *h, struct h1_conn *c, struct conn *cn)
+{
+    struct tok_job *j = cn->tj;
+    if (j->sent) return 0;
+    pthread_mutex_lock(&j->mu);
+    bool done = j->done;
+    pthread_mutex_unlock(&j->mu);
+    if (!done) return 0;
+    j->sent = true;
+    if (!j->answer) return fail(h, c, cn->route, 500, NULL, NULL, "out of memory");
+    char *answer = j->answer;
+    j->answer = NULL;
+    return send_json(h, c, cn->route, j->status, answer);
 }
 
 static const char *const known_routes[] = {"/v1/completions", "/v1/chat/completions",
@@ -1294,7 +1387,10 @@ static void on_request(void *cls, struct h1_conn *c, enum h1_event ev, const cha
     case H1_HEAD: on_head(h, c); break;
     case H1_BODY: if (cn) on_body(h, c, cn, data, len); break;
     case H1_END: if (cn) on_end(h, c, cn); break;
-    case H1_WAKE: if (cn && cn->g) gen_start(h, c, cn); break;
+    case H1_WAKE:
+        if (cn && cn->g) gen_start(h, c, cn);
+        if (cn && cn->tj) tok_job_answer(h, c, cn);
+        break;
     }
 }
 
@@ -1359,6 +1455,7 @@ static void on_done(void *cls, struct h1_conn *c, enum h1_done why)
     if (!cn) return;
     if (h->cfg.access_log) log_access(c, cn, why);
     gen_unref(cn->g, true); /* cancels choices still running (client gone, or stopping) */
+    tok_job_unref(cn->tj, true);
     free(cn->body);
     free(cn);
     h1_set_data(c, NULL);

@@ -1,8 +1,10 @@
 /* HTTP front end on the h1 core (h1.h): routes (/v1/completions, /v1/chat/completions,
  * /v1/models, /health, /metrics, /tokenize, /detokenize), bearer-key auth, body limits and
  * OpenAI error responses, protocol errors included. HTTP threads (h1's I/O threads) only
- * parse, tokenize, submit to the scheduler and drain request outputs; a connection waiting for
- * tokens is parked and woken by the scheduler's notify hook, so no thread waits per
+ * frame requests and drain request outputs: parsing a generation or tokenize body, rendering
+ * the chat template, tokenizing and compiling grammars run on the preparation pool (prep.h),
+ * which wakes the connection when its request is submitted or answered. A connection waiting
+ * for tokens is parked and woken by the scheduler's notify hook, so no thread waits per
  * connection, and a client that leaves while it waits cancels its request at once.
  *
  * Lifecycle: http_start listens at once and answers 503 until http_set_ready hands it the

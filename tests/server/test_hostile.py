@@ -1,6 +1,7 @@
 """Hostile and broken clients (issue 12), one test class per failure found:
 1. clients that send part of a request and close leave no socket behind (CLOSE-WAIT), and a
-   client that leaves while its request is read, queued, running or streaming is seen at once;
+   client that leaves while its request is read, prepared (the preparation pool), queued,
+   running or streaming is seen at once;
 2. silent connections are closed after --timeout-keep-alive and cannot fill the server (the
    connection cap follows RLIMIT_NOFILE); trickled requests meet --timeout-request-read (408);
 4. clients that leave while queued free their queue slots at once (no 429 for a live client);
@@ -86,6 +87,28 @@ class ClientLeavesTest(srvtest.SharedServer):
         self.settled(base)
         wait_metrics(self.srv, lambda m: m.total("moeserve_num_requests_running") == 0, 10,
                      "the abandoned generations to be cancelled")
+
+    def test_leave_while_prepared(self):
+        # Bodies that take the preparation pool a while (a big schema to compile, a long text
+        # to tokenize), each client gone before its answer: the job finishes on its own, frees
+        # the request and cancels what it submitted; nothing is left running or open.
+        base = self.sockets()
+        props = {"p%d" % i: {"type": "string"} for i in range(3000)}
+        bodies = [(CMPL, {"prompt": "x", "max_tokens": 50, "ignore_eos": True, "stream": st,
+                          "guided_json": {"type": "object", "properties": dict(props, **{
+                              "k%d" % k: {"type": "integer"}})}})
+                  for k, st in enumerate((False, True) * 4)]
+        bodies += [("/tokenize", {"prompt": "word " * 50000})] * 4
+        for path, body in bodies:
+            s = socket.create_connection(("127.0.0.1", self.srv.port))
+            s.sendall(post_raw(body, path=path))
+            s.close()
+        self.settled(base)
+        wait_metrics(self.srv, lambda m: m.total("moeserve_num_requests_running") == 0 and
+                     m.total("moeserve_num_requests_waiting") == 0, 30,
+                     "the abandoned requests to be dropped")
+        st, _, r = srvtest.post_json(self.srv.port, CMPL, {"prompt": "x", "max_tokens": 2})
+        self.assertEqual(st, 200, r)
 
 
 class IdleConnectionsTest(unittest.TestCase):

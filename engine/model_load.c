@@ -492,6 +492,10 @@ static int check_mx_scales(struct bind *b, const struct st_archive *st, char *er
         if (sc[i] == 0xFF)
             return ms_errf(err, errlen, "%s: tensor '%s': scale 0xFF (NaN in e8m0) at byte %zu",
                            t->file, name, i);
+    /* Scales are always repacked or dequantized, never read in place: give the pages this scan
+     * faulted in back now, or every layer's scales (1/16 of the blocks) would stay resident
+     * until pass 2 reaches that layer. The repack faults them in again, one layer at a time. */
+    st_release_pages(t);
     b->t2 = t;
     return 0;
 }

@@ -670,8 +670,9 @@ static void conv_run(void *ctx, int i, int thread)
 /* Streaming conversion. A matrix converted or quantized at load is read once from the mapping
  * and never again, so its source pages are given back (st_release_pages: MADV_DONTNEED on the
  * pages wholly inside the tensor) as soon as the last bind reading that tensor has been
- * converted, not at the end of the load: the resident set then peaks at the converted block
- * plus one group of source tensors, instead of converted + the whole checkpoint (a 70 GB bf16
+ * converted (or, for experts stored together in one tensor, as each expert's slab is: see
+ * bind_slabs), not at the end of the load: the resident set then peaks at the converted block
+ * plus one small group of source tensors, instead of converted + the whole checkpoint (a 70 GB bf16
  * checkpoint quantized to 18 GB of int4 fits in 24 GB only this way). MADV_DONTNEED rather
  * than pread into a buffer: the conversions read strided slices (fused and transposed experts,
  * MLA's per-head transpose, MXFP4 blocks with their scales) straight from the mapping, and
@@ -721,6 +722,41 @@ static void stream_release(struct stream *s, const struct load_ctx *c, int b0, i
             st_release_pages(ts[k]);
             s->kept[idx] = true; /* once */
         }
+    }
+}
+
+/* Binds of experts stored together in one tensor (fused, transposed or MXFP4 experts: expert e's
+ * bytes are the e-th of shape[0] equal slabs of the tensor, and of the scales for MXFP4, the
+ * source of its bind_mats / shape[0] matrices) are converted and released a slab at a time, so
+ * the source in flight is a few experts, not a whole layer's (a 256-expert layer's
+ * gate_up_proj is 1 GB of bf16). Any other bind is one slab. */
+static int bind_slabs(const struct bind *b)
+{
+    switch (b->kind) {
+    case BIND_FUSED_GATE_UP:
+    case BIND_FUSED_DOWN:
+    case BIND_MX_GATE_UP:
+    case BIND_MX_DOWN:
+    case BIND_T_GATE_UP:
+    case BIND_T_DOWN: return b->shape[0] > 0 ? (int)b->shape[0] : 1;
+    default: return 1;
+    }
+}
+
+/* After slab `slab` of bind `bi` (of bind_slabs > 1) is converted: release its bytes of the
+ * tensors only this bind reads (the whole tensors, slab boundaries included, go when the bind
+ * is done: stream_release). */
+static void stream_release_slab(struct stream *s, const struct load_ctx *c, int bi, int slab)
+{
+    const struct st_archive *st = c->m->st;
+    const struct bind *b = &c->p->b[bi];
+    size_t n = (size_t)bind_slabs(b);
+    const struct st_tensor *ts[2] = {b->t, b->t2};
+    for (int k = 0; k < 2 && ts[k]; k++) {
+        int idx = st_index(st, ts[k]);
+        if (s->kept[idx] || s->last[idx] != bi) continue;
+        size_t per = ts[k]->nbytes / n;
+        st_release_range(ts[k], (size_t)slab * per, per);
     }
 }
 
@@ -782,61 +818,77 @@ static int bind_apply(struct load_ctx *c, char *err, size_t errlen)
         }
     }
     /* Converted matrices: tasks of whole tiles (64 rows) so threads share big tensors, in
-     * bind order (a bind's matrices are mats[mat0, mat0 + bind_mats)), so that the tasks of
-     * binds [i, j] are tasks[first[i], first[j + 1]). */
-    size_t n_tasks = 0, total_rows = 0;
+     * bind order, a bind's slabs in order (a bind's matrices are mats[mat0, mat0 + bind_mats),
+     * bind_mats / bind_slabs of them a slab), so that the tasks of units (slabs) [i, j] are
+     * tasks[units[i].task0, units[j + 1].task0). */
+    size_t n_tasks = 0, total_rows = 0, n_units = 0;
     for (int i = 0; i < m->n_mats; i++)
         if (!c->src[i].borrowed) {
             n_tasks += c->from_cache ? 0 : ((size_t)m->mats[i].rows + 63) / 64;
             total_rows += (size_t)m->mats[i].rows;
             m->mats[i].data = (unsigned char *)m->converted + c->src[i].off;
         }
-    if (n_tasks > INT32_MAX) return ms_errf(err, errlen, "%s: too many weights", m->dir);
+    for (int i = 0; i < p->n; i++) n_units += (size_t)bind_slabs(&p->b[i]);
+    if (n_tasks > INT32_MAX || n_units >= INT32_MAX)
+        return ms_errf(err, errlen, "%s: too many weights", m->dir);
     struct conv_job job = {.c = c, .n_tasks = (int)n_tasks, .total_rows = total_rows};
+    struct conv_unit {
+        int bind, slab, task0;
+    } *units = malloc(sizeof *units * (n_units + 1));
     job.tasks = malloc(sizeof *job.tasks * (n_tasks ? n_tasks : 1));
-    int *first = malloc(sizeof *first * ((size_t)p->n + 1));
     struct stream s = {0};
-    if (!job.tasks || !first || stream_init(&s, c) != 0) {
+    if (!job.tasks || !units || stream_init(&s, c) != 0) {
         free(job.tasks);
-        free(first);
+        free(units);
         return ms_errf(err, errlen, "%s: out of memory", m->dir);
     }
-    int k = 0;
+    int k = 0, u = 0;
     for (int i = 0; i < p->n; i++) {
-        first[i] = k;
         const struct bind *b = &p->b[i];
-        for (int mi = b->mat0; mi < b->mat0 + bind_mats(b) && !c->from_cache; mi++) {
-            if (c->src[mi].borrowed) continue;
-            int rows = m->mats[mi].rows;
-            for (int r = 0; r < rows; r += 64)
-                job.tasks[k++] = (struct conv_task){mi, r, r + 64 < rows ? r + 64 : rows};
+        int ns = bind_slabs(b), per = bind_mats(b) / ns;
+        for (int sl = 0; sl < ns; sl++) {
+            units[u++] = (struct conv_unit){i, sl, k};
+            for (int mi = b->mat0 + sl * per; mi < b->mat0 + (sl + 1) * per && !c->from_cache;
+                 mi++) {
+                if (c->src[mi].borrowed) continue;
+                int rows = m->mats[mi].rows;
+                for (int r = 0; r < rows; r += 64)
+                    job.tasks[k++] = (struct conv_task){mi, r, r + 64 < rows ? r + 64 : rows};
+            }
         }
     }
-    first[p->n] = k;
+    units[u] = (struct conv_unit){p->n, 0, k}; /* the end: no bind continues past it */
     int threads = opts->threads > 0 ? opts->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
     struct pool *pool = pool_create(threads > 0 ? threads : 1, 0);
     if (!pool) {
         free(job.tasks);
-        free(first);
+        free(units);
         stream_free(&s);
         return ms_errf(err, errlen, "%s: cannot start conversion threads", m->dir);
     }
-    /* One group of consecutive binds at a time, then its sources are released (see struct
-     * stream). A group is one bind, or as few as give every thread 4 tasks (small attention
-     * matrices on a many-core machine), so the source resident at once is one tensor plus
-     * fewer than 4 x threads x 64 rows of the tensors before it in the group. */
+    /* One group of consecutive slabs at a time, then its sources are released (see struct
+     * stream). A group is one slab, or as few as give every thread 4 tasks (small attention
+     * matrices on a many-core machine), so the source resident at once is one slab (a whole
+     * tensor, or one expert of a tensor of experts) plus fewer than 4 x threads x 64 rows of
+     * the slabs before it in the group. */
     const int min_tasks = 4 * pool_size(pool);
-    for (int i = 0; i < p->n;) {
+    for (int i = 0; i < u;) {
         int j = i;
-        while (j + 1 < p->n && first[j + 1] - first[i] < min_tasks) j++;
-        job.first = first[i];
-        if (first[j + 1] > first[i]) pool_run(pool, conv_run, &job, first[j + 1] - first[i]);
-        stream_release(&s, c, i, j);
+        while (j + 1 < u && units[j + 1].task0 - units[i].task0 < min_tasks) j++;
+        job.first = units[i].task0;
+        if (units[j + 1].task0 > job.first)
+            pool_run(pool, conv_run, &job, units[j + 1].task0 - job.first);
+        for (int x = i; x <= j; x++)
+            if (bind_slabs(&p->b[units[x].bind]) > 1)
+                stream_release_slab(&s, c, units[x].bind, units[x].slab);
+        /* binds done: up to units[j]'s, unless its next slab is in the next group */
+        int b1 = units[j + 1].bind != units[j].bind ? units[j].bind : units[j].bind - 1;
+        if (b1 >= units[i].bind) stream_release(&s, c, units[i].bind, b1);
         i = j + 1;
     }
     pool_free(pool);
     free(job.tasks);
-    free(first);
+    free(units);
     stream_free(&s);
     if (opts->progress) opts->progress(opts->progress_ctx, 1.0);
     return 0;

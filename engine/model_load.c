@@ -626,7 +626,7 @@ struct conv_job {
     struct load_ctx *c;
     struct conv_task *tasks;
     int n_tasks;
-    int first; /* pool task i is tasks[first + i] (one group of binds at a time) */
+    int first; /* pool task i is tasks[first + i] (one group of slabs at a time) */
     _Atomic size_t done_rows;
     size_t total_rows;
 };
@@ -672,8 +672,8 @@ static void conv_run(void *ctx, int i, int thread)
  * pages wholly inside the tensor) as soon as the last bind reading that tensor has been
  * converted (or, for experts stored together in one tensor, as each expert's slab is: see
  * bind_slabs), not at the end of the load: the resident set then peaks at the converted block
- * plus one small group of source tensors, instead of converted + the whole checkpoint (a 70 GB bf16
- * checkpoint quantized to 18 GB of int4 fits in 24 GB only this way). MADV_DONTNEED rather
+ * plus one small group of source tensors, instead of converted + the whole checkpoint (a 70 GB
+ * bf16 checkpoint quantized to ~22 GB of int4 fits in 24 GB only this way). MADV_DONTNEED rather
  * than pread into a buffer: the conversions read strided slices (fused and transposed experts,
  * MLA's per-head transpose, MXFP4 blocks with their scales) straight from the mapping, and
  * dropping pages of a read-only file mapping (MAP_PRIVATE, never written, so no private copy)

@@ -4,8 +4,10 @@
  * Binding is a plan of requests run in two passes: the first finds and checks every tensor and
  * decides each matrix's type in memory (as stored, converted for --dtype, or quantized for
  * --quantization) and what that costs; the second fills one block for converted matrices and
- * one for converted vectors, allocated in between, on the conversion threads. Matrices kept as
- * stored point into the read-only mapping (zero copy). Experts stored fused as 3D tensors
+ * one for converted vectors, allocated in between, on the conversion threads, a few tensors at
+ * a time, giving each converted tensor's source pages back as soon as it is done (so the
+ * checkpoint's bytes are never all resident with the result; see struct stream). Matrices kept
+ * as stored point into the read-only mapping (zero copy). Experts stored fused as 3D tensors
  * (experts.gate_up_proj (E, 2*ff, d), experts.down_proj (E, d, ff)) become one matrix per
  * expert, each a contiguous slice of the tensor. Then the tokenizer and chat template are
  * read. */
@@ -490,6 +492,10 @@ static int check_mx_scales(struct bind *b, const struct st_archive *st, char *er
         if (sc[i] == 0xFF)
             return ms_errf(err, errlen, "%s: tensor '%s': scale 0xFF (NaN in e8m0) at byte %zu",
                            t->file, name, i);
+    /* Scales are always repacked or dequantized, never read in place: give the pages this scan
+     * faulted in back now, or every layer's scales (1/16 of the blocks) would stay resident
+     * until pass 2 reaches that layer. The repack faults them in again, one layer at a time. */
+    st_release_pages(t);
     b->t2 = t;
     return 0;
 }
@@ -620,6 +626,7 @@ struct conv_job {
     struct load_ctx *c;
     struct conv_task *tasks;
     int n_tasks;
+    int first; /* pool task i is tasks[first + i] (one group of slabs at a time) */
     _Atomic size_t done_rows;
     size_t total_rows;
 };
@@ -628,7 +635,7 @@ static void conv_run(void *ctx, int i, int thread)
 {
     struct conv_job *j = ctx;
     struct load_ctx *c = j->c;
-    const struct conv_task *t = &j->tasks[i];
+    const struct conv_task *t = &j->tasks[j->first + i];
     const struct mat_src *ms = &c->src[t->mat];
     const struct wmat *w = &c->m->mats[t->mat];
     if (ms->scales) {
@@ -660,30 +667,103 @@ static void conv_run(void *ctx, int i, int thread)
         c->opts->progress(c->opts->progress_ctx, (double)done / (double)j->total_rows);
 }
 
-/* Tensors read only to be converted leave the resident set once converted (their pages stay
- * in the page cache for the kernel to keep or drop); borrowed ones stay. */
-static void release_converted(struct load_ctx *c)
+/* Streaming conversion. A matrix converted or quantized at load is read once from the mapping
+ * and never again, so its source pages are given back (st_release_pages: MADV_DONTNEED on the
+ * pages wholly inside the tensor) as soon as the last bind reading that tensor has been
+ * converted (or, for experts stored together in one tensor, as each expert's slab is: see
+ * bind_slabs), not at the end of the load: the resident set then peaks at the converted block
+ * plus one small group of source tensors, instead of converted + the whole checkpoint (a 70 GB
+ * bf16 checkpoint quantized to ~22 GB of int4 fits in 24 GB only this way). MADV_DONTNEED rather
+ * than pread into a buffer: the conversions read strided slices (fused and transposed experts,
+ * MLA's per-head transpose, MXFP4 blocks with their scales) straight from the mapping, and
+ * dropping pages of a read-only file mapping (MAP_PRIVATE, never written, so no private copy)
+ * is always safe: a later touch faults them in again from the file. Tensors that any bind
+ * keeps in place (borrowed matrices and vectors, e.g. the embedding table, also when a tied
+ * head is quantized from it) are never released: their pages are the weights. Pages a tensor
+ * shares with its neighbours at either end are kept too (st_release_pages rounds inward). */
+struct stream {
+    int *last;  /* (st_count) index of the last bind reading each tensor, -1 for none */
+    bool *kept; /* (st_count) read in place by some bind, or already released */
+};
+
+static int stream_init(struct stream *s, const struct load_ctx *c)
 {
     const struct st_archive *st = c->m->st;
-    bool *kept = calloc((size_t)(st_count(st) > 0 ? st_count(st) : 1), sizeof *kept);
-    if (!kept) return; /* only memory is lost, not correctness */
+    size_t n = (size_t)(st_count(st) > 0 ? st_count(st) : 1);
+    s->last = malloc(n * sizeof *s->last);
+    s->kept = calloc(n, sizeof *s->kept);
+    if (!s->last || !s->kept) {
+        free(s->last);
+        free(s->kept);
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++) s->last[i] = -1;
     for (int i = 0; i < c->p->n; i++) {
         const struct bind *b = &c->p->b[i];
         int nm = bind_mats(b);
         bool borrowed = bind_is_vec(b) && b->vec_off == SIZE_MAX;
         for (int k = 0; k < nm; k++) borrowed = borrowed || c->src[b->mat0 + k].borrowed;
-        if (borrowed) kept[st_index(st, b->t)] = true;
+        if (borrowed) s->kept[st_index(st, b->t)] = true;
+        s->last[st_index(st, b->t)] = i;
+        if (b->t2) s->last[st_index(st, b->t2)] = i;
     }
-    for (int i = 0; i < c->p->n; i++) {
+    return 0;
+}
+
+/* After binds [b0, b1] are converted: release the tensors they read for the last time. */
+static void stream_release(struct stream *s, const struct load_ctx *c, int b0, int b1)
+{
+    const struct st_archive *st = c->m->st;
+    for (int i = b0; i <= b1; i++) {
         const struct st_tensor *ts[2] = {c->p->b[i].t, c->p->b[i].t2};
         for (int k = 0; k < 2 && ts[k]; k++) {
             int idx = st_index(st, ts[k]);
-            if (kept[idx]) continue;
+            if (s->kept[idx] || s->last[idx] > b1) continue;
             st_release_pages(ts[k]);
-            kept[idx] = true; /* once */
+            s->kept[idx] = true; /* once */
         }
     }
-    free(kept);
+}
+
+/* Binds of experts stored together in one tensor (fused, transposed or MXFP4 experts: expert e's
+ * bytes are the e-th of shape[0] equal slabs of the tensor, and of the scales for MXFP4, the
+ * source of its bind_mats / shape[0] matrices) are converted and released a slab at a time, so
+ * the source in flight is a few experts, not a whole layer's (a 256-expert layer's
+ * gate_up_proj is 1 GB of bf16). Any other bind is one slab. */
+static int bind_slabs(const struct bind *b)
+{
+    switch (b->kind) {
+    case BIND_FUSED_GATE_UP:
+    case BIND_FUSED_DOWN:
+    case BIND_MX_GATE_UP:
+    case BIND_MX_DOWN:
+    case BIND_T_GATE_UP:
+    case BIND_T_DOWN: return b->shape[0] > 0 ? (int)b->shape[0] : 1;
+    default: return 1;
+    }
+}
+
+/* After slab `slab` of bind `bi` (of bind_slabs > 1) is converted: release its bytes of the
+ * tensors only this bind reads (the whole tensors, slab boundaries included, go when the bind
+ * is done: stream_release). */
+static void stream_release_slab(struct stream *s, const struct load_ctx *c, int bi, int slab)
+{
+    const struct st_archive *st = c->m->st;
+    const struct bind *b = &c->p->b[bi];
+    size_t n = (size_t)bind_slabs(b);
+    const struct st_tensor *ts[2] = {b->t, b->t2};
+    for (int k = 0; k < 2 && ts[k]; k++) {
+        int idx = st_index(st, ts[k]);
+        if (s->kept[idx] || s->last[idx] != bi) continue;
+        size_t per = ts[k]->nbytes / n;
+        st_release_range(ts[k], (size_t)slab * per, per);
+    }
+}
+
+static void stream_free(struct stream *s)
+{
+    free(s->last);
+    free(s->kept);
 }
 
 /* Pass 2: fill the blocks and set every pointer. */
@@ -737,34 +817,79 @@ static int bind_apply(struct load_ctx *c, char *err, size_t errlen)
             for (int64_t e = 0; e < b->shape[0]; e++) b->experts[e].down = &m->mats[b->mat0 + e];
         }
     }
-    /* Converted matrices: tasks of whole tiles (64 rows) so threads share big tensors. */
-    size_t n_tasks = 0, total_rows = 0;
+    /* Converted matrices: tasks of whole tiles (64 rows) so threads share big tensors, in
+     * bind order, a bind's slabs in order (a bind's matrices are mats[mat0, mat0 + bind_mats),
+     * bind_mats / bind_slabs of them a slab), so that the tasks of units (slabs) [i, j] are
+     * tasks[units[i].task0, units[j + 1].task0). */
+    size_t n_tasks = 0, total_rows = 0, n_units = 0;
     for (int i = 0; i < m->n_mats; i++)
         if (!c->src[i].borrowed) {
             n_tasks += c->from_cache ? 0 : ((size_t)m->mats[i].rows + 63) / 64;
             total_rows += (size_t)m->mats[i].rows;
             m->mats[i].data = (unsigned char *)m->converted + c->src[i].off;
         }
-    if (n_tasks > INT32_MAX) return ms_errf(err, errlen, "%s: too many weights", m->dir);
+    for (int i = 0; i < p->n; i++) n_units += (size_t)bind_slabs(&p->b[i]);
+    if (n_tasks > INT32_MAX || n_units >= INT32_MAX)
+        return ms_errf(err, errlen, "%s: too many weights", m->dir);
     struct conv_job job = {.c = c, .n_tasks = (int)n_tasks, .total_rows = total_rows};
+    struct conv_unit {
+        int bind, slab, task0;
+    } *units = malloc(sizeof *units * (n_units + 1));
     job.tasks = malloc(sizeof *job.tasks * (n_tasks ? n_tasks : 1));
-    if (!job.tasks) return ms_errf(err, errlen, "%s: out of memory", m->dir);
-    int k = 0;
-    for (int i = 0; i < m->n_mats && !c->from_cache; i++) {
-        if (c->src[i].borrowed) continue;
-        for (int r = 0; r < m->mats[i].rows; r += 64)
-            job.tasks[k++] = (struct conv_task){i, r, r + 64 < m->mats[i].rows ? r + 64 : m->mats[i].rows};
+    struct stream s = {0};
+    if (!job.tasks || !units || stream_init(&s, c) != 0) {
+        free(job.tasks);
+        free(units);
+        return ms_errf(err, errlen, "%s: out of memory", m->dir);
     }
+    int k = 0, u = 0;
+    for (int i = 0; i < p->n; i++) {
+        const struct bind *b = &p->b[i];
+        int ns = bind_slabs(b), per = bind_mats(b) / ns;
+        for (int sl = 0; sl < ns; sl++) {
+            units[u++] = (struct conv_unit){i, sl, k};
+            for (int mi = b->mat0 + sl * per; mi < b->mat0 + (sl + 1) * per && !c->from_cache;
+                 mi++) {
+                if (c->src[mi].borrowed) continue;
+                int rows = m->mats[mi].rows;
+                for (int r = 0; r < rows; r += 64)
+                    job.tasks[k++] = (struct conv_task){mi, r, r + 64 < rows ? r + 64 : rows};
+            }
+        }
+    }
+    units[u] = (struct conv_unit){p->n, 0, k}; /* the end: no bind continues past it */
     int threads = opts->threads > 0 ? opts->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
     struct pool *pool = pool_create(threads > 0 ? threads : 1, 0);
     if (!pool) {
         free(job.tasks);
+        free(units);
+        stream_free(&s);
         return ms_errf(err, errlen, "%s: cannot start conversion threads", m->dir);
     }
-    pool_run(pool, conv_run, &job, (int)n_tasks);
+    /* One group of consecutive slabs at a time, then its sources are released (see struct
+     * stream). A group is one slab, or as few as give every thread 4 tasks (small attention
+     * matrices on a many-core machine), so the source resident at once is one slab (a whole
+     * tensor, or one expert of a tensor of experts) plus fewer than 4 x threads x 64 rows of
+     * the slabs before it in the group. */
+    const int min_tasks = 4 * pool_size(pool);
+    for (int i = 0; i < u;) {
+        int j = i;
+        while (j + 1 < u && units[j + 1].task0 - units[i].task0 < min_tasks) j++;
+        job.first = units[i].task0;
+        if (units[j + 1].task0 > job.first)
+            pool_run(pool, conv_run, &job, units[j + 1].task0 - job.first);
+        for (int x = i; x <= j; x++)
+            if (bind_slabs(&p->b[units[x].bind]) > 1)
+                stream_release_slab(&s, c, units[x].bind, units[x].slab);
+        /* binds done: up to units[j]'s, unless its next slab is in the next group */
+        int b1 = units[j + 1].bind != units[j].bind ? units[j].bind : units[j].bind - 1;
+        if (b1 >= units[i].bind) stream_release(&s, c, units[i].bind, b1);
+        i = j + 1;
+    }
     pool_free(pool);
     free(job.tasks);
-    release_converted(c);
+    free(units);
+    stream_free(&s);
     if (opts->progress) opts->progress(opts->progress_ctx, 1.0);
     return 0;
 }

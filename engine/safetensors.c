@@ -373,13 +373,20 @@ int st_index(const struct st_archive *a, const struct st_tensor *t)
     return (int)(t - a->tensors);
 }
 
-void st_release_pages(const struct st_tensor *t)
+void st_release_range(const struct st_tensor *t, size_t off, size_t len)
 {
     long pg = sysconf(_SC_PAGESIZE);
-    if (pg <= 0 || !t->data) return;
-    uintptr_t lo = ((uintptr_t)t->data + (uintptr_t)pg - 1) / (uintptr_t)pg * (uintptr_t)pg;
-    uintptr_t hi = ((uintptr_t)t->data + t->nbytes) / (uintptr_t)pg * (uintptr_t)pg;
+    if (pg <= 0 || !t->data || off >= t->nbytes) return;
+    if (len > t->nbytes - off) len = t->nbytes - off;
+    /* inward: a page partly outside the range may hold bytes someone still reads in place */
+    uintptr_t lo = ((uintptr_t)t->data + off + (uintptr_t)pg - 1) / (uintptr_t)pg * (uintptr_t)pg;
+    uintptr_t hi = ((uintptr_t)t->data + off + len) / (uintptr_t)pg * (uintptr_t)pg;
     if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
+}
+
+void st_release_pages(const struct st_tensor *t)
+{
+    st_release_range(t, 0, t->nbytes);
 }
 
 const struct st_tensor *st_at(const struct st_archive *a, int i)

@@ -62,6 +62,8 @@ int st_index(const struct st_archive *a, const struct st_tensor *t);
  * valid: reading them again faults them in from the file). For tensors the caller has copied
  * or converted and will not read again, so they stop counting in the resident set. */
 void st_release_pages(const struct st_tensor *t);
+/* The same for the pages wholly inside bytes [off, off + len) of t's data (clipped to it). */
+void st_release_range(const struct st_tensor *t, size_t off, size_t len);
 
 /* Value of `key` in the files' "__metadata__" objects (string -> string), or NULL. Owned by
  * the archive. */

@@ -219,8 +219,12 @@ static void attention_layer(struct device *dv, int l)
         be->ops->clamp(be, dv->k, n, kvdim, md->clip_qkv);
         be->ops->clamp(be, dv->v, n, kvdim, md->clip_qkv);
     }
-    be->ops->rope(be, dv->q, dv->pos, n, md->n_head, hd, dv->cos_sin);
-    be->ops->rope(be, dv->k, dv->pos, n, md->n_kv_head, hd, dv->cos_sin);
+    /* Rotate-half RoPE on the first rope_dim dims of each head (all of them but for partial
+     * rotary, GLM's partial_rotary_factor); the rest pass through untouched. */
+    be->ops->rope_ex(be, dv->q, hd, dv->q, hd, dv->pos, n, md->n_head, md->rope_dim, 0,
+                     dv->cos_sin);
+    be->ops->rope_ex(be, dv->k, hd, dv->k, hd, dv->pos, n, md->n_kv_head, md->rope_dim, 0,
+                     dv->cos_sin);
 
     /* Every sequence of the slice in one call: each token names its sequence's block table. */
     struct be_tokens tk = {.tables = dv->blocks, .table_stride = e->blocks_per_seq,

@@ -152,6 +152,12 @@ struct model_desc {
     int n_shared;         /* always-on shared experts */
     int shared_d_ff;      /* width of each shared expert */
     enum shared_gate_kind shared_gate;
+    bool shared_merged;   /* DeepSeek / GLM: the n_shared_experts are stored as one FFN of their
+                             summed width under "mlp.shared_experts." (n_shared is then 1) */
+    /* Multi-token-prediction layers (DeepSeek-V3 / GLM num_nextn_predict_layers) stored after
+     * the decoder layers, at model.layers.n_layer..: the engine does not run speculative
+     * decoding, so they are skipped at load (never bound) and the load note says so. */
+    int n_mtp_layers;
 
     int32_t bos_id;                /* -1 when none */
     int32_t eos_ids[MODEL_MAX_EOS];/* from generation_config.json / config.json */
@@ -268,6 +274,8 @@ struct model {
     void *cache_map;         /* `converted` is this mapping of a weight-cache file, or NULL */
     size_t cache_map_len;
     char cache_note[640];    /* what the weight cache did ("" when not asked), for logs */
+    char skip_note[160];     /* checkpoint layers skipped at load (MTP layers), or "": for
+                                logs */
 };
 
 struct model_load_opts {

@@ -1,5 +1,6 @@
 /* config.json -> struct model_desc. Each supported Hugging Face architecture (mixtral,
- * qwen2_moe, qwen3_moe, olmoe, deepseek_v2/v3, gpt_oss, and moeserve's own mohge and infmoe) is
+ * qwen2_moe, qwen3_moe, olmoe, deepseek_v2/v3, glm4_moe, gpt_oss, and moeserve's own mohge and
+ * infmoe) is
  * translated into the one
  * architecture-neutral description the forward pass reads: attention kind and q/k norm, biases,
  * which layers are MoE, expert widths and groups, shared experts and their gate. Fields are
@@ -568,6 +569,34 @@ static int cfg_choice(json_t *root, const char *key, const char *const *allowed,
                    list);
 }
 
+/* Group-limited routing (DeepSeek / GLM n_group, topk_group): the groups must split the
+ * experts evenly and the kept groups must hold at least top_k experts. */
+static int cfg_groups(const struct model_desc *d, const char *path, char *err, size_t errlen)
+{
+    if (d->n_group <= 0 || d->n_group > MODEL_MAX_GROUPS || d->n_expert % d->n_group != 0)
+        return ms_errf(err, errlen,
+                       "%s: n_group %d must divide n_routed_experts (%d) and be in 1..%d", path,
+                       d->n_group, d->n_expert, MODEL_MAX_GROUPS);
+    if (d->topk_group <= 0 || d->topk_group > d->n_group ||
+        d->topk_group * (d->n_expert / d->n_group) < d->top_k)
+        return ms_errf(err, errlen,
+                       "%s: topk_group %d must be in 1..n_group (%d) and keep at least "
+                       "num_experts_per_tok experts",
+                       path, d->topk_group, d->n_group);
+    return 0;
+}
+
+/* Multi-token-prediction layers after the decoder (num_nextn_predict_layers): skipped at load. */
+static int cfg_mtp(json_t *root, struct model_desc *d, const char *path, char *err, size_t errlen)
+{
+    if (cfg_int(root, "num_nextn_predict_layers", false, 0, &d->n_mtp_layers, path, err, errlen))
+        return -1;
+    if (d->n_mtp_layers < 0 || d->n_mtp_layers > 64)
+        return ms_errf(err, errlen, "%s: num_nextn_predict_layers %d must be in 0..64", path,
+                       d->n_mtp_layers);
+    return 0;
+}
+
 /* DeepSeek-V2 / V2-Lite / V3 / R1 (transformers' DeepseekV2/V3 classes): multi-head latent
  * attention with interleaved rope on the qk_rope_head_dim part, YaRN with mscale in the softmax
  * scale; the first first_k_dense_replace layers dense (then every moe_layer_freq-th MoE), one
@@ -634,16 +663,7 @@ static int cfg_deepseek(json_t *root, struct model_desc *d, const char *path, ch
         return -1;
     bool grouped = v3 || method == 1;
     if (grouped) {
-        if (d->n_group <= 0 || d->n_group > MODEL_MAX_GROUPS || d->n_expert % d->n_group != 0)
-            return ms_errf(err, errlen,
-                           "%s: n_group %d must divide n_routed_experts (%d) and be in 1..%d",
-                           path, d->n_group, d->n_expert, MODEL_MAX_GROUPS);
-        if (d->topk_group <= 0 || d->topk_group > d->n_group ||
-            d->topk_group * (d->n_expert / d->n_group) < d->top_k)
-            return ms_errf(err, errlen,
-                           "%s: topk_group %d must be in 1..n_group (%d) and keep at least "
-                           "num_experts_per_tok experts",
-                           path, d->topk_group, d->n_group);
+        if (cfg_groups(d, path, err, errlen) != 0) return -1;
     } else {
         d->n_group = d->topk_group = 0;
     }
@@ -689,6 +709,81 @@ static int cfg_deepseek(json_t *root, struct model_desc *d, const char *path, ch
     if (n_shared > 0) {
         d->n_shared = 1;
         d->shared_d_ff = ff * n_shared;
+        d->shared_merged = true;
+    }
+    d->shared_gate = SHARED_GATE_NONE;
+    return cfg_mtp(root, d, path, err, errlen);
+}
+
+/* GLM-4.5 / 4.6 / 4.7 (transformers' Glm4Moe classes): GQA with optional q/k/v biases
+ * (attention_bias; o_proj never has one) and optional per-head q/k RMSNorm (use_qk_norm, before
+ * the rope); rotate-half RoPE on the first partial_rotary_factor of each head (default 0.5, at
+ * top level in GLM's published configs, inside rope_parameters in transformers 5's); the first
+ * first_k_dense_replace layers dense, the others MoE with DeepSeek-V3's noaux_tc router (sigmoid
+ * + e_score_correction_bias, groups by their two best, norm_topk_prob, routed_scaling_factor)
+ * and n_shared_experts merged into one always-on FFN under "shared_experts.". */
+static int cfg_glm4_moe(json_t *root, struct model_desc *d, const char *path, char *err,
+                        size_t errlen)
+{
+    int ff = 0, n_shared = 0, dense_k = 0;
+    double rsf = 1.0, prf = 0.5;
+    if (cfg_int(root, "n_routed_experts", true, 0, &d->n_expert, path, err, errlen) ||
+        cfg_int(root, "num_experts_per_tok", true, 0, &d->top_k, path, err, errlen) ||
+        cfg_int(root, "moe_intermediate_size", true, 0, &ff, path, err, errlen) ||
+        cfg_positive(ff, "moe_intermediate_size", path, err, errlen) ||
+        cfg_int(root, "n_shared_experts", false, 1, &n_shared, path, err, errlen) ||
+        cfg_int(root, "first_k_dense_replace", false, 1, &dense_k, path, err, errlen) ||
+        cfg_num(root, "routed_scaling_factor", 1.0, &rsf, path, err, errlen) ||
+        cfg_bool(root, "norm_topk_prob", true, &d->norm_topk_prob, path, err, errlen) ||
+        cfg_int(root, "n_group", false, 1, &d->n_group, path, err, errlen) ||
+        cfg_int(root, "topk_group", false, 1, &d->topk_group, path, err, errlen) ||
+        cfg_bool(root, "attention_bias", false, &d->qkv_bias, path, err, errlen) ||
+        cfg_num(root, "partial_rotary_factor", prf, &prf, path, err, errlen) ||
+        cfg_mtp(root, d, path, err, errlen))
+        return -1;
+    json_t *rp = json_object_get(root, "rope_parameters");
+    if (json_is_object(rp) && cfg_num(rp, "partial_rotary_factor", prf, &prf, path, err, errlen))
+        return -1;
+    bool qk_norm = false;
+    if (cfg_bool(root, "use_qk_norm", false, &qk_norm, path, err, errlen) != 0) return -1;
+    if (n_shared < 0 || dense_k < 0)
+        return ms_errf(err, errlen,
+                       "%s: n_shared_experts and first_k_dense_replace must not be negative", path);
+    if (d->n_expert <= 0 || d->n_expert > MODEL_MAX_EXPERTS)
+        return ms_errf(err, errlen, "%s: 'n_routed_experts' = %d is out of range (1..%d)", path,
+                       d->n_expert, MODEL_MAX_EXPERTS);
+    if (d->top_k <= 0 || d->top_k > d->n_expert)
+        return ms_errf(err, errlen, "%s: num_experts_per_tok %d must be in 1..n_routed_experts (%d)",
+                       path, d->top_k, d->n_expert);
+    if (!(rsf > 0))
+        return ms_errf(err, errlen, "%s: routed_scaling_factor %g must be positive", path, rsf);
+    if (cfg_groups(d, path, err, errlen) != 0) return -1;
+    /* transformers: int(head_dim * factor), rotated in pairs, so it must come out even */
+    int rot = (int)(d->head_dim * prf);
+    if (!(prf > 0 && prf <= 1) || rot < 2 || rot % 2 != 0)
+        return ms_errf(err, errlen,
+                       "%s: partial_rotary_factor %g gives a rotary width of %d of head_dim %d "
+                       "(must be even and positive)",
+                       path, prf, rot, d->head_dim);
+    d->rope_dim = rot;
+    d->qk_norm = qk_norm ? QK_NORM_HEAD : QK_NORM_NONE;
+    d->router = ROUTER_KIND_SIGMOID_GROUP;
+    d->router_bias = true;
+    d->routed_scale = (float)rsf;
+
+    d->expert_d_ff = malloc((size_t)d->n_expert * sizeof *d->expert_d_ff);
+    d->layer_is_moe = calloc((size_t)d->n_layer, sizeof *d->layer_is_moe);
+    if (!d->expert_d_ff || !d->layer_is_moe) return ms_errf(err, errlen, "%s: out of memory", path);
+    for (int e = 0; e < d->n_expert; e++) d->expert_d_ff[e] = ff;
+    for (int l = 0; l < d->n_layer; l++) d->layer_is_moe[l] = l >= dense_k;
+    if (dense_k > 0 && (cfg_int(root, "intermediate_size", true, 0, &d->dense_d_ff, path, err,
+                                errlen) ||
+                        cfg_positive(d->dense_d_ff, "intermediate_size", path, err, errlen)))
+        return -1;
+    if (n_shared > 0) {
+        d->n_shared = 1;
+        d->shared_d_ff = ff * n_shared;
+        d->shared_merged = true;
     }
     d->shared_gate = SHARED_GATE_NONE;
     return 0;
@@ -802,12 +897,14 @@ int model_desc_parse(const char *json_text, size_t len, const char *path, struct
         arch = cfg_deepseek;
     else if (strcmp(type, "gpt_oss") == 0)
         arch = cfg_gpt_oss;
+    else if (strcmp(type, "glm4_moe") == 0)
+        arch = cfg_glm4_moe;
     else if (strcmp(type, "infmoe") == 0)
         arch = cfg_infmoe;
     if (!arch) {
         ms_errf(err, errlen,
                 "%s: unknown model_type '%.64s' (supported: mixtral, qwen2_moe, qwen3_moe, olmoe, "
-                "deepseek_v2, deepseek_v3, gpt_oss, mohge, infmoe)",
+                "deepseek_v2, deepseek_v3, glm4_moe, gpt_oss, mohge, infmoe)",
                 path, type);
         goto out;
     }

@@ -260,6 +260,29 @@ static void plan_mla(struct plan *p, struct layer_w *lw, const struct model_desc
     plan_mat(p, &lw->wo, true, D, H * dv, "%sself_attn.o_proj.weight", pre);
 }
 
+/* The MTP layers (model_desc.n_mtp_layers) sit at model.layers.n_layer.. and are never
+ * planned, so their tensors stay unread in the mapping; this only counts them for the load
+ * note, so that a log shows they were in the checkpoint and skipped on purpose. */
+static void note_mtp_layers(struct model *m)
+{
+    const struct model_desc *d = &m->desc;
+    m->skip_note[0] = '\0';
+    if (d->n_mtp_layers <= 0) return;
+    size_t n = 0;
+    for (int i = 0; i < st_count(m->st); i++) {
+        const char *name = st_at(m->st, i)->name;
+        int l = -1;
+        if (sscanf(name, "model.layers.%d.", &l) == 1 && l >= d->n_layer &&
+            l < d->n_layer + d->n_mtp_layers)
+            n++;
+    }
+    if (n > 0)
+        snprintf(m->skip_note, sizeof m->skip_note,
+                 "skipped %d MTP layer(s) (model.layers.%d..%d, %zu tensors): multi-token "
+                 "prediction is not used",
+                 d->n_mtp_layers, d->n_layer, d->n_layer + d->n_mtp_layers - 1, n);
+}
+
 /* Every tensor the description needs, with the pointer it binds. */
 static int plan_model(struct plan *p, struct model *m, const char *wname, bool quant, char *err,
                       size_t errlen)
@@ -348,7 +371,7 @@ static int plan_model(struct plan *p, struct model *m, const char *wname, bool q
                 l);
         for (int s = 0; s < d->n_shared; s++) {
             char sp[128];
-            if (d->attn == ATTN_KIND_MLA) /* DeepSeek: one FFN of all shared experts' width */
+            if (d->shared_merged) /* DeepSeek / GLM: one FFN of all shared experts' width */
                 snprintf(sp, sizeof sp, "%sshared_experts.", moe);
             else if (d->n_shared == 1)
                 snprintf(sp, sizeof sp, "%sshared_expert.", moe);
@@ -1166,6 +1189,7 @@ int model_load(const char *dir, const struct model_load_opts *opts, struct model
     }
     if (plan_model(&plan, m, wname, opts->quant != MODEL_QUANT_NONE, err, errlen) != 0)
         goto fail;
+    note_mtp_layers(m);
     m->dtype = opts->dtype;
     m->quant = opts->quant;
     m->n_mats = plan.n_mats;

@@ -268,6 +268,7 @@ int cli_generate(int argc, char **argv)
         return 1;
     }
     if (m->cache_note[0]) fprintf(stderr, "%s\n", m->cache_note);
+    if (m->skip_note[0]) fprintf(stderr, "%s\n", m->skip_note);
     const struct model_desc *md = &m->desc;
     if (o.moe_top_k > md->top_k && md->n_expert > 0) {
         fprintf(stderr, "moeserve generate: --moe-top-k %d exceeds the model's top-k %d\n",

@@ -893,6 +893,7 @@ int cli_serve(int argc, char **argv)
     slog("info", "weights: %.1f MB in memory (--dtype %s, --quantization %s)",
          (double)m->weight_bytes / 1e6, model_dtype_name(m->dtype), model_quant_name(m->quant));
     if (m->cache_note[0]) slog("info", "%s", m->cache_note);
+    if (m->skip_note[0]) slog("info", "%s", m->skip_note);
     if (o.chat_template) {
         char *t = cli_read_file(o.chat_template, NULL);
         if (!t) {

@@ -34,6 +34,8 @@ from transformers import (
     DeepseekV3Config,
     DeepseekV3ForCausalLM,
     GenerationConfig,
+    Glm4MoeConfig,
+    Glm4MoeForCausalLM,
     GptOssConfig,
     GptOssForCausalLM,
     Mxfp4Config,
@@ -216,6 +218,37 @@ ARCHS["deepseek_v3"] = (
     ),
 )
 
+# GLM-4.5/4.6/4.7: GQA with q/k/v biases and per-head q/k RMSNorm, rotary on the first half of
+# each head (partial_rotary_factor 0.5, head_dim 32 != hidden/heads so the rotated width 16 is
+# neither), layer 0 dense, then DeepSeek-V3's noaux_tc routing over 8 experts in 2 groups of
+# which 1 is kept, a non-zero correction bias, norm_topk_prob and scale 2.5, one shared expert.
+# num_nextn_predict_layers 1: GLM checkpoints carry one multi-token-prediction layer after the
+# decoder layers, which transformers does not build; add_mtp_layer writes its tensors so that a
+# loader is shown to skip them.
+ARCHS["glm4_moe"] = (
+    Glm4MoeForCausalLM,
+    Glm4MoeConfig(
+        **{k: v for k, v in COMMON.items() if k != "rope_parameters"},
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                         "partial_rotary_factor": 0.5},
+        num_hidden_layers=3,
+        head_dim=32,
+        attention_bias=True,
+        use_qk_norm=True,
+        intermediate_size=128,  # the dense layer 0
+        moe_intermediate_size=32,
+        n_routed_experts=8,
+        num_experts_per_tok=2,
+        n_group=2,
+        topk_group=1,
+        n_shared_experts=1,
+        first_k_dense_replace=1,
+        norm_topk_prob=True,
+        routed_scaling_factor=2.5,
+        num_nextn_predict_layers=1,
+    ),
+)
+
 # gpt-oss: GQA with sinks and q/k/v/o biases, a sliding window (8) shorter than the longer
 # prompts on layers 0 and 2 and full attention on layer 1, YaRN past a 64-position original
 # context (truncate false, as gpt-oss ships), and a swiglu_limit low enough that both clamps of
@@ -242,7 +275,7 @@ GPTOSS_FOLDERS = ["gpt_oss", "gpt_oss_bf16", "gpt_oss_dense"]
 # Per-architecture weight seed offsets, picked (by trying a few) so that no token's k-th and
 # (k+1)-th router logits are within ROUTER_GAP_MIN of each other on the reference sequences:
 # a near tie would make expert choice, and so the expected logits, hinge on rounding.
-SEED_OFFSET = {"qwen3_moe": 1, "deepseek_v2": 4, "deepseek_v2_group": 5, "deepseek_v3": 11,
+SEED_OFFSET = {"glm4_moe": 3, "qwen3_moe": 1, "deepseek_v2": 4, "deepseek_v2_group": 5, "deepseek_v3": 11,
                "gpt_oss": 1}
 ROUTER_GAP_MIN = 1e-3
 # DeepSeek-V2 ranks softmax probabilities (~1/8 each here), whose gaps are ~100x smaller than
@@ -319,6 +352,36 @@ def save_checkpoint(model, tokenizer, out_dir, **save_kwargs):
     tokenizer.save_pretrained(out_dir, save_jinja_files=False)
 
 
+def add_mtp_layer(model, out_dir, seed):
+    """Appends GLM's multi-token-prediction layers (model.layers.{num_hidden_layers + i}.*, as
+    the published checkpoints have them) to out_dir/model.safetensors: a copy of the last
+    decoder layer's tensor names and shapes with fresh random values, plus the MTP head's own
+    (enorm, hnorm, eh_proj, shared_head.norm, embed_tokens, shared_head.head). transformers
+    builds no module for them and the engine must skip them; their values never reach a
+    reference logit."""
+    cfg = model.config
+    n = cfg.num_hidden_layers
+    f = out_dir / "model.safetensors"
+    with safe_open(str(f), "pt") as sf:
+        sd = {k: sf.get_tensor(k) for k in sf.keys()}
+    g = torch.Generator().manual_seed(seed)
+    last = f"model.layers.{n - 1}."
+    D, V = cfg.hidden_size, cfg.vocab_size
+    for i in range(cfg.num_nextn_predict_layers):
+        pre = f"model.layers.{n + i}."
+        extra = {pre + k[len(last):]: v for k, v in sd.items() if k.startswith(last)}
+        dt = sd["model.norm.weight"].dtype
+        for k, shape in (("enorm.weight", (D,)), ("hnorm.weight", (D,)),
+                         ("eh_proj.weight", (D, 2 * D)), ("shared_head.norm.weight", (D,)),
+                         ("embed_tokens.weight", (V, D)), ("shared_head.head.weight", (V, D))):
+            extra[pre + k] = torch.empty(shape, dtype=dt)
+        for k in sorted(extra):
+            v = extra[k]
+            r = torch.randn(tuple(v.shape), generator=g, dtype=torch.float32)
+            sd[k] = (r / math.sqrt(v.shape[-1])).to(v.dtype).contiguous()
+    save_file(dict(sorted(sd.items())), str(f), metadata={"format": "pt"})
+
+
 def load(out_dir, dtype):
     m = AutoModelForCausalLM.from_pretrained(out_dir, dtype=dtype, **IMPL)
     return m.eval()
@@ -373,7 +436,7 @@ def choice_scores(model, layer, rl):
     groups otherwise. DeepSeek V2 group_limited_greedy ranks groups by their best softmax
     probability, V3 by the sum of their two best sigmoid + bias."""
     cfg = model.config
-    if cfg.model_type == "deepseek_v3":
+    if cfg.model_type in ("deepseek_v3", "glm4_moe"):
         s = rl.float().sigmoid() + model.model.layers[layer].mlp.gate.e_score_correction_bias
         g = s.view(-1, cfg.n_group, s.shape[-1] // cfg.n_group).topk(2, dim=-1)[0].sum(-1)
         return s, g
@@ -508,7 +571,7 @@ def tensor_table(model_dir):
     return sorted(rows)
 
 
-def write_tensors_md(out_root, names):
+def write_tensors_md(out_root, names, merge=False):
     lines = [
         "# Tensor names and shapes of the fixture checkpoints",
         "",
@@ -545,11 +608,18 @@ def write_tensors_md(out_root, names):
         "  kv_heads*head_dim), qwen3_moe's on each head (width head_dim).",
         "",
     ]
+    sections = {}
     for name in names:
         d = out_root / name
         rows = tensor_table(d)
         cfg = json.loads((d / "config.json").read_text())
         dense = set(cfg.get("mlp_only_layers") or [])
+        if cfg.get("model_type") == "glm4_moe":
+            # its first MoE layer, and the MTP layers after the decoder (skipped at load)
+            dense |= {cfg["first_k_dense_replace"]}
+            dense |= set(range(cfg["num_hidden_layers"],
+                               cfg["num_hidden_layers"] + cfg["num_nextn_predict_layers"]))
+        start = len(lines)
         lines += [f"## {name}", "", "```"]
         for k, dt, shape in rows:
             parts = k.split(".")
@@ -561,6 +631,25 @@ def write_tensors_md(out_root, names):
         lines += ["```", "", "config.json:", "", "```json", (d / "config.json").read_text().rstrip(), "```", ""]
         gen = (d / "generation_config.json").read_text().rstrip()
         lines += ["generation_config.json:", "", "```json", gen, "```", ""]
+        sections[name] = lines[start:]
+        del lines[start:]
+    if merge and TENSORS_MD.exists():
+        # --only: keep the listing of every other family as it is (it may have been made by
+        # another torch version) and replace or append just the rebuilt families' sections.
+        old, head, cur = TENSORS_MD.read_text().split("\n"), [], None
+        kept = {}
+        for ln in old:
+            if ln.startswith("## "):
+                cur = ln[3:].strip()
+                kept[cur] = []
+            (kept[cur] if cur is not None else head).append(ln)
+        kept.update(sections)
+        lines = head
+        for name in kept:
+            lines += kept[name]
+    else:
+        for name in names:
+            lines += sections[name]
     TENSORS_MD.write_text("\n".join(lines))
 
 
@@ -678,6 +767,9 @@ def build(out_root, data_path, write_md, only=None):
 
         d32 = out_root / name
         save_checkpoint(model, tokenizer, d32)
+        mtp = getattr(cfg, "num_nextn_predict_layers", 0) if name == "glm4_moe" else 0
+        if mtp:
+            add_mtp_layer(model, d32, SEED + 200)
         m32 = load(d32, torch.float32)
         sd0, sd1 = model.state_dict(), m32.state_dict()
         assert all(torch.equal(sd0[k], sd1[k]) for k in sd0), f"{name}: reload differs"
@@ -698,6 +790,8 @@ def build(out_root, data_path, write_md, only=None):
 
         db = out_root / f"{name}_bf16"
         save_checkpoint(model.to(torch.bfloat16), tokenizer, db)
+        if mtp:
+            add_mtp_layer(model, db, SEED + 200)
         mb = load(db, torch.bfloat16)
         mbf = load(db, torch.float32)  # the bf16 weights upcast, computed in f32
         _, spread_b, notes_b = write_reference(db, prompts, mbf, bf16_model=mb)
@@ -706,8 +800,10 @@ def build(out_root, data_path, write_md, only=None):
     if not only or "gpt_oss" in only:
         summary += make_gptoss(out_root, tokenizer, prompts)
 
-    if write_md:
+    if write_md and not only:
         write_tensors_md(out_root, list(ARCHS) + ["gpt_oss", "gpt_oss_dense"])
+    elif write_md:
+        write_tensors_md(out_root, [a for a in ARCHS if a in only], merge=True)
 
     print()
     print(f"{'model':18s} {'params':>8s} {'bytes':>9s} {'min margin':>10s} {'min spread':>10s}  notes")
@@ -729,8 +825,9 @@ def main():
     ap.add_argument("--out", default=str(DEFAULT_OUT), help="fixture root (default: %(default)s)")
     ap.add_argument("--check-determinism", action="store_true",
                     help="also build into a temporary folder and compare every file byte for byte")
-    ap.add_argument("--only", nargs="*", help="rebuild only these architectures (e.g. gpt_oss); "
-                    "TENSORS.md is then not rewritten")
+    ap.add_argument("--only", nargs="*", help="rebuild only these architectures (e.g. glm4_moe): "
+                    "no other folder is touched, and TENSORS.md keeps every other family's "
+                    "section as it is (gpt_oss's is then not rewritten)")
     args = ap.parse_args()
 
     out_root = Path(args.out)
@@ -741,7 +838,7 @@ def main():
         if (out_root / n).exists():
             shutil.rmtree(out_root / n)
     out_root.mkdir(parents=True, exist_ok=True)
-    build(out_root, args.data, write_md=out_root.resolve() == DEFAULT_OUT.resolve() and not args.only,
+    build(out_root, args.data, write_md=out_root.resolve() == DEFAULT_OUT.resolve(),
           only=args.only)
 
     if args.check_determinism:

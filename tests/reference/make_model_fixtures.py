@@ -2,7 +2,8 @@
 """Builds moeserve's golden model fixtures from Hugging Face transformers.
 
 The C engine is correct when it reproduces what `transformers` computes, so this script makes
-tiny random checkpoints of every MoE architecture we load (mixtral, qwen2_moe, qwen3_moe, olmoe)
+tiny random checkpoints of every MoE architecture we load (mixtral, qwen2_moe, qwen3_moe, olmoe,
+deepseek_v2/v3, glm4_moe, gpt_oss)
 with transformers' own model classes, saves them with save_pretrained exactly as users have
 them (f32, bf16, and one sharded f32 copy), trains one tiny byte-level BPE tokenizer that every
 folder shares, and records reference outputs (ids, full-forward logits, greedy continuations)

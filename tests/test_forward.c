@@ -223,9 +223,62 @@ out:
     model_free(m);
 }
 
+/* glm4_moe's config translation: the fixture's description, GLM's published spelling
+ * (partial_rotary_factor at top level, no rope_parameters), and refusals naming the field. */
+static void check_glm_config(const char *tests)
+{
+    struct model_desc d;
+    char err[MS_ERR_LEN];
+    int rc = golden_parse_patched(tests, "glm4_moe", NULL, &d, err, sizeof err);
+    CHECKF(rc == 0, "glm4_moe config: %s", err);
+    if (rc == 0) {
+        CHECK(d.attn == ATTN_KIND_GQA && d.head_dim == 32 && d.rope_dim == 16 && d.qkv_bias &&
+              !d.o_bias && d.qk_norm == QK_NORM_HEAD);
+        CHECK(d.router == ROUTER_KIND_SIGMOID_GROUP && d.router_bias && d.n_group == 2 &&
+              d.topk_group == 1 && d.norm_topk_prob && d.routed_scale == 2.5f);
+        CHECK(!d.layer_is_moe[0] && d.layer_is_moe[1] && d.layer_is_moe[2] && d.dense_d_ff == 128);
+        CHECK(d.n_shared == 1 && d.shared_d_ff == 32 && d.shared_merged && d.n_mtp_layers == 1);
+        model_desc_free(&d);
+    }
+    /* GLM-4.5's own config.json: top-level rope_theta and partial_rotary_factor */
+    rc = golden_parse_patched(tests, "glm4_moe",
+                              "{\"rope_parameters\": null, \"rope_theta\": 1000000.0, "
+                              "\"partial_rotary_factor\": 0.25, \"use_qk_norm\": false}",
+                              &d, err, sizeof err);
+    CHECKF(rc == 0, "glm4_moe top-level partial_rotary_factor: %s", err);
+    if (rc == 0) {
+        CHECK(d.rope_dim == 8 && d.rope_theta == 1000000.0f && d.qk_norm == QK_NORM_NONE);
+        model_desc_free(&d);
+    }
+    static const struct {
+        const char *patch, *want1, *want2;
+    } bad[] = {
+        {"{\"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 10000.0, "
+         "\"partial_rotary_factor\": 0.3}}",
+         "partial_rotary_factor", "rotary width of 9"},
+        {"{\"rope_parameters\": {\"rope_type\": \"yarn\", \"rope_theta\": 10000.0, "
+         "\"factor\": 2.0, \"original_max_position_embeddings\": 256, "
+         "\"partial_rotary_factor\": 0.5}}",
+         "partial_rotary_factor", "not supported"},
+        {"{\"n_group\": 3}", "n_group 3", "n_routed_experts"},
+        {"{\"topk_group\": 0}", "topk_group 0", NULL},
+        {"{\"num_nextn_predict_layers\": -1}", "num_nextn_predict_layers", "-1"},
+        {"{\"hidden_act\": \"gelu\"}", "hidden_act", "gelu"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        err[0] = '\0';
+        rc = golden_parse_patched(tests, "glm4_moe", bad[i].patch, &d, err, sizeof err);
+        CHECKF(rc == -1 && strstr(err, bad[i].want1) &&
+                   (!bad[i].want2 || strstr(err, bad[i].want2)),
+               "glm4_moe case %zu (%s): %s", i, bad[i].patch, err);
+        if (rc == 0) model_desc_free(&d);
+    }
+}
+
 int main(int argc, char **argv)
 {
     const char *tests = argc > 1 ? argv[1] : "tests";
+    check_glm_config(tests);
     static const char *f32[] = {"mixtral",     "mixtral_sharded",   "qwen2_moe",  "qwen3_moe",
                                 "olmoe",       "deepseek_v2",       "deepseek_v2_group",
                                 "deepseek_v3", "glm4_moe"};

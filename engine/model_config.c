@@ -1,11 +1,11 @@
 /* config.json -> struct model_desc. Each supported Hugging Face architecture (mixtral,
  * qwen2_moe, qwen3_moe, olmoe, deepseek_v2/v3, glm4_moe, minimax_m2, gpt_oss, and moeserve's own
- * mohge and infmoe) is translated into the one architecture-neutral description the forward pass reads:
- * attention kind and q/k norm, biases, rotary width, which layers are MoE, expert widths and
- * groups, shared experts and their gate. Fields are type-checked; anything the engine cannot
- * run exactly (rope scaling other than YaRN, sliding-window layer mixes, activations other than
- * SiLU, unknown routing methods) is refused with a message naming the field rather than run
- * approximately. generation_config.json may override the BOS/EOS ids
+ * mohge and infmoe) is translated into the one architecture-neutral description the forward
+ * pass reads: attention kind and q/k norm, biases, rotary width, which layers are MoE, expert
+ * widths and groups, shared experts and their gate. Fields are type-checked; anything the engine
+ * cannot run exactly (rope scaling other than YaRN, sliding-window layer mixes, activations
+ * other than SiLU, unknown routing methods) is refused with a message naming the field rather
+ * than run approximately. generation_config.json may override the BOS/EOS ids
  * (model_desc_apply_generation_config). */
 #include "model.h"
 

@@ -1,11 +1,11 @@
 /* config.json -> struct model_desc. Each supported Hugging Face architecture (mixtral,
- * qwen2_moe, qwen3_moe, olmoe, deepseek_v2/v3, glm4_moe, gpt_oss, and moeserve's own mohge and
- * infmoe) is translated into the one architecture-neutral description the forward pass reads:
- * attention kind and q/k norm, biases, rotary width, which layers are MoE, expert widths and
- * groups, shared experts and their gate. Fields are type-checked; anything the engine cannot
- * run exactly (rope scaling other than YaRN, sliding-window layer mixes, activations other than
- * SiLU, unknown routing methods) is refused with a message naming the field rather than run
- * approximately. generation_config.json may override the BOS/EOS ids
+ * qwen2_moe, qwen3_moe, olmoe, deepseek_v2/v3, glm4_moe, minimax_m2, gpt_oss, and moeserve's own
+ * mohge and infmoe) is translated into the one architecture-neutral description the forward
+ * pass reads: attention kind and q/k norm, biases, rotary width, which layers are MoE, expert
+ * widths and groups, shared experts and their gate. Fields are type-checked; anything the engine
+ * cannot run exactly (rope scaling other than YaRN, sliding-window layer mixes, activations
+ * other than SiLU, unknown routing methods) is refused with a message naming the field rather
+ * than run approximately. generation_config.json may override the BOS/EOS ids
  * (model_desc_apply_generation_config). */
 #include "model.h"
 
@@ -788,6 +788,92 @@ static int cfg_glm4_moe(json_t *root, struct model_desc *d, const char *path, ch
     return 0;
 }
 
+/* MiniMax-M2 / M2.1 (transformers' MiniMaxM2 classes): GQA without biases whose q/k RMSNorm
+ * spans the whole projection (weights of n_heads*head_dim and n_kv_heads*head_dim, before the
+ * head split: olmoe's QK_NORM_FULL), always on; rotate-half RoPE on the first rotary_dim dims of
+ * each head (MiniMax's top-level rotary_dim, or partial_rotary_factor, default all of them);
+ * every layer MoE, experts of width intermediate_size stored Mixtral-style (w1/w3/w2 under
+ * block_sparse_moe.), routed by sigmoid + e_score_correction_bias, top-k without groups (one
+ * group keeping itself: the noaux_tc rule then reduces to exactly that), weights renormalised,
+ * no scaling and no shared expert. Fields of MiniMax's published config that would change this
+ * math are checked and refused by name when they ask for something else. Its MTP modules
+ * (num_mtp_modules) are not part of transformers' model and are never bound. */
+static int cfg_minimax_m2(json_t *root, struct model_desc *d, const char *path, char *err,
+                          size_t errlen)
+{
+    if (cfg_experts(root, d, "intermediate_size", path, err, errlen) != 0) return -1;
+    if (d->n_expert <= 0)
+        return ms_errf(err, errlen, "%s: num_local_experts must be positive for minimax_m2", path);
+    bool qk_norm = true, routing_bias = true;
+    int shared = 0, rot = -1, choice = 0;
+    double prf = 1.0;
+    static const char *const qk_types[] = {"per_layer", NULL};
+    static const char *const scoring[] = {"sigmoid", NULL};
+    if (cfg_bool(root, "use_qk_norm", true, &qk_norm, path, err, errlen) ||
+        cfg_choice(root, "qk_norm_type", qk_types, 0, &choice, path, err, errlen) ||
+        cfg_choice(root, "scoring_func", scoring, 0, &choice, path, err, errlen) ||
+        cfg_bool(root, "use_routing_bias", true, &routing_bias, path, err, errlen) ||
+        cfg_int(root, "shared_intermediate_size", false, 0, &shared, path, err, errlen) ||
+        cfg_int(root, "rotary_dim", false, -1, &rot, path, err, errlen) ||
+        cfg_num(root, "partial_rotary_factor", prf, &prf, path, err, errlen))
+        return -1;
+    json_t *rp = json_object_get(root, "rope_parameters");
+    if (json_is_object(rp) && cfg_num(rp, "partial_rotary_factor", prf, &prf, path, err, errlen))
+        return -1;
+    /* transformers always applies the q/k norm and the correction bias (its model has no switch
+     * for either), so a config turning them off describes a model it does not run */
+    if (!qk_norm)
+        return ms_errf(err, errlen, "%s: use_qk_norm false is not supported for minimax_m2", path);
+    if (!routing_bias)
+        return ms_errf(err, errlen, "%s: use_routing_bias false is not supported for minimax_m2",
+                       path);
+    if (shared != 0)
+        return ms_errf(err, errlen,
+                       "%s: shared_intermediate_size %d is not supported for minimax_m2 (only 0: "
+                       "no shared expert)",
+                       path, shared);
+    /* MiniMax-Text-01's lightning (linear) attention layers are attn_type 0; M2 is all 1 */
+    json_t *types = json_object_get(root, "attn_type_list");
+    if (types && !json_is_null(types)) {
+        if (!json_is_array(types))
+            return ms_errf(err, errlen, "%s: 'attn_type_list' must be a list", path);
+        for (size_t i = 0; i < json_array_size(types); i++) {
+            json_t *t = json_array_get(types, i);
+            if (!json_is_integer(t) || json_integer_value(t) != 1)
+                return ms_errf(err, errlen,
+                               "%s: attn_type_list[%zu] is not 1 (only full softmax attention is "
+                               "supported)",
+                               path, i);
+        }
+    }
+    /* rotary_dim wins, as transformers derives the factor from it; otherwise int(head_dim *
+     * factor). Rotated in pairs, so the width must be even. */
+    if (rot < 0) {
+        if (!(prf > 0 && prf <= 1))
+            return ms_errf(err, errlen, "%s: partial_rotary_factor %g must be in (0, 1]", path,
+                           prf);
+        rot = (int)(d->head_dim * prf);
+    }
+    if (rot < 2 || rot > d->head_dim || rot % 2 != 0)
+        return ms_errf(err, errlen,
+                       "%s: rotary_dim %d must be even and in 2..head_dim (%d)", path, rot,
+                       d->head_dim);
+    if (d->rope_yarn && rot != d->head_dim)
+        return ms_errf(err, errlen, "%s: rotary_dim %d under YaRN is not supported", path, rot);
+    d->rope_dim = rot;
+    d->qk_norm = QK_NORM_FULL;
+    d->router = ROUTER_KIND_SIGMOID_GROUP;
+    d->router_bias = true;
+    d->n_group = d->topk_group = 1;
+    d->norm_topk_prob = true;
+    d->routed_scale = 1.0f;
+    d->layer_is_moe = calloc((size_t)d->n_layer, sizeof *d->layer_is_moe);
+    if (!d->layer_is_moe) return ms_errf(err, errlen, "%s: out of memory", path);
+    for (int l = 0; l < d->n_layer; l++) d->layer_is_moe[l] = true;
+    d->shared_gate = SHARED_GATE_NONE;
+    return 0;
+}
+
 /* gpt-oss (transformers' GptOss classes): every layer MoE; GQA with biases on q/k/v/o, a sink
  * logit per head, and sliding-window or full attention per layer_types; rotate-half RoPE,
  * usually YaRN; a router with a bias whose top-k logits are softmaxed (the softmax over all
@@ -898,12 +984,14 @@ int model_desc_parse(const char *json_text, size_t len, const char *path, struct
         arch = cfg_gpt_oss;
     else if (strcmp(type, "glm4_moe") == 0)
         arch = cfg_glm4_moe;
+    else if (strcmp(type, "minimax_m2") == 0)
+        arch = cfg_minimax_m2;
     else if (strcmp(type, "infmoe") == 0)
         arch = cfg_infmoe;
     if (!arch) {
         ms_errf(err, errlen,
                 "%s: unknown model_type '%.64s' (supported: mixtral, qwen2_moe, qwen3_moe, olmoe, "
-                "deepseek_v2, deepseek_v3, glm4_moe, gpt_oss, mohge, infmoe)",
+                "deepseek_v2, deepseek_v3, glm4_moe, minimax_m2, gpt_oss, mohge, infmoe)",
                 path, type);
         goto out;
     }

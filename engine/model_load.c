@@ -291,6 +291,9 @@ static int plan_model(struct plan *p, struct model *m, const char *wname, bool q
     const int64_t D = d->d_model, q_dim = (int64_t)d->n_head * d->head_dim,
                   kv_dim = (int64_t)d->n_kv_head * d->head_dim;
     bool mixtral = strcmp(d->model_type, "mixtral") == 0;
+    /* MiniMax-M2 publishes its experts under Mixtral's names (block_sparse_moe., w1/w3/w2) and
+     * its correction bias on the MoE block rather than on the gate */
+    bool minimax = strcmp(d->model_type, "minimax_m2") == 0;
     bool gptoss = strcmp(d->model_type, "gpt_oss") == 0;
     if (gptoss && (D % 32 != 0 || d->expert_d_ff[0] % 32 != 0) &&
         st_find(m->st, "model.layers.0.mlp.experts.gate_up_proj_blocks"))
@@ -357,14 +360,15 @@ static int plan_model(struct plan *p, struct model *m, const char *wname, bool q
         }
         /* transformers 5 may save Mixtral's block under its in-memory name "mlp." */
         snprintf(moe, sizeof moe, "%smlp.gate.weight", pre);
-        bool legacy = mixtral && !st_find(m->st, moe);
+        bool legacy = (mixtral || minimax) && !st_find(m->st, moe);
         snprintf(moe, sizeof moe, "%s%s", pre, legacy ? "block_sparse_moe." : "mlp.");
         plan_mat(p, &lw->router, false, d->n_expert, D, "%sgate.weight", moe);
         if (d->router_bias)
-            plan_vec(p, &lw->router_bias, d->n_expert, "%sgate.e_score_correction_bias", moe);
+            plan_vec(p, &lw->router_bias, d->n_expert,
+                     minimax ? "%se_score_correction_bias" : "%sgate.e_score_correction_bias", moe);
         if (d->router == ROUTER_KIND_MOHGE) /* mohge: the sigmoid group router */
             plan_mat(p, &lw->group_router, false, d->n_group, D, "%sgroup_gate.weight", moe);
-        if (plan_experts(p, m->st, lw, d, moe, mixtral) != 0)
+        if (plan_experts(p, m->st, lw, d, moe, mixtral || minimax) != 0)
             return ms_errf(
                 err, errlen,
                 "%s: layer %d stores fused experts but config gives them different widths", wname,

@@ -275,16 +275,77 @@ static void check_glm_config(const char *tests)
     }
 }
 
+/* minimax_m2's config translation: the fixture's description (whole-projection q/k norm, rotary
+ * width 16 of head_dim 32, every layer MoE with the sigmoid + bias router over one group, no
+ * shared expert), MiniMax's published spelling (top-level rotary_dim and rope_theta, its
+ * routing and norm switches at the values it runs), and refusals naming the field. */
+static void check_minimax_config(const char *tests)
+{
+    struct model_desc d;
+    char err[MS_ERR_LEN];
+    int rc = golden_parse_patched(tests, "minimax_m2", NULL, &d, err, sizeof err);
+    CHECKF(rc == 0, "minimax_m2 config: %s", err);
+    if (rc == 0) {
+        CHECK(d.attn == ATTN_KIND_GQA && d.head_dim == 32 && d.rope_dim == 16 && !d.qkv_bias &&
+              !d.o_bias && d.qk_norm == QK_NORM_FULL);
+        CHECK(d.router == ROUTER_KIND_SIGMOID_GROUP && d.router_bias && d.n_group == 1 &&
+              d.topk_group == 1 && d.norm_topk_prob && d.routed_scale == 1.0f);
+        CHECK(d.n_expert == 8 && d.top_k == 2 && d.expert_d_ff[0] == 32 && d.layer_is_moe[0] &&
+              d.layer_is_moe[1] && d.layer_is_moe[2]);
+        CHECK(d.n_shared == 0 && d.n_mtp_layers == 0);
+        model_desc_free(&d);
+    }
+    /* MiniMax-M2's own config.json spelling */
+    rc = golden_parse_patched(tests, "minimax_m2",
+                              "{\"rope_parameters\": null, \"rope_theta\": 5000000.0, "
+                              "\"rotary_dim\": 8, \"use_qk_norm\": true, \"qk_norm_type\": "
+                              "\"per_layer\", \"scoring_func\": \"sigmoid\", \"use_routing_bias\": "
+                              "true, \"shared_intermediate_size\": 0, \"num_mtp_modules\": 3, "
+                              "\"attn_type_list\": [1, 1, 1]}",
+                              &d, err, sizeof err);
+    CHECKF(rc == 0, "minimax_m2 published spelling: %s", err);
+    if (rc == 0) {
+        CHECK(d.rope_dim == 8 && d.rope_theta == 5000000.0f && d.qk_norm == QK_NORM_FULL);
+        model_desc_free(&d);
+    }
+    static const struct {
+        const char *patch, *want1, *want2;
+    } bad[] = {
+        {"{\"rotary_dim\": 7}", "rotary_dim 7", "even"},
+        {"{\"rotary_dim\": 64}", "rotary_dim 64", "head_dim (32)"},
+        {"{\"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 10000.0, "
+         "\"partial_rotary_factor\": 0.3}}",
+         "rotary_dim 9", NULL},
+        {"{\"use_qk_norm\": false}", "use_qk_norm", NULL},
+        {"{\"qk_norm_type\": \"per_head\"}", "qk_norm_type", "per_head"},
+        {"{\"scoring_func\": \"softmax\"}", "scoring_func", "softmax"},
+        {"{\"use_routing_bias\": false}", "use_routing_bias", NULL},
+        {"{\"shared_intermediate_size\": 64}", "shared_intermediate_size 64", NULL},
+        {"{\"attn_type_list\": [1, 0, 1]}", "attn_type_list[1]", NULL},
+        {"{\"num_local_experts\": 0}", "num_local_experts", NULL},
+        {"{\"hidden_act\": \"gelu\"}", "hidden_act", "gelu"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        err[0] = '\0';
+        rc = golden_parse_patched(tests, "minimax_m2", bad[i].patch, &d, err, sizeof err);
+        CHECKF(rc == -1 && strstr(err, bad[i].want1) &&
+                   (!bad[i].want2 || strstr(err, bad[i].want2)),
+               "minimax_m2 case %zu (%s): %s", i, bad[i].patch, err);
+        if (rc == 0) model_desc_free(&d);
+    }
+}
+
 int main(int argc, char **argv)
 {
     const char *tests = argc > 1 ? argv[1] : "tests";
     check_glm_config(tests);
+    check_minimax_config(tests);
     static const char *f32[] = {"mixtral",     "mixtral_sharded",   "qwen2_moe",  "qwen3_moe",
                                 "olmoe",       "deepseek_v2",       "deepseek_v2_group",
-                                "deepseek_v3", "glm4_moe"};
+                                "deepseek_v3", "glm4_moe",          "minimax_m2"};
     static const char *bf16[] = {"mixtral_bf16",     "qwen2_moe_bf16",         "qwen3_moe_bf16",
                                  "olmoe_bf16",       "deepseek_v2_bf16",       "deepseek_v2_group_bf16",
-                                 "deepseek_v3_bf16", "glm4_moe_bf16"};
+                                 "deepseek_v3_bf16", "glm4_moe_bf16",          "minimax_m2_bf16"};
     for (size_t i = 0; i < sizeof f32 / sizeof f32[0]; i++)
         check_model(tests, f32[i], false, MODEL_DTYPE_AUTO);
     for (size_t i = 0; i < sizeof bf16 / sizeof bf16[0]; i++) {

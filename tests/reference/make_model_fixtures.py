@@ -3,7 +3,7 @@
 
 The C engine is correct when it reproduces what `transformers` computes, so this script makes
 tiny random checkpoints of every MoE architecture we load (mixtral, qwen2_moe, qwen3_moe, olmoe,
-deepseek_v2/v3, glm4_moe, gpt_oss)
+deepseek_v2/v3, glm4_moe, minimax_m2, gpt_oss)
 with transformers' own model classes, saves them with save_pretrained exactly as users have
 them (f32, bf16, and one sharded f32 copy), trains one tiny byte-level BPE tokenizer that every
 folder shares, and records reference outputs (ids, full-forward logits, greedy continuations)
@@ -39,6 +39,8 @@ from transformers import (
     Glm4MoeForCausalLM,
     GptOssConfig,
     GptOssForCausalLM,
+    MiniMaxM2Config,
+    MiniMaxM2ForCausalLM,
     Mxfp4Config,
     MixtralConfig,
     MixtralForCausalLM,
@@ -250,6 +252,25 @@ ARCHS["glm4_moe"] = (
     ),
 )
 
+# MiniMax-M2: GQA (head_dim 32 != hidden/heads) whose q/k RMSNorm spans the whole projection
+# (weights of n_heads*head_dim and n_kv_heads*head_dim, olmoe's placement: before the head
+# split), rotate-half RoPE on the first rotary_dim = head_dim/2 dims of each head, every layer
+# MoE (experts of width intermediate_size) routed by sigmoid + a non-zero
+# e_score_correction_bias, top-2 of 8 without groups, weights renormalised; no shared expert.
+ARCHS["minimax_m2"] = (
+    MiniMaxM2ForCausalLM,
+    MiniMaxM2Config(
+        **{k: v for k, v in COMMON.items() if k != "rope_parameters"},
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                         "partial_rotary_factor": 0.5},
+        num_hidden_layers=3,
+        head_dim=32,
+        intermediate_size=32,
+        num_local_experts=8,
+        num_experts_per_tok=2,
+    ),
+)
+
 # gpt-oss: GQA with sinks and q/k/v/o biases, a sliding window (8) shorter than the longer
 # prompts on layers 0 and 2 and full attention on layer 1, YaRN past a 64-position original
 # context (truncate false, as gpt-oss ships), and a swiglu_limit low enough that both clamps of
@@ -276,12 +297,16 @@ GPTOSS_FOLDERS = ["gpt_oss", "gpt_oss_bf16", "gpt_oss_dense"]
 # Per-architecture weight seed offsets, picked (by trying a few) so that no token's k-th and
 # (k+1)-th router logits are within ROUTER_GAP_MIN of each other on the reference sequences:
 # a near tie would make expert choice, and so the expected logits, hinge on rounding.
-SEED_OFFSET = {"glm4_moe": 3, "qwen3_moe": 1, "deepseek_v2": 4, "deepseek_v2_group": 5, "deepseek_v3": 11,
-               "gpt_oss": 1}
+SEED_OFFSET = {"minimax_m2": 14,
+               "glm4_moe": 3, "qwen3_moe": 1, "deepseek_v2": 4, "deepseek_v2_group": 5,
+               "deepseek_v3": 11, "gpt_oss": 1}
 ROUTER_GAP_MIN = 1e-3
 # DeepSeek-V2 ranks softmax probabilities (~1/8 each here), whose gaps are ~100x smaller than
 # logit gaps for the same routing margin; still ~1000x above f32 rounding of a probability.
 ROUTER_GAP_MIN_PROB = 2e-5
+# MiniMax-M2 ranks sigmoid(logit) + bias with no groups to absorb near ties; the sigmoid's slope
+# is at most 1/4, so a 1e-3 logit margin is >= 2.5e-4 here (still ~100x f32 rounding of a score).
+ROUTER_GAP_MIN_SIGMOID = 2.5e-4
 
 
 def train_tokenizer(data_path):
@@ -441,6 +466,8 @@ def choice_scores(model, layer, rl):
         s = rl.float().sigmoid() + model.model.layers[layer].mlp.gate.e_score_correction_bias
         g = s.view(-1, cfg.n_group, s.shape[-1] // cfg.n_group).topk(2, dim=-1)[0].sum(-1)
         return s, g
+    if cfg.model_type == "minimax_m2":  # sigmoid + bias on the MoE block, no groups
+        return rl.float().sigmoid() + model.model.layers[layer].mlp.e_score_correction_bias, None
     if cfg.model_type == "deepseek_v2":
         p = rl.float().softmax(-1)
         if cfg.topk_method == "group_limited_greedy":
@@ -554,9 +581,10 @@ def write_reference(model_dir, prompts, f32_model, bf16_model=None):
     else:
         seqs = prompts  # the f32-compute references of the bf16 weights
     gap = min_router_gap(f32_model, seqs)  # f32 compute: what a CPU engine must reproduce
-    notes.append(f"min router gap {gap:.4f}")
-    prob = f32_model.config.model_type == "deepseek_v2"
-    if gap < (ROUTER_GAP_MIN_PROB if prob else ROUTER_GAP_MIN):
+    notes.append(f"min router gap {gap:.2e}")
+    mt = f32_model.config.model_type
+    gap_min = {"deepseek_v2": ROUTER_GAP_MIN_PROB, "minimax_m2": ROUTER_GAP_MIN_SIGMOID}
+    if gap < gap_min.get(mt, ROUTER_GAP_MIN):
         notes.append("WARNING: near-tie routing, change SEED_OFFSET")
     return (min(margins) if margins else None), spread, notes
 

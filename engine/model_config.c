@@ -602,6 +602,25 @@ static int cfg_mtp(json_t *root, struct model_desc *d, const char *path, char *e
  * always-on shared FFN of n_shared_experts x moe_intermediate_size under "shared_experts.";
  * routing: V2 softmax greedy or group_limited_greedy, V3 noaux_tc (sigmoid + correction bias,
  * groups ranked by their two best), weights times routed_scaling_factor. */
+/* DeepSeek-style FFN tail shared by deepseek_v2/v3 and glm4_moe: the dense layers' width
+ * (intermediate_size, read only when some layer is dense) and n_shared shared experts of width
+ * ff merged into one (shared_experts.*, no gate). */
+static int cfg_dense_shared(json_t *root, struct model_desc *d, bool any_dense, int ff,
+                            int n_shared, const char *path, char *err, size_t errlen)
+{
+    if (any_dense && (cfg_int(root, "intermediate_size", true, 0, &d->dense_d_ff, path, err,
+                              errlen) ||
+                      cfg_positive(d->dense_d_ff, "intermediate_size", path, err, errlen)))
+        return -1;
+    if (n_shared > 0) {
+        d->n_shared = 1;
+        d->shared_d_ff = ff * n_shared;
+        d->shared_merged = true;
+    }
+    d->shared_gate = SHARED_GATE_NONE;
+    return 0;
+}
+
 static int cfg_deepseek(json_t *root, struct model_desc *d, const char *path, char *err,
                         size_t errlen)
 {
@@ -701,16 +720,7 @@ static int cfg_deepseek(json_t *root, struct model_desc *d, const char *path, ch
         d->layer_is_moe[l] = l >= dense_k && l % freq == 0;
         any_dense |= !d->layer_is_moe[l];
     }
-    if (any_dense && (cfg_int(root, "intermediate_size", true, 0, &d->dense_d_ff, path, err,
-                              errlen) ||
-                      cfg_positive(d->dense_d_ff, "intermediate_size", path, err, errlen)))
-        return -1;
-    if (n_shared > 0) {
-        d->n_shared = 1;
-        d->shared_d_ff = ff * n_shared;
-        d->shared_merged = true;
-    }
-    d->shared_gate = SHARED_GATE_NONE;
+    if (cfg_dense_shared(root, d, any_dense, ff, n_shared, path, err, errlen) != 0) return -1;
     return cfg_mtp(root, d, path, err, errlen);
 }
 
@@ -775,17 +785,7 @@ static int cfg_glm4_moe(json_t *root, struct model_desc *d, const char *path, ch
     if (!d->expert_d_ff || !d->layer_is_moe) return ms_errf(err, errlen, "%s: out of memory", path);
     for (int e = 0; e < d->n_expert; e++) d->expert_d_ff[e] = ff;
     for (int l = 0; l < d->n_layer; l++) d->layer_is_moe[l] = l >= dense_k;
-    if (dense_k > 0 && (cfg_int(root, "intermediate_size", true, 0, &d->dense_d_ff, path, err,
-                                errlen) ||
-                        cfg_positive(d->dense_d_ff, "intermediate_size", path, err, errlen)))
-        return -1;
-    if (n_shared > 0) {
-        d->n_shared = 1;
-        d->shared_d_ff = ff * n_shared;
-        d->shared_merged = true;
-    }
-    d->shared_gate = SHARED_GATE_NONE;
-    return 0;
+    return cfg_dense_shared(root, d, dense_k > 0, ff, n_shared, path, err, errlen);
 }
 
 /* MiniMax-M2 / M2.1 (transformers' MiniMaxM2 classes): GQA without biases whose q/k RMSNorm

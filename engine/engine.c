@@ -84,6 +84,28 @@ struct device {
 
     struct moe_scratch moe;
     struct infmoe_scratch cont; /* continuous-experts models only */
+
+    /* Hybrid models (NULL otherwise). Gated attention: */
+    float *qg;         /* (T, 2 * n_head * head_dim) q_proj's output: each head's query, gate */
+    float *gate;       /* (T, n_head * head_dim) the gate logits */
+    int32_t *idx_q;    /* (n_head * head_dim) columns of qg holding the queries, then (as many)
+                          the gates */
+    /* Gated DeltaNet layers: */
+    float *lin_raw;    /* fused projections (lin_fused_in): (T, 2 * (kd + vd)) and (T, 2 nv) */
+    float *lin_raw_ba;
+    int32_t *idx_lin;  /* their columns of q|k|v (conv_dim), z (vd), b (nv), a (nv) */
+    float *lin_qkv;    /* (T, conv_dim) */
+    float *lin_z;      /* (T, vd) */
+    float *lin_b;      /* (T, nv) */
+    float *lin_a;      /* (T, nv) */
+    float *lin_out;    /* (T, vd) */
+    float **st_conv;   /* (n_layer) this device's recurrent state per Gated DeltaNet layer (the
+                          engine's, or its own when sticky), NULL for attention layers */
+    float **st_ssm;
+    bool own_state;
+    struct be_seqs seqs;      /* the slice's sequences, refilled each step (HOST arrays): */
+    int32_t *sq_i32;          /* (3, max_seqs) tok0, n_tok, slot */
+    uint8_t *sq_fresh;        /* (max_seqs) */
 };
 
 struct engine {
@@ -149,6 +171,12 @@ struct engine {
     char fail_why[MS_ERR_LEN];
 
     struct engine_stats stats;
+
+    /* Hybrid models: the recurrent state, one slot per sequence (kv.n_slots = max_seqs) for
+     * each Gated DeltaNet layer, on the self device (others hold their own when sticky). */
+    float **st_conv;      /* (n_layer) (n_slots, lin_conv - 1, conv_dim), NULL for attention */
+    float **st_ssm;       /* (n_layer) (n_slots, lin_nv, lin_dk, lin_dv) */
+    size_t state_seq_bytes; /* one sequence's state over all layers */
 };
 
 int engine_backend_parse(const char *name, enum engine_backend *out)
@@ -203,10 +231,15 @@ static void attention_layer(struct device *dv, int l)
     int qdim = md->n_head * hd, kvdim = md->n_kv_head * hd;
 
     be->ops->rmsnorm(be, dv->h, dv->x, lw->attn_norm, n, d, md->rms_eps);
-    float *const qkv[3] = {dv->q, dv->k, dv->v};
+    /* A gated q_proj writes each head's query and gate side by side: split them. */
+    float *const qkv[3] = {md->attn_out_gate ? dv->qg : dv->q, dv->k, dv->v};
     const struct wmat *const wqkv[3] = {lw->wq, lw->wk, lw->wv};
     const float *const bqkv[3] = {lw->bq, lw->bk, lw->bv};
     be->ops->matmul_multi(be, 3, qkv, dv->h, wqkv, bqkv, n, d);
+    if (md->attn_out_gate) {
+        be->ops->gather_cols(be, dv->q, qdim, dv->qg, 2 * qdim, dv->idx_q, n, qdim);
+        be->ops->gather_cols(be, dv->gate, qdim, dv->qg, 2 * qdim, dv->idx_q + qdim, n, qdim);
+    }
     if (md->qk_norm == QK_NORM_HEAD) {
         be->ops->rmsnorm(be, dv->q, dv->q, lw->q_norm, n * md->n_head, hd, md->rms_eps);
         be->ops->rmsnorm(be, dv->k, dv->k, lw->k_norm, n * md->n_kv_head, hd, md->rms_eps);
@@ -244,6 +277,7 @@ static void attention_layer(struct device *dv, int l)
                            n, md->n_head, md->n_kv_head, hd, md->sliding_window, e->attn_scale,
                            dv->scores);
     }
+    if (md->attn_out_gate) be->ops->mul_sigmoid(be, dv->att, dv->gate, n, qdim);
     be->ops->matmul(be, dv->tmp, dv->att, lw->wo, lw->bo, n, qdim, d);
     be->ops->add(be, dv->x, dv->tmp, n, d);
 }
@@ -301,6 +335,45 @@ static void mla_attention_layer(struct device *dv, int l)
                            &uv, n, kvr, dvh);
     }
     be->ops->matmul(be, dv->tmp, vout, lw->wo, NULL, n, H * dvh, d);
+    be->ops->add(be, dv->x, dv->tmp, n, d);
+}
+
+/* Gated DeltaNet (qwen3_next, qwen3_5_moe; backend.h gdn): the input projections (fused per
+ * key head, then split into q|k|v, z, b and a; or apart), the recurrent mixing over each
+ * sequence's state slot, and out_proj. */
+static void gdn_layer(struct device *dv, int l)
+{
+    struct engine *e = dv->e;
+    const struct model_desc *md = &e->m->desc;
+    const struct layer_w *lw = &dv->w.layers[l];
+    struct backend *be = dv->be;
+    int n = dv->n_tok, d = md->d_model, nv = md->lin_nv;
+    int kd = md->lin_nk * md->lin_dk, vd = nv * md->lin_dv, conv = 2 * kd + vd;
+
+    be->ops->rmsnorm(be, dv->h, dv->x, lw->attn_norm, n, d, md->rms_eps);
+    if (md->lin_fused_in) {
+        float *const y[2] = {dv->lin_raw, dv->lin_raw_ba};
+        const float *const nob[2] = {NULL, NULL};
+        be->ops->matmul_multi(be, 2, y, dv->h, lw->lin_in, nob, n, d);
+        int raw = 2 * (kd + vd);
+        be->ops->gather_cols(be, dv->lin_qkv, conv, dv->lin_raw, raw, dv->idx_lin, n, conv);
+        be->ops->gather_cols(be, dv->lin_z, vd, dv->lin_raw, raw, dv->idx_lin + conv, n, vd);
+        be->ops->gather_cols(be, dv->lin_b, nv, dv->lin_raw_ba, 2 * nv, dv->idx_lin + conv + vd,
+                             n, nv);
+        be->ops->gather_cols(be, dv->lin_a, nv, dv->lin_raw_ba, 2 * nv,
+                             dv->idx_lin + conv + vd + nv, n, nv);
+    } else {
+        float *const y[4] = {dv->lin_qkv, dv->lin_z, dv->lin_b, dv->lin_a};
+        const float *const nob[4] = {NULL, NULL, NULL, NULL};
+        be->ops->matmul_multi(be, 4, y, dv->h, lw->lin_in, nob, n, d);
+    }
+    struct be_gdn g = {.n_k_head = md->lin_nk, .n_v_head = nv, .k_dim = md->lin_dk,
+                       .v_dim = md->lin_dv, .conv_k = md->lin_conv, .conv_w = lw->lin_conv_w,
+                       .a_log = lw->lin_a_log, .dt_bias = lw->lin_dt_bias,
+                       .norm_w = lw->lin_norm, .eps = md->rms_eps,
+                       .conv_state = dv->st_conv[l], .ssm_state = dv->st_ssm[l]};
+    be->ops->gdn(be, dv->lin_out, dv->lin_qkv, dv->lin_z, dv->lin_b, dv->lin_a, &g, &dv->seqs);
+    be->ops->matmul(be, dv->tmp, dv->lin_out, lw->lin_out, NULL, n, vd, d);
     be->ops->add(be, dv->x, dv->tmp, n, d);
 }
 
@@ -462,7 +535,15 @@ static void device_forward(struct device *dv)
         int nb = (item->pos + item->n_tokens + e->kv.block_size - 1) / e->kv.block_size;
         memcpy(dv->h_blocks + (size_t)(it - dv->item0) * e->blocks_per_seq, item->kv->blocks,
                sizeof(int32_t) * (size_t)nb);
+        if (md->n_linear > 0) {
+            int s = it - dv->item0, ms = e->p.max_seqs;
+            dv->sq_i32[s] = t - item->n_tokens;
+            dv->sq_i32[ms + s] = item->n_tokens;
+            dv->sq_i32[2 * ms + s] = item->kv->slot;
+            dv->sq_fresh[s] = item->pos == 0;
+        }
     }
+    dv->seqs.n = dv->item1 - dv->item0;
     struct backend *be = dv->be;
     be->ops->upload(be, dv->in, ids, sizeof(int32_t) * 4 * (size_t)n);
     dv->ids = dv->in;
@@ -473,7 +554,9 @@ static void device_forward(struct device *dv)
                     sizeof(int32_t) * (size_t)(dv->item1 - dv->item0) * e->blocks_per_seq);
     be->ops->embed(be, dv->x, dv->w.embed, dv->ids, n, md->d_model);
     for (int l = 0; l < md->n_layer; l++) {
-        if (md->attn == ATTN_KIND_MLA)
+        if (md->layer_linear && md->layer_linear[l])
+            gdn_layer(dv, l);
+        else if (md->attn == ATTN_KIND_MLA)
             mla_attention_layer(dv, l);
         else
             attention_layer(dv, l);
@@ -692,6 +775,16 @@ static int device_weights(struct engine *e, struct device *dv)
         lw->kv_a_norm = dev_vec(dv, src->kv_a_norm, (size_t)md->kv_lora_rank, &ok);
         lw->wkv_b = dev_weight(dv, src->wkv_b, &ok);
         lw->w_uk_t = dev_weight(dv, src->w_uk_t, &ok);
+        if (md->layer_linear && md->layer_linear[l]) {
+            size_t nv = (size_t)md->lin_nv;
+            size_t conv = 2 * (size_t)md->lin_nk * md->lin_dk + nv * md->lin_dv;
+            for (int i = 0; i < 4; i++) lw->lin_in[i] = dev_weight(dv, src->lin_in[i], &ok);
+            lw->lin_conv_w = dev_vec(dv, src->lin_conv_w, conv * (size_t)md->lin_conv, &ok);
+            lw->lin_a_log = dev_vec(dv, src->lin_a_log, nv, &ok);
+            lw->lin_dt_bias = dev_vec(dv, src->lin_dt_bias, nv, &ok);
+            lw->lin_norm = dev_vec(dv, src->lin_norm, (size_t)md->lin_dv, &ok);
+            lw->lin_out = dev_weight(dv, src->lin_out, &ok);
+        }
         if (md->ffn == FFN_KIND_CONTINUOUS) {
             lw->cont_router = dev_weight(dv, src->cont_router, &ok);
             lw->cont_router_b = dev_vec(dv, src->cont_router_b, 2 * (size_t)md->cont_z, &ok);
@@ -775,6 +868,85 @@ static int max_int(int a, int b)
     return a > b ? a : b;
 }
 
+/* An int32 table in backend memory (owned by the device; freed at release). */
+static int32_t *dev_idx(struct device *dv, const int32_t *host, size_t n, bool *ok)
+{
+    struct backend *be = dv->be;
+    int32_t *p = be->ops->alloc(be, sizeof(int32_t) * n);
+    if (!p || !dev_own(dv, p, false)) {
+        if (p) be->ops->free(be, p);
+        *ok = false;
+        return NULL;
+    }
+    be->ops->upload(be, p, host, sizeof(int32_t) * n);
+    return p;
+}
+
+/* Buffers and column tables of hybrid models: the gated attention's q_proj split (each head's
+ * hd queries, then its hd gate logits), and Gated DeltaNet's projections (qwen3_next's fused
+ * in_proj_qkvz holds per key head q (dk), k (dk), v (r dv), z (r dv) with r = nv / nk, and
+ * in_proj_ba per key head b (r), a (r)). */
+static int device_hybrid(struct engine *e, struct device *dv)
+{
+    const struct model_desc *md = &e->m->desc;
+    size_t T = (size_t)e->p.max_batch_tokens;
+    bool ok = true;
+    int32_t *tab = NULL;
+    if (md->attn_out_gate) {
+        int hd = md->head_dim, qdim = md->n_head * hd;
+        dv->qg = dev_alloc(dv, T * 2 * (size_t)qdim * sizeof(float), &ok);
+        dv->gate = dev_alloc(dv, T * (size_t)qdim * sizeof(float), &ok);
+        if (!(tab = malloc(sizeof(int32_t) * 2 * (size_t)qdim))) return -1;
+        for (int h = 0; h < md->n_head; h++)
+            for (int i = 0; i < hd; i++) {
+                tab[h * hd + i] = h * 2 * hd + i;
+                tab[qdim + h * hd + i] = h * 2 * hd + hd + i;
+            }
+        dv->idx_q = dev_idx(dv, tab, 2 * (size_t)qdim, &ok);
+        free(tab);
+        tab = NULL;
+    }
+    if (md->n_linear > 0) {
+        int nk = md->lin_nk, nv = md->lin_nv, dk = md->lin_dk, dvh = md->lin_dv, r = nv / nk;
+        size_t kd = (size_t)nk * dk, vd = (size_t)nv * dvh, conv = 2 * kd + vd;
+        if (md->lin_fused_in) {
+            dv->lin_raw = dev_alloc(dv, T * 2 * (kd + vd) * sizeof(float), &ok);
+            dv->lin_raw_ba = dev_alloc(dv, T * 2 * (size_t)nv * sizeof(float), &ok);
+            size_t nt = conv + vd + 2 * (size_t)nv;
+            if (!(tab = malloc(sizeof(int32_t) * nt))) return -1;
+            int G = 2 * dk + 2 * r * dvh; /* one key head's rows of in_proj_qkvz */
+            for (int g = 0; g < nk; g++) {
+                for (int i = 0; i < dk; i++) {
+                    tab[g * dk + i] = g * G + i;
+                    tab[kd + (size_t)g * dk + i] = g * G + dk + i;
+                }
+                for (int i = 0; i < r * dvh; i++) {
+                    tab[2 * kd + (size_t)g * r * dvh + i] = g * G + 2 * dk + i;
+                    tab[conv + (size_t)g * r * dvh + i] = g * G + 2 * dk + r * dvh + i;
+                }
+                for (int i = 0; i < r; i++) {
+                    tab[conv + vd + (size_t)g * r + i] = g * 2 * r + i;
+                    tab[conv + vd + nv + (size_t)g * r + i] = g * 2 * r + r + i;
+                }
+            }
+            dv->idx_lin = dev_idx(dv, tab, nt, &ok);
+            free(tab);
+        }
+        dv->lin_qkv = dev_alloc(dv, T * conv * sizeof(float), &ok);
+        dv->lin_z = dev_alloc(dv, T * vd * sizeof(float), &ok);
+        dv->lin_b = dev_alloc(dv, T * (size_t)nv * sizeof(float), &ok);
+        dv->lin_a = dev_alloc(dv, T * (size_t)nv * sizeof(float), &ok);
+        dv->lin_out = dev_alloc(dv, T * vd * sizeof(float), &ok);
+        size_t ms = (size_t)e->p.max_seqs;
+        dv->sq_i32 = malloc(sizeof(int32_t) * 3 * ms);
+        dv->sq_fresh = malloc(ms);
+        if (!dv->sq_i32 || !dv->sq_fresh) return -1;
+        dv->seqs = (struct be_seqs){.tok0 = dv->sq_i32, .n_tok = dv->sq_i32 + ms,
+                                    .slot = dv->sq_i32 + 2 * ms, .fresh = dv->sq_fresh};
+    }
+    return ok ? 0 : -1;
+}
+
 static int device_init(struct engine *e, struct device *dv, int rank, int threads, char *err,
                        size_t errlen)
 {
@@ -795,6 +967,8 @@ static int device_init(struct engine *e, struct device *dv, int rank, int thread
         if ((size_t)md->q_lora_rank > widest_in) widest_in = (size_t)md->q_lora_rank;
         if (H * (size_t)md->head_dim > widest_in) widest_in = H * (size_t)md->head_dim;
     }
+    size_t lin_vd = (size_t)md->lin_nv * md->lin_dv;
+    if (md->n_linear > 0 && lin_vd > widest_in) widest_in = lin_vd; /* out_proj's input */
     bool ok = true;
 
     dv->rank = rank;
@@ -809,6 +983,8 @@ static int device_init(struct engine *e, struct device *dv, int rank, int thread
     dv->k = dev_alloc(dv, T * kvdim * sizeof(float), &ok);
     dv->v = dev_alloc(dv, T * (md->attn == ATTN_KIND_MLA ? 1 : kvdim) * sizeof(float), &ok);
     dv->qlat = qlat ? dev_alloc(dv, T * qlat * sizeof(float), &ok) : NULL;
+    if (device_hybrid(e, dv) != 0)
+        return ms_errf(err, errlen, "out of memory for device %d hybrid-layer buffers", rank);
     dv->scores = dev_alloc(dv, (size_t)e->p.max_model_len * sizeof(float), &ok);
     dv->in = dev_alloc(dv, 4 * T * sizeof(int32_t), &ok);
     size_t bt = (size_t)e->p.max_seqs * (size_t)e->blocks_per_seq;
@@ -876,7 +1052,8 @@ static void device_release(struct device *dv)
     struct backend *be = dv->be;
     void *bufs[] = {dv->x,  dv->h,      dv->tmp, dv->q,     dv->att,
                     dv->k,  dv->v,      dv->scores, dv->in, dv->blocks, dv->logits,
-                    dv->lrows, dv->qlat};
+                    dv->lrows, dv->qlat, dv->qg, dv->gate, dv->lin_raw, dv->lin_raw_ba,
+                    dv->lin_qkv, dv->lin_z, dv->lin_b, dv->lin_a, dv->lin_out};
     if (be->ops->host_memory) dv->h_lrows = NULL; /* the same buffer as lrows */
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->ops->free(be, bufs[i]);
@@ -898,6 +1075,16 @@ static void device_release(struct device *dv)
         free(dv->kv_k);
         free(dv->kv_v);
     }
+    if (dv->own_state) {
+        for (int l = 0; l < dv->e->m->desc.n_layer; l++) {
+            if (dv->st_conv && dv->st_conv[l]) be->ops->free(be, dv->st_conv[l]);
+            if (dv->st_ssm && dv->st_ssm[l]) be->ops->free(be, dv->st_ssm[l]);
+        }
+        free(dv->st_conv);
+        free(dv->st_ssm);
+    }
+    free(dv->sq_i32);
+    free(dv->sq_fresh);
     free(dv->owned);
     free(dv->owned_is_weight);
     free(dv->w_layers);
@@ -945,12 +1132,69 @@ static int device_kv(struct engine *e, char *err, size_t errlen)
         if (!dv->kv_k || !dv->kv_v)
             return ms_errf(err, errlen, "out of memory for device %d's KV tables", r);
         for (int l = 0; l < md->n_layer; l++) {
+            if (md->layer_linear && md->layer_linear[l]) continue; /* no K/V: state instead */
             dv->kv_k[l] = dv->be->ops->alloc(dv->be, k_layer);
             dv->kv_v[l] = v_layer ? dv->be->ops->alloc(dv->be, v_layer) : NULL;
             if (!dv->kv_k[l] || (v_layer && !dv->kv_v[l]))
                 return ms_errf(err, errlen, "out of memory for device %d's KV cache (%zu bytes "
                                             "a layer)",
                                r, k_layer + v_layer);
+        }
+    }
+    return 0;
+}
+
+/* Each device's recurrent state for hybrid models, laid out like the KV storage: the engine's
+ * on the self device (and every device of a shared-memory engine), a copy of the layout on the
+ * other devices of a sticky one. Slots start zeroed (a fresh sequence zeroes its own anyway). */
+static int device_state(struct engine *e, char *err, size_t errlen)
+{
+    const struct model_desc *md = &e->m->desc;
+    if (md->n_linear == 0) return 0;
+    size_t slots = (size_t)e->kv.n_slots, W = (size_t)md->lin_conv - 1;
+    size_t conv = 2 * (size_t)md->lin_nk * md->lin_dk + (size_t)md->lin_nv * md->lin_dv;
+    size_t cbytes = slots * (W > 0 ? W : 1) * conv * sizeof(float);
+    size_t sbytes = slots * (size_t)md->lin_nv * md->lin_dk * md->lin_dv * sizeof(float);
+    e->state_seq_bytes = (size_t)md->n_linear *
+                         (W * conv + (size_t)md->lin_nv * md->lin_dk * md->lin_dv) * sizeof(float);
+    for (int r = 0; r < e->n_dev; r++) {
+        struct device *dv = &e->dev[r];
+        if (e->remote && r != e->self) continue;
+        bool own = e->sticky && r != e->self;
+        if (!own && e->st_conv) { /* shares the engine's */
+            dv->st_conv = e->st_conv;
+            dv->st_ssm = e->st_ssm;
+            continue;
+        }
+        float **c = calloc((size_t)md->n_layer, sizeof *c);
+        float **st = calloc((size_t)md->n_layer, sizeof *st);
+        if (!c || !st) {
+            free(c);
+            free(st);
+            return ms_errf(err, errlen, "out of memory for device %d's state tables", r);
+        }
+        dv->st_conv = c;
+        dv->st_ssm = st;
+        dv->own_state = own;
+        if (!own) {
+            e->st_conv = c;
+            e->st_ssm = st;
+        }
+        struct backend *be = dv->be;
+        for (int l = 0; l < md->n_layer; l++) {
+            if (!md->layer_linear[l]) continue;
+            c[l] = be->ops->alloc(be, cbytes);
+            st[l] = be->ops->alloc(be, sbytes);
+            if (!c[l] || !st[l])
+                return ms_errf(err, errlen, "out of memory for device %d's recurrent state "
+                                            "(%zu bytes a layer for %zu sequences)",
+                               r, cbytes + sbytes, slots);
+            /* zeroed through a host buffer: backends may not map their memory */
+            float *zero = calloc(1, cbytes > sbytes ? cbytes : sbytes);
+            if (!zero) return ms_errf(err, errlen, "out of memory");
+            be->ops->upload(be, c[l], zero, cbytes);
+            be->ops->upload(be, st[l], zero, sbytes);
+            free(zero);
         }
     }
     return 0;
@@ -1268,7 +1512,8 @@ int engine_create(const struct model *m, const struct engine_params *p, struct e
 
     int k_row, v_row;
     model_kv_rows(md, &k_row, &v_row);
-    size_t block_bytes = kv_block_bytes_rows(md->n_layer, k_row, v_row, e->p.kv_block_size);
+    size_t block_bytes = kv_block_bytes_rows(md->n_layer - md->n_linear, k_row, v_row,
+                                             e->p.kv_block_size);
     size_t blocks_per_seq = (size_t)(e->p.max_model_len + e->p.kv_block_size - 1) /
                             (size_t)e->p.kv_block_size;
     e->blocks_per_seq = (int)blocks_per_seq;
@@ -1276,6 +1521,15 @@ int engine_create(const struct model *m, const struct engine_params *p, struct e
         if ((!e->remote || r == e->self) &&
             device_init(e, &e->dev[r], r, threads, err, errlen) != 0)
             goto fail;
+    if (md->n_linear > 0 || md->attn_out_gate) {
+        const struct backend_ops *ops = e->dev[e->self].be->ops;
+        if (!ops->gdn || !ops->gather_cols || !ops->mul_sigmoid) {
+            ms_errf(err, errlen, "the %s backend has no kernels for %s's gated attention and "
+                                 "Gated DeltaNet layers yet (use --device cpu)",
+                    ops->name, md->model_type);
+            goto fail;
+        }
+    }
     if (bind_comm_streams(e, err, errlen) != 0) goto fail;
 
     size_t n_blocks = e->p.kv_cache_bytes ? e->p.kv_cache_bytes / block_bytes
@@ -1285,10 +1539,15 @@ int engine_create(const struct model *m, const struct engine_params *p, struct e
                 e->p.kv_cache_bytes, n_blocks, block_bytes);
         goto fail;
     }
-    if (kv_create_rows(&e->kv, e->dev[e->self].be, md->n_layer, k_row, v_row, e->p.kv_block_size,
-                       (int)n_blocks, err, errlen) != 0)
+    if (kv_create_layers(&e->kv, e->dev[e->self].be, md->n_layer, md->layer_linear, k_row, v_row,
+                         e->p.kv_block_size, (int)n_blocks, err, errlen) != 0)
         goto fail;
     if (device_kv(e, err, errlen) != 0) goto fail;
+    if (md->n_linear > 0 && kv_state_init(&e->kv, e->p.max_seqs) != 0) {
+        ms_errf(err, errlen, "out of memory for the state slots");
+        goto fail;
+    }
+    if (device_state(e, err, errlen) != 0) goto fail;
 
     pthread_mutex_init(&e->lock, NULL);
     pthread_cond_init(&e->wake, NULL);
@@ -1325,6 +1584,15 @@ void engine_free(struct engine *e)
     free(e->report);
     free(e->w_kv);
     if (e->kv.k) kv_destroy(&e->kv);
+    if (e->st_conv && e->dev && e->dev[e->self].be) {
+        struct backend *be = e->dev[e->self].be;
+        for (int l = 0; l < e->m->desc.n_layer; l++) {
+            if (e->st_conv[l]) be->ops->free(be, e->st_conv[l]);
+            if (e->st_ssm[l]) be->ops->free(be, e->st_ssm[l]);
+        }
+    }
+    free(e->st_conv);
+    free(e->st_ssm);
     for (int r = 0; e->dev && r < e->n_dev; r++) device_release(&e->dev[r]);
     if (e->comm && !e->p.comm) e->comm->ops->destroy(e->comm);
     free(e->cos_sin);
@@ -1441,10 +1709,27 @@ int engine_step(struct engine *e, struct engine_item *items, int n_items, char *
     if (need > kv_free_blocks(&e->kv))
         return ms_errf(err, errlen, "KV cache full: step needs %d blocks, %d free", need,
                        kv_free_blocks(&e->kv));
+    /* Hybrid models: a sequence's recurrent state must hold exactly the positions before the
+     * step's (K/V reused without it, e.g. from another sequence's prefix, would be wrong). */
+    for (int i = 0; i < n_items && md->n_linear > 0; i++) {
+        struct kv_seq *kv = items[i].kv;
+        if (items[i].pos > 0 && (kv->slot < 0 || kv->state_pos != items[i].pos))
+            return ms_errf(err, errlen,
+                           "item %d: the recurrent state holds positions [0, %d), the step "
+                           "starts at %d",
+                           i, kv->slot < 0 ? 0 : kv->state_pos, items[i].pos);
+        if (kv->slot < 0 && e->kv.n_slot_free == 0)
+            return ms_errf(err, errlen, "item %d: every recurrent-state slot (%d) is held", i,
+                           e->kv.n_slots);
+    }
     if (e->sticky) sticky_assign(e, items, n_items);
     for (int i = 0; i < n_items; i++)
         if (kv_seq_reserve(&e->kv, items[i].kv, items[i].pos + items[i].n_tokens) != 0)
             return ms_errf(err, errlen, "item %d: cannot reserve KV blocks", i);
+    for (int i = 0; i < n_items && md->n_linear > 0; i++) {
+        kv_seq_slot(&e->kv, items[i].kv); /* checked above: one is free when needed */
+        items[i].kv->state_pos = items[i].pos + items[i].n_tokens;
+    }
 
     e->items = items;
     e->n_items = n_items;
@@ -1486,6 +1771,11 @@ int engine_step(struct engine *e, struct engine_item *items, int n_items, char *
         if (e->rstats) rstats_add(e->rstats, e->route_ids, total, e->routing.layer_stride);
     }
     return 0;
+}
+
+size_t engine_state_seq_bytes(const struct engine *e)
+{
+    return e->state_seq_bytes;
 }
 
 const struct model *engine_model(const struct engine *e)
@@ -1623,10 +1913,10 @@ struct proc_report {
 
 /* A plan is int32 words: a header, then per item PLAN_ITEM words (n_tokens, pos, moe_top_k,
  * n_logits, device, blocks, moe_samples, moe_samples_adaptive, then moe_neuron_fraction's 8
- * bytes), then every item's tokens, then every item's block table (as many blocks as its
+ * bytes, then the state slot), then every item's tokens, then every item's block table (as many blocks as its
  * positions after the step need). */
 enum { PLAN_STEP = 1, PLAN_PING = 2, PLAN_QUIT = 3 };
-enum { PLAN_HEADER = 4, PLAN_ITEM = 10 };
+enum { PLAN_HEADER = 4, PLAN_ITEM = 11 };
 
 static int proc_init(struct engine *e, char *err, size_t errlen)
 {
@@ -1743,6 +2033,7 @@ static int proc_step(struct engine *e, int total, char *err, size_t errlen)
         iw[6] = it->moe_samples;
         iw[7] = it->moe_samples_adaptive;
         memcpy(&iw[8], &it->moe_neuron_fraction, sizeof(double));
+        iw[10] = it->kv->slot;
         memcpy(tok, it->tokens, sizeof(int32_t) * (size_t)it->n_tokens);
         tok += it->n_tokens;
         memcpy(blk, it->kv->blocks, sizeof(int32_t) * (size_t)nb);
@@ -1852,6 +2143,9 @@ static int proc_take_plan(struct engine *e, size_t words, int *total_out, char *
         kv->n_blocks = nb;
         kv->max_blocks = nb;
         kv->device = iw[4];
+        kv->slot = iw[10];
+        if (e->m->desc.n_linear > 0 && (kv->slot < 0 || kv->slot >= e->p.max_seqs))
+            return ms_errf(err, errlen, "rank 0 sent state slot %d", kv->slot);
         double frac;
         memcpy(&frac, &iw[8], sizeof frac);
         e->sorted[i] = (struct engine_item){.kv = kv, .tokens = tok, .n_tokens = n, .pos = pos,

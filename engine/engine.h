@@ -173,6 +173,9 @@ int engine_seq_init(struct engine *e, struct kv_seq *s);
 void engine_seq_free(struct engine *e, struct kv_seq *s);
 
 const struct model *engine_model(const struct engine *e);
+/* Hybrid models: bytes of one sequence's recurrent state over all its Gated DeltaNet layers
+ * (the engine holds one such slot per max_seqs on each device); 0 for other models. */
+size_t engine_state_seq_bytes(const struct engine *e);
 const struct engine_params *engine_get_params(const struct engine *e);
 struct kv_cache *engine_kv(struct engine *e);
 const struct engine_stats *engine_get_stats(const struct engine *e);

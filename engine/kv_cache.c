@@ -32,6 +32,14 @@ int kv_create(struct kv_cache *kv, struct backend *be, int n_layer, int n_kv_hea
 int kv_create_rows(struct kv_cache *kv, struct backend *be, int n_layer, int k_row, int v_row,
                    int block_size, int n_blocks, char *err, size_t errlen)
 {
+    return kv_create_layers(kv, be, n_layer, NULL, k_row, v_row, block_size, n_blocks, err,
+                            errlen);
+}
+
+int kv_create_layers(struct kv_cache *kv, struct backend *be, int n_layer, const bool *no_kv,
+                     int k_row, int v_row, int block_size, int n_blocks, char *err,
+                     size_t errlen)
+{
     memset(kv, 0, sizeof *kv);
     if (n_blocks < 1 || block_size < 1 || n_blocks > (1 << 30))
         return ms_errf(err, errlen, "KV cache: bad geometry (%d blocks of %d tokens)", n_blocks,
@@ -69,6 +77,8 @@ int kv_create_rows(struct kv_cache *kv, struct backend *be, int n_layer, int k_r
         !kv->buckets || !kv->hnext || !kv->lru_prev || !kv->lru_next)
         goto oom;
     for (int l = 0; l < n_layer; l++) {
+        if (no_kv && no_kv[l]) continue;
+        kv->n_kv_layers++;
         kv->k[l] = be->ops->alloc(be, k_layer);
         kv->v[l] = v_row > 0 ? be->ops->alloc(be, v_layer) : NULL;
         if (!kv->k[l] || (v_row > 0 && !kv->v[l])) goto oom;
@@ -88,6 +98,28 @@ oom:
                    n_blocks, block_size,
                    (double)kv_block_bytes_rows(n_layer, k_row, v_row, block_size) * n_blocks /
                        (1 << 20));
+}
+
+int kv_state_init(struct kv_cache *kv, int n_slots)
+{
+    free(kv->slot_free);
+    kv->slot_free = NULL;
+    kv->n_slots = kv->n_slot_free = 0;
+    if (n_slots <= 0) return 0;
+    kv->slot_free = malloc(sizeof(int32_t) * (size_t)n_slots);
+    if (!kv->slot_free) return -1;
+    for (int i = 0; i < n_slots; i++) kv->slot_free[i] = n_slots - 1 - i; /* slot 0 first */
+    kv->n_slots = kv->n_slot_free = n_slots;
+    return 0;
+}
+
+int kv_seq_slot(struct kv_cache *kv, struct kv_seq *s)
+{
+    if (s->slot >= 0) return s->slot;
+    if (kv->n_slot_free == 0) return -1;
+    s->slot = kv->slot_free[--kv->n_slot_free];
+    s->state_pos = 0;
+    return s->slot;
 }
 
 void kv_destroy(struct kv_cache *kv)
@@ -113,6 +145,7 @@ void kv_destroy(struct kv_cache *kv)
     free(kv->hnext);
     free(kv->lru_prev);
     free(kv->lru_next);
+    free(kv->slot_free);
     memset(kv, 0, sizeof *kv);
 }
 
@@ -192,6 +225,7 @@ int kv_seq_init(struct kv_seq *s, int max_tokens, int block_size)
 {
     memset(s, 0, sizeof *s);
     s->device = -1;
+    s->slot = -1;
     s->max_blocks = (max_tokens + block_size - 1) / block_size;
     size_t n = (size_t)(s->max_blocks > 0 ? s->max_blocks : 1);
     s->blocks = malloc(sizeof(int32_t) * n);
@@ -212,6 +246,7 @@ void kv_seq_free(struct kv_cache *kv, struct kv_seq *s)
     free(s->blocks);
     free(s->hash);
     memset(s, 0, sizeof *s);
+    s->slot = -1;
 }
 
 int kv_seq_reserve(struct kv_cache *kv, struct kv_seq *s, int n_tokens)
@@ -233,6 +268,10 @@ void kv_seq_release(struct kv_cache *kv, struct kv_seq *s)
     s->n_blocks = 0;
     s->n_hashed = 0;
     s->reg_stop = false;
+    if (s->blocks && s->slot >= 0 && kv->slot_free && kv->n_slot_free < kv->n_slots)
+        kv->slot_free[kv->n_slot_free++] = s->slot;
+    s->slot = -1;
+    s->state_pos = 0;
 }
 
 int kv_free_blocks(const struct kv_cache *kv)

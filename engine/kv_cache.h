@@ -59,6 +59,15 @@ struct kv_cache {
     int n_evictable;     /* registered blocks with refcount 0 */
     int n_registered;
     uint64_t n_evictions;/* cached blocks reused for other content (counter) */
+    int n_kv_layers;     /* layers with storage (hybrid models: the attention layers; k[l] and
+                            v[l] are NULL for the others) */
+
+    /* Recurrent-state slots (hybrid models; kv_state_init): a sequence takes one at its first
+     * step and holds it until its blocks are released (finish, cancel, preemption), as the
+     * state belongs with its K/V. The engine keeps the state itself, indexed by slot. */
+    int n_slots;
+    int32_t *slot_free;  /* (n_slots) stack of free slots */
+    int n_slot_free;
 };
 
 struct kv_seq {
@@ -70,6 +79,8 @@ struct kv_seq {
     int max_blocks;
     int device;      /* engines whose devices hold separate KV storage: the device this
                         sequence's K/V live on, -1 until its first step */
+    int slot;        /* recurrent-state slot, -1 when none is held */
+    int state_pos;   /* positions [0, state_pos) are folded into the slot's state */
 };
 
 int kv_create(struct kv_cache *kv, struct backend *be, int n_layer, int n_kv_head, int head_dim,
@@ -80,6 +91,17 @@ void kv_destroy(struct kv_cache *kv);
  * MLA caches one latent row per token and no values). */
 int kv_create_rows(struct kv_cache *kv, struct backend *be, int n_layer, int k_row, int v_row,
                    int block_size, int n_blocks, char *err, size_t errlen);
+
+/* As kv_create_rows, without storage for the layers where no_kv[l] (may be NULL: none). */
+int kv_create_layers(struct kv_cache *kv, struct backend *be, int n_layer, const bool *no_kv,
+                     int k_row, int v_row, int block_size, int n_blocks, char *err,
+                     size_t errlen);
+
+/* n_slots recurrent-state slots (0: none). 0, or -1 when out of memory. */
+int kv_state_init(struct kv_cache *kv, int n_slots);
+/* The sequence's slot, taken from the free ones if it holds none (state_pos 0 then); -1 when
+ * every slot is held. */
+int kv_seq_slot(struct kv_cache *kv, struct kv_seq *s);
 
 /* Bytes of one block across all layers (K and V). */
 size_t kv_block_bytes(int n_layer, int n_kv_head, int head_dim, int block_size);
@@ -92,7 +114,8 @@ void kv_seq_free(struct kv_cache *kv, struct kv_seq *s); /* releases blocks and 
  * blocks (nothing is taken then) or n_tokens exceeds the table. */
 int kv_seq_reserve(struct kv_cache *kv, struct kv_seq *s, int n_tokens);
 /* Drops the sequence's references, last block first (so a sequence's tail is evicted before
- * its head). Registered blocks left unreferenced become evictable, the others free. */
+ * its head). Registered blocks left unreferenced become evictable, the others free. Its state
+ * slot, if any, is freed too (the state is meaningless without the K/V). */
 void kv_seq_release(struct kv_cache *kv, struct kv_seq *s);
 /* Blocks an allocation can get: free plus evictable cached ones. */
 int kv_free_blocks(const struct kv_cache *kv);

@@ -159,6 +159,26 @@ struct model_desc {
      * decoding, so they are skipped at load (never bound) and the load note says so. */
     int n_mtp_layers;
 
+    /* Hybrid models (qwen3_next, qwen3_5_moe): layer l mixes tokens with Gated DeltaNet
+     * instead of attention when layer_linear[l]. Per sequence such a layer keeps a recurrent
+     * state (engine/kv_cache.h's state slots): the last lin_conv - 1 inputs of its causal
+     * conv1d over the lin_conv_dim = 2 * lin_nk * lin_dk + lin_nv * lin_dv q/k/v channels, and
+     * an (lin_dk, lin_dv) delta-rule state per value head. Value head j reads key head
+     * j / (lin_nv / lin_nk). NULL when no layer is. */
+    bool *layer_linear;   /* (n_layer) or NULL */
+    int n_linear;         /* layers with layer_linear set */
+    int lin_nk, lin_nv;   /* key and value heads */
+    int lin_dk, lin_dv;   /* their widths */
+    int lin_conv;         /* conv1d kernel width */
+    bool lin_fused_in;    /* qwen3_next: in_proj_qkvz / in_proj_ba, each key head's q, k, v, z
+                             (and b, a) together; else in_proj_qkv / _z / _b / _a */
+    bool norm_plus_one;   /* the RMSNorms (layers, final, q/k) scale by 1 + w, not w (the
+                             loader stores 1 + w) */
+    bool attn_out_gate;   /* q_proj gives each head's query, then as many gate logits: the
+                             attention output is multiplied by their sigmoid (qwen3_next) */
+    char wprefix[32];     /* the text model's tensors: "model." or, in a multimodal folder,
+                             "model.language_model." */
+
     int32_t bos_id;                /* -1 when none */
     int32_t eos_ids[MODEL_MAX_EOS];/* from generation_config.json / config.json */
     int n_eos;
@@ -218,6 +238,16 @@ struct layer_w {
     const struct wmat *cont_up;      /* (cont_d_ff, d_model) */
     const struct wmat *cont_down_t;  /* (cont_d_ff, d_model): the down projection neuron-major,
                                         so a neuron's output weights are one row */
+
+    /* Gated DeltaNet layers (layer_linear): the input projections, either fused per key head
+     * (lin_fused_in: lin_in[0] = in_proj_qkvz (2*nk*dk + 2*nv*dv rows), lin_in[1] = in_proj_ba
+     * (2*nv)) or apart (in_proj_qkv (conv_dim), _z (nv*dv), _b (nv), _a (nv)). */
+    const struct wmat *lin_in[4];
+    const float *lin_conv_w;         /* (conv_dim, lin_conv) depthwise conv1d, no bias */
+    const float *lin_a_log;          /* (nv) A_log: the decay rate is -exp(A_log) */
+    const float *lin_dt_bias;        /* (nv) */
+    const float *lin_norm;           /* (dv) the gated RMSNorm's weight (plain w) */
+    const struct wmat *lin_out;      /* (d_model, nv*dv) out_proj */
 };
 
 /* What activations and unquantized weights compute in (vLLM's --dtype). Matrix products

@@ -1,6 +1,6 @@
 /* config.json -> struct model_desc. Each supported Hugging Face architecture (mixtral,
- * qwen2_moe, qwen3_moe, olmoe, deepseek_v2/v3, glm4_moe, minimax_m2, gpt_oss, and moeserve's own
- * mohge and infmoe) is translated into the one architecture-neutral description the forward
+ * qwen2_moe, qwen3_moe, olmoe, deepseek_v2/v3, glm4_moe, minimax_m2, gpt_oss, the hybrid
+ * qwen3_next and qwen3_5_moe, and moeserve's own mohge and infmoe) is translated into the one architecture-neutral description the forward
  * pass reads: attention kind and q/k norm, biases, rotary width, which layers are MoE, expert
  * widths and groups, shared experts and their gate. Fields are type-checked; anything the engine
  * cannot run exactly (rope scaling other than YaRN, sliding-window layer mixes, activations
@@ -874,6 +874,151 @@ static int cfg_minimax_m2(json_t *root, struct model_desc *d, const char *path, 
     return 0;
 }
 
+/* The rotary width of a family whose partial_rotary_factor (top level, or in rope_parameters
+ * as transformers 5 saves it) defaults to `def`: int(head_dim * factor), rotated in pairs. */
+static int cfg_partial_rotary(json_t *root, struct model_desc *d, double def, const char *path,
+                              char *err, size_t errlen)
+{
+    double prf = def;
+    if (cfg_num(root, "partial_rotary_factor", prf, &prf, path, err, errlen)) return -1;
+    json_t *rp = json_object_get(root, "rope_parameters");
+    if (json_is_object(rp) && cfg_num(rp, "partial_rotary_factor", prf, &prf, path, err, errlen))
+        return -1;
+    int rot = (int)(d->head_dim * prf);
+    if (!(prf > 0 && prf <= 1) || rot < 2 || rot % 2 != 0)
+        return ms_errf(err, errlen,
+                       "%s: partial_rotary_factor %g gives a rotary width of %d of head_dim %d "
+                       "(must be even and positive)",
+                       path, prf, rot, d->head_dim);
+    if (d->rope_yarn && rot != d->head_dim)
+        return ms_errf(err, errlen, "%s: partial rotary under YaRN is not supported", path);
+    d->rope_dim = rot;
+    return 0;
+}
+
+/* Largest Gated DeltaNet head widths and conv kernel the kernels take (they keep a head's
+ * normalized q and k on the stack); released models use 128 and 4. */
+#define LIN_MAX_HEAD_DIM 512
+#define LIN_MAX_CONV 16
+
+/* Qwen3-Next / Qwen3.5 hybrid layers: layer_types ("linear_attention" / "full_attention"), or
+ * every full_attention_interval-th layer full (transformers' default 4); Gated DeltaNet
+ * geometry; gated attention with q/k norm per head and partial rotary (default 0.25); every
+ * RMSNorm zero-centred (1 + w). */
+static int cfg_qwen_hybrid(json_t *root, struct model_desc *d, const char *path, char *err,
+                           size_t errlen)
+{
+    int interval = 4;
+    bool bias = false;
+    if (cfg_int(root, "linear_num_key_heads", false, 16, &d->lin_nk, path, err, errlen) ||
+        cfg_int(root, "linear_num_value_heads", false, 32, &d->lin_nv, path, err, errlen) ||
+        cfg_int(root, "linear_key_head_dim", false, 128, &d->lin_dk, path, err, errlen) ||
+        cfg_int(root, "linear_value_head_dim", false, 128, &d->lin_dv, path, err, errlen) ||
+        cfg_int(root, "linear_conv_kernel_dim", false, 4, &d->lin_conv, path, err, errlen) ||
+        cfg_int(root, "full_attention_interval", false, 4, &interval, path, err, errlen) ||
+        cfg_bool(root, "attention_bias", false, &bias, path, err, errlen) ||
+        cfg_partial_rotary(root, d, 0.25, path, err, errlen))
+        return -1;
+    if (d->lin_nk <= 0 || d->lin_nv <= 0 || d->lin_nv % d->lin_nk != 0)
+        return ms_errf(err, errlen,
+                       "%s: linear_num_value_heads %d must be a positive multiple of "
+                       "linear_num_key_heads %d",
+                       path, d->lin_nv, d->lin_nk);
+    if (d->lin_dk <= 0 || d->lin_dk > LIN_MAX_HEAD_DIM || d->lin_dv <= 0 ||
+        d->lin_dv > LIN_MAX_HEAD_DIM)
+        return ms_errf(err, errlen,
+                       "%s: linear_key_head_dim %d and linear_value_head_dim %d must be in 1..%d",
+                       path, d->lin_dk, d->lin_dv, LIN_MAX_HEAD_DIM);
+    if (d->lin_conv < 1 || d->lin_conv > LIN_MAX_CONV)
+        return ms_errf(err, errlen, "%s: linear_conv_kernel_dim %d must be in 1..%d", path,
+                       d->lin_conv, LIN_MAX_CONV);
+    if (interval <= 0)
+        return ms_errf(err, errlen, "%s: full_attention_interval %d must be positive", path,
+                       interval);
+    /* attention_bias would put biases on the gated q_proj too; no released model has them */
+    if (bias)
+        return ms_errf(err, errlen, "%s: attention_bias true is not supported for %s", path,
+                       d->model_type);
+    d->layer_linear = calloc((size_t)d->n_layer, sizeof *d->layer_linear);
+    if (!d->layer_linear) return ms_errf(err, errlen, "%s: out of memory", path);
+    json_t *lt = json_object_get(root, "layer_types");
+    if (lt && !json_is_null(lt) &&
+        (!json_is_array(lt) || json_array_size(lt) != (size_t)d->n_layer))
+        return ms_errf(err, errlen, "%s: 'layer_types' must list num_hidden_layers (%d) strings",
+                       path, d->n_layer);
+    for (int l = 0; l < d->n_layer; l++) {
+        const char *ty = (l + 1) % interval ? "linear_attention" : "full_attention";
+        if (lt && !json_is_null(lt)) ty = json_string_value(json_array_get(lt, (size_t)l));
+        if (ty && strcmp(ty, "linear_attention") == 0)
+            d->layer_linear[l] = true;
+        else if (!ty || strcmp(ty, "full_attention") != 0)
+            return ms_errf(err, errlen,
+                           "%s: layer_types[%d] '%.40s' is not supported (supported: "
+                           "'linear_attention', 'full_attention')",
+                           path, l, ty ? ty : "(not a string)");
+        d->n_linear += d->layer_linear[l];
+    }
+    d->qk_norm = QK_NORM_HEAD;
+    d->norm_plus_one = true;
+    d->attn_out_gate = true;
+    return 0;
+}
+
+/* The shared expert behind a sigmoid gate (shared_expert_intermediate_size; 0: none). */
+static int cfg_gated_shared(json_t *root, struct model_desc *d, const char *path, char *err,
+                            size_t errlen)
+{
+    if (cfg_int(root, "shared_expert_intermediate_size", false, 0, &d->shared_d_ff, path, err,
+                errlen))
+        return -1;
+    if (d->shared_d_ff < 0)
+        return ms_errf(err, errlen, "%s: 'shared_expert_intermediate_size' must not be negative",
+                       path);
+    if (d->shared_d_ff > 0) {
+        d->n_shared = 1;
+        d->shared_gate = SHARED_GATE_SIGMOID;
+    }
+    return 0;
+}
+
+/* Qwen3-Next (transformers' Qwen3Next classes): the hybrid layers above; MoE by the qwen rule
+ * (decoder_sparse_step, mlp_only_layers) with softmax top-k (norm_topk_prob, default true) and
+ * the gated shared expert; Gated DeltaNet's projections fused per key head (in_proj_qkvz,
+ * in_proj_ba). Its MTP module (mtp.*) is not part of transformers' model and is never bound. */
+static int cfg_qwen3_next(json_t *root, struct model_desc *d, const char *path, char *err,
+                          size_t errlen)
+{
+    if (cfg_experts(root, d, "moe_intermediate_size", path, err, errlen) ||
+        cfg_moe_layers(root, d, true, path, err, errlen) ||
+        cfg_bool(root, "norm_topk_prob", true, &d->norm_topk_prob, path, err, errlen) ||
+        cfg_gated_shared(root, d, path, err, errlen) ||
+        cfg_qwen_hybrid(root, d, path, err, errlen))
+        return -1;
+    d->lin_fused_in = true;
+    return 0;
+}
+
+/* Qwen3.5 / 3.6 MoE text model (transformers' Qwen3_5Moe classes): the hybrid layers above,
+ * every layer MoE with softmax top-k always renormalized and the gated shared expert; Gated
+ * DeltaNet's projections apart (in_proj_qkv, _z, _b, _a). Its text rotary is interleaved mRoPE,
+ * which for text (the same position in all three sections) is plain rotary. */
+static int cfg_qwen3_5_moe(json_t *root, struct model_desc *d, const char *path, char *err,
+                           size_t errlen)
+{
+    if (cfg_experts(root, d, "moe_intermediate_size", path, err, errlen) ||
+        cfg_gated_shared(root, d, path, err, errlen) ||
+        cfg_qwen_hybrid(root, d, path, err, errlen))
+        return -1;
+    if (d->n_expert <= 0)
+        return ms_errf(err, errlen, "%s: num_experts must be positive for %s", path,
+                       d->model_type);
+    d->layer_is_moe = calloc((size_t)d->n_layer, sizeof *d->layer_is_moe);
+    if (!d->layer_is_moe) return ms_errf(err, errlen, "%s: out of memory", path);
+    for (int l = 0; l < d->n_layer; l++) d->layer_is_moe[l] = true;
+    d->norm_topk_prob = true;
+    return 0;
+}
+
 /* gpt-oss (transformers' GptOss classes): every layer MoE; GQA with biases on q/k/v/o, a sink
  * logit per head, and sliding-window or full attention per layer_types; rotate-half RoPE,
  * usually YaRN; a router with a bias whose top-k logits are softmaxed (the softmax over all
@@ -936,6 +1081,8 @@ void model_desc_free(struct model_desc *desc)
     if (!desc) return;
     free(desc->layer_window);
     desc->layer_window = NULL;
+    free(desc->layer_linear);
+    desc->layer_linear = NULL;
     free(desc->layer_is_moe);
     free(desc->expert_d_ff);
     free(desc->expert_group);
@@ -988,15 +1135,40 @@ int model_desc_parse(const char *json_text, size_t len, const char *path, struct
         arch = cfg_minimax_m2;
     else if (strcmp(type, "infmoe") == 0)
         arch = cfg_infmoe;
+    else if (strcmp(type, "qwen3_next") == 0)
+        arch = cfg_qwen3_next;
+    else if (strcmp(type, "qwen3_5_moe") == 0 || strcmp(type, "qwen3_5_moe_text") == 0)
+        arch = cfg_qwen3_5_moe;
     if (!arch) {
         ms_errf(err, errlen,
                 "%s: unknown model_type '%.64s' (supported: mixtral, qwen2_moe, qwen3_moe, olmoe, "
-                "deepseek_v2, deepseek_v3, glm4_moe, minimax_m2, gpt_oss, mohge, infmoe)",
+                "deepseek_v2, deepseek_v3, glm4_moe, minimax_m2, gpt_oss, qwen3_next, "
+                "qwen3_5_moe, mohge, infmoe)",
                 path, type);
         goto out;
     }
     snprintf(desc->model_type, sizeof desc->model_type, "%s", type);
-    if (cfg_common(root, desc, path, err, errlen) != 0 || arch(root, desc, path, err, errlen) != 0)
+    /* A multimodal folder (Qwen3.5's ...ForConditionalGeneration) describes its text model in
+     * text_config; that is the model served (text only: the vision tower is never bound). */
+    json_t *text = root;
+    if (arch == cfg_qwen3_5_moe) {
+        snprintf(desc->model_type, sizeof desc->model_type, "qwen3_5_moe");
+        json_t *tc = json_object_get(root, "text_config");
+        if (tc && !json_is_null(tc)) {
+            if (!json_is_object(tc)) {
+                ms_errf(err, errlen, "%s: 'text_config' must be an object", path);
+                goto out;
+            }
+            text = tc;
+            json_t *tie = json_object_get(root, "tie_word_embeddings");
+            if (tie && !json_object_get(tc, "tie_word_embeddings") &&
+                json_object_set(tc, "tie_word_embeddings", tie) != 0) {
+                ms_errf(err, errlen, "%s: out of memory", path);
+                goto out;
+            }
+        }
+    }
+    if (cfg_common(text, desc, path, err, errlen) != 0 || arch(text, desc, path, err, errlen) != 0)
         goto out;
     /* Pre-quantized checkpoints: only gpt-oss's MXFP4 experts are read (the loader finds them
      * by their _blocks/_scales tensors). Other formats (FP8 DeepSeek-V3, GPTQ, AWQ...) are

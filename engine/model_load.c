@@ -56,6 +56,8 @@ struct bind {
     const struct st_tensor *t2;/* BIND_MX_*: the scales tensor */
     int mat0;                  /* matrices: first index into model->mats */
     bool mla_tiles;            /* BIND_MLA_UK_T: may be quantized */
+    bool plus_one;             /* BIND_VEC: a zero-centred norm weight, stored as 1 + w
+                                  (always converted) */
     size_t vec_off;            /* BIND_VEC, BIND_EX_BIAS_*: offset of the converted floats in
                                   model->vectors, or SIZE_MAX (borrowed) */
 };
@@ -80,6 +82,7 @@ struct plan {
     int n, cap;
     int n_mats;
     int oom;
+    bool norm_plus_one; /* plan_norm's vectors are zero-centred (model_desc.norm_plus_one) */
 };
 
 static struct bind *plan_add(struct plan *p, enum bind_kind kind, int ndim, int64_t s0, int64_t s1,
@@ -145,6 +148,16 @@ static void plan_vec(struct plan *p, const float **dst, int64_t n, const char *f
 {
     struct bind *b = plan_add(p, BIND_VEC, 1, n, 0, 0, fmt, pre);
     if (b) b->vec = dst;
+}
+
+/* An RMSNorm weight: as plan_vec, stored as 1 + w for zero-centred norms. */
+static void plan_norm(struct plan *p, const float **dst, int64_t n, const char *fmt,
+                      const char *pre)
+{
+    struct bind *b = plan_add(p, BIND_VEC, 1, n, 0, 0, fmt, pre);
+    if (!b) return;
+    b->vec = dst;
+    b->plus_one = p->norm_plus_one;
 }
 
 static void plan_mat(struct plan *p, const struct wmat **dst, bool quantizable, int64_t rows,
@@ -260,6 +273,33 @@ static void plan_mla(struct plan *p, struct layer_w *lw, const struct model_desc
     plan_mat(p, &lw->wo, true, D, H * dv, "%sself_attn.o_proj.weight", pre);
 }
 
+/* A Gated DeltaNet layer's tensors under "<pre>linear_attn.": the input projections fused per
+ * key head (qwen3_next) or apart (qwen3_5_moe), the depthwise conv1d (conv_dim, 1, K), A_log,
+ * dt_bias, the gated norm and out_proj. */
+static void plan_gdn(struct plan *p, struct layer_w *lw, const struct model_desc *d,
+                     const char *pre)
+{
+    const int64_t D = d->d_model, kd = (int64_t)d->lin_nk * d->lin_dk,
+                  vd = (int64_t)d->lin_nv * d->lin_dv, nv = d->lin_nv, conv = 2 * kd + vd;
+    if (d->lin_fused_in) {
+        plan_mat(p, &lw->lin_in[0], true, 2 * kd + 2 * vd, D, "%slinear_attn.in_proj_qkvz.weight",
+                 pre);
+        plan_mat(p, &lw->lin_in[1], false, 2 * nv, D, "%slinear_attn.in_proj_ba.weight", pre);
+    } else {
+        plan_mat(p, &lw->lin_in[0], true, conv, D, "%slinear_attn.in_proj_qkv.weight", pre);
+        plan_mat(p, &lw->lin_in[1], true, vd, D, "%slinear_attn.in_proj_z.weight", pre);
+        plan_mat(p, &lw->lin_in[2], false, nv, D, "%slinear_attn.in_proj_b.weight", pre);
+        plan_mat(p, &lw->lin_in[3], false, nv, D, "%slinear_attn.in_proj_a.weight", pre);
+    }
+    struct bind *b = plan_add(p, BIND_VEC, 3, conv, 1, d->lin_conv,
+                              "%slinear_attn.conv1d.weight", pre);
+    if (b) b->vec = &lw->lin_conv_w;
+    plan_vec(p, &lw->lin_a_log, nv, "%slinear_attn.A_log", pre);
+    plan_vec(p, &lw->lin_dt_bias, nv, "%slinear_attn.dt_bias", pre);
+    plan_vec(p, &lw->lin_norm, d->lin_dv, "%slinear_attn.norm.weight", pre);
+    plan_mat(p, &lw->lin_out, true, D, vd, "%slinear_attn.out_proj.weight", pre);
+}
+
 /* The MTP layers (model_desc.n_mtp_layers) sit at model.layers.n_layer.. and are never
  * planned, so their tensors stay unread in the mapping; this only counts them for the load
  * note, so that a log shows they were in the checkpoint and skipped on purpose. */
@@ -300,22 +340,28 @@ static int plan_model(struct plan *p, struct model *m, const char *wname, bool q
         return ms_errf(err, errlen, "%s: MXFP4 experts need hidden_size (%d) and "
                                     "intermediate_size (%d) to be multiples of 32",
                        wname, d->d_model, d->expert_d_ff[0]);
-    plan_mat(p, &m->embed, false, d->vocab, D, "%s", "model.embed_tokens.weight");
-    plan_vec(p, &m->norm, D, "%s", "model.norm.weight");
+    const char *wp = d->wprefix;
+    p->norm_plus_one = d->norm_plus_one;
+    plan_mat(p, &m->embed, false, d->vocab, D, "%sembed_tokens.weight", wp);
+    plan_norm(p, &m->norm, D, "%snorm.weight", wp);
     if (!d->tie_embeddings)
         plan_mat(p, &m->lm_head, true, d->vocab, D, "%s", "lm_head.weight");
     else if (quant) /* a quantized head of its own; the embedding table stays as it is */
-        plan_mat(p, &m->lm_head, true, d->vocab, D, "%s", "model.embed_tokens.weight");
+        plan_mat(p, &m->lm_head, true, d->vocab, D, "%sembed_tokens.weight", wp);
     for (int l = 0; l < d->n_layer; l++) {
         struct layer_w *lw = &m->layers[l];
         char pre[64], moe[96];
-        snprintf(pre, sizeof pre, "model.layers.%d.", l);
-        plan_vec(p, &lw->attn_norm, D, "%sinput_layernorm.weight", pre);
-        plan_vec(p, &lw->ffn_norm, D, "%spost_attention_layernorm.weight", pre);
-        if (d->attn == ATTN_KIND_MLA) {
+        snprintf(pre, sizeof pre, "%slayers.%d.", wp, l);
+        plan_norm(p, &lw->attn_norm, D, "%sinput_layernorm.weight", pre);
+        plan_norm(p, &lw->ffn_norm, D, "%spost_attention_layernorm.weight", pre);
+        if (d->layer_linear && d->layer_linear[l]) {
+            plan_gdn(p, lw, d, pre);
+        } else if (d->attn == ATTN_KIND_MLA) {
             plan_mla(p, lw, d, pre);
         } else {
-        plan_mat(p, &lw->wq, true, q_dim, D, "%sself_attn.q_proj.weight", pre);
+        /* a gated q_proj gives each head's query, then its gate logits */
+        plan_mat(p, &lw->wq, true, d->attn_out_gate ? 2 * q_dim : q_dim, D,
+                 "%sself_attn.q_proj.weight", pre);
         plan_mat(p, &lw->wk, true, kv_dim, D, "%sself_attn.k_proj.weight", pre);
         plan_mat(p, &lw->wv, true, kv_dim, D, "%sself_attn.v_proj.weight", pre);
         plan_mat(p, &lw->wo, true, D, q_dim, "%sself_attn.o_proj.weight", pre);
@@ -328,8 +374,10 @@ static int plan_model(struct plan *p, struct model *m, const char *wname, bool q
         if (d->attn_sinks) plan_vec(p, &lw->sinks, d->n_head, "%sself_attn.sinks", pre);
         if (d->qk_norm != QK_NORM_NONE) {
             bool full = d->qk_norm == QK_NORM_FULL;
-            plan_vec(p, &lw->q_norm, full ? q_dim : d->head_dim, "%sself_attn.q_norm.weight", pre);
-            plan_vec(p, &lw->k_norm, full ? kv_dim : d->head_dim, "%sself_attn.k_norm.weight", pre);
+            plan_norm(p, &lw->q_norm, full ? q_dim : d->head_dim, "%sself_attn.q_norm.weight",
+                      pre);
+            plan_norm(p, &lw->k_norm, full ? kv_dim : d->head_dim, "%sself_attn.k_norm.weight",
+                      pre);
         }
         }
         if (d->ffn == FFN_KIND_CONTINUOUS) {
@@ -573,7 +621,7 @@ static int bind_check(struct load_ctx *c, const struct st_archive *st, const cha
         case BIND_VEC:
         case BIND_EX_BIAS_DOWN:
             b->vec_off = SIZE_MAX;
-            if (t->dtype != ST_DTYPE_F32 || (uintptr_t)t->data % 4 != 0) {
+            if (t->dtype != ST_DTYPE_F32 || (uintptr_t)t->data % 4 != 0 || b->plus_one) {
                 b->vec_off = c->vec_floats;
                 c->vec_floats += bind_numel(b);
             }
@@ -808,6 +856,8 @@ static int bind_apply(struct load_ctx *c, char *err, size_t errlen)
             } else {
                 float *dst = m->vectors + b->vec_off;
                 wmat_convert(WTYPE_F32, dst, stored_wsrc(b->t->dtype), b->t->data, 1, (int)n, 0, 1);
+                if (b->plus_one) /* transformers: x * (1 + w), 1 + w rounded to f32 first */
+                    for (size_t k = 0; k < n; k++) dst[k] = 1.0f + dst[k];
                 *b->vec = dst;
             }
         } else if (b->kind == BIND_MAT || b->kind == BIND_MAT_Q || b->kind == BIND_MLA_UK_T) {
@@ -1191,6 +1241,12 @@ int model_load(const char *dir, const struct model_load_opts *opts, struct model
             goto fail;
         }
     }
+    /* Multimodal folders keep the text model under model.language_model. */
+    snprintf(m->desc.wprefix, sizeof m->desc.wprefix, "%s",
+             !st_find(m->st, "model.embed_tokens.weight") &&
+                     st_find(m->st, "model.language_model.embed_tokens.weight")
+                 ? "model.language_model."
+                 : "model.");
     if (plan_model(&plan, m, wname, opts->quant != MODEL_QUANT_NONE, err, errlen) != 0)
         goto fail;
     note_mtp_layers(m);
@@ -1335,7 +1391,7 @@ size_t model_kv_bytes_per_token(const struct model_desc *md)
 {
     int k_row, v_row;
     model_kv_rows(md, &k_row, &v_row);
-    return (size_t)md->n_layer * ((size_t)k_row + (size_t)v_row) * sizeof(float);
+    return (size_t)(md->n_layer - md->n_linear) * ((size_t)k_row + (size_t)v_row) * sizeof(float);
 }
 
 bool model_computes_bf16(const struct model *m)

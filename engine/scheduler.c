@@ -268,7 +268,9 @@ int sched_create(struct engine *e, const struct sched_params *p, struct sched **
     if (s->p.max_waiting <= 0) s->p.max_waiting = 1024;
     s->vocab = s->m->desc.vocab;
     s->max_model_len = ep->max_model_len;
-    s->prefix_caching = !p->disable_prefix_caching;
+    /* Hybrid models: cached K/V blocks come without the recurrent state of the positions
+     * they hold, so a prefix hit cannot be used (the engine refuses such a step): off. */
+    s->prefix_caching = !p->disable_prefix_caching && engine_state_seq_bytes(e) == 0;
     int ns = p->max_num_seqs;
     /* Prompt-logprob rows: up to 64 MiB of logits per step (at least 16 rows), no more rows
      * than a step has tokens. */

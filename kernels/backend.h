@@ -114,6 +114,33 @@ struct be_tokens {
     int pos0;
 };
 
+/* The sequences of a recurrent-layer call (HOST arrays of n entries): sequence i's tokens are
+ * rows [tok0[i], tok0[i] + n_tok[i]) of the op's inputs, in position order, and its state is
+ * slot slot[i] of the layer's state; fresh[i]: the sequence starts at position 0, so its state
+ * starts from zero rather than from what the slot holds. */
+struct be_seqs {
+    int n;
+    const int32_t *tok0, *n_tok, *slot;
+    const uint8_t *fresh;
+};
+
+/* One Gated DeltaNet layer (qwen3_next, qwen3_5_moe): geometry, weights and recurrent state,
+ * all in backend memory. conv_dim = 2 * n_k_head * k_dim + n_v_head * v_dim channels: every
+ * key head's q, then every key head's k, then every value head's v; value head j reads key
+ * head j / (n_v_head / n_k_head). */
+struct be_gdn {
+    int n_k_head, n_v_head, k_dim, v_dim;
+    int conv_k;            /* depthwise causal conv1d width */
+    const float *conv_w;   /* (conv_dim, conv_k) */
+    const float *a_log;    /* (n_v_head) the decay rate is -exp(a_log) */
+    const float *dt_bias;  /* (n_v_head) */
+    const float *norm_w;   /* (v_dim) the gated RMSNorm's weight */
+    float eps;             /* its epsilon */
+    float *conv_state;     /* (slots, conv_k - 1, conv_dim) a sequence's last inputs, oldest
+                              first */
+    float *ssm_state;      /* (slots, n_v_head, k_dim, v_dim) the delta-rule state S */
+};
+
 struct backend_ops {
     const char *name;
     /* Nonzero when backend memory is host memory (pointers may be read directly). */
@@ -252,6 +279,26 @@ struct backend_ops {
     int (*host_workers)(struct backend *be);
     void (*host_for)(struct backend *be, int n_tasks, void (*fn)(void *ctx, int task, int worker),
                      void *ctx);
+
+    /* Ops of hybrid models (gated attention, Gated DeltaNet). A backend without them (NULL)
+     * cannot run those models; the engine says so at start. */
+    /* y[i * ldy + j] = x[i * ldx + idx[j]] for i < n, j < m; idx (m) in backend memory. */
+    void (*gather_cols)(struct backend *be, float *y, int ldy, const float *x, int ldx,
+                        const int32_t *idx, int n, int m);
+    /* y (n, d) *= sigmoid(g (n, d)) */
+    void (*mul_sigmoid)(struct backend *be, float *y, const float *g, int n, int d);
+    /* Gated DeltaNet token mixing for the sequences of *sq (HOST struct) through layer *g
+     * (HOST struct of backend pointers). Per token, from qkv (n, conv_dim), z (n, n_v_head *
+     * v_dim) and the b and a logits (n, n_v_head):
+     *   qkv' = silu(causal depthwise conv1d of qkv over the sequence, state first);
+     *   q, k = l2-normalized heads of qkv' (eps 1e-6), q scaled by 1/sqrt(k_dim);
+     *   beta = sigmoid(b), decay = exp(-exp(a_log) * softplus(a + dt_bias));
+     *   per value head: S = decay * S; S += k (beta * (v - S^T k))^T; o = S^T q;
+     *   out (n, n_v_head * v_dim) = rmsnorm(o per head) * norm_w * silu(z).
+     * qkv, b and a are overwritten (with qkv', beta and the log-decay); the slots' conv and
+     * delta-rule states end holding the state after each sequence's last token. */
+    void (*gdn)(struct backend *be, float *out, float *qkv, const float *z, float *b, float *a,
+                const struct be_gdn *g, const struct be_seqs *sq);
 };
 
 struct backend {

@@ -641,6 +641,23 @@ char *metrics_render(struct metrics *mt, const struct sched_stats *st, const cha
     family(&b, "moeserve_kv_cache_blocks_cached", "gauge",
            "Free KV cache blocks still holding a cached prefix (evicted when needed).");
     bprintf(&b, "moeserve_kv_cache_blocks_cached{%s} %d\n", lab, st->kv_blocks_cached);
+    if (mt->e) {
+        /* memory per sequence: K/V per token, and hybrid models' recurrent state */
+        const struct model_desc *md = &engine_model(mt->e)->desc;
+        family(&b, "moeserve_kv_cache_bytes_per_token", "gauge",
+               "KV cache bytes one token takes over all attention layers.");
+        bprintf(&b, "moeserve_kv_cache_bytes_per_token{%s} %zu\n", lab,
+                model_kv_bytes_per_token(md));
+        family(&b, "moeserve_state_cache_bytes", "gauge",
+               "Memory of the recurrent-state slots of hybrid models (one per --max-num-seqs "
+               "sequence on each device; 0 for attention-only models).");
+        bprintf(&b, "moeserve_state_cache_bytes{%s} %zu\n", lab,
+                engine_state_seq_bytes(mt->e) * (size_t)engine_get_params(mt->e)->max_seqs);
+        family(&b, "moeserve_state_cache_bytes_per_seq", "gauge",
+               "Recurrent-state bytes one sequence holds (hybrid models).");
+        bprintf(&b, "moeserve_state_cache_bytes_per_seq{%s} %zu\n", lab,
+                engine_state_seq_bytes(mt->e));
+    }
     family(&b, "moeserve_prefix_cache_queries_total", "counter",
            "Tokens looked up in the prefix cache when requests were scheduled.");
     bprintf(&b, "moeserve_prefix_cache_queries_total{%s} %llu\n", lab,

@@ -928,6 +928,20 @@ int cli_serve(int argc, char **argv)
         slog("error", "%s", err);
         goto out;
     }
+    if (engine_state_seq_bytes(e) > 0) {
+        size_t per = engine_state_seq_bytes(e);
+        slog("info", "recurrent state: %.2f MiB per sequence, %d slots per device (%.1f MiB); KV "
+                     "cache %zu bytes per token (%d of %d layers attend)",
+             (double)per / (1 << 20), ep.max_seqs, (double)per * ep.max_seqs / (1 << 20),
+             model_kv_bytes_per_token(&m->desc), m->desc.n_layer - m->desc.n_linear,
+             m->desc.n_layer);
+        if (o.prefix_caching) {
+            slog("info", "prefix caching is off for %s: its Gated DeltaNet layers keep a "
+                         "recurrent state that cached K/V blocks do not carry",
+                 m->desc.model_type);
+            o.prefix_caching = 0;
+        }
+    }
     if (dash_create(e, o.collab_groups, (int)o.collab_reservoir, &dash, err, sizeof err) != 0) {
         slog("error", "%s", err);
         status = 2;

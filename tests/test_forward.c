@@ -72,7 +72,7 @@ static void check_model(const char *tests, const char *name, bool bf16, enum mod
     CHECK(e1 != NULL);
     if (!e1 || !a || !b) goto done;
 
-    double worst = 0.0, worst_native = 0.0, worst_own = 0.0, worst_abs = 0.0;
+    double worst = 0.0, worst_native = 0.0, worst_own = 0.0, worst_abs = 0.0, worst_f32 = 0.0;
     int served_used = 0, served_total = 0;
     for (int i = 0; i < np; i++) {
         size_t cnt = (size_t)p[i].n * V;
@@ -91,18 +91,30 @@ static void check_model(const char *tests, const char *name, bool bf16, enum mod
             }
             int used = 0;
             double rn = causal ? norm_err_masked(a, p[i].logits, causal, p[i].n, V, &used) : 1.0;
-            /* The bound is 2e-2, or twice transformers' own bf16-vs-f32 distance where that is
-             * larger (gpt-oss's fixture: ~3%, its clamps and sinks amplify rounding): two
-             * independent bf16 computations are about sqrt(2) of one apart. */
+            /* Two independent bf16 computations of the same weights: each is its own rounding
+             * distance from the f32-computed reference, and they are about the root of the sum
+             * of the squares of those apart. So: ours is no further from the f32 reference than
+             * 2e-2 or twice transformers' own bf16 distance (gpt-oss's fixture: ~3%, its clamps
+             * and sinks amplify rounding; the hybrid models' recurrent layers: up to ~6%), and
+             * ours and transformers' are within 2e-2, twice its distance, or 1.5 x the root. */
             double own = causal ? norm_err_masked(p[i].logits, p[i].logits_f32, causal, p[i].n, V,
                                                   &used)
                                 : 0.0;
-            double tol = 2 * own > 2e-2 ? 2 * own : 2e-2;
+            int used_f = 0;
+            double rf = causal ? norm_err_masked(a, p[i].logits_f32, causal, p[i].n, V, &used_f)
+                               : 1.0;
+            double tol_f = 2 * own > 2e-2 ? 2 * own : 2e-2;
+            double tol = 1.5 * sqrt(own * own + rf * rf);
+            tol = tol > tol_f ? tol : tol_f;
             free(causal);
             served_used += used;
             served_total += p[i].n;
             if (used > 0) worst_native = rn > worst_native ? rn : worst_native;
             if (used > 0) worst_own = own > worst_own ? own : worst_own;
+            if (used > 0) worst_f32 = rf > worst_f32 ? rf : worst_f32;
+            CHECKF(used == 0 || rf <= tol_f,
+                   "%s prompt %d: rel err %.3g vs the f32-computed reference (bound %.3g)", name,
+                   i, rf, tol_f);
             CHECKF(used == 0 || rn <= tol,
                    "%s prompt %d: rel err %.3g vs transformers in bf16 (bound %.3g)", name, i, rn,
                    tol);
@@ -131,11 +143,14 @@ static void check_model(const char *tests, const char *name, bool bf16, enum mod
         }
     }
     if (served) {
-        CHECKF(3 * served_used >= served_total, "%s: only %d of %d positions comparable", name,
-               served_used, served_total);
-        printf("%-16s --dtype auto:    %.2e (norm-wise) vs transformers computing in bf16 (%d of "
-               "%d positions before a routing flip; its own bf16 vs f32: %.2e)\n",
-               name, worst_native, served_used, served_total, worst_own);
+        /* Meaningful only over enough positions: a third of them, or (the hybrid models, whose
+         * bf16 reference flips an expert early in the longer prompts) at least 20. */
+        CHECKF(3 * served_used >= served_total || served_used >= 20,
+               "%s: only %d of %d positions comparable", name, served_used, served_total);
+        printf("%-16s --dtype auto:    %.2e (norm-wise) vs transformers computing in bf16, %.2e "
+               "vs f32 compute (%d of %d positions before a routing flip; its own bf16 vs f32: "
+               "%.2e)\n",
+               name, worst_native, worst_f32, served_used, served_total, worst_own);
     }
     else
         printf("%-16s --dtype %-7s max rel err %.2e, max abs %.2e%s\n", name,
@@ -342,10 +357,12 @@ int main(int argc, char **argv)
     check_minimax_config(tests);
     static const char *f32[] = {"mixtral",     "mixtral_sharded",   "qwen2_moe",  "qwen3_moe",
                                 "olmoe",       "deepseek_v2",       "deepseek_v2_group",
-                                "deepseek_v3", "glm4_moe",          "minimax_m2"};
+                                "deepseek_v3", "glm4_moe",          "minimax_m2",
+                                "qwen3_next",  "qwen3_5_moe",       "qwen3_5_moe_vl"};
     static const char *bf16[] = {"mixtral_bf16",     "qwen2_moe_bf16",         "qwen3_moe_bf16",
                                  "olmoe_bf16",       "deepseek_v2_bf16",       "deepseek_v2_group_bf16",
-                                 "deepseek_v3_bf16", "glm4_moe_bf16",          "minimax_m2_bf16"};
+                                 "deepseek_v3_bf16", "glm4_moe_bf16",          "minimax_m2_bf16",
+                                 "qwen3_next_bf16",  "qwen3_5_moe_bf16"};
     for (size_t i = 0; i < sizeof f32 / sizeof f32[0]; i++)
         check_model(tests, f32[i], false, MODEL_DTYPE_AUTO);
     for (size_t i = 0; i < sizeof bf16 / sizeof bf16[0]; i++) {

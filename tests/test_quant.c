@@ -84,7 +84,16 @@ static void check_model(const char *tests, const char *name, enum model_quant qu
     bool ok = quantized(mq->lm_head) && !quantized(mq->embed);
     for (int l = 0; l < md->n_layer; l++) {
         const struct layer_w *q = &mq->layers[l], *r = &mr->layers[l];
-        if (md->attn == ATTN_KIND_MLA) {
+        if (md->layer_linear && md->layer_linear[l]) {
+            /* Gated DeltaNet: the wide input projections and out_proj; b and a (a head's gates,
+             * through exp and softplus) stay as stored */
+            ok = ok && quantized(q->lin_in[0]) && quantized(q->lin_out) &&
+                 (md->lin_fused_in ? !quantized(q->lin_in[1])
+                                   : quantized(q->lin_in[1]) && !quantized(q->lin_in[2]) &&
+                                         !quantized(q->lin_in[3]));
+            for (int i = 0; i < 4; i++) take(&d, q->lin_in[i], r->lin_in[i]);
+            take(&d, q->lin_out, r->lin_out);
+        } else if (md->attn == ATTN_KIND_MLA) {
             /* every projection, the absorbed key copy included (its own quantization) */
             ok = ok && quantized(q->wkv_a) && quantized(q->wkv_b) && quantized(q->w_uk_t) &&
                  quantized(q->wo) && (q->wq_a ? quantized(q->wq_b) : quantized(q->wq));
@@ -162,7 +171,17 @@ static void check_model(const char *tests, const char *name, enum model_quant qu
      * activations move it 3x as far. */
     double amp = md->expert_act == FFN_ACT_SWIGLU_OAI ? 3.0 : 1.0;
     if (amp > 1) tol_max = 0.8; /* a position routed otherwise: another computation */
-    CHECKF(med <= amp * TOL_MEDIAN && p90 <= amp * TOL_P90 && mx <= tol_max,
+    /* The hybrid fixtures (Gated DeltaNet) amplify rounding ~5x the others (transformers' own
+     * bf16 run is 4-8% from its f32 run there), and their recurrent state carries a flipped
+     * expert into every later position of the prompt, as a wrong attention output would:
+     * 5x the median, 8x the 90th percentile, and a whole other computation at worst. */
+    double amp90 = amp;
+    if (md->n_linear > 0) {
+        amp = 5.0;
+        amp90 = 8.0;
+        tol_max = 1.5;
+    }
+    CHECKF(med <= amp * TOL_MEDIAN && p90 <= amp90 * TOL_P90 && mx <= tol_max,
            "%s %s: median %.3g, 90th percentile %.3g, max %.3g", name, model_quant_name(quant),
            med, p90, mx);
     engine_free(eq);
@@ -182,7 +201,8 @@ int main(int argc, char **argv)
                                   "mohge_tiny",   "mixtral_bf16",   "qwen2_moe_bf16",
                                   "qwen3_moe_bf16", "olmoe_bf16",   "deepseek_v2",
                                   "deepseek_v2_group", "deepseek_v3", "deepseek_v3_bf16",
-                                  "gpt_oss",      "gpt_oss_bf16"};
+                                  "gpt_oss",      "gpt_oss_bf16",   "qwen3_next",
+                                  "qwen3_5_moe",  "qwen3_5_moe_bf16"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         check_model(tests, names[i], MODEL_QUANT_INT8);
         check_model(tests, names[i], MODEL_QUANT_INT4);

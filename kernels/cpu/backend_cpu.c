@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "common.h"
+#include "cpu/gdn.h"
 #include "cpu/gemm.h"
 #include "cpu/pool.h"
 #include "route_impl.h"
@@ -766,6 +767,33 @@ static void cpu_host_for(struct backend *be, int n_tasks, void (*fn)(void *ctx, 
     pool_run(cpu_of(be)->pool, fn, ctx, n_tasks);
 }
 
+/* --- hybrid models ------------------------------------------------------------------------ */
+
+static void cpu_gather_cols(struct backend *be, float *y, int ldy, const float *x, int ldx,
+                            const int32_t *idx, int n, int m)
+{
+    (void)be;
+    for (int i = 0; i < n; i++) {
+        float *yr = y + (size_t)i * ldy;
+        const float *xr = x + (size_t)i * ldx;
+        for (int j = 0; j < m; j++) yr[j] = xr[idx[j]];
+    }
+}
+
+static void cpu_mul_sigmoid(struct backend *be, float *y, const float *g, int n, int d)
+{
+    (void)be;
+    size_t total = (size_t)n * d;
+    for (size_t i = 0; i < total; i++) y[i] *= 1.0f / (1.0f + expf(-g[i]));
+}
+
+static void cpu_gdn(struct backend *be, float *out, float *qkv, const float *z, float *b,
+                    float *a, const struct be_gdn *g, const struct be_seqs *sq)
+{
+    struct cpu_backend *c = cpu_of(be);
+    gdn_cpu_run(c->pool, c->kk, out, qkv, z, b, a, g, sq);
+}
+
 static const struct backend_ops cpu_ops = {
     .name = "cpu",
     .host_memory = 1,
@@ -801,6 +829,9 @@ static const struct backend_ops cpu_ops = {
     .attention_ex = cpu_attention_ex,
     .host_workers = cpu_host_workers,
     .host_for = cpu_host_for,
+    .gather_cols = cpu_gather_cols,
+    .mul_sigmoid = cpu_mul_sigmoid,
+    .gdn = cpu_gdn,
 };
 
 /* Staged variant: copies weights, and tells the engine its memory is not host memory, so the

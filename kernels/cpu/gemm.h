@@ -108,7 +108,17 @@ struct gemm_kernels {
     void (*neuron_down_tok)(const struct wmat *down, int f, const int32_t *tok,
                             const int32_t *slot, int cnt, const float *h, float *y, size_t ldy,
                             int c0, int c1);
+    /* The gated delta rule (backend.h gdn) for one value head over n tokens of one sequence,
+     * state S (dk, dv) updated in place: per token t, with q/k rows (normalized already) at
+     * q/k + t * ldqk, v at v + t * ldv, the log-decay and beta at g/beta + t * ldgb:
+     * S *= exp(g); S += k (beta (v - S^T k))^T; o + t * ldo = S^T q. dk, dv <= GDN_MAX_DIM. */
+    void (*gdn_head)(float *S, const float *q, const float *k, size_t ldqk, const float *v,
+                     size_t ldv, const float *g, const float *beta, size_t ldgb, float *o,
+                     size_t ldo, int n, int dk, int dv);
 };
+
+/* The widest Gated DeltaNet head the kernels take (model_config.c checks configs against it). */
+#define GDN_MAX_DIM 512
 
 size_t gemm_act_bytes(enum act_kind kind, int n, int k);
 

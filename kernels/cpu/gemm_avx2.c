@@ -594,6 +594,9 @@ static inline __attribute__((always_inline)) void st8(float *y, __m256 v, int n)
 #define ATTN_NAME_EX v_attn_head_ex
 #include "attn_impl.h"
 
+#define GDN_HEAD_NAME v_gdn_head
+#include "gdn_impl.h"
+
 const struct gemm_kernels gemm_avx2 = {
     .name = "avx2",
     .act_kind = v_act_kind,
@@ -607,6 +610,7 @@ const struct gemm_kernels gemm_avx2 = {
     .neuron_down = v_neuron_down,
     .neuron_up_tok = v_neuron_up_tok,
     .neuron_down_tok = v_neuron_down_tok,
+    .gdn_head = v_gdn_head,
 };
 
 #else

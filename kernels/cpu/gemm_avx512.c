@@ -539,6 +539,9 @@ static inline __attribute__((always_inline)) void st16(float *y, __m512 v, int n
 #define ATTN_NAME_EX x_attn_head_ex
 #include "attn_impl.h"
 
+#define GDN_HEAD_NAME x_gdn_head
+#include "gdn_impl.h"
+
 const struct gemm_kernels gemm_avx512 = {
     .name = "avx512",
     .act_kind = x_act_kind,
@@ -552,6 +555,7 @@ const struct gemm_kernels gemm_avx512 = {
     .neuron_down = x_neuron_down,
     .neuron_up_tok = x_neuron_up_tok,
     .neuron_down_tok = x_neuron_down_tok,
+    .gdn_head = x_gdn_head,
 };
 
 #else

@@ -244,6 +244,9 @@ static void p_neuron_down_tok(const struct wmat *down, int f, const int32_t *tok
 #define ATTN_NAME_EX p_attn_head_ex
 #include "attn_impl.h"
 
+#define GDN_HEAD_NAME p_gdn_head
+#include "gdn_impl.h"
+
 const struct gemm_kernels gemm_portable = {
     .name = "portable",
     .act_kind = p_act_kind,
@@ -257,4 +260,5 @@ const struct gemm_kernels gemm_portable = {
     .neuron_down = p_neuron_down,
     .neuron_up_tok = p_neuron_up_tok,
     .neuron_down_tok = p_neuron_down_tok,
+    .gdn_head = p_gdn_head,
 };

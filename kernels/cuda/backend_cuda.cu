@@ -42,6 +42,10 @@ struct cuda_backend {
     float *g_alpha, *g_beta;
     int grouped;         /* 1: try cublasGemmGroupedBatchedEx; 0: a GEMM per expert */
     uint16_t *stage;     /* pinned bf16 staging for weight_upload, made at the first upload */
+    int32_t *d_seq;      /* reserve(): gdn's sequence table (4 * seq_cap) in device memory */
+    int32_t *h_seq;      /* its pinned staging */
+    int seq_cap;
+    cudaEvent_t seq_done;/* the last copy out of h_seq has finished */
 
     int failed;          /* set at the first failure; `first` then holds its reason */
     char first[CB_ERR_LEN];
@@ -81,6 +85,12 @@ static void cb_release_workspace(struct cuda_backend *b)
     if (b->d_ptrs) cudaFree(b->d_ptrs);
     if (b->h_ptrs) cudaFreeHost(b->h_ptrs);
     if (b->ptrs_done) cudaEventDestroy(b->ptrs_done);
+    if (b->d_seq) cudaFree(b->d_seq);
+    if (b->h_seq) cudaFreeHost(b->h_seq);
+    if (b->seq_done) cudaEventDestroy(b->seq_done);
+    b->d_seq = b->h_seq = NULL;
+    b->seq_done = NULL;
+    b->seq_cap = 0;
     free(b->g_ta);
     free(b->g_tb);
     free(b->g_m);
@@ -164,6 +174,13 @@ static int cb_reserve(struct backend *be, const struct be_reserve *r)
         CB_CUDA(b, cudaMalloc((void **)&b->d_ptrs, sizeof(void *) * 9 * (size_t)G / 2)) < 0 ||
         CB_CUDA(b, cudaMallocHost((void **)&b->h_ptrs, sizeof(void *) * 9 * (size_t)G / 2)) < 0 ||
         CB_CUDA(b, cudaEventCreateWithFlags(&b->ptrs_done, cudaEventDisableTiming)) < 0)
+        goto fail;
+    /* a step's sequences: at most one per token */
+    b->seq_cap = r->max_rows > 0 ? r->max_rows : 1;
+    if (CB_CUDA(b, cudaMalloc((void **)&b->d_seq, sizeof(int32_t) * 4 * (size_t)b->seq_cap)) < 0 ||
+        CB_CUDA(b, cudaMallocHost((void **)&b->h_seq, sizeof(int32_t) * 4 * (size_t)b->seq_cap)) <
+            0 ||
+        CB_CUDA(b, cudaEventCreateWithFlags(&b->seq_done, cudaEventDisableTiming)) < 0)
         goto fail;
     /* One block for the int arrays (7 of G), one for the scalars (2 of G). */
     b->g_ta = (cublasOperation_t *)calloc((size_t)G, sizeof *b->g_ta);
@@ -646,7 +663,50 @@ static void cb_host_for(struct backend *be, int n_tasks, void (*fn)(void *ctx, i
     for (int t = 0; t < n_tasks; t++) fn(ctx, t, 0);
 }
 
-static_assert(sizeof(struct backend_ops) == 34 * sizeof(void *),
+static void cb_gather_cols(struct backend *be, float *y, int ldy, const float *x, int ldx,
+                           const int32_t *idx, int n, int m)
+{
+    struct cuda_backend *b = cb_of(be);
+    if (n <= 0 || m <= 0 || cb_enter(b) < 0) return;
+    cb_note(b, cuk_gather_cols(b->stream, y, ldy, x, ldx, idx, n, m, CB_ERR(b)));
+}
+
+static void cb_mul_sigmoid(struct backend *be, float *y, const float *g, int n, int d)
+{
+    struct cuda_backend *b = cb_of(be);
+    if (n <= 0 || d <= 0 || cb_enter(b) < 0) return;
+    cb_note(b, cuk_mul_sigmoid(b->stream, y, g, (size_t)n * (size_t)d, CB_ERR(b)));
+}
+
+static void cb_gdn(struct backend *be, float *out, float *qkv, const float *z, float *bl,
+                   float *a, const struct be_gdn *g, const struct be_seqs *sq)
+{
+    struct cuda_backend *b = cb_of(be);
+    if (sq->n <= 0 || cb_enter(b) < 0) return;
+    if (sq->n > b->seq_cap) {
+        ms_errf(b->last, sizeof b->last, "gdn: %d sequences, more than the %d reserved", sq->n,
+                b->seq_cap);
+        cb_note(b, -1);
+        return;
+    }
+    /* the staging may still be read by the previous call's copy */
+    if (CB_CUDA(b, cudaEventSynchronize(b->seq_done)) < 0) return;
+    int n_tok = 0;
+    for (int i = 0; i < sq->n; i++) {
+        b->h_seq[4 * i] = sq->tok0[i];
+        b->h_seq[4 * i + 1] = sq->n_tok[i];
+        b->h_seq[4 * i + 2] = sq->slot[i];
+        b->h_seq[4 * i + 3] = sq->fresh[i];
+        if (sq->tok0[i] + sq->n_tok[i] > n_tok) n_tok = sq->tok0[i] + sq->n_tok[i];
+    }
+    if (CB_CUDA(b, cudaMemcpyAsync(b->d_seq, b->h_seq, sizeof(int32_t) * 4 * (size_t)sq->n,
+                                   cudaMemcpyHostToDevice, b->stream)) < 0 ||
+        CB_CUDA(b, cudaEventRecord(b->seq_done, b->stream)) < 0)
+        return;
+    cb_note(b, cuk_gdn(b->stream, out, qkv, z, bl, a, g, b->d_seq, sq->n, n_tok, CB_ERR(b)));
+}
+
+static_assert(sizeof(struct backend_ops) == 37 * sizeof(void *),
               "struct backend_ops changed: update cuda_ops to match kernels/backend.h");
 
 static const struct backend_ops cuda_ops = {
@@ -684,6 +744,9 @@ static const struct backend_ops cuda_ops = {
     /* .attention_ex */ cb_attention_ex,
     /* .host_workers */ cb_host_workers,
     /* .host_for */ cb_host_for,
+    /* .gather_cols */ cb_gather_cols,
+    /* .mul_sigmoid */ cb_mul_sigmoid,
+    /* .gdn */ cb_gdn,
 };
 
 extern "C" int backend_cuda_device_count(void)

@@ -3,7 +3,7 @@
 
 The C engine is correct when it reproduces what `transformers` computes, so this script makes
 tiny random checkpoints of every MoE architecture we load (mixtral, qwen2_moe, qwen3_moe, olmoe,
-deepseek_v2/v3, glm4_moe, minimax_m2, gpt_oss)
+deepseek_v2/v3, glm4_moe, minimax_m2, gpt_oss, and the hybrid qwen3_next and qwen3_5_moe)
 with transformers' own model classes, saves them with save_pretrained exactly as users have
 them (f32, bf16, and one sharded f32 copy), trains one tiny byte-level BPE tokenizer that every
 folder shares, and records reference outputs (ids, full-forward logits, greedy continuations)
@@ -51,6 +51,12 @@ from transformers import (
     Qwen2MoeForCausalLM,
     Qwen3MoeConfig,
     Qwen3MoeForCausalLM,
+    Qwen3NextConfig,
+    Qwen3NextForCausalLM,
+    Qwen3_5MoeConfig,
+    Qwen3_5MoeForCausalLM,
+    Qwen3_5MoeForConditionalGeneration,
+    Qwen3_5MoeTextConfig,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -294,10 +300,59 @@ GPTOSS = GptOssConfig(
 )
 GPTOSS_FOLDERS = ["gpt_oss", "gpt_oss_bf16", "gpt_oss_dense"]
 
+# The hybrid Qwen models: Gated DeltaNet on 3 of 4 layers and gated full attention (q/k norm per
+# head, partial rotary of a head_dim 16: 4 dims for qwen3_next's 0.25, 8 for qwen3_5_moe's 0.5)
+# on the 4th; 2 key heads serving 4 value heads (grouped value attention), key heads 16 wide and
+# value heads 8 (so a transposed state shows), a 4-tap conv; every RMSNorm zero-centred. The MoE
+# blocks: top-2 of 8 renormalised plus the sigmoid-gated shared expert; qwen3_next's layer 1 is
+# dense (mlp_only_layers) and its DeltaNet projections are fused per key head (in_proj_qkvz,
+# in_proj_ba), qwen3_5_moe's apart (in_proj_qkv/_z/_b/_a). Their prompts add one of 85 tokens,
+# past the 64-token chunk of transformers' chunked delta rule, so the recurrence is compared
+# across a chunk boundary.
+HYBRID = dict(
+    **{k: v for k, v in COMMON.items() if k != "rope_parameters"},
+    num_hidden_layers=4,
+    head_dim=16,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=16,
+    linear_value_head_dim=8,
+    linear_conv_kernel_dim=4,
+    moe_intermediate_size=32,
+    shared_expert_intermediate_size=64,
+    num_experts=8,
+    num_experts_per_tok=2,
+    layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+)
+ARCHS["qwen3_next"] = (
+    Qwen3NextForCausalLM,
+    Qwen3NextConfig(
+        **HYBRID,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                         "partial_rotary_factor": 0.25},
+        intermediate_size=128,
+        mlp_only_layers=[1],
+        norm_topk_prob=True,
+    ),
+)
+ARCHS["qwen3_5_moe"] = (
+    Qwen3_5MoeForCausalLM,
+    Qwen3_5MoeTextConfig(
+        **HYBRID,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                         "partial_rotary_factor": 0.5, "mrope_section": [2, 1, 1],
+                         "mrope_interleaved": True},
+    ),
+)
+HYBRID_ARCHS = ("qwen3_next", "qwen3_5_moe")
+LONG_PROMPT = ("KING RICHARD III:\nNow is the winter of our discontent made glorious summer by "
+               "this sun of York; and all the clouds that lour'd upon our house in the deep "
+               "bosom of the ocean buried.")
+
 # Per-architecture weight seed offsets, picked (by trying a few) so that no token's k-th and
 # (k+1)-th router logits are within ROUTER_GAP_MIN of each other on the reference sequences:
 # a near tie would make expert choice, and so the expected logits, hinge on rounding.
-SEED_OFFSET = {"minimax_m2": 14,
+SEED_OFFSET = {"minimax_m2": 14, "qwen3_next": 9, "qwen3_5_moe": 11,
                "glm4_moe": 3, "qwen3_moe": 1, "deepseek_v2": 4, "deepseek_v2_group": 5,
                "deepseek_v3": 11, "gpt_oss": 1}
 ROUTER_GAP_MIN = 1e-3
@@ -338,17 +393,62 @@ def prompt_ids(tokenizer):
     return ids
 
 
+def long_prompt_ids(tokenizer):
+    ids = tokenizer(LONG_PROMPT, add_special_tokens=False)["input_ids"]
+    assert 64 < len(ids) <= 96, len(ids)  # past one delta-rule chunk, + 32 greedy within 128
+    return ids
+
+
+def make_qwen3_5_vl(out_root, tokenizer, text_model, text_dir):
+    """qwen3_5_moe as Qwen publishes it: a Qwen3_5MoeForConditionalGeneration folder (config
+    with text_config and vision_config, text weights under model.language_model., a vision tower
+    under model.visual.) holding the same text weights as the qwen3_5_moe fixture. Its text-only
+    forward (interleaved mRoPE with equal positions in all three sections) must give that
+    fixture's logits (checked here, both in f32), so its reference is a copy of that one."""
+    tc = text_model.config.to_dict()
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=4,
+                  temporal_patch_size=2, spatial_merge_size=2, out_hidden_size=64,
+                  num_position_embeddings=16, in_channels=3)
+    cfg = Qwen3_5MoeConfig(text_config=tc, vision_config=vision, tie_word_embeddings=False)
+    torch.manual_seed(SEED)
+    vl = Qwen3_5MoeForConditionalGeneration(cfg).eval()
+    src = text_model.state_dict()
+    with torch.no_grad():
+        for k, v in vl.state_dict().items():
+            if k.startswith("model.language_model."):
+                v.copy_(src["model." + k[len("model.language_model."):]])
+            elif k == "lm_head.weight":
+                v.copy_(src["lm_head.weight"])
+    d = out_root / "qwen3_5_moe_vl"
+    save_checkpoint(vl, tokenizer, d)
+    back = Qwen3_5MoeForConditionalGeneration.from_pretrained(d, dtype=torch.float32, **IMPL).eval()
+    with safe_open(str(text_dir / "reference.safetensors"), "pt") as ref:
+        for k in ref.keys():
+            if k.endswith(".ids"):
+                ids = ref.get_tensor(k).tolist()
+                want = full_logits(text_model, ids)  # both in f32, the same arithmetic
+                got = full_logits(back, ids)
+                err = float((got - want).abs().max() / want.abs().max())
+                assert err < 1e-5, f"qwen3_5_moe_vl {k}: text path differs by {err} (relative)"
+    shutil.copyfile(text_dir / "reference.safetensors", d / "reference.safetensors")
+    return [("qwen3_5_moe_vl", sum(p.numel() for p in vl.parameters()), dir_size(d), None, 0.0,
+             ["text path of the multimodal folder = qwen3_5_moe"])]
+
+
 def make_weights_nondegenerate(model, seed):
     """Overwrite transformers' init (std 0.02: flat logits, tied routing) with a scale that
     gives logits spread over several units and clearly separated router scores."""
     g = torch.Generator().manual_seed(seed)
+    zero_centred = model.config.model_type in ("qwen3_next", "qwen3_5_moe_text")
     with torch.no_grad():
         params = list(model.named_parameters())
         params += [(n, b) for n, b in model.named_buffers() if n.endswith("e_score_correction_bias")]
         for name, p in params:  # fixed order: deterministic
             r = torch.randn(tuple(p.shape), generator=g, dtype=torch.float32)
             fan_in = p.shape[-1]
-            if name.endswith("norm.weight"):
+            if name.endswith("norm.weight") and zero_centred and "linear_attn" not in name:
+                v = 0.1 * r  # Qwen3-Next's RMSNorms scale by 1 + w
+            elif name.endswith("norm.weight"):
                 v = 1.0 + 0.1 * r  # a wrong or missing norm is visible
             elif name.endswith(".bias"):
                 v = 0.2 * r
@@ -534,8 +634,18 @@ def check_logits(name, lg):
 
 
 def write_reference(model_dir, prompts, f32_model, bf16_model=None):
-    """reference.safetensors: see README.md for the tensor list."""
+    """reference.safetensors: see README.md for the tensor list. The hybrid models' f32 logits
+    are transformers' forward run in float64 (then rounded to f32): in f32, its chunked delta
+    rule (a triangular solve over cumulative decays) drifts ~3e-5 from the exact recurrence,
+    more than an exact f32 engine does, so f64 is the reference that measures the engine."""
     tensors = {}
+    if f32_model.config.model_type in ("qwen3_next", "qwen3_5_moe_text"):
+        f64_model = copy.deepcopy(f32_model).double()
+        def exact_logits(ids):
+            return full_logits(f64_model, ids)
+    else:
+        def exact_logits(ids):
+            return full_logits(f32_model, ids)
     margins = []
     notes = []
     spread = math.inf
@@ -543,7 +653,7 @@ def write_reference(model_dir, prompts, f32_model, bf16_model=None):
     for i, ids in enumerate(prompts):
         tensors[f"prompt{i}.ids"] = torch.tensor(ids, dtype=torch.int32)
         if bf16_model is None:
-            lg = full_logits(f32_model, ids)
+            lg = exact_logits(ids)
             spread = min(spread, check_logits(f"{model_dir.name}/prompt{i}", lg))
             tensors[f"prompt{i}.logits"] = lg
             toks, step_margins, eos_top, mismatch = greedy(f32_model, ids)
@@ -558,7 +668,7 @@ def write_reference(model_dir, prompts, f32_model, bf16_model=None):
             lg = full_logits(bf16_model, ids)
             spread = min(spread, check_logits(f"{model_dir.name}/prompt{i}", lg))
             tensors[f"prompt{i}.logits"] = lg
-            lf = full_logits(f32_model, ids)
+            lf = exact_logits(ids)
             tensors[f"prompt{i}.logits_f32compute"] = lf
             worst_bf16 = max(worst_bf16, float((lg - lf).abs().max()))
             # Positions where transformers' bf16 run picks the same experts as its f32 run of the
@@ -802,7 +912,8 @@ def build(out_root, data_path, write_md, only=None):
         m32 = load(d32, torch.float32)
         sd0, sd1 = model.state_dict(), m32.state_dict()
         assert all(torch.equal(sd0[k], sd1[k]) for k in sd0), f"{name}: reload differs"
-        margin, spread, notes = write_reference(d32, prompts, m32)
+        arch_prompts = prompts + ([long_prompt_ids(tokenizer)] if name in HYBRID_ARCHS else [])
+        margin, spread, notes = write_reference(d32, arch_prompts, m32)
         summary.append((name, n_params, dir_size(d32), margin, spread, notes))
 
         if name == "mixtral":
@@ -823,8 +934,10 @@ def build(out_root, data_path, write_md, only=None):
             add_mtp_layer(model, db, SEED + 200)
         mb = load(db, torch.bfloat16)
         mbf = load(db, torch.float32)  # the bf16 weights upcast, computed in f32
-        _, spread_b, notes_b = write_reference(db, prompts, mbf, bf16_model=mb)
+        _, spread_b, notes_b = write_reference(db, arch_prompts, mbf, bf16_model=mb)
         summary.append((f"{name}_bf16", n_params, dir_size(db), None, spread_b, notes_b))
+        if name == "qwen3_5_moe":
+            summary += make_qwen3_5_vl(out_root, tokenizer, m32, d32)
 
     if not only or "gpt_oss" in only:
         summary += make_gptoss(out_root, tokenizer, prompts)
@@ -860,7 +973,8 @@ def main():
     args = ap.parse_args()
 
     out_root = Path(args.out)
-    targets = [n for a in ARCHS for n in (a, f"{a}_bf16")] + ["mixtral_sharded"] + GPTOSS_FOLDERS
+    targets = ([n for a in ARCHS for n in (a, f"{a}_bf16")] + ["mixtral_sharded", "qwen3_5_moe_vl"]
+               + GPTOSS_FOLDERS)
     if args.only:
         targets = [n for n in targets if any(n == a or n.startswith(a + "_") for a in args.only)]
     for n in targets:  # only the folders this script owns

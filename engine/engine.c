@@ -221,6 +221,15 @@ void engine_params_default(struct engine_params *p)
 
 /* --- forward pieces ------------------------------------------------------------------------ */
 
+/* x += tmp, the block's output (n, d), times Granite's residual multiplier where there is one. */
+static void residual_add(struct device *dv, int n, int d)
+{
+    const struct model_desc *md = &dv->e->m->desc;
+    struct backend *be = dv->be;
+    if (md->residual_scale != 1.0f) be->ops->scale(be, dv->tmp, n, d, md->residual_scale);
+    be->ops->add(be, dv->x, dv->tmp, n, d);
+}
+
 static void attention_layer(struct device *dv, int l)
 {
     struct engine *e = dv->e;
@@ -254,10 +263,12 @@ static void attention_layer(struct device *dv, int l)
     }
     /* Rotate-half RoPE on the first rope_dim dims of each head (all of them but for partial
      * rotary, GLM's partial_rotary_factor); the rest pass through untouched. */
-    be->ops->rope_ex(be, dv->q, hd, dv->q, hd, dv->pos, n, md->n_head, md->rope_dim, 0,
-                     dv->cos_sin);
-    be->ops->rope_ex(be, dv->k, hd, dv->k, hd, dv->pos, n, md->n_kv_head, md->rope_dim, 0,
-                     dv->cos_sin);
+    if (!md->nope) {
+        be->ops->rope_ex(be, dv->q, hd, dv->q, hd, dv->pos, n, md->n_head, md->rope_dim, 0,
+                         dv->cos_sin);
+        be->ops->rope_ex(be, dv->k, hd, dv->k, hd, dv->pos, n, md->n_kv_head, md->rope_dim, 0,
+                         dv->cos_sin);
+    }
 
     /* Every sequence of the slice in one call: each token names its sequence's block table. */
     struct be_tokens tk = {.tables = dv->blocks, .table_stride = e->blocks_per_seq,
@@ -279,7 +290,7 @@ static void attention_layer(struct device *dv, int l)
     }
     if (md->attn_out_gate) be->ops->mul_sigmoid(be, dv->att, dv->gate, n, qdim);
     be->ops->matmul(be, dv->tmp, dv->att, lw->wo, lw->bo, n, qdim, d);
-    be->ops->add(be, dv->x, dv->tmp, n, d);
+    residual_add(dv, n, d);
 }
 
 /* Multi-head latent attention (DeepSeek), absorbed: per token the cache holds the RMS-normed
@@ -335,7 +346,7 @@ static void mla_attention_layer(struct device *dv, int l)
                            &uv, n, kvr, dvh);
     }
     be->ops->matmul(be, dv->tmp, vout, lw->wo, NULL, n, H * dvh, d);
-    be->ops->add(be, dv->x, dv->tmp, n, d);
+    residual_add(dv, n, d);
 }
 
 /* Gated DeltaNet (qwen3_next, qwen3_5_moe; backend.h gdn): the input projections (fused per
@@ -374,7 +385,35 @@ static void gdn_layer(struct device *dv, int l)
                        .conv_state = dv->st_conv[l], .ssm_state = dv->st_ssm[l]};
     be->ops->gdn(be, dv->lin_out, dv->lin_qkv, dv->lin_z, dv->lin_b, dv->lin_a, &g, &dv->seqs);
     be->ops->matmul(be, dv->tmp, dv->lin_out, lw->lin_out, NULL, n, vd, d);
-    be->ops->add(be, dv->x, dv->tmp, n, d);
+    residual_add(dv, n, d);
+}
+
+/* Mamba2 (granitemoehybrid; backend.h mamba2): in_proj split into the gate z, the conv channels
+ * x|B|C and the step logits dt, the scan over each sequence's state slot, and out_proj. */
+static void mamba_layer(struct device *dv, int l)
+{
+    struct engine *e = dv->e;
+    const struct model_desc *md = &e->m->desc;
+    const struct layer_w *lw = &dv->w.layers[l];
+    struct backend *be = dv->be;
+    int n = dv->n_tok, d = md->d_model, H = md->lin_nv, I = H * md->lin_dv;
+    int conv = I + 2 * md->lin_nk * md->lin_dk, rows = I + conv + H;
+
+    be->ops->rmsnorm(be, dv->h, dv->x, lw->attn_norm, n, d, md->rms_eps);
+    be->ops->matmul(be, dv->lin_raw, dv->h, lw->lin_in[0], lw->lin_in_b, n, d, rows);
+    be->ops->gather_cols(be, dv->lin_qkv, conv, dv->lin_raw, rows, dv->idx_lin, n, conv);
+    be->ops->gather_cols(be, dv->lin_z, I, dv->lin_raw, rows, dv->idx_lin + conv, n, I);
+    be->ops->gather_cols(be, dv->lin_b, H, dv->lin_raw, rows, dv->idx_lin + conv + I, n, H);
+    struct be_mamba mb = {.n_head = H, .head_dim = md->lin_dv, .n_group = md->lin_nk,
+                          .d_state = md->lin_dk, .conv_k = md->lin_conv,
+                          .conv_w = lw->lin_conv_w, .conv_b = lw->lin_conv_b,
+                          .a_log = lw->lin_a_log, .dt_bias = lw->lin_dt_bias, .d_skip = lw->lin_d,
+                          .norm_w = lw->lin_norm, .eps = md->rms_eps, .dt_min = md->lin_dt_min,
+                          .dt_max = md->lin_dt_max, .conv_state = dv->st_conv[l],
+                          .ssm_state = dv->st_ssm[l]};
+    be->ops->mamba2(be, dv->lin_out, dv->lin_qkv, dv->lin_z, dv->lin_b, &mb, &dv->seqs);
+    be->ops->matmul(be, dv->tmp, dv->lin_out, lw->lin_out, lw->lin_out_b, n, I, d);
+    residual_add(dv, n, d);
 }
 
 static void ffn_layer(struct device *dv, int l)
@@ -419,7 +458,7 @@ static void ffn_layer(struct device *dv, int l)
     } else {
         moe_ffn_rows(be, &lw->dense, d, dv->h, n, dv->tmp, dv->moe.gate, dv->moe.up);
     }
-    be->ops->add(be, dv->x, dv->tmp, n, d);
+    residual_add(dv, n, d);
 }
 
 /* The next chunk of up to max_rows logit rows of the items before `end`, from (item *it, its
@@ -483,6 +522,7 @@ static void logits_out(struct device *dv)
         be->ops->gather_rows(be, dv->h, dv->x, dv->lrows, rows, d);
         be->ops->rmsnorm(be, dv->h, dv->h, m->norm, rows, d, md->rms_eps);
         be->ops->matmul(be, dv->logits, dv->h, m->lm_head, NULL, rows, d, V);
+        if (md->logit_scale != 1.0f) be->ops->scale(be, dv->logits, rows, V, md->logit_scale);
         if (!be->ops->host_memory)
             be->ops->download(be, dv->h_logits, dv->logits, sizeof(float) * (size_t)rows * V);
         const float *out = host;
@@ -553,8 +593,11 @@ static void device_forward(struct device *dv)
     be->ops->upload(be, dv->blocks, dv->h_blocks,
                     sizeof(int32_t) * (size_t)(dv->item1 - dv->item0) * e->blocks_per_seq);
     be->ops->embed(be, dv->x, dv->w.embed, dv->ids, n, md->d_model);
+    if (md->embed_scale != 1.0f) be->ops->scale(be, dv->x, n, md->d_model, md->embed_scale);
     for (int l = 0; l < md->n_layer; l++) {
-        if (md->layer_linear && md->layer_linear[l])
+        if (md->layer_linear && md->layer_linear[l] && md->lin_kind == LIN_KIND_MAMBA2)
+            mamba_layer(dv, l);
+        else if (md->layer_linear && md->layer_linear[l])
             gdn_layer(dv, l);
         else if (md->attn == ATTN_KIND_MLA)
             mla_attention_layer(dv, l);
@@ -778,12 +821,18 @@ static int device_weights(struct engine *e, struct device *dv)
         if (md->layer_linear && md->layer_linear[l]) {
             size_t nv = (size_t)md->lin_nv;
             size_t conv = 2 * (size_t)md->lin_nk * md->lin_dk + nv * md->lin_dv;
+            bool mamba = md->lin_kind == LIN_KIND_MAMBA2;
+            size_t vd = nv * md->lin_dv;
             for (int i = 0; i < 4; i++) lw->lin_in[i] = dev_weight(dv, src->lin_in[i], &ok);
+            lw->lin_in_b = dev_vec(dv, src->lin_in_b, vd + conv + nv, &ok);
             lw->lin_conv_w = dev_vec(dv, src->lin_conv_w, conv * (size_t)md->lin_conv, &ok);
+            lw->lin_conv_b = dev_vec(dv, src->lin_conv_b, conv, &ok);
             lw->lin_a_log = dev_vec(dv, src->lin_a_log, nv, &ok);
             lw->lin_dt_bias = dev_vec(dv, src->lin_dt_bias, nv, &ok);
-            lw->lin_norm = dev_vec(dv, src->lin_norm, (size_t)md->lin_dv, &ok);
+            lw->lin_d = dev_vec(dv, src->lin_d, nv, &ok);
+            lw->lin_norm = dev_vec(dv, src->lin_norm, mamba ? vd : (size_t)md->lin_dv, &ok);
             lw->lin_out = dev_weight(dv, src->lin_out, &ok);
+            lw->lin_out_b = dev_vec(dv, src->lin_out_b, D, &ok);
         }
         if (md->ffn == FFN_KIND_CONTINUOUS) {
             lw->cont_router = dev_weight(dv, src->cont_router, &ok);
@@ -909,7 +958,17 @@ static int device_hybrid(struct engine *e, struct device *dv)
     if (md->n_linear > 0) {
         int nk = md->lin_nk, nv = md->lin_nv, dk = md->lin_dk, dvh = md->lin_dv, r = nv / nk;
         size_t kd = (size_t)nk * dk, vd = (size_t)nv * dvh, conv = 2 * kd + vd;
-        if (md->lin_fused_in) {
+        if (md->lin_kind == LIN_KIND_MAMBA2) {
+            /* in_proj: z (vd), then x|B|C (conv), then dt (nv) */
+            size_t rows = vd + conv + (size_t)nv;
+            dv->lin_raw = dev_alloc(dv, T * rows * sizeof(float), &ok);
+            if (!(tab = malloc(sizeof(int32_t) * rows))) return -1;
+            for (size_t i = 0; i < conv; i++) tab[i] = (int32_t)(vd + i);
+            for (size_t i = 0; i < vd; i++) tab[conv + i] = (int32_t)i;
+            for (int i = 0; i < nv; i++) tab[conv + vd + (size_t)i] = (int32_t)(vd + conv + i);
+            dv->idx_lin = dev_idx(dv, tab, rows, &ok);
+            free(tab);
+        } else if (md->lin_fused_in) {
             dv->lin_raw = dev_alloc(dv, T * 2 * (kd + vd) * sizeof(float), &ok);
             dv->lin_raw_ba = dev_alloc(dv, T * 2 * (size_t)nv * sizeof(float), &ok);
             size_t nt = conv + vd + 2 * (size_t)nv;
@@ -1521,11 +1580,13 @@ int engine_create(const struct model *m, const struct engine_params *p, struct e
         if ((!e->remote || r == e->self) &&
             device_init(e, &e->dev[r], r, threads, err, errlen) != 0)
             goto fail;
-    if (md->n_linear > 0 || md->attn_out_gate) {
+    if (md->n_linear > 0 || md->attn_out_gate || md->embed_scale != 1.0f ||
+        md->residual_scale != 1.0f || md->logit_scale != 1.0f) {
         const struct backend_ops *ops = e->dev[e->self].be->ops;
-        if (!ops->gdn || !ops->gather_cols || !ops->mul_sigmoid) {
-            ms_errf(err, errlen, "the %s backend has no kernels for %s's gated attention and "
-                                 "Gated DeltaNet layers yet (use --device cpu)",
+        if (!ops->gdn || !ops->gather_cols || !ops->mul_sigmoid || !ops->mamba2 ||
+            !ops->scale) {
+            ms_errf(err, errlen, "the %s backend has no kernels for %s's gated attention, "
+                                 "state-space layers or multipliers yet (use --device cpu)",
                     ops->name, md->model_type);
             goto fail;
         }

@@ -51,6 +51,12 @@ enum ffn_kind {
                             (engine/infmoe.h); every layer of such a model */
 };
 
+/* The state-space layers of a hybrid model (model_desc.layer_linear). */
+enum lin_kind {
+    LIN_KIND_GDN = 0,    /* Gated DeltaNet */
+    LIN_KIND_MAMBA2 = 1, /* Mamba2 (SSD) */
+};
+
 enum shared_gate_kind {
     SHARED_GATE_NONE,    /* shared experts always added with weight 1 */
     SHARED_GATE_SIGMOID, /* qwen2_moe: sigmoid(x . w_gate) scales the shared expert */
@@ -159,17 +165,25 @@ struct model_desc {
      * decoding, so they are skipped at load (never bound) and the load note says so. */
     int n_mtp_layers;
 
-    /* Hybrid models (qwen3_next, qwen3_5_moe): layer l mixes tokens with Gated DeltaNet
-     * instead of attention when layer_linear[l]. Per sequence such a layer keeps a recurrent
-     * state (engine/kv_cache.h's state slots): the last lin_conv - 1 inputs of its causal
-     * conv1d over the lin_conv_dim = 2 * lin_nk * lin_dk + lin_nv * lin_dv q/k/v channels, and
-     * an (lin_dk, lin_dv) delta-rule state per value head. Value head j reads key head
-     * j / (lin_nv / lin_nk). NULL when no layer is. */
+    /* Hybrid models: layer l mixes tokens with a state-space layer instead of attention when
+     * layer_linear[l], of one kind for the model (lin_kind). Per sequence such a layer keeps a
+     * recurrent state (engine/kv_cache.h's state slots): the last lin_conv - 1 inputs of its
+     * causal conv1d over conv_dim = 2 * lin_nk * lin_dk + lin_nv * lin_dv channels, and an
+     * lin_dk x lin_dv state per head.
+     *   Gated DeltaNet (qwen3_next, qwen3_5_moe): lin_nk key heads of lin_dk, lin_nv value heads
+     *   of lin_dv (value head j reads key head j / (lin_nv / lin_nk)); the channels are q, k, v.
+     *   Mamba2 (granitemoehybrid): lin_nv heads of lin_dv (head_dim), lin_nk groups with states
+     *   of lin_dk (d_state); the channels are x, B, C; head h reads group h / (lin_nv / lin_nk).
+     * NULL when no layer is. */
     bool *layer_linear;   /* (n_layer) or NULL */
     int n_linear;         /* layers with layer_linear set */
-    int lin_nk, lin_nv;   /* key and value heads */
-    int lin_dk, lin_dv;   /* their widths */
+    enum lin_kind lin_kind;
+    int lin_nk, lin_nv;   /* key heads / groups, value heads / heads */
+    int lin_dk, lin_dv;   /* their widths: key head / d_state, value head / head_dim */
     int lin_conv;         /* conv1d kernel width */
+    bool lin_conv_bias;   /* Mamba2: the conv1d has a bias */
+    bool lin_proj_bias;   /* Mamba2: in_proj and out_proj have biases */
+    float lin_dt_min, lin_dt_max; /* Mamba2: the step's clamp (time_step_limit) */
     bool lin_fused_in;    /* qwen3_next: in_proj_qkvz / in_proj_ba, each key head's q, k, v, z
                              (and b, a) together; else in_proj_qkv / _z / _b / _a */
     bool norm_plus_one;   /* the RMSNorms (layers, final, q/k) scale by 1 + w, not w (the
@@ -178,6 +192,11 @@ struct model_desc {
                              attention output is multiplied by their sigmoid (qwen3_next) */
     char wprefix[32];     /* the text model's tensors: "model." or, in a multimodal folder,
                              "model.language_model." */
+    bool nope;            /* attention layers use no rotary embedding (Granite 4.0-H) */
+    /* Granite's multipliers (1 elsewhere): the embeddings times embed_scale, each block's
+     * output times residual_scale before its residual add, the logits times logit_scale
+     * (1 / logits_scaling). The softmax scale is attn_scale (attention_multiplier). */
+    float embed_scale, residual_scale, logit_scale;
 
     int32_t bos_id;                /* -1 when none */
     int32_t eos_ids[MODEL_MAX_EOS];/* from generation_config.json / config.json */
@@ -239,15 +258,21 @@ struct layer_w {
     const struct wmat *cont_down_t;  /* (cont_d_ff, d_model): the down projection neuron-major,
                                         so a neuron's output weights are one row */
 
-    /* Gated DeltaNet layers (layer_linear): the input projections, either fused per key head
-     * (lin_fused_in: lin_in[0] = in_proj_qkvz (2*nk*dk + 2*nv*dv rows), lin_in[1] = in_proj_ba
-     * (2*nv)) or apart (in_proj_qkv (conv_dim), _z (nv*dv), _b (nv), _a (nv)). */
+    /* State-space layers (layer_linear). The input projections: Gated DeltaNet's fused per key
+     * head (lin_fused_in: lin_in[0] = in_proj_qkvz (2*nk*dk + 2*nv*dv rows), lin_in[1] =
+     * in_proj_ba (2*nv)) or apart (in_proj_qkv (conv_dim), _z (nv*dv), _b (nv), _a (nv));
+     * Mamba2's one in_proj (lin_in[0]: z (nv*dv), x|B|C (conv_dim), dt (nv)). */
     const struct wmat *lin_in[4];
-    const float *lin_conv_w;         /* (conv_dim, lin_conv) depthwise conv1d, no bias */
+    const float *lin_in_b;           /* Mamba2: in_proj's bias, or NULL */
+    const float *lin_conv_w;         /* (conv_dim, lin_conv) depthwise conv1d */
+    const float *lin_conv_b;         /* (conv_dim) or NULL */
     const float *lin_a_log;          /* (nv) A_log: the decay rate is -exp(A_log) */
     const float *lin_dt_bias;        /* (nv) */
-    const float *lin_norm;           /* (dv) the gated RMSNorm's weight (plain w) */
+    const float *lin_d;              /* Mamba2: (nv) the skip D */
+    const float *lin_norm;           /* the gated RMSNorm's weight (plain w): (dv) Gated
+                                        DeltaNet, per head; (nv*dv) Mamba2, per group */
     const struct wmat *lin_out;      /* (d_model, nv*dv) out_proj */
+    const float *lin_out_b;          /* Mamba2: out_proj's bias, or NULL */
 };
 
 /* What activations and unquantized weights compute in (vLLM's --dtype). Matrix products

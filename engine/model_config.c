@@ -1,6 +1,7 @@
 /* config.json -> struct model_desc. Each supported Hugging Face architecture (mixtral,
  * qwen2_moe, qwen3_moe, olmoe, deepseek_v2/v3, glm4_moe, minimax_m2, gpt_oss, the hybrid
- * qwen3_next and qwen3_5_moe, and moeserve's own mohge and infmoe) is translated into the one architecture-neutral description the forward
+ * qwen3_next, qwen3_5_moe and granitemoehybrid, and moeserve's own mohge and infmoe) is
+ * translated into the one architecture-neutral description the forward
  * pass reads: attention kind and q/k norm, biases, rotary width, which layers are MoE, expert
  * widths and groups, shared experts and their gate. Fields are type-checked; anything the engine
  * cannot run exactly (rope scaling other than YaRN, sliding-window layer mixes, activations
@@ -253,6 +254,7 @@ static int cfg_common(json_t *root, struct model_desc *d, const char *path, char
     d->rope_dim = d->head_dim;
     d->attn_scale = 1.0f / sqrtf((float)d->head_dim);
     d->routed_scale = 1.0f;
+    d->embed_scale = d->residual_scale = d->logit_scale = 1.0f;
     json_t *act = json_object_get(root, "hidden_act");
     if (act && !json_is_null(act) &&
         (!json_is_string(act) || strcmp(json_string_value(act), "silu") != 0))
@@ -1019,6 +1021,169 @@ static int cfg_qwen3_5_moe(json_t *root, struct model_desc *d, const char *path,
     return 0;
 }
 
+/* A number that may be written as transformers 5 writes infinities ({"__float__": "Infinity"})
+ * or as a plain number. */
+static int cfg_float_value(json_t *v, double *out)
+{
+    if (json_is_number(v)) {
+        *out = json_number_value(v);
+        return 0;
+    }
+    json_t *f = json_is_object(v) ? json_object_get(v, "__float__") : NULL;
+    const char *s = json_is_string(f)   ? json_string_value(f)
+                    : json_is_string(v) ? json_string_value(v)
+                                        : NULL;
+    if (!s) return -1;
+    if (strcmp(s, "Infinity") == 0 || strcmp(s, "inf") == 0)
+        *out = INFINITY;
+    else if (strcmp(s, "-Infinity") == 0 || strcmp(s, "-inf") == 0)
+        *out = -INFINITY;
+    else
+        return -1;
+    return 0;
+}
+
+/* Granite 4.0-H (transformers' GraniteMoeHybrid classes): Mamba2 layers (layer_types "mamba" or
+ * "linear_attention") and GQA attention layers ("attention" / "full_attention"), NoPE unless
+ * position_embedding_type is "rope"; Granite's multipliers (embedding, residual, attention as
+ * the softmax scale, logits_scaling); every layer's FFN the always-on shared_mlp plus, with
+ * num_local_experts > 0, routed experts (top-k logits softmaxed: softmax top-k renormalized)
+ * stored fused under block_sparse_moe (input_linear = gate|up, output_linear). */
+static int cfg_granitemoehybrid(json_t *root, struct model_desc *d, const char *path, char *err,
+                                size_t errlen)
+{
+    int ff = 0, sff = 0, H = 0, P = 0, N = 0, G = 1, K = 4;
+    double expand = 2.0, am = 0, em = 1.0, rm = 1.0, ls = 1.0;
+    bool bias = false;
+    const char *ekey = "num_local_experts";
+    if (cfg_int(root, ekey, false, 0, &d->n_expert, path, err, errlen) ||
+        cfg_int(root, "num_experts_per_tok", false, 0, &d->top_k, path, err, errlen) ||
+        cfg_int(root, "intermediate_size", false, 0, &ff, path, err, errlen) ||
+        cfg_int(root, "shared_intermediate_size", false, 0, &sff, path, err, errlen) ||
+        cfg_int(root, "mamba_n_heads", true, 0, &H, path, err, errlen) ||
+        cfg_int(root, "mamba_d_state", true, 0, &N, path, err, errlen) ||
+        cfg_int(root, "mamba_n_groups", false, 1, &G, path, err, errlen) ||
+        cfg_int(root, "mamba_d_conv", false, 4, &K, path, err, errlen) ||
+        cfg_num(root, "mamba_expand", 2.0, &expand, path, err, errlen) ||
+        cfg_bool(root, "mamba_conv_bias", true, &d->lin_conv_bias, path, err, errlen) ||
+        cfg_bool(root, "mamba_proj_bias", false, &d->lin_proj_bias, path, err, errlen) ||
+        cfg_num(root, "attention_multiplier", 0.0, &am, path, err, errlen) ||
+        cfg_num(root, "embedding_multiplier", 1.0, &em, path, err, errlen) ||
+        cfg_num(root, "residual_multiplier", 1.0, &rm, path, err, errlen) ||
+        cfg_num(root, "logits_scaling", 1.0, &ls, path, err, errlen) ||
+        cfg_bool(root, "attention_bias", false, &bias, path, err, errlen))
+        return -1;
+    if (d->n_expert < 0 || d->n_expert > MODEL_MAX_EXPERTS)
+        return ms_errf(err, errlen, "%s: '%s' = %d is out of range (0..%d)", path, ekey,
+                       d->n_expert, MODEL_MAX_EXPERTS);
+    if (d->n_expert > 0 && (d->top_k <= 0 || d->top_k > d->n_expert || ff <= 0))
+        return ms_errf(err, errlen,
+                       "%s: num_experts_per_tok %d must be in 1..%s (%d) and intermediate_size "
+                       "positive",
+                       path, d->top_k, ekey, d->n_expert);
+    if (sff < 0 || (d->n_expert == 0 && sff == 0))
+        return ms_errf(err, errlen, "%s: shared_intermediate_size %d must be positive%s", path,
+                       sff, d->n_expert == 0 ? " for a model without experts" : "");
+    /* mamba_d_head: a number, or "auto" (the intermediate width over the heads) */
+    double inter = expand * d->d_model;
+    json_t *dh = json_object_get(root, "mamba_d_head");
+    if (H <= 0 || inter != (double)(int)inter || (int)inter % H != 0)
+        return ms_errf(err, errlen,
+                       "%s: mamba_n_heads %d must divide mamba_expand * hidden_size (%g)", path, H,
+                       inter);
+    if (!dh || json_is_null(dh) ||
+        (json_is_string(dh) && strcmp(json_string_value(dh), "auto") == 0))
+        P = (int)inter / H;
+    else if (json_is_integer(dh))
+        P = (int)json_integer_value(dh);
+    else
+        return ms_errf(err, errlen, "%s: 'mamba_d_head' must be an integer or \"auto\"", path);
+    if (P * H != (int)inter)
+        return ms_errf(err, errlen,
+                       "%s: mamba_d_head %d x mamba_n_heads %d is not mamba_expand * hidden_size "
+                       "(%g)",
+                       path, P, H, inter);
+    if (G <= 0 || H % G != 0 || N <= 0 || N > LIN_MAX_HEAD_DIM || P > LIN_MAX_HEAD_DIM)
+        return ms_errf(err, errlen,
+                       "%s: mamba_n_groups %d must divide mamba_n_heads %d, and mamba_d_state %d "
+                       "and mamba_d_head %d be in 1..%d",
+                       path, G, H, N, P, LIN_MAX_HEAD_DIM);
+    if (K < 1 || K > LIN_MAX_CONV)
+        return ms_errf(err, errlen, "%s: mamba_d_conv %d must be in 1..%d", path, K, LIN_MAX_CONV);
+    if (!(em > 0) || !(rm > 0) || !(ls > 0) || !(am > 0))
+        return ms_errf(err, errlen,
+                       "%s: embedding_multiplier, residual_multiplier, logits_scaling and "
+                       "attention_multiplier must be positive",
+                       path);
+    /* time_step_limit [min, max], default (0, inf) */
+    double lo = 0.0, hi = INFINITY;
+    json_t *tl = json_object_get(root, "time_step_limit");
+    if (tl && !json_is_null(tl) &&
+        (!json_is_array(tl) || json_array_size(tl) != 2 ||
+         cfg_float_value(json_array_get(tl, 0), &lo) ||
+         cfg_float_value(json_array_get(tl, 1), &hi) ||
+         !(lo <= hi)))
+        return ms_errf(err, errlen, "%s: 'time_step_limit' must be [min, max] with min <= max",
+                       path);
+    json_t *pe = json_object_get(root, "position_embedding_type");
+    const char *pes = json_is_string(pe) ? json_string_value(pe) : NULL;
+    if (pe && !json_is_null(pe) && (!pes || (strcmp(pes, "rope") && strcmp(pes, "nope"))))
+        return ms_errf(err, errlen,
+                       "%s: position_embedding_type '%.32s' is not supported (supported: 'rope', "
+                       "'nope', null)",
+                       path, pes ? pes : "?");
+    d->nope = !pes || strcmp(pes, "rope") != 0;
+    d->layer_linear = calloc((size_t)d->n_layer, sizeof *d->layer_linear);
+    d->layer_is_moe = calloc((size_t)d->n_layer, sizeof *d->layer_is_moe);
+    if (!d->layer_linear || !d->layer_is_moe)
+        return ms_errf(err, errlen, "%s: out of memory", path);
+    json_t *lt = json_object_get(root, "layer_types");
+    if (lt && !json_is_null(lt) &&
+        (!json_is_array(lt) || json_array_size(lt) != (size_t)d->n_layer))
+        return ms_errf(err, errlen, "%s: 'layer_types' must list num_hidden_layers (%d) strings",
+                       path, d->n_layer);
+    for (int l = 0; l < d->n_layer; l++) {
+        const char *ty = "mamba"; /* transformers' default: every layer Mamba2 */
+        if (lt && !json_is_null(lt)) ty = json_string_value(json_array_get(lt, (size_t)l));
+        if (ty && (strcmp(ty, "mamba") == 0 || strcmp(ty, "linear_attention") == 0))
+            d->layer_linear[l] = true;
+        else if (!ty || (strcmp(ty, "attention") && strcmp(ty, "full_attention")))
+            return ms_errf(err, errlen,
+                           "%s: layer_types[%d] '%.40s' is not supported (supported: 'mamba', "
+                           "'attention', 'linear_attention', 'full_attention')",
+                           path, l, ty ? ty : "(not a string)");
+        d->n_linear += d->layer_linear[l];
+        d->layer_is_moe[l] = d->n_expert > 0;
+    }
+    d->lin_kind = LIN_KIND_MAMBA2;
+    d->lin_nk = G;
+    d->lin_nv = H;
+    d->lin_dk = N;
+    d->lin_dv = P;
+    d->lin_conv = K;
+    d->lin_dt_min = (float)lo;
+    d->lin_dt_max = (float)hi;
+    d->qkv_bias = d->o_bias = bias;
+    d->attn_scale = (float)am;
+    d->embed_scale = (float)em;
+    d->residual_scale = (float)rm;
+    d->logit_scale = (float)(1.0 / ls);
+    d->norm_topk_prob = true;
+    if (d->n_expert > 0) {
+        d->expert_d_ff = malloc((size_t)d->n_expert * sizeof *d->expert_d_ff);
+        if (!d->expert_d_ff) return ms_errf(err, errlen, "%s: out of memory", path);
+        for (int e = 0; e < d->n_expert; e++) d->expert_d_ff[e] = ff;
+        if (sff > 0) {
+            d->n_shared = 1;
+            d->shared_d_ff = sff;
+        }
+    } else {
+        d->dense_d_ff = sff; /* the shared MLP alone */
+    }
+    d->shared_gate = SHARED_GATE_NONE;
+    return 0;
+}
+
 /* gpt-oss (transformers' GptOss classes): every layer MoE; GQA with biases on q/k/v/o, a sink
  * logit per head, and sliding-window or full attention per layer_types; rotate-half RoPE,
  * usually YaRN; a router with a bias whose top-k logits are softmaxed (the softmax over all
@@ -1137,13 +1302,15 @@ int model_desc_parse(const char *json_text, size_t len, const char *path, struct
         arch = cfg_infmoe;
     else if (strcmp(type, "qwen3_next") == 0)
         arch = cfg_qwen3_next;
+    else if (strcmp(type, "granitemoehybrid") == 0)
+        arch = cfg_granitemoehybrid;
     else if (strcmp(type, "qwen3_5_moe") == 0 || strcmp(type, "qwen3_5_moe_text") == 0)
         arch = cfg_qwen3_5_moe;
     if (!arch) {
         ms_errf(err, errlen,
                 "%s: unknown model_type '%.64s' (supported: mixtral, qwen2_moe, qwen3_moe, olmoe, "
                 "deepseek_v2, deepseek_v3, glm4_moe, minimax_m2, gpt_oss, qwen3_next, "
-                "qwen3_5_moe, mohge, infmoe)",
+                "qwen3_5_moe, granitemoehybrid, mohge, infmoe)",
                 path, type);
         goto out;
     }

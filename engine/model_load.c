@@ -42,6 +42,8 @@ enum bind_kind {
     BIND_T_DOWN,        /* unquantized down_proj (E, ff, d) -> (d, ff) transposes */
     BIND_EX_BIAS_GU,    /* gate_up_proj_bias (E, 2*ff): b_gate = even, b_up = odd (converted) */
     BIND_EX_BIAS_DOWN,  /* down_proj_bias (E, d): b_down, borrowed when f32 */
+    BIND_PAIR_GATE_UP,  /* one FFN's (2*ff, d) input_linear (Granite): gate = rows [0, ff),
+                           up = rows [ff, 2ff) */
 };
 
 struct bind {
@@ -96,6 +98,7 @@ static int bind_mats(const struct bind *b)
     case BIND_MAT:
     case BIND_MAT_Q:
     case BIND_MLA_UK_T: return 1;
+    case BIND_PAIR_GATE_UP: return 2;
     case BIND_FUSED_GATE_UP:
     case BIND_MX_GATE_UP:
     case BIND_T_GATE_UP: return 2 * (int)b->shape[0];
@@ -300,6 +303,53 @@ static void plan_gdn(struct plan *p, struct layer_w *lw, const struct model_desc
     plan_mat(p, &lw->lin_out, true, D, vd, "%slinear_attn.out_proj.weight", pre);
 }
 
+/* A Mamba2 layer's tensors under "<pre>mamba.": in_proj (z, x|B|C, dt), the conv1d with its
+ * bias, A_log, dt_bias, D, the grouped gated norm and out_proj (projection biases when
+ * mamba_proj_bias). */
+static void plan_mamba(struct plan *p, struct layer_w *lw, const struct model_desc *d,
+                       const char *pre)
+{
+    const int64_t D = d->d_model, I = (int64_t)d->lin_nv * d->lin_dv, H = d->lin_nv;
+    const int64_t conv = I + 2 * (int64_t)d->lin_nk * d->lin_dk, rows = I + conv + H;
+    plan_mat(p, &lw->lin_in[0], true, rows, D, "%smamba.in_proj.weight", pre);
+    if (d->lin_proj_bias) plan_vec(p, &lw->lin_in_b, rows, "%smamba.in_proj.bias", pre);
+    struct bind *b = plan_add(p, BIND_VEC, 3, conv, 1, d->lin_conv, "%smamba.conv1d.weight", pre);
+    if (b) b->vec = &lw->lin_conv_w;
+    if (d->lin_conv_bias) plan_vec(p, &lw->lin_conv_b, conv, "%smamba.conv1d.bias", pre);
+    plan_vec(p, &lw->lin_a_log, H, "%smamba.A_log", pre);
+    plan_vec(p, &lw->lin_dt_bias, H, "%smamba.dt_bias", pre);
+    plan_vec(p, &lw->lin_d, H, "%smamba.D", pre);
+    plan_vec(p, &lw->lin_norm, I, "%smamba.norm.weight", pre);
+    plan_mat(p, &lw->lin_out, true, D, I, "%smamba.out_proj.weight", pre);
+    if (d->lin_proj_bias) plan_vec(p, &lw->lin_out_b, D, "%smamba.out_proj.bias", pre);
+}
+
+/* Granite's FFN block: shared_mlp (input_linear = gate|up, output_linear) as the layer's shared
+ * expert, or as its dense FFN when the model has no experts; the routed experts under
+ * block_sparse_moe (router.layer, input_linear (E, 2 ff, d), output_linear (E, d, ff)). */
+static void plan_granite_ffn(struct plan *p, struct layer_w *lw, const struct model_desc *d,
+                             const char *pre, bool moe)
+{
+    const int64_t D = d->d_model, E = d->n_expert;
+    struct ffn_w *sh = moe ? (d->n_shared > 0 ? &lw->shared[0] : NULL) : &lw->dense;
+    if (sh) {
+        sh->d_ff = moe ? d->shared_d_ff : d->dense_d_ff;
+        struct bind *b = plan_add(p, BIND_PAIR_GATE_UP, 2, 2 * (int64_t)sh->d_ff, D, 0,
+                                  "%sshared_mlp.input_linear.weight", pre);
+        if (b) b->experts = sh;
+        plan_mat(p, &sh->down, true, D, sh->d_ff, "%sshared_mlp.output_linear.weight", pre);
+    }
+    if (!moe) return;
+    int64_t ff = d->expert_d_ff[0];
+    plan_mat(p, &lw->router, false, E, D, "%sblock_sparse_moe.router.layer.weight", pre);
+    for (int e = 0; e < d->n_expert; e++) lw->experts[e].d_ff = (int)ff;
+    struct bind *b = plan_add(p, BIND_FUSED_GATE_UP, 3, E, 2 * ff, D,
+                              "%sblock_sparse_moe.input_linear.weight", pre);
+    if (b) b->experts = lw->experts;
+    b = plan_add(p, BIND_FUSED_DOWN, 3, E, D, ff, "%sblock_sparse_moe.output_linear.weight", pre);
+    if (b) b->experts = lw->experts;
+}
+
 /* The MTP layers (model_desc.n_mtp_layers) sit at model.layers.n_layer.. and are never
  * planned, so their tensors stay unread in the mapping; this only counts them for the load
  * note, so that a log shows they were in the checkpoint and skipped on purpose. */
@@ -335,6 +385,7 @@ static int plan_model(struct plan *p, struct model *m, const char *wname, bool q
      * its correction bias on the MoE block rather than on the gate */
     bool minimax = strcmp(d->model_type, "minimax_m2") == 0;
     bool gptoss = strcmp(d->model_type, "gpt_oss") == 0;
+    bool granite = strcmp(d->model_type, "granitemoehybrid") == 0;
     if (gptoss && (D % 32 != 0 || d->expert_d_ff[0] % 32 != 0) &&
         st_find(m->st, "model.layers.0.mlp.experts.gate_up_proj_blocks"))
         return ms_errf(err, errlen, "%s: MXFP4 experts need hidden_size (%d) and "
@@ -354,7 +405,9 @@ static int plan_model(struct plan *p, struct model *m, const char *wname, bool q
         snprintf(pre, sizeof pre, "%slayers.%d.", wp, l);
         plan_norm(p, &lw->attn_norm, D, "%sinput_layernorm.weight", pre);
         plan_norm(p, &lw->ffn_norm, D, "%spost_attention_layernorm.weight", pre);
-        if (d->layer_linear && d->layer_linear[l]) {
+        if (d->layer_linear && d->layer_linear[l] && d->lin_kind == LIN_KIND_MAMBA2) {
+            plan_mamba(p, lw, d, pre);
+        } else if (d->layer_linear && d->layer_linear[l]) {
             plan_gdn(p, lw, d, pre);
         } else if (d->attn == ATTN_KIND_MLA) {
             plan_mla(p, lw, d, pre);
@@ -391,6 +444,10 @@ static int plan_model(struct plan *p, struct model *m, const char *wname, bool q
             plan_mat(p, &lw->cont_gate, false, Fn, D, "%sgate_proj.weight", moe);
             plan_mat(p, &lw->cont_up, false, Fn, D, "%sup_proj.weight", moe);
             plan_mat(p, &lw->cont_down_t, false, Fn, D, "%sdown_t.weight", moe);
+            continue;
+        }
+        if (granite) {
+            plan_granite_ffn(p, lw, d, pre, d->layer_is_moe[l]);
             continue;
         }
         if (!d->layer_is_moe[l]) {
@@ -681,6 +738,12 @@ static int bind_check(struct load_ctx *c, const struct st_archive *st, const cha
                            (size_t)(dn + d->v_head_dim) * (size_t)kvr, 1, (size_t)kvr);
             break;
         }
+        case BIND_PAIR_GATE_UP: {
+            int ff = (int)b->shape[0] / 2, dm = (int)b->shape[1];
+            plan_matrix(c, b->mat0, t, 0, ff, dm, true);
+            plan_matrix(c, b->mat0 + 1, t, (size_t)ff * dm, ff, dm, true);
+            break;
+        }
         case BIND_FUSED_DOWN:
             for (int e = 0; e < (int)b->shape[0]; e++)
                 plan_matrix(c, b->mat0 + e, t, (size_t)e * (size_t)b->shape[1] * b->shape[2],
@@ -862,6 +925,9 @@ static int bind_apply(struct load_ctx *c, char *err, size_t errlen)
             }
         } else if (b->kind == BIND_MAT || b->kind == BIND_MAT_Q || b->kind == BIND_MLA_UK_T) {
             *b->mat = &m->mats[b->mat0];
+        } else if (b->kind == BIND_PAIR_GATE_UP) {
+            b->experts->gate = &m->mats[b->mat0];
+            b->experts->up = &m->mats[b->mat0 + 1];
         } else if (b->kind == BIND_FUSED_GATE_UP || b->kind == BIND_MX_GATE_UP ||
                    b->kind == BIND_T_GATE_UP) {
             for (int64_t e = 0; e < b->shape[0]; e++) {
@@ -1348,14 +1414,26 @@ size_t model_active_params(const struct model *m, int k)
             n += 2 * D + (qr ? qr * D + qr + H * qk * qr : H * qk * D) + (kvr + dr) * D + kvr +
                  H * ((size_t)d->qk_nope_dim + (size_t)d->v_head_dim) * kvr +
                  D * H * (size_t)d->v_head_dim;
+        } else if (d->layer_linear && d->layer_linear[l]) {
+            /* state-space layer: input projections, conv, per-head vectors, norm, out_proj */
+            size_t nv = (size_t)d->lin_nv, vd = nv * (size_t)d->lin_dv;
+            size_t conv = 2 * (size_t)d->lin_nk * (size_t)d->lin_dk + vd;
+            bool mamba = d->lin_kind == LIN_KIND_MAMBA2;
+            size_t in_rows = conv + vd + (mamba ? nv : 2 * nv);
+            n += 2 * D + in_rows * D + conv * (size_t)d->lin_conv + (mamba ? 3 : 2) * nv +
+                 (mamba ? vd : (size_t)d->lin_dv) + D * vd;
+            if (mamba && d->lin_conv_bias) n += conv;
+            if (mamba && d->lin_proj_bias) n += in_rows + D;
         } else {
-            n += 2 * D + 2 * q * D + 2 * kv * D;
+            n += 2 * D + (d->attn_out_gate ? 3 : 2) * q * D + 2 * kv * D;
         }
-        if (d->qkv_bias) n += q + 2 * kv;
-        if (d->o_bias) n += D;
-        if (d->attn_sinks) n += (size_t)d->n_head;
-        if (d->qk_norm == QK_NORM_HEAD) n += 2 * (size_t)d->head_dim;
-        if (d->qk_norm == QK_NORM_FULL) n += q + kv;
+        if (!(d->layer_linear && d->layer_linear[l])) {
+            if (d->qkv_bias) n += q + 2 * kv;
+            if (d->o_bias) n += D;
+            if (d->attn_sinks) n += (size_t)d->n_head;
+            if (d->qk_norm == QK_NORM_HEAD) n += 2 * (size_t)d->head_dim;
+            if (d->qk_norm == QK_NORM_FULL) n += q + kv;
+        }
         if (d->ffn == FFN_KIND_CONTINUOUS) {
             /* the router, the keys, and the default K slices as if they never overlapped */
             size_t Z = (size_t)d->cont_z;
@@ -1427,14 +1505,23 @@ size_t model_active_bytes(const struct model *m, int k)
         const struct layer_w *lw = &m->layers[l];
         n += 4 * 2 * D + mat_bytes(lw->wq) + mat_bytes(lw->wk) + mat_bytes(lw->wv) +
              mat_bytes(lw->wo);
+        if (d->layer_linear && d->layer_linear[l]) {
+            /* state-space layer: its projections, and its vectors (f32) */
+            size_t nv = (size_t)d->lin_nv, vd = nv * (size_t)d->lin_dv;
+            size_t conv = 2 * (size_t)d->lin_nk * (size_t)d->lin_dk + vd;
+            for (int i = 0; i < 4; i++) n += mat_bytes(lw->lin_in[i]);
+            n += mat_bytes(lw->lin_out) +
+                 4 * (conv * (size_t)d->lin_conv + 3 * nv + vd + (lw->lin_conv_b ? conv : 0));
+        }
         if (d->attn == ATTN_KIND_MLA) /* the absorbed copy is read instead of kv_b's key half */
             n += mat_bytes(lw->wq_a) + mat_bytes(lw->wq_b) + mat_bytes(lw->wkv_a) +
                  mat_bytes(lw->wkv_b) + 4 * ((size_t)d->q_lora_rank + (size_t)d->kv_lora_rank);
-        if (d->qkv_bias) n += 4 * (q + 2 * kv);
-        if (d->o_bias) n += 4 * D;
-        if (d->attn_sinks) n += 4 * (size_t)d->n_head;
-        if (d->qk_norm == QK_NORM_HEAD) n += 4 * 2 * (size_t)d->head_dim;
-        if (d->qk_norm == QK_NORM_FULL) n += 4 * (q + kv);
+        bool attn = !(d->layer_linear && d->layer_linear[l]);
+        if (attn && d->qkv_bias) n += 4 * (q + 2 * kv);
+        if (attn && d->o_bias) n += 4 * D;
+        if (attn && d->attn_sinks) n += 4 * (size_t)d->n_head;
+        if (attn && d->qk_norm == QK_NORM_HEAD) n += 4 * 2 * (size_t)d->head_dim;
+        if (attn && d->qk_norm == QK_NORM_FULL) n += 4 * (q + kv);
         if (d->ffn == FFN_KIND_CONTINUOUS) {
             size_t rows = (size_t)model_cont_union_max(d, d->cont_samples, d->cont_fraction);
             size_t F = (size_t)(d->cont_d_ff > 0 ? d->cont_d_ff : 1);

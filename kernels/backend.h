@@ -141,6 +141,25 @@ struct be_gdn {
     float *ssm_state;      /* (slots, n_v_head, k_dim, v_dim) the delta-rule state S */
 };
 
+/* One Mamba2 layer (granitemoehybrid), in backend memory. conv_dim = n_head * head_dim + 2 *
+ * n_group * d_state channels: x (every head's), then every group's B, then every group's C;
+ * head h reads group h / (n_head / n_group). */
+struct be_mamba {
+    int n_head, head_dim, n_group, d_state;
+    int conv_k;            /* depthwise causal conv1d width */
+    const float *conv_w;   /* (conv_dim, conv_k) */
+    const float *conv_b;   /* (conv_dim) or NULL */
+    const float *a_log;    /* (n_head) the decay rate is A = -exp(a_log) */
+    const float *dt_bias;  /* (n_head) */
+    const float *d_skip;   /* (n_head) D */
+    const float *norm_w;   /* (n_head * head_dim) the gated RMSNorm's weight, per group of
+                              n_head * head_dim / n_group values */
+    float eps;
+    float dt_min, dt_max;  /* the step is clamped to [dt_min, dt_max] */
+    float *conv_state;     /* (slots, conv_k - 1, conv_dim) */
+    float *ssm_state;      /* (slots, n_head, head_dim, d_state) */
+};
+
 struct backend_ops {
     const char *name;
     /* Nonzero when backend memory is host memory (pointers may be read directly). */
@@ -299,6 +318,18 @@ struct backend_ops {
      * delta-rule states end holding the state after each sequence's last token. */
     void (*gdn)(struct backend *be, float *out, float *qkv, const float *z, float *b, float *a,
                 const struct be_gdn *g, const struct be_seqs *sq);
+    /* Mamba2 token mixing (SSD) for the sequences of *sq through layer *m (HOST structs). Per
+     * token, from xbc (n, conv_dim), the gate z (n, n_head * head_dim) and the step logits dt
+     * (n, n_head):
+     *   xbc' = silu(causal depthwise conv1d of xbc over the sequence + conv_b, state first);
+     *   dt = clamp(softplus(dt + dt_bias), dt_min, dt_max);
+     *   per head: S = exp(dt A) S + (dt x) B^T (S: head_dim x d_state); y = S C + D x;
+     *   out (n, n_head * head_dim) = rmsnorm(y * silu(z) per group) * norm_w.
+     * xbc and dt are overwritten; the slots' states end after each sequence's last token. */
+    void (*mamba2)(struct backend *be, float *out, float *xbc, const float *z, float *dt,
+                   const struct be_mamba *m, const struct be_seqs *sq);
+    /* x (n, d) *= s */
+    void (*scale)(struct backend *be, float *x, int n, int d, float s);
 };
 
 struct backend {

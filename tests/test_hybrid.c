@@ -323,7 +323,7 @@ static void check_bad_tensors(const char *tests)
 int main(int argc, char **argv)
 {
     const char *tests = argc > 1 ? argv[1] : "tests";
-    const char *names[] = {"qwen3_next", "qwen3_5_moe"};
+    const char *names[] = {"qwen3_next", "qwen3_5_moe", "granitemoehybrid"};
     for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
         char dir[512], refpath[600], err[MS_ERR_LEN];
         snprintf(dir, sizeof dir, "%s/fixtures/models/%s", tests, names[k]);
@@ -338,6 +338,12 @@ int main(int argc, char **argv)
             struct golden_prompt p[GOLDEN_MAX_PROMPTS];
             int np = golden_load_prompts(ref, p);
             CHECK(m->desc.n_linear == 3 && m->desc.layer_linear[3] == false);
+            /* with every expert active, every parameter but the embedding rows counts */
+            size_t all = model_active_params(m, m->desc.n_expert);
+            size_t want = m->n_params - (size_t)m->desc.vocab * m->desc.d_model;
+            CHECKF(all == want, "%s: %zu active parameters at top-%d, %zu in the checkpoint "
+                                "less the embedding",
+                   names[k], all, m->desc.n_expert, want);
             check_chunking(names[k], m, p, np);
             check_state_rules(names[k], m, &p[2]);
             check_preemption(names[k], m, p, np);

@@ -88,9 +88,11 @@ static void check_model(const char *tests, const char *name, enum model_quant qu
             /* Gated DeltaNet: the wide input projections and out_proj; b and a (a head's gates,
              * through exp and softplus) stay as stored */
             ok = ok && quantized(q->lin_in[0]) && quantized(q->lin_out) &&
-                 (md->lin_fused_in ? !quantized(q->lin_in[1])
-                                   : quantized(q->lin_in[1]) && !quantized(q->lin_in[2]) &&
-                                         !quantized(q->lin_in[3]));
+                 (md->lin_kind == LIN_KIND_MAMBA2 ? !q->lin_in[1]
+                  : md->lin_fused_in              ? !quantized(q->lin_in[1])
+                                                  : quantized(q->lin_in[1]) &&
+                                               !quantized(q->lin_in[2]) &&
+                                               !quantized(q->lin_in[3]));
             for (int i = 0; i < 4; i++) take(&d, q->lin_in[i], r->lin_in[i]);
             take(&d, q->lin_out, r->lin_out);
         } else if (md->attn == ATTN_KIND_MLA) {
@@ -202,7 +204,7 @@ int main(int argc, char **argv)
                                   "qwen3_moe_bf16", "olmoe_bf16",   "deepseek_v2",
                                   "deepseek_v2_group", "deepseek_v3", "deepseek_v3_bf16",
                                   "gpt_oss",      "gpt_oss_bf16",   "qwen3_next",
-                                  "qwen3_5_moe",  "qwen3_5_moe_bf16"};
+                                  "qwen3_5_moe",  "qwen3_5_moe_bf16", "granitemoehybrid"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         check_model(tests, names[i], MODEL_QUANT_INT8);
         check_model(tests, names[i], MODEL_QUANT_INT4);

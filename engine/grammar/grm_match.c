@@ -182,7 +182,13 @@ int grm_vocab_nodes(const struct grm_vocab *v)
  * (on Qwen3's vocabulary: 10^4 choices 4 * 10^4, a JSON Schema object of 10^4 optional
  * properties 1.7 * 10^6 after its "{", about 50 ms); past this the walk stops with the tokens
  * found so far (a subset of the allowed ones: never a wrong token), about 0.1 s. */
-#define WALK_WORK (1u << 22)
+#define WALK_WORK (1u << 22) /* expanded nodes plus the alternatives they fan out to */
+/* The same work within one step (one byte from one state), on the scheduler's path for every
+ * accepted token: nested bounded repetitions fan each expansion out over every count they
+ * allow, (((."g"{0,1000}){0,1000}){5,1000}) 10^8 interned nodes for one byte. Past this the
+ * step keeps the stacks found so far (tables full: a subset, as when a state overflows),
+ * about 20 ms; a 10^4-property JSON Schema object needs ~10^4 after its "{". */
+#define STEP_WORK (1u << 21)
 #define DEAD (-1)
 
 struct gnode {
@@ -229,6 +235,7 @@ struct grm_matcher {
     struct mask_slot cache[MASK_CACHE];
     uint32_t clock;
     uint64_t work_done;   /* nodes expanded so far (bounds a walk: WALK_WORK) */
+    uint64_t step_end;    /* work_done at which the current step stops (STEP_WORK) */
 };
 
 static uint32_t mix(uint64_t x)
@@ -305,6 +312,10 @@ static void expand(struct grm_matcher *m, int32_t x, int *n, bool *end)
             continue;
         }
         if (m->stamp[y] == m->cur_stamp) continue; /* reached twice: same stacks */
+        if (m->work_done >= m->step_end) { /* over the step's work: keep what was found */
+            m->full = true;
+            return;
+        }
         m->stamp[y] = m->cur_stamp;
         m->work_done++;
         uint32_t el = g->els[m->pool[y].pos];
@@ -321,6 +332,9 @@ static void expand(struct grm_matcher *m, int32_t x, int *n, bool *end)
                                ? m->pool[y].parent
                                : node(m, pos + 1, m->pool[y].parent);
             if (cont == -2) continue;
+            /* each alternative is a node to intern: the walk's work (a rule of 1000
+             * alternatives, as a bounded repetition compiles to, costs 1000, not 1) */
+            m->work_done += (uint64_t)(g->rule_alt[r + 1] - g->rule_alt[r]);
             for (int a = g->rule_alt[r]; a < g->rule_alt[r + 1] && nw < POOL_NODES; a++) {
                 int32_t z = node(m, g->alt_start[a], cont);
                 if (z >= 0) m->work[nw++] = z;
@@ -353,6 +367,7 @@ static int32_t step(struct grm_matcher *m, int32_t s, unsigned char b)
     int n = 0;
     bool end = false;
     m->cur_stamp++;
+    m->step_end = m->work_done + STEP_WORK;
     for (int i = 0; i < st->n; i++) {
         const struct gnode *x = &m->pool[m->state_tops[st->off + i]];
         if (!grm_set_has(&g->sets[GRM_EL_IDX(g->els[x->pos])], b)) continue;
@@ -444,6 +459,7 @@ struct grm_matcher *grm_matcher_create(const struct grm_grammar *g)
     int n = 0;
     bool end = false;
     m->cur_stamp++;
+    m->step_end = m->work_done + STEP_WORK;
     for (int a = g->rule_alt[start]; a < g->rule_alt[start + 1]; a++) {
         int32_t x = node(m, g->alt_start[a], -1);
         if (x >= 0) expand(m, x, &n, &end);

@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "common.h"
-#include "cpu/gdn.h"
+#include "cpu/ssm.h"
 #include "cpu/gemm.h"
 #include "cpu/pool.h"
 #include "route_impl.h"
@@ -791,7 +791,21 @@ static void cpu_gdn(struct backend *be, float *out, float *qkv, const float *z, 
                     float *a, const struct be_gdn *g, const struct be_seqs *sq)
 {
     struct cpu_backend *c = cpu_of(be);
-    gdn_cpu_run(c->pool, c->kk, out, qkv, z, b, a, g, sq);
+    ssm_gdn_run(c->pool, c->kk, out, qkv, z, b, a, g, sq);
+}
+
+static void cpu_mamba2(struct backend *be, float *out, float *xbc, const float *z, float *dt,
+                       const struct be_mamba *m, const struct be_seqs *sq)
+{
+    struct cpu_backend *c = cpu_of(be);
+    ssm_mamba2_run(c->pool, c->kk, out, xbc, z, dt, m, sq);
+}
+
+static void cpu_scale(struct backend *be, float *x, int n, int d, float s)
+{
+    (void)be;
+    size_t total = (size_t)n * d;
+    for (size_t i = 0; i < total; i++) x[i] *= s;
 }
 
 static const struct backend_ops cpu_ops = {
@@ -832,6 +846,8 @@ static const struct backend_ops cpu_ops = {
     .gather_cols = cpu_gather_cols,
     .mul_sigmoid = cpu_mul_sigmoid,
     .gdn = cpu_gdn,
+    .mamba2 = cpu_mamba2,
+    .scale = cpu_scale,
 };
 
 /* Staged variant: copies weights, and tells the engine its memory is not host memory, so the

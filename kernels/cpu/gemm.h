@@ -115,6 +115,12 @@ struct gemm_kernels {
     void (*gdn_head)(float *S, const float *q, const float *k, size_t ldqk, const float *v,
                      size_t ldv, const float *g, const float *beta, size_t ldgb, float *o,
                      size_t ldo, int n, int dk, int dv);
+    /* The Mamba2 recurrence (backend.h mamba2) for one head over n tokens of one sequence, state
+     * S (P, N) updated in place: per token t, with x at x + t * ldx (P), B and C at + t * ldbc
+     * (N), the step dt[t * lddt]: S = exp(dt A) S + (dt x) B^T; y + t * ldy = S C + D x. */
+    void (*mamba_head)(float *S, const float *x, size_t ldx, const float *B, const float *C,
+                       size_t ldbc, const float *dt, size_t lddt, float A, float D, float *y,
+                       size_t ldy, int n, int P, int N);
 };
 
 /* The widest Gated DeltaNet head the kernels take (model_config.c checks configs against it). */

@@ -595,7 +595,8 @@ static inline __attribute__((always_inline)) void st8(float *y, __m256 v, int n)
 #include "attn_impl.h"
 
 #define GDN_HEAD_NAME v_gdn_head
-#include "gdn_impl.h"
+#define MAMBA_HEAD_NAME v_mamba_head
+#include "ssm_impl.h"
 
 const struct gemm_kernels gemm_avx2 = {
     .name = "avx2",
@@ -611,6 +612,7 @@ const struct gemm_kernels gemm_avx2 = {
     .neuron_up_tok = v_neuron_up_tok,
     .neuron_down_tok = v_neuron_down_tok,
     .gdn_head = v_gdn_head,
+    .mamba_head = v_mamba_head,
 };
 
 #else

@@ -540,7 +540,8 @@ static inline __attribute__((always_inline)) void st16(float *y, __m512 v, int n
 #include "attn_impl.h"
 
 #define GDN_HEAD_NAME x_gdn_head
-#include "gdn_impl.h"
+#define MAMBA_HEAD_NAME x_mamba_head
+#include "ssm_impl.h"
 
 const struct gemm_kernels gemm_avx512 = {
     .name = "avx512",
@@ -556,6 +557,7 @@ const struct gemm_kernels gemm_avx512 = {
     .neuron_up_tok = x_neuron_up_tok,
     .neuron_down_tok = x_neuron_down_tok,
     .gdn_head = x_gdn_head,
+    .mamba_head = x_mamba_head,
 };
 
 #else

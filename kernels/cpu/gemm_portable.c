@@ -245,7 +245,8 @@ static void p_neuron_down_tok(const struct wmat *down, int f, const int32_t *tok
 #include "attn_impl.h"
 
 #define GDN_HEAD_NAME p_gdn_head
-#include "gdn_impl.h"
+#define MAMBA_HEAD_NAME p_mamba_head
+#include "ssm_impl.h"
 
 const struct gemm_kernels gemm_portable = {
     .name = "portable",
@@ -261,4 +262,5 @@ const struct gemm_kernels gemm_portable = {
     .neuron_up_tok = p_neuron_up_tok,
     .neuron_down_tok = p_neuron_down_tok,
     .gdn_head = p_gdn_head,
+    .mamba_head = p_mamba_head,
 };

@@ -678,35 +678,60 @@ static void cb_mul_sigmoid(struct backend *be, float *y, const float *g, int n, 
     cb_note(b, cuk_mul_sigmoid(b->stream, y, g, (size_t)n * (size_t)d, CB_ERR(b)));
 }
 
-static void cb_gdn(struct backend *be, float *out, float *qkv, const float *z, float *bl,
-                   float *a, const struct be_gdn *g, const struct be_seqs *sq)
+
+/* The step's sequences as the device table the state-space kernels read (4 int32 each);
+ * *n_tok the rows they cover. -1 when the table cannot be staged. */
+static int cb_stage_seqs(struct cuda_backend *b, const struct be_seqs *sq, int *n_tok)
 {
-    struct cuda_backend *b = cb_of(be);
-    if (sq->n <= 0 || cb_enter(b) < 0) return;
     if (sq->n > b->seq_cap) {
-        ms_errf(b->last, sizeof b->last, "gdn: %d sequences, more than the %d reserved", sq->n,
+        ms_errf(b->last, sizeof b->last, "%d sequences, more than the %d reserved", sq->n,
                 b->seq_cap);
         cb_note(b, -1);
-        return;
+        return -1;
     }
     /* the staging may still be read by the previous call's copy */
-    if (CB_CUDA(b, cudaEventSynchronize(b->seq_done)) < 0) return;
-    int n_tok = 0;
+    if (CB_CUDA(b, cudaEventSynchronize(b->seq_done)) < 0) return -1;
+    *n_tok = 0;
     for (int i = 0; i < sq->n; i++) {
         b->h_seq[4 * i] = sq->tok0[i];
         b->h_seq[4 * i + 1] = sq->n_tok[i];
         b->h_seq[4 * i + 2] = sq->slot[i];
         b->h_seq[4 * i + 3] = sq->fresh[i];
-        if (sq->tok0[i] + sq->n_tok[i] > n_tok) n_tok = sq->tok0[i] + sq->n_tok[i];
+        if (sq->tok0[i] + sq->n_tok[i] > *n_tok) *n_tok = sq->tok0[i] + sq->n_tok[i];
     }
     if (CB_CUDA(b, cudaMemcpyAsync(b->d_seq, b->h_seq, sizeof(int32_t) * 4 * (size_t)sq->n,
                                    cudaMemcpyHostToDevice, b->stream)) < 0 ||
         CB_CUDA(b, cudaEventRecord(b->seq_done, b->stream)) < 0)
-        return;
+        return -1;
+    return 0;
+}
+
+static void cb_mamba2(struct backend *be, float *out, float *xbc, const float *z, float *dt,
+                      const struct be_mamba *m, const struct be_seqs *sq)
+{
+    struct cuda_backend *b = cb_of(be);
+    int n_tok = 0;
+    if (sq->n <= 0 || cb_enter(b) < 0 || cb_stage_seqs(b, sq, &n_tok) < 0) return;
+    cb_note(b, cuk_mamba2(b->stream, out, xbc, z, dt, m, b->d_seq, sq->n, n_tok, CB_ERR(b)));
+}
+
+static void cb_gdn(struct backend *be, float *out, float *qkv, const float *z, float *bl,
+                   float *a, const struct be_gdn *g, const struct be_seqs *sq)
+{
+    struct cuda_backend *b = cb_of(be);
+    int n_tok = 0;
+    if (sq->n <= 0 || cb_enter(b) < 0 || cb_stage_seqs(b, sq, &n_tok) < 0) return;
     cb_note(b, cuk_gdn(b->stream, out, qkv, z, bl, a, g, b->d_seq, sq->n, n_tok, CB_ERR(b)));
 }
 
-static_assert(sizeof(struct backend_ops) == 37 * sizeof(void *),
+static void cb_scale(struct backend *be, float *x, int n, int d, float s)
+{
+    struct cuda_backend *b = cb_of(be);
+    if (n <= 0 || d <= 0 || cb_enter(b) < 0) return;
+    cb_note(b, cuk_scale(b->stream, x, (size_t)n * (size_t)d, s, CB_ERR(b)));
+}
+
+static_assert(sizeof(struct backend_ops) == 39 * sizeof(void *),
               "struct backend_ops changed: update cuda_ops to match kernels/backend.h");
 
 static const struct backend_ops cuda_ops = {
@@ -747,6 +772,8 @@ static const struct backend_ops cuda_ops = {
     /* .gather_cols */ cb_gather_cols,
     /* .mul_sigmoid */ cb_mul_sigmoid,
     /* .gdn */ cb_gdn,
+    /* .mamba2 */ cb_mamba2,
+    /* .scale */ cb_scale,
 };
 
 extern "C" int backend_cuda_device_count(void)

@@ -77,7 +77,8 @@ int cuk_rope_ex(cudaStream_t st, float *y, int y_stride, const float *x, int x_s
                 const int32_t *pos, int n, int n_head, int rot_dim, int interleave,
                 const float *cos_sin, char *err, size_t errlen);
 
-/* gdn.cu: backend.h gather_cols, mul_sigmoid (over total elements) and gdn, whose sequences
+/* ssm.cu: backend.h gather_cols, mul_sigmoid and scale (over total elements), gdn and mamba2,
+ * whose sequences
  * are the device table seq of ns (tok0, n_tok, slot, fresh) entries over n_tok tokens */
 int cuk_gather_cols(cudaStream_t st, float *y, int ldy, const float *x, int ldx,
                     const int32_t *idx, int n, int m, char *err, size_t errlen);
@@ -86,6 +87,10 @@ int cuk_mul_sigmoid(cudaStream_t st, float *y, const float *g, size_t total, cha
 int cuk_gdn(cudaStream_t st, float *out, float *qkv, const float *z, float *b, float *a,
             const struct be_gdn *g, const int32_t *seq, int ns, int n_tok, char *err,
             size_t errlen);
+int cuk_mamba2(cudaStream_t st, float *out, float *xbc, const float *z, float *dt,
+               const struct be_mamba *m, const int32_t *seq, int ns, int n_tok, char *err,
+               size_t errlen);
+int cuk_scale(cudaStream_t st, float *x, size_t total, float s, char *err, size_t errlen);
 
 /* rows.cu */
 int cuk_gather_rows(cudaStream_t st, float *dst, const float *src, const int32_t *idx, int n, int d,

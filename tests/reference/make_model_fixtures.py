@@ -35,6 +35,8 @@ from transformers import (
     DeepseekV3Config,
     DeepseekV3ForCausalLM,
     GenerationConfig,
+    GraniteMoeHybridConfig,
+    GraniteMoeHybridForCausalLM,
     Glm4MoeConfig,
     Glm4MoeForCausalLM,
     GptOssConfig,
@@ -344,7 +346,36 @@ ARCHS["qwen3_5_moe"] = (
                          "mrope_interleaved": True},
     ),
 )
-HYBRID_ARCHS = ("qwen3_next", "qwen3_5_moe")
+# Granite 4.0-H: Mamba2 on 3 of 4 layers (4 heads of 32 in 2 groups with states of 16, a 4-tap
+# conv with bias) and NoPE GQA attention on the 4th, as IBM publishes it; every FFN the shared
+# MLP (64 wide) plus top-2 of 8 experts (top-k logits softmaxed); Granite's multipliers all away
+# from 1 so that a missing one shows (embedding x4, residual x0.5, softmax scale 0.3,
+# logits / 1.25).
+ARCHS["granitemoehybrid"] = (
+    GraniteMoeHybridForCausalLM,
+    GraniteMoeHybridConfig(
+        **{k: v for k, v in COMMON.items() if k != "rope_parameters"},
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        num_hidden_layers=4,
+        intermediate_size=32,
+        shared_intermediate_size=64,
+        num_local_experts=8,
+        num_experts_per_tok=2,
+        mamba_n_heads=4,
+        mamba_d_head=32,
+        mamba_d_state=16,
+        mamba_n_groups=2,
+        mamba_d_conv=4,
+        mamba_expand=2,
+        position_embedding_type="nope",
+        layer_types=["mamba", "mamba", "mamba", "attention"],
+        embedding_multiplier=4.0,
+        residual_multiplier=0.5,
+        attention_multiplier=0.3,
+        logits_scaling=1.25,
+    ),
+)
+HYBRID_ARCHS = ("qwen3_next", "qwen3_5_moe", "granitemoehybrid")
 LONG_PROMPT = ("KING RICHARD III:\nNow is the winter of our discontent made glorious summer by "
                "this sun of York; and all the clouds that lour'd upon our house in the deep "
                "bosom of the ocean buried.")
@@ -352,7 +383,7 @@ LONG_PROMPT = ("KING RICHARD III:\nNow is the winter of our discontent made glor
 # Per-architecture weight seed offsets, picked (by trying a few) so that no token's k-th and
 # (k+1)-th router logits are within ROUTER_GAP_MIN of each other on the reference sequences:
 # a near tie would make expert choice, and so the expected logits, hinge on rounding.
-SEED_OFFSET = {"minimax_m2": 14, "qwen3_next": 9, "qwen3_5_moe": 11,
+SEED_OFFSET = {"minimax_m2": 14, "qwen3_next": 9, "qwen3_5_moe": 11, "granitemoehybrid": 2,
                "glm4_moe": 3, "qwen3_moe": 1, "deepseek_v2": 4, "deepseek_v2_group": 5,
                "deepseek_v3": 11, "gpt_oss": 1}
 ROUTER_GAP_MIN = 1e-3
@@ -454,7 +485,8 @@ def make_weights_nondegenerate(model, seed):
                 v = 0.2 * r
             elif "embed_tokens" in name:
                 v = 0.5 * r
-            elif name.endswith("mlp.gate.weight") or name.endswith("mlp.router.weight"):
+            elif (name.endswith("mlp.gate.weight") or name.endswith("mlp.router.weight")
+                  or name.endswith("block_sparse_moe.router.weight")):
                 v = 0.4 * r  # router (n_experts, hidden)
             elif name.endswith("self_attn.sinks"):  # gpt-oss: large enough to matter
                 v = 1.0 * r
@@ -577,7 +609,10 @@ def choice_scores(model, layer, rl):
 
 
 def moe_layer_ids(model):
-    """Layers with a router (gpt-oss names it `router`, the others `gate`)."""
+    """Layers with a router (gpt-oss names it `router`, the others `gate`; Granite's sits in
+    block_sparse_moe)."""
+    if model.config.model_type == "granitemoehybrid":
+        return [i for i, l in enumerate(model.model.layers) if l.block_sparse_moe is not None]
     return [i for i, l in enumerate(model.model.layers)
             if (hasattr(l.mlp, "gate") or hasattr(l.mlp, "router")) and not hasattr(l.mlp, "gate_proj")]
 
@@ -639,7 +674,7 @@ def write_reference(model_dir, prompts, f32_model, bf16_model=None):
     rule (a triangular solve over cumulative decays) drifts ~3e-5 from the exact recurrence,
     more than an exact f32 engine does, so f64 is the reference that measures the engine."""
     tensors = {}
-    if f32_model.config.model_type in ("qwen3_next", "qwen3_5_moe_text"):
+    if f32_model.config.model_type in ("qwen3_next", "qwen3_5_moe_text", "granitemoehybrid"):
         f64_model = copy.deepcopy(f32_model).double()
         def exact_logits(ids):
             return full_logits(f64_model, ids)

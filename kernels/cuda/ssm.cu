@@ -1,11 +1,13 @@
-/* Kernels of hybrid models on the CUDA backend (backend.h gather_cols, mul_sigmoid, gdn): the
- * column gather and sigmoid gate of gated attention, and Gated DeltaNet in three launches as on
- * the CPU (kernels/cpu/gdn.c): the causal conv1d with one thread per (sequence, channel) walking
- * the tokens; the q/k l2 norms (a warp per token and head) and the gates; the delta rule with one
- * block per (sequence, value head) in which thread j owns column j of the state S, since the
- * rule never mixes columns (only the gated RMSNorm reduces over them). Arithmetic follows the CPU
- * (expf, log1pf, the same operation order), so results agree to rounding. The sequences come as
- * an int32 table (tok0, n_tok, slot, fresh) x n in device memory. */
+/* Kernels of hybrid models on the CUDA backend (backend.h gather_cols, mul_sigmoid, scale, gdn,
+ * mamba2): the column gather and sigmoid gate of gated attention, and the state-space layers in
+ * a few launches as on the CPU (kernels/cpu/ssm.c). The causal conv1d runs one thread per
+ * (sequence, channel) walking the tokens. Gated DeltaNet: the q/k l2 norms (a warp per token and
+ * head) and the gates; the delta rule with one block per (sequence, value head) in which thread
+ * j owns column j of the state S, since the rule never mixes columns (only the gated RMSNorm
+ * reduces over them). Mamba2: the steps; the scan with one block per (sequence, head), thread p
+ * owning row p of S; the gated RMSNorm per (token, group). Arithmetic follows the CPU (expf,
+ * log1pf, the same operation order), so results agree to rounding. The sequences come as an
+ * int32 table (tok0, n_tok, slot, fresh) x n in device memory. */
 #include "cuda_check.h"
 #include "cuda_kernels.h"
 
@@ -32,6 +34,20 @@ int cuk_gather_cols(cudaStream_t st, float *y, int ldy, const float *x, int ldx,
     return CUDA_LAUNCH_CHECK("gather_cols_kernel", err, errlen);
 }
 
+static __global__ void scale_kernel(float *x, size_t total, float s)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
+         i += (size_t)gridDim.x * blockDim.x)
+        x[i] *= s;
+}
+
+int cuk_scale(cudaStream_t st, float *x, size_t total, float s, char *err, size_t errlen)
+{
+    if (total == 0) return 0;
+    scale_kernel<<<cuk_blocks(total, GDN_THREADS), GDN_THREADS, 0, st>>>(x, total, s);
+    return CUDA_LAUNCH_CHECK("scale_kernel", err, errlen);
+}
+
 static __global__ void mul_sigmoid_kernel(float *y, const float *g, size_t total)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
@@ -53,8 +69,9 @@ __device__ static inline float gdn_silu(float x)
 }
 
 /* One thread per (sequence, channel): the window of the last K - 1 inputs in registers. */
-static __global__ void gdn_conv_kernel(float *qkv, int C, int K, const float *w, float *state,
-                                       const int32_t *seq, int ns)
+static __global__ void ssm_conv_kernel(float *qkv, int C, int K, const float *w,
+                                       const float *bias, float *state, const int32_t *seq,
+                                       int ns)
 {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= ns * C) return;
@@ -69,7 +86,7 @@ static __global__ void gdn_conv_kernel(float *qkv, int C, int K, const float *w,
         float raw = *xp, acc = 0.0f;
         for (int k = 0; k < W; k++) acc += wc[k] * win[k];
         acc += wc[W] * raw;
-        *xp = gdn_silu(acc);
+        *xp = gdn_silu(acc + (bias ? bias[c] : 0.0f));
         for (int k = 0; k + 1 < W; k++) win[k] = win[k + 1];
         if (W > 0) win[W - 1] = raw;
     }
@@ -162,9 +179,9 @@ int cuk_gdn(cudaStream_t st, float *out, float *qkv, const float *z, float *b, f
         return -1;
     }
     int cells = ns * C;
-    gdn_conv_kernel<<<(cells + GDN_THREADS - 1) / GDN_THREADS, GDN_THREADS, 0, st>>>(
-        qkv, C, g->conv_k, g->conv_w, g->conv_state, seq, ns);
-    if (CUDA_LAUNCH_CHECK("gdn_conv_kernel", err, errlen) < 0) return -1;
+    ssm_conv_kernel<<<(cells + GDN_THREADS - 1) / GDN_THREADS, GDN_THREADS, 0, st>>>(
+        qkv, C, g->conv_k, g->conv_w, NULL, g->conv_state, seq, ns);
+    if (CUDA_LAUNCH_CHECK("ssm_conv_kernel", err, errlen) < 0) return -1;
     int warps = n_tok * 2 * g->n_k_head;
     gdn_l2_kernel<<<(warps * 32 + GDN_THREADS - 1) / GDN_THREADS, GDN_THREADS, 0, st>>>(
         qkv, C, g->n_k_head, g->k_dim, n_tok);
@@ -177,4 +194,90 @@ int cuk_gdn(cudaStream_t st, float *out, float *qkv, const float *z, float *b, f
     size_t shmem = sizeof(float) * (2 * (size_t)g->k_dim + 32);
     gdn_head_kernel<<<ns * g->n_v_head, threads, shmem, st>>>(out, qkv, z, b, a, *g, seq);
     return CUDA_LAUNCH_CHECK("gdn_head_kernel", err, errlen);
+}
+
+/* --- Mamba2 --------------------------------------------------------------------------------- */
+
+static __global__ void mamba_dt_kernel(float *dt, const float *dt_bias, int H, int n_tok,
+                                       float lo, float hi)
+{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n_tok * H) return;
+    float x = dt[i] + dt_bias[i % H];
+    float d = x > 20.0f ? x : log1pf(expf(x));
+    dt[i] = d < lo ? lo : d > hi ? hi : d;
+}
+
+/* One block per (sequence, head), thread p < head_dim owning row p of S (P, N). */
+static __global__ void mamba_head_kernel(float *out, const float *xbc, const float *dt,
+                                         struct be_mamba m, const int32_t *seq)
+{
+    int H = m.n_head, P = m.head_dim, N = m.d_state, G = m.n_group;
+    int s = blockIdx.x / H, h = blockIdx.x % H, grp = h / (H / G), p = threadIdx.x;
+    int t0 = seq[4 * s], n = seq[4 * s + 1], slot = seq[4 * s + 2], fresh = seq[4 * s + 3];
+    if (p >= P) return;
+    size_t C = (size_t)H * P + 2 * (size_t)G * N, I = (size_t)H * P;
+    float *row = m.ssm_state + (((size_t)slot * H + h) * P + p) * (size_t)N;
+    if (fresh)
+        for (int j = 0; j < N; j++) row[j] = 0.0f;
+    float A = -expf(m.a_log[h]), D = m.d_skip[h];
+    for (int t = 0; t < n; t++) {
+        const float *x = xbc + (size_t)(t0 + t) * C;
+        const float *B = x + I + (size_t)grp * N, *Cv = x + I + (size_t)G * N + (size_t)grp * N;
+        float d = dt[(size_t)(t0 + t) * H + h], da = expf(d * A), xd = x[(size_t)h * P + p] * d;
+        float acc = 0.0f;
+        for (int j = 0; j < N; j++) {
+            float v = row[j] * da + xd * B[j];
+            row[j] = v;
+            acc += v * Cv[j];
+        }
+        out[(size_t)(t0 + t) * I + (size_t)h * P + p] = acc + D * x[(size_t)h * P + p];
+    }
+}
+
+/* One block per (token, group): y = rmsnorm(y * silu(z)) * w over the group. */
+static __global__ void mamba_norm_kernel(float *out, const float *z, const float *w, int I,
+                                         int G, float eps)
+{
+    __shared__ float red[32];
+    int t = blockIdx.x / G, g = blockIdx.x % G, gs = I / G;
+    float *y = out + (size_t)t * I + (size_t)g * gs;
+    const float *zz = z + (size_t)t * I + (size_t)g * gs;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < gs; i += blockDim.x) {
+        float v = y[i] * gdn_silu(zz[i]);
+        y[i] = v;
+        ss += v * v;
+    }
+    ss = cuk_block_sum(ss, red);
+    float r = 1.0f / sqrtf(ss / (float)gs + eps);
+    for (int i = threadIdx.x; i < gs; i += blockDim.x) y[i] = w[(size_t)g * gs + i] * (y[i] * r);
+}
+
+int cuk_mamba2(cudaStream_t st, float *out, float *xbc, const float *z, float *dt,
+               const struct be_mamba *m, const int32_t *seq, int ns, int n_tok, char *err,
+               size_t errlen)
+{
+    int C = m->n_head * m->head_dim + 2 * m->n_group * m->d_state;
+    if (ns <= 0 || n_tok <= 0) return 0;
+    if (m->head_dim > 1024 || m->conv_k > 16) {
+        snprintf(err, errlen, "mamba2: heads of %d (at most 1024) or a conv of %d (at most 16)",
+                 m->head_dim, m->conv_k);
+        return -1;
+    }
+    int cells = ns * C;
+    ssm_conv_kernel<<<(cells + GDN_THREADS - 1) / GDN_THREADS, GDN_THREADS, 0, st>>>(
+        xbc, C, m->conv_k, m->conv_w, m->conv_b, m->conv_state, seq, ns);
+    if (CUDA_LAUNCH_CHECK("ssm_conv_kernel", err, errlen) < 0) return -1;
+    int steps = n_tok * m->n_head;
+    mamba_dt_kernel<<<(steps + GDN_THREADS - 1) / GDN_THREADS, GDN_THREADS, 0, st>>>(
+        dt, m->dt_bias, m->n_head, n_tok, m->dt_min, m->dt_max);
+    if (CUDA_LAUNCH_CHECK("mamba_dt_kernel", err, errlen) < 0) return -1;
+    int threads = (m->head_dim + 31) / 32 * 32;
+    mamba_head_kernel<<<ns * m->n_head, threads, 0, st>>>(out, xbc, dt, *m, seq);
+    if (CUDA_LAUNCH_CHECK("mamba_head_kernel", err, errlen) < 0) return -1;
+    mamba_norm_kernel<<<n_tok * m->n_group, 256, 0, st>>>(out, z, m->norm_w,
+                                                          m->n_head * m->head_dim, m->n_group,
+                                                          m->eps);
+    return CUDA_LAUNCH_CHECK("mamba_norm_kernel", err, errlen);
 }

@@ -191,7 +191,11 @@ struct model_desc {
     bool attn_out_gate;   /* q_proj gives each head's query, then as many gate logits: the
                              attention output is multiplied by their sigmoid (qwen3_next) */
     char wprefix[32];     /* the text model's tensors: "model." or, in a multimodal folder,
-                             "model.language_model." */
+                             "model.language_model." (as transformers saves it) or
+                             "language_model.model." (Kimi-K2.5 as Moonshot publishes it) */
+    char lm_head_name[48];/* "lm_head.weight", or "language_model.lm_head.weight" */
+    char wlayers[8];      /* the decoder layers under wprefix: "layers." or, as transformers 5.25
+                             saves Kimi-K2.5, "blocks." */
     bool nope;            /* attention layers use no rotary embedding (Granite 4.0-H) */
     /* Granite's multipliers (1 elsewhere): the embeddings times embed_scale, each block's
      * output times residual_scale before its residual add, the logits times logit_scale

@@ -1306,21 +1306,30 @@ int model_desc_parse(const char *json_text, size_t len, const char *path, struct
         arch = cfg_granitemoehybrid;
     else if (strcmp(type, "qwen3_5_moe") == 0 || strcmp(type, "qwen3_5_moe_text") == 0)
         arch = cfg_qwen3_5_moe;
+    else if (strcmp(type, "kimi_k25") == 0)
+        arch = cfg_deepseek; /* its text_config is DeepSeek-V3's (below) */
     if (!arch) {
         ms_errf(err, errlen,
                 "%s: unknown model_type '%.64s' (supported: mixtral, qwen2_moe, qwen3_moe, olmoe, "
                 "deepseek_v2, deepseek_v3, glm4_moe, minimax_m2, gpt_oss, qwen3_next, "
-                "qwen3_5_moe, granitemoehybrid, mohge, infmoe)",
+                "qwen3_5_moe, granitemoehybrid, kimi_k25, mohge, infmoe)",
                 path, type);
         goto out;
     }
     snprintf(desc->model_type, sizeof desc->model_type, "%s", type);
-    /* A multimodal folder (Qwen3.5's ...ForConditionalGeneration) describes its text model in
-     * text_config; that is the model served (text only: the vision tower is never bound). */
+    /* A multimodal folder (Qwen3.5's and Kimi-K2.5's ...ForConditionalGeneration) describes its
+     * text model in text_config; that is the model served (text only: the vision tower is never
+     * bound). Kimi-K2.5's text model is DeepSeek-V3 (model_type deepseek_v3, or kimi_k2 in
+     * Moonshot's own files). */
     json_t *text = root;
-    if (arch == cfg_qwen3_5_moe) {
-        snprintf(desc->model_type, sizeof desc->model_type, "qwen3_5_moe");
+    bool kimi = strcmp(type, "kimi_k25") == 0;
+    if (arch == cfg_qwen3_5_moe) snprintf(desc->model_type, sizeof desc->model_type, "qwen3_5_moe");
+    if (arch == cfg_qwen3_5_moe || kimi) {
         json_t *tc = json_object_get(root, "text_config");
+        if (kimi && !json_is_object(tc)) {
+            ms_errf(err, errlen, "%s: kimi_k25 needs a 'text_config' object", path);
+            goto out;
+        }
         if (tc && !json_is_null(tc)) {
             if (!json_is_object(tc)) {
                 ms_errf(err, errlen, "%s: 'text_config' must be an object", path);
@@ -1333,6 +1342,17 @@ int model_desc_parse(const char *json_text, size_t len, const char *path, struct
                 ms_errf(err, errlen, "%s: out of memory", path);
                 goto out;
             }
+        }
+        if (kimi) {
+            const char *tt = json_string_value(json_object_get(tc, "model_type"));
+            if (tt && strcmp(tt, "deepseek_v3") != 0 && strcmp(tt, "kimi_k2") != 0) {
+                ms_errf(err, errlen,
+                        "%s: text_config.model_type '%.32s' is not supported for kimi_k25 (only "
+                        "'deepseek_v3' / 'kimi_k2')",
+                        path, tt);
+                goto out;
+            }
+            snprintf(desc->model_type, sizeof desc->model_type, "deepseek_v3");
         }
     }
     if (cfg_common(text, desc, path, err, errlen) != 0 || arch(text, desc, path, err, errlen) != 0)

@@ -362,15 +362,18 @@ static void note_mtp_layers(struct model *m)
     for (int i = 0; i < st_count(m->st); i++) {
         const char *name = st_at(m->st, i)->name;
         int l = -1;
-        if (sscanf(name, "model.layers.%d.", &l) == 1 && l >= d->n_layer &&
+        size_t np = strlen(d->wprefix), nl = strlen(d->wlayers);
+        if (strncmp(name, d->wprefix, np) == 0 && strncmp(name + np, d->wlayers, nl) == 0 &&
+            sscanf(name + np + nl, "%d.", &l) == 1 && l >= d->n_layer &&
             l < d->n_layer + d->n_mtp_layers)
             n++;
     }
     if (n > 0)
         snprintf(m->skip_note, sizeof m->skip_note,
-                 "skipped %d MTP layer(s) (model.layers.%d..%d, %zu tensors): multi-token "
+                 "skipped %d MTP layer(s) (%s%s%d..%d, %zu tensors): multi-token "
                  "prediction is not used",
-                 d->n_mtp_layers, d->n_layer, d->n_layer + d->n_mtp_layers - 1, n);
+                 d->n_mtp_layers, d->wprefix, d->wlayers, d->n_layer,
+                 d->n_layer + d->n_mtp_layers - 1, n);
 }
 
 /* Every tensor the description needs, with the pointer it binds. */
@@ -396,13 +399,13 @@ static int plan_model(struct plan *p, struct model *m, const char *wname, bool q
     plan_mat(p, &m->embed, false, d->vocab, D, "%sembed_tokens.weight", wp);
     plan_norm(p, &m->norm, D, "%snorm.weight", wp);
     if (!d->tie_embeddings)
-        plan_mat(p, &m->lm_head, true, d->vocab, D, "%s", "lm_head.weight");
+        plan_mat(p, &m->lm_head, true, d->vocab, D, "%s", d->lm_head_name);
     else if (quant) /* a quantized head of its own; the embedding table stays as it is */
         plan_mat(p, &m->lm_head, true, d->vocab, D, "%sembed_tokens.weight", wp);
     for (int l = 0; l < d->n_layer; l++) {
         struct layer_w *lw = &m->layers[l];
-        char pre[64], moe[96];
-        snprintf(pre, sizeof pre, "%slayers.%d.", wp, l);
+        char pre[80], moe[112];
+        snprintf(pre, sizeof pre, "%s%s%d.", wp, d->wlayers, l);
         plan_norm(p, &lw->attn_norm, D, "%sinput_layernorm.weight", pre);
         plan_norm(p, &lw->ffn_norm, D, "%spost_attention_layernorm.weight", pre);
         if (d->layer_linear && d->layer_linear[l] && d->lin_kind == LIN_KIND_MAMBA2) {
@@ -479,7 +482,7 @@ static int plan_model(struct plan *p, struct model *m, const char *wname, bool q
                 "%s: layer %d stores fused experts but config gives them different widths", wname,
                 l);
         for (int s = 0; s < d->n_shared; s++) {
-            char sp[128];
+            char sp[160];
             if (d->shared_merged) /* DeepSeek / GLM: one FFN of all shared experts' width */
                 snprintf(sp, sizeof sp, "%sshared_experts.", moe);
             else if (d->n_shared == 1)
@@ -1307,12 +1310,25 @@ int model_load(const char *dir, const struct model_load_opts *opts, struct model
             goto fail;
         }
     }
-    /* Multimodal folders keep the text model under model.language_model. */
-    snprintf(m->desc.wprefix, sizeof m->desc.wprefix, "%s",
-             !st_find(m->st, "model.embed_tokens.weight") &&
-                     st_find(m->st, "model.language_model.embed_tokens.weight")
-                 ? "model.language_model."
-                 : "model.");
+    /* Multimodal folders keep the text model under model.language_model. (transformers) or
+     * language_model.model. with the head at language_model.lm_head (Kimi-K2.5 as published). */
+    const char *wp = "model.", *head = "lm_head.weight";
+    if (!st_find(m->st, "model.embed_tokens.weight")) {
+        if (st_find(m->st, "model.language_model.embed_tokens.weight")) {
+            wp = "model.language_model.";
+        } else if (st_find(m->st, "language_model.model.embed_tokens.weight")) {
+            wp = "language_model.model.";
+            head = "language_model.lm_head.weight";
+        }
+    }
+    snprintf(m->desc.wprefix, sizeof m->desc.wprefix, "%s", wp);
+    snprintf(m->desc.lm_head_name, sizeof m->desc.lm_head_name, "%s", head);
+    char probe[96];
+    snprintf(probe, sizeof probe, "%sblocks.0.input_layernorm.weight", wp);
+    bool blocks = st_find(m->st, probe) != NULL;
+    snprintf(probe, sizeof probe, "%slayers.0.input_layernorm.weight", wp);
+    snprintf(m->desc.wlayers, sizeof m->desc.wlayers, "%s",
+             blocks && !st_find(m->st, probe) ? "blocks." : "layers.");
     if (plan_model(&plan, m, wname, opts->quant != MODEL_QUANT_NONE, err, errlen) != 0)
         goto fail;
     note_mtp_layers(m);

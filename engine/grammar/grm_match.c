@@ -176,19 +176,20 @@ int grm_vocab_nodes(const struct grm_vocab *v)
 #define MAX_SET (1 << 15)
 #define TRANS_SLOTS (1 << 17)   /* transition table (power of two) */
 #define MASK_CACHE 8            /* token masks kept */
-/* Node expansions one mask walk may do. Stacks can multiply: bounded repetitions nested in
- * each other, (("a"{0,1000}){0,1000}){0,1000}, make 10^6 distinct stacks that fill the pool
- * on every step, and a walk over a 151k vocabulary took 36 s. Real grammars need far less
- * (on Qwen3's vocabulary: 10^4 choices 4 * 10^4, a JSON Schema object of 10^4 optional
- * properties 1.7 * 10^6 after its "{", about 50 ms); past this the walk stops with the tokens
- * found so far (a subset of the allowed ones: never a wrong token), about 0.1 s. */
-#define WALK_WORK (1u << 22) /* expanded nodes plus the alternatives they fan out to */
+/* Node expansions (and the alternatives they fan out to) one mask walk may do. Stacks can
+ * multiply: bounded repetitions nested in each other, (("a"{0,1000}){0,1000}){0,1000}, make
+ * 10^6 distinct stacks that fill the pool on every step, and a walk over a 151k vocabulary
+ * took 36 s. Real grammars need far less (on Qwen3's vocabulary: 10^4 choices 4 * 10^4, a JSON
+ * Schema object of 10^4 optional properties 1.7 * 10^6 after its "{", about 50 ms); past this
+ * the walk stops with the tokens found so far (a subset of the allowed ones: never a wrong
+ * token), about 50 ms. */
+#define WALK_WORK (1u << 21) /* expanded nodes plus the alternatives they fan out to */
 /* The same work within one step (one byte from one state), on the scheduler's path for every
  * accepted token: nested bounded repetitions fan each expansion out over every count they
  * allow, (((."g"{0,1000}){0,1000}){5,1000}) 10^8 interned nodes for one byte. Past this the
  * step keeps the stacks found so far (tables full: a subset, as when a state overflows),
- * about 20 ms; a 10^4-property JSON Schema object needs ~10^4 after its "{". */
-#define STEP_WORK (1u << 21)
+ * about 2 ms; a 10^4-property JSON Schema object needs ~10^4 after its "{". */
+#define STEP_WORK (1u << 18)
 #define DEAD (-1)
 
 struct gnode {

@@ -83,7 +83,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     size_t tlen = strlen(text);
     const char *bytes = tlen + 1 < size - 1 ? text + tlen + 1 : text;
     size_t nbytes = tlen + 1 < size - 1 ? size - 1 - tlen - 1 : tlen;
-    /* A step (one byte) may do up to STEP_WORK expansions (grm_match.c): ~10 ms in a release
+    /* A step (one byte) may do up to STEP_WORK expansions (grm_match.c): ~2 ms in a release
      * build, 20-30x that under ASan, so 8 bytes keep a worst-case input within the timeout
      * while covering multi-byte paths. */
     if (nbytes > 8) nbytes = 8;

@@ -36,6 +36,8 @@ from transformers import (
     DeepseekV3ForCausalLM,
     GenerationConfig,
     GraniteMoeHybridConfig,
+    Kimi_K25Config,
+    Kimi_K25ForConditionalGeneration,
     GraniteMoeHybridForCausalLM,
     Glm4MoeConfig,
     Glm4MoeForCausalLM,
@@ -422,6 +424,64 @@ def prompt_ids(tokenizer):
     ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in PROMPT_TEXTS]
     ids.append(tokenizer("The", add_special_tokens=False)["input_ids"][:1])
     return ids
+
+
+def make_kimi_k25(out_root, tokenizer, text_model, text_dir):
+    """kimi_k25 (Kimi-K2.5/K2.6): the deepseek_v3 fixture's text model inside
+    Kimi_K25ForConditionalGeneration (config with text_config and vision_config, a tiny vision
+    tower), saved by transformers (kimi_k25: model.language_model.*, lm_head) and with the
+    tensor names Moonshot publishes (kimi_k25_published). transformers 5.25 writes the text
+    model as language_model.model.blocks.N (its save mapping renames the vision tower's
+    "layers" back to "blocks" everywhere) and Moonshot as language_model.model.layers.N; both
+    load in transformers (checked here) and their text-only forward must give the deepseek_v3
+    fixture's logits (checked, both in f32), so the reference is a copy of that one."""
+    tc = text_model.config.to_dict()
+    vision = dict(patch_size=4, pos_emb_height=4, pos_emb_width=4, pos_emb_time=2,
+                  num_attention_heads=2, num_hidden_layers=1, hidden_size=32,
+                  intermediate_size=64)
+    cfg = Kimi_K25Config(text_config=tc, vision_config=vision, projection_hidden_size=32,
+                         tie_word_embeddings=False)
+    torch.manual_seed(SEED)
+    vl = Kimi_K25ForConditionalGeneration(cfg).eval()
+    src = text_model.state_dict()
+    with torch.no_grad():
+        for k, v in vl.state_dict().items():
+            if k.startswith("model.language_model."):
+                v.copy_(src["model." + k[len("model.language_model."):]])
+            elif k == "lm_head.weight":
+                v.copy_(src["lm_head.weight"])
+    d, dp = out_root / "kimi_k25", out_root / "kimi_k25_published"
+    for x in (d, dp):  # built with deepseek_v3: --only deepseek_v3 rebuilds them too
+        if x.exists():
+            shutil.rmtree(x)
+    save_checkpoint(vl, tokenizer, d)
+    back = Kimi_K25ForConditionalGeneration.from_pretrained(d, dtype=torch.float32, **IMPL).eval()
+    with safe_open(str(text_dir / "reference.safetensors"), "pt") as ref:
+        for k in ref.keys():
+            if k.endswith(".ids"):
+                ids = ref.get_tensor(k).tolist()
+                want, got = full_logits(text_model, ids), full_logits(back, ids)
+                err = float((got - want).abs().max() / want.abs().max())
+                assert err < 1e-5, f"kimi_k25 {k}: text path differs by {err} (relative)"
+    shutil.copyfile(text_dir / "reference.safetensors", d / "reference.safetensors")
+    # the published spelling: the same tensors renamed, everything else as saved
+    shutil.copytree(d, dp)
+    with safe_open(str(d / "model.safetensors"), "pt") as sf:
+        sd = {k: sf.get_tensor(k) for k in sf.keys()}
+    ren = {}
+    for k, v in sd.items():
+        if k.startswith("language_model.model.blocks."):
+            k = "language_model.model.layers." + k[len("language_model.model.blocks."):]
+        ren[k] = v
+    assert any(k.startswith("language_model.model.layers.") for k in ren), sorted(sd)[:4]
+    save_file(dict(sorted(ren.items())), str(dp / "model.safetensors"), metadata={"format": "pt"})
+    pub = Kimi_K25ForConditionalGeneration.from_pretrained(dp, dtype=torch.float32, **IMPL).eval()
+    ids = list(range(1, 20))
+    err = float((full_logits(pub, ids) - full_logits(text_model, ids)).abs().max())
+    assert err < 1e-4, f"kimi_k25_published: transformers reads it differently ({err})"
+    n = sum(p.numel() for p in vl.parameters())
+    return [("kimi_k25", n, dir_size(d), None, 0.0, ["text path = deepseek_v3"]),
+            ("kimi_k25_published", n, dir_size(dp), None, 0.0, ["Moonshot's tensor names"])]
 
 
 def long_prompt_ids(tokenizer):
@@ -973,6 +1033,8 @@ def build(out_root, data_path, write_md, only=None):
         summary.append((f"{name}_bf16", n_params, dir_size(db), None, spread_b, notes_b))
         if name == "qwen3_5_moe":
             summary += make_qwen3_5_vl(out_root, tokenizer, m32, d32)
+        if name == "deepseek_v3":
+            summary += make_kimi_k25(out_root, tokenizer, m32, d32)
 
     if not only or "gpt_oss" in only:
         summary += make_gptoss(out_root, tokenizer, prompts)
@@ -1008,7 +1070,8 @@ def main():
     args = ap.parse_args()
 
     out_root = Path(args.out)
-    targets = ([n for a in ARCHS for n in (a, f"{a}_bf16")] + ["mixtral_sharded", "qwen3_5_moe_vl"]
+    targets = ([n for a in ARCHS for n in (a, f"{a}_bf16")]
+               + ["mixtral_sharded", "qwen3_5_moe_vl", "kimi_k25", "kimi_k25_published"]
                + GPTOSS_FOLDERS)
     if args.only:
         targets = [n for n in targets if any(n == a or n.startswith(a + "_") for a in args.only)]

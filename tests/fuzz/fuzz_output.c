@@ -167,9 +167,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     struct ms_buf content = {0}, reasoning = {0};
     struct tc_call *calls = NULL, *scalls = NULL;
     int n_calls = 0, n_scalls = 0;
-    if (tc_parse(syn, T, out.len, &content, &calls, &n_calls, &reasoning) != 0) abort();
+    if (tc_parse(syn, NULL, T, out.len, &content, &calls, &n_calls, &reasoning) != 0) abort();
     struct tc_stream st;
-    tc_stream_init(&st, syn);
+    tc_stream_init(&st, syn, NULL);
     struct ms_buf sc = {0}, sr = {0};
     for (int b = 0; b < n_ends; b++) {
         rng = rng * 1103515245u + 12345u;

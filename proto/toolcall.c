@@ -98,6 +98,7 @@ bool tc_needs_special_tokens(enum tc_syntax syn)
 bool tc_markers_special(enum tc_syntax syn, const struct tokenizer *tok)
 {
     if (syn == TC_DEEPSEEK || syn == TC_HARMONY) return true;
+    if (syn == TC_HERMES) return false; /* forced as before, whatever the tokenizer */
     const char *mk[] = {open_marker(syn), close_marker(syn), "<arg_key>", "</arg_key>",
                         "<arg_value>", "</arg_value>"};
     int n = syn == TC_GLM ? 6 : 2;

@@ -73,7 +73,8 @@ enum tc_syntax tc_syntax_of_model(const struct tokenizer *tok, const char *chat_
 int tc_syntax_parse(const char *name, enum tc_syntax *out);
 const char *tc_syntax_name(enum tc_syntax syn); /* the first vLLM name above */
 /* Whether the syntax's call markers are special tokens of tok (a grammar cannot force those:
- * the grammar's vocabulary leaves special tokens out). */
+ * the grammar's vocabulary leaves special tokens out). Always for DeepSeek and harmony, never
+ * for hermes (forced as it always was); for the XML syntaxes, as tok says. */
 bool tc_markers_special(enum tc_syntax syn, const struct tokenizer *tok);
 /* Whether the syntax's markers are special tokens (the text must keep special tokens). */
 bool tc_needs_special_tokens(enum tc_syntax syn);

@@ -419,6 +419,16 @@ static void slog(const char *level, const char *fmt, ...)
     va_end(ap);
 }
 
+/* Says which tool-call syntax chats are parsed in (the server chooses it the same way). */
+static void log_tool_syntax(const char *flag, const struct model *m)
+{
+    enum tc_syntax syn;
+    bool given = tc_syntax_parse(flag, &syn) == 0;
+    if (!given) syn = tc_syntax_of_model(m->tok, m->chat_template);
+    slog("info", "tool calls: %s syntax (%s)", tc_syntax_name(syn),
+         given ? "--tool-call-parser" : "detected from the tokenizer and chat template");
+}
+
 /* Model-load progress: the bar on a terminal; elsewhere (a container's log, a file) a log line
  * at every tenth, which a log collector keeps and a bar's carriage returns would garble. */
 static void load_progress(void *ctx, double fraction)
@@ -987,6 +997,7 @@ int cli_serve(int argc, char **argv)
         goto out;
     }
     http_set_ready(h, m, s, engine_get_params(e)->max_model_len);
+    log_tool_syntax(o.tool_parser, m);
     pthread_mutex_lock(&sigs.mu);
     sigs.phase = PHASE_SERVING;
     pthread_mutex_unlock(&sigs.mu);

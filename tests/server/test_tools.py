@@ -190,7 +190,7 @@ class XmlSyntaxesTest(unittest.TestCase):
 
     def run_parser(self, parser, env=None):
         extra = () if env else ("--tool-call-parser", parser)
-        with srvtest.Server(*extra, model=srvtest.bundled_model(), name=NAME, env=env).start() as srv:
+        with srvtest.Server(*extra, model=srvtest.bundled_model(), name=NAME, env=env) as srv:
             client = openai.OpenAI(base_url=srv.base + "/v1", api_key="unused", max_retries=0,
                                    timeout=120)
             n_calls = 0

@@ -468,13 +468,13 @@ static void test_xml_grammar(void)
         static const char *const short_a[] = {
             "<tool_call>\n<function=f>\n<parameter=a>\nabc\n</parameter>\n</function>\n</tool_call>",
             "<tool_call>f\n<arg_key>a</arg_key>\n<arg_value>abc</arg_value>\n</tool_call>",
-            "<minimax:tool_call>\n<invoke name=\"f\">\n<parameter name=\"a\">abc</parameter>\n"
-            "</invoke>\n</minimax:tool_call>"};
+            ("<minimax:tool_call>\n<invoke name=\"f\">\n<parameter name=\"a\">abc</parameter>\n"
+             "</invoke>\n</minimax:tool_call>")};
         static const char *const long_a[] = {
             "<tool_call>\n<function=f>\n<parameter=a>\nabcd\n</parameter>\n</function>\n</tool_call>",
             "<tool_call>f\n<arg_key>a</arg_key>\n<arg_value>abcd</arg_value>\n</tool_call>",
-            "<minimax:tool_call>\n<invoke name=\"f\">\n<parameter name=\"a\">abcd</parameter>\n"
-            "</invoke>\n</minimax:tool_call>"};
+            ("<minimax:tool_call>\n<invoke name=\"f\">\n<parameter name=\"a\">abcd</parameter>\n"
+             "</invoke>\n</minimax:tool_call>")};
         CHECK(g && grammar_takes(g, short_a[c]) && !grammar_takes(g, long_a[c]));
         grm_release(g);
     }

@@ -1128,6 +1128,23 @@ static const struct xml_form glm_form = {"", "\n", "<arg_key>", "</arg_key>\n<ar
 static const struct xml_form mm_form = {"<invoke name=\"", "\">\n", "<parameter name=\"", "\">",
                                         "</parameter>\n", "</invoke>\n", "</parameter>"};
 
+/* The JSON text of one parameter's schema, standing alone: the definitions its $refs point
+ * to ("#/$defs/x", "#/definitions/x", relative to the parameters schema) go with it. */
+static char *value_schema(json_t *params, json_t *ps)
+{
+    json_t *defs = json_object_get(params, "$defs"), *old = json_object_get(params, "definitions");
+    if (!defs && !old) return json_dumps(ps, JSON_COMPACT);
+    json_t *c = json_copy(ps);
+    if (!c || (defs && json_object_set(c, "$defs", defs) != 0) ||
+        (old && json_object_set(c, "definitions", old) != 0)) {
+        json_decref(c);
+        return NULL;
+    }
+    char *t = json_dumps(c, JSON_COMPACT);
+    json_decref(c);
+    return t;
+}
+
 /* The rule tI_call of one tool: its name, then its declared parameters in order (the required
  * ones always, the others optionally), each value free text or the parameter's JSON Schema. */
 static int xml_call_rule(const struct xml_form *f, json_t *fn, const char *name, size_t ti,
@@ -1155,7 +1172,7 @@ static int xml_call_rule(const struct xml_form *f, json_t *fn, const char *name,
         } else {
             char vp[64];
             snprintf(vp, sizeof vp, "t%zu_p%zu_", ti, j);
-            char *schema = json_dumps(ps, JSON_COMPACT);
+            char *schema = value_schema(params, ps);
             int r = schema ? jschema_rules(schema, vp, rules, err, errlen, bad_keyword, kwlen)
                            : ms_errf(err, errlen, "out of memory");
             free(schema);

@@ -456,6 +456,27 @@ static void test_xml_grammar(void)
                            "'object','properties':{'a':{'type':'string','pattern':'^a$'}}}}}]"),
                          NULL, false, &ebnf, err, sizeof err, kw, sizeof kw) == -1 &&
               strcmp(kw, "pattern") == 0);
+        /* a parameter whose schema refers to the parameters' $defs */
+        CHECK(tc_grammar(cases[c].syn,
+                         J("[{'type':'function','function':{'name':'f','parameters':{'type':"
+                           "'object','$defs':{'n':{'type':'integer'}},'properties':{'a':{'type':"
+                           "'array','items':{'$ref':'#/$defs/n'}}},'required':['a']}}}]"),
+                         NULL, false, &ebnf, err, sizeof err, kw, sizeof kw) == 0);
+        g = NULL;
+        CHECK(ebnf && grm_compile(GRM_EBNF, ebnf, v, &g, err, sizeof err, NULL, 0) == 0);
+        free(ebnf);
+        static const char *const ref_a[] = {
+            "<tool_call>\n<function=f>\n<parameter=a>\n[4,2]\n</parameter>\n</function>\n</tool_call>",
+            "<tool_call>f\n<arg_key>a</arg_key>\n<arg_value>[4,2]</arg_value>\n</tool_call>",
+            ("<minimax:tool_call>\n<invoke name=\"f\">\n<parameter name=\"a\">[4,2]</parameter>\n"
+             "</invoke>\n</minimax:tool_call>")};
+        static const char *const ref_bad[] = {
+            "<tool_call>\n<function=f>\n<parameter=a>\n[\"x\"]\n</parameter>\n</function>\n</tool_call>",
+            "<tool_call>f\n<arg_key>a</arg_key>\n<arg_value>[\"x\"]</arg_value>\n</tool_call>",
+            ("<minimax:tool_call>\n<invoke name=\"f\">\n<parameter name=\"a\">[\"x\"]</parameter>\n"
+             "</invoke>\n</minimax:tool_call>")};
+        CHECK(g && grammar_takes(g, ref_a[c]) && !grammar_takes(g, ref_bad[c]));
+        grm_release(g);
         /* bounded strings: at most maxLength characters */
         const char *bounded = J("[{'type':'function','function':{'name':'f','parameters':{'type':"
                                 "'object','properties':{'a':{'type':'string','maxLength':3}},"

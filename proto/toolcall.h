@@ -112,6 +112,7 @@ struct tc_stream {
     size_t h_hdr, h_body, h_scan;
     bool reasoning; /* the range the last step reported is reasoning, not content */
 };
+/* tools (may be NULL) types the XML syntaxes' values; borrowed: it must outlive the stream. */
 void tc_stream_init(struct tc_stream *s, enum tc_syntax syn, const struct tc_tools *tools);
 /* Feeds the output so far (text[0, len), the whole of it each time, growing): appends to
  * content what can no longer turn out to be part of a call (outer markers dropped), to

@@ -15,6 +15,32 @@
  *               (reported apart from the content, as reasoning_content); any other body ("final", a "commentary" preamble) is
  *               content. Text outside any message is content. Parsed for every chat on such a
  *               model, with or without tools; no forcing grammar (special-token markers).
+ *   TC_QWEN3_XML Qwen3-Coder, Qwen3.5, Qwen3-Next: <tool_call>\n<function=f>\n<parameter=k>\n
+ *               VALUE\n</parameter>\n...</function>\n</tool_call> (a block may hold several
+ *               functions). Values are raw text, typed as vLLM's qwen3_coder parser types them:
+ *               by the parameter's schema type when the request's tools declare it (integer,
+ *               number, boolean parsed; object/array JSON-parsed; anything else JSON-parsed or
+ *               kept as a string), a parameter the schema lacks kept as a string, "null" null;
+ *               one leading and one trailing newline dropped. Told from hermes by the chat
+ *               template (tc_syntax_of_model), not by tokens: both have <tool_call>.
+ *   TC_GLM      GLM-4.5/4.6/4.7: <tool_call>f\n<arg_key>k</arg_key>\n<arg_value>v</arg_value>
+ *               ...</tool_call> (4.7 may leave out the newlines); keys and values trimmed, a value
+ *               kept as a string when the schema says "string", else JSON-parsed when it parses
+ *               (vLLM's glm45 / glm47 parsers).
+ *   TC_MINIMAX  MiniMax-M2: <minimax:tool_call>\n<invoke name="f">\n<parameter name="k">v
+ *               </parameter>\n</invoke>\n...</minimax:tool_call>, one block holding every call;
+ *               values trimmed and typed by the schema (its type, type lists, enum values,
+ *               anyOf/oneOf/allOf), "null"/"none"/"nil" null, else JSON or string (vLLM's
+ *               minimax_m2 parser).
+ * Hermes and Qwen3 XML each also read the other's body inside <tool_call> (a JSON object, a
+ * <function= tag), so a wrong guess between the two still parses the calls.
+ * A block of these three that does not parse as a whole (a missing close tag, text between the
+ * parameters, a bad name) stays in the content, as for hermes. The <think> reasoning of GLM and
+ * MiniMax is not split off, as it is not for hermes models: it stays in the content.
+ * Forcing grammars: for the three above the call markers, function names and parameter keys
+ * are forced, values of string parameters are free text (anything but the closing tag), other
+ * values follow the parameter's JSON Schema. Where the markers are special tokens of the model's
+ * tokenizer (tc_markers_special) the server refuses to force them, as for DeepSeek.
  *
  * Ownership: results are malloc'd and owned by the caller (tc_calls_free); inputs borrowed. */
 #ifndef MOESERVE_PROTO_TOOLCALL_H
@@ -26,15 +52,30 @@
 #include "common.h"
 #include "tokenizer.h"
 
-enum tc_syntax { TC_HERMES, TC_DEEPSEEK, TC_HARMONY };
+enum tc_syntax { TC_HERMES, TC_DEEPSEEK, TC_HARMONY, TC_QWEN3_XML, TC_GLM, TC_MINIMAX };
+
+struct tc_tools; /* the request's tools, parsed (tc_tools_parse) */
 
 struct tc_call {
     char *name;
     char *arguments; /* JSON text of the arguments object (compact) */
 };
 
-/* The syntax a tokenizer's model writes tool calls in. */
+/* The syntax a tokenizer's model writes tool calls in, from its special tokens (MiniMax by
+ * <minimax:tool_call>, GLM by <arg_key>, DeepSeek and harmony by theirs; hermes otherwise). */
 enum tc_syntax tc_syntax_of(const struct tokenizer *tok);
+/* Like tc_syntax_of, and where the tokens say hermes, the chat template (NULL: none) decides:
+ * <function= and <parameter= in it mean Qwen3's XML calls (the markers of GLM or MiniMax in it
+ * mean theirs, for a tokenizer without those tokens). */
+enum tc_syntax tc_syntax_of_model(const struct tokenizer *tok, const char *chat_template);
+/* vLLM's --tool-call-parser names: hermes, qwen3_coder (also qwen3_xml), glm45 (also glm47,
+ * glm4_moe), minimax_m2, deepseek_v3, openai. Returns 0 with *out, -1 for another name. */
+int tc_syntax_parse(const char *name, enum tc_syntax *out);
+const char *tc_syntax_name(enum tc_syntax syn); /* the first vLLM name above */
+/* Whether the syntax's call markers are special tokens of tok (a grammar cannot force those:
+ * the grammar's vocabulary leaves special tokens out). Always for DeepSeek and harmony, never
+ * for hermes (forced as it always was); for the XML syntaxes, as tok says. */
+bool tc_markers_special(enum tc_syntax syn, const struct tokenizer *tok);
 /* Whether the syntax's markers are special tokens (the text must keep special tokens). */
 bool tc_needs_special_tokens(enum tc_syntax syn);
 
@@ -42,16 +83,26 @@ bool tc_needs_special_tokens(enum tc_syntax syn);
  * outer markers dropped, trimmed; appended to content) and its calls (appended to *calls,
  * *n_calls). A block that does not parse stays in the content. reasoning receives the model's
  * reasoning (harmony's analysis bodies, trimmed; nothing when none). Text may hold NUL bytes:
- * the buffers carry the lengths. Returns 0, or -1 when out of memory. */
-int tc_parse(enum tc_syntax syn, const char *text, size_t len, struct ms_buf *content,
-             struct tc_call **calls, int *n_calls, struct ms_buf *reasoning);
+ * the buffers carry the lengths. tools (borrowed, may be NULL) types the XML syntaxes' values.
+ * Returns 0, or -1 when out of memory. */
+int tc_parse(enum tc_syntax syn, const struct tc_tools *tools, const char *text, size_t len,
+             struct ms_buf *content, struct tc_call **calls, int *n_calls,
+             struct ms_buf *reasoning);
 void tc_calls_free(struct tc_call *calls, int n);
+
+/* A request's tools (the JSON array OpenAI sends), parsed once for the parameter types that
+ * type the XML syntaxes' raw values. Returns NULL for NULL, text that is no array, or out of
+ * memory: values are then typed as without tools. Freed with tc_tools_free (NULL is fine); the
+ * parses that borrow it must be done by then. */
+struct tc_tools *tc_tools_parse(const char *tools_json);
+void tc_tools_free(struct tc_tools *t);
 
 /* Streaming: the output so far is fed whole each time; each step reports the content that can
  * no longer turn out to be part of a call (text[*from, *to)) and the calls completed since the
  * last step. With final, everything left is content. */
 struct tc_stream {
     enum tc_syntax syn;
+    const struct tc_tools *tools; /* borrowed; may be NULL */
     size_t pos;      /* text before this is reported */
     bool in_block;
     size_t block_at; /* where the open block started */
@@ -61,7 +112,8 @@ struct tc_stream {
     size_t h_hdr, h_body, h_scan;
     bool reasoning; /* the range the last step reported is reasoning, not content */
 };
-void tc_stream_init(struct tc_stream *s, enum tc_syntax syn);
+/* tools (may be NULL) types the XML syntaxes' values; borrowed: it must outlive the stream. */
+void tc_stream_init(struct tc_stream *s, enum tc_syntax syn, const struct tc_tools *tools);
 /* Feeds the output so far (text[0, len), the whole of it each time, growing): appends to
  * content what can no longer turn out to be part of a call (outer markers dropped), to
  * reasoning what is the model's reasoning, and to *calls the calls completed since the last

@@ -70,6 +70,7 @@ struct http_server {
     struct prep_pool *prep;   /* where generation requests are prepared (prep.h) */
     struct dash *dash;        /* GET /v1/moe/stats (set before ready; NULL: 404) */
     char chat_err[MS_ERR_LEN];/* why chat is NULL when the model has a template */
+    enum tc_syntax tc_syn;    /* the tool-call syntax (cfg.tool_parser, else detected at ready) */
     int port;
     atomic_int active;
     long created;
@@ -104,6 +105,7 @@ struct gen {
     bool tokens_as_ids;
     bool tools;                /* chat output to parse: tool calls, harmony channels */
     enum tc_syntax tc_syn;
+    struct tc_tools *tc_tools; /* the request's tools, typing XML-style arguments (may be NULL) */
     char id[64];
     char call_id[80];          /* tool-call ids: "<call_id>_<index>" */
     long created;
@@ -328,6 +330,7 @@ static void gen_free(struct gen *g)
     for (int i = 0; g->cs && i < g->n; i++) free(g->cs[i].echo);
     free(g->reqs);
     free(g->cs);
+    tc_tools_free(g->tc_tools);
     ms_buf_free(&g->pend);
     free(g->body);
     pthread_mutex_destroy(&g->mu);
@@ -499,8 +502,8 @@ static char *gen_body(struct gen *g, int *status, struct proto_error *e)
             c->finish_reason = finish_name(r->out.finish);
             if (g->tools) {
                 struct ms_buf content = {0}, think = {0};
-                int prc = tc_parse(g->tc_syn, texts[n_ch], c->text_len, &content, &calls[n_ch],
-                                   &n_calls[n_ch], &think);
+                int prc = tc_parse(g->tc_syn, g->tc_tools, texts[n_ch], c->text_len, &content,
+                                   &calls[n_ch], &n_calls[n_ch], &think);
                 c->text_len = content.len;
                 c->reasoning_len = think.len;
                 free(texts[n_ch]);
@@ -799,6 +802,10 @@ static int compile_tool_grammar(struct http_server *h, const struct proto_req *p
                           pr->guide_param);
     }
     char *ebnf = NULL, err[MS_ERR_LEN], kw[64] = "";
+    if (tc_markers_special(syn, h->m->tok))
+        return proto_fail(e, 400, "tool_choice", "invalid_value",
+                          "forcing a tool call is not supported for this model's tool-call "
+                          "syntax (%s: its markers are special tokens)", tc_syntax_name(syn));
     int rc = tc_grammar(syn, pr->tools_json,
                         pr->tool_choice == PROTO_TOOL_NAMED ? pr->tool_choice_name : NULL,
                         pr->parallel_tool_calls, &ebnf, err, sizeof err, kw, sizeof kw);
@@ -889,11 +896,12 @@ static int gen_submit(struct http_server *h, struct gen *g, struct proto_req *pr
     if (pr->guide_kind != PROTO_GUIDE_NONE && compile_guide(h, pr, &grammar, e) != 0) return -1;
     if (pr->kind == PROTO_CHAT && pr->tools_json && pr->tool_choice != PROTO_TOOL_NONE) {
         g->tools = true;
-        g->tc_syn = tc_syntax_of(m->tok);
+        g->tc_syn = h->tc_syn;
+        g->tc_tools = tc_tools_parse(pr->tools_json); /* NULL (out of memory): untyped values */
         if ((pr->tool_choice == PROTO_TOOL_REQUIRED || pr->tool_choice == PROTO_TOOL_NAMED) &&
             compile_tool_grammar(h, pr, g->tc_syn, &grammar, e) != 0)
             return -1;
-    } else if (pr->kind == PROTO_CHAT && tc_syntax_of(m->tok) == TC_HARMONY) {
+    } else if (pr->kind == PROTO_CHAT && h->tc_syn == TC_HARMONY) {
         /* harmony output is always messages on channels: the reasoning is not content */
         g->tools = true;
         g->tc_syn = TC_HARMONY;
@@ -981,7 +989,7 @@ static int gen_submit(struct http_server *h, struct gen *g, struct proto_req *pr
                 goto out;
             }
             g->cs[k].prompt_tokens = n_ids;
-            tc_stream_init(&g->cs[k].tcs, g->tc_syn);
+            tc_stream_init(&g->cs[k].tcs, g->tc_syn, g->tc_tools);
             if (pr->echo) {
                 g->cs[k].echo = echo_text(m->tok, text, ids, n_ids);
                 g->cs[k].echo_len = g->cs[k].echo ? strlen(g->cs[k].echo) : 0;
@@ -1517,6 +1525,8 @@ void http_set_ready(struct http_server *h, const struct model *m, struct sched *
     /* Parse the chat template once; every chat request renders the parsed form. */
     if (m->chat_template)
         h->chat = jinja_template_parse(m->chat_template, h->chat_err, sizeof h->chat_err);
+    if (tc_syntax_parse(h->cfg.tool_parser, &h->tc_syn) != 0) /* "auto" (serve.c checked it) */
+        h->tc_syn = tc_syntax_of_model(m->tok, m->chat_template);
     if (m->tok) h->gvocab = grm_vocab_build(m->tok, m->desc.vocab, m->desc.eos_ids, m->desc.n_eos);
     if (h->gvocab) h->gcache = grm_cache_create(h->gvocab, GRAMMAR_CACHE_ENTRIES, GRAMMAR_CACHE_BYTES);
     atomic_store(&h->state, HTTP_READY);

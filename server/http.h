@@ -33,6 +33,8 @@ struct http_config {
     double keep_alive_s;     /* idle / stall timeout (h1_config.keep_alive_s) */
     double read_timeout_s;   /* whole-request deadline (h1_config.read_timeout_s) */
     bool access_log;         /* one slog_access line per request (slog.h) */
+    const char *tool_parser; /* vLLM's --tool-call-parser name (tc_syntax_parse); NULL or "auto":
+                              * detected from the model (tc_syntax_of_model). Borrowed. */
 };
 
 struct http_server;

@@ -38,6 +38,7 @@
 #include "model.h"
 #include "comm_tcp.h"
 #include "mpi/comm_mpi.h"
+#include "proto/toolcall.h"
 #include "scheduler.h"
 #include "dash.h"
 #include "serve_placement.h"
@@ -67,7 +68,7 @@ enum opt_type { OPT_STR, OPT_INT, OPT_BYTES, OPT_BOOL };
 
 struct serve_opts {
     const char *model, *host, *api_key, *served_name, *chat_template, *log_format, *device;
-    const char *dtype, *quantization;
+    const char *dtype, *quantization, *tool_parser;
     long port, max_num_seqs, max_batched, max_model_len, devices, threads, max_waiting, grace_s;
     long keep_alive_s, read_timeout_s;
     long kv_bytes;
@@ -130,6 +131,9 @@ static const struct opt_def opt_defs[] = {
      "next time (off)"},
     {"chat-template", "MOESERVE_CHAT_TEMPLATE", OPT_STR, OFF(chat_template), 0, 0,
      "Jinja chat template file overriding tokenizer_config.json's"},
+    {"tool-call-parser", "MOESERVE_TOOL_CALL_PARSER", OPT_STR, OFF(tool_parser), 0, 0,
+     "the syntax tool calls are parsed and forced in: auto (from the tokenizer and chat "
+     "template), hermes, qwen3_coder, glm45, minimax_m2, deepseek_v3 or openai (auto)"},
     {"log-format", "MOESERVE_LOG_FORMAT", OPT_STR, OFF(log_format), 0, 0, "text or json (text)"},
     {"access-log", "MOESERVE_ACCESS_LOG", OPT_BOOL, OFF(access_log), 0, 1,
      "log one line per HTTP request (on)"},
@@ -283,6 +287,7 @@ static int parse_opts(int argc, char **argv, struct serve_opts *o)
     o->dtype = "auto";
     o->quantization = "none";
     o->log_format = "text";
+    o->tool_parser = "auto";
     o->access_log = 1;
     o->stats_interval_s = 10;
     o->max_waiting = 1024;
@@ -357,6 +362,12 @@ static int parse_opts(int argc, char **argv, struct serve_opts *o)
         static char default_model[4096];
         o->model = cli_default_model(default_model, sizeof default_model);
     }
+    enum tc_syntax tsyn;
+    if (strcmp(o->tool_parser, "auto") != 0 && tc_syntax_parse(o->tool_parser, &tsyn) != 0) {
+        fprintf(stderr, "moeserve serve: --tool-call-parser must be auto, hermes, qwen3_coder, "
+                        "glm45, minimax_m2, deepseek_v3 or openai, got '%s'\n", o->tool_parser);
+        return -1;
+    }
     if (strcmp(o->log_format, "text") != 0 && strcmp(o->log_format, "json") != 0) {
         fprintf(stderr, "moeserve serve: --log-format must be text or json\n");
         return -1;
@@ -406,6 +417,16 @@ static void slog(const char *level, const char *fmt, ...)
     va_start(ap, fmt);
     slog_vmsg(level, fmt, ap);
     va_end(ap);
+}
+
+/* Says which tool-call syntax chats are parsed in (the server chooses it the same way). */
+static void log_tool_syntax(const char *flag, const struct model *m)
+{
+    enum tc_syntax syn;
+    bool given = tc_syntax_parse(flag, &syn) == 0;
+    if (!given) syn = tc_syntax_of_model(m->tok, m->chat_template);
+    slog("info", "tool calls: %s syntax (%s)", tc_syntax_name(syn),
+         given ? "--tool-call-parser" : "detected from the tokenizer and chat template");
 }
 
 /* Model-load progress: the bar on a terminal; elsewhere (a container's log, a file) a log line
@@ -877,7 +898,7 @@ int cli_serve(int argc, char **argv)
                              .max_waiting = (int)o.max_waiting, .max_conns = max_conns,
                              .keep_alive_s = (double)o.keep_alive_s,
                              .read_timeout_s = (double)o.read_timeout_s,
-                             .access_log = o.access_log != 0};
+                             .access_log = o.access_log != 0, .tool_parser = o.tool_parser};
     if (http_start(&hc, mt, &h, err, sizeof err) != 0) {
         slog("error", "%s", err);
         goto out;
@@ -976,6 +997,7 @@ int cli_serve(int argc, char **argv)
         goto out;
     }
     http_set_ready(h, m, s, engine_get_params(e)->max_model_len);
+    log_tool_syntax(o.tool_parser, m);
     pthread_mutex_lock(&sigs.mu);
     sigs.phase = PHASE_SERVING;
     pthread_mutex_unlock(&sigs.mu);

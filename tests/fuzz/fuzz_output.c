@@ -2,7 +2,8 @@
  * Token ids (the input's text encoded by a real tokenizer, optionally with random ids spliced
  * in) go through the streaming detokenizer (tok_stream) and the stop-string filter (stopstr),
  * as the scheduler publishes them, and the published text through the tool-call parser of the
- * tokenizer's syntax (Hermes on Qwen3, DeepSeek-V3's markers, gpt-oss's harmony), streamed as
+ * tokenizer's syntax (Hermes on Qwen3, DeepSeek-V3's markers, gpt-oss's harmony) and through
+ * each XML-style syntax (Qwen3 XML, GLM, MiniMax-M2, typed by a fixed tools list), streamed as
  * the SSE path reads it (the text so far at random token boundaries) and whole as the
  * non-streamed answer parses it. Checked:
  *   - the filter's output equals a plain search of each prefix of the decoded text at the token
@@ -35,6 +36,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv);
 #define MAX_IDS 1024
 static struct tokenizer *toks[N_TOK];
 static enum tc_syntax syns[N_TOK];
+static struct tc_tools *xml_tools; /* types the XML syntaxes' values: every schema type */
+static const enum tc_syntax xml_syns[] = {TC_QWEN3_XML, TC_GLM, TC_MINIMAX};
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
@@ -45,6 +48,13 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
         toks[i] = fixture_tok("fuzz_output", names[i]);
         syns[i] = tc_syntax_of(toks[i]);
     }
+    xml_tools = tc_tools_parse(
+        "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":"
+        "\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},\"b\":{\"type\":\"number\"},"
+        "\"c\":{\"type\":\"boolean\"},\"d\":{\"type\":\"object\"},\"e\":{\"anyOf\":[{\"type\":"
+        "\"integer\"},{\"type\":\"null\"}]},\"s\":{\"type\":\"string\"},\"x\":{\"enum\":[1,"
+        "\"y\",null,true,2.5,[1]]}}}}}]");
+    if (!xml_tools) abort();
     return 0;
 }
 
@@ -74,6 +84,45 @@ static void same_text(const char *a, size_t al, const char *b, size_t bl, const 
                 (int)tbl, tb);
         abort();
     }
+}
+
+/* Parses T[0, len) whole and streamed (fed at the boundaries the schedule picks from rng);
+ * aborts unless both give the same content, reasoning and calls. Returns the advanced rng. */
+static uint32_t check_parse(enum tc_syntax syn, const struct tc_tools *tools, const char *T,
+                            size_t len, const size_t *ends, int n_ends, uint32_t rng)
+{
+    struct ms_buf content = {0}, reasoning = {0};
+    struct tc_call *calls = NULL, *scalls = NULL;
+    int n_calls = 0, n_scalls = 0;
+    if (tc_parse(syn, tools, T, len, &content, &calls, &n_calls, &reasoning) != 0) abort();
+    struct tc_stream st;
+    tc_stream_init(&st, syn, tools);
+    struct ms_buf sc = {0}, sr = {0};
+    for (int b = 0; b < n_ends; b++) {
+        rng = rng * 1103515245u + 12345u;
+        if ((rng >> 16) % 3 != 0) continue; /* the reader was not scheduled here */
+        if (tc_stream_feed(&st, T, ends[b], false, &sc, &sr, &scalls, &n_scalls) != 0) abort();
+    }
+    if (tc_stream_feed(&st, T, len, true, &sc, &sr, &scalls, &n_scalls) != 0) abort();
+    same_text(sc.p ? sc.p : "", sc.len, content.p ? content.p : "", content.len, "content");
+    same_text(sr.p ? sr.p : "", sr.len, reasoning.p ? reasoning.p : "", reasoning.len,
+              "reasoning");
+    if (n_scalls != n_calls) {
+        fprintf(stderr, "syntax %s: %d calls streamed, %d whole\n", tc_syntax_name(syn),
+                n_scalls, n_calls);
+        abort();
+    }
+    for (int i = 0; i < n_calls; i++)
+        if (strcmp(calls[i].name, scalls[i].name) != 0 ||
+            strcmp(calls[i].arguments, scalls[i].arguments) != 0)
+            abort();
+    tc_calls_free(calls, n_calls);
+    tc_calls_free(scalls, n_scalls);
+    ms_buf_free(&content);
+    ms_buf_free(&reasoning);
+    ms_buf_free(&sc);
+    ms_buf_free(&sr);
+    return rng;
 }
 
 /* The filter's reference: the first boundary whose prefix holds a stop string. */
@@ -161,40 +210,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         abort();
     }
 
-    /* the HTTP path: the published text parsed for tool calls, whole and streamed */
-    enum tc_syntax syn = syns[ti];
+    /* the HTTP path: the published text parsed for tool calls, whole and streamed, in the
+     * tokenizer's syntax and in each XML-style one (text is text to every parser) */
     const char *T = out.p ? out.p : "";
-    struct ms_buf content = {0}, reasoning = {0};
-    struct tc_call *calls = NULL, *scalls = NULL;
-    int n_calls = 0, n_scalls = 0;
-    if (tc_parse(syn, T, out.len, &content, &calls, &n_calls, &reasoning) != 0) abort();
-    struct tc_stream st;
-    tc_stream_init(&st, syn);
-    struct ms_buf sc = {0}, sr = {0};
-    for (int b = 0; b < n_ends; b++) {
-        rng = rng * 1103515245u + 12345u;
-        if ((rng >> 16) % 3 != 0) continue; /* the reader was not scheduled here */
-        if (tc_stream_feed(&st, T, ends[b], false, &sc, &sr, &scalls, &n_scalls) != 0) abort();
-    }
-    if (tc_stream_feed(&st, T, out.len, true, &sc, &sr, &scalls, &n_scalls) != 0) abort();
-    same_text(sc.p ? sc.p : "", sc.len, content.p ? content.p : "", content.len, "content");
-    same_text(sr.p ? sr.p : "", sr.len, reasoning.p ? reasoning.p : "", reasoning.len,
-              "reasoning");
-    if (n_scalls != n_calls) {
-        fprintf(stderr, "calls: %d streamed, %d whole\n", n_scalls, n_calls);
-        abort();
-    }
-    for (int i = 0; i < n_calls; i++)
-        if (strcmp(calls[i].name, scalls[i].name) != 0 ||
-            strcmp(calls[i].arguments, scalls[i].arguments) != 0)
-            abort();
+    rng = check_parse(syns[ti], xml_tools, T, out.len, ends, n_ends, rng);
+    for (size_t k = 0; k < sizeof xml_syns / sizeof *xml_syns; k++)
+        rng = check_parse(xml_syns[k], xml_tools, T, out.len, ends, n_ends, rng);
 
-    tc_calls_free(calls, n_calls);
-    tc_calls_free(scalls, n_scalls);
-    ms_buf_free(&content);
-    ms_buf_free(&reasoning);
-    ms_buf_free(&sc);
-    ms_buf_free(&sr);
     ms_buf_free(&out);
     ms_buf_free(&pieces);
     ms_buf_free(&ref);

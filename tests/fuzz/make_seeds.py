@@ -133,6 +133,16 @@ def output_seeds():
         (2, "<|channel|>analysis<|message|>think<|end|><|start|>assistant<|channel|>final"
             "<|message|>Hi!<|return|>"),
         (2, "<|channel|>commentary to=functions.f <|constrain|>json<|message|>{\"a\":1}<|call|>"),
+        # the XML-style syntaxes (every input also goes through them): Qwen3 XML, GLM, MiniMax
+        (0, "Ok.\n<tool_call>\n<function=f>\n<parameter=a>\n12\n</parameter>\n<parameter=d>\n"
+            "{\"k\": [1]}\n</parameter>\n<parameter=s>\nx << y\n</parameter>\n</function>\n"
+            "</tool_call>"),
+        (0, "<tool_call>\n<function=f>\n<parameter=a>\n1\n<parameter=b>\n2.5\n</function>"),
+        (0, "<tool_call>f\n<arg_key>a</arg_key>\n<arg_value>3</arg_value>\n<arg_key>c</arg_key>"
+            "<arg_value>true</arg_value>\n</tool_call><tool_call>g</tool_call>"),
+        (0, "<minimax:tool_call>\n<invoke name=\"f\">\n<parameter name=\"e\">none</parameter>\n"
+            "<parameter name=\"x\">y</parameter>\n</invoke>\n<invoke name=\"g\">\n</invoke>\n"
+            "</minimax:tool_call>"),
     ]
     seeds = []
     for tok, t in texts:

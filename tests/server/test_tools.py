@@ -4,8 +4,11 @@ on tools answers with a well-formed call), streaming (delta.tool_calls) and not,
 valid against the function's parameter schema, finish_reason "tool_calls", a role "tool"
 round trip (assistant tool_calls + tool message with tool_call_id), tool_choice "none" and
 "auto" answering in text, and refusals (a forced call with response_format, an unknown
-function name)."""
+function name). Then the XML-style syntaxes (--tool-call-parser qwen3_coder, glm45,
+minimax_m2, and its environment variable): forced calls in each come back as typed arguments
+valid against the schema, streamed and not alike; a bad parser name stops the server."""
 import json
+import subprocess
 import unittest
 
 import srvtest
@@ -165,6 +168,75 @@ class ToolsTest(unittest.TestCase):
             self.client.chat.completions.create(
                 model=NAME, messages=MSGS, tools=TOOLS, max_tokens=5,
                 tool_choice={"type": "function", "function": {"name": "nope"}})
+
+
+def streamed_calls(stream):
+    calls, content, finish = {}, "", None
+    for chunk in stream:
+        d = chunk.choices[0].delta
+        content += d.content or ""
+        for tc in d.tool_calls or []:
+            cur = calls.setdefault(tc.index, {"name": "", "arguments": ""})
+            cur["name"] += tc.function.name or ""
+            cur["arguments"] += tc.function.arguments or ""
+        finish = chunk.choices[0].finish_reason or finish
+    return [calls[i] for i in sorted(calls)], content, finish
+
+
+@unittest.skipIf(openai is None, "openai and jsonschema are needed (tools/setup.sh)")
+class XmlSyntaxesTest(unittest.TestCase):
+    """The grammar writes each syntax's markup; the parser must read it back into calls whose
+    typed arguments validate (days an integer, city a string of at most 16 characters)."""
+
+    def run_parser(self, parser, env=None):
+        extra = () if env else ("--tool-call-parser", parser)
+        with srvtest.Server(*extra, model=srvtest.bundled_model(), name=NAME, env=env) as srv:
+            client = openai.OpenAI(base_url=srv.base + "/v1", api_key="unused", max_retries=0,
+                                   timeout=120)
+            n_calls = 0
+            for seed in range(3):
+                kw = dict(model=NAME, messages=MSGS, tools=TOOLS, tool_choice="required",
+                          temperature=1, seed=seed, max_tokens=400, parallel_tool_calls=False)
+                r = client.chat.completions.create(**kw)
+                c = r.choices[0]
+                if c.finish_reason == "length":
+                    continue  # free text ran past max_tokens: content, as for hermes
+                self.assertEqual(c.finish_reason, "tool_calls", "%s seed %d" % (parser, seed))
+                whole = [{"name": t.function.name, "arguments": t.function.arguments}
+                         for t in c.message.tool_calls]
+                for call in whole:
+                    self.assertIn(call["name"], PARAMS)
+                    jsonschema.validate(json.loads(call["arguments"]), PARAMS[call["name"]])
+                n_calls += len(whole)
+                calls, content, finish = streamed_calls(
+                    client.chat.completions.create(stream=True, **kw))
+                self.assertEqual(finish, "tool_calls")
+                self.assertEqual(content.strip(), (c.message.content or "").strip())
+                self.assertEqual(calls, whole, "%s seed %d" % (parser, seed))
+            named = client.chat.completions.create(
+                model=NAME, messages=MSGS, tools=TOOLS, temperature=1, seed=7, max_tokens=200,
+                tool_choice={"type": "function", "function": {"name": "add"}})
+            tc = named.choices[0].message.tool_calls
+            self.assertEqual(len(tc), 1)
+            args = json.loads(tc[0].function.arguments)
+            jsonschema.validate(args, ADD)
+            self.assertIsInstance(args["a"], int)
+            self.assertGreater(n_calls, 0, parser)
+
+    def test_qwen3_coder(self):
+        self.run_parser("qwen3_coder")
+
+    def test_glm45(self):
+        self.run_parser("glm45")
+
+    def test_minimax_m2_from_env(self):
+        self.run_parser("minimax_m2", env={"MOESERVE_TOOL_CALL_PARSER": "minimax_m2"})
+
+    def test_bad_parser_name(self):
+        r = subprocess.run([srvtest.binary(), "serve", "--tool-call-parser", "nope", "--port", "0"],
+                           capture_output=True, text=True, timeout=60)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("--tool-call-parser", r.stderr)
 
 
 if __name__ == "__main__":

@@ -86,6 +86,9 @@ struct device {
     struct infmoe_scratch cont; /* continuous-experts models only */
 
     /* Hybrid models (NULL otherwise). Gated attention: */
+    float *ones;       /* (head_dim) 1s: the weight of a weightless per-head norm (Llama 4) */
+    float *tscale;     /* (T) Llama 4's attention temperature per token (NoPE layers) */
+    float *h_tscale;   /* host staging of tscale */
     float *qg;         /* (T, 2 * n_head * head_dim) q_proj's output: each head's query, gate */
     float *gate;       /* (T, n_head * head_dim) the gate logits */
     int32_t *idx_q;    /* (n_head * head_dim) columns of qg holding the queries, then (as many)
@@ -263,11 +266,18 @@ static void attention_layer(struct device *dv, int l)
     }
     /* Rotate-half RoPE on the first rope_dim dims of each head (all of them but for partial
      * rotary, GLM's partial_rotary_factor); the rest pass through untouched. */
-    if (!md->nope) {
-        be->ops->rope_ex(be, dv->q, hd, dv->q, hd, dv->pos, n, md->n_head, md->rope_dim, 0,
-                         dv->cos_sin);
-        be->ops->rope_ex(be, dv->k, hd, dv->k, hd, dv->pos, n, md->n_kv_head, md->rope_dim, 0,
-                         dv->cos_sin);
+    bool nope = model_layer_nope(md, l);
+    if (!nope) {
+        be->ops->rope_ex(be, dv->q, hd, dv->q, hd, dv->pos, n, md->n_head, md->rope_dim,
+                         md->rope_interleave, dv->cos_sin);
+        be->ops->rope_ex(be, dv->k, hd, dv->k, hd, dv->pos, n, md->n_kv_head, md->rope_dim,
+                         md->rope_interleave, dv->cos_sin);
+        if (md->qk_norm == QK_NORM_HEAD_POST) { /* Llama 4: weightless, after RoPE */
+            be->ops->rmsnorm(be, dv->q, dv->q, dv->ones, n * md->n_head, hd, md->rms_eps);
+            be->ops->rmsnorm(be, dv->k, dv->k, dv->ones, n * md->n_kv_head, hd, md->rms_eps);
+        }
+    } else if (md->attn_temp_tuning) {
+        be->ops->mul_rows(be, dv->q, dv->tscale, n, qdim); /* Llama 4's NoPE layers */
     }
 
     /* Every sequence of the slice in one call: each token names its sequence's block table. */
@@ -275,12 +285,13 @@ static void attention_layer(struct device *dv, int l)
                            .seq = dv->tok_seq, .pos = dv->pos};
     be->ops->kv_write(be, dv->kv_k[l], dv->kv_v[l], dv->k, dv->v, &tk, e->kv.block_size, n,
                       kvdim);
-    if (lw->sinks || md->layer_window) {
-        /* gpt-oss: a sink logit per head, this layer's own window */
+    if (lw->sinks || md->layer_window || md->layer_chunk) {
+        /* gpt-oss: a sink logit per head, this layer's own window; Llama 4: its chunks */
         struct be_attn a = {.n_head = md->n_head, .n_kv_head = md->n_kv_head, .k_dim = hd,
                             .v_dim = hd, .k_row = kvdim, .v_row = kvdim,
                             .window = model_layer_window(md, l), .scale = e->attn_scale,
-                            .sinks = lw->sinks};
+                            .sinks = lw->sinks,
+                            .chunk = md->layer_chunk ? md->layer_chunk[l] : 0};
         be->ops->attention_ex(be, dv->att, dv->q, dv->kv_k[l], dv->kv_v[l], &tk,
                               e->kv.block_size, n, &a, dv->scores);
     } else {
@@ -584,6 +595,14 @@ static void device_forward(struct device *dv)
         }
     }
     dv->seqs.n = dv->item1 - dv->item0;
+    if (md->attn_temp_tuning) {
+        /* transformers: log1p(floor((pos + 1) / floor_scale)) * attn_scale + 1, in f32 */
+        for (int i = 0; i < n; i++)
+            dv->h_tscale[i] = log1pf(floorf(((float)pos[i] + 1.0f) / (float)md->temp_floor)) *
+                                  md->temp_scale +
+                              1.0f;
+        dv->be->ops->upload(dv->be, dv->tscale, dv->h_tscale, sizeof(float) * (size_t)n);
+    }
     struct backend *be = dv->be;
     be->ops->upload(be, dv->in, ids, sizeof(int32_t) * 4 * (size_t)n);
     dv->ids = dv->in;
@@ -941,6 +960,19 @@ static int device_hybrid(struct engine *e, struct device *dv)
     size_t T = (size_t)e->p.max_batch_tokens;
     bool ok = true;
     int32_t *tab = NULL;
+    if (md->qk_norm == QK_NORM_HEAD_POST) {
+        float *one = malloc(sizeof(float) * (size_t)md->head_dim);
+        if (!one) return -1;
+        for (int i = 0; i < md->head_dim; i++) one[i] = 1.0f;
+        dv->ones = dev_alloc(dv, sizeof(float) * (size_t)md->head_dim, &ok);
+        if (dv->ones) dv->be->ops->upload(dv->be, dv->ones, one, sizeof(float) * md->head_dim);
+        free(one);
+    }
+    if (md->attn_temp_tuning) {
+        dv->tscale = dev_alloc(dv, T * sizeof(float), &ok);
+        dv->h_tscale = malloc(T * sizeof(float));
+        if (!dv->h_tscale) return -1;
+    }
     if (md->attn_out_gate) {
         int hd = md->head_dim, qdim = md->n_head * hd;
         dv->qg = dev_alloc(dv, T * 2 * (size_t)qdim * sizeof(float), &ok);
@@ -1112,7 +1144,8 @@ static void device_release(struct device *dv)
     void *bufs[] = {dv->x,  dv->h,      dv->tmp, dv->q,     dv->att,
                     dv->k,  dv->v,      dv->scores, dv->in, dv->blocks, dv->logits,
                     dv->lrows, dv->qlat, dv->qg, dv->gate, dv->lin_raw, dv->lin_raw_ba,
-                    dv->lin_qkv, dv->lin_z, dv->lin_b, dv->lin_a, dv->lin_out};
+                    dv->lin_qkv, dv->lin_z, dv->lin_b, dv->lin_a, dv->lin_out, dv->ones,
+                    dv->tscale};
     if (be->ops->host_memory) dv->h_lrows = NULL; /* the same buffer as lrows */
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->ops->free(be, bufs[i]);
@@ -1144,6 +1177,7 @@ static void device_release(struct device *dv)
     }
     free(dv->sq_i32);
     free(dv->sq_fresh);
+    free(dv->h_tscale);
     free(dv->owned);
     free(dv->owned_is_weight);
     free(dv->w_layers);
@@ -1352,6 +1386,18 @@ static float rope_inv_freq(const struct model_desc *md, int j)
 {
     int dim = md->rope_dim;
     float pos_freq = powf(md->rope_theta, (float)(2 * j) / (float)dim);
+    if (md->rope_llama3) {
+        /* transformers' llama3 rule, in f32 as it computes it */
+        float f = 1.0f / pos_freq, old = (float)md->llama3_orig_max_pos;
+        float lo_wl = old / md->llama3_low, hi_wl = old / md->llama3_high;
+        float wl = 2.0f * (float)M_PI / f;
+        float g = wl > lo_wl ? f / md->llama3_factor : f;
+        if (!(wl < hi_wl) && !(wl > lo_wl)) {
+            float sm = (old / wl - md->llama3_low) / (md->llama3_high - md->llama3_low);
+            g = (1.0f - sm) * g / md->llama3_factor + sm * g;
+        }
+        return g;
+    }
     if (!md->rope_yarn) return 1.0f / pos_freq;
     double base = md->rope_theta, orig = md->yarn_orig_max_pos;
     double low = (dim * log(orig / (md->yarn_beta_fast * 2 * M_PI))) / (2 * log(base));
@@ -1581,10 +1627,11 @@ int engine_create(const struct model *m, const struct engine_params *p, struct e
             device_init(e, &e->dev[r], r, threads, err, errlen) != 0)
             goto fail;
     if (md->n_linear > 0 || md->attn_out_gate || md->embed_scale != 1.0f ||
-        md->residual_scale != 1.0f || md->logit_scale != 1.0f) {
+        md->residual_scale != 1.0f || md->logit_scale != 1.0f || md->attn_temp_tuning ||
+        md->router_scales_input) {
         const struct backend_ops *ops = e->dev[e->self].be->ops;
         if (!ops->gdn || !ops->gather_cols || !ops->mul_sigmoid || !ops->mamba2 ||
-            !ops->scale) {
+            !ops->scale || !ops->mul_rows) {
             ms_errf(err, errlen, "the %s backend has no kernels for %s's gated attention, "
                                  "state-space layers or multipliers yet (use --device cpu)",
                     ops->name, md->model_type);

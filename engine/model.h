@@ -34,6 +34,8 @@ enum qk_norm_kind {
     QK_NORM_NONE,
     QK_NORM_HEAD, /* RMSNorm over each head's head_dim (qwen3_moe); weight (head_dim) */
     QK_NORM_FULL, /* RMSNorm over the whole q (n_head*head_dim) / k (n_kv_head*head_dim) (olmoe) */
+    QK_NORM_HEAD_POST, /* weightless RMSNorm over each head after RoPE, on RoPE layers only
+                          (Llama 4's use_qk_norm) */
 };
 
 enum router_kind {
@@ -41,6 +43,7 @@ enum router_kind {
     ROUTER_KIND_SIGMOID_GROUP, /* DeepSeek-V3 noaux_tc: sigmoid + correction bias, group-limited */
     ROUTER_KIND_SOFTMAX_GROUP, /* DeepSeek-V2 group_limited_greedy: softmax, groups by their best */
     ROUTER_KIND_MOHGE,         /* two-level: sigmoid group router, softmax inside groups */
+    ROUTER_KIND_SIGMOID_TOPK,  /* Llama 4: top-k by logit, weights their sigmoids */
 };
 
 /* What a layer's FFN is when it is not a routed-expert (MoE) layer. */
@@ -197,6 +200,24 @@ struct model_desc {
     char wlayers[8];      /* the decoder layers under wprefix: "layers." or, as transformers 5.25
                              saves Kimi-K2.5, "blocks." */
     bool nope;            /* attention layers use no rotary embedding (Granite 4.0-H) */
+    bool *layer_nope;     /* (n_layer) layers without rotary embedding (Llama 4's
+                             no_rope_layers 0), or NULL (see model_layer_nope) */
+    int *layer_chunk;     /* (n_layer) chunked local attention per layer (Llama 4's
+                             attention_chunk_size on its chunked_attention layers; 0 = none), or
+                             NULL */
+    /* Llama 4's attention temperature tuning on its NoPE layers: q *= 1 + temp_scale *
+     * log1p(floor((pos + 1) / temp_floor)). */
+    bool attn_temp_tuning;
+    float temp_scale;
+    int temp_floor;
+    /* Llama 3-style RoPE scaling (rope_type llama3; Llama 4): frequencies below
+     * original_max_position_embeddings' wavelength divided by factor, high ones kept, a
+     * smooth blend between (low_freq_factor, high_freq_factor). */
+    bool rope_llama3;
+    float llama3_factor, llama3_low, llama3_high;
+    int llama3_orig_max_pos;
+    bool router_scales_input; /* Llama 4: each routed expert gets the token times its weight
+                                 and its output is added with weight 1 */
     /* Granite's multipliers (1 elsewhere): the embeddings times embed_scale, each block's
      * output times residual_scale before its residual add, the logits times logit_scale
      * (1 / logits_scaling). The softmax scale is attn_scale (attention_multiplier). */
@@ -392,6 +413,12 @@ static inline int model_cont_union_max(const struct model_desc *md, int k, doubl
 {
     long u = (long)k * model_cont_neurons(md, f);
     return u > md->cont_d_ff ? md->cont_d_ff : (int)u;
+}
+
+/* Whether attention layer l uses no rotary embedding. */
+static inline bool model_layer_nope(const struct model_desc *md, int l)
+{
+    return md->nope || (md->layer_nope && md->layer_nope[l]);
 }
 
 /* The attention window of layer l (0 = full attention). */

@@ -172,8 +172,33 @@ static int cfg_yarn(json_t *rs, struct model_desc *d, double *mscale_all_dim, co
     return 0;
 }
 
-/* The rope: plain RoPE, or YaRN (rope_parameters / legacy rope_scaling of type 'yarn'); reads
- * theta. Other scaling types are refused by name. */
+/* Llama 3's RoPE scaling (rope_type llama3: Llama 3.1+, Llama 4). */
+static int cfg_llama3_rope(json_t *rs, struct model_desc *d, const char *path, char *err,
+                           size_t errlen)
+{
+    double factor = 0, lo = 1.0, hi = 4.0;
+    int orig = 0;
+    if (cfg_num(rs, "factor", 0, &factor, path, err, errlen) ||
+        cfg_num(rs, "low_freq_factor", 1.0, &lo, path, err, errlen) ||
+        cfg_num(rs, "high_freq_factor", 4.0, &hi, path, err, errlen) ||
+        cfg_int(rs, "original_max_position_embeddings", true, 0, &orig, path, err, errlen) ||
+        cfg_positive(orig, "original_max_position_embeddings", path, err, errlen))
+        return -1;
+    if (!(factor > 0) || !(lo > 0) || !(hi > lo))
+        return ms_errf(err, errlen,
+                       "%s: llama3 rope scaling needs factor > 0 and high_freq_factor > "
+                       "low_freq_factor > 0",
+                       path);
+    d->rope_llama3 = true;
+    d->llama3_factor = (float)factor;
+    d->llama3_low = (float)lo;
+    d->llama3_high = (float)hi;
+    d->llama3_orig_max_pos = orig;
+    return 0;
+}
+
+/* The rope: plain RoPE, YaRN or Llama 3's scaling (rope_parameters / legacy rope_scaling of
+ * type 'yarn' / 'llama3'); reads theta. Other scaling types are refused by name. */
 static int cfg_rope(json_t *root, struct model_desc *d, double *mscale_all_dim, const char *path,
                     char *err, size_t errlen)
 {
@@ -194,9 +219,12 @@ static int cfg_rope(json_t *root, struct model_desc *d, double *mscale_all_dim, 
             return ms_errf(err, errlen, "%s: %s.rope_type must be a string", path, keys[i]);
         if (tn && strcmp(tn, "yarn") == 0) {
             if (cfg_yarn(rp, d, mscale_all_dim, path, err, errlen) != 0) return -1;
+        } else if (tn && strcmp(tn, "llama3") == 0) {
+            if (cfg_llama3_rope(rp, d, path, err, errlen) != 0) return -1;
         } else if (tn && strcmp(tn, "default") != 0) {
             return ms_errf(err, errlen,
-                           "%s: %s.rope_type '%.32s' is not supported (only 'default' or 'yarn')",
+                           "%s: %s.rope_type '%.32s' is not supported (only 'default', 'yarn' or "
+                           "'llama3')",
                            path, keys[i], tn);
         } else if (!tn && i == 1) {
             return ms_errf(err, errlen, "%s: rope_scaling without a type is not supported", path);
@@ -1184,6 +1212,137 @@ static int cfg_granitemoehybrid(json_t *root, struct model_desc *d, const char *
     return 0;
 }
 
+/* A list of n 0/1 integers (Llama 4's no_rope_layers). */
+static int cfg_flag_list(json_t *root, const char *key, int n, bool *out, bool *given,
+                         const char *path, char *err, size_t errlen)
+{
+    json_t *a = json_object_get(root, key);
+    *given = a && !json_is_null(a);
+    if (!*given) return 0;
+    if (!json_is_array(a) || json_array_size(a) != (size_t)n)
+        return ms_errf(err, errlen, "%s: '%s' must list num_hidden_layers (%d) integers", path,
+                       key, n);
+    for (int i = 0; i < n; i++) {
+        json_t *x = json_array_get(a, (size_t)i);
+        if (!json_is_integer(x) || (json_integer_value(x) != 0 && json_integer_value(x) != 1))
+            return ms_errf(err, errlen, "%s: %s[%d] must be 0 or 1", path, key, i);
+        out[i] = json_integer_value(x) == 1;
+    }
+    return 0;
+}
+
+/* Llama 4 (transformers' Llama4Text classes; llama4 folders through text_config): GQA whose
+ * RoPE (interleaved pairs, as complex numbers) runs on the layers no_rope_layers marks 1 (default
+ * every layer but each no_rope_layer_interval-th), with a weightless per-head RMSNorm after it
+ * there (use_qk_norm) and chunked local attention (attention_chunk_size) on those
+ * "chunked_attention" layers; the NoPE layers attend globally with attention temperature tuning
+ * (attn_scale, floor_scale); MoE on the moe_layers (default every interleave_moe_layer_step-th),
+ * top-k by logit with sigmoid weights scaling the experts' input, plus a shared expert of the
+ * experts' width; the other layers dense of intermediate_size_mlp. */
+static int cfg_llama4(json_t *root, struct model_desc *d, const char *path, char *err,
+                      size_t errlen)
+{
+    int step = 1, interval = 4, chunk = 8192, floor_scale = 8192, mlp = 0;
+    bool qk_norm = true, bias = false, tune = true, given = false;
+    double attn_scale = 0.1;
+    json_t *ch = json_object_get(root, "attention_chunk_size");
+    if (cfg_experts(root, d, "intermediate_size", path, err, errlen) ||
+        cfg_int(root, "interleave_moe_layer_step", false, 1, &step, path, err, errlen) ||
+        cfg_int(root, "no_rope_layer_interval", false, 4, &interval, path, err, errlen) ||
+        (ch && !json_is_null(ch) &&
+         cfg_int(root, "attention_chunk_size", false, 8192, &chunk, path, err, errlen)) ||
+        cfg_int(root, "floor_scale", false, 8192, &floor_scale, path, err, errlen) ||
+        cfg_int(root, "intermediate_size_mlp", false, 0, &mlp, path, err, errlen) ||
+        cfg_bool(root, "use_qk_norm", true, &qk_norm, path, err, errlen) ||
+        cfg_bool(root, "attention_bias", false, &bias, path, err, errlen) ||
+        cfg_bool(root, "attn_temperature_tuning", true, &tune, path, err, errlen) ||
+        cfg_num(root, "attn_scale", 0.1, &attn_scale, path, err, errlen))
+        return -1;
+    if (ch && json_is_null(ch)) chunk = 0;
+    if (d->n_expert <= 0)
+        return ms_errf(err, errlen, "%s: num_local_experts must be positive for llama4", path);
+    if (step <= 0 || interval <= 0 || chunk < 0 || floor_scale <= 0)
+        return ms_errf(err, errlen,
+                       "%s: interleave_moe_layer_step, no_rope_layer_interval, floor_scale must "
+                       "be positive and attention_chunk_size positive or null",
+                       path);
+    int n = d->n_layer;
+    d->layer_nope = calloc((size_t)n, sizeof *d->layer_nope);
+    d->layer_chunk = calloc((size_t)n, sizeof *d->layer_chunk);
+    d->layer_is_moe = calloc((size_t)n, sizeof *d->layer_is_moe);
+    bool *rope = calloc((size_t)n, sizeof *rope);
+    if (!d->layer_nope || !d->layer_chunk || !d->layer_is_moe || !rope) {
+        free(rope);
+        return ms_errf(err, errlen, "%s: out of memory", path);
+    }
+    int rc = cfg_flag_list(root, "no_rope_layers", n, rope, &given, path, err, errlen);
+    for (int l = 0; l < n && !given; l++) rope[l] = (l + 1) % interval != 0;
+    json_t *ml = json_object_get(root, "moe_layers");
+    if (rc == 0 && ml && !json_is_null(ml)) {
+        if (!json_is_array(ml)) {
+            rc = ms_errf(err, errlen, "%s: 'moe_layers' must be a list of integers", path);
+        } else {
+            for (size_t i = 0; i < json_array_size(ml) && rc == 0; i++) {
+                json_t *x = json_array_get(ml, i);
+                json_int_t l = json_is_integer(x) ? json_integer_value(x) : -1;
+                if (l < 0 || l >= n)
+                    rc = ms_errf(err, errlen, "%s: moe_layers[%zu] is not a layer index", path, i);
+                else
+                    d->layer_is_moe[l] = true;
+            }
+        }
+    } else {
+        for (int l = step - 1; l < n; l += step) d->layer_is_moe[l] = true;
+    }
+    /* layer_types: chunked_attention (RoPE layers, when chunking) or full_attention */
+    json_t *lt = json_object_get(root, "layer_types");
+    if (rc == 0 && lt && !json_is_null(lt) &&
+        (!json_is_array(lt) || json_array_size(lt) != (size_t)n))
+        rc = ms_errf(err, errlen, "%s: 'layer_types' must list num_hidden_layers (%d) strings",
+                     path, n);
+    bool any_dense = false;
+    for (int l = 0; l < n && rc == 0; l++) {
+        d->layer_nope[l] = !rope[l];
+        bool chunked = rope[l] && chunk > 0;
+        if (lt && !json_is_null(lt)) {
+            const char *ty = json_string_value(json_array_get(lt, (size_t)l));
+            if (ty && strcmp(ty, "chunked_attention") == 0)
+                chunked = true;
+            else if (ty && strcmp(ty, "full_attention") == 0)
+                chunked = false;
+            else
+                rc = ms_errf(err, errlen,
+                             "%s: layer_types[%d] '%.40s' is not supported (supported: "
+                             "'chunked_attention', 'full_attention')",
+                             path, l, ty ? ty : "(not a string)");
+            if (chunked && chunk <= 0)
+                rc = ms_errf(err, errlen,
+                             "%s: layer %d is chunked_attention but attention_chunk_size is null",
+                             path, l);
+        }
+        d->layer_chunk[l] = chunked ? chunk : 0;
+        any_dense |= !d->layer_is_moe[l];
+    }
+    free(rope);
+    if (rc != 0) return -1;
+    if (any_dense && mlp <= 0)
+        return ms_errf(err, errlen, "%s: intermediate_size_mlp must be positive (dense layers)",
+                       path);
+    d->dense_d_ff = mlp;
+    d->n_shared = 1;
+    d->shared_d_ff = d->expert_d_ff[0];
+    d->shared_gate = SHARED_GATE_NONE;
+    d->router = ROUTER_KIND_SIGMOID_TOPK;
+    d->router_scales_input = true;
+    d->qkv_bias = d->o_bias = bias;
+    d->qk_norm = qk_norm ? QK_NORM_HEAD_POST : QK_NORM_NONE;
+    d->rope_interleave = true;
+    d->attn_temp_tuning = tune;
+    d->temp_scale = (float)attn_scale;
+    d->temp_floor = floor_scale;
+    return 0;
+}
+
 /* gpt-oss (transformers' GptOss classes): every layer MoE; GQA with biases on q/k/v/o, a sink
  * logit per head, and sliding-window or full attention per layer_types; rotate-half RoPE,
  * usually YaRN; a router with a bias whose top-k logits are softmaxed (the softmax over all
@@ -1248,6 +1407,10 @@ void model_desc_free(struct model_desc *desc)
     desc->layer_window = NULL;
     free(desc->layer_linear);
     desc->layer_linear = NULL;
+    free(desc->layer_nope);
+    desc->layer_nope = NULL;
+    free(desc->layer_chunk);
+    desc->layer_chunk = NULL;
     free(desc->layer_is_moe);
     free(desc->expert_d_ff);
     free(desc->expert_group);
@@ -1308,11 +1471,13 @@ int model_desc_parse(const char *json_text, size_t len, const char *path, struct
         arch = cfg_qwen3_5_moe;
     else if (strcmp(type, "kimi_k25") == 0)
         arch = cfg_deepseek; /* its text_config is DeepSeek-V3's (below) */
+    else if (strcmp(type, "llama4_text") == 0 || strcmp(type, "llama4") == 0)
+        arch = cfg_llama4;
     if (!arch) {
         ms_errf(err, errlen,
                 "%s: unknown model_type '%.64s' (supported: mixtral, qwen2_moe, qwen3_moe, olmoe, "
                 "deepseek_v2, deepseek_v3, glm4_moe, minimax_m2, gpt_oss, qwen3_next, "
-                "qwen3_5_moe, granitemoehybrid, kimi_k25, mohge, infmoe)",
+                "qwen3_5_moe, granitemoehybrid, kimi_k25, llama4_text, llama4, mohge, infmoe)",
                 path, type);
         goto out;
     }
@@ -1324,7 +1489,8 @@ int model_desc_parse(const char *json_text, size_t len, const char *path, struct
     json_t *text = root;
     bool kimi = strcmp(type, "kimi_k25") == 0;
     if (arch == cfg_qwen3_5_moe) snprintf(desc->model_type, sizeof desc->model_type, "qwen3_5_moe");
-    if (arch == cfg_qwen3_5_moe || kimi) {
+    if (arch == cfg_llama4) snprintf(desc->model_type, sizeof desc->model_type, "llama4_text");
+    if (arch == cfg_qwen3_5_moe || arch == cfg_llama4 || kimi) {
         json_t *tc = json_object_get(root, "text_config");
         if (kimi && !json_is_object(tc)) {
             ms_errf(err, errlen, "%s: kimi_k25 needs a 'text_config' object", path);

@@ -44,6 +44,8 @@ enum bind_kind {
     BIND_EX_BIAS_DOWN,  /* down_proj_bias (E, d): b_down, borrowed when f32 */
     BIND_PAIR_GATE_UP,  /* one FFN's (2*ff, d) input_linear (Granite): gate = rows [0, ff),
                            up = rows [ff, 2ff) */
+    BIND_T_GATE_UP_SPLIT, /* Llama 4's gate_up_proj (E, d, 2*ff): (in, out), gate = outputs
+                             [0, ff), up = [ff, 2ff) -> converted transposes */
 };
 
 struct bind {
@@ -101,6 +103,7 @@ static int bind_mats(const struct bind *b)
     case BIND_PAIR_GATE_UP: return 2;
     case BIND_FUSED_GATE_UP:
     case BIND_MX_GATE_UP:
+    case BIND_T_GATE_UP_SPLIT:
     case BIND_T_GATE_UP: return 2 * (int)b->shape[0];
     case BIND_FUSED_DOWN:
     case BIND_MX_DOWN:
@@ -350,6 +353,32 @@ static void plan_granite_ffn(struct plan *p, struct layer_w *lw, const struct mo
     if (b) b->experts = lw->experts;
 }
 
+/* Llama 4's FFN block under "<pre>feed_forward.": a dense SwiGLU, or the router, the experts
+ * (gate_up_proj (E, d, 2 ff) and down_proj (E, ff, d), stored (in, out)) and the shared expert. */
+static void plan_llama4_ffn(struct plan *p, struct layer_w *lw, const struct model_desc *d,
+                            const char *pre, bool moe)
+{
+    char ff[128];
+    snprintf(ff, sizeof ff, "%sfeed_forward.", pre);
+    if (!moe) {
+        plan_ffn(p, &lw->dense, d->dense_d_ff, d->d_model, ff, "gate_proj", "up_proj",
+                 "down_proj");
+        return;
+    }
+    const int64_t E = d->n_expert, D = d->d_model, f = d->expert_d_ff[0];
+    plan_mat(p, &lw->router, false, E, D, "%srouter.weight", ff);
+    for (int e = 0; e < d->n_expert; e++) lw->experts[e].d_ff = (int)f;
+    struct bind *b = plan_add(p, BIND_T_GATE_UP_SPLIT, 3, E, D, 2 * f,
+                              "%sexperts.gate_up_proj", ff);
+    if (b) b->experts = lw->experts;
+    b = plan_add(p, BIND_T_DOWN, 3, E, f, D, "%sexperts.down_proj", ff);
+    if (b) b->experts = lw->experts;
+    char sh[160];
+    snprintf(sh, sizeof sh, "%sshared_expert.", ff);
+    plan_ffn(p, &lw->shared[0], d->shared_d_ff, d->d_model, sh, "gate_proj", "up_proj",
+             "down_proj");
+}
+
 /* The MTP layers (model_desc.n_mtp_layers) sit at model.layers.n_layer.. and are never
  * planned, so their tensors stay unread in the mapping; this only counts them for the load
  * note, so that a log shows they were in the checkpoint and skipped on purpose. */
@@ -389,6 +418,7 @@ static int plan_model(struct plan *p, struct model *m, const char *wname, bool q
     bool minimax = strcmp(d->model_type, "minimax_m2") == 0;
     bool gptoss = strcmp(d->model_type, "gpt_oss") == 0;
     bool granite = strcmp(d->model_type, "granitemoehybrid") == 0;
+    bool llama4 = strcmp(d->model_type, "llama4_text") == 0;
     if (gptoss && (D % 32 != 0 || d->expert_d_ff[0] % 32 != 0) &&
         st_find(m->st, "model.layers.0.mlp.experts.gate_up_proj_blocks"))
         return ms_errf(err, errlen, "%s: MXFP4 experts need hidden_size (%d) and "
@@ -428,7 +458,7 @@ static int plan_model(struct plan *p, struct model *m, const char *wname, bool q
         }
         if (d->o_bias) plan_vec(p, &lw->bo, D, "%sself_attn.o_proj.bias", pre);
         if (d->attn_sinks) plan_vec(p, &lw->sinks, d->n_head, "%sself_attn.sinks", pre);
-        if (d->qk_norm != QK_NORM_NONE) {
+        if (d->qk_norm == QK_NORM_HEAD || d->qk_norm == QK_NORM_FULL) {
             bool full = d->qk_norm == QK_NORM_FULL;
             plan_norm(p, &lw->q_norm, full ? q_dim : d->head_dim, "%sself_attn.q_norm.weight",
                       pre);
@@ -451,6 +481,10 @@ static int plan_model(struct plan *p, struct model *m, const char *wname, bool q
         }
         if (granite) {
             plan_granite_ffn(p, lw, d, pre, d->layer_is_moe[l]);
+            continue;
+        }
+        if (llama4) {
+            plan_llama4_ffn(p, lw, d, pre, d->layer_is_moe[l]);
             continue;
         }
         if (!d->layer_is_moe[l]) {
@@ -712,6 +746,16 @@ static int bind_check(struct load_ctx *c, const struct st_archive *st, const cha
                                    true, 1, 0, 2, 2 * (size_t)ff);
             break;
         }
+        case BIND_T_GATE_UP_SPLIT: {
+            /* expert e's gate row r, column c = t[e][c][r] (up: [ff + r]) */
+            int dm = (int)b->shape[1], ff = (int)b->shape[2] / 2;
+            for (int e = 0; e < (int)b->shape[0]; e++)
+                for (int h = 0; h < 2; h++)
+                    plan_matrix_ex(c, b->mat0 + 2 * e + h, t,
+                                   (size_t)e * (size_t)dm * 2 * (size_t)ff + (size_t)h * ff, ff,
+                                   dm, true, 1, 0, 1, 2 * (size_t)ff);
+            break;
+        }
         case BIND_T_DOWN: {
             /* expert e's down row r, column c = t[e][c][r] */
             int ff = (int)b->shape[1], dm = (int)b->shape[2];
@@ -879,6 +923,7 @@ static int bind_slabs(const struct bind *b)
     case BIND_MX_GATE_UP:
     case BIND_MX_DOWN:
     case BIND_T_GATE_UP:
+    case BIND_T_GATE_UP_SPLIT:
     case BIND_T_DOWN: return b->shape[0] > 0 ? (int)b->shape[0] : 1;
     default: return 1;
     }
@@ -932,7 +977,7 @@ static int bind_apply(struct load_ctx *c, char *err, size_t errlen)
             b->experts->gate = &m->mats[b->mat0];
             b->experts->up = &m->mats[b->mat0 + 1];
         } else if (b->kind == BIND_FUSED_GATE_UP || b->kind == BIND_MX_GATE_UP ||
-                   b->kind == BIND_T_GATE_UP) {
+                   b->kind == BIND_T_GATE_UP || b->kind == BIND_T_GATE_UP_SPLIT) {
             for (int64_t e = 0; e < b->shape[0]; e++) {
                 b->experts[e].gate = &m->mats[b->mat0 + 2 * e];
                 b->experts[e].up = &m->mats[b->mat0 + 2 * e + 1];

@@ -57,6 +57,7 @@ int moe_scratch_init(struct moe_scratch *s, struct backend *be, const struct mod
     ALLOC(up, ff * sizeof(float));
     ALLOC(shared_out, T * d * sizeof(float));
     ALLOC(shared_gate, T * sizeof(float));
+    if (md->router_scales_input) ALLOC(row_w, R * sizeof(float));
 #undef ALLOC
     s->h_top_idx = malloc(R * sizeof(int32_t));
     s->h_slot_row = malloc(R * sizeof(int32_t));
@@ -66,6 +67,11 @@ int moe_scratch_init(struct moe_scratch *s, struct backend *be, const struct mod
     s->h_expert_perm = malloc(2 * R * sizeof(int32_t)); /* also stages the idx upload */
     s->h_experts = calloc((size_t)E, sizeof *s->h_experts);
     s->h_ex_off = calloc((size_t)E + 1, sizeof(int));
+    if (md->router_scales_input) {
+        s->h_top_w = malloc(R * sizeof(float));
+        s->h_row_w = malloc(R * sizeof(float));
+        ok = ok && s->h_top_w && s->h_row_w;
+    }
     ok = ok && s->h_top_idx && s->h_slot_row && s->h_send_perm && s->h_send_meta &&
          s->h_recv_meta && s->h_expert_perm && s->h_experts && s->h_ex_off;
     s->send_counts = calloc((size_t)n_dev, sizeof(int));
@@ -85,7 +91,7 @@ void moe_scratch_release(struct moe_scratch *s, struct backend *be)
 {
     void *bufs[] = {s->logits, s->top_idx, s->top_w, s->slot_row, s->send,       s->send_meta,
                     s->recv,   s->recv_meta, s->out_rows, s->back, s->idx,       s->xe,
-                    s->ye,     s->gate,    s->up,    s->shared_out, s->shared_gate};
+                    s->ye,     s->gate,    s->up,    s->shared_out, s->shared_gate, s->row_w};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->ops->free(be, bufs[i]);
     free(s->h_top_idx);
@@ -96,6 +102,8 @@ void moe_scratch_release(struct moe_scratch *s, struct backend *be)
     free(s->h_expert_perm);
     free(s->h_experts);
     free(s->h_ex_off);
+    free(s->h_top_w);
+    free(s->h_row_w);
     free(s->send_counts);
     free(s->recv_counts);
     free(s->expert_count);
@@ -126,6 +134,7 @@ void moe_route_desc(const struct model_desc *md, struct be_route *r)
     r->kind = md->router == ROUTER_KIND_MOHGE           ? BE_ROUTE_MOHGE
               : md->router == ROUTER_KIND_SIGMOID_GROUP ? BE_ROUTE_SIGMOID_GROUP
               : md->router == ROUTER_KIND_SOFTMAX_GROUP ? BE_ROUTE_SOFTMAX_GROUP
+              : md->router == ROUTER_KIND_SIGMOID_TOPK  ? BE_ROUTE_SIGMOID_TOPK
                                                         : BE_ROUTE_SOFTMAX_TOPK;
     r->n_expert = md->n_expert;
     r->top_k = md->top_k;
@@ -353,6 +362,19 @@ void moe_forward(const struct moe_ctx *ctx, struct moe_scratch *s, const float *
     be->ops->upload(be, s->idx, s->h_expert_perm, sizeof(int32_t) * ((size_t)n * K + rows));
     const int32_t *slot_row = s->idx, *send_perm = s->idx + (size_t)n * K;
     be->ops->gather_rows(be, s->send, h, send_perm, rows, d);
+    if (md->router_scales_input && rows > 0) {
+        /* Llama 4: an expert computes on the token times its weight, and its output is added
+         * with weight 1 */
+        size_t nk = (size_t)n * K;
+        be->ops->download(be, s->h_top_w, s->top_w, sizeof(float) * nk);
+        for (size_t i = 0; i < nk; i++) {
+            if (s->h_slot_row[i] >= 0) s->h_row_w[s->h_slot_row[i]] = s->h_top_w[i];
+            s->h_top_w[i] = s->h_slot_row[i] >= 0 ? 1.0f : 0.0f;
+        }
+        be->ops->upload(be, s->row_w, s->h_row_w, sizeof(float) * (size_t)rows);
+        be->ops->upload(be, s->top_w, s->h_top_w, sizeof(float) * nk);
+        be->ops->mul_rows(be, s->send, s->row_w, rows, d);
+    }
 
     const float *back = s->out_rows;
     if (comm->n_rank == 1) {

@@ -41,7 +41,10 @@ struct moe_scratch {
     float *up;         /* (R, max_ff) */
     float *shared_out; /* (T, d_model) */
     float *shared_gate;/* (T) */
+    float *row_w;      /* (R) Llama 4: each sent row's routing weight (its input scale) */
     /* host */
+    float *h_top_w;    /* (R) Llama 4: the weights, then 1s for the combine */
+    float *h_row_w;    /* (R) staging of row_w */
     int32_t *h_top_idx;   /* (R) */
     int32_t *h_slot_row;  /* (R) */
     int32_t *h_send_perm; /* (R) token of each sent row */

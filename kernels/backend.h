@@ -35,6 +35,7 @@ enum be_route_kind {
     BE_ROUTE_SOFTMAX_GROUP = 3,/* DeepSeek-V2 group_limited_greedy: softmax over experts, groups
                                   ranked by their best probability, top-k in the kept groups,
                                   weights the probabilities times `scale` */
+    BE_ROUTE_SIGMOID_TOPK = 4, /* Llama 4: top-k by logit, weights their sigmoids times `scale` */
 };
 
 struct be_route {
@@ -100,6 +101,8 @@ struct be_attn {
     float scale;
     const float *sinks;  /* (n_head) a logit per head added to the softmax denominator (gpt-oss),
                             or NULL */
+    int chunk;           /* > 0: chunked local attention (Llama 4): a position attends only to
+                            the positions of its own chunk, [pos - pos % chunk, pos] */
 };
 
 /* The tokens of a paged-attention call (HOST struct of backend pointers): token i belongs to the
@@ -330,6 +333,8 @@ struct backend_ops {
                    const struct be_mamba *m, const struct be_seqs *sq);
     /* x (n, d) *= s */
     void (*scale)(struct backend *be, float *x, int n, int d, float s);
+    /* row i of x (n, d) *= s[i] (s backend memory) */
+    void (*mul_rows)(struct backend *be, float *x, const float *s, int n, int d);
 };
 
 struct backend {

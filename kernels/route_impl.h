@@ -246,6 +246,21 @@ ROUTE_FN void route_sigmoid_group(const struct be_route *r, const float *logits,
     }
 }
 
+/* Llama 4, as transformers' Llama4Router: the top-k experts by logit, each weighted by the
+ * sigmoid of its logit (no renormalization), times scale. */
+ROUTE_FN void route_sigmoid_topk(const struct be_route *r, const float *logits, int k,
+                                 int32_t *idx, float *w)
+{
+    uint32_t taken[ROUTE_MASK_WORDS];
+    route_mask_clear(taken);
+    for (int j = 0; j < k; j++) {
+        int best = route_argmax_free(logits, taken, r->n_expert);
+        route_mask_set(taken, best);
+        idx[j] = best;
+        w[j] = 1.0f / (1.0f + expf(-logits[best])) * r->scale;
+    }
+}
+
 /* Token t of a batch: its k = tok_k[t] slots by the rule of r, then -1 / 0 up to top_k. */
 ROUTE_FN void route_token(const struct be_route *r, const float *logits, const float *glog,
                           const int32_t *tok_k, int t, int32_t *idx, float *w)
@@ -260,6 +275,8 @@ ROUTE_FN void route_token(const struct be_route *r, const float *logits, const f
         route_sigmoid_group(r, logits + (size_t)t * r->n_expert, k, ti, tw);
     else if (r->kind == BE_ROUTE_SOFTMAX_GROUP)
         route_softmax_group(r, logits + (size_t)t * r->n_expert, k, ti, tw);
+    else if (r->kind == BE_ROUTE_SIGMOID_TOPK)
+        route_sigmoid_topk(r, logits + (size_t)t * r->n_expert, k, ti, tw);
     else
         route_softmax_topk(r, logits + (size_t)t * r->n_expert, k, ti, tw);
     for (int j = k; j < K; j++) {

@@ -820,7 +820,7 @@ static void check_attention_ex(struct ops_ctx *t, int pos0, int n, int n_head, i
     BOTH(NULL, sizeof(float) * on, ro, dout);
     if (sinks) BOTH(ops_rand(t, (size_t)n_head, -1, 3), sizeof(float) * n_head, rs, ds);
     struct be_tokens rt = {.tables = rb, .pos0 = pos0}, dt = {.tables = db, .pos0 = pos0};
-    struct be_attn ra = {n_head, n_kv, k_dim, v_dim, k_row, v_row, window, 0.1f, rs}, da = ra;
+    struct be_attn ra = {n_head, n_kv, k_dim, v_dim, k_row, v_row, window, 0.1f, rs, 0}, da = ra;
     da.sinks = ds;
     if (mla) /* the latent rows of this step, keys only */
         RUN2(t->ref->ops->kv_write(t->ref, rkc, NULL, rk, NULL, &rt, bs, n, k_row),

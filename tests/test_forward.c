@@ -30,6 +30,45 @@ static double norm_err_masked(const float *a, const float *ref, const int32_t *m
     return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
+/* An engine that captures each step's routing (engine_last_routing). */
+static struct engine *capture_engine(const struct model *m)
+{
+    struct engine_params ep;
+    engine_params_default(&ep);
+    ep.max_batch_tokens = 256;
+    ep.max_seqs = GOLDEN_MAX_PROMPTS;
+    ep.max_model_len = 128;
+    ep.kv_block_size = 4;
+    ep.capture_routing = true;
+    struct engine *e = NULL;
+    char err[MS_ERR_LEN];
+    if (engine_create(m, &ep, &e, err, sizeof err) != 0) fprintf(stderr, "engine: %s\n", err);
+    return e;
+}
+
+/* Prefills p on e (logits to out) and copies its routing, (n_moe, p->n, top_k) ids with each
+ * token's slots sorted, into ids. */
+static int routed_prefill(struct engine *e, const struct golden_prompt *p, float *out,
+                          int32_t *ids)
+{
+    if (golden_prefill(e, p, 0, out) != 0) return -1;
+    const struct engine_routing *r = engine_last_routing(e);
+    if (!r || r->n_tok != p->n) return -1;
+    int K = r->top_k;
+    for (int l = 0; l < r->n_layer; l++)
+        for (int t = 0; t < p->n; t++) {
+            int32_t *d = ids + ((size_t)l * p->n + t) * K;
+            memcpy(d, r->ids + l * r->layer_stride + (size_t)t * K, sizeof(int32_t) * K);
+            for (int i = 1; i < K; i++) /* insertion sort: a set, whatever the slot order */
+                for (int j = i; j > 0 && d[j - 1] > d[j]; j--) {
+                    int32_t x = d[j];
+                    d[j] = d[j - 1];
+                    d[j - 1] = x;
+                }
+        }
+    return r->n_layer;
+}
+
 /* bf16: a bf16 checkpoint, loaded with `dtype`: float32 (transformers' f32 computation of the
  * same weights is the tight reference) or auto (served: bf16 activations; transformers
  * computing in bf16 is the reference, at its own rounding's distance). */
@@ -40,6 +79,9 @@ static void check_model(const char *tests, const char *name, bool bf16, enum mod
     char err[MS_ERR_LEN];
     struct model *m = NULL;
     struct st_archive *ref = NULL;
+    struct model *mf = NULL;
+    struct engine *ecb = NULL, *ecf = NULL;
+    int32_t *rt_b = NULL, *rf32 = NULL;
     struct model_load_opts lo;
     model_load_opts_default(&lo);
     lo.dtype = dtype;
@@ -74,6 +116,19 @@ static void check_model(const char *tests, const char *name, bool bf16, enum mod
 
     double worst = 0.0, worst_native = 0.0, worst_own = 0.0, worst_abs = 0.0, worst_f32 = 0.0;
     int served_used = 0, served_total = 0;
+    /* served: our own bf16 run's routing against our f32 run of the same weights */
+    if (served) {
+        struct model_load_opts lf;
+        model_load_opts_default(&lf);
+        lf.dtype = MODEL_DTYPE_F32;
+        CHECK(model_load(dir, &lf, &mf, err, sizeof err) == 0);
+        ecb = capture_engine(m);
+        ecf = mf ? capture_engine(mf) : NULL;
+        size_t cap = (size_t)m->desc.n_layer * 128 * (size_t)(m->desc.top_k > 0 ? m->desc.top_k : 1);
+        rt_b = malloc(sizeof(int32_t) * cap);
+        rf32 = malloc(sizeof(int32_t) * cap);
+        CHECK(ecb && ecf && rt_b && rf32);
+    }
     for (int i = 0; i < np; i++) {
         size_t cnt = (size_t)p[i].n * V;
         CHECK(golden_prefill(e1, &p[i], 0, a) == 0);
@@ -85,8 +140,19 @@ static void check_model(const char *tests, const char *name, bool bf16, enum mod
              * several percent). */
             int32_t *causal = malloc(sizeof(int32_t) * (size_t)p[i].n);
             int flip = p[i].n;
+            /* ... and before the first position where our own bf16 run routes a layer
+             * otherwise than our f32 run (top-1 routers flip on rounding alone) */
+            int nl = ecb && ecf && m->desc.n_expert > 0
+                         ? routed_prefill(ecb, &p[i], b, rt_b)
+                         : 0;
+            int nlf = nl > 0 ? routed_prefill(ecf, &p[i], b, rf32) : 0;
+            int K = m->desc.top_k;
             for (int t = 0; t < p[i].n && causal; t++) {
                 if (p[i].route_agrees && !p[i].route_agrees[t] && flip == p[i].n) flip = t;
+                for (int l = 0; l < nl && nlf == nl && flip == p[i].n; l++)
+                    if (memcmp(rt_b + ((size_t)l * p[i].n + t) * K,
+                               rf32 + ((size_t)l * p[i].n + t) * K, sizeof(int32_t) * K) != 0)
+                        flip = t;
                 causal[t] = t < flip;
             }
             int used = 0;
@@ -95,7 +161,7 @@ static void check_model(const char *tests, const char *name, bool bf16, enum mod
              * distance from the f32-computed reference, and they are about the root of the sum
              * of the squares of those apart. So: ours is no further from the f32 reference than
              * 2e-2 or twice transformers' own bf16 distance (gpt-oss's fixture: ~3%, its clamps
-             * and sinks amplify rounding; the hybrid models' recurrent layers: up to ~6%), and
+             * and sinks amplify rounding; the hybrid models' recurrent layers: up to ~8%), and
              * ours and transformers' are within 2e-2, twice its distance, or 1.5 x the root. */
             double own = causal ? norm_err_masked(p[i].logits, p[i].logits_f32, causal, p[i].n, V,
                                                   &used)
@@ -103,7 +169,11 @@ static void check_model(const char *tests, const char *name, bool bf16, enum mod
             int used_f = 0;
             double rf = causal ? norm_err_masked(a, p[i].logits_f32, causal, p[i].n, V, &used_f)
                                : 1.0;
-            double tol_f = 2 * own > 2e-2 ? 2 * own : 2e-2;
+            /* the hybrids' recurrent layers carry rounding forward through every later
+             * position: there our rounding (GEMM inputs only) and transformers' (every
+             * activation) land up to ~3x apart at the positions compared */
+            double amp = m->desc.n_linear > 0 ? 3.0 : 2.0;
+            double tol_f = amp * own > 2e-2 ? amp * own : 2e-2;
             double tol = 1.5 * sqrt(own * own + rf * rf);
             tol = tol > tol_f ? tol : tol_f;
             free(causal);
@@ -234,6 +304,11 @@ done:
     free(a);
     free(b);
 out:
+    engine_free(ecb);
+    engine_free(ecf);
+    model_free(mf);
+    free(rt_b);
+    free(rf32);
     st_close(ref);
     model_free(m);
 }
@@ -359,12 +434,13 @@ int main(int argc, char **argv)
                                 "olmoe",       "deepseek_v2",       "deepseek_v2_group",
                                 "deepseek_v3", "glm4_moe",          "minimax_m2",
                                 "qwen3_next",  "qwen3_5_moe",       "qwen3_5_moe_vl",
-                                "granitemoehybrid", "kimi_k25",      "kimi_k25_published"};
+                                "granitemoehybrid", "kimi_k25",      "kimi_k25_published",
+                                "llama4_text"};
     static const char *bf16[] = {"mixtral_bf16",     "qwen2_moe_bf16",         "qwen3_moe_bf16",
                                  "olmoe_bf16",       "deepseek_v2_bf16",       "deepseek_v2_group_bf16",
                                  "deepseek_v3_bf16", "glm4_moe_bf16",          "minimax_m2_bf16",
                                  "qwen3_next_bf16",  "qwen3_5_moe_bf16",
-                                 "granitemoehybrid_bf16"};
+                                 "granitemoehybrid_bf16", "llama4_text_bf16"};
     for (size_t i = 0; i < sizeof f32 / sizeof f32[0]; i++)
         check_model(tests, f32[i], false, MODEL_DTYPE_AUTO);
     for (size_t i = 0; i < sizeof bf16 / sizeof bf16[0]; i++) {

@@ -544,8 +544,8 @@ static void test_parse(void)
         {"{\"model_type\": \"qwen2_moe\", \"hidden_size\": 64, \"num_hidden_layers\": 2, "
          "\"num_attention_heads\": 4, \"vocab_size\": 10, \"moe_intermediate_size\": 8, "
          "\"num_experts\": 2, \"num_experts_per_tok\": 1, \"rope_parameters\": "
-         "{\"rope_type\": \"llama3\", \"rope_theta\": 1.0}}",
-         "rope_parameters.rope_type 'llama3' is not supported"},
+         "{\"rope_type\": \"longrope\", \"rope_theta\": 1.0}}",
+         "rope_parameters.rope_type 'longrope' is not supported"},
         {"{\"model_type\": \"qwen3_moe\", \"hidden_size\": 64, \"num_hidden_layers\": 2, "
          "\"num_attention_heads\": 4, \"vocab_size\": 10, \"moe_intermediate_size\": 8, "
          "\"num_experts\": 2, \"num_experts_per_tok\": 1, \"use_sliding_window\": true}",

@@ -726,6 +726,7 @@ static void att_task(void *ctx, int t, int thread)
     int i = t / a->n_kv_head, kvh = t % a->n_kv_head, group = a->n_head / a->n_kv_head;
     int pos = tok_pos(j->tk, i);
     int start = a->window > 0 && pos - a->window + 1 > 0 ? pos - a->window + 1 : 0;
+    if (a->chunk > 0 && pos - pos % a->chunk > start) start = pos - pos % a->chunk;
     size_t h0 = (size_t)i * a->n_head + (size_t)kvh * group;
     j->b->kk->attn_head_ex(j->out + h0 * a->v_dim, j->q + h0 * a->k_dim, group, a->k_dim, a->v_dim,
                            j->k_cache, j->v_cache, tok_table(j->tk, i), j->block_size,
@@ -801,6 +802,13 @@ static void cpu_mamba2(struct backend *be, float *out, float *xbc, const float *
     ssm_mamba2_run(c->pool, c->kk, out, xbc, z, dt, m, sq);
 }
 
+static void cpu_mul_rows(struct backend *be, float *x, const float *s, int n, int d)
+{
+    (void)be;
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < d; j++) x[(size_t)i * d + j] *= s[i];
+}
+
 static void cpu_scale(struct backend *be, float *x, int n, int d, float s)
 {
     (void)be;
@@ -848,6 +856,7 @@ static const struct backend_ops cpu_ops = {
     .gdn = cpu_gdn,
     .mamba2 = cpu_mamba2,
     .scale = cpu_scale,
+    .mul_rows = cpu_mul_rows,
 };
 
 /* Staged variant: copies weights, and tells the engine its memory is not host memory, so the

@@ -37,6 +37,7 @@ static __global__ void __launch_bounds__(AT_THREADS)
     const int32_t *block_table =
         tk.seq ? tk.tables + (size_t)tk.seq[i] * (size_t)tk.table_stride : tk.tables;
     int start = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
+    if (a.chunk > 0 && pos - pos % a.chunk > start) start = pos - pos % a.chunk;
     int kvh = h / (n_head / a.n_kv_head);
     const float *qh = q + ((size_t)i * n_head + h) * (size_t)a.k_dim;
     int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, n_warp = blockDim.x >> 5;
@@ -157,6 +158,6 @@ int cuk_attention(cudaStream_t st, float *out, const float *q, const float *k_ca
                   size_t errlen)
 {
     struct be_attn a = {n_head, n_kv_head, head_dim, head_dim, n_kv_head * head_dim,
-                        n_kv_head * head_dim, window, scale, NULL};
+                        n_kv_head * head_dim, window, scale, NULL, 0};
     return cuk_attention_ex(st, out, q, k_cache, v_cache, tk, block_size, n, &a, err, errlen);
 }

@@ -731,7 +731,14 @@ static void cb_scale(struct backend *be, float *x, int n, int d, float s)
     cb_note(b, cuk_scale(b->stream, x, (size_t)n * (size_t)d, s, CB_ERR(b)));
 }
 
-static_assert(sizeof(struct backend_ops) == 39 * sizeof(void *),
+static void cb_mul_rows(struct backend *be, float *x, const float *sc, int n, int d)
+{
+    struct cuda_backend *b = cb_of(be);
+    if (n <= 0 || d <= 0 || cb_enter(b) < 0) return;
+    cb_note(b, cuk_mul_rows(b->stream, x, sc, n, d, CB_ERR(b)));
+}
+
+static_assert(sizeof(struct backend_ops) == 40 * sizeof(void *),
               "struct backend_ops changed: update cuda_ops to match kernels/backend.h");
 
 static const struct backend_ops cuda_ops = {
@@ -774,6 +781,7 @@ static const struct backend_ops cuda_ops = {
     /* .gdn */ cb_gdn,
     /* .mamba2 */ cb_mamba2,
     /* .scale */ cb_scale,
+    /* .mul_rows */ cb_mul_rows,
 };
 
 extern "C" int backend_cuda_device_count(void)

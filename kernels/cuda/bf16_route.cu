@@ -154,7 +154,7 @@ int cuk_route(cudaStream_t st, int32_t *idx, float *w, const float *logits, cons
     if (n <= 0) return 0;
     if (r->n_expert < 1 || r->n_expert > ROUTE_MAX_EXPERTS || r->top_k < 1 ||
         r->top_k > r->n_expert ||
-        (r->kind != BE_ROUTE_SOFTMAX_TOPK &&
+        (r->kind != BE_ROUTE_SOFTMAX_TOPK && r->kind != BE_ROUTE_SIGMOID_TOPK &&
          (r->n_group < 1 || r->n_group > ROUTE_MAX_GROUPS || r->n_expert % r->n_group != 0 ||
           r->topk_group < 1 || r->topk_group > r->n_group)) ||
         (r->kind == BE_ROUTE_SIGMOID_GROUP && !r->bias)) {

@@ -91,6 +91,8 @@ int cuk_mamba2(cudaStream_t st, float *out, float *xbc, const float *z, float *d
                const struct be_mamba *m, const int32_t *seq, int ns, int n_tok, char *err,
                size_t errlen);
 int cuk_scale(cudaStream_t st, float *x, size_t total, float s, char *err, size_t errlen);
+int cuk_mul_rows(cudaStream_t st, float *x, const float *s, int n, int d, char *err,
+                 size_t errlen);
 
 /* rows.cu */
 int cuk_gather_rows(cudaStream_t st, float *dst, const float *src, const int32_t *idx, int n, int d,

@@ -41,6 +41,22 @@ static __global__ void scale_kernel(float *x, size_t total, float s)
         x[i] *= s;
 }
 
+static __global__ void mul_rows_kernel(float *x, const float *s, size_t total, int d)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
+         i += (size_t)gridDim.x * blockDim.x)
+        x[i] *= s[i / (size_t)d];
+}
+
+int cuk_mul_rows(cudaStream_t st, float *x, const float *s, int n, int d, char *err,
+                 size_t errlen)
+{
+    size_t total = (size_t)n * (size_t)d;
+    if (total == 0) return 0;
+    mul_rows_kernel<<<cuk_blocks(total, GDN_THREADS), GDN_THREADS, 0, st>>>(x, s, total, d);
+    return CUDA_LAUNCH_CHECK("mul_rows_kernel", err, errlen);
+}
+
 int cuk_scale(cudaStream_t st, float *x, size_t total, float s, char *err, size_t errlen)
 {
     if (total == 0) return 0;

@@ -38,6 +38,8 @@ from transformers import (
     GraniteMoeHybridConfig,
     Kimi_K25Config,
     Kimi_K25ForConditionalGeneration,
+    Llama4ForCausalLM,
+    Llama4TextConfig,
     GraniteMoeHybridForCausalLM,
     Glm4MoeConfig,
     Glm4MoeForCausalLM,
@@ -378,6 +380,33 @@ ARCHS["granitemoehybrid"] = (
     ),
 )
 HYBRID_ARCHS = ("qwen3_next", "qwen3_5_moe", "granitemoehybrid")
+
+# Llama 4: RoPE (interleaved pairs, Llama 3 scaling across all three bands of its rule: head_dim
+# 16 against an original context of 64) with the weightless per-head q/k norm after it and
+# chunked local attention in chunks of 8 (the prompts cross several) on layers 0 and 2; NoPE
+# layers 1 and 3 attending globally with temperature tuning from position 3 (floor_scale 4);
+# MoE on layers 1 and 3, top-1 of 8 by logit with its sigmoid scaling the expert's input, plus
+# the shared expert; layers 0 and 2 dense (intermediate_size_mlp).
+ARCHS["llama4_text"] = (
+    Llama4ForCausalLM,
+    Llama4TextConfig(
+        **{k: v for k, v in COMMON.items() if k != "rope_parameters"},
+        rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
+                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                         "original_max_position_embeddings": 64},
+        num_hidden_layers=4,
+        head_dim=16,
+        intermediate_size=32,
+        intermediate_size_mlp=128,
+        num_local_experts=8,
+        num_experts_per_tok=1,
+        interleave_moe_layer_step=2,
+        no_rope_layer_interval=2,
+        attention_chunk_size=8,
+        floor_scale=4,
+        attn_scale=0.5,
+    ),
+)
 LONG_PROMPT = ("KING RICHARD III:\nNow is the winter of our discontent made glorious summer by "
                "this sun of York; and all the clouds that lour'd upon our house in the deep "
                "bosom of the ocean buried.")
@@ -673,6 +702,8 @@ def moe_layer_ids(model):
     block_sparse_moe)."""
     if model.config.model_type == "granitemoehybrid":
         return [i for i, l in enumerate(model.model.layers) if l.block_sparse_moe is not None]
+    if model.config.model_type == "llama4_text":
+        return [i for i, l in enumerate(model.model.layers) if l.is_moe_layer]
     return [i for i, l in enumerate(model.model.layers)
             if (hasattr(l.mlp, "gate") or hasattr(l.mlp, "router")) and not hasattr(l.mlp, "gate_proj")]
 

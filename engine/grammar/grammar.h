@@ -105,7 +105,9 @@ int grm_mask(struct grm_matcher *m, float *logits);
 /* Advances by token id. Returns 0, or -1 when the grammar does not allow it (the matcher is
  * then unchanged). An eos id is allowed where the output may end and changes nothing. */
 int grm_accept(struct grm_matcher *m, int32_t id);
-/* Whether grm_accept would take token id, leaving the matcher's position as it is. */
+/* Whether grm_accept would take token id, leaving the matcher's position as it is. After a
+ * grm_mask in the same position it answers as that mask did (so the two never disagree, also
+ * where the mask's work bound kept only part of the tokens). */
 bool grm_allows(struct grm_matcher *m, int32_t id);
 /* Advances by raw bytes (tests, tools): 0 or -1 as grm_accept. */
 int grm_accept_bytes(struct grm_matcher *m, const char *bytes, size_t n);

@@ -187,8 +187,8 @@ int grm_vocab_nodes(const struct grm_vocab *v)
 /* The same work within one step (one byte from one state), on the scheduler's path for every
  * accepted token: nested bounded repetitions fan each expansion out over every count they
  * allow, (((."g"{0,1000}){0,1000}){5,1000}) 10^8 interned nodes for one byte. Past this the
- * step keeps the stacks found so far (tables full: a subset, as when a state overflows),
- * about 2 ms; a 10^4-property JSON Schema object needs ~10^4 after its "{". */
+ * step keeps the stacks found so far (a subset, as when a state overflows), about 2 ms; a
+ * 10^4-property JSON Schema object needs ~10^4 after its "{". */
 #define STEP_WORK (1u << 18)
 #define DEAD (-1)
 
@@ -237,6 +237,12 @@ struct grm_matcher {
     uint32_t clock;
     uint64_t work_done;   /* nodes expanded so far (bounds a walk: WALK_WORK) */
     uint64_t step_end;    /* work_done at which the current step stops (STEP_WORK) */
+    /* The last mask handed out (grm_mask): its slot and the state it was for, or -1. While the
+     * matcher is still in that state, grm_allows answers from it: when the walk overflowed a
+     * table, the next run restarts, and a restart may drop stacks that do not fit, so a fresh
+     * run could refuse a token the mask (computed before) allowed. */
+    int last_slot;
+    int32_t last_cur;
 };
 
 static uint32_t mix(uint64_t x)
@@ -313,10 +319,11 @@ static void expand(struct grm_matcher *m, int32_t x, int *n, bool *end)
             continue;
         }
         if (m->stamp[y] == m->cur_stamp) continue; /* reached twice: same stacks */
-        if (m->work_done >= m->step_end) { /* over the step's work: keep what was found */
-            m->full = true;
-            return;
-        }
+        /* over the step's work: keep what was found. Not `full`: that would make the next run
+         * restart, reinterning the stacks in another order and so cutting this step at another
+         * subset than the one a mask was just computed from; left as is, the same step from
+         * the same tables stops at the same place (the transition is cached as well). */
+        if (m->work_done >= m->step_end) return;
         m->stamp[y] = m->cur_stamp;
         m->work_done++;
         uint32_t el = g->els[m->pool[y].pos];
@@ -393,6 +400,7 @@ static void reset_tables(struct grm_matcher *m)
     memset(m->trans_key, 0xff, sizeof *m->trans_key * TRANS_SLOTS);
     for (int i = 0; i < MASK_CACHE; i++) m->cache[i].state = -1;
     m->full = false;
+    m->last_slot = -1; /* states are renumbered */
 }
 
 /* Starts the tables over, keeping the current state's stacks (re-interned). */
@@ -547,6 +555,8 @@ int grm_mask(struct grm_matcher *m, float *logits)
         slot->state = m->full ? -1 : m->cur;
     }
     slot->used = ++m->clock;
+    m->last_slot = (int)(slot - m->cache);
+    m->last_cur = m->cur;
     const uint8_t *bits = slot->bits;
     int count = slot->count;
     bool end = m->states[m->cur].end;
@@ -590,6 +600,8 @@ static bool token_bytes(const struct grm_vocab *v, int32_t id, char *buf, int *l
 bool grm_allows(struct grm_matcher *m, int32_t id)
 {
     if (is_eos(m->v, id)) return grm_can_end(m);
+    if (m->last_slot >= 0 && m->last_cur == m->cur && id >= 0 && id < m->v->vocab)
+        return (m->cache[m->last_slot].bits[id >> 3] >> (id & 7)) & 1;
     char buf[256];
     int len;
     return token_bytes(m->v, id, buf, &len) && run(m, buf, (size_t)len) != DEAD;

@@ -388,15 +388,11 @@ static int cfg_mixtral(json_t *root, struct model_desc *d, const char *path, cha
     return 0;
 }
 
-static int cfg_qwen2_moe(json_t *root, struct model_desc *d, const char *path, char *err,
-                         size_t errlen)
+/* The shared expert behind a sigmoid gate (shared_expert_intermediate_size; 0: none). */
+static int cfg_gated_shared(json_t *root, struct model_desc *d, const char *path, char *err,
+                            size_t errlen)
 {
-    if (cfg_experts(root, d, "moe_intermediate_size", path, err, errlen) ||
-        cfg_moe_layers(root, d, true, path, err, errlen) ||
-        cfg_no_qwen_window(root, path, err, errlen) ||
-        cfg_bool(root, "norm_topk_prob", false, &d->norm_topk_prob, path, err, errlen) ||
-        cfg_bool(root, "qkv_bias", true, &d->qkv_bias, path, err, errlen) ||
-        cfg_int(root, "shared_expert_intermediate_size", false, 0, &d->shared_d_ff, path, err,
+    if (cfg_int(root, "shared_expert_intermediate_size", false, 0, &d->shared_d_ff, path, err,
                 errlen))
         return -1;
     if (d->shared_d_ff < 0)
@@ -406,6 +402,19 @@ static int cfg_qwen2_moe(json_t *root, struct model_desc *d, const char *path, c
         d->n_shared = 1;
         d->shared_gate = SHARED_GATE_SIGMOID;
     }
+    return 0;
+}
+
+static int cfg_qwen2_moe(json_t *root, struct model_desc *d, const char *path, char *err,
+                         size_t errlen)
+{
+    if (cfg_experts(root, d, "moe_intermediate_size", path, err, errlen) ||
+        cfg_moe_layers(root, d, true, path, err, errlen) ||
+        cfg_no_qwen_window(root, path, err, errlen) ||
+        cfg_bool(root, "norm_topk_prob", false, &d->norm_topk_prob, path, err, errlen) ||
+        cfg_bool(root, "qkv_bias", true, &d->qkv_bias, path, err, errlen) ||
+        cfg_gated_shared(root, d, path, err, errlen))
+        return -1;
     return 0;
 }
 
@@ -991,23 +1000,6 @@ static int cfg_qwen_hybrid(json_t *root, struct model_desc *d, const char *path,
     d->qk_norm = QK_NORM_HEAD;
     d->norm_plus_one = true;
     d->attn_out_gate = true;
-    return 0;
-}
-
-/* The shared expert behind a sigmoid gate (shared_expert_intermediate_size; 0: none). */
-static int cfg_gated_shared(json_t *root, struct model_desc *d, const char *path, char *err,
-                            size_t errlen)
-{
-    if (cfg_int(root, "shared_expert_intermediate_size", false, 0, &d->shared_d_ff, path, err,
-                errlen))
-        return -1;
-    if (d->shared_d_ff < 0)
-        return ms_errf(err, errlen, "%s: 'shared_expert_intermediate_size' must not be negative",
-                       path);
-    if (d->shared_d_ff > 0) {
-        d->n_shared = 1;
-        d->shared_gate = SHARED_GATE_SIGMOID;
-    }
     return 0;
 }
 

@@ -10,6 +10,11 @@
  *     nope/rope/v 128/64/128, top-6 of experts of width 1408 plus 2 shared, the first layer
  *     dense of width 10944), with --layers layers and --experts routed experts (V2-Lite: 27
  *     and 64) so that it fits a machine.
+ *   qwen3_5_moe: Qwen3.5-35B-A3B's layout scaled down to about 1B (hidden 1024, 8 layers of
+ *     which every 4th is gated full attention (8 heads of 128, 2 KV heads, rotary 0.25) and
+ *     the others Gated DeltaNet (4 key heads and 8 value heads of 128, conv 4), 128 experts
+ *     (top-8) of width 256 plus a gated shared expert of 512); --layers and --experts change
+ *     the counts.
  * Weights are uniform with std 1/sqrt(fan_in) from a per-tensor seeded xoshiro256** (so a
  * tensor's values do not depend on write order), norms are 1. Tensors are streamed to disk in
  * chunks through stw_begin / stw_write_tensor, so memory stays at one chunk whatever the model
@@ -19,7 +24,8 @@
  * tokens of ids 1 and 2 as bos/eos) so that servers and converters can use the folder; the
  * tokenizer must fit the vocabulary (the Llama-2 tokenizer fits the default 32000).
  *
- * usage: make_synthetic_model OUT_DIR [--arch mixtral|deepseek] [--params 100M] [--active N]
+ * usage: make_synthetic_model OUT_DIR [--arch mixtral|deepseek|qwen3_5_moe] [--params 100M]
+ *                             [--active N]
  *                             [--hidden D] [--layers L] [--dtype f32|bf16] [--experts 8]
  *                             [--top-k 2] [--seed S] [--vocab 32000] [--tokenizer DIR] */
 #include "common.h"
@@ -54,8 +60,47 @@ static float rng_unit(struct ms_rng *r)
 
 struct shapes {
     int d, layers, heads, kv, ff, experts, top_k, vocab;
-    bool deepseek;
+    bool deepseek, qwen35;
 };
+
+/* The qwen3_5_moe shape (see the top of the file). */
+enum {
+    Q35_HIDDEN = 1024, Q35_HEADS = 8, Q35_KV = 2, Q35_HD = 128, Q35_NK = 4, Q35_NV = 8,
+    Q35_DK = 128, Q35_CONV = 4, Q35_FF = 256, Q35_SHARED = 512, Q35_INTERVAL = 4,
+};
+
+static json_t *qwen35_config(const struct shapes *s, const char *dtype)
+{
+    json_t *types = json_array();
+    for (int l = 0; types && l < s->layers; l++)
+        json_array_append_new(types, json_string((l + 1) % Q35_INTERVAL ? "linear_attention"
+                                                                         : "full_attention"));
+    json_t *c = json_pack("{s:[s], s:s, s:s, s:b, s:{s:f, s:s, s:f}, s:o}", "architectures",
+                          "Qwen3_5MoeForCausalLM", "model_type", "qwen3_5_moe_text",
+                          "hidden_act", "silu", "tie_word_embeddings", 0, "rope_parameters",
+                          "rope_theta", 1e7, "rope_type", "default", "partial_rotary_factor",
+                          0.25, "layer_types", types);
+    const struct {
+        const char *k;
+        int v;
+    } ints[] = {{"hidden_size", s->d},          {"num_hidden_layers", s->layers},
+                {"num_attention_heads", Q35_HEADS}, {"num_key_value_heads", Q35_KV},
+                {"head_dim", Q35_HD},            {"linear_num_key_heads", Q35_NK},
+                {"linear_num_value_heads", Q35_NV}, {"linear_key_head_dim", Q35_DK},
+                {"linear_value_head_dim", Q35_DK}, {"linear_conv_kernel_dim", Q35_CONV},
+                {"num_experts", s->experts},     {"num_experts_per_tok", s->top_k},
+                {"moe_intermediate_size", s->ff}, {"shared_expert_intermediate_size", Q35_SHARED},
+                {"vocab_size", s->vocab},        {"max_position_embeddings", 32768},
+                {"bos_token_id", 1},             {"eos_token_id", 2}};
+    for (size_t i = 0; c && i < sizeof ints / sizeof ints[0]; i++)
+        json_object_set_new(c, ints[i].k, json_integer(ints[i].v));
+    if (c) {
+        json_object_set_new(c, "rms_norm_eps", json_real(1e-6));
+        json_object_set_new(c, "dtype", json_string(strcmp(dtype, "bf16") == 0 ? "bfloat16"
+                                                                                : "float32"));
+    }
+    return c;
+}
 
 /* DeepSeek-V2-Lite's per-layer shapes (its config.json). */
 enum {
@@ -167,7 +212,7 @@ static json_t *deepseek_config(const struct shapes *s, const char *dtype)
 static int write_configs(const char *dir, const struct shapes *s, const char *dtype)
 {
     char path[4096];
-    json_t *cfg = s->deepseek ? deepseek_config(s, dtype) :
+    json_t *cfg = s->qwen35 ? qwen35_config(s, dtype) : s->deepseek ? deepseek_config(s, dtype) :
         json_pack("{s:[s], s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:s, "
                   "s:{s:f, s:s}, s:f, s:n, s:b, s:i, s:i, s:s}",
                   "architectures", "MixtralForCausalLM", "model_type", "mixtral", "hidden_size",
@@ -316,13 +361,14 @@ static int stream_tensor(struct stw *w, int idx, const char *name, int64_t rows,
 struct decl {
     char name[128];
     int64_t rows, cols;
+    int64_t mid; /* > 0: a 3D tensor (rows, mid, cols) (a conv1d's (channels, 1, kernel)) */
 };
 
 int main(int argc, char **argv)
 {
     if (argc < 2 || argv[1][0] == '-') {
         fprintf(stderr,
-                "usage: %s OUT_DIR [--arch mixtral|deepseek] [--params 100M] [--active N] "
+                "usage: %s OUT_DIR [--arch mixtral|deepseek|qwen3_5_moe] [--params 100M] [--active N] "
                 "[--hidden D] [--layers L] [--dtype f32|bf16] [--experts 8] [--top-k 2] "
                 "[--seed S] [--vocab 32000] [--tokenizer DIR]\n",
                 argv[0]);
@@ -340,7 +386,8 @@ int main(int argc, char **argv)
         else if (!bad && strcmp(a, "--active") == 0)
             bad = parse_count(v, &active) != 0;
         else if (!bad && strcmp(a, "--arch") == 0)
-            bad = !(s.deepseek = strcmp(v, "deepseek") == 0) && strcmp(v, "mixtral") != 0;
+            bad = !(s.deepseek = strcmp(v, "deepseek") == 0) &&
+                  !(s.qwen35 = strcmp(v, "qwen3_5_moe") == 0) && strcmp(v, "mixtral") != 0;
         else if (!bad && strcmp(a, "--hidden") == 0)
             bad = (s.d = atoi(v)) <= 0 || s.d % 64 != 0;
         else if (!bad && strcmp(a, "--layers") == 0)
@@ -366,14 +413,23 @@ int main(int argc, char **argv)
         }
         i++;
     }
-    if (!s.experts) s.experts = s.deepseek ? 64 : 8;
-    if (!s.top_k) s.top_k = s.deepseek ? DS_TOP_K : 2;
+    if (!s.experts) s.experts = s.deepseek ? 64 : s.qwen35 ? 128 : 8;
+    if (!s.top_k) s.top_k = s.deepseek ? DS_TOP_K : s.qwen35 ? 8 : 2;
     if (s.top_k > s.experts) {
         fprintf(stderr, "make_synthetic_model: --top-k %d exceeds --experts %d\n", s.top_k,
                 s.experts);
         return 2;
     }
-    if (s.deepseek) {
+    if (s.qwen35) {
+        s.d = Q35_HIDDEN;
+        s.ff = Q35_FF;
+        if (!s.layers) s.layers = 8;
+        printf("qwen3_5_moe-shaped: hidden %d, layers %d (every %dth gated attention, %d heads "
+               "of %d, %d KV; the others Gated DeltaNet, %d key / %d value heads of %d), %d "
+               "experts (top-%d) of width %d + a shared one of %d, vocab %d, dtype %s\n",
+               s.d, s.layers, Q35_INTERVAL, Q35_HEADS, Q35_HD, Q35_KV, Q35_NK, Q35_NV, Q35_DK,
+               s.experts, s.top_k, s.ff, Q35_SHARED, s.vocab, dtype);
+    } else if (s.deepseek) {
         s.d = DS_HIDDEN;
         s.heads = s.kv = DS_HEADS;
         s.ff = DS_MOE_FF;
@@ -413,7 +469,7 @@ int main(int argc, char **argv)
     if (tokenizer && add_tokenizer(dir, tokenizer, s.vocab) != 0) return 1;
 
     /* Declarations first: the header needs every shape before any data. */
-    size_t nd = 3 + (size_t)s.layers * (12 + 3 * (size_t)s.experts);
+    size_t nd = 3 + (size_t)s.layers * (16 + 3 * (size_t)s.experts);
     struct decl *decls = calloc(nd, sizeof *decls);
     void *buf = malloc(CHUNK * sizeof(float));
     struct stw *w = stw_new();
@@ -458,7 +514,42 @@ int main(int argc, char **argv)
             DECL(j == 2 ? s.d : DS_SHARED * s.ff, j == 2 ? DS_SHARED * s.ff : s.d,
                  "model.layers.%d.mlp.shared_experts.%s.weight", l, p[j]);
     }
-    for (int l = 0; l < s.layers && !s.deepseek; l++) {
+    for (int l = 0; l < s.layers && s.qwen35; l++) {
+        const char *p[3] = {"gate_proj", "up_proj", "down_proj"};
+        DECL(s.d, 0, "model.layers.%d.input_layernorm.weight", l);
+        DECL(s.d, 0, "model.layers.%d.post_attention_layernorm.weight", l);
+        if ((l + 1) % Q35_INTERVAL) {
+            int kd = Q35_NK * Q35_DK, vd = Q35_NV * Q35_DK, conv = 2 * kd + vd;
+            DECL(conv, s.d, "model.layers.%d.linear_attn.in_proj_qkv.weight", l);
+            DECL(vd, s.d, "model.layers.%d.linear_attn.in_proj_z.weight", l);
+            DECL(Q35_NV, s.d, "model.layers.%d.linear_attn.in_proj_b.weight", l);
+            DECL(Q35_NV, s.d, "model.layers.%d.linear_attn.in_proj_a.weight", l);
+            DECL(conv, Q35_CONV, "model.layers.%d.linear_attn.conv1d.weight", l);
+            decls[n - 1].mid = 1;
+            DECL(Q35_NV, 0, "model.layers.%d.linear_attn.A_log", l);
+            DECL(Q35_NV, 0, "model.layers.%d.linear_attn.dt_bias", l);
+            DECL(Q35_DK, 0, "model.layers.%d.linear_attn.norm.weight", l);
+            DECL(s.d, vd, "model.layers.%d.linear_attn.out_proj.weight", l);
+        } else {
+            int qd = Q35_HEADS * Q35_HD, kvd = Q35_KV * Q35_HD;
+            DECL(2 * qd, s.d, "model.layers.%d.self_attn.q_proj.weight", l);
+            DECL(kvd, s.d, "model.layers.%d.self_attn.k_proj.weight", l);
+            DECL(kvd, s.d, "model.layers.%d.self_attn.v_proj.weight", l);
+            DECL(s.d, qd, "model.layers.%d.self_attn.o_proj.weight", l);
+            DECL(Q35_HD, 0, "model.layers.%d.self_attn.q_norm.weight", l);
+            DECL(Q35_HD, 0, "model.layers.%d.self_attn.k_norm.weight", l);
+        }
+        DECL(s.experts, s.d, "model.layers.%d.mlp.gate.weight", l);
+        for (int e = 0; e < s.experts; e++)
+            for (int j = 0; j < 3; j++)
+                DECL(j == 2 ? s.d : s.ff, j == 2 ? s.ff : s.d,
+                     "model.layers.%d.mlp.experts.%d.%s.weight", l, e, p[j]);
+        for (int j = 0; j < 3; j++)
+            DECL(j == 2 ? s.d : Q35_SHARED, j == 2 ? Q35_SHARED : s.d,
+                 "model.layers.%d.mlp.shared_expert.%s.weight", l, p[j]);
+        DECL(1, s.d, "model.layers.%d.mlp.shared_expert_gate.weight", l);
+    }
+    for (int l = 0; l < s.layers && !s.deepseek && !s.qwen35; l++) {
         DECL(s.d, 0, "model.layers.%d.input_layernorm.weight", l);
         DECL(s.d, 0, "model.layers.%d.post_attention_layernorm.weight", l);
         DECL(q, s.d, "model.layers.%d.self_attn.q_proj.weight", l);
@@ -475,9 +566,15 @@ int main(int argc, char **argv)
 #undef DECL
     bool bf16 = strcmp(dtype, "bf16") == 0;
     for (int i = 0; i < n; i++) {
-        int64_t shape[2] = {decls[i].rows, decls[i].cols};
-        if (stw_add(w, decls[i].name, bf16 ? ST_DTYPE_BF16 : ST_DTYPE_F32, decls[i].cols ? 2 : 1,
-                    shape, NULL, err, sizeof err) < 0)
+        int64_t shape[3] = {decls[i].rows, decls[i].cols};
+        int ndim = decls[i].cols ? 2 : 1;
+        if (decls[i].mid > 0) {
+            shape[1] = decls[i].mid;
+            shape[2] = decls[i].cols;
+            ndim = 3;
+        }
+        if (stw_add(w, decls[i].name, bf16 ? ST_DTYPE_BF16 : ST_DTYPE_F32, ndim, shape, NULL, err,
+                    sizeof err) < 0)
             goto fail;
     }
     if (stw_set_metadata(w, "format", "pt", err, sizeof err) != 0) goto fail;

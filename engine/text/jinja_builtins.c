@@ -767,12 +767,20 @@ int jinja_apply_filter(jinja_ctx *cx, jinja_str name, jinja_value v, const jinja
             *out = d;
             return 0;
         }
+        /* an integer past int64 (or NaN) is not representable here: the default, as Jinja
+         * gives for a value int() refuses */
+        if (want_int && !(x > -9223372036854775808.0 && x < 9223372036854775808.0)) {
+            *out = d;
+            return 0;
+        }
         *out = want_int ? (jinja_value){.t = JINJA_INT, .u.i = (int64_t)x} : (jinja_value){.t = JINJA_FLOAT, .u.f = x};
         if (want_int && v.t == JINJA_INT) *out = v;
         return 0;
     }
     if (name_is(name, "abs")) {
-        if (v.t == JINJA_INT) *out = (jinja_value){.t = JINJA_INT, .u.i = v.u.i < 0 ? -v.u.i : v.u.i};
+        if (v.t == JINJA_INT && v.u.i == INT64_MIN) /* -INT64_MIN overflows: Python's value */
+            *out = (jinja_value){.t = JINJA_FLOAT, .u.f = 9223372036854775808.0};
+        else if (v.t == JINJA_INT) *out = (jinja_value){.t = JINJA_INT, .u.i = v.u.i < 0 ? -v.u.i : v.u.i};
         else if (v.t == JINJA_FLOAT) *out = (jinja_value){.t = JINJA_FLOAT, .u.f = v.u.f < 0 ? -v.u.f : v.u.f};
         else return jinja_fail(cx, line, "abs expects a number");
         return 0;

@@ -273,6 +273,13 @@ static void test_int_range(void)
     CHECKF(rc == 0 && out && strcmp(out, "0|7|9.223372036854776e+18") == 0, "got '%s' (%s)",
            out ? out : "", err);
     free(out);
+    out = NULL;
+    jinja_template_free(t);
+    /* an empty string repeated 8 ** 10 times is empty at once (it looped a billion times) */
+    t = jinja_template_parse("{{ '' * 8 ** 10 }}x{{ 'ab' * 3 }}", err, sizeof err);
+    rc = t ? jinja_template_render(t, ctx, &out, err, sizeof err) : -1;
+    CHECKF(rc == 0 && out && strcmp(out, "xababab") == 0, "got '%s' (%s)", out ? out : "", err);
+    free(out);
     json_decref(ctx);
     jinja_template_free(t);
 }

@@ -769,6 +769,9 @@ static int arith(jinja_ctx *cx, int op, jinja_value a, jinja_value b, int line, 
         int64_t k = a.t == JINJA_INT ? a.u.i : b.u.i;
         if (k > 0 && s.u.s.n * (uint64_t)k > ((uint64_t)1 << 26))
             return jinja_fail(cx, line, "string repetition too large");
+        /* an empty string repeats to itself however large k is (fuzz_jinja: '' * 8 ** 10 ran
+         * a billion empty appends) */
+        if (s.u.s.n == 0) k = 0;
         jinja_buf buf = {0};
         int rc = jinja_buf_put(cx, &buf, "", 0);
         for (int64_t i = 0; i < k && !rc; i++) rc = jinja_buf_put(cx, &buf, s.u.s.p, s.u.s.n);

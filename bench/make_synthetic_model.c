@@ -69,6 +69,24 @@ enum {
     Q35_DK = 128, Q35_CONV = 4, Q35_FF = 256, Q35_SHARED = 512, Q35_INTERVAL = 4,
 };
 
+/* A config key with an integer value. */
+struct cfg_int {
+    const char *k;
+    int v;
+};
+
+/* Sets the n integer keys, rms_norm_eps 1e-6 and dtype on config c (NULL stays NULL). */
+static json_t *config_finish(json_t *c, const struct cfg_int *ints, size_t n, const char *dtype)
+{
+    for (size_t i = 0; c && i < n; i++) json_object_set_new(c, ints[i].k, json_integer(ints[i].v));
+    if (c) {
+        json_object_set_new(c, "rms_norm_eps", json_real(1e-6));
+        json_object_set_new(c, "dtype", json_string(strcmp(dtype, "bf16") == 0 ? "bfloat16"
+                                                                                : "float32"));
+    }
+    return c;
+}
+
 static json_t *qwen35_config(const struct shapes *s, const char *dtype)
 {
     json_t *types = json_array();
@@ -80,10 +98,7 @@ static json_t *qwen35_config(const struct shapes *s, const char *dtype)
                           "hidden_act", "silu", "tie_word_embeddings", 0, "rope_parameters",
                           "rope_theta", 1e7, "rope_type", "default", "partial_rotary_factor",
                           0.25, "layer_types", types);
-    const struct {
-        const char *k;
-        int v;
-    } ints[] = {{"hidden_size", s->d},          {"num_hidden_layers", s->layers},
+    const struct cfg_int ints[] = {{"hidden_size", s->d},          {"num_hidden_layers", s->layers},
                 {"num_attention_heads", Q35_HEADS}, {"num_key_value_heads", Q35_KV},
                 {"head_dim", Q35_HD},            {"linear_num_key_heads", Q35_NK},
                 {"linear_num_value_heads", Q35_NV}, {"linear_key_head_dim", Q35_DK},
@@ -92,14 +107,7 @@ static json_t *qwen35_config(const struct shapes *s, const char *dtype)
                 {"moe_intermediate_size", s->ff}, {"shared_expert_intermediate_size", Q35_SHARED},
                 {"vocab_size", s->vocab},        {"max_position_embeddings", 32768},
                 {"bos_token_id", 1},             {"eos_token_id", 2}};
-    for (size_t i = 0; c && i < sizeof ints / sizeof ints[0]; i++)
-        json_object_set_new(c, ints[i].k, json_integer(ints[i].v));
-    if (c) {
-        json_object_set_new(c, "rms_norm_eps", json_real(1e-6));
-        json_object_set_new(c, "dtype", json_string(strcmp(dtype, "bf16") == 0 ? "bfloat16"
-                                                                                : "float32"));
-    }
-    return c;
+    return config_finish(c, ints, sizeof ints / sizeof ints[0], dtype);
 }
 
 /* DeepSeek-V2-Lite's per-layer shapes (its config.json). */
@@ -181,10 +189,7 @@ static json_t *deepseek_config(const struct shapes *s, const char *dtype)
                           "greedy", "scoring_func", "softmax", "hidden_act", "silu",
                           "q_lora_rank", "tie_word_embeddings", 0, "rope_parameters",
                           "rope_theta", 1e4, "rope_type", "default");
-    const struct {
-        const char *k;
-        int v;
-    } ints[] = {{"hidden_size", s->d},           {"num_hidden_layers", s->layers},
+    const struct cfg_int ints[] = {{"hidden_size", s->d},           {"num_hidden_layers", s->layers},
                 {"num_attention_heads", DS_HEADS}, {"num_key_value_heads", DS_HEADS},
                 {"kv_lora_rank", DS_KV_LORA},    {"qk_nope_head_dim", DS_NOPE},
                 {"qk_rope_head_dim", DS_ROPE},   {"v_head_dim", DS_V},
@@ -194,16 +199,11 @@ static json_t *deepseek_config(const struct shapes *s, const char *dtype)
                 {"moe_layer_freq", 1},           {"vocab_size", s->vocab},
                 {"max_position_embeddings", 4096}, {"bos_token_id", 1},
                 {"eos_token_id", 2},             {"pad_token_id", 0}};
-    for (size_t i = 0; c && i < sizeof ints / sizeof ints[0]; i++)
-        json_object_set_new(c, ints[i].k, json_integer(ints[i].v));
     if (c) {
         json_object_set_new(c, "routed_scaling_factor", json_real(1.0));
-        json_object_set_new(c, "rms_norm_eps", json_real(1e-6));
         json_object_set_new(c, "norm_topk_prob", json_false());
-        json_object_set_new(c, "dtype", json_string(strcmp(dtype, "bf16") == 0 ? "bfloat16"
-                                                                                : "float32"));
     }
-    return c;
+    return config_finish(c, ints, sizeof ints / sizeof ints[0], dtype);
 }
 
 /* The mixtral config writes rope_theta twice, in rope_parameters (transformers 5) and at the top

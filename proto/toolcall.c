@@ -95,6 +95,32 @@ bool tc_needs_special_tokens(enum tc_syntax syn)
     return syn == TC_DEEPSEEK || syn == TC_HARMONY || syn == TC_GLM || syn == TC_MINIMAX;
 }
 
+int tc_reasoning_parse(const char *name, int *mode)
+{
+    static const char *const think[] = {"deepseek_r1", "qwen3", "glm45", "minimax_m2"};
+    if (!name || strcmp(name, "auto") == 0) return *mode = -1, 0;
+    if (strcmp(name, "none") == 0) return *mode = 0, 0;
+    for (size_t i = 0; i < sizeof think / sizeof *think; i++)
+        if (strcmp(name, think[i]) == 0) return *mode = 1, 0;
+    return -1;
+}
+
+bool tc_reasoning_on(int mode, const struct tokenizer *tok, enum tc_syntax syn)
+{
+    if (syn == TC_HARMONY || mode == 0) return false;
+    if (mode == 1) return true;
+    return tok && tok_token_id(tok, TC_THINK_BEGIN) >= 0 && tok_token_id(tok, TC_THINK_END) >= 0;
+}
+
+unsigned tc_think_flags(bool on, const char *prompt)
+{
+    if (!on) return 0;
+    const char *open = NULL, *close = NULL;
+    for (const char *p = prompt; p && (p = strstr(p, TC_THINK_BEGIN)); p++) open = p;
+    for (const char *p = prompt; p && (p = strstr(p, TC_THINK_END)); p++) close = p;
+    return TC_THINK | (open && (!close || close < open) ? TC_THINK_OPEN : 0);
+}
+
 bool tc_markers_special(enum tc_syntax syn, const struct tokenizer *tok)
 {
     if (syn == TC_DEEPSEEK || syn == TC_HARMONY) return true;
@@ -900,11 +926,53 @@ static int harmony_step(struct tc_stream *s, const char *text, size_t len, bool 
     return 1;
 }
 
-void tc_stream_init(struct tc_stream *s, enum tc_syntax syn, const struct tc_tools *tools)
+void tc_stream_init(struct tc_stream *s, enum tc_syntax syn, unsigned flags,
+                    const struct tc_tools *tools)
 {
     memset(s, 0, sizeof *s);
     s->syn = syn;
     s->tools = tools;
+    s->flags = flags;
+    if (flags & TC_THINK) s->think = flags & TC_THINK_OPEN ? 2 : 1;
+}
+
+static bool is_space(char c)
+{
+    return c == ' ' || c == '\n' || c == '\t' || c == '\r';
+}
+
+/* The <think> span at the output's start. Returns like stream_step, or 2 when the output is
+ * past it (or never opened it) and the calls' step goes on from s->pos. */
+static int think_step(struct tc_stream *s, const char *text, size_t len, bool final,
+                      size_t *from, size_t *to)
+{
+    static const char *const end_mk[] = {TC_THINK_END};
+    *from = *to = s->pos;
+    if (s->think == 1) {
+        size_t i = s->pos, bl = strlen(TC_THINK_BEGIN);
+        while (i < len && is_space(text[i])) i++;
+        size_t have = len - i < bl ? len - i : bl;
+        if (memcmp(text + i, TC_THINK_BEGIN, have) != 0 || (have < bl && final)) {
+            s->think = 0; /* no reasoning: all of it is the answer */
+            return 2;
+        }
+        if (have < bl) return 0; /* it may still open */
+        s->pos = i + bl;          /* the spaces before <think> and the marker are dropped */
+        s->think = 2;
+        *from = *to = s->pos;
+    }
+    s->reasoning = true;
+    const char *e = find(text + s->pos, len - s->pos, TC_THINK_END);
+    if (!e) { /* reasoning that never closes is all reasoning */
+        *to = len - (final ? 0 : held_tail(text, s->pos, len, end_mk, 1));
+        s->pos = *to;
+        if (final) s->think = 0;
+        return final ? 1 : 0;
+    }
+    *to = (size_t)(e - text);
+    s->pos = *to + strlen(TC_THINK_END);
+    s->think = 0;
+    return 1;
 }
 
 /* One step: the range of text that is now certainly content (or reasoning: s->reasoning) and
@@ -916,6 +984,16 @@ static int stream_step(struct tc_stream *s, const char *text, size_t len, bool f
 {
     if (s->syn == TC_HARMONY) return harmony_step(s, text, len, final, from, to, calls, n_calls);
     s->reasoning = false;
+    if (s->think) {
+        int rc = think_step(s, text, len, final, from, to);
+        if (rc != 2) return rc;
+        s->reasoning = false;
+    }
+    *from = *to = s->pos;
+    if (s->flags & TC_NO_CALLS) {
+        *to = s->pos = len;
+        return 0;
+    }
     const char *om = open_marker(s->syn), *cm = close_marker(s->syn);
     size_t ol = strlen(om), cl = strlen(cm);
     *from = *to = s->pos;
@@ -960,11 +1038,6 @@ static int stream_step(struct tc_stream *s, const char *text, size_t len, bool f
     return 1;
 }
 
-static bool is_space(char c)
-{
-    return c == ' ' || c == '\n' || c == '\t' || c == '\r';
-}
-
 int tc_stream_feed(struct tc_stream *s, const char *text, size_t len, bool final,
                    struct ms_buf *content, struct ms_buf *reasoning, struct tc_call **calls,
                    int *n_calls)
@@ -978,7 +1051,7 @@ int tc_stream_feed(struct tc_stream *s, const char *text, size_t len, bool final
         if (to > from && ms_buf_add(dst, text + from, to - from) != 0) return -1;
         if (rc == 0) break;
     }
-    if (content->len > c0) {
+    if (content->len > c0 && !(s->flags & TC_NO_CALLS)) {
         content->len = c0 + strip_markers(s->syn, content->p + c0, content->len - c0);
         content->p[content->len] = '\0';
     }
@@ -996,12 +1069,12 @@ static void trim_from(struct ms_buf *b, size_t from)
     if (b->p) b->p[b->len] = '\0';
 }
 
-int tc_parse(enum tc_syntax syn, const struct tc_tools *tools, const char *text, size_t len,
-             struct ms_buf *content, struct tc_call **calls, int *n_calls,
+int tc_parse(enum tc_syntax syn, unsigned flags, const struct tc_tools *tools, const char *text,
+             size_t len, struct ms_buf *content, struct tc_call **calls, int *n_calls,
              struct ms_buf *reasoning)
 {
     struct tc_stream st;
-    tc_stream_init(&st, syn, tools);
+    tc_stream_init(&st, syn, flags, tools);
     size_t c0 = content->len, r0 = reasoning->len;
     if (tc_stream_feed(&st, text, len, true, content, reasoning, calls, n_calls) != 0) return -1;
     trim_from(content, c0);

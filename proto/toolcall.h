@@ -35,8 +35,12 @@
  * Hermes and Qwen3 XML each also read the other's body inside <tool_call> (a JSON object, a
  * <function= tag), so a wrong guess between the two still parses the calls.
  * A block of these three that does not parse as a whole (a missing close tag, text between the
- * parameters, a bad name) stays in the content, as for hermes. The <think> reasoning of GLM and
- * MiniMax is not split off, as it is not for hermes models: it stays in the content.
+ * parameters, a bad name) stays in the content, as for hermes.
+ * Reasoning (TC_THINK, any syntax but harmony): a <think>...</think> span at the start of the
+ * output is the model's reasoning, reported apart (vLLM's deepseek_r1 / qwen3 / glm45 /
+ * minimax_m2 reasoning parsers); with TC_THINK_OPEN the prompt left <think> open, so the output
+ * starts inside it. Reasoning that never closes is all reasoning. Only the text after </think>
+ * is parsed for calls.
  * Forcing grammars: for the three above the call markers, function names and parameter keys
  * are forced, values of string parameters are free text (anything but the closing tag), other
  * values follow the parameter's JSON Schema. Where the markers are special tokens of the model's
@@ -53,6 +57,15 @@
 #include "tokenizer.h"
 
 enum tc_syntax { TC_HERMES, TC_DEEPSEEK, TC_HARMONY, TC_QWEN3_XML, TC_GLM, TC_MINIMAX };
+
+/* How an output is read besides its syntax (tc_stream_init, tc_parse): */
+enum {
+    TC_NO_CALLS = 1,   /* no calls are parsed (a request without tools): the rest is content */
+    TC_THINK = 2,      /* a leading <think>...</think> is the reasoning */
+    TC_THINK_OPEN = 4, /* with TC_THINK: the prompt left <think> open */
+};
+#define TC_THINK_BEGIN "<think>"
+#define TC_THINK_END "</think>"
 
 struct tc_tools; /* the request's tools, parsed (tc_tools_parse) */
 
@@ -79,14 +92,26 @@ bool tc_markers_special(enum tc_syntax syn, const struct tokenizer *tok);
 /* Whether the syntax's markers are special tokens (the text must keep special tokens). */
 bool tc_needs_special_tokens(enum tc_syntax syn);
 
+/* --reasoning-parser: "auto" (NULL too), "none", or one of vLLM's names for a <think> parser
+ * (deepseek_r1, qwen3, glm45, minimax_m2: all read <think>...</think> the same way here).
+ * Returns 0 with *mode (-1 auto, 0 off, 1 on), -1 for another name. */
+int tc_reasoning_parse(const char *name, int *mode);
+/* Whether chats on this model have their <think> reasoning split off: mode 1, or auto and the
+ * tokenizer has <think> and </think> tokens; never for harmony (its channels say it). */
+bool tc_reasoning_on(int mode, const struct tokenizer *tok, enum tc_syntax syn);
+/* The TC_THINK flags for one chat: 0 when off; TC_THINK_OPEN when the rendered prompt's last
+ * <think> is not closed after it (the template opened the reasoning for the model). */
+unsigned tc_think_flags(bool on, const char *prompt);
+
 /* Splits a whole output into its content (the text outside well-formed calls, the syntax's
  * outer markers dropped, trimmed; appended to content) and its calls (appended to *calls,
  * *n_calls). A block that does not parse stays in the content. reasoning receives the model's
- * reasoning (harmony's analysis bodies, trimmed; nothing when none). Text may hold NUL bytes:
+ * reasoning (harmony's analysis bodies, the <think> span under TC_THINK, trimmed; nothing when
+ * none); flags are TC_NO_CALLS / TC_THINK / TC_THINK_OPEN. Text may hold NUL bytes:
  * the buffers carry the lengths. tools (borrowed, may be NULL) types the XML syntaxes' values.
  * Returns 0, or -1 when out of memory. */
-int tc_parse(enum tc_syntax syn, const struct tc_tools *tools, const char *text, size_t len,
-             struct ms_buf *content, struct tc_call **calls, int *n_calls,
+int tc_parse(enum tc_syntax syn, unsigned flags, const struct tc_tools *tools, const char *text,
+             size_t len, struct ms_buf *content, struct tc_call **calls, int *n_calls,
              struct ms_buf *reasoning);
 void tc_calls_free(struct tc_call *calls, int n);
 
@@ -111,9 +136,13 @@ struct tc_stream {
     int h_state, h_kind;
     size_t h_hdr, h_body, h_scan;
     bool reasoning; /* the range the last step reported is reasoning, not content */
+    unsigned flags; /* TC_NO_CALLS / TC_THINK / TC_THINK_OPEN */
+    int think;      /* TC_THINK: 1 the output may still open <think>, 2 inside it, 0 past it */
 };
-/* tools (may be NULL) types the XML syntaxes' values; borrowed: it must outlive the stream. */
-void tc_stream_init(struct tc_stream *s, enum tc_syntax syn, const struct tc_tools *tools);
+/* tools (may be NULL) types the XML syntaxes' values; borrowed: it must outlive the stream.
+ * flags: TC_NO_CALLS / TC_THINK / TC_THINK_OPEN. */
+void tc_stream_init(struct tc_stream *s, enum tc_syntax syn, unsigned flags,
+                    const struct tc_tools *tools);
 /* Feeds the output so far (text[0, len), the whole of it each time, growing): appends to
  * content what can no longer turn out to be part of a call (outer markers dropped), to
  * reasoning what is the model's reasoning, and to *calls the calls completed since the last

@@ -65,6 +65,9 @@ struct http_server {
     const struct model *m;
     struct sched *s;
     jinja_template *chat;     /* m->chat_template parsed once at ready; NULL if none/invalid */
+    bool chat_object_args;    /* it iterates tool-call arguments: hand them over as objects */
+    bool think;               /* chats have their <think> reasoning split off (tc_reasoning_on) */
+    bool think_special;       /* <think> or </think> is a special token: keep those in the text */
     struct grm_vocab *gvocab; /* the token trie structured output masks with (built at ready) */
     struct grm_cache *gcache; /* compiled grammars by text (built at ready) */
     struct prep_pool *prep;   /* where generation requests are prepared (prep.h) */
@@ -103,8 +106,9 @@ struct gen {
     bool echo_lps;             /* echo + logprobs: the prompt's logprobs lead each choice's */
     bool plp_field;            /* vLLM prompt_logprobs asked for */
     bool tokens_as_ids;
-    bool tools;                /* chat output to parse: tool calls, harmony channels */
+    bool tools;                /* chat output to parse: tool calls, harmony channels, <think> */
     enum tc_syntax tc_syn;
+    unsigned tc_flags;         /* TC_NO_CALLS / TC_THINK / TC_THINK_OPEN */
     struct tc_tools *tc_tools; /* the request's tools, typing XML-style arguments (may be NULL) */
     char id[64];
     char call_id[80];          /* tool-call ids: "<call_id>_<index>" */
@@ -296,7 +300,8 @@ static int render_chat(const struct http_server *h, const struct proto_req *pr, 
                                    .extra_json = pr->template_kwargs_json,
                                    .add_generation_prompt = pr->add_generation_prompt,
                                    .bos_token = bos_s ? bos_s : "",
-                                   .eos_token = eos_s ? eos_s : ""};
+                                   .eos_token = eos_s ? eos_s : "",
+                                   .object_arguments = h->chat_object_args};
     char err[MS_ERR_LEN];
     if (jinja_render_chat_args(h->chat, &args, out, err, sizeof err) != 0)
         return proto_fail(e, 400, "messages", "chat_template_error",
@@ -502,7 +507,7 @@ static char *gen_body(struct gen *g, int *status, struct proto_error *e)
             c->finish_reason = finish_name(r->out.finish);
             if (g->tools) {
                 struct ms_buf content = {0}, think = {0};
-                int prc = tc_parse(g->tc_syn, g->tc_tools, texts[n_ch], c->text_len, &content,
+                int prc = tc_parse(g->tc_syn, g->tc_flags, g->tc_tools, texts[n_ch], c->text_len, &content,
                                    &calls[n_ch], &n_calls[n_ch], &think);
                 c->text_len = content.len;
                 c->reasoning_len = think.len;
@@ -924,6 +929,16 @@ static int gen_submit(struct http_server *h, struct gen *g, struct proto_req *pr
             if (render_chat(h, pr, &rendered, e) != 0) goto out;
             n_ids = encode(m->tok, rendered, pr->add_special_tokens, &ids);
             text = rendered;
+            /* <think> reasoning is split off unless a grammar decides the output: then what it
+             * forces is the answer (vLLM would force only what follows the reasoning) */
+            if (h->think && !grammar) {
+                g->tc_flags |= tc_think_flags(true, rendered);
+                if (!g->tools) {
+                    g->tools = true;
+                    g->tc_syn = h->tc_syn;
+                    g->tc_flags |= TC_NO_CALLS;
+                }
+            }
         } else if (pr->prompts[p].text) {
             text = pr->prompts[p].text;
             n_ids = encode(m->tok, text, pr->add_special_tokens, &ids);
@@ -979,7 +994,9 @@ static int gen_submit(struct http_server *h, struct gen *g, struct proto_req *pr
             req_params(g, pr, max_tokens, j, bias, &sp);
             sp.grammar = grammar;
             /* a syntax of special tokens must survive into the text to be parsed */
-            if (g->tools && tc_needs_special_tokens(g->tc_syn)) sp.skip_special = false;
+            if ((g->tools && !(g->tc_flags & TC_NO_CALLS) && tc_needs_special_tokens(g->tc_syn)) ||
+                ((g->tc_flags & TC_THINK) && h->think_special))
+                sp.skip_special = false;
             char err[MS_ERR_LEN];
             g->reqs[k] = sched_req_create(ids, n_ids, &sp, err, sizeof err);
             if (!g->reqs[k]) {
@@ -989,7 +1006,7 @@ static int gen_submit(struct http_server *h, struct gen *g, struct proto_req *pr
                 goto out;
             }
             g->cs[k].prompt_tokens = n_ids;
-            tc_stream_init(&g->cs[k].tcs, g->tc_syn, g->tc_tools);
+            tc_stream_init(&g->cs[k].tcs, g->tc_syn, g->tc_flags, g->tc_tools);
             if (pr->echo) {
                 g->cs[k].echo = echo_text(m->tok, text, ids, n_ids);
                 g->cs[k].echo_len = g->cs[k].echo ? strlen(g->cs[k].echo) : 0;
@@ -1525,8 +1542,17 @@ void http_set_ready(struct http_server *h, const struct model *m, struct sched *
     /* Parse the chat template once; every chat request renders the parsed form. */
     if (m->chat_template)
         h->chat = jinja_template_parse(m->chat_template, h->chat_err, sizeof h->chat_err);
+    h->chat_object_args = h->chat && jinja_chat_object_arguments(h->chat);
     if (tc_syntax_parse(h->cfg.tool_parser, &h->tc_syn) != 0) /* "auto" (serve.c checked it) */
         h->tc_syn = tc_syntax_of_model(m->tok, m->chat_template);
+    int think_mode = -1;
+    (void)tc_reasoning_parse(h->cfg.reasoning_parser, &think_mode); /* serve.c checked it */
+    h->think = tc_reasoning_on(think_mode, m->tok, h->tc_syn);
+    if (h->think && m->tok) {
+        int32_t b = tok_token_id(m->tok, TC_THINK_BEGIN), e = tok_token_id(m->tok, TC_THINK_END);
+        h->think_special = (b >= 0 && tok_is_special(m->tok, b)) ||
+                           (e >= 0 && tok_is_special(m->tok, e));
+    }
     if (m->tok) h->gvocab = grm_vocab_build(m->tok, m->desc.vocab, m->desc.eos_ids, m->desc.n_eos);
     if (h->gvocab) h->gcache = grm_cache_create(h->gvocab, GRAMMAR_CACHE_ENTRIES, GRAMMAR_CACHE_BYTES);
     atomic_store(&h->state, HTTP_READY);

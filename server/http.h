@@ -35,6 +35,7 @@ struct http_config {
     bool access_log;         /* one slog_access line per request (slog.h) */
     const char *tool_parser; /* vLLM's --tool-call-parser name (tc_syntax_parse); NULL or "auto":
                               * detected from the model (tc_syntax_of_model). Borrowed. */
+    const char *reasoning_parser; /* --reasoning-parser (tc_reasoning_parse); NULL: auto */
 };
 
 struct http_server;

@@ -68,7 +68,7 @@ enum opt_type { OPT_STR, OPT_INT, OPT_BYTES, OPT_BOOL };
 
 struct serve_opts {
     const char *model, *host, *api_key, *served_name, *chat_template, *log_format, *device;
-    const char *dtype, *quantization, *tool_parser;
+    const char *dtype, *quantization, *tool_parser, *reasoning_parser;
     long port, max_num_seqs, max_batched, max_model_len, devices, threads, max_waiting, grace_s;
     long keep_alive_s, read_timeout_s;
     long kv_bytes;
@@ -134,6 +134,9 @@ static const struct opt_def opt_defs[] = {
     {"tool-call-parser", "MOESERVE_TOOL_CALL_PARSER", OPT_STR, OFF(tool_parser), 0, 0,
      "the syntax tool calls are parsed and forced in: auto (from the tokenizer and chat "
      "template), hermes, qwen3_coder, glm45, minimax_m2, deepseek_v3 or openai (auto)"},
+    {"reasoning-parser", "MOESERVE_REASONING_PARSER", OPT_STR, OFF(reasoning_parser), 0, 0,
+     "split a chat's <think> reasoning into reasoning_content: auto (when the tokenizer has "
+     "<think> and </think>), none, or deepseek_r1, qwen3, glm45, minimax_m2 (on) (auto)"},
     {"log-format", "MOESERVE_LOG_FORMAT", OPT_STR, OFF(log_format), 0, 0, "text or json (text)"},
     {"access-log", "MOESERVE_ACCESS_LOG", OPT_BOOL, OFF(access_log), 0, 1,
      "log one line per HTTP request (on)"},
@@ -288,6 +291,7 @@ static int parse_opts(int argc, char **argv, struct serve_opts *o)
     o->quantization = "none";
     o->log_format = "text";
     o->tool_parser = "auto";
+    o->reasoning_parser = "auto";
     o->access_log = 1;
     o->stats_interval_s = 10;
     o->max_waiting = 1024;
@@ -368,6 +372,12 @@ static int parse_opts(int argc, char **argv, struct serve_opts *o)
                         "glm45, minimax_m2, deepseek_v3 or openai, got '%s'\n", o->tool_parser);
         return -1;
     }
+    int think_mode;
+    if (tc_reasoning_parse(o->reasoning_parser, &think_mode) != 0) {
+        fprintf(stderr, "moeserve serve: --reasoning-parser must be auto, none, deepseek_r1, "
+                        "qwen3, glm45 or minimax_m2, got '%s'\n", o->reasoning_parser);
+        return -1;
+    }
     if (strcmp(o->log_format, "text") != 0 && strcmp(o->log_format, "json") != 0) {
         fprintf(stderr, "moeserve serve: --log-format must be text or json\n");
         return -1;
@@ -427,6 +437,18 @@ static void log_tool_syntax(const char *flag, const struct model *m)
     if (!given) syn = tc_syntax_of_model(m->tok, m->chat_template);
     slog("info", "tool calls: %s syntax (%s)", tc_syntax_name(syn),
          given ? "--tool-call-parser" : "detected from the tokenizer and chat template");
+}
+
+/* Says whether chats have their <think> reasoning split off (http.c decides it the same way). */
+static void log_reasoning(const char *flag, const char *tool_flag, const struct model *m)
+{
+    int mode = -1;
+    enum tc_syntax syn;
+    (void)tc_reasoning_parse(flag, &mode);
+    if (tc_syntax_parse(tool_flag, &syn) != 0) syn = tc_syntax_of_model(m->tok, m->chat_template);
+    bool on = tc_reasoning_on(mode, m->tok, syn);
+    slog("info", "reasoning: %s (%s)", on ? "<think> split into reasoning_content" : "left in the content",
+         mode >= 0 ? "--reasoning-parser" : syn == TC_HARMONY ? "harmony channels" : "auto: the tokenizer's <think> tokens");
 }
 
 /* Model-load progress: the bar on a terminal; elsewhere (a container's log, a file) a log line
@@ -898,7 +920,8 @@ int cli_serve(int argc, char **argv)
                              .max_waiting = (int)o.max_waiting, .max_conns = max_conns,
                              .keep_alive_s = (double)o.keep_alive_s,
                              .read_timeout_s = (double)o.read_timeout_s,
-                             .access_log = o.access_log != 0, .tool_parser = o.tool_parser};
+                             .access_log = o.access_log != 0, .tool_parser = o.tool_parser,
+                             .reasoning_parser = o.reasoning_parser};
     if (http_start(&hc, mt, &h, err, sizeof err) != 0) {
         slog("error", "%s", err);
         goto out;
@@ -998,6 +1021,7 @@ int cli_serve(int argc, char **argv)
     }
     http_set_ready(h, m, s, engine_get_params(e)->max_model_len);
     log_tool_syntax(o.tool_parser, m);
+    log_reasoning(o.reasoning_parser, o.tool_parser, m);
     pthread_mutex_lock(&sigs.mu);
     sigs.phase = PHASE_SERVING;
     pthread_mutex_unlock(&sigs.mu);

@@ -49,7 +49,7 @@ static void test_cases(const char *dir)
     json_t *cases = json_load_file(test_path(dir, "fixtures/chat/cases.json"), 0, &je);
     CHECKF(cases && json_is_array(cases), "cases.json: %s", je.text);
     if (!cases) return;
-    int n_ok = 0, n_err = 0;
+    int n_ok = 0, n_err = 0, n_obj = 0;
     size_t i;
     json_t *c;
     json_array_foreach(cases, i, c)
@@ -101,14 +101,36 @@ static void test_cases(const char *dir)
             n_err += rc != 0;
         }
         free(out);
+        out = NULL;
+        /* the same conversation with the calls' JSON-string arguments handed over as objects
+         * (vLLM's way), and the probe that decides it: a template that raises on the client's
+         * strings but renders objects must be given objects */
+        const char *want_obj = json_string_value(json_object_get(c, "expected_object_arguments"));
+        if (t && (want_obj || json_object_get(c, "error_object_arguments"))) {
+            if (!want && want_obj)
+                CHECKF(jinja_chat_object_arguments(t), "%s: the template needs object arguments "
+                       "but the probe keeps strings", name);
+            args.object_arguments = true;
+            rc = jinja_render_chat_args(t, &args, &out, err, sizeof err);
+            if (want_obj) {
+                bool same = rc == 0 && strcmp(out, want_obj) == 0;
+                if (rc == 0 && !same) show_diff(name, want_obj, out);
+                CHECKF(same, "%s: object arguments: output differs from transformers (%s)", name,
+                       rc ? err : "");
+                n_obj += same;
+            } else {
+                CHECKF(rc != 0, "%s: object arguments: transformers raised but we rendered", name);
+            }
+            free(out);
+        }
         free(msgs);
         free(tools);
         free(extra);
         jinja_template_free(t);
         free(src);
     }
-    printf("chat cases: %d rendered identically, %d failed as expected, of %zu\n", n_ok, n_err,
-           json_array_size(cases));
+    printf("chat cases: %d rendered identically, %d failed as expected, of %zu; %d with object "
+           "arguments\n", n_ok, n_err, json_array_size(cases), n_obj);
     json_decref(cases);
 }
 

@@ -22,16 +22,16 @@
 
 /* Parses text whole (the tools, a JSON array or NULL, typing XML values), then streamed with
  * every prefix length as a step; both must agree on the content, the reasoning and the calls. */
-static void check_tr(enum tc_syntax syn, const char *tools_json, const char *text,
-                     const char *want_content, const char *want_reasoning,
-                     const char *const *want, int n_want)
+static void check_trf(enum tc_syntax syn, unsigned flags, const char *tools_json,
+                      const char *text, const char *want_content, const char *want_reasoning,
+                      const char *const *want, int n_want)
 {
     struct ms_buf cb = {0}, rb = {0};
     struct tc_call *calls = NULL;
     int n = 0;
     struct tc_tools *tools = tc_tools_parse(tools_json);
     CHECK(!tools_json || tools);
-    CHECK(tc_parse(syn, tools, text, strlen(text), &cb, &calls, &n, &rb) == 0);
+    CHECK(tc_parse(syn, flags, tools, text, strlen(text), &cb, &calls, &n, &rb) == 0);
     char *content = ms_buf_take(&cb), *reasoning = ms_buf_take(&rb);
     CHECKF(content && strcmp(content, want_content) == 0, "content '%s', want '%s'", content,
            want_content);
@@ -48,7 +48,7 @@ static void check_tr(enum tc_syntax syn, const char *tools_json, const char *tex
     size_t len = strlen(text);
     for (size_t cut = 1; cut <= len; cut++) {
         struct tc_stream st;
-        tc_stream_init(&st, syn, tools);
+        tc_stream_init(&st, syn, flags, tools);
         struct ms_buf sb = {0}, tb = {0};
         calls = NULL;
         n = 0;
@@ -64,7 +64,13 @@ static void check_tr(enum tc_syntax syn, const char *tools_json, const char *tex
         size_t al = strlen(a);
         while (al && (a[al - 1] == ' ' || a[al - 1] == '\n')) a[--al] = '\0';
         CHECKF(strcmp(a, want_content) == 0 && n == n_want, "step %zu: '%s', %d calls", cut, a, n);
-        CHECKF(strcmp(think, want_reasoning) == 0, "step %zu: reasoning '%s'", cut, think);
+        char *r = think; /* <think> reasoning is streamed as written, returned whole trimmed */
+        size_t rl = strlen(r);
+        if (flags & TC_THINK) {
+            while (*r == ' ' || *r == '\n') r++, rl--;
+            while (rl && (r[rl - 1] == ' ' || r[rl - 1] == '\n')) r[--rl] = '\0';
+        }
+        CHECKF(strcmp(r, want_reasoning) == 0, "step %zu: reasoning '%s'", cut, r);
         for (int i = 0; i < n && i < n_want; i++)
             CHECKF(strcmp(calls[i].name, want[2 * i]) == 0 &&
                        strcmp(calls[i].arguments, want[2 * i + 1]) == 0,
@@ -74,6 +80,13 @@ static void check_tr(enum tc_syntax syn, const char *tools_json, const char *tex
         free(think);
     }
     tc_tools_free(tools);
+}
+
+static void check_tr(enum tc_syntax syn, const char *tools_json, const char *text,
+                     const char *want_content, const char *want_reasoning,
+                     const char *const *want, int n_want)
+{
+    check_trf(syn, 0, tools_json, text, want_content, want_reasoning, want, n_want);
 }
 
 static void check_r(enum tc_syntax syn, const char *text, const char *want_content,
@@ -503,6 +516,46 @@ static void test_xml_grammar(void)
     tok_free(tok);
 }
 
+/* <think> reasoning (TC_THINK): split off at the start only, streamed as whole at every step
+ * size, calls parsed after it and not inside it, none at all with TC_NO_CALLS. */
+static void test_think(void)
+{
+    const unsigned T = TC_THINK, O = TC_THINK | TC_THINK_OPEN;
+    check_trf(TC_HERMES, T, NULL, "<think>\nplan it\n</think>\n\nHello", "Hello", "plan it", NULL, 0);
+    check_trf(TC_HERMES, T, NULL, "  \n<think>a</think>b", "b", "a", NULL, 0);
+    check_trf(TC_HERMES, O, NULL, "plan more</think>answer", "answer", "plan more", NULL, 0);
+    check_trf(TC_HERMES, T, NULL, "no reasoning here", "no reasoning here", "", NULL, 0);
+    check_trf(TC_HERMES, T, NULL, "answer <think>x</think>", "answer <think>x</think>", "", NULL, 0);
+    check_trf(TC_HERMES, T, NULL, "<thin", "<thin", "", NULL, 0);
+    check_trf(TC_HERMES, T, NULL, "<think>never closed", "", "never closed", NULL, 0);
+    check_trf(TC_HERMES, O, NULL, "still thinking </thi", "", "still thinking </thi", NULL, 0);
+    check_trf(TC_HERMES, 0, NULL, "<think>a</think>b", "<think>a</think>b", "", NULL, 0);
+    const char *call[] = {"f", "{\"a\":\"1\"}"}; /* untyped: no tools */
+    check_trf(TC_QWEN3_XML, O, NULL,
+              "call f: <tool_call>\n<function=g>\n</function>\n</tool_call></think>\n"
+              "<tool_call>\n<function=f>\n<parameter=a>\n1\n</parameter>\n</function>\n</tool_call>",
+              "", "call f: <tool_call>\n<function=g>\n</function>\n</tool_call>", call, 1);
+    const char *hc[] = {"f", "{}"};
+    check_trf(TC_HERMES, T, NULL, "<think>x</think><tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>",
+              "", "x", hc, 1);
+    check_trf(TC_HERMES, T | TC_NO_CALLS, NULL,
+              "<think>x</think><tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>",
+              "<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>", "x", NULL, 0);
+    /* whether the prompt left the reasoning open */
+    CHECK(tc_think_flags(false, "<think>\n") == 0);
+    CHECK(tc_think_flags(true, "<|im_start|>assistant\n<think>\n") == O);
+    CHECK(tc_think_flags(true, "<|im_start|>assistant\n<think>\n\n</think>\n\n") == T);
+    CHECK(tc_think_flags(true, "<think>a</think> q <think>\n") == O);
+    CHECK(tc_think_flags(true, "plain") == T);
+    int mode = 7;
+    CHECK(tc_reasoning_parse(NULL, &mode) == 0 && mode == -1);
+    CHECK(tc_reasoning_parse("none", &mode) == 0 && mode == 0);
+    CHECK(tc_reasoning_parse("glm45", &mode) == 0 && mode == 1);
+    CHECK(tc_reasoning_parse("think", &mode) == -1);
+    CHECK(!tc_reasoning_on(1, NULL, TC_HARMONY) && tc_reasoning_on(1, NULL, TC_GLM));
+    CHECK(!tc_reasoning_on(-1, NULL, TC_HERMES));
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 2) {
@@ -583,6 +636,7 @@ int main(int argc, char **argv)
     test_qwen_xml();
     test_glm();
     test_minimax();
+    test_think();
     test_detect(argc > 1 ? argv[1] : NULL);
     test_xml_grammar();
     return test_done("test_toolcall");

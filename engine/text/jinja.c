@@ -1231,6 +1231,46 @@ static int fill_chat(jinja_ctx *cx, const void *arg)
     return fill_json(cx, cf->extra);
 }
 
+/* args->object_arguments: each call's string arguments replaced by the object they parse to. */
+static void parse_call_arguments(json_t *messages)
+{
+    for (size_t i = 0; i < json_array_size(messages); i++) {
+        json_t *calls = json_object_get(json_array_get(messages, i), "tool_calls");
+        for (size_t j = 0; j < json_array_size(calls); j++) {
+            json_t *fn = json_object_get(json_array_get(calls, j), "function");
+            json_t *a = json_object_get(fn, "arguments");
+            if (!json_is_string(a)) continue;
+            json_t *obj = json_string_length(a) == 0
+                              ? json_object()
+                              : json_loadb(json_string_value(a), json_string_length(a), 0, NULL);
+            if (json_is_object(obj))
+                json_object_set_new(fn, "arguments", obj);
+            else
+                json_decref(obj);
+        }
+    }
+}
+
+bool jinja_chat_object_arguments(const jinja_template *t)
+{
+    static const char probe[] =
+        "[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"assistant\",\"content\":\"\","
+        "\"tool_calls\":[{\"type\":\"function\",\"id\":\"call_0\",\"function\":{\"name\":"
+        "\"probe_fn\",\"arguments\":\"{\\\"probe_key\\\": \\\"probe_value\\\"}\"}}]},"
+        "{\"role\":\"tool\",\"tool_call_id\":\"call_0\",\"content\":\"r\"}]";
+    struct jinja_chat_args a = {.messages_json = probe, .bos_token = "", .eos_token = ""};
+    char err[256], *as_string = NULL, *as_object = NULL;
+    int rs = jinja_render_chat_args(t, &a, &as_string, err, sizeof err);
+    a.object_arguments = true;
+    int ro = jinja_render_chat_args(t, &a, &as_object, err, sizeof err);
+    /* the string reached the text as given (not re-escaped by tojson, not dropped) */
+    bool string_ok = rs == 0 && strstr(as_string, "{\"probe_key\": \"probe_value\"}");
+    bool object_ok = ro == 0 && strstr(as_object, "probe_value");
+    free(as_string);
+    free(as_object);
+    return !string_ok && object_ok;
+}
+
 int jinja_render_chat_args(const jinja_template *t, const struct jinja_chat_args *args, char **out,
                            char *err, size_t errlen)
 {
@@ -1257,6 +1297,7 @@ int jinja_render_chat_args(const jinja_template *t, const struct jinja_chat_args
             ms_errf(err, errlen, "messages[%zu]: expected a JSON object", i);
             goto fail;
         }
+    if (args->object_arguments) parse_call_arguments(cf.messages);
     if (args->tools_json) {
         cf.tools = json_loads(args->tools_json, JSON_DECODE_ANY, &je);
         if (!cf.tools || !json_is_array(cf.tools)) {

@@ -39,7 +39,17 @@ struct jinja_chat_args {
     bool add_generation_prompt;
     const char *bos_token;
     const char *eos_token;
+    /* tool_calls[].function.arguments given as a JSON string (as OpenAI clients send them) are
+     * handed to the template as the object they spell ("" as {}), as vLLM does: for templates
+     * that iterate the arguments (jinja_chat_object_arguments says which). A string that is not
+     * a JSON object stays a string. */
+    bool object_arguments;
 };
+
+/* Whether a chat template needs tool-call arguments as objects: given a call whose arguments are
+ * a JSON string it raises, drops them or escapes them as a string (tojson), and it renders the
+ * same call with an object. Probed by rendering one call both ways; once per template. */
+bool jinja_chat_object_arguments(const jinja_template *t);
 
 /* Renders a parsed chat template the way transformers' apply_chat_template(tokenize=False)
  * does: drops message keys whose value is null, copies "reasoning"/"thinking" into

@@ -10,11 +10,13 @@
  *     boundaries (the first prefix holding a stop string ends the output before its earliest
  *     match, the stop string kept with include_stop_str);
  *   - the streamed tool-call parse gives the same content, reasoning and calls as the whole
- *     one (content and reasoning compared trimmed, as the whole parse trims them).
+ *     one (content and reasoning compared trimmed, as the whole parse trims them), with and
+ *     without the <think> reasoning split, and with calls off as for a request without tools.
  * ASan catches any write past a buffer on the way, which is how issue 29's overflow showed.
  *
  * Input: byte 0 picks the tokenizer (bits 0-1), include_stop_str (bit 2), the number of stop
- * strings (bits 3-4), skip_special (bit 5) and id splicing (bit 6); byte 1 seeds the reader's
+ * strings (bits 3-4), skip_special (bit 5), id splicing (bit 6) and <think> reasoning
+ * splitting (bit 7; byte 1's bit 0: the prompt left it open); byte 1 seeds the reader's
  * schedule; then the stop strings, each ended by 0x01 (at most 16 bytes); the rest is text. */
 #include <stdbool.h>
 #include <stddef.h>
@@ -88,15 +90,17 @@ static void same_text(const char *a, size_t al, const char *b, size_t bl, const 
 
 /* Parses T[0, len) whole and streamed (fed at the boundaries the schedule picks from rng);
  * aborts unless both give the same content, reasoning and calls. Returns the advanced rng. */
-static uint32_t check_parse(enum tc_syntax syn, const struct tc_tools *tools, const char *T,
-                            size_t len, const size_t *ends, int n_ends, uint32_t rng)
+static uint32_t check_parse(enum tc_syntax syn, unsigned flags, const struct tc_tools *tools,
+                            const char *T, size_t len, const size_t *ends, int n_ends,
+                            uint32_t rng)
 {
     struct ms_buf content = {0}, reasoning = {0};
     struct tc_call *calls = NULL, *scalls = NULL;
     int n_calls = 0, n_scalls = 0;
-    if (tc_parse(syn, tools, T, len, &content, &calls, &n_calls, &reasoning) != 0) abort();
+    if (tc_parse(syn, flags, tools, T, len, &content, &calls, &n_calls, &reasoning) != 0)
+        abort();
     struct tc_stream st;
-    tc_stream_init(&st, syn, tools);
+    tc_stream_init(&st, syn, flags, tools);
     struct ms_buf sc = {0}, sr = {0};
     for (int b = 0; b < n_ends; b++) {
         rng = rng * 1103515245u + 12345u;
@@ -213,9 +217,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     /* the HTTP path: the published text parsed for tool calls, whole and streamed, in the
      * tokenizer's syntax and in each XML-style one (text is text to every parser) */
     const char *T = out.p ? out.p : "";
-    rng = check_parse(syns[ti], xml_tools, T, out.len, ends, n_ends, rng);
+    unsigned think = data[0] & 0x80 ? TC_THINK | (data[1] & 1 ? TC_THINK_OPEN : 0) : 0;
+    rng = check_parse(syns[ti], think, xml_tools, T, out.len, ends, n_ends, rng);
     for (size_t k = 0; k < sizeof xml_syns / sizeof *xml_syns; k++)
-        rng = check_parse(xml_syns[k], xml_tools, T, out.len, ends, n_ends, rng);
+        rng = check_parse(xml_syns[k], think, xml_tools, T, out.len, ends, n_ends, rng);
+    if (think) /* a request without tools: only the reasoning is split off */
+        rng = check_parse(syns[ti], think | TC_NO_CALLS, NULL, T, out.len, ends, n_ends, rng);
 
     ms_buf_free(&out);
     ms_buf_free(&pieces);

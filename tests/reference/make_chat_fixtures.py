@@ -5,7 +5,14 @@ tests/fixtures/chat/cases.json (a list of {name, template, messages, tools?, kwa
 add_generation_prompt, bos_token, eos_token, expected | error}) plus a copy of every template as
 tests/fixtures/chat/<template>.jinja, so the C test never reads ../shared.
 
-Run from the repository root (needs transformers 5.x and jinja2; made with transformers 5.24,
+Templates come from two places: the tokenizer folders in ../shared/data/tokenizers (their
+tokenizer_config.json), and the published templates of the 2026 families (TEMPLATE_FILES below:
+Qwen3.5, GLM-4.6, GLM-4.7-Flash, MiniMax-M2, Granite 4.0), read from --templates DIR (a folder of
+`<model>.jinja` files as the models ship them; llama.cpp's models/templates has these names) or,
+without it, from the copies already committed here. Those are rendered through the Qwen3 tokenizer
+with apply_chat_template(chat_template=...): none of them reads a special-token variable.
+
+Run from the repository root (needs transformers 5.x and jinja2; made with transformers 5.25,
 jinja2 3.1.6). Also writes tests/fixtures/chat/unit.json: small templates exercising single
 features, with a JSON context and jinja2's output. Usage:  python3 tests/reference/make_chat_fixtures.py [--shared PATH]
 """
@@ -184,6 +191,34 @@ UNIT = [
 ]
 
 
+def object_arguments(messages):
+    """The conversation with every tool call's JSON-string arguments parsed into the object they
+    spell, as vLLM hands them to templates that iterate them (an empty string becomes {});
+    None when no call has string arguments."""
+    out, changed = [], False
+    for m in messages:
+        if m.get("tool_calls"):
+            m = dict(m, tool_calls=[dict(tc) for tc in m["tool_calls"]])
+            for tc in m["tool_calls"]:
+                fn = dict(tc["function"])
+                if isinstance(fn.get("arguments"), str):
+                    fn["arguments"] = json.loads(fn["arguments"]) if fn["arguments"] else {}
+                    changed = True
+                tc["function"] = fn
+        out.append(m)
+    return out if changed else None
+
+
+# fixture name -> the published template's file name in --templates
+TEMPLATE_FILES = {
+    "qwen3_5": "Qwen3.5-4B.jinja",          # the Qwen3.5 release's template (MoE sizes ship the same)
+    "glm4_6": "GLM-4.6.jinja",              # glm4_moe: GLM-4.5 / 4.6
+    "glm4_7": "GLM-4.7-Flash.jinja",        # glm4_moe: GLM-4.7
+    "minimax_m2": "MiniMax-M2.jinja",
+    "granite4": "ibm-granite-granite-4.0.jinja",  # granitemoehybrid: Granite 4.0-H
+}
+
+
 def unit_cases():
     out = []
     for name, src, ctx in UNIT:
@@ -199,6 +234,7 @@ def unit_cases():
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shared", default=os.path.join(TESTS, "..", "..", "shared", "data", "tokenizers"))
+    ap.add_argument("--templates", help="folder with the published templates named in TEMPLATE_FILES")
     args = ap.parse_args()
     folders = {
         "qwen3": os.path.join(args.shared, "qwen3"),
@@ -207,10 +243,17 @@ def main():
         "llama2": os.path.join(args.shared, "llama2"),
         "gptoss": os.path.join(args.shared, "gptoss"),
     }
-    cases = []
+    sources = []  # (name, tokenizer, template text)
     for tname, folder in folders.items():
         tok = AutoTokenizer.from_pretrained(folder)
-        template = tok.chat_template
+        sources.append((tname, tok, tok.chat_template))
+    qwen3 = AutoTokenizer.from_pretrained(folders["qwen3"])
+    for tname, fname in TEMPLATE_FILES.items():
+        path = os.path.join(args.templates, fname) if args.templates else os.path.join(OUT, tname + ".jinja")
+        with open(path, encoding="utf-8") as f:
+            sources.append((tname, qwen3, f.read()))
+    cases = []
+    for tname, tok, template in sources:
         if not isinstance(template, str):
             print(f"{tname}: no chat template, skipped")
             continue
@@ -231,14 +274,22 @@ def main():
                     case["tools"] = extra["tools"]
                 if "kwargs" in extra:
                     case["kwargs"] = extra["kwargs"]
+                def render(msgs):
+                    return tok.apply_chat_template(
+                        msgs, tools=extra.get("tools"), add_generation_prompt=agp, tokenize=False,
+                        chat_template=template, **extra.get("kwargs", {}))
                 try:
-                    case["expected"] = tok.apply_chat_template(
-                        messages, tools=extra.get("tools"), add_generation_prompt=agp, tokenize=False,
-                        **extra.get("kwargs", {}))
+                    case["expected"] = render(messages)
                     n_ok += 1
                 except Exception as e:  # the C renderer must fail on these too
                     case["error"] = f"{type(e).__name__}: {e}"
                     n_err += 1
+                parsed = object_arguments(messages)
+                if parsed is not None:  # what a template that iterates the arguments gets
+                    try:
+                        case["expected_object_arguments"] = render(parsed)
+                    except Exception as e:
+                        case["error_object_arguments"] = f"{type(e).__name__}: {e}"
                 cases.append(case)
         print(f"{tname}: {n_ok} rendered, {n_err} raised")
     with open(os.path.join(OUT, "cases.json"), "w", encoding="utf-8") as f:

@@ -207,7 +207,7 @@ int main(int argc, char **argv)
                                   "deepseek_v2_group", "deepseek_v3", "deepseek_v3_bf16",
                                   "gpt_oss",      "gpt_oss_bf16",   "qwen3_next",
                                   "qwen3_5_moe",  "qwen3_5_moe_bf16", "granitemoehybrid",
-                                  "llama4_text"};
+                                  "granitemoehybrid_dense", "llama4_text"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         check_model(tests, names[i], MODEL_QUANT_INT8);
         check_model(tests, names[i], MODEL_QUANT_INT4);

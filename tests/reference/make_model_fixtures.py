@@ -379,7 +379,34 @@ ARCHS["granitemoehybrid"] = (
         logits_scaling=1.25,
     ),
 )
-HYBRID_ARCHS = ("qwen3_next", "qwen3_5_moe", "granitemoehybrid")
+# A dense Granite 4.0 hybrid (Granite-4.0-H-Micro's kind: num_local_experts 0, so every FFN is
+# the shared MLP alone), with RoPE on its attention layers (position_embedding_type "rope", as
+# the attention-only Granite 4.0 models use) and Mamba2 and attention alternating.
+ARCHS["granitemoehybrid_dense"] = (
+    GraniteMoeHybridForCausalLM,
+    GraniteMoeHybridConfig(
+        **{k: v for k, v in COMMON.items() if k != "rope_parameters"},
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        num_hidden_layers=4,
+        intermediate_size=32,
+        shared_intermediate_size=64,
+        num_local_experts=0,
+        num_experts_per_tok=0,
+        mamba_n_heads=4,
+        mamba_d_head=32,
+        mamba_d_state=16,
+        mamba_n_groups=2,
+        mamba_d_conv=4,
+        mamba_expand=2,
+        position_embedding_type="rope",
+        layer_types=["mamba", "attention", "mamba", "attention"],
+        embedding_multiplier=4.0,
+        residual_multiplier=0.5,
+        attention_multiplier=0.3,
+        logits_scaling=1.25,
+    ),
+)
+HYBRID_ARCHS = ("qwen3_next", "qwen3_5_moe", "granitemoehybrid", "granitemoehybrid_dense")
 
 # Llama 4: RoPE (interleaved pairs, Llama 3 scaling across all three bands of its rule: head_dim
 # 16 against an original context of 64) with the weightless per-head q/k norm after it and
@@ -715,6 +742,8 @@ def min_router_gap(model, sequences):
     k = model.config.num_experts_per_tok
     kg = getattr(model.config, "topk_group", None)
     gap = math.inf
+    if not moe_layer_ids(model):  # a dense model (Granite with no experts) routes nothing
+        return gap
     for seq in sequences:
         out = model(input_ids=torch.tensor([seq], dtype=torch.long), output_router_logits=True)
         moe_layers = moe_layer_ids(model)
@@ -738,8 +767,10 @@ def route_sets(model, ids):
     """(n_moe_layers, n, k) chosen experts per token, sorted, from the router logits."""
     k = model.config.num_experts_per_tok
     kg = getattr(model.config, "topk_group", None)
-    out = model(input_ids=torch.tensor([ids], dtype=torch.long), output_router_logits=True)
     moe_layers = moe_layer_ids(model)
+    if not moe_layers:  # dense: no choices, so every position agrees
+        return torch.zeros((0, len(ids), 0), dtype=torch.long)
+    out = model(input_ids=torch.tensor([ids], dtype=torch.long), output_router_logits=True)
     sets = []
     for li, rl in zip(moe_layers, [r for r in (out.router_logits or ()) if r is not None]):
         s, g = choice_scores(model, li, rl)

@@ -2,17 +2,18 @@
 """compare_llamacpp: moeserve and llama.cpp side by side on the CPU, on the same weights, in one run.
 
 What it does:
-  1. makes a Mixtral-shaped random model with build/make_synthetic_model (bf16 safetensors, the
-     Llama-2 tokenizer from tests/fixtures, vocab 32000) in WORK/hf;
-  2. converts it with llama.cpp's own convert_hf_to_gguf.py to F32 and BF16 GGUF and quantizes the
-     F32 file with llama-quantize --pure (every tensor the named type) to Q8_0, Q4_0, Q4_1;
-  3. llama.cpp: llama-bench prefill pp256 and decode tg64 at depth 0, and tg64 at depth 256
-     (llama-bench -d where that version has it, else llama-batched-bench -npp 256 -ntg 64);
-  4. moeserve: build/bench_engine --prompt-len 256 --decode 64 with --dtype float32|bfloat16 or
-     --quantization int8|int4 for the type and --threads THREADS (one row: prefill, decode at
-     depth 0 and at depth 256); an older bench_engine without those flags runs twice (prompt 256,
-     then prompt 1 for depth 0), F32 and BF16 run its default (bf16 weights expanded to f32) and
-     the quantized types are n/a;
+  1. makes a random model with build/make_synthetic_model (bf16 safetensors) in WORK/hf:
+     --arch mixtral (default; the Llama-2 tokenizer from tests/fixtures, vocab 32000) or
+     qwen3_5_moe (Qwen3.5-35B-A3B's hybrid layout at ~1B, llama.cpp's qwen35moe; Qwen3's
+     tokenizer from ../shared/data, vocab 151936);
+  2. converts it with llama.cpp's own convert_hf_to_gguf.py to F32 and BF16 GGUF (--no-mtp for
+     qwen3_5_moe) and quantizes the F32 file with llama-quantize --pure (every tensor the named
+     type) to Q8_0, Q4_0, Q4_1;
+  3. llama.cpp: llama-bench prefill of each --prompt-lens (-n 0), then decode of --decode tokens
+     at each of --depths (-p 0 -d ...);
+  4. moeserve: build/bench_engine --prompt-len P --decode N for each prompt length and depth,
+     with --dtype float32|bfloat16 or --quantization int8|int4 for the type and --threads
+     THREADS (prefill of P, decode at depth 0 and at depth P);
   5. bench/bench_server.py at concurrency 1,8,32 (128 tokens per request) against llama-server
      (started here: -t/-tb THREADS, -np 32 slots, continuous batching) and against moeserve serve
      (bench_server.py --binary, same --dtype/--quantization/--threads flags);
@@ -30,6 +31,7 @@ transformers).
 
 usage:
   python3 bench/compare_llamacpp.py --llama-cpp ~/llama.cpp [--size 100M|1B] [--threads 2]
+      [--arch mixtral|qwen3_5_moe] [--prompt-lens 256,4096] [--depths 0,4096,16384]
       [--repeat 2] [--types F32,BF16,Q8_0,Q4_0,Q4_1] [--work DIR] [--build build]
       [--convert-python PY] [--skip-server] [--skip-micro] [--json OUT.json] [--markdown OUT.md]
   python3 bench/compare_llamacpp.py --from-json RUN1.json RUN2.json   # best of several runs
@@ -113,7 +115,8 @@ def make_model(args):
         elif name == "tokenizer.json":
             sys.exit("no tokenizer.json(.gz) in %s" % src)
     recipe = [os.path.join(args.build, "make_synthetic_model"), hf, "--params", args.size,
-              "--dtype", "bf16", "--tokenizer", tok]
+              "--dtype", "bf16", "--tokenizer", tok, "--arch", args.arch, "--vocab",
+              str(args.vocab)]
     stamp = os.path.join(hf, "made_with.json")
     try:
         with open(stamp) as f:
@@ -153,8 +156,10 @@ def make_ggufs(args, hf):
         if fresh(p):
             continue
         if t in ("F32", "BF16"):
+            # a Qwen3.5 converter asserts MTP layers unless told the checkpoint has none
+            nomtp = ["--no-mtp"] if args.arch == "qwen3_5_moe" else []
             code, text = run([args.convert_python, converter, hf, "--outtype", t.lower(),
-                              "--outfile", p], check=False)
+                              "--outfile", p] + nomtp, check=False)
             if code != 0:
                 sys.exit("llama.cpp's converter failed; it needs torch, transformers, numpy, "
                          "safetensors and sentencepiece in %s (--convert-python):\n%s"
@@ -169,43 +174,37 @@ def make_ggufs(args, hf):
 
 
 def llama_micro(args, gguf):
-    """{'pp': prefill t/s, 'tg0': decode t/s at depth 0, 'tg256': at depth 256}: best samples.
-    llama-bench runs each test repeat + 1 times: its first sample may pay for page faults that
-    bench_engine's warm-up step keeps out of moeserve's numbers."""
+    """{'ppP': prefill t/s of P tokens, 'tgD': decode t/s at depth D}: best samples. llama-bench
+    runs each test repeat + 1 times: its first sample may pay for page faults that bench_engine's
+    warm-up step keeps out of moeserve's numbers. Prefill and decode are separate runs, so that
+    no prefill is measured at a depth."""
     bench = os.path.join(args.llama_bin, "llama-bench")
-    base = [bench, "-m", gguf, "-t", str(args.threads), "-r", str(args.repeat + 1), "-o", "json",
-            "-p", str(args.prompt_len), "-n", str(args.decode)]
-    depth = args.llama_has_depth
-    _, out = run(base + (["-d", "0,%d" % args.prompt_len] if depth else []))
+    base = [bench, "-m", gguf, "-t", str(args.threads), "-r", str(args.repeat + 1), "-o", "json"]
     res = {}
-    for r in json.loads(out[out.index("["):]):
-        best = max(r.get("samples_ts") or [r["avg_ts"]])
-        d = r.get("n_depth", 0)
-        if r["n_prompt"] > 0 and r["n_gen"] == 0 and d == 0:
-            res["pp"] = best
-        elif r["n_gen"] > 0 and r["n_prompt"] == 0:
-            res["tg0" if d == 0 else "tg256"] = best
-    if not depth:  # decode after a prompt of prompt_len tokens
-        bb = os.path.join(args.llama_bin, "llama-batched-bench")
-        for _ in range(args.repeat + 1):
-            _, out = run([bb, "-m", gguf, "-c", str(args.prompt_len + args.decode + 64), "-npp",
-                          str(args.prompt_len), "-ntg", str(args.decode), "-npl", "1", "-t",
-                          str(args.threads), "-tb", str(args.threads), "--output-format", "jsonl"])
-            for line in out.splitlines():
-                if line.startswith('{"n_kv_max"'):
-                    res["tg256"] = max(res.get("tg256", 0.0), json.loads(line)["speed_tg"])
+    for extra in (["-p", ",".join(map(str, args.prompt_lens)), "-n", "0"],
+                  ["-p", "0", "-n", str(args.decode), "-d", ",".join(map(str, args.depths))]):
+        _, out = run(base + extra, timeout=args.micro_timeout)
+        for r in json.loads(out[out.index("["):]):
+            best = max(r.get("samples_ts") or [r["avg_ts"]])
+            if r["n_prompt"] > 0 and r["n_gen"] == 0:
+                res["pp%d" % r["n_prompt"]] = best
+            elif r["n_gen"] > 0 and r["n_prompt"] == 0:
+                res["tg%d" % r.get("n_depth", 0)] = best
     return res
 
 
 def moeserve_micro(args, hf, flags):
-    """The same three numbers from bench_engine, or {'error': text}."""
+    """The same numbers from bench_engine (one run per prompt length and depth: prefill of P
+    tokens, decode at depth 0 and at depth P), or {'error': text}."""
     bench = os.path.join(args.build, "bench_engine")
     flags = flags + args.ms_engine_threads
-    if args.ms_engine_rows:
+    res = {}
+    for p in sorted(set(args.prompt_lens) | {d for d in args.depths if d > 0}):
         # one row per weight type: name, weights MB, load s, prefill, decode at depth 0 and at
         # depth --prompt-len (tok/s, each the best of --repeat runs), then roofline figures
-        code, out = run([bench, hf, "--prompt-len", str(args.prompt_len), "--decode",
-                         str(args.decode), "--repeat", str(args.repeat)] + flags, check=False)
+        code, out = run([bench, hf, "--prompt-len", str(p), "--decode", str(args.decode),
+                         "--repeat", str(args.repeat)] + flags, check=False,
+                        timeout=args.micro_timeout)
         if code != 0:
             return {"error": out.strip().splitlines()[-1] if out.strip() else "exit %d" % code}
         for line in out.splitlines():
@@ -215,21 +214,14 @@ def moeserve_micro(args, hf, flags):
             except ValueError:
                 continue
             if len(nums) == 5:
-                return {"pp": nums[2], "tg0": nums[3], "tg256": nums[4]}
-        return {"error": "no result row in bench_engine's output"}
-    res = {}
-    for _ in range(args.repeat):
-        for prompt, keys in ((args.prompt_len, ("pp", "tg256")), (1, ("tg0",))):
-            code, out = run([bench, hf, "--prompt-len", str(prompt), "--decode",
-                             str(args.decode)] + flags, check=False)
-            if code != 0:
-                return {"error": out.strip().splitlines()[-1] if out.strip() else "exit %d" % code}
-            got = {"pp": re.search(r"prefill tokens/s\s+([\d.]+)", out),
-                   "tg256": re.search(r"decode tokens/s\s+([\d.]+)", out)}
-            got["tg0"] = got["tg256"]
-            for k in keys:
-                if got[k]:
-                    res[k] = max(res.get(k, 0.0), float(got[k].group(1)))
+                if p in args.prompt_lens:
+                    res["pp%d" % p] = nums[2]
+                res["tg0"] = max(res.get("tg0", 0.0), nums[3])
+                if p in args.depths:
+                    res["tg%d" % p] = nums[4]
+                break
+        else:
+            return {"error": "no result row in bench_engine's output"}
     return res
 
 
@@ -325,8 +317,10 @@ def same_model_check(args, hf, server):
 # ---------------------------------------------------------------------------------------------
 # the table
 
-METRICS = [("pp", "prefill pp%(p)d, tok/s", True), ("tg0", "decode tg%(d)d @ depth 0, tok/s", True),
-           ("tg256", "decode tg%(d)d @ depth %(p)d, tok/s", True)]
+def micro_metrics(args):
+    return ([("pp%d" % p, "prefill pp%d, tok/s" % p, True) for p in args.prompt_lens] +
+            [("tg%d" % d, "decode tg%d @ depth %d, tok/s" % (args.decode, d), True)
+             for d in args.depths])
 
 
 def server_metrics(args):
@@ -355,9 +349,8 @@ def fmt(v):
 
 
 def table(args, results):
-    metrics = ([] if args.skip_micro else METRICS) + ([] if args.skip_server else
-                                                      server_metrics(args))
-    sub = {"p": args.prompt_len, "d": args.decode}
+    metrics = ([] if args.skip_micro else micro_metrics(args)) + ([] if args.skip_server else
+                                                                  server_metrics(args))
     rows = ["| type | metric | llama.cpp | moeserve | moeserve / llama.cpp | moeserve ran as |",
             "|---|---|---:|---:|---:|---|"]
     for t in args.types:
@@ -365,7 +358,7 @@ def table(args, results):
         for i, (key, name, _) in enumerate(metrics):
             a, b = r["llama"].get(key), r["moeserve"].get(key)
             ratio = "%.2f" % (b / a) if a and b else "n/a"
-            rows.append("| %s | %s | %s | %s | %s | %s |" % (t, name % sub, fmt(a), fmt(b), ratio,
+            rows.append("| %s | %s | %s | %s | %s | %s |" % (t, name, fmt(a), fmt(b), ratio,
                                                              r["moeserve_mode"] if i == 0 else ""))
     return "\n".join(rows)
 
@@ -378,7 +371,7 @@ def save_json(args, notes, results, types):
     for --from-json)."""
     if not args.json:
         return
-    settings = {k: getattr(args, k) for k in ("size", "prompt_len", "decode", "concurrency",
+    settings = {k: getattr(args, k) for k in ("size", "arch", "prompt_lens", "depths", "decode", "concurrency",
                                               "max_tokens", "skip_micro", "skip_server")}
     settings["types"] = types
     with open(args.json + ".tmp", "w") as f:
@@ -430,10 +423,12 @@ def detect(args):
         if not os.access(os.path.join(args.build, tool), os.X_OK):
             sys.exit("%s not found in %s: cmake --build %s" % (tool, args.build, args.build))
     _, h = run([os.path.join(args.llama_bin, "llama-bench"), "--help"], check=False, quiet=True)
-    args.llama_has_depth = "--n-depth" in h
+    if "--n-depth" not in h:
+        sys.exit("this llama-bench has no -d (--n-depth): use a llama.cpp from 2025 or later")
     _, h = run([os.path.join(args.build, "bench_engine"), "--help"], check=False, quiet=True)
     args.ms_engine_flags = {f: f in h for f in ("--dtype", "--quantization")}
-    args.ms_engine_rows = "--types" in h  # newer bench_engine: one table row per weight type
+    if "--types" not in h:
+        sys.exit("this bench_engine prints no result rows (no --types): rebuild moeserve")
     args.ms_engine_threads = ["--threads", str(args.threads)] if "--threads" in h else []
     _, h = run([os.path.join(args.build, "moeserve"), "serve", "--help"], check=False, quiet=True)
     args.ms_serve_flags = {f: f in h for f in ("--dtype", "--quantization")}
@@ -473,15 +468,23 @@ def main():
     ap.add_argument("--build", default=os.path.join(ROOT, "build"), help="moeserve's build dir")
     ap.add_argument("--work", help="models, GGUF files, logs (default: /tmp/moeserve-vs-llamacpp-"
                     "SIZE)")
-    ap.add_argument("--tokenizer", default=os.path.join(ROOT, "tests", "fixtures", "tokenizers",
-                                                        "llama2"),
-                    help="folder with tokenizer.json(.gz) and tokenizer_config.json(.gz)")
+    ap.add_argument("--tokenizer", help="folder with tokenizer.json(.gz) and "
+                    "tokenizer_config.json(.gz) (default: tests/fixtures/tokenizers/llama2; "
+                    "qwen3_5_moe: ../shared/data/tokenizers/qwen3)")
     ap.add_argument("--convert-python", default=os.environ.get("LLAMA_CPP_PYTHON", "python3"),
                     help="Python for convert_hf_to_gguf.py (env LLAMA_CPP_PYTHON)")
     ap.add_argument("--types", default=",".join(TYPES))
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=2, help="runs of each measurement; best kept")
-    ap.add_argument("--prompt-len", type=int, default=256)
+    ap.add_argument("--arch", default="mixtral", choices=["mixtral", "qwen3_5_moe"],
+                    help="make_synthetic_model --arch (qwen3_5_moe: Qwen3.5-35B-A3B's layout, "
+                    "llama.cpp's qwen35moe)")
+    ap.add_argument("--vocab", type=int, help="vocabulary (default 32000; 151936, Qwen's, for "
+                    "qwen3_5_moe, whose llama.cpp converter wants a Qwen tokenizer)")
+    ap.add_argument("--prompt-lens", default="256", help="prefill lengths, e.g. 256,4096")
+    ap.add_argument("--depths", help="decode depths, e.g. 0,4096,16384 (default 0 and the first "
+                    "prompt length)")
+    ap.add_argument("--micro-timeout", type=int, default=3600)
     ap.add_argument("--decode", type=int, default=64)
     ap.add_argument("--concurrency", default="1,8,32")
     ap.add_argument("--max-tokens", type=int, default=128, help="tokens per server request")
@@ -503,8 +506,17 @@ def main():
     args.llama_cpp = os.path.abspath(args.llama_cpp)
     args.llama_bin = args.llama_bin or os.path.join(args.llama_cpp, "build", "bin")
     args.build = os.path.abspath(args.build)
-    args.work = os.path.abspath(args.work or "/tmp/moeserve-vs-llamacpp-%s" % args.size)
+    args.work = os.path.abspath(args.work or "/tmp/moeserve-vs-llamacpp-%s-%s" % (args.arch,
+                                                                                  args.size))
     args.types = [t.strip() for t in args.types.split(",") if t.strip()]
+    args.prompt_lens = [int(x) for x in args.prompt_lens.split(",")]
+    args.depths = ([int(x) for x in args.depths.split(",")] if args.depths
+                   else [0, args.prompt_lens[0]])
+    qwen = args.arch == "qwen3_5_moe"
+    args.vocab = args.vocab or (151936 if qwen else 32000)
+    args.tokenizer = args.tokenizer or (
+        os.path.join(ROOT, "..", "shared", "data", "tokenizers", "qwen3") if qwen
+        else os.path.join(ROOT, "tests", "fixtures", "tokenizers", "llama2"))
     for t in args.types:
         if t not in TYPES:
             sys.exit("unknown type %s (one of %s)" % (t, ",".join(TYPES)))
@@ -520,12 +532,6 @@ def main():
                 ncpu, args.repeat, " ".join("%.2f" % x for x in os.getloadavg()))]
     if args.threads != ncpu and not (args.ms_engine_threads and args.ms_serve_threads):
         notes.append("WARNING: --threads %d but moeserve uses all %d cores" % (args.threads, ncpu))
-    if not args.llama_has_depth:
-        notes.append("this llama-bench has no -d: decode at depth %d is llama-batched-bench "
-                     "-npp %d -ntg %d -npl 1" % (args.prompt_len, args.prompt_len, args.decode))
-    if not args.ms_engine_rows:
-        notes.append("moeserve decode at depth 0 is bench_engine --prompt-len 1 --decode %d; at "
-                     "depth %d, --prompt-len %d" % (args.decode, args.prompt_len, args.prompt_len))
     for f, ok in args.ms_engine_flags.items():
         if not ok:
             notes.append("moeserve's bench_engine has no %s flag yet" % f)
@@ -540,8 +546,8 @@ def main():
     results = {t: {"llama": {}, "moeserve": {}, "moeserve_mode": ""} for t in args.types}
     done_micro, done_server = {}, {}  # moeserve runs by flags: types that map alike run once
 
-    if "F32" in ggufs and not args.skip_server:
-        srv = LlamaServer(args, ggufs["F32"], "check")
+    if not args.skip_server:  # make_ggufs always makes the F32 file, the others' source
+        srv = LlamaServer(args, os.path.join(args.work, "gguf", "model-F32.gguf"), "check")
         try:
             notes.append("same-model check: " + same_model_check(args, hf, srv))
         finally:
@@ -593,8 +599,8 @@ def main():
     notes.append("load average at the end %s" % " ".join("%.2f" % x for x in os.getloadavg()))
     tab = table(args, results)
     print()
-    print("moeserve vs llama.cpp, %s synthetic Mixtral (%s), prompt %d, decode %d, server "
-          "max_tokens %d" % (args.size, hf, args.prompt_len, args.decode, args.max_tokens))
+    print("moeserve vs llama.cpp, %s synthetic %s (%s), decode %d tokens, server max_tokens %d"
+          % (args.size, args.arch, hf, args.decode, args.max_tokens))
     for n in notes:
         print("- " + n)
     print()

@@ -355,28 +355,31 @@ ARCHS["qwen3_5_moe"] = (
 # MLP (64 wide) plus top-2 of 8 experts (top-k logits softmaxed); Granite's multipliers all away
 # from 1 so that a missing one shows (embedding x4, residual x0.5, softmax scale 0.3,
 # logits / 1.25).
+GRANITE_HYBRID = dict(
+    **{k: v for k, v in COMMON.items() if k != "rope_parameters"},
+    rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    num_hidden_layers=4,
+    intermediate_size=32,
+    shared_intermediate_size=64,
+    mamba_n_heads=4,
+    mamba_d_head=32,
+    mamba_d_state=16,
+    mamba_n_groups=2,
+    mamba_d_conv=4,
+    mamba_expand=2,
+    embedding_multiplier=4.0,
+    residual_multiplier=0.5,
+    attention_multiplier=0.3,
+    logits_scaling=1.25,
+)
 ARCHS["granitemoehybrid"] = (
     GraniteMoeHybridForCausalLM,
     GraniteMoeHybridConfig(
-        **{k: v for k, v in COMMON.items() if k != "rope_parameters"},
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-        num_hidden_layers=4,
-        intermediate_size=32,
-        shared_intermediate_size=64,
+        **GRANITE_HYBRID,
         num_local_experts=8,
         num_experts_per_tok=2,
-        mamba_n_heads=4,
-        mamba_d_head=32,
-        mamba_d_state=16,
-        mamba_n_groups=2,
-        mamba_d_conv=4,
-        mamba_expand=2,
         position_embedding_type="nope",
         layer_types=["mamba", "mamba", "mamba", "attention"],
-        embedding_multiplier=4.0,
-        residual_multiplier=0.5,
-        attention_multiplier=0.3,
-        logits_scaling=1.25,
     ),
 )
 # A dense Granite 4.0 hybrid (Granite-4.0-H-Micro's kind: num_local_experts 0, so every FFN is
@@ -385,25 +388,11 @@ ARCHS["granitemoehybrid"] = (
 ARCHS["granitemoehybrid_dense"] = (
     GraniteMoeHybridForCausalLM,
     GraniteMoeHybridConfig(
-        **{k: v for k, v in COMMON.items() if k != "rope_parameters"},
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-        num_hidden_layers=4,
-        intermediate_size=32,
-        shared_intermediate_size=64,
+        **GRANITE_HYBRID,
         num_local_experts=0,
         num_experts_per_tok=0,
-        mamba_n_heads=4,
-        mamba_d_head=32,
-        mamba_d_state=16,
-        mamba_n_groups=2,
-        mamba_d_conv=4,
-        mamba_expand=2,
         position_embedding_type="rope",
         layer_types=["mamba", "attention", "mamba", "attention"],
-        embedding_multiplier=4.0,
-        residual_multiplier=0.5,
-        attention_multiplier=0.3,
-        logits_scaling=1.25,
     ),
 )
 HYBRID_ARCHS = ("qwen3_next", "qwen3_5_moe", "granitemoehybrid", "granitemoehybrid_dense")

@@ -112,13 +112,17 @@ bool tc_reasoning_on(int mode, const struct tokenizer *tok, enum tc_syntax syn)
     return tok && tok_token_id(tok, TC_THINK_BEGIN) >= 0 && tok_token_id(tok, TC_THINK_END) >= 0;
 }
 
+static bool is_space(char c);
+
 unsigned tc_think_flags(bool on, const char *prompt)
 {
     if (!on) return 0;
-    const char *open = NULL, *close = NULL;
-    for (const char *p = prompt; p && (p = strstr(p, TC_THINK_BEGIN)); p++) open = p;
-    for (const char *p = prompt; p && (p = strstr(p, TC_THINK_END)); p++) close = p;
-    return TC_THINK | (open && (!close || close < open) ? TC_THINK_OPEN : 0);
+    /* the generation prompt ends in <think> (and spaces): a <think> in a message's text is not
+     * an open reasoning */
+    size_t n = prompt ? strlen(prompt) : 0, bl = strlen(TC_THINK_BEGIN);
+    while (n > 0 && is_space(prompt[n - 1])) n--;
+    bool open = n >= bl && memcmp(prompt + n - bl, TC_THINK_BEGIN, bl) == 0;
+    return TC_THINK | (open ? TC_THINK_OPEN : 0);
 }
 
 bool tc_markers_special(enum tc_syntax syn, const struct tokenizer *tok)

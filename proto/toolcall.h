@@ -99,8 +99,8 @@ int tc_reasoning_parse(const char *name, int *mode);
 /* Whether chats on this model have their <think> reasoning split off: mode 1, or auto and the
  * tokenizer has <think> and </think> tokens; never for harmony (its channels say it). */
 bool tc_reasoning_on(int mode, const struct tokenizer *tok, enum tc_syntax syn);
-/* The TC_THINK flags for one chat: 0 when off; TC_THINK_OPEN when the rendered prompt's last
- * <think> is not closed after it (the template opened the reasoning for the model). */
+/* The TC_THINK flags for one chat: 0 when off; TC_THINK_OPEN when the rendered prompt ends in
+ * <think> and spaces (the template opened the reasoning for the model). */
 unsigned tc_think_flags(bool on, const char *prompt);
 
 /* Splits a whole output into its content (the text outside well-formed calls, the syntax's

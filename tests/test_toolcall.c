@@ -547,6 +547,9 @@ static void test_think(void)
     CHECK(tc_think_flags(true, "<|im_start|>assistant\n<think>\n\n</think>\n\n") == T);
     CHECK(tc_think_flags(true, "<think>a</think> q <think>\n") == O);
     CHECK(tc_think_flags(true, "plain") == T);
+    CHECK(tc_think_flags(true, "user: what does <think> do?\nassistant:") == T);
+    CHECK(tc_think_flags(true, "<|assistant|><think>") == O);
+    CHECK(tc_think_flags(true, "<|assistant|></think>") == T);
     int mode = 7;
     CHECK(tc_reasoning_parse(NULL, &mode) == 0 && mode == -1);
     CHECK(tc_reasoning_parse("none", &mode) == 0 && mode == 0);

@@ -47,7 +47,7 @@ struct device {
     bool *owned_is_weight;
     int n_owned, cap_owned;
     float *cos_sin;             /* the engine's RoPE table in backend memory */
-    float **kv_k, **kv_v;       /* (n_layer) this device's KV storage: the engine's kv.k/kv.v,
+    struct be_kv *kvl;          /* (n_layer) this device's KV storage: the engine's kv.layer,
                                    or its own copy of the pool layout when sticky */
     bool own_kv;
 
@@ -66,7 +66,6 @@ struct device {
                           (T, n_head, kv_lora_rank) */
     float *qlat;       /* MLA: absorbed queries (T, n_head, kv_lora_rank + qk_rope_dim) */
     float *tmp;        /* (T, d_model) */
-    float *scores;     /* (max_model_len) attention scratch */
     int32_t *in;       /* (4T) this step's ids, positions, expert budgets, sequences: */
     int32_t *ids;      /* (n_tok) within `in` */
     int32_t *pos;      /* (n_tok) */
@@ -182,6 +181,53 @@ struct engine {
     size_t state_seq_bytes; /* one sequence's state over all layers */
 };
 
+static const struct {
+    const char *name;
+    int type;
+} kv_type_names[] = {
+    {"auto", ENGINE_KV_AUTO},       {"bfloat16", BE_KV_BF16},       {"float16", BE_KV_F16},
+    {"fp8_e4m3", BE_KV_FP8_E4M3},   {"fp8_e5m2", BE_KV_FP8_E5M2},   {"int8", BE_KV_INT8},
+    {"float32", BE_KV_F32},         {"bf16", BE_KV_BF16},           {"f16", BE_KV_F16},
+    {"half", BE_KV_F16},            {"fp8", BE_KV_FP8_E4M3},        {"f32", BE_KV_F32},
+    {"float", BE_KV_F32},
+};
+
+int engine_kv_type_parse(const char *name, int *out)
+{
+    for (size_t i = 0; i < sizeof kv_type_names / sizeof kv_type_names[0]; i++)
+        if (strcmp(name, kv_type_names[i].name) == 0) {
+            *out = kv_type_names[i].type;
+            return 0;
+        }
+    return -1;
+}
+
+const char *engine_kv_type_name(int kv_type)
+{
+    for (size_t i = 0; i < sizeof kv_type_names / sizeof kv_type_names[0]; i++)
+        if (kv_type_names[i].type == kv_type) return kv_type_names[i].name; /* the first: canonical */
+    return "?";
+}
+
+int engine_kv_geom(const struct model *m, int kv_type, struct kv_geom *out)
+{
+    const struct model_desc *md = &m->desc;
+    if (kv_type == ENGINE_KV_AUTO) kv_type = model_computes_bf16(m) ? BE_KV_BF16 : BE_KV_F32;
+    if (kv_type < 0 || kv_type >= BE_KV_N_TYPES) return -1;
+    memset(out, 0, sizeof *out);
+    out->type = (enum be_kv_type)kv_type;
+    model_kv_rows(md, &out->k_row, &out->v_row);
+    /* int8 scales: one per KV head's key and value; MLA's one row (latent + rope key) */
+    out->k_grp = md->attn == ATTN_KIND_MLA ? out->k_row : md->head_dim;
+    out->v_grp = md->attn == ATTN_KIND_MLA ? 0 : md->head_dim;
+    return 0;
+}
+
+size_t engine_kv_bytes_per_token(const struct engine *e)
+{
+    return (size_t)e->kv.n_kv_layers * kv_geom_token_bytes(&e->kv.geom);
+}
+
 int engine_backend_parse(const char *name, enum engine_backend *out)
 {
     if (strcmp(name, "cpu") == 0) {
@@ -219,6 +265,7 @@ void engine_params_default(struct engine_params *p)
     p->max_model_len = 0;
     p->kv_block_size = 16;
     p->kv_cache_bytes = 0;
+    p->kv_type = ENGINE_KV_AUTO;
     p->placement = NULL;
 }
 
@@ -283,22 +330,13 @@ static void attention_layer(struct device *dv, int l)
     /* Every sequence of the slice in one call: each token names its sequence's block table. */
     struct be_tokens tk = {.tables = dv->blocks, .table_stride = e->blocks_per_seq,
                            .seq = dv->tok_seq, .pos = dv->pos};
-    be->ops->kv_write(be, dv->kv_k[l], dv->kv_v[l], dv->k, dv->v, &tk, e->kv.block_size, n,
-                      kvdim);
-    if (lw->sinks || md->layer_window || md->layer_chunk) {
-        /* gpt-oss: a sink logit per head, this layer's own window; Llama 4: its chunks */
-        struct be_attn a = {.n_head = md->n_head, .n_kv_head = md->n_kv_head, .k_dim = hd,
-                            .v_dim = hd, .k_row = kvdim, .v_row = kvdim,
-                            .window = model_layer_window(md, l), .scale = e->attn_scale,
-                            .sinks = lw->sinks,
-                            .chunk = md->layer_chunk ? md->layer_chunk[l] : 0};
-        be->ops->attention_ex(be, dv->att, dv->q, dv->kv_k[l], dv->kv_v[l], &tk,
-                              e->kv.block_size, n, &a, dv->scores);
-    } else {
-        be->ops->attention(be, dv->att, dv->q, dv->kv_k[l], dv->kv_v[l], &tk, e->kv.block_size,
-                           n, md->n_head, md->n_kv_head, hd, md->sliding_window, e->attn_scale,
-                           dv->scores);
-    }
+    be->ops->kv_write(be, &dv->kvl[l], dv->k, dv->v, &tk, e->kv.block_size, n, kvdim);
+    /* gpt-oss: a sink logit per head, this layer's own window; Llama 4: its chunks */
+    struct be_attn a = {.n_head = md->n_head, .n_kv_head = md->n_kv_head, .k_dim = hd,
+                        .v_dim = hd, .k_row = kvdim, .v_row = kvdim,
+                        .window = model_layer_window(md, l), .scale = e->attn_scale,
+                        .sinks = lw->sinks, .chunk = md->layer_chunk ? md->layer_chunk[l] : 0};
+    be->ops->attention(be, dv->att, dv->q, &dv->kvl[l], &tk, e->kv.block_size, n, &a);
     if (md->attn_out_gate) be->ops->mul_sigmoid(be, dv->att, dv->gate, n, qdim);
     be->ops->matmul(be, dv->tmp, dv->att, lw->wo, lw->bo, n, qdim, d);
     residual_add(dv, n, d);
@@ -337,7 +375,7 @@ static void mla_attention_layer(struct device *dv, int l)
                      dv->cos_sin);
     struct be_tokens tk = {.tables = dv->blocks, .table_stride = e->blocks_per_seq,
                            .seq = dv->tok_seq, .pos = dv->pos};
-    be->ops->kv_write(be, dv->kv_k[l], NULL, ckv, NULL, &tk, e->kv.block_size, n, lat);
+    be->ops->kv_write(be, &dv->kvl[l], ckv, NULL, &tk, e->kv.block_size, n, lat);
 
     /* Absorbed queries. */
     be->ops->rope_ex(be, dv->qlat + kvr, lat, dv->q + dn, qk, dv->pos, n, H, dr,
@@ -349,8 +387,7 @@ static void mla_attention_layer(struct device *dv, int l)
     }
     struct be_attn a = {.n_head = H, .n_kv_head = 1, .k_dim = lat, .v_dim = kvr, .k_row = lat,
                         .v_row = lat, .window = md->sliding_window, .scale = e->attn_scale};
-    be->ops->attention_ex(be, dv->att, dv->qlat, dv->kv_k[l], dv->kv_k[l], &tk, e->kv.block_size,
-                          n, &a, dv->scores);
+    be->ops->attention(be, dv->att, dv->qlat, &dv->kvl[l], &tk, e->kv.block_size, n, &a);
     for (int h = 0; h < H; h++) {
         struct wmat uv = wmat_rows(lw->wkv_b, h * (dn + dvh) + dn, dvh); /* (dvh, kvr) */
         be->ops->matmul_ld(be, vout + (size_t)h * dvh, H * dvh, dv->att + (size_t)h * kvr, H * kvr,
@@ -1076,7 +1113,6 @@ static int device_init(struct engine *e, struct device *dv, int rank, int thread
     dv->qlat = qlat ? dev_alloc(dv, T * qlat * sizeof(float), &ok) : NULL;
     if (device_hybrid(e, dv) != 0)
         return ms_errf(err, errlen, "out of memory for device %d hybrid-layer buffers", rank);
-    dv->scores = dev_alloc(dv, (size_t)e->p.max_model_len * sizeof(float), &ok);
     dv->in = dev_alloc(dv, 4 * T * sizeof(int32_t), &ok);
     size_t bt = (size_t)e->p.max_seqs * (size_t)e->blocks_per_seq;
     dv->blocks = dev_alloc(dv, bt * sizeof(int32_t), &ok);
@@ -1119,7 +1155,12 @@ static int device_init(struct engine *e, struct device *dv, int rank, int thread
                             .max_experts = max_int(md->n_expert, 1),
                             .max_ctx = e->p.max_model_len,
                             .max_heads = md->attn == ATTN_KIND_MLA ? md->n_head
-                                                                  : md->n_head / md->n_kv_head};
+                                                                  : md->n_head / md->n_kv_head,
+                            .max_k_dim = md->attn == ATTN_KIND_MLA
+                                             ? md->kv_lora_rank + md->qk_rope_dim
+                                             : md->head_dim,
+                            .max_v_dim = md->attn == ATTN_KIND_MLA ? md->kv_lora_rank
+                                                                   : md->head_dim};
     if (logit_in > rs.max_elems) rs.max_elems = logit_in;
     if (md->ffn == FFN_KIND_CONTINUOUS) { /* the key product: T * max_samples rows of Z */
         int z_rows = (int)T * md->cont_max_samples;
@@ -1142,7 +1183,7 @@ static void device_release(struct device *dv)
     if (!dv->be) return;
     struct backend *be = dv->be;
     void *bufs[] = {dv->x,  dv->h,      dv->tmp, dv->q,     dv->att,
-                    dv->k,  dv->v,      dv->scores, dv->in, dv->blocks, dv->logits,
+                    dv->k,  dv->v,      dv->in, dv->blocks, dv->logits,
                     dv->lrows, dv->qlat, dv->qg, dv->gate, dv->lin_raw, dv->lin_raw_ba,
                     dv->lin_qkv, dv->lin_z, dv->lin_b, dv->lin_a, dv->lin_out, dv->ones,
                     dv->tscale};
@@ -1160,12 +1201,8 @@ static void device_release(struct device *dv)
             be->ops->free(be, (void *)dv->owned[i]);
     }
     if (dv->own_kv) {
-        for (int l = 0; l < dv->e->m->desc.n_layer; l++) {
-            if (dv->kv_k && dv->kv_k[l]) be->ops->free(be, dv->kv_k[l]);
-            if (dv->kv_v && dv->kv_v[l]) be->ops->free(be, dv->kv_v[l]);
-        }
-        free(dv->kv_k);
-        free(dv->kv_v);
+        for (int l = 0; dv->kvl && l < dv->e->m->desc.n_layer; l++) kv_layer_free(be, &dv->kvl[l]);
+        free(dv->kvl);
     }
     if (dv->own_state) {
         for (int l = 0; l < dv->e->m->desc.n_layer; l++) {
@@ -1198,10 +1235,6 @@ static void device_release(struct device *dv)
 static int device_kv(struct engine *e, char *err, size_t errlen)
 {
     const struct model_desc *md = &e->m->desc;
-    size_t k_layer = (size_t)e->kv.n_blocks * (size_t)e->kv.block_size * (size_t)e->kv.k_row *
-                     sizeof(float);
-    size_t v_layer = (size_t)e->kv.n_blocks * (size_t)e->kv.block_size * (size_t)e->kv.v_row *
-                     sizeof(float);
     if (e->sticky) {
         e->block_dev = malloc(sizeof(int32_t) * (size_t)e->kv.n_blocks);
         e->dev_seqs = calloc((size_t)e->n_dev, sizeof(int));
@@ -1215,23 +1248,22 @@ static int device_kv(struct engine *e, char *err, size_t errlen)
         struct device *dv = &e->dev[r];
         if (e->remote && r != e->self) continue; /* another process's */
         if (r == e->self || !e->sticky) {
-            dv->kv_k = e->kv.k;
-            dv->kv_v = e->kv.v;
+            dv->kvl = e->kv.layer;
             continue;
         }
         dv->own_kv = true;
-        dv->kv_k = calloc((size_t)md->n_layer, sizeof *dv->kv_k);
-        dv->kv_v = calloc((size_t)md->n_layer, sizeof *dv->kv_v);
-        if (!dv->kv_k || !dv->kv_v)
-            return ms_errf(err, errlen, "out of memory for device %d's KV tables", r);
+        dv->kvl = calloc((size_t)md->n_layer, sizeof *dv->kvl);
+        if (!dv->kvl) return ms_errf(err, errlen, "out of memory for device %d's KV tables", r);
         for (int l = 0; l < md->n_layer; l++) {
             if (md->layer_linear && md->layer_linear[l]) continue; /* no K/V: state instead */
-            dv->kv_k[l] = dv->be->ops->alloc(dv->be, k_layer);
-            dv->kv_v[l] = v_layer ? dv->be->ops->alloc(dv->be, v_layer) : NULL;
-            if (!dv->kv_k[l] || (v_layer && !dv->kv_v[l]))
+            if (kv_layer_alloc(dv->be, &e->kv.geom, e->kv.n_blocks, e->kv.block_size,
+                               &dv->kvl[l]) != 0)
                 return ms_errf(err, errlen, "out of memory for device %d's KV cache (%zu bytes "
                                             "a layer)",
-                               r, k_layer + v_layer);
+                               r, kv_geom_token_bytes(&e->kv.geom) * e->kv.n_blocks *
+                                      e->kv.block_size);
+            dv->kvl[l].k_scale = e->kv.layer[l].k_scale;
+            dv->kvl[l].v_scale = e->kv.layer[l].v_scale;
         }
     }
     return 0;
@@ -1615,10 +1647,13 @@ int engine_create(const struct model *m, const struct engine_params *p, struct e
         goto fail;
     }
 
-    int k_row, v_row;
-    model_kv_rows(md, &k_row, &v_row);
-    size_t block_bytes = kv_block_bytes_rows(md->n_layer - md->n_linear, k_row, v_row,
-                                             e->p.kv_block_size);
+    struct kv_geom geom;
+    if (engine_kv_geom(e->m, e->p.kv_type, &geom) != 0) {
+        ms_errf(err, errlen, "unknown KV cache type %d", e->p.kv_type);
+        goto fail;
+    }
+    size_t block_bytes = (size_t)(md->n_layer - md->n_linear) * (size_t)e->p.kv_block_size *
+                         kv_geom_token_bytes(&geom);
     size_t blocks_per_seq = (size_t)(e->p.max_model_len + e->p.kv_block_size - 1) /
                             (size_t)e->p.kv_block_size;
     e->blocks_per_seq = (int)blocks_per_seq;
@@ -1647,7 +1682,7 @@ int engine_create(const struct model *m, const struct engine_params *p, struct e
                 e->p.kv_cache_bytes, n_blocks, block_bytes);
         goto fail;
     }
-    if (kv_create_layers(&e->kv, e->dev[e->self].be, md->n_layer, md->layer_linear, k_row, v_row,
+    if (kv_create_layers(&e->kv, e->dev[e->self].be, md->n_layer, md->layer_linear, &geom,
                          e->p.kv_block_size, (int)n_blocks, err, errlen) != 0)
         goto fail;
     if (device_kv(e, err, errlen) != 0) goto fail;
@@ -1691,7 +1726,7 @@ void engine_free(struct engine *e)
     free(e->plan);
     free(e->report);
     free(e->w_kv);
-    if (e->kv.k) kv_destroy(&e->kv);
+    if (e->kv.layer) kv_destroy(&e->kv);
     if (e->st_conv && e->dev && e->dev[e->self].be) {
         struct backend *be = e->dev[e->self].be;
         for (int l = 0; l < e->m->desc.n_layer; l++) {

@@ -45,6 +45,14 @@ const char *engine_backend_name(enum engine_backend b);
 /* Whether this build has the CUDA backend. */
 bool engine_has_cuda(void);
 
+/* KV cache types by name (--kv-cache-dtype): "auto", "bfloat16", "float16", "fp8_e4m3" ("fp8"),
+ * "fp8_e5m2", "int8", "float32" (also "bf16", "f16", "half", "f32", "float"). 0, or -1 for
+ * another name. ENGINE_KV_AUTO resolves at engine_create. */
+#define ENGINE_KV_AUTO (-1)
+#define ENGINE_KV_TYPE_NAMES "auto, bfloat16, float16, fp8_e4m3, fp8_e5m2, int8, float32"
+int engine_kv_type_parse(const char *name, int *out);
+const char *engine_kv_type_name(int kv_type);
+
 enum engine_rstats {
     ENGINE_RSTATS_OFF = 0,
     ENGINE_RSTATS_LOAD = 1, /* routed tokens and FLOPs per expert */
@@ -61,6 +69,9 @@ struct engine_params {
     int max_model_len;      /* positions per sequence; 0 = min(max_position_embeddings, 4096) */
     int kv_block_size;      /* tokens per KV block */
     size_t kv_cache_bytes;  /* memory for KV blocks; 0 = enough for max_seqs full sequences */
+    int kv_type;            /* what the KV cache stores: an enum be_kv_type (kernels/kv_types.h),
+                               or ENGINE_KV_AUTO: the model's compute type (bf16 when it
+                               computes in bf16, else f32) */
     /* Continuous-experts models (infmoe): the budget of sequences that ask for none (0 = the
      * model's num_samples / neuron_fraction); the caller keeps them within the model's
      * bounds (the engine clamps). Ignored for other models. */
@@ -178,6 +189,12 @@ const struct model *engine_model(const struct engine *e);
 size_t engine_state_seq_bytes(const struct engine *e);
 const struct engine_params *engine_get_params(const struct engine *e);
 struct kv_cache *engine_kv(struct engine *e);
+/* The KV geometry the engine uses for model m with kv_type (ENGINE_KV_AUTO resolved): 0, or -1
+ * for an unknown type. */
+int engine_kv_geom(const struct model *m, int kv_type, struct kv_geom *out);
+/* Bytes one token's K/V take in the engine's cache, over every layer with K/V (int8's scales
+ * included). */
+size_t engine_kv_bytes_per_token(const struct engine *e);
 const struct engine_stats *engine_get_stats(const struct engine *e);
 /* Benchmarks: synchronize around every MoE layer and time it into stats.moe_s (slows steps). */
 void engine_set_profile(struct engine *e, bool on);

@@ -18,6 +18,48 @@ size_t kv_block_bytes_rows(int n_layer, int k_row, int v_row, int block_size)
     return (size_t)n_layer * block_size * ((size_t)k_row + (size_t)v_row) * sizeof(float);
 }
 
+size_t kv_geom_token_bytes(const struct kv_geom *g)
+{
+    return kv_type_row_bytes(g->type, g->k_row, g->k_grp) +
+           kv_type_row_bytes(g->type, g->v_row, g->v_grp);
+}
+
+void kv_layer_free(struct backend *be, struct be_kv *l)
+{
+    if (l->k) be->ops->free(be, l->k);
+    if (l->v && l->v != l->k) be->ops->free(be, l->v);
+    if (l->k_sc) be->ops->free(be, l->k_sc);
+    if (l->v_sc && l->v_sc != l->k_sc) be->ops->free(be, l->v_sc);
+    memset(l, 0, sizeof *l);
+}
+
+int kv_layer_alloc(struct backend *be, const struct kv_geom *g, int n_blocks, int block_size,
+                   struct be_kv *out)
+{
+    memset(out, 0, sizeof *out);
+    size_t tokens = (size_t)n_blocks * (size_t)block_size, es = (size_t)kv_type_size(g->type);
+    out->type = g->type;
+    out->k_scale = out->v_scale = 1.0f;
+    out->k_grp = g->k_grp;
+    out->v_grp = g->v_row > 0 ? g->v_grp : g->k_grp;
+    bool int8 = g->type == BE_KV_INT8;
+    out->k = be->ops->alloc(be, tokens * (size_t)g->k_row * es);
+    if (int8) out->k_sc = be->ops->alloc(be, tokens * (size_t)(g->k_row / g->k_grp) * sizeof(float));
+    if (g->v_row > 0) {
+        out->v = be->ops->alloc(be, tokens * (size_t)g->v_row * es);
+        if (int8)
+            out->v_sc = be->ops->alloc(be, tokens * (size_t)(g->v_row / g->v_grp) * sizeof(float));
+    } else { /* MLA: the value is read from the key row */
+        out->v = out->k;
+        out->v_sc = out->k_sc;
+    }
+    if (!out->k || !out->v || (int8 && (!out->k_sc || !out->v_sc))) {
+        kv_layer_free(be, out);
+        return -1;
+    }
+    return 0;
+}
+
 int kv_create(struct kv_cache *kv, struct backend *be, int n_layer, int n_kv_head, int head_dim,
               int block_size, int n_blocks, char *err, size_t errlen)
 {
@@ -32,21 +74,25 @@ int kv_create(struct kv_cache *kv, struct backend *be, int n_layer, int n_kv_hea
 int kv_create_rows(struct kv_cache *kv, struct backend *be, int n_layer, int k_row, int v_row,
                    int block_size, int n_blocks, char *err, size_t errlen)
 {
-    return kv_create_layers(kv, be, n_layer, NULL, k_row, v_row, block_size, n_blocks, err,
-                            errlen);
+    struct kv_geom g = {.type = BE_KV_F32, .k_row = k_row, .v_row = v_row, .k_grp = k_row,
+                        .v_grp = v_row};
+    return kv_create_layers(kv, be, n_layer, NULL, &g, block_size, n_blocks, err, errlen);
 }
 
 int kv_create_layers(struct kv_cache *kv, struct backend *be, int n_layer, const bool *no_kv,
-                     int k_row, int v_row, int block_size, int n_blocks, char *err,
+                     const struct kv_geom *g, int block_size, int n_blocks, char *err,
                      size_t errlen)
 {
     memset(kv, 0, sizeof *kv);
-    if (n_blocks < 1 || block_size < 1 || n_blocks > (1 << 30))
+    if (n_blocks < 1 || block_size < 1 || n_blocks > (1 << 30) || g->k_row < 1 ||
+        g->v_row < 0 || (g->type == BE_KV_INT8 && (g->k_grp < 1 || g->k_row % g->k_grp ||
+                                                  (g->v_row && (g->v_grp < 1 || g->v_row % g->v_grp)))))
         return ms_errf(err, errlen, "KV cache: bad geometry (%d blocks of %d tokens)", n_blocks,
                        block_size);
     kv->n_layer = n_layer;
-    kv->k_row = k_row;
-    kv->v_row = v_row;
+    kv->k_row = g->k_row;
+    kv->v_row = g->v_row;
+    kv->geom = *g;
     kv->block_size = block_size;
     kv->n_blocks = n_blocks;
     kv->be = be;
@@ -55,10 +101,7 @@ int kv_create_layers(struct kv_cache *kv, struct backend *be, int n_layer, const
     while (n_buckets < (uint32_t)n_blocks) n_buckets <<= 1;
     kv->bucket_mask = n_buckets - 1;
     size_t nb = (size_t)n_blocks;
-    size_t k_layer = nb * block_size * (size_t)k_row * sizeof(float);
-    size_t v_layer = nb * block_size * (size_t)v_row * sizeof(float);
-    kv->k = calloc((size_t)n_layer, sizeof *kv->k);
-    kv->v = calloc((size_t)n_layer, sizeof *kv->v);
+    kv->layer = calloc((size_t)n_layer, sizeof *kv->layer);
     kv->free_list = malloc(sizeof(int32_t) * nb);
     kv->refcount = calloc(nb, sizeof(int32_t));
     kv->hash = calloc(nb, sizeof *kv->hash);
@@ -72,16 +115,14 @@ int kv_create_layers(struct kv_cache *kv, struct backend *be, int n_layer, const
     kv->hnext = malloc(sizeof(int32_t) * nb);
     kv->lru_prev = malloc(sizeof(int32_t) * nb);
     kv->lru_next = malloc(sizeof(int32_t) * nb);
-    if (!kv->k || !kv->v || !kv->free_list || !kv->refcount || !kv->hash || !kv->key ||
+    if (!kv->layer || !kv->free_list || !kv->refcount || !kv->hash || !kv->key ||
         !kv->parent || !kv->parent_gen || !kv->gen || !kv->registered || !kv->tokens ||
         !kv->buckets || !kv->hnext || !kv->lru_prev || !kv->lru_next)
         goto oom;
     for (int l = 0; l < n_layer; l++) {
         if (no_kv && no_kv[l]) continue;
         kv->n_kv_layers++;
-        kv->k[l] = be->ops->alloc(be, k_layer);
-        kv->v[l] = v_row > 0 ? be->ops->alloc(be, v_layer) : NULL;
-        if (!kv->k[l] || (v_row > 0 && !kv->v[l])) goto oom;
+        if (kv_layer_alloc(be, g, n_blocks, block_size, &kv->layer[l]) != 0) goto oom;
     }
     for (uint32_t i = 0; i < n_buckets; i++) kv->buckets[i] = -1;
     for (int i = 0; i < n_blocks; i++) {
@@ -96,8 +137,7 @@ oom:
     kv_destroy(kv);
     return ms_errf(err, errlen, "KV cache: cannot allocate %d blocks of %d tokens (%.1f MiB)",
                    n_blocks, block_size,
-                   (double)kv_block_bytes_rows(n_layer, k_row, v_row, block_size) * n_blocks /
-                       (1 << 20));
+                   (double)kv_geom_token_bytes(g) * n_layer * block_size * n_blocks / (1 << 20));
 }
 
 int kv_state_init(struct kv_cache *kv, int n_slots)
@@ -124,14 +164,8 @@ int kv_seq_slot(struct kv_cache *kv, struct kv_seq *s)
 
 void kv_destroy(struct kv_cache *kv)
 {
-    if (kv->k || kv->v) {
-        for (int l = 0; l < kv->n_layer; l++) {
-            if (kv->k && kv->k[l]) kv->be->ops->free(kv->be, kv->k[l]);
-            if (kv->v && kv->v[l]) kv->be->ops->free(kv->be, kv->v[l]);
-        }
-    }
-    free(kv->k);
-    free(kv->v);
+    for (int l = 0; kv->layer && l < kv->n_layer; l++) kv_layer_free(kv->be, &kv->layer[l]);
+    free(kv->layer);
     free(kv->free_list);
     free(kv->refcount);
     free(kv->hash);

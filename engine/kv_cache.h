@@ -27,16 +27,34 @@
 
 #include "backend.h"
 
+/* What one token of one layer stores: K rows of k_row elements and V rows of v_row (MLA: the
+ * latent row, v_row 0), of one type; int8 keeps a scale per group of k_grp / v_grp elements
+ * (a KV head's key or value; MLA's whole row) beside them (kernels/kv_types.h). */
+struct kv_geom {
+    enum be_kv_type type;
+    int k_row, v_row;
+    int k_grp, v_grp;
+};
+
+/* Bytes one token takes in one layer, scales included. */
+size_t kv_geom_token_bytes(const struct kv_geom *g);
+
+/* One layer's storage for n_blocks blocks of block_size tokens (struct be_kv, fp8 scales 1; for
+ * v_row 0, v and v_sc alias k and k_sc). 0, or -1 when out of memory (nothing is left
+ * allocated). kv_layer_free releases it (a zeroed layer is a no-op). */
+int kv_layer_alloc(struct backend *be, const struct kv_geom *g, int n_blocks, int block_size,
+                   struct be_kv *out);
+void kv_layer_free(struct backend *be, struct be_kv *l);
+
 struct kv_cache {
     int n_layer;
     int n_kv_head;     /* kv_create only (0 after kv_create_rows) */
     int head_dim;
-    int k_row, v_row;  /* floats per token and layer in k and v (MLA: the latent row, v_row 0) */
+    int k_row, v_row;  /* elements per token and layer in k and v (MLA: the latent row, v_row 0) */
+    struct kv_geom geom;
     int block_size;
     int n_blocks;
-    float **k;         /* (n_layer) -> (n_blocks, block_size, n_kv_head, head_dim) */
-    float **v;         /* (n_layer) -> (n_blocks, block_size, v_row); NULL entries when
-                          v_row is 0 */
+    struct be_kv *layer; /* (n_layer) each layer's storage; zeroed for layers without K/V */
     int32_t *free_list;/* (n_blocks) stack of free (unregistered, unreferenced) block ids */
     int n_free;
     int32_t *refcount; /* (n_blocks) */
@@ -83,18 +101,19 @@ struct kv_seq {
     int state_pos;   /* positions [0, state_pos) are folded into the slot's state */
 };
 
+/* An f32 cache of n_kv_head heads of head_dim per layer. */
 int kv_create(struct kv_cache *kv, struct backend *be, int n_layer, int n_kv_head, int head_dim,
               int block_size, int n_blocks, char *err, size_t errlen);
 void kv_destroy(struct kv_cache *kv);
 
-/* A cache whose tokens hold k_row floats of keys and v_row of values per layer (v_row may be 0:
- * MLA caches one latent row per token and no values). */
+/* An f32 cache whose tokens hold k_row floats of keys and v_row of values per layer (v_row may
+ * be 0: MLA caches one latent row per token and no values). */
 int kv_create_rows(struct kv_cache *kv, struct backend *be, int n_layer, int k_row, int v_row,
                    int block_size, int n_blocks, char *err, size_t errlen);
 
-/* As kv_create_rows, without storage for the layers where no_kv[l] (may be NULL: none). */
+/* A cache of geometry *g, without storage for the layers where no_kv[l] (may be NULL: none). */
 int kv_create_layers(struct kv_cache *kv, struct backend *be, int n_layer, const bool *no_kv,
-                     int k_row, int v_row, int block_size, int n_blocks, char *err,
+                     const struct kv_geom *g, int block_size, int n_blocks, char *err,
                      size_t errlen);
 
 /* n_slots recurrent-state slots (0: none). 0, or -1 when out of memory. */
@@ -103,7 +122,7 @@ int kv_state_init(struct kv_cache *kv, int n_slots);
  * every slot is held. */
 int kv_seq_slot(struct kv_cache *kv, struct kv_seq *s);
 
-/* Bytes of one block across all layers (K and V). */
+/* Bytes of one f32 block across all layers (K and V). */
 size_t kv_block_bytes(int n_layer, int n_kv_head, int head_dim, int block_size);
 size_t kv_block_bytes_rows(int n_layer, int k_row, int v_row, int block_size);
 

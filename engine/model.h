@@ -427,7 +427,7 @@ static inline int model_layer_window(const struct model_desc *md, int l)
     return md->layer_window ? md->layer_window[l] : md->sliding_window;
 }
 
-/* Floats one token stores per layer in the KV cache: keys k_row and values v_row
+/* Elements one token stores per layer in the KV cache: keys k_row and values v_row
  * (n_kv_head * head_dim each; MLA: the latent and rope key, kv_lora_rank + qk_rope_dim, and no
  * values). */
 void model_kv_rows(const struct model_desc *md, int *k_row, int *v_row);

@@ -695,11 +695,13 @@ static void add_item(struct sched *s, int *n_items, struct rows *rw, struct sche
     (*n_items)++;
 }
 
-/* Namespace of r's cached blocks: K/V depend on the expert budget, not only on the tokens;
- * a cache_salt (vLLM's) keeps a client's prefixes apart from everyone else's. */
-static uint64_t cache_key(const struct sched_req *r)
+/* Namespace of r's cached blocks: K/V depend on the cache's stored type and the expert budget,
+ * not only on the tokens; a cache_salt (vLLM's) keeps a client's prefixes apart from everyone
+ * else's. */
+static uint64_t cache_key(const struct sched *s, const struct sched_req *r)
 {
     uint64_t k = r->p.moe_top_k > 0 ? (uint64_t)r->p.moe_top_k : 0;
+    k ^= (uint64_t)engine_kv(s->e)->geom.type << 56;
     if (r->p.moe_samples > 0 || r->p.moe_neuron_fraction > 0 || r->p.moe_samples_adaptive) {
         /* the continuous-experts budget: samples and the fraction's bits, mixed in */
         uint64_t fb;
@@ -721,7 +723,7 @@ static int take_cached_prefix(struct sched *s, struct sched_req *r)
      * first token whose logprob is still missing. */
     if (prompt_lps_pending(r) && max_blocks > (r->out.n_prompt_lps - 1) / kv->block_size)
         max_blocks = (r->out.n_prompt_lps - 1) / kv->block_size;
-    int n = kv_seq_match(kv, &r->kv, cache_key(r), r->tokens, max_blocks);
+    int n = kv_seq_match(kv, &r->kv, cache_key(s, r), r->tokens, max_blocks);
     r->n_computed = n * kv->block_size;
     return r->n_computed;
 }
@@ -882,7 +884,7 @@ int sched_step(struct sched *s)
         r->n_computed += it->n_tokens;
         n_tok += it->n_tokens;
         if (s->prefix_caching)
-            kv_seq_register(engine_kv(s->e), &r->kv, cache_key(r), r->tokens, r->n_computed);
+            kv_seq_register(engine_kv(s->e), &r->kv, cache_key(s, r), r->tokens, r->n_computed);
         if (it->pos < r->n_prompt) n_prompt_tok += (it->pos + it->n_tokens < r->n_prompt
                                                         ? it->n_tokens
                                                         : r->n_prompt - it->pos);
@@ -934,9 +936,12 @@ int sched_submit(struct sched *s, struct sched_req *r, char *err, size_t errlen)
     }
     const struct kv_cache *kv = engine_kv(s->e);
     int blocks = (r->cap + kv->block_size - 1) / kv->block_size;
-    if (blocks > kv->n_blocks) {
-        ms_errf(err, errlen, "the request needs %d KV blocks, the cache has %d", blocks,
-                kv->n_blocks);
+    if (blocks > kv->n_blocks) { /* would wait forever: no amount of retrying helps */
+        ms_errf(err, errlen,
+                "%d prompt tokens plus max_tokens %d need %d KV cache blocks of %d tokens, and the "
+                "whole cache holds %d (%d tokens; see --kv-cache-memory, --kv-cache-dtype)",
+                r->n_prompt, r->p.max_tokens, blocks, kv->block_size, kv->n_blocks,
+                kv->n_blocks * kv->block_size);
         return SCHED_EINVAL;
     }
     for (int i = 0; i < r->n_prompt; i++)

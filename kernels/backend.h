@@ -21,6 +21,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kv_types.h"
 #include "weights.h"
 
 struct backend;
@@ -86,13 +87,16 @@ struct be_reserve {
     int max_experts;
     int max_ctx;
     int max_heads;   /* query heads sharing one KV head (MLA: all heads); 0 = up to 64 */
+    int max_k_dim;   /* the widest attention key and value (per KV head; MLA: the latent row
+                        and the latent), for attention's tiles; 0 = 256 */
+    int max_v_dim;
 };
 
-/* Geometry of one attention_ex call. Query head h reads KV head h / (n_head / n_kv_head), whose
- * key is k_dim floats at offset kvh * k_dim of a k_cache row (k_row floats per token) and whose
- * value is v_dim floats at offset kvh * v_dim of a v_cache row (v_row floats). MLA passes one
+/* Geometry of one attention call. Query head h reads KV head h / (n_head / n_kv_head), whose
+ * key is k_dim elements at offset kvh * k_dim of a K row (k_row elements per token) and whose
+ * value is v_dim elements at offset kvh * v_dim of a V row (v_row elements). MLA passes one
  * KV head whose key is the cached [latent, rope key] row and whose value is the latent part of
- * the same row (v_cache == k_cache). */
+ * the same row (struct be_kv's v == k). */
 struct be_attn {
     int n_head, n_kv_head;
     int k_dim, v_dim;
@@ -103,6 +107,19 @@ struct be_attn {
                             or NULL */
     int chunk;           /* > 0: chunked local attention (Llama 4): a position attends only to
                             the positions of its own chunk, [pos - pos % chunk, pos] */
+};
+
+/* One layer's paged K/V storage in backend memory, in its stored type (kv_types.h): K rows
+ * of k_row elements and V rows of v_row (struct be_attn) per (block, slot). */
+struct be_kv {
+    enum be_kv_type type;
+    void *k, *v;            /* (n_blocks, block_size, k_row) and (.., v_row) elements; MLA:
+                               v == k (the value is the latent part of the key row) */
+    float *k_sc, *v_sc;     /* BE_KV_INT8: (n_blocks, block_size, k_row / k_grp) a scale per
+                               group of a row (and the same for v); NULL for other types */
+    int k_grp, v_grp;       /* BE_KV_INT8: elements per scale: a KV head's key or value (MLA:
+                               the whole row) */
+    float k_scale, v_scale; /* FP8: value = stored * scale (1 uncalibrated) */
 };
 
 /* The tokens of a paged-attention call (HOST struct of backend pointers): token i belongs to the
@@ -257,20 +274,18 @@ struct backend_ops {
                        float *hbuf, int32_t *iscratch);
 
     /* Paged causal attention for n tokens (of one or several sequences; see be_tokens) whose
-     * keys/values for positions [0, pos] are already in the cache.
-     * q (n, n_head, head_dim) -> out (n, n_head, head_dim).
-     * k_cache/v_cache: (n_blocks, block_size, n_kv_head, head_dim) for this layer.
-     * window > 0 limits attention to the last `window` positions (sliding window).
-     * scratch: at least (max position + 1) floats (backends with several threads use their
-     * own, from reserve). */
-    void (*attention)(struct backend *be, float *out, const float *q, const float *k_cache,
-                      const float *v_cache, const struct be_tokens *tk, int block_size, int n,
-                      int n_head, int n_kv_head, int head_dim, int window, float scale,
-                      float *scratch);
-    /* Writes k/v rows (n, row) of n tokens (see be_tokens) at their positions into the cache.
-     * v_cache and v NULL: only k is written (MLA's latent cache has no values). */
-    void (*kv_write)(struct backend *be, float *k_cache, float *v_cache, const float *k,
-                     const float *v, const struct be_tokens *tk, int block_size, int n, int row);
+     * keys/values for positions [0, pos] are already in the layer's cache *kv (HOST struct of
+     * backend pointers), with the geometry of *a (HOST struct; sinks backend memory):
+     * q (n, n_head, k_dim) -> out (n, n_head, v_dim). Each output depends only on its own query
+     * and the cache, never on the other tokens of the call or on how the work is split. */
+    void (*attention)(struct backend *be, float *out, const float *q, const struct be_kv *kv,
+                      const struct be_tokens *tk, int block_size, int n,
+                      const struct be_attn *a);
+    /* Writes k/v rows (n, row) of n tokens (see be_tokens) at their positions into the layer's
+     * cache, converted to its type. v NULL: only k is written (MLA's latent cache has no
+     * values). */
+    void (*kv_write)(struct backend *be, const struct be_kv *kv, const float *k, const float *v,
+                     const struct be_tokens *tk, int block_size, int n, int row);
 
     /* Ops for models whose tensors are read in parts (MLA, gpt-oss). */
     /* y (n, m) = x (n, k) . w (m, k)^T with rows of x ldx floats apart and of y ldy apart
@@ -288,12 +303,6 @@ struct backend_ops {
     void (*rope_ex)(struct backend *be, float *y, int y_stride, const float *x, int x_stride,
                     const int32_t *pos, int n, int n_head, int rot_dim, int interleave,
                     const float *cos_sin);
-    /* attention with the geometry of *a (HOST struct; sinks backend memory):
-     * q (n, n_head, k_dim) -> out (n, n_head, v_dim). scratch as for attention. */
-    void (*attention_ex)(struct backend *be, float *out, const float *q, const float *k_cache,
-                         const float *v_cache, const struct be_tokens *tk, int block_size, int n,
-                         const struct be_attn *a, float *scratch);
-
     /* Host work of the engine (per-token loops on host data, e.g. infmoe's slice selection)
      * spread over the backend's own threads: fn(ctx, task, worker) for every task <
      * n_tasks, worker < host_workers(be) (for per-worker scratch), returning when all are

@@ -37,6 +37,9 @@ static void generate_usage(FILE *f)
             "      --dtype D            auto (the checkpoint's dtype), bfloat16 or float32\n"
             "                           (default auto)\n"
             "      --quantization Q     none, int8 or int4 weights, made at load (default none)\n"
+            "      --kv-cache-dtype T   what the KV cache stores: auto (the compute dtype: bf16\n"
+            "                           or f32), bfloat16, float16, fp8_e4m3, fp8_e5m2, int8 or\n"
+            "                           float32 (default auto)\n"
             "      --threads N          CPU threads (default: all online CPUs)\n"
             "      --quantization-cache keep converted/quantized weights in MODEL/.moeserve/ and\n"
             "                           map them from there the next time\n"
@@ -106,6 +109,7 @@ struct gen_opts {
     enum engine_backend backend;
     enum model_dtype dtype;
     enum model_quant quant;
+    int kv_type;
     bool weight_cache;
     int moe_top_k;
     int moe_samples;
@@ -122,7 +126,7 @@ static int parse_args(int argc, char **argv, struct gen_opts *o)
     enum {
         OPT_TEMP = 256, OPT_TOPP, OPT_TOPK, OPT_MINP, OPT_REP, OPT_SEED, OPT_DEV, OPT_MOEK,
         OPT_BATCH, OPT_IGNORE_EOS, OPT_NO_SPECIAL, OPT_DEVICE, OPT_DTYPE, OPT_QUANT, OPT_THREADS,
-        OPT_WCACHE, OPT_MOES, OPT_MOEF, OPT_MOEA,
+        OPT_WCACHE, OPT_MOES, OPT_MOEF, OPT_MOEA, OPT_KVTYPE,
     };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},
@@ -138,6 +142,7 @@ static int parse_args(int argc, char **argv, struct gen_opts *o)
         {"device", required_argument, 0, OPT_DEVICE},
         {"dtype", required_argument, 0, OPT_DTYPE},
         {"quantization", required_argument, 0, OPT_QUANT},
+        {"kv-cache-dtype", required_argument, 0, OPT_KVTYPE},
         {"threads", required_argument, 0, OPT_THREADS},
         {"quantization-cache", no_argument, 0, OPT_WCACHE},
         {"moe-top-k", required_argument, 0, OPT_MOEK},
@@ -155,6 +160,7 @@ static int parse_args(int argc, char **argv, struct gen_opts *o)
     o->devices = 1;
     o->max_batch = 512;
     o->add_special = true;
+    o->kv_type = ENGINE_KV_AUTO;
     smp_params_default(&o->sp);
     o->sp.temperature = 0.0f; /* the CLI is greedy unless asked otherwise */
     optind = 1;
@@ -198,6 +204,14 @@ static int parse_args(int argc, char **argv, struct gen_opts *o)
             if (model_quant_parse(optarg, &o->quant) != 0) {
                 fprintf(stderr, "moeserve generate: --quantization must be none, int8 or int4, "
                                 "got '%s'\n",
+                        optarg);
+                rc = -1;
+            }
+            break;
+        case OPT_KVTYPE:
+            if (engine_kv_type_parse(optarg, &o->kv_type) != 0) {
+                fprintf(stderr, "moeserve generate: --kv-cache-dtype must be one of "
+                                ENGINE_KV_TYPE_NAMES ", got '%s'\n",
                         optarg);
                 rc = -1;
             }
@@ -311,6 +325,7 @@ int cli_generate(int argc, char **argv)
     ep.n_devices = o.devices;
     ep.n_threads = o.threads;
     ep.backend = o.backend;
+    ep.kv_type = o.kv_type;
     ep.max_seqs = 1;
     ep.max_batch_tokens = o.max_batch;
     int need = n_prompt + o.n;
@@ -328,9 +343,11 @@ int cli_generate(int argc, char **argv)
         goto out;
     }
     if (o.backend != ENGINE_BACKEND_CUDA)
-        fprintf(stderr, "cpu kernels: %s (cpu: %s); weights %.1f MB (--dtype %s, --quantization %s)\n",
+        fprintf(stderr, "cpu kernels: %s (cpu: %s); weights %.1f MB (--dtype %s, --quantization %s); "
+                        "KV cache %s, %zu bytes a token\n",
                 backend_cpu_kernels(), backend_cpu_features(), (double)m->weight_bytes / 1e6,
-                model_dtype_name(m->dtype), model_quant_name(m->quant));
+                model_dtype_name(m->dtype), model_quant_name(m->quant),
+                engine_kv_type_name(engine_kv(e)->geom.type), engine_kv_bytes_per_token(e));
     if (engine_seq_init(e, &seq) != 0) goto oom;
     logits = malloc(sizeof(float) * (size_t)md->vocab);
     smp = smp_create(md->vocab, &o.sp);

@@ -643,11 +643,15 @@ char *metrics_render(struct metrics *mt, const struct sched_stats *st, const cha
     bprintf(&b, "moeserve_kv_cache_blocks_cached{%s} %d\n", lab, st->kv_blocks_cached);
     if (mt->e) {
         /* memory per sequence: K/V per token, and hybrid models' recurrent state */
-        const struct model_desc *md = &engine_model(mt->e)->desc;
         family(&b, "moeserve_kv_cache_bytes_per_token", "gauge",
-               "KV cache bytes one token takes over all attention layers.");
+               "KV cache bytes one token takes over all attention layers, in the cache's type "
+               "(int8: with its scales).");
         bprintf(&b, "moeserve_kv_cache_bytes_per_token{%s} %zu\n", lab,
-                model_kv_bytes_per_token(md));
+                engine_kv_bytes_per_token(mt->e));
+        family(&b, "moeserve_kv_cache_dtype_info", "gauge",
+               "The KV cache's stored type (--kv-cache-dtype), as a label; the value is 1.");
+        bprintf(&b, "moeserve_kv_cache_dtype_info{%s,dtype=\"%s\"} 1\n", lab,
+                engine_kv_type_name(engine_kv(mt->e)->geom.type));
         family(&b, "moeserve_state_cache_bytes", "gauge",
                "Memory of the recurrent-state slots of hybrid models (one per --max-num-seqs "
                "sequence on each device; 0 for attention-only models).");

@@ -68,7 +68,7 @@ enum opt_type { OPT_STR, OPT_INT, OPT_BYTES, OPT_BOOL };
 
 struct serve_opts {
     const char *model, *host, *api_key, *served_name, *chat_template, *log_format, *device;
-    const char *dtype, *quantization, *tool_parser, *reasoning_parser;
+    const char *dtype, *quantization, *tool_parser, *reasoning_parser, *kv_dtype;
     long port, max_num_seqs, max_batched, max_model_len, devices, threads, max_waiting, grace_s;
     long keep_alive_s, read_timeout_s;
     long kv_bytes;
@@ -114,7 +114,11 @@ static const struct opt_def opt_defs[] = {
     {"max-model-len", "MOESERVE_MAX_MODEL_LEN", OPT_INT, OFF(max_model_len), 0, 1 << 22,
      "positions per sequence (default: min(model, 4096))"},
     {"kv-cache-memory", "MOESERVE_KV_CACHE_MEMORY", OPT_BYTES, OFF(kv_bytes), 0, 0,
-     "KV cache size, e.g. 512M or 4G (default: room for max-num-seqs full sequences)"},
+     "KV cache size, e.g. 512M or 4G, in bytes of the cache's type (default: room for "
+     "max-num-seqs full sequences)"},
+    {"kv-cache-dtype", "MOESERVE_KV_CACHE_DTYPE", OPT_STR, OFF(kv_dtype), 0, 0,
+     "what the KV cache stores: auto (the compute dtype: bf16 for a bf16 checkpoint, f32 with "
+     "--dtype float32), bfloat16, float16, fp8_e4m3 (fp8), fp8_e5m2, int8 or float32 (auto)"},
     {"device", "MOESERVE_DEVICE", OPT_STR, OFF(device), 0, 0,
      "cpu or cuda (NVIDIA GPU, bf16 weights) (cpu)"},
     {"devices", "MOESERVE_DEVICES", OPT_INT, OFF(devices), 1, 64,
@@ -288,6 +292,7 @@ static int parse_opts(int argc, char **argv, struct serve_opts *o)
     o->devices = 1;
     o->device = "cpu";
     o->dtype = "auto";
+    o->kv_dtype = "auto";
     o->quantization = "none";
     o->log_format = "text";
     o->tool_parser = "auto";
@@ -391,6 +396,13 @@ static int parse_opts(int argc, char **argv, struct serve_opts *o)
     if (model_dtype_parse(o->dtype, &dt) != 0) {
         fprintf(stderr, "moeserve serve: --dtype must be auto, bfloat16 or float32, got '%s'\n",
                 o->dtype);
+        return -1;
+    }
+    int kvt;
+    if (engine_kv_type_parse(o->kv_dtype, &kvt) != 0) {
+        fprintf(stderr, "moeserve serve: --kv-cache-dtype must be one of " ENGINE_KV_TYPE_NAMES
+                        ", got '%s'\n",
+                o->kv_dtype);
         return -1;
     }
     enum model_quant q;
@@ -676,6 +688,7 @@ static void engine_opts(const struct serve_opts *o, struct comm *mc, struct comm
     ep->max_batch_tokens = (int)o->max_batched;
     ep->max_model_len = (int)o->max_model_len;
     ep->kv_cache_bytes = (size_t)o->kv_bytes;
+    engine_kv_type_parse(o->kv_dtype, &ep->kv_type); /* checked by parse_opts */
     ep->moe_samples = (int)o->moe_samples;
     ep->moe_neuron_fraction = o->moe_fraction_v;
     ep->comm = mc;
@@ -972,13 +985,20 @@ int cli_serve(int argc, char **argv)
         slog("error", "%s", err);
         goto out;
     }
+    {
+        const struct kv_cache *kv = engine_kv(e);
+        size_t tok = engine_kv_bytes_per_token(e);
+        slog("info", "KV cache: %s, %zu bytes per token (%d of %d layers attend), %d blocks of %d "
+                     "tokens: %.1f MiB, %zu tokens",
+             engine_kv_type_name(kv->geom.type), tok, kv->n_kv_layers, m->desc.n_layer,
+             kv->n_blocks, kv->block_size,
+             (double)tok * kv->n_blocks * kv->block_size / (1 << 20),
+             (size_t)kv->n_blocks * kv->block_size);
+    }
     if (engine_state_seq_bytes(e) > 0) {
         size_t per = engine_state_seq_bytes(e);
-        slog("info", "recurrent state: %.2f MiB per sequence, %d slots per device (%.1f MiB); KV "
-                     "cache %zu bytes per token (%d of %d layers attend)",
-             (double)per / (1 << 20), ep.max_seqs, (double)per * ep.max_seqs / (1 << 20),
-             model_kv_bytes_per_token(&m->desc), m->desc.n_layer - m->desc.n_linear,
-             m->desc.n_layer);
+        slog("info", "recurrent state: %.2f MiB per sequence, %d slots per device (%.1f MiB)",
+             (double)per / (1 << 20), ep.max_seqs, (double)per * ep.max_seqs / (1 << 20));
         if (o.prefix_caching) {
             slog("info", "prefix caching is off for %s: its Gated DeltaNet layers keep a "
                          "recurrent state that cached K/V blocks do not carry",

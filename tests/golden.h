@@ -77,11 +77,13 @@ static inline int golden_load_prompts(const struct st_archive *ref, struct golde
 
 /* An engine on `backend` with small KV blocks (so sequences span several) for up to 8
  * sequences. */
-static inline struct engine *golden_engine_on(const struct model *m, int devices,
-                                              enum engine_backend backend)
+/* kv_type: an enum be_kv_type or ENGINE_KV_AUTO. */
+static inline struct engine *golden_engine_kv(const struct model *m, int devices,
+                                              enum engine_backend backend, int kv_type)
 {
     struct engine_params ep;
     engine_params_default(&ep);
+    ep.kv_type = kv_type;
     ep.backend = backend;
     ep.n_devices = devices;
     ep.max_batch_tokens = 256;
@@ -93,6 +95,12 @@ static inline struct engine *golden_engine_on(const struct model *m, int devices
     if (engine_create(m, &ep, &e, err, sizeof err) != 0)
         fprintf(stderr, "engine (%s): %s\n", engine_backend_name(backend), err);
     return e;
+}
+
+static inline struct engine *golden_engine_on(const struct model *m, int devices,
+                                              enum engine_backend backend)
+{
+    return golden_engine_kv(m, devices, backend, ENGINE_KV_AUTO);
 }
 
 static inline struct engine *golden_engine(const struct model *m, int devices)
@@ -176,5 +184,65 @@ static inline int golden_copy_file(const char *from, const char *to)
     if (b && fclose(b) != 0) rc = -1;
     return rc;
 }
+
+/* ||a - ref|| / ||ref|| over the rows (positions) where mask[row] != 0; *used counts them. */
+static inline double norm_err_masked(const float *a, const float *ref, const int32_t *mask, int rows,
+                              int cols, int *used)
+{
+    double num = 0.0, den = 0.0;
+    *used = 0;
+    for (int r = 0; r < rows; r++) {
+        if (mask && !mask[r]) continue;
+        (*used)++;
+        for (int c = 0; c < cols; c++) {
+            double x = a[(size_t)r * cols + c], y = ref[(size_t)r * cols + c];
+            num += (x - y) * (x - y);
+            den += y * y;
+        }
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* An engine that captures each step's routing (engine_last_routing), with a KV cache of
+ * kv_type (an enum be_kv_type or ENGINE_KV_AUTO). */
+static inline struct engine *capture_engine(const struct model *m, int kv_type)
+{
+    struct engine_params ep;
+    engine_params_default(&ep);
+    ep.kv_type = kv_type;
+    ep.max_batch_tokens = 256;
+    ep.max_seqs = GOLDEN_MAX_PROMPTS;
+    ep.max_model_len = 128;
+    ep.kv_block_size = 4;
+    ep.capture_routing = true;
+    struct engine *e = NULL;
+    char err[MS_ERR_LEN];
+    if (engine_create(m, &ep, &e, err, sizeof err) != 0) fprintf(stderr, "engine: %s\n", err);
+    return e;
+}
+
+/* Prefills p on e (logits to out) and copies its routing, (n_moe, p->n, top_k) ids with each
+ * token's slots sorted, into ids. */
+static inline int routed_prefill(struct engine *e, const struct golden_prompt *p, float *out,
+                          int32_t *ids)
+{
+    if (golden_prefill(e, p, 0, out) != 0) return -1;
+    const struct engine_routing *r = engine_last_routing(e);
+    if (!r || r->n_tok != p->n) return -1;
+    int K = r->top_k;
+    for (int l = 0; l < r->n_layer; l++)
+        for (int t = 0; t < p->n; t++) {
+            int32_t *d = ids + ((size_t)l * p->n + t) * K;
+            memcpy(d, r->ids + l * r->layer_stride + (size_t)t * K, sizeof(int32_t) * K);
+            for (int i = 1; i < K; i++) /* insertion sort: a set, whatever the slot order */
+                for (int j = i; j > 0 && d[j - 1] > d[j]; j--) {
+                    int32_t x = d[j];
+                    d[j] = d[j - 1];
+                    d[j - 1] = x;
+                }
+        }
+    return r->n_layer;
+}
+
 
 #endif

@@ -18,6 +18,8 @@
 #include <string.h>
 
 #include "backend.h"
+#include "engine.h"
+#include "kv_cache.h"
 #include "test.h"
 #ifdef MOESERVE_HAVE_CUDA
 #include "cuda/backend_cuda.h"
@@ -619,6 +621,12 @@ static int32_t *ops_block_table(struct ops_ctx *t, int needed, int n_blocks)
     return all;
 }
 
+/* An f32 layer cache over k and v (backend memory). */
+static struct be_kv f32_kv(void *k, void *v)
+{
+    return (struct be_kv){.type = BE_KV_F32, .k = k, .v = v, .k_scale = 1.0f, .v_scale = 1.0f};
+}
+
 static void check_kv_write(struct ops_ctx *t, int block_size, int n_kv_head, int head_dim, int pos0,
                            int n)
 {
@@ -637,8 +645,9 @@ static void check_kv_write(struct ops_ctx *t, int block_size, int n_kv_head, int
     BOTH(ops_rand(t, cache_n, -1, 1), sizeof(float) * cache_n, rvc, dvc);
     BOTH(bt, sizeof(int32_t) * n_blocks, rb, db);
     struct be_tokens rt = {.tables = rb, .pos0 = pos0}, dt = {.tables = db, .pos0 = pos0};
-    RUN2(t->ref->ops->kv_write(t->ref, rkc, rvc, rk, rv, &rt, block_size, n, row),
-         t->dut->ops->kv_write(t->dut, dkc, dvc, dk, dv, &dt, block_size, n, row));
+    struct be_kv rkv = f32_kv(rkc, rvc), dkv = f32_kv(dkc, dvc);
+    RUN2(t->ref->ops->kv_write(t->ref, &rkv, rk, rv, &rt, block_size, n, row),
+         t->dut->ops->kv_write(t->dut, &dkv, dk, dv, &dt, block_size, n, row));
     ops_compare(t, "kv_write (k)", shape, rkc, dkc, cache_n);
     ops_compare(t, "kv_write (v)", shape, rvc, dvc, cache_n);
     ops_release(t);
@@ -654,39 +663,53 @@ static void check_attention(struct ops_ctx *t, int pos0, int n, int n_head, int 
     int needed = (pos0 + n + block_size - 1) / block_size, n_blocks = needed + 2;
     size_t cache_n = (size_t)n_blocks * block_size * row, qn = (size_t)n * n_head * head_dim;
     int32_t *bt = ops_block_table(t, needed, n_blocks);
-    float *rq, *dq, *rkc, *dkc, *rvc, *dvc, *ro, *dout, *rsc, *dsc;
+    float *rq, *dq, *rkc, *dkc, *rvc, *dvc, *ro, *dout;
     int32_t *rb, *db;
     BOTH(ops_rand(t, qn, -1, 1), sizeof(float) * qn, rq, dq);
     BOTH(ops_rand(t, cache_n, -1, 1), sizeof(float) * cache_n, rkc, dkc);
     BOTH(ops_rand(t, cache_n, -1, 1), sizeof(float) * cache_n, rvc, dvc);
     BOTH(bt, sizeof(int32_t) * n_blocks, rb, db);
     BOTH(NULL, sizeof(float) * qn, ro, dout);
-    BOTH(NULL, sizeof(float) * (pos0 + n), rsc, dsc);
     struct be_tokens rt = {.tables = rb, .pos0 = pos0}, dt = {.tables = db, .pos0 = pos0};
-    RUN2(t->ref->ops->attention(t->ref, ro, rq, rkc, rvc, &rt, block_size, n, n_head, n_kv_head,
-                                head_dim, window, scale, rsc),
-         t->dut->ops->attention(t->dut, dout, dq, dkc, dvc, &dt, block_size, n, n_head,
-                                n_kv_head, head_dim, window, scale, dsc));
+    struct be_kv rkv = f32_kv(rkc, rvc), dkv = f32_kv(dkc, dvc);
+    struct be_attn a = {.n_head = n_head, .n_kv_head = n_kv_head, .k_dim = head_dim,
+                        .v_dim = head_dim, .k_row = row, .v_row = row, .window = window,
+                        .scale = scale};
+    RUN2(t->ref->ops->attention(t->ref, ro, rq, &rkv, &rt, block_size, n, &a),
+         t->dut->ops->attention(t->dut, dout, dq, &dkv, &dt, block_size, n, &a));
     ops_compare(t, "attention", shape, ro, dout, qn);
     ops_release(t);
 }
 
+/* A layer cache of `type` for n_blocks blocks (int8: with its scales), in the backend. */
+static struct be_kv typed_kv(struct backend *be, enum be_kv_type type, int n_blocks, int bs,
+                             int row, int grp)
+{
+    struct kv_geom g = {.type = type, .k_row = row, .v_row = row, .k_grp = grp, .v_grp = grp};
+    struct be_kv kv;
+    if (kv_layer_alloc(be, &g, n_blocks, bs, &kv) != 0) memset(&kv, 0, sizeof kv);
+    return kv;
+}
+
 /* A whole step in one call: n_seq sequences, each a prefill chunk or one decode token at its own
  * position, with block tables in one (n_seq, stride) array; kv_write then attention, as the
- * engine runs them. */
+ * engine runs them, with the cache in `type` (every position written first, through kv_write,
+ * so both backends hold the same stored values). */
 static void check_attention_batch(struct ops_ctx *t, int n_seq, int n_head, int n_kv_head,
-                                  int head_dim, int block_size)
+                                  int head_dim, int block_size, enum be_kv_type type)
 {
     char shape[64];
-    snprintf(shape, sizeof shape, "seqs=%d h=%d/%d hd=%d bs=%d", n_seq, n_head, n_kv_head, head_dim,
-             block_size);
+    snprintf(shape, sizeof shape, "seqs=%d h=%d/%d hd=%d bs=%d %s", n_seq, n_head, n_kv_head,
+             head_dim, block_size, engine_kv_type_name(type));
     enum { MAX_LEN = 96 };
     int row = n_kv_head * head_dim, stride = (MAX_LEN + block_size - 1) / block_size;
     int n_blocks = n_seq * stride;
     int32_t *tables = ops_host(t, sizeof(int32_t) * n_blocks);
     int32_t *seq = ops_host(t, sizeof(int32_t) * n_seq * 8), *pos = ops_host(t, sizeof(int32_t) * n_seq * 8);
-    int n = 0;
-    if (tables && seq && pos) {
+    int32_t *all_seq = ops_host(t, sizeof(int32_t) * n_seq * MAX_LEN);
+    int32_t *all_pos = ops_host(t, sizeof(int32_t) * n_seq * MAX_LEN);
+    int n = 0, n_all = n_seq * MAX_LEN;
+    if (tables && seq && pos && all_seq && all_pos) {
         /* Physical blocks shuffled across all sequences. */
         for (int i = 0; i < n_blocks; i++) tables[i] = i;
         for (int i = n_blocks - 1; i > 0; i--) {
@@ -702,31 +725,44 @@ static void check_attention_batch(struct ops_ctx *t, int n_seq, int n_head, int 
                 seq[n] = s;
                 pos[n] = p0 + i;
             }
+            for (int p = 0; p < MAX_LEN; p++) {
+                all_seq[s * MAX_LEN + p] = s;
+                all_pos[s * MAX_LEN + p] = p;
+            }
         }
     }
-    size_t cache_n = (size_t)n_blocks * block_size * row, qn = (size_t)n * n_head * head_dim;
-    float *rq, *dq, *rk, *dk, *rv, *dv, *rkc, *dkc, *rvc, *dvc, *ro, *dout, *rsc, *dsc;
-    int32_t *rtb, *dtb, *rs, *ds, *rp, *dp;
+    size_t qn = (size_t)n * n_head * head_dim, all_n = (size_t)n_all * row;
+    float *rq, *dq, *rk, *dk, *rv, *dv, *ro, *dout, *rka, *dka, *rva, *dva;
+    int32_t *rtb, *dtb, *rs, *ds, *rp, *dp, *ras, *das, *rap, *dap;
     BOTH(ops_rand(t, qn, -1, 1), sizeof(float) * qn, rq, dq);
     BOTH(ops_rand(t, (size_t)n * row, -1, 1), sizeof(float) * n * row, rk, dk);
     BOTH(ops_rand(t, (size_t)n * row, -1, 1), sizeof(float) * n * row, rv, dv);
-    BOTH(ops_rand(t, cache_n, -1, 1), sizeof(float) * cache_n, rkc, dkc);
-    BOTH(ops_rand(t, cache_n, -1, 1), sizeof(float) * cache_n, rvc, dvc);
+    BOTH(ops_rand(t, all_n, -3, 3), sizeof(float) * all_n, rka, dka);
+    BOTH(ops_rand(t, all_n, -3, 3), sizeof(float) * all_n, rva, dva);
     BOTH(tables, sizeof(int32_t) * n_blocks, rtb, dtb);
     BOTH(seq, sizeof(int32_t) * n, rs, ds);
     BOTH(pos, sizeof(int32_t) * n, rp, dp);
+    BOTH(all_seq, sizeof(int32_t) * n_all, ras, das);
+    BOTH(all_pos, sizeof(int32_t) * n_all, rap, dap);
     BOTH(NULL, sizeof(float) * qn, ro, dout);
-    BOTH(NULL, sizeof(float) * MAX_LEN, rsc, dsc);
+    struct be_kv rkv = typed_kv(t->ref, type, n_blocks, block_size, row, head_dim);
+    struct be_kv dkv = typed_kv(t->dut, type, n_blocks, block_size, row, head_dim);
+    if (!rkv.k || !dkv.k) t->oom = 1;
     struct be_tokens rt = {rtb, stride, rs, rp, 0}, dt = {dtb, stride, ds, dp, 0};
-    RUN2(t->ref->ops->kv_write(t->ref, rkc, rvc, rk, rv, &rt, block_size, n, row),
-         t->dut->ops->kv_write(t->dut, dkc, dvc, dk, dv, &dt, block_size, n, row));
-    RUN2(t->ref->ops->attention(t->ref, ro, rq, rkc, rvc, &rt, block_size, n, n_head, n_kv_head,
-                                head_dim, 0, 0.125f, rsc),
-         t->dut->ops->attention(t->dut, dout, dq, dkc, dvc, &dt, block_size, n, n_head,
-                                n_kv_head, head_dim, 0, 0.125f, dsc));
-    ops_compare(t, "kv_write (batch)", shape, rkc, dkc, cache_n);
+    struct be_tokens rat = {rtb, stride, ras, rap, 0}, dat = {dtb, stride, das, dap, 0};
+    struct be_attn a = {.n_head = n_head, .n_kv_head = n_kv_head, .k_dim = head_dim,
+                        .v_dim = head_dim, .k_row = row, .v_row = row, .scale = 0.125f};
+    RUN2(t->ref->ops->kv_write(t->ref, &rkv, rka, rva, &rat, block_size, n_all, row),
+         t->dut->ops->kv_write(t->dut, &dkv, dka, dva, &dat, block_size, n_all, row));
+    RUN2(t->ref->ops->kv_write(t->ref, &rkv, rk, rv, &rt, block_size, n, row),
+         t->dut->ops->kv_write(t->dut, &dkv, dk, dv, &dt, block_size, n, row));
+    RUN2(t->ref->ops->attention(t->ref, ro, rq, &rkv, &rt, block_size, n, &a),
+         t->dut->ops->attention(t->dut, dout, dq, &dkv, &dt, block_size, n, &a));
+    if (type == BE_KV_F32) ops_compare(t, "kv_write (batch)", shape, rkv.k, dkv.k, (size_t)n_blocks * block_size * row);
     ops_compare(t, "attention (batch)", shape, ro, dout, qn);
     ops_release(t);
+    if (rkv.k) kv_layer_free(t->ref, &rkv);
+    if (dkv.k) kv_layer_free(t->dut, &dkv);
 }
 
 /* matmul_ld: column slices in and out (MLA's per-head projections). */
@@ -796,7 +832,7 @@ static void check_rope_ex(struct ops_ctx *t, int n, int n_head, int xs, int ys, 
     ops_release(t);
 }
 
-/* attention_ex: MLA (every head over one latent row, the value its first v_dim floats, the
+/* attention with other geometries: MLA (every head over one latent row, the value its first v_dim floats, the
  * cache written without values) and GQA with sinks and a window. */
 static void check_attention_ex(struct ops_ctx *t, int pos0, int n, int n_head, int n_kv, int k_dim,
                                int v_dim, int mla, int sinks, int window)
@@ -822,13 +858,14 @@ static void check_attention_ex(struct ops_ctx *t, int pos0, int n, int n_head, i
     struct be_tokens rt = {.tables = rb, .pos0 = pos0}, dt = {.tables = db, .pos0 = pos0};
     struct be_attn ra = {n_head, n_kv, k_dim, v_dim, k_row, v_row, window, 0.1f, rs, 0}, da = ra;
     da.sinks = ds;
+    struct be_kv rkv = f32_kv(rkc, mla ? rkc : rvc), dkv = f32_kv(dkc, mla ? dkc : dvc);
     if (mla) /* the latent rows of this step, keys only */
-        RUN2(t->ref->ops->kv_write(t->ref, rkc, NULL, rk, NULL, &rt, bs, n, k_row),
-             t->dut->ops->kv_write(t->dut, dkc, NULL, dk, NULL, &dt, bs, n, k_row));
-    RUN2(t->ref->ops->attention_ex(t->ref, ro, rq, rkc, mla ? rkc : rvc, &rt, bs, n, &ra, NULL),
-         t->dut->ops->attention_ex(t->dut, dout, dq, dkc, mla ? dkc : dvc, &dt, bs, n, &da, NULL));
+        RUN2(t->ref->ops->kv_write(t->ref, &rkv, rk, NULL, &rt, bs, n, k_row),
+             t->dut->ops->kv_write(t->dut, &dkv, dk, NULL, &dt, bs, n, k_row));
+    RUN2(t->ref->ops->attention(t->ref, ro, rq, &rkv, &rt, bs, n, &ra),
+         t->dut->ops->attention(t->dut, dout, dq, &dkv, &dt, bs, n, &da));
     if (mla) ops_compare(t, "kv_write (keys)", shape, rkc, dkc, kc_n);
-    ops_compare(t, "attention_ex", shape, ro, dout, on);
+    ops_compare(t, "attention (ex)", shape, ro, dout, on);
     ops_release(t);
 }
 
@@ -871,8 +908,10 @@ static void check_all_ops(struct ops_ctx *t)
     check_attention(t, 50, 12, 6, 2, 96, 16, 20, 0.1f);    /* prefill chunk, window */
     check_attention(t, 3000, 2, 4, 1, 128, 32, 0, 1.0f);   /* 3 score chunks, MQA */
     check_attention(t, 2500, 1, 2, 2, 64, 16, 1500, 0.5f); /* long window */
-    check_attention_batch(t, 7, 4, 2, 64, 16);
-    check_attention_batch(t, 40, 8, 1, 128, 8);
+    check_attention_batch(t, 7, 4, 2, 64, 16, BE_KV_F32);
+    check_attention_batch(t, 40, 8, 1, 128, 8, BE_KV_F32);
+    for (int type = BE_KV_BF16; type < BE_KV_N_TYPES; type++) /* every stored type */
+        check_attention_batch(t, 9, 4, 2, 64, 16, (enum be_kv_type)type);
     check_matmul_ld(t, 5, 48, 64, 200, 150);
     check_matmul_ld(t, 33, 128, 512, 1152, 2304);
     check_rmsnorm_ld(t, 7, 512, 576);

@@ -5,7 +5,8 @@
  * does not depend on how many rows are computed with it or on how the output rows are split
  * between threads (bit for bit), and int8 activations quantize to the same bytes on every
  * table. Also f16 conversion (exhaustive), quantization error bounds, MXFP4 repacking and
- * dequantization (exact), SiLU, attention and the continuous-experts (neuron) kernels. */
+ * dequantization (exact), SiLU and the continuous-experts (neuron) kernels (attention:
+ * test_attention.c). */
 #include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -307,94 +308,6 @@ static void test_elementwise(const struct gemm_kernels *kk)
     worst = 0;
     for (int i = 0; i < N; i++) worst = fmax(worst, fabs(a[i] - b[i]) / fmax(fabs(b[i]), 1e-3));
     CHECKF(worst <= 1e-5, "%s swiglu_oai: relative error %.3g", kk->name, worst);
-
-    /* attention over a shuffled block table, GQA groups, a sliding window start */
-    int bs = 4, n_kv = 2, blocks = 40;
-    int shapes[][3] = {{1, 16, 0}, {2, 48, 0}, {4, 64, 5}, {2, 100, 0}};
-    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
-        int group = shapes[s][0], hd = shapes[s][1], start = shapes[s][2];
-        size_t row = (size_t)n_kv * hd;
-        float *kc = malloc(sizeof(float) * (size_t)blocks * bs * row);
-        float *vc = malloc(sizeof(float) * (size_t)blocks * bs * row);
-        for (size_t i = 0; i < (size_t)blocks * bs * row; i++) kc[i] = urand(-1, 1), vc[i] = urand(-1, 1);
-        int32_t table[40];
-        for (int i = 0; i < blocks; i++) table[i] = (i * 7 + 3) % blocks;
-        float q[4 * 100], o1[4 * 100], o2[4 * 100], sc[4 * 160];
-        for (int i = 0; i < group * hd; i++) q[i] = urand(-1, 1);
-        int pos = 150;
-        kk->attn_head(o1, q, group, hd, kc, vc, table, bs, row, (size_t)hd, start, pos, 0.125f, sc);
-        gemm_kernels_portable()->attn_head(o2, q, group, hd, kc, vc, table, bs, row, (size_t)hd,
-                                           start, pos, 0.125f, sc);
-        double e = rel_err(o1, o2, (size_t)group * hd);
-        CHECKF(e <= 1e-5, "%s attention group=%d hd=%d: %.3g", kk->name, group, hd, e);
-        free(kc);
-        free(vc);
-    }
-}
-
-/* attn_head_ex in double precision: keys hdk wide and values hdv wide from rows krow / vrow
- * apart, an optional sink logit per head in the denominator. */
-static void attn_ref(double *out, const float *q, int group, int hdk, int hdv, const float *kc,
-                     const float *vc, const int32_t *table, int bs, size_t krow, size_t vrow,
-                     int start, int pos, double scale, const float *sinks)
-{
-    for (int g = 0; g < group; g++) {
-        double mx = sinks ? sinks[g] : -1e300, s[512], sum = 0;
-        for (int t = start; t <= pos; t++) {
-            const float *k = kc + ((size_t)table[t / bs] * bs + t % bs) * krow;
-            double d = 0;
-            for (int i = 0; i < hdk; i++) d += (double)q[g * hdk + i] * k[i];
-            s[t - start] = d * scale;
-            mx = s[t - start] > mx ? s[t - start] : mx;
-        }
-        for (int t = start; t <= pos; t++) sum += exp(s[t - start] - mx);
-        if (sinks) sum += exp(sinks[g] - mx);
-        for (int i = 0; i < hdv; i++) out[g * hdv + i] = 0;
-        for (int t = start; t <= pos; t++) {
-            const float *v = vc + ((size_t)table[t / bs] * bs + t % bs) * vrow;
-            for (int i = 0; i < hdv; i++) out[g * hdv + i] += exp(s[t - start] - mx) / sum * v[i];
-        }
-    }
-}
-
-/* MLA's shape (all heads over one latent row, value = the row's first hdv floats) and gpt-oss's
- * sinks, against portable C and double precision. */
-static void test_attention_ex(const struct gemm_kernels *kk)
-{
-    int bs = 4, blocks = 40, pos = 150;
-    int32_t table[40];
-    for (int i = 0; i < blocks; i++) table[i] = (i * 11 + 5) % blocks;
-    static const struct {
-        int group, hdk, hdv, start, sinks;
-    } cases[] = {{8, 80, 64, 0, 0}, {16, 576, 512, 0, 0}, {4, 64, 64, 23, 1}, {2, 48, 32, 0, 1}};
-    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-        int group = cases[c].group, hdk = cases[c].hdk, hdv = cases[c].hdv;
-        size_t row = (size_t)hdk, n_cache = (size_t)blocks * bs * row;
-        float *kc = malloc(sizeof(float) * n_cache), *q = malloc(sizeof(float) * group * hdk);
-        float *o1 = malloc(sizeof(float) * group * hdv), *o2 = malloc(sizeof(float) * group * hdv);
-        float *sc = malloc(sizeof(float) * group * (pos + 1)), sinks[16];
-        double *ref = malloc(sizeof(double) * group * hdv);
-        for (size_t i = 0; i < n_cache; i++) kc[i] = urand(-1, 1);
-        for (int i = 0; i < group * hdk; i++) q[i] = urand(-1, 1);
-        for (int g = 0; g < group; g++) sinks[g] = urand(-1, 3);
-        const float *sk = cases[c].sinks ? sinks : NULL;
-        float scale = 1.0f / sqrtf((float)hdk);
-        kk->attn_head_ex(o1, q, group, hdk, hdv, kc, kc, table, bs, row, row, 0, 0,
-                         cases[c].start, pos, scale, sk, sc);
-        gemm_kernels_portable()->attn_head_ex(o2, q, group, hdk, hdv, kc, kc, table, bs, row, row,
-                                              0, 0, cases[c].start, pos, scale, sk, sc);
-        attn_ref(ref, q, group, hdk, hdv, kc, kc, table, bs, row, row, cases[c].start, pos, scale,
-                 sk);
-        double e = rel_err(o1, o2, (size_t)group * hdv), num = 0, den = 0;
-        for (int i = 0; i < group * hdv; i++) {
-            num += (o1[i] - ref[i]) * (o1[i] - ref[i]);
-            den += ref[i] * ref[i];
-        }
-        CHECKF(e <= 1e-5, "%s attention_ex case %zu vs portable: %.3g", kk->name, c, e);
-        CHECKF(sqrt(num / den) <= 1e-5, "%s attention_ex case %zu vs double: %.3g", kk->name, c,
-               sqrt(num / den));
-        free(kc), free(q), free(o1), free(o2), free(sc), free(ref);
-    }
 }
 
 /* The continuous-experts kernels over gathered rows of f32, f16 and bf16 matrices against
@@ -529,7 +442,6 @@ int main(void)
         }
         test_gemm_table(tables[i]);
         test_elementwise(tables[i]);
-        test_attention_ex(tables[i]);
         test_neuron(tables[i]);
     }
     return test_done("test_cpu_kernels");

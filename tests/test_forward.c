@@ -12,63 +12,6 @@
 #include "golden.h"
 #include "test.h"
 
-/* ||a - ref|| / ||ref|| over the rows (positions) where mask[row] != 0; *used counts them. */
-static double norm_err_masked(const float *a, const float *ref, const int32_t *mask, int rows,
-                              int cols, int *used)
-{
-    double num = 0.0, den = 0.0;
-    *used = 0;
-    for (int r = 0; r < rows; r++) {
-        if (mask && !mask[r]) continue;
-        (*used)++;
-        for (int c = 0; c < cols; c++) {
-            double x = a[(size_t)r * cols + c], y = ref[(size_t)r * cols + c];
-            num += (x - y) * (x - y);
-            den += y * y;
-        }
-    }
-    return den > 0 ? sqrt(num / den) : sqrt(num);
-}
-
-/* An engine that captures each step's routing (engine_last_routing). */
-static struct engine *capture_engine(const struct model *m)
-{
-    struct engine_params ep;
-    engine_params_default(&ep);
-    ep.max_batch_tokens = 256;
-    ep.max_seqs = GOLDEN_MAX_PROMPTS;
-    ep.max_model_len = 128;
-    ep.kv_block_size = 4;
-    ep.capture_routing = true;
-    struct engine *e = NULL;
-    char err[MS_ERR_LEN];
-    if (engine_create(m, &ep, &e, err, sizeof err) != 0) fprintf(stderr, "engine: %s\n", err);
-    return e;
-}
-
-/* Prefills p on e (logits to out) and copies its routing, (n_moe, p->n, top_k) ids with each
- * token's slots sorted, into ids. */
-static int routed_prefill(struct engine *e, const struct golden_prompt *p, float *out,
-                          int32_t *ids)
-{
-    if (golden_prefill(e, p, 0, out) != 0) return -1;
-    const struct engine_routing *r = engine_last_routing(e);
-    if (!r || r->n_tok != p->n) return -1;
-    int K = r->top_k;
-    for (int l = 0; l < r->n_layer; l++)
-        for (int t = 0; t < p->n; t++) {
-            int32_t *d = ids + ((size_t)l * p->n + t) * K;
-            memcpy(d, r->ids + l * r->layer_stride + (size_t)t * K, sizeof(int32_t) * K);
-            for (int i = 1; i < K; i++) /* insertion sort: a set, whatever the slot order */
-                for (int j = i; j > 0 && d[j - 1] > d[j]; j--) {
-                    int32_t x = d[j];
-                    d[j] = d[j - 1];
-                    d[j - 1] = x;
-                }
-        }
-    return r->n_layer;
-}
-
 /* bf16: a bf16 checkpoint, loaded with `dtype`: float32 (transformers' f32 computation of the
  * same weights is the tight reference) or auto (served: bf16 activations; transformers
  * computing in bf16 is the reference, at its own rounding's distance). */
@@ -122,8 +65,8 @@ static void check_model(const char *tests, const char *name, bool bf16, enum mod
         model_load_opts_default(&lf);
         lf.dtype = MODEL_DTYPE_F32;
         CHECK(model_load(dir, &lf, &mf, err, sizeof err) == 0);
-        ecb = capture_engine(m);
-        ecf = mf ? capture_engine(mf) : NULL;
+        ecb = capture_engine(m, ENGINE_KV_AUTO);
+        ecf = mf ? capture_engine(mf, ENGINE_KV_AUTO) : NULL;
         size_t cap = (size_t)m->desc.n_layer * 128 * (size_t)(m->desc.top_k > 0 ? m->desc.top_k : 1);
         rt_b = malloc(sizeof(int32_t) * cap);
         rf32 = malloc(sizeof(int32_t) * cap);

@@ -135,7 +135,9 @@ static void test_kv_bytes(const char *tests)
     if (e) {
         const struct kv_cache *kv = engine_kv(e);
         int lat = m->desc.kv_lora_rank + m->desc.qk_rope_dim;
-        CHECK(kv->k_row == lat && kv->v_row == 0 && kv->v[0] == NULL);
+        /* no value storage: the value is read from the latent row */
+        CHECK(kv->k_row == lat && kv->v_row == 0 && kv->layer[0].v == kv->layer[0].k);
+        CHECK(engine_kv_bytes_per_token(e) == (size_t)lat * (size_t)m->desc.n_layer * sizeof(float));
         CHECK(kv_block_bytes_rows(kv->n_layer, kv->k_row, kv->v_row, kv->block_size) ==
               (size_t)lat * (size_t)m->desc.n_layer * sizeof(float) * (size_t)kv->block_size);
         CHECK(model_kv_bytes_per_token(&m->desc) ==

@@ -137,7 +137,9 @@ static void check_model(const char *tests, const char *name, enum model_quant qu
 
     struct golden_prompt p[GOLDEN_MAX_PROMPTS];
     int np = golden_load_prompts(ref, p), V = md->vocab;
-    struct engine *eq = golden_engine(mq, 1), *er = golden_engine(mr, 1);
+    /* both with an f32 KV cache: the difference is the weights' alone */
+    struct engine *eq = golden_engine_kv(mq, 1, ENGINE_BACKEND_CPU, BE_KV_F32);
+    struct engine *er = golden_engine_kv(mr, 1, ENGINE_BACKEND_CPU, BE_KV_F32);
     CHECK(eq && er && np >= 2);
     /* per position: ||logits - reference|| / ||reference|| */
     double errs[GOLDEN_MAX_PROMPTS * 128];

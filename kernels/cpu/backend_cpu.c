@@ -14,8 +14,9 @@
 #include <string.h>
 
 #include "common.h"
-#include "cpu/ssm.h"
+#include "cpu/flash.h"
 #include "cpu/gemm.h"
+#include "cpu/ssm.h"
 #include "cpu/pool.h"
 #include "route_impl.h"
 
@@ -34,8 +35,8 @@ struct cpu_backend {
     size_t act_bytes;
     float *tmp;           /* (n_threads, max_rows * EXPERT_CHUNK) up-projection tiles */
     size_t tmp_per_thread;
-    float *scores;        /* (n_threads, scores_per_thread) attention scores */
-    size_t scores_per_thread;
+    struct fa_work fa;    /* attention's tiles and split-K partials (kernels/cpu/flash.h) */
+    int fa_ctx;           /* the longest context reserve was told of */
     int *tasks;           /* (max_tasks, 3) expert task table: expert, first row, last row */
     int max_tasks;
     struct act *ex_act;   /* (max_experts) the experts' prepared hidden rows */
@@ -55,7 +56,7 @@ static void cpu_release(struct cpu_backend *b)
     free(b->act[0]);
     free(b->act[1]);
     free(b->tmp);
-    free(b->scores);
+    fa_work_free(&b->fa);
     free(b->tasks);
     free(b->ex_act);
     free(b->ex_off);
@@ -64,11 +65,11 @@ static void cpu_release(struct cpu_backend *b)
     b->ex_hoff = NULL;
     b->ex_ready = NULL;
     b->act[0] = b->act[1] = NULL;
-    b->tmp = b->scores = NULL;
+    b->tmp = NULL;
     b->tasks = NULL;
     b->ex_act = NULL;
     b->ex_off = NULL;
-    b->act_bytes = b->tmp_per_thread = b->scores_per_thread = 0;
+    b->act_bytes = b->tmp_per_thread = 0;
     b->max_tasks = b->max_experts = 0;
 }
 
@@ -121,21 +122,19 @@ static int cpu_reserve(struct backend *be, const struct be_reserve *r)
     size_t rows = (size_t)(r->max_rows > 0 ? r->max_rows : 1);
     b->act_bytes = act_bound(r->max_elems, rows) + 64 * (size_t)E;
     b->tmp_per_thread = rows * EXPERT_CHUNK;
-    /* scores: the query heads of one KV head; GQA groups are small, 64 heads is generous; MLA
-     * shares its one latent between all heads (max_heads) */
-    b->scores_per_thread =
-        (size_t)(r->max_ctx > 0 ? r->max_ctx : 1) * (size_t)(r->max_heads > 64 ? r->max_heads : 64);
     b->max_experts = E;
     b->max_tasks = 0;
     b->act[0] = alloc64(b->act_bytes);
     b->act[1] = alloc64(b->act_bytes);
     b->tmp = alloc64(sizeof(float) * b->tmp_per_thread * (size_t)b->n_threads);
-    b->scores = alloc64(sizeof(float) * b->scores_per_thread * (size_t)b->n_threads);
+    b->fa_ctx = r->max_ctx;
+    int fa_fail = fa_work_reserve(&b->fa, b->n_threads, (int)rows, r->max_heads, r->max_k_dim,
+                                  r->max_v_dim, r->max_ctx);
     b->ex_act = calloc((size_t)E, sizeof *b->ex_act);
     b->ex_off = calloc((size_t)E, sizeof *b->ex_off);
     b->ex_hoff = calloc((size_t)E, sizeof *b->ex_hoff);
     b->ex_ready = calloc((size_t)E, sizeof *b->ex_ready);
-    if (!b->act[0] || !b->act[1] || !b->tmp || !b->scores || !b->ex_act || !b->ex_off ||
+    if (!b->act[0] || !b->act[1] || !b->tmp || fa_fail || !b->ex_act || !b->ex_off ||
         !b->ex_hoff || !b->ex_ready) {
         cpu_release(b);
         return -1;
@@ -696,65 +695,45 @@ static inline int tok_pos(const struct be_tokens *tk, int i)
     return tk->pos ? tk->pos[i] : tk->pos0 + i;
 }
 
-static void cpu_kv_write(struct backend *be, float *k_cache, float *v_cache, const float *k,
+static void cpu_kv_write(struct backend *be, const struct be_kv *kv, const float *k,
                          const float *v, const struct be_tokens *tk, int block_size, int n,
                          int row)
 {
+    size_t es = (size_t)kv_type_size(kv->type);
+    int kg = kv->k_grp > 0 ? row / kv->k_grp : 0, vg = kv->v_grp > 0 ? row / kv->v_grp : 0;
+    float kinv = kv->k_scale > 0.0f ? 1.0f / kv->k_scale : 1.0f;
+    float vinv = kv->v_scale > 0.0f ? 1.0f / kv->v_scale : 1.0f;
     for (int i = 0; i < n; i++) {
         const int32_t *bt = tok_table(tk, i);
         int p = tok_pos(tk, i);
-        size_t off = ((size_t)bt[p / block_size] * block_size + p % block_size) * row;
-        memcpy(k_cache + off, k + (size_t)i * row, sizeof(float) * row);
-        if (v_cache) memcpy(v_cache + off, v + (size_t)i * row, sizeof(float) * row);
+        size_t r = (size_t)bt[p / block_size] * block_size + p % block_size;
+        kv_store_row(kv->type, (char *)kv->k + r * row * es, k + (size_t)i * row, row, kv->k_grp,
+                     kinv, kv->k_sc ? kv->k_sc + r * kg : NULL);
+        if (v)
+            kv_store_row(kv->type, (char *)kv->v + r * row * es, v + (size_t)i * row, row,
+                         kv->v_grp, vinv, kv->v_sc ? kv->v_sc + r * vg : NULL);
     }
 }
 
-struct att_job {
-    struct cpu_backend *b;
-    float *out;
-    const float *q, *k_cache, *v_cache;
-    const struct be_tokens *tk;
-    int block_size;
-    const struct be_attn *a;
-};
-
-/* One task = one token and one KV head (its GQA group of query heads). */
-static void att_task(void *ctx, int t, int thread)
-{
-    struct att_job *j = ctx;
-    const struct be_attn *a = j->a;
-    int i = t / a->n_kv_head, kvh = t % a->n_kv_head, group = a->n_head / a->n_kv_head;
-    int pos = tok_pos(j->tk, i);
-    int start = a->window > 0 && pos - a->window + 1 > 0 ? pos - a->window + 1 : 0;
-    if (a->chunk > 0 && pos - pos % a->chunk > start) start = pos - pos % a->chunk;
-    size_t h0 = (size_t)i * a->n_head + (size_t)kvh * group;
-    j->b->kk->attn_head_ex(j->out + h0 * a->v_dim, j->q + h0 * a->k_dim, group, a->k_dim, a->v_dim,
-                           j->k_cache, j->v_cache, tok_table(j->tk, i), j->block_size,
-                           (size_t)a->k_row, (size_t)a->v_row, (size_t)kvh * a->k_dim,
-                           (size_t)kvh * a->v_dim, start, pos, a->scale,
-                           a->sinks ? a->sinks + (size_t)kvh * group : NULL,
-                           j->b->scores + (size_t)thread * j->b->scores_per_thread);
-}
-
-static void cpu_attention_ex(struct backend *be, float *out, const float *q, const float *k_cache,
-                             const float *v_cache, const struct be_tokens *tk, int block_size,
-                             int n, const struct be_attn *a, float *scratch)
+static void cpu_attention(struct backend *be, float *out, const float *q, const struct be_kv *kv,
+                          const struct be_tokens *tk, int block_size, int n,
+                          const struct be_attn *a)
 {
     struct cpu_backend *b = cpu_of(be);
-    struct att_job j = {.b = b, .out = out, .q = q, .k_cache = k_cache, .v_cache = v_cache,
-                        .tk = tk, .block_size = block_size, .a = a};
-    pool_run(b->pool, att_task, &j, n * a->n_kv_head);
-}
-
-static void cpu_attention(struct backend *be, float *out, const float *q, const float *k_cache,
-                          const float *v_cache, const struct be_tokens *tk, int block_size, int n,
-                          int n_head, int n_kv_head, int head_dim, int window, float scale,
-                          float *scratch)
-{
-    struct be_attn a = {.n_head = n_head, .n_kv_head = n_kv_head, .k_dim = head_dim,
-                        .v_dim = head_dim, .k_row = n_kv_head * head_dim,
-                        .v_row = n_kv_head * head_dim, .window = window, .scale = scale};
-    cpu_attention_ex(be, out, q, k_cache, v_cache, tk, block_size, n, &a, scratch);
+    int group = a->n_head / a->n_kv_head;
+    struct fa_work *w = &b->fa;
+    if (n > w->max_tokens || group > w->rows || a->k_dim > w->dk || a->v_dim > w->dv) {
+        /* a call past what reserve was told (tests call ops directly): grow once */
+        int fail = fa_work_reserve(w, b->n_threads, n > w->max_tokens ? n : w->max_tokens,
+                                   group > w->rows ? group : w->rows,
+                                   a->k_dim > w->dk ? a->k_dim : w->dk,
+                                   a->v_dim > w->dv ? a->v_dim : w->dv, b->fa_ctx);
+        if (fail) { /* out of memory: NaN outputs rather than stale ones */
+            for (size_t i = 0; i < (size_t)n * a->n_head * a->v_dim; i++) out[i] = NAN;
+            return;
+        }
+    }
+    fa_attention(b->pool, b->kk, w, out, q, kv, tk, block_size, n, a);
 }
 
 static int cpu_host_workers(struct backend *be)
@@ -848,7 +827,6 @@ static const struct backend_ops cpu_ops = {
     .matmul_ld = cpu_matmul_ld,
     .rmsnorm_ld = cpu_rmsnorm_ld,
     .rope_ex = cpu_rope_ex,
-    .attention_ex = cpu_attention_ex,
     .host_workers = cpu_host_workers,
     .host_for = cpu_host_for,
     .gather_cols = cpu_gather_cols,

@@ -19,9 +19,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kv_types.h"
 #include "weights.h"
 
 #define ACT_PAD 64
+
+/* Keys per attention tile (kernels/cpu/flash.c): one AVX-512 vector of scores per query row. */
+#define FA_TK 16
 
 enum act_kind {
     ACT_F32 = 0, /* f32, as given (f32 and f16 weights) */
@@ -74,19 +78,19 @@ struct gemm_kernels {
      * out[i] = (u' + 1) * g' * sigmoid(alpha * g') (out may be g). */
     void (*swiglu_oai)(float *out, const float *g, const float *u, int n, float alpha,
                        float limit);
-    /* Paged causal attention for one token and one KV head: the `group` query heads q
-     * (group, hd) over positions [start, pos] whose K/V rows are at krow(t)/vrow(t) (see
-     * struct attn_rows); out (group, hd). scratch: (group, pos + 1) floats. */
-    void (*attn_head)(float *out, const float *q, int group, int hd, const float *k_cache,
-                      const float *v_cache, const int32_t *table, int block_size, size_t row,
-                      size_t head_off, int start, int pos, float scale, float *scratch);
-    /* The same with keys hdk and values hdv wide, K and V rows krow / vrow floats apart with
-     * this head's part at koff / voff (MLA reads both from one latent row), and an optional
-     * sink logit per query head in the softmax denominator (sinks (group) or NULL). */
-    void (*attn_head_ex)(float *out, const float *q, int group, int hdk, int hdv,
-                         const float *k_cache, const float *v_cache, const int32_t *table,
-                         int block_size, size_t krow, size_t vrow, size_t koff, size_t voff,
-                         int start, int pos, float scale, const float *sinks, float *scratch);
+    /* The pieces of tiled attention (kernels/cpu/flash.c), FA_TK keys at a time.
+     * kv_cvt: dst (n) = the stored row src (n elements of type t) as f32, times scale (the fp8
+     * layer scale or the int8 group scale; 1 for the other types), the values kv_load gives.
+     * fa_kt: kt (d, FA_TK) = kf (FA_TK, d; rows ldkf floats apart) transposed.
+     * fa_scores: s (R, FA_TK) = q (R, d) . kt, each score summed over d in ascending order.
+     * fa_pv: o (R, dv) += p (R, FA_TK)[:, :cnt] . vt (cnt, dv), each output summed over j in
+     * ascending order. A query row's results never depend on R or on the other rows.
+     * fa_exp: x (n) = exp(x - sub). */
+    void (*kv_cvt)(float *dst, const void *src, int n, enum be_kv_type t, float scale);
+    void (*fa_kt)(float *kt, const float *kf, int ldkf, int d);
+    void (*fa_scores)(float *s, const float *q, int R, int d, const float *kt);
+    void (*fa_pv)(float *o, const float *p, int R, int dv, const float *vt, int cnt);
+    void (*fa_exp)(float *x, int n, float sub);
     /* Continuous experts (backend.h neuron_ffn) over gathered rows of (F, k) f32, f16 or bf16
      * matrices, k = cols; each result by one fixed order, whatever rows a call is given.
      * neuron_up: h[j] = coef[j] * silu(gate_f . x) * (up_f . x), f = rows[j], j < n (gate and

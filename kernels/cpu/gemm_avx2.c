@@ -484,60 +484,180 @@ static void v_swiglu_oai(float *out, const float *g, const float *u, int n, floa
     }
 }
 
-/* Eight dot products q . k[j] over hd (16 registers hold eight accumulators and their
- * inputs), reduced four at a time by hsum4. */
-static void v_dots(float *s, const float *q, const float *const *k, int cnt, int hd, float scale)
+/* --- attention tiles ------------------------------------------------------------------- */
+
+/* 8 stored elements of type t from src + i as f32, before any scale (the AVX-512 file's
+ * conversions, 8 wide). */
+static inline __attribute__((always_inline)) __m256 kv8(enum be_kv_type t, const void *src, int i)
 {
-    __m256 acc[8];
-    const float *kk[8];
-    for (int j = 0; j < 8; j++) {
-        acc[j] = _mm256_setzero_ps();
-        kk[j] = k[j < cnt ? j : cnt - 1];
+    switch (t) {
+    case BE_KV_F32: return _mm256_loadu_ps((const float *)src + i);
+    case BE_KV_BF16:
+        return _mm256_castsi256_ps(_mm256_slli_epi32(
+            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)src + i))), 16));
+    case BE_KV_F16: return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)src + i)));
+    case BE_KV_FP8_E5M2:
+        return _mm256_cvtph_ps(_mm_slli_epi16(
+            _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)((const uint8_t *)src + i))), 8));
+    case BE_KV_FP8_E4M3: {
+        __m128i w = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)((const uint8_t *)src + i)));
+        __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x80)), 8),
+                                 _mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x7f)), 7));
+        return _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0f));
     }
-    int i = 0;
-    for (; i + 8 <= hd; i += 8) {
-        __m256 qv = _mm256_loadu_ps(q + i);
-#pragma GCC unroll 8
-        for (int j = 0; j < 8; j++) acc[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kk[j] + i), acc[j]);
+    case BE_KV_INT8:
+        return _mm256_cvtepi32_ps(
+            _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)((const int8_t *)src + i))));
     }
-    if (i < hd) {
-        __m256 qv = load_part(q + i, hd - i);
-        for (int j = 0; j < 8; j++) acc[j] = _mm256_fmadd_ps(qv, load_part(kk[j] + i, hd - i), acc[j]);
-    }
-    float r[8];
-    _mm_storeu_ps(r, hsum4(acc[0], acc[1], acc[2], acc[3]));
-    _mm_storeu_ps(r + 4, hsum4(acc[4], acc[5], acc[6], acc[7]));
-    for (int j = 0; j < cnt; j++) s[j] = r[j] * scale;
+    return _mm256_setzero_ps();
 }
 
-static void v_axpys(float *y, const float *p, const float *const *v, int cnt, int hd)
+static inline __attribute__((always_inline)) void v_kv_cvt_t(float *dst, const void *src, int n,
+                                                             const enum be_kv_type t, float scale)
 {
-    int i = 0;
-    for (; i + 8 <= hd; i += 8) {
-        __m256 acc = _mm256_loadu_ps(y + i);
-        for (int j = 0; j < cnt; j++)
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(v[j] + i), acc);
-        _mm256_storeu_ps(y + i, acc);
-    }
-    for (; i < hd; i++)
-        for (int j = 0; j < cnt; j++) y[i] += p[j] * v[j][i];
-}
-
-static void v_exp_inplace(float *x, int n, float sub, float *sum)
-{
-    __m256 acc = _mm256_setzero_ps(), s = _mm256_set1_ps(sub);
+    const __m256 sv = _mm256_set1_ps(scale);
+    const int scaled = t == BE_KV_FP8_E4M3 || t == BE_KV_FP8_E5M2 || t == BE_KV_INT8;
     int i = 0;
     for (; i + 8 <= n; i += 8) {
-        __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(x + i), s));
-        _mm256_storeu_ps(x + i, e);
-        acc = _mm256_add_ps(acc, e);
+        __m256 v = kv8(t, src, i);
+        _mm256_storeu_ps(dst + i, scaled ? _mm256_mul_ps(v, sv) : v);
     }
-    float t = hsum(acc);
-    for (; i < n; i++) {
-        x[i] = expf(x[i] - sub);
-        t += x[i];
+    for (; i < n; i++) dst[i] = kv_load(t, src, i, scale);
+}
+
+static void v_kv_cvt(float *dst, const void *src, int n, enum be_kv_type t, float scale)
+{
+    switch (t) { /* one loop per type, the type a constant inside */
+    case BE_KV_F32: v_kv_cvt_t(dst, src, n, BE_KV_F32, scale); break;
+    case BE_KV_BF16: v_kv_cvt_t(dst, src, n, BE_KV_BF16, scale); break;
+    case BE_KV_F16: v_kv_cvt_t(dst, src, n, BE_KV_F16, scale); break;
+    case BE_KV_FP8_E4M3: v_kv_cvt_t(dst, src, n, BE_KV_FP8_E4M3, scale); break;
+    case BE_KV_FP8_E5M2: v_kv_cvt_t(dst, src, n, BE_KV_FP8_E5M2, scale); break;
+    case BE_KV_INT8: v_kv_cvt_t(dst, src, n, BE_KV_INT8, scale); break;
     }
-    *sum = t;
+}
+
+/* kt (d, 16) = kf (16, d) transposed: 8 x 8 blocks in registers, the last < 8 elements
+ * element by element. */
+static void v_fa_kt(float *kt, const float *kf, int ldkf, int d)
+{
+    int i0 = 0;
+    for (; i0 + 8 <= d; i0 += 8)
+        for (int h = 0; h < 2; h++) {
+            __m256 r[8], t[8];
+            for (int j = 0; j < 8; j++) r[j] = _mm256_loadu_ps(kf + (size_t)(8 * h + j) * ldkf + i0);
+            for (int j = 0; j < 8; j += 2) {
+                t[j] = _mm256_unpacklo_ps(r[j], r[j + 1]);
+                t[j + 1] = _mm256_unpackhi_ps(r[j], r[j + 1]);
+            }
+            for (int j = 0; j < 8; j += 4) {
+                r[j] = _mm256_shuffle_ps(t[j], t[j + 2], _MM_SHUFFLE(1, 0, 1, 0));
+                r[j + 1] = _mm256_shuffle_ps(t[j], t[j + 2], _MM_SHUFFLE(3, 2, 3, 2));
+                r[j + 2] = _mm256_shuffle_ps(t[j + 1], t[j + 3], _MM_SHUFFLE(1, 0, 1, 0));
+                r[j + 3] = _mm256_shuffle_ps(t[j + 1], t[j + 3], _MM_SHUFFLE(3, 2, 3, 2));
+            }
+            /* r[4g + c]: rows 4g..4g+3, element c of each 128-bit half */
+            for (int c = 0; c < 4; c++) {
+                _mm256_storeu_ps(kt + (size_t)(i0 + c) * 16 + 8 * h,
+                                 _mm256_permute2f128_ps(r[c], r[4 + c], 0x20));
+                _mm256_storeu_ps(kt + (size_t)(i0 + 4 + c) * 16 + 8 * h,
+                                 _mm256_permute2f128_ps(r[c], r[4 + c], 0x31));
+            }
+        }
+    for (; i0 < d; i0++)
+        for (int j = 0; j < 16; j++) kt[(size_t)i0 * 16 + j] = kf[(size_t)j * ldkf + i0];
+}
+
+/* NR rows of scores, two vectors (16 keys) each. */
+static inline __attribute__((always_inline)) void v_scores_rows(float *s, const float *q, int d,
+                                                                const float *kt, const int NR)
+{
+    __m256 lo[4], hi[4];
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++) lo[r] = hi[r] = _mm256_setzero_ps();
+    for (int i = 0; i < d; i++) {
+        __m256 k0 = _mm256_loadu_ps(kt + (size_t)i * 16), k1 = _mm256_loadu_ps(kt + (size_t)i * 16 + 8);
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) {
+            __m256 qv = _mm256_set1_ps(q[(size_t)r * d + i]);
+            lo[r] = _mm256_fmadd_ps(qv, k0, lo[r]);
+            hi[r] = _mm256_fmadd_ps(qv, k1, hi[r]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++) {
+        _mm256_storeu_ps(s + (size_t)r * 16, lo[r]);
+        _mm256_storeu_ps(s + (size_t)r * 16 + 8, hi[r]);
+    }
+}
+
+static void v_fa_scores(float *s, const float *q, int R, int d, const float *kt)
+{
+    int r = 0;
+    for (; r + 4 <= R; r += 4) v_scores_rows(s + (size_t)r * 16, q + (size_t)r * d, d, kt, 4);
+    float *sr = s + (size_t)r * 16;
+    const float *qr = q + (size_t)r * d;
+    switch (R - r) {
+    case 3: v_scores_rows(sr, qr, d, kt, 3); break;
+    case 2: v_scores_rows(sr, qr, d, kt, 2); break;
+    case 1: v_scores_rows(sr, qr, d, kt, 1); break;
+    default: break;
+    }
+}
+
+/* NV vectors (8 NV columns from c0) of one output row through the tile's cnt values. */
+static inline __attribute__((always_inline)) void v_pv_cols(float *o, const float *p,
+                                                            const float *vt, int dv, int cnt,
+                                                            int c0, const int NV)
+{
+    __m256 acc[8];
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; v++) acc[v] = _mm256_loadu_ps(o + c0 + 8 * v);
+    for (int j = 0; j < cnt; j++) {
+        __m256 pj = _mm256_set1_ps(p[j]);
+        const float *vr = vt + (size_t)j * dv + c0;
+#pragma GCC unroll 8
+        for (int v = 0; v < NV; v++)
+            acc[v] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vr + 8 * v), acc[v]);
+    }
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; v++) _mm256_storeu_ps(o + c0 + 8 * v, acc[v]);
+}
+
+static void v_fa_pv(float *o, const float *p, int R, int dv, const float *vt, int cnt)
+{
+    for (int r = 0; r < R; r++) {
+        float *orow = o + (size_t)r * dv;
+        const float *pr = p + (size_t)r * FA_TK;
+        int c0 = 0;
+        for (; c0 + 8 <= dv; c0 += 64) {
+            int nv = (dv - c0) / 8;
+            switch (nv < 8 ? nv : 8) {
+            case 8: v_pv_cols(orow, pr, vt, dv, cnt, c0, 8); break;
+            case 7: v_pv_cols(orow, pr, vt, dv, cnt, c0, 7); break;
+            case 6: v_pv_cols(orow, pr, vt, dv, cnt, c0, 6); break;
+            case 5: v_pv_cols(orow, pr, vt, dv, cnt, c0, 5); break;
+            case 4: v_pv_cols(orow, pr, vt, dv, cnt, c0, 4); break;
+            case 3: v_pv_cols(orow, pr, vt, dv, cnt, c0, 3); break;
+            case 2: v_pv_cols(orow, pr, vt, dv, cnt, c0, 2); break;
+            default: v_pv_cols(orow, pr, vt, dv, cnt, c0, 1); break;
+            }
+        }
+        c0 = dv / 8 * 8; /* the last dv % 8 columns, one at a time in the same order */
+        for (int c = c0; c < dv; c++) {
+            float acc = orow[c];
+            for (int j = 0; j < cnt; j++) acc = fmaf(pr[j], vt[(size_t)j * dv + c], acc);
+            orow[c] = acc;
+        }
+    }
+}
+
+static void v_fa_exp(float *x, int n, float sub)
+{
+    __m256 s = _mm256_set1_ps(sub);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, exp256(_mm256_sub_ps(_mm256_loadu_ps(x + i), s)));
+    for (; i < n; i++) x[i] = expf(x[i] - sub);
 }
 
 /* --- continuous experts ------------------------------------------------------------------ */
@@ -586,14 +706,6 @@ static inline __attribute__((always_inline)) void st8(float *y, __m256 v, int n)
 #define NV_DOWN_TOK v_neuron_down_tok
 #include "neuron_impl.h"
 
-#define ATTN_W 8
-#define ATTN_DOTS v_dots
-#define ATTN_AXPYS v_axpys
-#define ATTN_EXP v_exp_inplace
-#define ATTN_NAME v_attn_head
-#define ATTN_NAME_EX v_attn_head_ex
-#include "attn_impl.h"
-
 #define GDN_HEAD_NAME v_gdn_head
 #define MAMBA_HEAD_NAME v_mamba_head
 #include "ssm_impl.h"
@@ -605,8 +717,11 @@ const struct gemm_kernels gemm_avx2 = {
     .gemm = v_gemm,
     .silu_mul = v_silu_mul,
     .swiglu_oai = v_swiglu_oai,
-    .attn_head = v_attn_head,
-    .attn_head_ex = v_attn_head_ex,
+    .kv_cvt = v_kv_cvt,
+    .fa_kt = v_fa_kt,
+    .fa_scores = v_fa_scores,
+    .fa_pv = v_fa_pv,
+    .fa_exp = v_fa_exp,
     .neuron_up = v_neuron_up,
     .neuron_down = v_neuron_down,
     .neuron_up_tok = v_neuron_up_tok,

@@ -450,52 +450,182 @@ static void x_swiglu_oai(float *out, const float *g, const float *u, int n, floa
     }
 }
 
-/* Sixteen dot products q . k[j] over hd, one accumulator each, reduced four at a time by
- * hsum4 (the same tree for every j). */
-static void x_dots(float *s, const float *q, const float *const *k, int cnt, int hd, float scale)
+/* --- attention tiles ------------------------------------------------------------------- */
+
+/* 16 stored elements of type t from src + i (the first `m` lanes) as f32, before any scale:
+ * bf16 widens by a shift; f16 and both fp8 types go through F16C (an e5m2 byte is the top half
+ * of an f16; an e4m3 byte's bits moved into an f16 read 2^-8 of its value); int8 converts. */
+static inline __attribute__((always_inline)) __m512 kv16(enum be_kv_type t, const void *src,
+                                                         int i, __mmask16 m)
 {
-    __m512 acc[16];
-    const float *kk[16];
-    for (int j = 0; j < 16; j++) {
-        acc[j] = _mm512_setzero_ps();
-        kk[j] = k[j < cnt ? j : cnt - 1];
+    switch (t) {
+    case BE_KV_F32: return _mm512_maskz_loadu_ps(m, (const float *)src + i);
+    case BE_KV_BF16:
+        return _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, (const uint16_t *)src + i)), 16));
+    case BE_KV_F16: return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *)src + i));
+    case BE_KV_FP8_E5M2:
+        return _mm512_cvtph_ps(_mm256_slli_epi16(
+            _mm256_cvtepu8_epi16(_mm_maskz_loadu_epi8(m, (const uint8_t *)src + i)), 8));
+    case BE_KV_FP8_E4M3: {
+        __m256i w = _mm256_cvtepu8_epi16(_mm_maskz_loadu_epi8(m, (const uint8_t *)src + i));
+        __m256i h = _mm256_or_si256(
+            _mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x80)), 8),
+            _mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x7f)), 7));
+        return _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0f));
     }
-    for (int i = 0; i < hd; i += 16) {
-        __mmask16 m = mask16(hd - i);
-        __m512 qv = _mm512_maskz_loadu_ps(m, q + i);
-#pragma GCC unroll 16
-        for (int j = 0; j < 16; j++)
-            acc[j] = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, kk[j] + i), acc[j]);
+    case BE_KV_INT8:
+        return _mm512_cvtepi32_ps(
+            _mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, (const int8_t *)src + i)));
     }
-    __m512 r = _mm512_castps128_ps512(hsum4(acc[0], acc[1], acc[2], acc[3]));
-    r = _mm512_insertf32x4(r, hsum4(acc[4], acc[5], acc[6], acc[7]), 1);
-    r = _mm512_insertf32x4(r, hsum4(acc[8], acc[9], acc[10], acc[11]), 2);
-    r = _mm512_insertf32x4(r, hsum4(acc[12], acc[13], acc[14], acc[15]), 3);
-    _mm512_mask_storeu_ps(s, mask16(cnt), _mm512_mul_ps(r, _mm512_set1_ps(scale)));
+    return _mm512_setzero_ps();
 }
 
-static void x_axpys(float *y, const float *p, const float *const *v, int cnt, int hd)
+static inline __attribute__((always_inline)) void x_kv_cvt_t(float *dst, const void *src, int n,
+                                                             const enum be_kv_type t, float scale)
 {
-    for (int i = 0; i < hd; i += 16) {
-        __mmask16 m = mask16(hd - i);
-        __m512 acc = _mm512_maskz_loadu_ps(m, y + i);
-        for (int j = 0; j < cnt; j++)
-            acc = _mm512_fmadd_ps(_mm512_set1_ps(p[j]), _mm512_maskz_loadu_ps(m, v[j] + i), acc);
-        _mm512_mask_storeu_ps(y + i, m, acc);
-    }
-}
-
-static void x_exp_inplace(float *x, int n, float sub, float *sum)
-{
-    __m512 acc = _mm512_setzero_ps(), s = _mm512_set1_ps(sub);
+    const __m512 sv = _mm512_set1_ps(scale);
+    const int scaled = t == BE_KV_FP8_E4M3 || t == BE_KV_FP8_E5M2 || t == BE_KV_INT8;
     for (int i = 0; i < n; i += 16) {
         __mmask16 m = mask16(n - i);
-        __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), s));
-        e = _mm512_maskz_mov_ps(m, e);
-        _mm512_mask_storeu_ps(x + i, m, e);
-        acc = _mm512_add_ps(acc, e);
+        __m512 v = kv16(t, src, i, m);
+        if (scaled) v = _mm512_mul_ps(v, sv);
+        _mm512_mask_storeu_ps(dst + i, m, v);
     }
-    *sum = hsum(acc);
+}
+
+static void x_kv_cvt(float *dst, const void *src, int n, enum be_kv_type t, float scale)
+{
+    switch (t) { /* one loop per type, the type a constant inside */
+    case BE_KV_F32: x_kv_cvt_t(dst, src, n, BE_KV_F32, scale); break;
+    case BE_KV_BF16: x_kv_cvt_t(dst, src, n, BE_KV_BF16, scale); break;
+    case BE_KV_F16: x_kv_cvt_t(dst, src, n, BE_KV_F16, scale); break;
+    case BE_KV_FP8_E4M3: x_kv_cvt_t(dst, src, n, BE_KV_FP8_E4M3, scale); break;
+    case BE_KV_FP8_E5M2: x_kv_cvt_t(dst, src, n, BE_KV_FP8_E5M2, scale); break;
+    case BE_KV_INT8: x_kv_cvt_t(dst, src, n, BE_KV_INT8, scale); break;
+    }
+}
+
+/* kt (d, 16) = kf (16, d) transposed, 16 x 16 at a time in registers. */
+static void x_fa_kt(float *kt, const float *kf, int ldkf, int d)
+{
+    for (int i0 = 0; i0 < d; i0 += 16) {
+        __mmask16 m = mask16(d - i0);
+        __m512 r[16], t[16];
+        for (int j = 0; j < 16; j++) r[j] = _mm512_maskz_loadu_ps(m, kf + (size_t)j * ldkf + i0);
+        /* pairs of rows interleaved by element, then by element pair, then by 128-bit lane
+         * twice: row j, element i ends in vector i, lane j */
+        for (int j = 0; j < 16; j += 2) {
+            t[j] = _mm512_unpacklo_ps(r[j], r[j + 1]);
+            t[j + 1] = _mm512_unpackhi_ps(r[j], r[j + 1]);
+        }
+        for (int j = 0; j < 16; j += 4) {
+            r[j] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[j]), _mm512_castps_pd(t[j + 2])));
+            r[j + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[j]), _mm512_castps_pd(t[j + 2])));
+            r[j + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[j + 1]), _mm512_castps_pd(t[j + 3])));
+            r[j + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[j + 1]), _mm512_castps_pd(t[j + 3])));
+        }
+        /* r[4g + c] holds, for rows 4g..4g+3, element c of each 128-bit lane */
+        for (int g = 0; g < 2; g++)
+            for (int c = 0; c < 4; c++) {
+                t[8 * g + c] = _mm512_shuffle_f32x4(r[8 * g + c], r[8 * g + 4 + c], 0x88);
+                t[8 * g + 4 + c] = _mm512_shuffle_f32x4(r[8 * g + c], r[8 * g + 4 + c], 0xdd);
+            }
+        for (int c = 0; c < 8; c++) {
+            r[c] = _mm512_shuffle_f32x4(t[c], t[8 + c], 0x88);
+            r[8 + c] = _mm512_shuffle_f32x4(t[c], t[8 + c], 0xdd);
+        }
+        int rows = d - i0 < 16 ? d - i0 : 16;
+        for (int i = 0; i < rows; i++) _mm512_storeu_ps(kt + (size_t)(i0 + i) * 16, r[i]);
+    }
+}
+
+/* NR rows of scores: a broadcast query element times one row of kt per step, NR chains. */
+static inline __attribute__((always_inline)) void x_scores_rows(float *s, const float *q, int d,
+                                                                const float *kt, const int NR)
+{
+    __m512 acc[8];
+#pragma GCC unroll 8
+    for (int r = 0; r < NR; r++) acc[r] = _mm512_setzero_ps();
+    for (int i = 0; i < d; i++) {
+        __m512 k = _mm512_loadu_ps(kt + (size_t)i * 16);
+#pragma GCC unroll 8
+        for (int r = 0; r < NR; r++)
+            acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[(size_t)r * d + i]), k, acc[r]);
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < NR; r++) _mm512_storeu_ps(s + (size_t)r * 16, acc[r]);
+}
+
+static void x_fa_scores(float *s, const float *q, int R, int d, const float *kt)
+{
+    int r = 0;
+    for (; r + 8 <= R; r += 8) x_scores_rows(s + (size_t)r * 16, q + (size_t)r * d, d, kt, 8);
+    float *sr = s + (size_t)r * 16;
+    const float *qr = q + (size_t)r * d;
+    switch (R - r) {
+    case 7: x_scores_rows(sr, qr, d, kt, 7); break;
+    case 6: x_scores_rows(sr, qr, d, kt, 6); break;
+    case 5: x_scores_rows(sr, qr, d, kt, 5); break;
+    case 4: x_scores_rows(sr, qr, d, kt, 4); break;
+    case 3: x_scores_rows(sr, qr, d, kt, 3); break;
+    case 2: x_scores_rows(sr, qr, d, kt, 2); break;
+    case 1: x_scores_rows(sr, qr, d, kt, 1); break;
+    default: break;
+    }
+}
+
+/* Up to NV vectors (16 NV columns from c0) of one output row through the tile's cnt values. */
+static inline __attribute__((always_inline)) void x_pv_cols(float *o, const float *p,
+                                                            const float *vt, int dv, int cnt,
+                                                            int c0, const int NV)
+{
+    __m512 acc[8];
+    __mmask16 m[8];
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; v++) {
+        m[v] = mask16(dv - c0 - 16 * v);
+        acc[v] = _mm512_maskz_loadu_ps(m[v], o + c0 + 16 * v);
+    }
+    for (int j = 0; j < cnt; j++) {
+        __m512 pj = _mm512_set1_ps(p[j]);
+        const float *vr = vt + (size_t)j * dv + c0;
+#pragma GCC unroll 8
+        for (int v = 0; v < NV; v++)
+            acc[v] = _mm512_fmadd_ps(pj, _mm512_maskz_loadu_ps(m[v], vr + 16 * v), acc[v]);
+    }
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; v++) _mm512_mask_storeu_ps(o + c0 + 16 * v, m[v], acc[v]);
+}
+
+static void x_fa_pv(float *o, const float *p, int R, int dv, const float *vt, int cnt)
+{
+    for (int r = 0; r < R; r++) {
+        float *orow = o + (size_t)r * dv;
+        const float *pr = p + (size_t)r * FA_TK;
+        for (int c0 = 0; c0 < dv; c0 += 128) {
+            int nv = (dv - c0 + 15) / 16;
+            switch (nv < 8 ? nv : 8) {
+            case 8: x_pv_cols(orow, pr, vt, dv, cnt, c0, 8); break;
+            case 7: x_pv_cols(orow, pr, vt, dv, cnt, c0, 7); break;
+            case 6: x_pv_cols(orow, pr, vt, dv, cnt, c0, 6); break;
+            case 5: x_pv_cols(orow, pr, vt, dv, cnt, c0, 5); break;
+            case 4: x_pv_cols(orow, pr, vt, dv, cnt, c0, 4); break;
+            case 3: x_pv_cols(orow, pr, vt, dv, cnt, c0, 3); break;
+            case 2: x_pv_cols(orow, pr, vt, dv, cnt, c0, 2); break;
+            default: x_pv_cols(orow, pr, vt, dv, cnt, c0, 1); break;
+            }
+        }
+    }
+}
+
+static void x_fa_exp(float *x, int n, float sub)
+{
+    __m512 s = _mm512_set1_ps(sub);
+    for (int i = 0; i < n; i += 16) {
+        __mmask16 m = mask16(n - i);
+        _mm512_mask_storeu_ps(x + i, m, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), s)));
+    }
 }
 
 /* --- continuous experts ------------------------------------------------------------------ */
@@ -531,14 +661,6 @@ static inline __attribute__((always_inline)) void st16(float *y, __m512 v, int n
 #define NV_DOWN_TOK x_neuron_down_tok
 #include "neuron_impl.h"
 
-#define ATTN_W 16
-#define ATTN_DOTS x_dots
-#define ATTN_AXPYS x_axpys
-#define ATTN_EXP x_exp_inplace
-#define ATTN_NAME x_attn_head
-#define ATTN_NAME_EX x_attn_head_ex
-#include "attn_impl.h"
-
 #define GDN_HEAD_NAME x_gdn_head
 #define MAMBA_HEAD_NAME x_mamba_head
 #include "ssm_impl.h"
@@ -550,8 +672,11 @@ const struct gemm_kernels gemm_avx512 = {
     .gemm = x_gemm,
     .silu_mul = x_silu_mul,
     .swiglu_oai = x_swiglu_oai,
-    .attn_head = x_attn_head,
-    .attn_head_ex = x_attn_head_ex,
+    .kv_cvt = x_kv_cvt,
+    .fa_kt = x_fa_kt,
+    .fa_scores = x_fa_scores,
+    .fa_pv = x_fa_pv,
+    .fa_exp = x_fa_exp,
     .neuron_up = x_neuron_up,
     .neuron_down = x_neuron_down,
     .neuron_up_tok = x_neuron_up_tok,

@@ -160,29 +160,45 @@ static void p_swiglu_oai(float *out, const float *g, const float *u, int n, floa
     }
 }
 
-static void p_dots(float *s, const float *q, const float *const *k, int cnt, int hd, float scale)
+/* --- attention tiles ------------------------------------------------------------------ */
+
+static void p_kv_cvt(float *dst, const void *src, int n, enum be_kv_type t, float scale)
 {
-    for (int j = 0; j < cnt; j++) {
-        float acc = 0.0f;
-        for (int i = 0; i < hd; i++) acc += q[i] * k[j][i];
-        s[j] = acc * scale;
+    for (int i = 0; i < n; i++) dst[i] = kv_load(t, src, i, scale);
+}
+
+static void p_fa_kt(float *kt, const float *kf, int ldkf, int d)
+{
+    for (int i = 0; i < d; i++)
+        for (int j = 0; j < FA_TK; j++) kt[(size_t)i * FA_TK + j] = kf[(size_t)j * ldkf + i];
+}
+
+static void p_fa_scores(float *s, const float *q, int R, int d, const float *kt)
+{
+    for (int r = 0; r < R; r++) {
+        float acc[FA_TK] = {0};
+        for (int i = 0; i < d; i++) {
+            float qi = q[(size_t)r * d + i];
+            for (int j = 0; j < FA_TK; j++) acc[j] += qi * kt[(size_t)i * FA_TK + j];
+        }
+        memcpy(s + (size_t)r * FA_TK, acc, sizeof acc);
     }
 }
 
-static void p_axpys(float *y, const float *p, const float *const *v, int cnt, int hd)
+static void p_fa_pv(float *o, const float *p, int R, int dv, const float *vt, int cnt)
 {
-    for (int j = 0; j < cnt; j++)
-        for (int i = 0; i < hd; i++) y[i] += p[j] * v[j][i];
+    for (int r = 0; r < R; r++) {
+        float *orow = o + (size_t)r * dv;
+        for (int j = 0; j < cnt; j++) {
+            float pj = p[(size_t)r * FA_TK + j];
+            for (int c = 0; c < dv; c++) orow[c] += pj * vt[(size_t)j * dv + c];
+        }
+    }
 }
 
-static void p_exp_inplace(float *x, int n, float sub, float *sum)
+static void p_fa_exp(float *x, int n, float sub)
 {
-    float s = 0.0f;
-    for (int i = 0; i < n; i++) {
-        x[i] = expf(x[i] - sub);
-        s += x[i];
-    }
-    *sum = s;
+    for (int i = 0; i < n; i++) x[i] = expf(x[i] - sub);
 }
 
 /* --- continuous experts --------------------------------------------------------------- */
@@ -236,14 +252,6 @@ static void p_neuron_down_tok(const struct wmat *down, int f, const int32_t *tok
     for (int i = 0; i < cnt; i++) neuron_axpy(down, f, h[slot[i]], y + (size_t)tok[i] * ldy, c0, c1);
 }
 
-#define ATTN_W 16
-#define ATTN_DOTS p_dots
-#define ATTN_AXPYS p_axpys
-#define ATTN_EXP p_exp_inplace
-#define ATTN_NAME p_attn_head
-#define ATTN_NAME_EX p_attn_head_ex
-#include "attn_impl.h"
-
 #define GDN_HEAD_NAME p_gdn_head
 #define MAMBA_HEAD_NAME p_mamba_head
 #include "ssm_impl.h"
@@ -255,8 +263,11 @@ const struct gemm_kernels gemm_portable = {
     .gemm = p_gemm,
     .silu_mul = p_silu_mul,
     .swiglu_oai = p_swiglu_oai,
-    .attn_head = p_attn_head,
-    .attn_head_ex = p_attn_head_ex,
+    .kv_cvt = p_kv_cvt,
+    .fa_kt = p_fa_kt,
+    .fa_scores = p_fa_scores,
+    .fa_pv = p_fa_pv,
+    .fa_exp = p_fa_exp,
     .neuron_up = p_neuron_up,
     .neuron_down = p_neuron_down,
     .neuron_up_tok = p_neuron_up_tok,

@@ -6,8 +6,10 @@
  * maximum and sum are rescaled when a chunk raises the maximum, and each thread accumulates
  * AT_DIMS_PER_THREAD output dimensions in registers. Any context length takes the same path;
  * short contexts are simply one chunk. Keys and values may differ in width and row layout
- * (MLA's latent rows), and a per-head sink logit may join the denominator (gpt-oss). Correctness first: no tensor cores, no split-K over the
- * context (a long decode uses only n_head blocks). */
+ * (MLA's latent rows), and a per-head sink logit may join the denominator (gpt-oss). The cache
+ * is read in its stored type (kernels/kv_types.h: f32, bf16, f16, fp8 with the layer's scale,
+ * int8 with its rows' scales) and converted as it is loaded. Correctness first: no tensor
+ * cores, no split-K over the context (a long decode uses only n_head blocks). */
 #include <math.h>
 
 #include "cuda_check.h"
@@ -17,12 +19,25 @@
 #define AT_CHUNK           1024
 #define AT_DIMS_PER_THREAD (CUK_ATTN_MAX_HEAD_DIM / AT_THREADS)
 
-/* out: (n, n_head, v_dim), q: (n, n_head, k_dim); caches: (n_blocks, block_size, k_row) and
- * (n_blocks, block_size, v_row), KV head kvh at kvh * k_dim / kvh * v_dim of a row (struct
- * be_attn); grid = n * n_head; dynamic shared memory = (k_dim + AT_CHUNK) floats. */
+/* Where row `row` (block * block_size + slot) of the layer keeps KV head kvh's key (or value)
+ * and the scale its elements are multiplied by. */
+static __device__ inline const void *at_row(const void *base, const float *sc, enum be_kv_type t,
+                                            float layer_scale, size_t row, int row_len, int kvh,
+                                            int dim, int grp, float *scale)
+{
+    size_t es = (size_t)kv_type_size(t);
+    *scale = t == BE_KV_INT8 ? sc[row * (size_t)(row_len / grp) + (size_t)kvh * dim / grp]
+             : t == BE_KV_FP8_E4M3 || t == BE_KV_FP8_E5M2 ? layer_scale
+                                                          : 1.0f;
+    return (const char *)base + (row * (size_t)row_len + (size_t)kvh * dim) * es;
+}
+
+/* out: (n, n_head, v_dim), q: (n, n_head, k_dim); the layer's cache kv: K rows of k_row and V
+ * rows of v_row elements per (block, slot), KV head kvh at kvh * k_dim / kvh * v_dim of a row
+ * (struct be_attn); grid = n * n_head; dynamic shared memory = (k_dim + AT_CHUNK) floats. */
 static __global__ void __launch_bounds__(AT_THREADS)
-    at_attention_kernel(float *out, const float *q, const float *k_cache, const float *v_cache,
-                        struct be_tokens tk, int block_size, struct be_attn a)
+    at_attention_kernel(float *out, const float *q, struct be_kv kv, struct be_tokens tk,
+                        int block_size, struct be_attn a)
 {
     extern __shared__ float at_smem[];
     __shared__ float red[32];
@@ -57,13 +72,13 @@ static __global__ void __launch_bounds__(AT_THREADS)
 
         for (int t = warp; t < len; t += n_warp) {
             int p = c0 + t;
-            const float *kt =
-                k_cache +
-                ((size_t)block_table[p / block_size] * block_size + p % block_size) * a.k_row +
-                (size_t)kvh * a.k_dim;
+            size_t row = (size_t)block_table[p / block_size] * block_size + p % block_size;
+            float ksc;
+            const void *kt = at_row(kv.k, kv.k_sc, kv.type, kv.k_scale, row, a.k_row, kvh,
+                                    a.k_dim, kv.k_grp, &ksc);
             float s = 0.0f;
             for (int j = lane; j < a.k_dim; j += 32)
-                s += qs[j] * kt[j];
+                s += qs[j] * kv_load(kv.type, kt, j, ksc);
             for (int o = 16; o > 0; o >>= 1)
                 s += __shfl_xor_sync(0xffffffffu, s, o);
             if (lane == 0) sc[t] = s * scale;
@@ -95,12 +110,11 @@ static __global__ void __launch_bounds__(AT_THREADS)
                 float o = acc[r] * alpha;
                 for (int t = 0; t < len; t++) {
                     int p = c0 + t;
-                    const float *vt =
-                        v_cache +
-                        ((size_t)block_table[p / block_size] * block_size + p % block_size) *
-                            a.v_row +
-                        (size_t)kvh * head_dim;
-                    o += sc[t] * vt[j];
+                    size_t row = (size_t)block_table[p / block_size] * block_size + p % block_size;
+                    float vsc;
+                    const void *vt = at_row(kv.v, kv.v_sc, kv.type, kv.v_scale, row, a.v_row, kvh,
+                                            head_dim, kv.v_grp, &vsc);
+                    o += sc[t] * kv_load(kv.type, vt, j, vsc);
                 }
                 acc[r] = o;
             }
@@ -124,15 +138,16 @@ static __global__ void __launch_bounds__(AT_THREADS)
     }
 }
 
-int cuk_attention_ex(cudaStream_t st, float *out, const float *q, const float *k_cache,
-                     const float *v_cache, const struct be_tokens *tk, int block_size, int n,
-                     const struct be_attn *a, char *err, size_t errlen)
+int cuk_attention(cudaStream_t st, float *out, const float *q, const struct be_kv *kv,
+                  const struct be_tokens *tk, int block_size, int n, const struct be_attn *a,
+                  char *err, size_t errlen)
 {
     if (n <= 0 || a->n_head <= 0) return 0;
     if (a->v_dim <= 0 || a->v_dim > CUK_ATTN_MAX_HEAD_DIM || a->k_dim <= 0 ||
         a->k_dim > CUK_ATTN_MAX_K_DIM || a->n_kv_head <= 0 || a->n_head % a->n_kv_head != 0 ||
         block_size <= 0 || tk->pos0 < 0 || a->k_row < a->n_kv_head * a->k_dim ||
-        a->v_row < a->n_kv_head * a->v_dim) {
+        a->v_row < a->n_kv_head * a->v_dim ||
+        (kv->type == BE_KV_INT8 && (kv->k_grp <= 0 || kv->v_grp <= 0))) {
         if (err && errlen)
             snprintf(err, errlen,
                      "attention: unsupported shape (key width %d, max %d; value width %d, max %d; "
@@ -147,17 +162,7 @@ int cuk_attention_ex(cudaStream_t st, float *out, const float *q, const float *k
         return -1;
     }
     size_t smem = sizeof(float) * ((size_t)a->k_dim + AT_CHUNK);
-    at_attention_kernel<<<(unsigned)blocks, AT_THREADS, smem, st>>>(out, q, k_cache, v_cache, *tk,
-                                                                    block_size, *a);
+    at_attention_kernel<<<(unsigned)blocks, AT_THREADS, smem, st>>>(out, q, *kv, *tk, block_size,
+                                                                    *a);
     return CUDA_LAUNCH_CHECK("at_attention_kernel", err, errlen);
-}
-
-int cuk_attention(cudaStream_t st, float *out, const float *q, const float *k_cache,
-                  const float *v_cache, const struct be_tokens *tk, int block_size, int n,
-                  int n_head, int n_kv_head, int head_dim, int window, float scale, char *err,
-                  size_t errlen)
-{
-    struct be_attn a = {n_head, n_kv_head, head_dim, head_dim, n_kv_head * head_dim,
-                        n_kv_head * head_dim, window, scale, NULL, 0};
-    return cuk_attention_ex(st, out, q, k_cache, v_cache, tk, block_size, n, &a, err, errlen);
 }

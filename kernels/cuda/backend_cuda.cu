@@ -577,19 +577,16 @@ static void cb_neuron_ffn(struct backend *be, float *y, const float *x, int n, i
                               count, stride, hbuf, CB_ERR(b)));
 }
 
-static void cb_attention(struct backend *be, float *out, const float *q, const float *k_cache,
-                         const float *v_cache, const struct be_tokens *tk, int block_size, int n,
-                         int n_head, int n_kv_head, int head_dim, int window, float scale,
-                         float *scratch)
+static void cb_attention(struct backend *be, float *out, const float *q, const struct be_kv *kv,
+                         const struct be_tokens *tk, int block_size, int n,
+                         const struct be_attn *a)
 {
     struct cuda_backend *b = cb_of(be);
-    (void)scratch; /* scores live in each block's shared memory */
     if (cb_enter(b) < 0) return;
-    cb_note(b, cuk_attention(b->stream, out, q, k_cache, v_cache, tk, block_size, n, n_head,
-                             n_kv_head, head_dim, window, scale, CB_ERR(b)));
+    cb_note(b, cuk_attention(b->stream, out, q, kv, tk, block_size, n, a, CB_ERR(b)));
 }
 
-static void cb_kv_write(struct backend *be, float *k_cache, float *v_cache, const float *k,
+static void cb_kv_write(struct backend *be, const struct be_kv *kv, const float *k,
                         const float *v, const struct be_tokens *tk, int block_size, int n, int row)
 {
     struct cuda_backend *b = cb_of(be);
@@ -599,7 +596,7 @@ static void cb_kv_write(struct backend *be, float *k_cache, float *v_cache, cons
         cb_note(b, -1);
         return;
     }
-    cb_note(b, cuk_kv_write(b->stream, k_cache, v_cache, k, v, tk, block_size, n, row, CB_ERR(b)));
+    cb_note(b, cuk_kv_write(b->stream, kv, k, v, tk, block_size, n, row, CB_ERR(b)));
 }
 
 /* y (n, m), rows ldy apart = x (n, k), rows ldx apart . w^T: the input gathered to bf16 rows,
@@ -636,17 +633,6 @@ static void cb_rope_ex(struct backend *be, float *y, int y_stride, const float *
     if (cb_enter(b) < 0) return;
     cb_note(b, cuk_rope_ex(b->stream, y, y_stride, x, x_stride, pos, n, n_head, rot_dim,
                            interleave, cos_sin, CB_ERR(b)));
-}
-
-static void cb_attention_ex(struct backend *be, float *out, const float *q, const float *k_cache,
-                            const float *v_cache, const struct be_tokens *tk, int block_size,
-                            int n, const struct be_attn *a, float *scratch)
-{
-    struct cuda_backend *b = cb_of(be);
-    (void)scratch;
-    if (cb_enter(b) < 0) return;
-    cb_note(b, cuk_attention_ex(b->stream, out, q, k_cache, v_cache, tk, block_size, n, a,
-                                CB_ERR(b)));
 }
 
 /* Positional (C++17 has no designated initializers): this catches a field added to the table. */
@@ -738,7 +724,7 @@ static void cb_mul_rows(struct backend *be, float *x, const float *sc, int n, in
     cb_note(b, cuk_mul_rows(b->stream, x, sc, n, d, CB_ERR(b)));
 }
 
-static_assert(sizeof(struct backend_ops) == 40 * sizeof(void *),
+static_assert(sizeof(struct backend_ops) == 39 * sizeof(void *),
               "struct backend_ops changed: update cuda_ops to match kernels/backend.h");
 
 static const struct backend_ops cuda_ops = {
@@ -773,7 +759,6 @@ static const struct backend_ops cuda_ops = {
     /* .matmul_ld */ cb_matmul_ld,
     /* .rmsnorm_ld */ cb_rmsnorm_ld,
     /* .rope_ex */ cb_rope_ex,
-    /* .attention_ex */ cb_attention_ex,
     /* .host_workers */ cb_host_workers,
     /* .host_for */ cb_host_for,
     /* .gather_cols */ cb_gather_cols,

@@ -101,7 +101,8 @@ int cuk_scatter_rows(cudaStream_t st, float *dst, const float *src, const int32_
                      int d, char *err, size_t errlen);
 int cuk_moe_combine(cudaStream_t st, float *out, const float *rows, const int32_t *idx,
                     const float *w, int n, int k, int d, char *err, size_t errlen);
-int cuk_kv_write(cudaStream_t st, float *k_cache, float *v_cache, const float *k, const float *v,
+/* k/v rows (n, row) into the layer's cache, converted to its type (v NULL: k only) */
+int cuk_kv_write(cudaStream_t st, const struct be_kv *kv, const float *k, const float *v,
                  const struct be_tokens *tk, int block_size, int n, int row, char *err,
                  size_t errlen);
 
@@ -135,12 +136,8 @@ int cuk_route(cudaStream_t st, int32_t *idx, float *w, const float *logits, cons
  * (MLA: kv_lora_rank + qk_rope_dim = 576 for DeepSeek-V3). */
 #define CUK_ATTN_MAX_HEAD_DIM 512
 #define CUK_ATTN_MAX_K_DIM 4096
-int cuk_attention_ex(cudaStream_t st, float *out, const float *q, const float *k_cache,
-                     const float *v_cache, const struct be_tokens *tk, int block_size, int n,
-                     const struct be_attn *a, char *err, size_t errlen);
-int cuk_attention(cudaStream_t st, float *out, const float *q, const float *k_cache,
-                  const float *v_cache, const struct be_tokens *tk, int block_size, int n,
-                  int n_head, int n_kv_head, int head_dim, int window, float scale, char *err,
-                  size_t errlen);
+int cuk_attention(cudaStream_t st, float *out, const float *q, const struct be_kv *kv,
+                  const struct be_tokens *tk, int block_size, int n, const struct be_attn *a,
+                  char *err, size_t errlen);
 
 #endif

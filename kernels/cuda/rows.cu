@@ -48,22 +48,50 @@ static __global__ void rw_moe_combine_kernel(float *out, const float *rows, cons
 
 /* Rows (n, row) of k and v to the tokens' positions (struct be_tokens) in the paged caches
  * (n_blocks, block_size, row); grid = n. */
-static __global__ void rw_kv_write_kernel(float *k_cache, float *v_cache, const float *k,
-                                          const float *v, struct be_tokens tk, int block_size,
-                                          int row)
+/* One block per token, one warp per group of its row (an int8 group needs its maximum
+ * first; the other types convert element by element with the same rounding as the CPU). */
+static __global__ void rw_kv_write_kernel(struct be_kv kv, const float *k, const float *v,
+                                          struct be_tokens tk, int block_size, int row)
 {
     int i = blockIdx.x;
     int p = tk.pos ? tk.pos[i] : tk.pos0 + i;
     const int32_t *block_table =
         tk.seq ? tk.tables + (size_t)tk.seq[i] * (size_t)tk.table_stride : tk.tables;
-    size_t off =
-        ((size_t)block_table[p / block_size] * (size_t)block_size + (size_t)(p % block_size)) *
-        (size_t)row;
-    const float *ki = k + (size_t)i * (size_t)row;
-    const float *vi = v ? v + (size_t)i * (size_t)row : NULL;
-    for (int c = threadIdx.x; c < row; c += blockDim.x) {
-        k_cache[off + c] = ki[c];
-        if (v_cache) v_cache[off + c] = vi[c]; /* MLA: no values */
+    size_t r = (size_t)block_table[p / block_size] * (size_t)block_size + (size_t)(p % block_size);
+    size_t es = (size_t)kv_type_size(kv.type);
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, n_warp = blockDim.x >> 5;
+    for (int which = 0; which < (v ? 2 : 1); which++) {
+        const float *x = (which ? v : k) + (size_t)i * (size_t)row;
+        char *dst = (char *)(which ? kv.v : kv.k) + r * (size_t)row * es;
+        float *sc = which ? kv.v_sc : kv.k_sc;
+        int grp = which ? kv.v_grp : kv.k_grp;
+        float inv = which ? (kv.v_scale > 0.0f ? 1.0f / kv.v_scale : 1.0f)
+                          : (kv.k_scale > 0.0f ? 1.0f / kv.k_scale : 1.0f);
+        if (kv.type != BE_KV_INT8) {
+            for (int c = threadIdx.x; c < row; c += blockDim.x) {
+                switch (kv.type) {
+                case BE_KV_F32: ((float *)dst)[c] = x[c]; break;
+                case BE_KV_BF16: ((uint16_t *)dst)[c] = kv_f32_to_bf16(x[c]); break;
+                case BE_KV_F16: ((uint16_t *)dst)[c] = kv_f32_to_f16(x[c]); break;
+                case BE_KV_FP8_E4M3: ((uint8_t *)dst)[c] = kv_f32_to_e4m3(x[c] * inv); break;
+                case BE_KV_FP8_E5M2: ((uint8_t *)dst)[c] = kv_f32_to_e5m2(x[c] * inv); break;
+                default: break;
+                }
+            }
+            continue;
+        }
+        int n_grp = row / grp;
+        for (int g = warp; g < n_grp; g += n_warp) {
+            float amax = 0.0f;
+            for (int c = lane; c < grp; c += 32) amax = fmaxf(amax, fabsf(x[g * grp + c]));
+            for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+            float qinv = amax > 0.0f ? 127.0f / amax : 0.0f;
+            if (lane == 0) sc[r * (size_t)n_grp + g] = amax / 127.0f;
+            for (int c = lane; c < grp; c += 32) {
+                float q = rintf(x[g * grp + c] * qinv);
+                ((int8_t *)dst)[g * grp + c] = (int8_t)(q > 127.0f ? 127 : q < -127.0f ? -127 : (int)q);
+            }
+        }
     }
 }
 
@@ -91,12 +119,16 @@ int cuk_moe_combine(cudaStream_t st, float *out, const float *rows, const int32_
     return CUDA_LAUNCH_CHECK("rw_moe_combine_kernel", err, errlen);
 }
 
-int cuk_kv_write(cudaStream_t st, float *k_cache, float *v_cache, const float *k, const float *v,
+int cuk_kv_write(cudaStream_t st, const struct be_kv *kv, const float *k, const float *v,
                  const struct be_tokens *tk, int block_size, int n, int row, char *err,
                  size_t errlen)
 {
     if (n <= 0 || row <= 0) return 0;
-    rw_kv_write_kernel<<<(unsigned)n, RW_THREADS, 0, st>>>(k_cache, v_cache, k, v, *tk,
-                                                           block_size, row);
+    if (kv->type == BE_KV_INT8 &&
+        (kv->k_grp <= 0 || row % kv->k_grp || (v && (kv->v_grp <= 0 || row % kv->v_grp)))) {
+        if (err && errlen) snprintf(err, errlen, "kv_write: int8 groups do not divide row %d", row);
+        return -1;
+    }
+    rw_kv_write_kernel<<<(unsigned)n, RW_THREADS, 0, st>>>(*kv, k, v, *tk, block_size, row);
     return CUDA_LAUNCH_CHECK("rw_kv_write_kernel", err, errlen);
 }

@@ -1,0 +1,407 @@
+/* Tiled paged attention of the CPU backend: units of query rows, FA_TK-key tiles converted once
+ * from the cache's stored type, an online softmax per row, segments of FA_SEG folded in order,
+ * and split-K when a call has too few units for the threads. See flash.h for the rules that
+ * keep every row's result independent of how the call is cut up. */
+#include "cpu/flash.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* --- buffers ------------------------------------------------------------------------------ */
+
+/* Per-thread floats for units of R rows, keys dk and values dv wide: the unit's queries, the
+ * key tile before and after transposition, the value tile, the scores, the keys' scales, the
+ * row ranges, and two softmax states (the unit's and the current segment's). */
+static size_t thread_floats(int R, int dk, int dv)
+{
+    return (size_t)R * dk + 2 * (size_t)FA_TK * dk + (size_t)FA_TK * dv + (size_t)R * FA_TK +
+           FA_TK + 2 * (size_t)R + 2 * (size_t)R * (dv + 2) + 64;
+}
+
+void fa_work_free(struct fa_work *w)
+{
+    free(w->scratch);
+    free(w->tiles);
+    free(w->tasks);
+    free(w->part);
+    memset(w, 0, sizeof *w);
+}
+
+int fa_work_reserve(struct fa_work *w, int n_threads, int max_tokens, int max_group, int dk,
+                    int dv, int max_ctx)
+{
+    fa_work_free(w);
+    w->n_threads = n_threads > 0 ? n_threads : 1;
+    w->rows = max_group > FA_ROWS ? max_group : FA_ROWS;
+    w->dk = dk > 0 ? dk : 256;
+    w->dv = dv > 0 ? dv : 256;
+    w->max_tokens = max_tokens > 0 ? max_tokens : 1;
+    w->per_thread = (thread_floats(w->rows, w->dk, w->dv) + 15) / 16 * 16;
+    /* Splitting serves calls of fewer units than 2 per thread: room for that many units'
+     * segments at one decode token's rows, capped (a call needing more runs unsplit, with the
+     * same results). */
+    int segs = (max_ctx > 0 ? max_ctx : 4096) / FA_SEG + 2;
+    int group = max_group > 0 ? max_group : 1;
+    size_t units = 2 * (size_t)w->n_threads;
+    size_t part = units * (size_t)segs * (size_t)group * (size_t)(w->dv + 2);
+    size_t cap = (size_t)16 << 20; /* floats: 64 MiB */
+    w->part_floats = part < cap ? part : cap;
+    w->max_tasks = (int)(units * (size_t)segs);
+    w->scratch = aligned_alloc(64, sizeof(float) * w->per_thread * (size_t)w->n_threads);
+    w->tiles = malloc(sizeof(int32_t) * 2 * (size_t)w->max_tokens);
+    w->tasks = malloc(sizeof(int32_t) * 3 * (size_t)w->max_tasks);
+    w->part = malloc(sizeof(float) * (w->part_floats > 0 ? w->part_floats : 1));
+    if (!w->scratch || !w->tiles || !w->tasks || !w->part) {
+        fa_work_free(w);
+        return -1;
+    }
+    return 0;
+}
+
+/* --- one unit ------------------------------------------------------------------------------ */
+
+struct fa_call {
+    const struct gemm_kernels *kk;
+    struct fa_work *w;
+    float *out;
+    const float *q;
+    const struct be_kv *kv;
+    const struct be_tokens *tk;
+    const struct be_attn *a;
+    int block_size, group, esize;
+    int n_units;
+};
+
+static inline const int32_t *tok_table(const struct be_tokens *tk, int i)
+{
+    return tk->seq ? tk->tables + (size_t)tk->seq[i] * tk->table_stride : tk->tables;
+}
+
+static inline int tok_pos(const struct be_tokens *tk, int i)
+{
+    return tk->pos ? tk->pos[i] : tk->pos0 + i;
+}
+
+/* A unit's rows: row r = t * group + g is token tok0 + t, query head kvh * group + g. */
+struct fa_unit {
+    int tok0, nt, kvh, R;
+    const int32_t *table;
+    float *qb;      /* (R, dk) queries times the softmax scale */
+    int32_t *lo, *hi; /* (R) each row's positions [lo, hi] */
+    int minlo, maxhi;
+    /* per-thread tiles */
+    float *kf, *kt, *vt, *s, *sc;
+};
+
+/* A row's softmax state: max, sum, then the value accumulator (dv). */
+#define ST_M 0
+#define ST_L 1
+#define ST_O 2
+
+static void unit_init(const struct fa_call *c, int u, float *scratch, struct fa_unit *un)
+{
+    const struct be_attn *a = c->a;
+    const struct fa_work *w = c->w;
+    int tile = u / a->n_kv_head;
+    un->kvh = u % a->n_kv_head;
+    un->tok0 = w->tiles[2 * tile];
+    un->nt = w->tiles[2 * tile + 1];
+    un->R = un->nt * c->group;
+    un->table = tok_table(c->tk, un->tok0);
+    float *p = scratch;
+    un->qb = p;
+    p += (size_t)w->rows * w->dk;
+    un->kf = p;
+    p += (size_t)FA_TK * w->dk;
+    un->kt = p;
+    p += (size_t)FA_TK * w->dk;
+    un->vt = p;
+    p += (size_t)FA_TK * w->dv;
+    un->s = p;
+    p += (size_t)w->rows * FA_TK;
+    un->sc = p;
+    p += FA_TK;
+    un->lo = (int32_t *)p;
+    p += w->rows;
+    un->hi = (int32_t *)p;
+    un->minlo = 1 << 30;
+    un->maxhi = -1;
+    for (int t = 0; t < un->nt; t++) {
+        int i = un->tok0 + t, pos = tok_pos(c->tk, i);
+        int start = a->window > 0 && pos - a->window + 1 > 0 ? pos - a->window + 1 : 0;
+        if (a->chunk > 0 && pos - pos % a->chunk > start) start = pos - pos % a->chunk;
+        for (int g = 0; g < c->group; g++) {
+            int r = t * c->group + g;
+            un->lo[r] = start;
+            un->hi[r] = pos;
+            const float *qr = c->q + ((size_t)i * a->n_head + (size_t)un->kvh * c->group + g) *
+                                         (size_t)a->k_dim;
+            float *qd = un->qb + (size_t)r * a->k_dim;
+            for (int d = 0; d < a->k_dim; d++) qd[d] = qr[d] * a->scale;
+        }
+        if (start < un->minlo) un->minlo = start;
+        if (pos > un->maxhi) un->maxhi = pos;
+    }
+}
+
+/* The states after the unit's rows: two arrays of R rows of (dv + 2). */
+static float *unit_states(const struct fa_call *c, float *scratch)
+{
+    const struct fa_work *w = c->w;
+    return scratch + (size_t)w->rows * w->dk + 2 * (size_t)FA_TK * w->dk +
+           (size_t)FA_TK * w->dv + (size_t)w->rows * FA_TK + FA_TK + 2 * (size_t)w->rows;
+}
+
+/* Rows j in [j0, j1] of a tile from cache positions t0 + j, converted (the rest stay zero):
+ * the key tile kf (FA_TK, dk) and value tile vt (FA_TK, dv). */
+static void load_tile(const struct fa_call *c, const struct fa_unit *un, int t0, int j0, int j1)
+{
+    const struct be_attn *a = c->a;
+    const struct be_kv *kv = c->kv;
+    int dk = a->k_dim, dv = a->v_dim, bs = c->block_size;
+    size_t es = (size_t)c->esize;
+    bool fp8 = kv->type == BE_KV_FP8_E4M3 || kv->type == BE_KV_FP8_E5M2;
+    /* keys outside [j0, j1] are zero (their scores are masked); values before j0 too, as the
+     * products read them with p = 0 (values after j1 are not read) */
+    memset(un->kf, 0, sizeof(float) * (size_t)j0 * dk);
+    memset(un->kf + (size_t)(j1 + 1) * dk, 0, sizeof(float) * (size_t)(FA_TK - 1 - j1) * dk);
+    memset(un->vt, 0, sizeof(float) * (size_t)j0 * dv);
+    int kg = kv->k_grp > 0 ? a->k_row / kv->k_grp : 0, vg = kv->v_grp > 0 ? a->v_row / kv->v_grp : 0;
+    for (int j = j0; j <= j1; j++) {
+        int p = t0 + j;
+        size_t row = (size_t)un->table[p / bs] * bs + p % bs;
+        const char *kr = (const char *)kv->k + (row * a->k_row + (size_t)un->kvh * dk) * es;
+        const char *vr = (const char *)kv->v + (row * a->v_row + (size_t)un->kvh * dv) * es;
+        float ks = 1.0f, vs = 1.0f;
+        if (fp8) {
+            ks = kv->k_scale;
+            vs = kv->v_scale;
+        } else if (kv->type == BE_KV_INT8) {
+            ks = kv->k_sc[row * kg + (size_t)un->kvh * dk / kv->k_grp];
+            vs = kv->v_sc[row * vg + (size_t)un->kvh * dv / kv->v_grp];
+        }
+        c->kk->kv_cvt(un->kf + (size_t)j * dk, kr, dk, kv->type, ks);
+        c->kk->kv_cvt(un->vt + (size_t)j * dv, vr, dv, kv->type, vs);
+    }
+    c->kk->fa_kt(un->kt, un->kf, dk, dk);
+}
+
+/* Segment `seg` of the unit's context into fresh states st (R rows of dv + 2). */
+static void unit_segment(const struct fa_call *c, const struct fa_unit *un, int seg, float *st)
+{
+    const struct be_attn *a = c->a;
+    int R = un->R, dk = a->k_dim, dv = a->v_dim;
+    size_t ld = (size_t)dv + 2;
+    for (int r = 0; r < R; r++) {
+        float *sr = st + (size_t)r * ld;
+        sr[ST_M] = -INFINITY;
+        sr[ST_L] = 0.0f;
+        memset(sr + ST_O, 0, sizeof(float) * (size_t)dv);
+    }
+    int s0 = seg * FA_SEG, s1 = s0 + FA_SEG - 1;
+    int first = (un->minlo > s0 ? un->minlo : s0) / FA_TK * FA_TK;
+    int last = un->maxhi < s1 ? un->maxhi : s1;
+    for (int t0 = first; t0 <= last; t0 += FA_TK) {
+        int j0 = un->minlo > t0 ? un->minlo - t0 : 0;
+        int j1 = un->maxhi < t0 + FA_TK - 1 ? un->maxhi - t0 : FA_TK - 1;
+        load_tile(c, un, t0, j0, j1);
+        c->kk->fa_scores(un->s, un->qb, R, dk, un->kt);
+        for (int r = 0; r < R; r++) {
+            float *p = un->s + (size_t)r * FA_TK, *sr = st + (size_t)r * ld;
+            int rlo = un->lo[r] > t0 ? un->lo[r] - t0 : 0;
+            int rhi = un->hi[r] < t0 + FA_TK - 1 ? un->hi[r] - t0 : FA_TK - 1;
+            if (rlo > rhi) { /* no key of this tile: the row contributes nothing */
+                memset(p, 0, sizeof(float) * FA_TK);
+                continue;
+            }
+            float mt = p[rlo];
+            for (int j = rlo + 1; j <= rhi; j++) mt = p[j] > mt ? p[j] : mt;
+            float m = sr[ST_M];
+            if (mt > m) {
+                if (m != -INFINITY) { /* a larger maximum: what came before shrinks */
+                    float f = expf(m - mt);
+                    sr[ST_L] *= f;
+                    for (int d = 0; d < dv; d++) sr[ST_O + d] *= f;
+                }
+                m = sr[ST_M] = mt;
+            }
+            c->kk->fa_exp(p, FA_TK, m);
+            float l = 0.0f;
+            for (int j = 0; j < FA_TK; j++) {
+                if (j < rlo || j > rhi) p[j] = 0.0f;
+                l += p[j];
+            }
+            sr[ST_L] += l;
+        }
+        /* rows without keys here add 0 * v (v finite: loaded or zero) */
+        for (int r = 0; r < R; r++) {
+            float *sr = st + (size_t)r * ld;
+            c->kk->fa_pv(sr + ST_O, un->s + (size_t)r * FA_TK, 1, dv, un->vt, j1 + 1);
+        }
+    }
+}
+
+/* tot = tot folded with seg, row by row (R rows of dv + 2). */
+static void fold(float *tot, const float *seg, int R, int dv)
+{
+    size_t ld = (size_t)dv + 2;
+    for (int r = 0; r < R; r++) {
+        float *t = tot + (size_t)r * ld;
+        const float *s = seg + (size_t)r * ld;
+        if (s[ST_M] == -INFINITY) continue;
+        if (t[ST_M] == -INFINITY) {
+            memcpy(t, s, sizeof(float) * ld);
+            continue;
+        }
+        float M = t[ST_M] > s[ST_M] ? t[ST_M] : s[ST_M];
+        float ft = expf(t[ST_M] - M), fs = expf(s[ST_M] - M);
+        t[ST_M] = M;
+        t[ST_L] = t[ST_L] * ft + s[ST_L] * fs;
+        for (int d = 0; d < dv; d++) t[ST_O + d] = t[ST_O + d] * ft + s[ST_O + d] * fs;
+    }
+}
+
+static void state_reset(float *st, int R, int dv)
+{
+    for (int r = 0; r < R; r++) {
+        float *t = st + (size_t)r * (dv + 2);
+        t[ST_M] = -INFINITY;
+        t[ST_L] = 0.0f;
+        memset(t + ST_O, 0, sizeof(float) * (size_t)dv);
+    }
+}
+
+/* The unit's outputs from its folded states: a sink (gpt-oss) is one more logit in each
+ * head's denominator. */
+static void unit_finish(const struct fa_call *c, const struct fa_unit *un, const float *tot)
+{
+    const struct be_attn *a = c->a;
+    int dv = a->v_dim;
+    for (int r = 0; r < un->R; r++) {
+        const float *t = tot + (size_t)r * (dv + 2);
+        int tt = r / c->group, g = r % c->group;
+        int h = un->kvh * c->group + g;
+        float m = t[ST_M], l = t[ST_L], f = 1.0f;
+        if (a->sinks) {
+            float sk = a->sinks[h], M = sk > m ? sk : m;
+            f = expf(m - M);
+            l = l * f + expf(sk - M);
+        }
+        float inv = f / l;
+        float *o = c->out + ((size_t)(un->tok0 + tt) * a->n_head + h) * (size_t)dv;
+        for (int d = 0; d < dv; d++) o[d] = t[ST_O + d] * inv;
+    }
+}
+
+/* One unit, all its segments in order. */
+static void unit_task(void *ctx, int u, int thread)
+{
+    const struct fa_call *c = ctx;
+    float *scratch = c->w->scratch + (size_t)thread * c->w->per_thread;
+    struct fa_unit un;
+    unit_init(c, u, scratch, &un);
+    float *tot = unit_states(c, scratch), *seg = tot + (size_t)un.R * (c->a->v_dim + 2);
+    state_reset(tot, un.R, c->a->v_dim);
+    for (int s = un.minlo / FA_SEG; s <= un.maxhi / FA_SEG; s++) {
+        unit_segment(c, &un, s, seg);
+        fold(tot, seg, un.R, c->a->v_dim);
+    }
+    unit_finish(c, &un, tot);
+}
+
+/* One segment of a split unit, into its partial. */
+static void seg_task(void *ctx, int task, int thread)
+{
+    const struct fa_call *c = ctx;
+    const int32_t *tk = c->w->tasks + 3 * (size_t)task;
+    float *scratch = c->w->scratch + (size_t)thread * c->w->per_thread;
+    struct fa_unit un;
+    unit_init(c, tk[0], scratch, &un);
+    unit_segment(c, &un, tk[1], c->w->part + (size_t)tk[2] * (c->a->v_dim + 2));
+}
+
+/* A split unit's partials folded in segment order (its tasks are consecutive, from
+ * first_task[u]). */
+struct merge_job {
+    const struct fa_call *c;
+    const int32_t *first_task; /* (n_units + 1) */
+};
+
+static void merge_task(void *ctx, int u, int thread)
+{
+    const struct merge_job *mj = ctx;
+    const struct fa_call *c = mj->c;
+    float *scratch = c->w->scratch + (size_t)thread * c->w->per_thread;
+    struct fa_unit un;
+    unit_init(c, u, scratch, &un);
+    float *tot = unit_states(c, scratch);
+    state_reset(tot, un.R, c->a->v_dim);
+    for (int t = mj->first_task[u]; t < mj->first_task[u + 1]; t++)
+        fold(tot, c->w->part + (size_t)c->w->tasks[3 * (size_t)t + 2] * (c->a->v_dim + 2), un.R,
+             c->a->v_dim);
+    unit_finish(c, &un, tot);
+}
+
+/* --- the call ------------------------------------------------------------------------------ */
+
+void fa_attention(struct pool *pool, const struct gemm_kernels *kk, struct fa_work *w,
+                  float *out, const float *q, const struct be_kv *kv,
+                  const struct be_tokens *tk, int block_size, int n, const struct be_attn *a)
+{
+    if (n <= 0) return;
+    struct fa_call c = {.kk = kk, .w = w, .out = out, .q = q, .kv = kv, .tk = tk, .a = a,
+                        .block_size = block_size, .group = a->n_head / a->n_kv_head,
+                        .esize = kv_type_size(kv->type)};
+    /* Units: runs of consecutive positions of one sequence, FA_ROWS rows at most. */
+    int per = FA_ROWS / c.group > 1 ? FA_ROWS / c.group : 1, n_tiles = 0;
+    for (int i = 0; i < n;) {
+        const int32_t *tb = tok_table(tk, i);
+        int p0 = tok_pos(tk, i), cnt = 1;
+        while (i + cnt < n && cnt < per && tok_table(tk, i + cnt) == tb &&
+               tok_pos(tk, i + cnt) == p0 + cnt)
+            cnt++;
+        w->tiles[2 * n_tiles] = i;
+        w->tiles[2 * n_tiles + 1] = cnt;
+        n_tiles++;
+        i += cnt;
+    }
+    c.n_units = n_tiles * a->n_kv_head;
+    int threads = pool_size(pool);
+    if (threads > 1 && c.n_units < 2 * threads) {
+        /* Few units: a task per segment, if the partials fit. first_task (n_units + 1) lives
+         * at the end of the task table. */
+        int n_tasks = 0;
+        size_t off = 0;
+        bool fits = true;
+        int32_t *first = w->tasks + 3 * (size_t)w->max_tasks - (c.n_units + 1);
+        for (int u = 0; u < c.n_units && fits; u++) {
+            int tile = u / a->n_kv_head, i0 = w->tiles[2 * tile], nt = w->tiles[2 * tile + 1];
+            int pos_hi = tok_pos(tk, i0 + nt - 1), pos_lo = tok_pos(tk, i0);
+            int lo = a->window > 0 && pos_lo - a->window + 1 > 0 ? pos_lo - a->window + 1 : 0;
+            if (a->chunk > 0 && pos_lo - pos_lo % a->chunk > lo) lo = pos_lo - pos_lo % a->chunk;
+            size_t rows = (size_t)nt * c.group;
+            first[u] = n_tasks;
+            for (int s = lo / FA_SEG; s <= pos_hi / FA_SEG; s++) {
+                if (3 * (n_tasks + 1) > 3 * w->max_tasks - (c.n_units + 1) ||
+                    off + rows * (a->v_dim + 2) > w->part_floats) {
+                    fits = false;
+                    break;
+                }
+                w->tasks[3 * n_tasks] = u;
+                w->tasks[3 * n_tasks + 1] = s;
+                w->tasks[3 * n_tasks + 2] = (int32_t)(off / (size_t)(a->v_dim + 2));
+                off += rows * (a->v_dim + 2);
+                n_tasks++;
+            }
+        }
+        if (fits && n_tasks > c.n_units) {
+            first[c.n_units] = n_tasks;
+            pool_run(pool, seg_task, &c, n_tasks);
+            struct merge_job mj = {.c = &c, .first_task = first};
+            pool_run(pool, merge_task, &mj, c.n_units);
+            return;
+        }
+    }
+    pool_run(pool, unit_task, &c, c.n_units);
+}

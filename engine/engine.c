@@ -223,6 +223,19 @@ int engine_kv_geom(const struct model *m, int kv_type, struct kv_geom *out)
     return 0;
 }
 
+int engine_kv_window(const struct engine *e)
+{
+    const struct model_desc *md = &e->m->desc;
+    int w = 0;
+    for (int l = 0; l < md->n_layer; l++) {
+        if (md->layer_linear && md->layer_linear[l]) continue; /* no K/V */
+        int lw = model_layer_window(md, l);
+        if (lw <= 0) return 0; /* a layer that attends to everything */
+        w = lw > w ? lw : w;
+    }
+    return w;
+}
+
 size_t engine_kv_bytes_per_token(const struct engine *e)
 {
     return (size_t)e->kv.n_kv_layers * kv_geom_token_bytes(&e->kv.geom);
@@ -1336,12 +1349,12 @@ static void sticky_assign(struct engine *e, struct engine_item *items, int n_ite
         if (kv->device >= 0) {
             /* A sequence keeps its device, unless it was released (preempted) and has since
              * taken cached prefix blocks whose K/V another device holds: it moves there. */
-            int held = kv->n_blocks > 0 ? e->block_dev[kv->blocks[0]] : -1;
+            int held = kv->n_blocks > 0 && kv->blocks[0] >= 0 ? e->block_dev[kv->blocks[0]] : -1;
             if (held < 0 || held == kv->device) continue;
             e->dev_seqs[kv->device]--;
             kv->device = -1;
         }
-        int d = kv->n_blocks > 0 ? e->block_dev[kv->blocks[0]] : -1;
+        int d = kv->n_blocks > 0 && kv->blocks[0] >= 0 ? e->block_dev[kv->blocks[0]] : -1;
         if (d < 0) {
             d = 0;
             for (int r = 1; r < e->n_dev; r++)

@@ -192,6 +192,10 @@ struct kv_cache *engine_kv(struct engine *e);
 /* The KV geometry the engine uses for model m with kv_type (ENGINE_KV_AUTO resolved): 0, or -1
  * for an unknown type. */
 int engine_kv_geom(const struct model *m, int kv_type, struct kv_geom *out);
+/* W > 0 when every layer with K/V attends only to the last W positions at most (a sliding-
+ * window model), so a sequence's blocks before its next position - W + 1 can be given back
+ * (kv_seq_drop_before); 0 when some layer attends to the whole context. */
+int engine_kv_window(const struct engine *e);
 /* Bytes one token's K/V take in the engine's cache, over every layer with K/V (int8's scales
  * included). */
 size_t engine_kv_bytes_per_token(const struct engine *e);

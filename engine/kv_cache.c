@@ -296,10 +296,22 @@ int kv_seq_reserve(struct kv_cache *kv, struct kv_seq *s, int n_tokens)
     return 0;
 }
 
+int kv_seq_drop_before(struct kv_cache *kv, struct kv_seq *s, int pos)
+{
+    int upto = pos > 0 ? pos / kv->block_size : 0, n = 0;
+    if (upto > s->n_blocks) upto = s->n_blocks;
+    for (; s->n_dropped < upto; s->n_dropped++, n++) {
+        put_block(kv, s->blocks[s->n_dropped]);
+        s->blocks[s->n_dropped] = -1;
+    }
+    return n;
+}
+
 void kv_seq_release(struct kv_cache *kv, struct kv_seq *s)
 {
-    for (int i = s->n_blocks - 1; i >= 0; i--) put_block(kv, s->blocks[i]);
+    for (int i = s->n_blocks - 1; i >= s->n_dropped; i--) put_block(kv, s->blocks[i]);
     s->n_blocks = 0;
+    s->n_dropped = 0;
     s->n_hashed = 0;
     s->reg_stop = false;
     if (s->blocks && s->slot >= 0 && kv->slot_free && kv->n_slot_free < kv->n_slots)
@@ -368,6 +380,10 @@ void kv_seq_register(struct kv_cache *kv, struct kv_seq *s, uint64_t key, const 
     while (!s->reg_stop && s->n_hashed < full) {
         int i = s->n_hashed;
         int32_t b = s->blocks[i];
+        if (b < 0 || (i > 0 && s->blocks[i - 1] < 0)) { /* dropped: the chain ends here */
+            s->reg_stop = true;
+            break;
+        }
         int32_t parent = i > 0 ? s->blocks[i - 1] : -1;
         const int32_t *t = tokens + (size_t)i * bs;
         uint64_t h = kv_block_hash(i > 0 ? s->hash[i - 1] : KV_HASH_ROOT, key, t, bs);

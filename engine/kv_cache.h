@@ -99,6 +99,8 @@ struct kv_seq {
                         sequence's K/V live on, -1 until its first step */
     int slot;        /* recurrent-state slot, -1 when none is held */
     int state_pos;   /* positions [0, state_pos) are folded into the slot's state */
+    int n_dropped;   /* leading blocks given back because every layer's window has passed
+                        them (kv_seq_drop_before): blocks[0, n_dropped) are -1 */
 };
 
 /* An f32 cache of n_kv_head heads of head_dim per layer. */
@@ -132,6 +134,10 @@ void kv_seq_free(struct kv_cache *kv, struct kv_seq *s); /* releases blocks and 
  * when no free one is left. Returns 0, or -1 when the pool has too few free or evictable
  * blocks (nothing is taken then) or n_tokens exceeds the table. */
 int kv_seq_reserve(struct kv_cache *kv, struct kv_seq *s, int n_tokens);
+/* Gives back the sequence's blocks whose positions all lie before pos (a sliding-window model
+ * past its window: no later query reads them), leaving -1 in their table entries. The table
+ * keeps its length; the blocks count as held for kv_seq_reserve. Returns the blocks dropped. */
+int kv_seq_drop_before(struct kv_cache *kv, struct kv_seq *s, int pos);
 /* Drops the sequence's references, last block first (so a sequence's tail is evicted before
  * its head). Registered blocks left unreferenced become evictable, the others free. Its state
  * slot, if any, is freed too (the state is meaningless without the K/V). */

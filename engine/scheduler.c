@@ -17,6 +17,7 @@ struct sched {
     struct sched_params p;
     int vocab;
     int max_model_len;
+    int kv_window;      /* engine_kv_window: > 0, blocks before a sequence's window go back */
     bool prefix_caching;
 
     /* scheduler thread only */
@@ -268,6 +269,7 @@ int sched_create(struct engine *e, const struct sched_params *p, struct sched **
     if (s->p.max_waiting <= 0) s->p.max_waiting = 1024;
     s->vocab = s->m->desc.vocab;
     s->max_model_len = ep->max_model_len;
+    s->kv_window = engine_kv_window(e);
     /* Hybrid models: cached K/V blocks come without the recurrent state of the positions
      * they hold, so a prefix hit cannot be used (the engine refuses such a step): off. */
     s->prefix_caching = !p->disable_prefix_caching && engine_state_seq_bytes(e) == 0;
@@ -885,6 +887,9 @@ int sched_step(struct sched *s)
         n_tok += it->n_tokens;
         if (s->prefix_caching)
             kv_seq_register(engine_kv(s->e), &r->kv, cache_key(s, r), r->tokens, r->n_computed);
+        /* a sliding-window model: no later query reads before n_computed - window + 1 */
+        if (s->kv_window > 0)
+            kv_seq_drop_before(engine_kv(s->e), &r->kv, r->n_computed - s->kv_window + 1);
         if (it->pos < r->n_prompt) n_prompt_tok += (it->pos + it->n_tokens < r->n_prompt
                                                         ? it->n_tokens
                                                         : r->n_prompt - it->pos);
@@ -936,6 +941,11 @@ int sched_submit(struct sched *s, struct sched_req *r, char *err, size_t errlen)
     }
     const struct kv_cache *kv = engine_kv(s->e);
     int blocks = (r->cap + kv->block_size - 1) / kv->block_size;
+    if (s->kv_window > 0) { /* at most the window and one step's tokens are held at once */
+        int live = (s->kv_window - 1 + s->p.max_num_batched_tokens + kv->block_size - 1) /
+                       kv->block_size + 1;
+        blocks = blocks < live ? blocks : live;
+    }
     if (blocks > kv->n_blocks) { /* would wait forever: no amount of retrying helps */
         ms_errf(err, errlen,
                 "%d prompt tokens plus max_tokens %d need %d KV cache blocks of %d tokens, and the "

@@ -4,7 +4,10 @@
  * blocks, stop strings cut the text, back-pressure and oversize requests are refused, the
  * libuv loop thread runs requests to completion, and prefix caching reuses full prompt blocks
  * (a repeated prompt hits all its full blocks but the one holding its last token) without
- * changing any greedy output compared with the cache disabled. */
+ * changing any greedy output compared with the cache disabled; with every layer given a
+ * sliding window, a sequence gives back the blocks before its window as it grows (its blocks
+ * in use stay bounded, a cache smaller than the sequence serves it) with the same greedy
+ * output as the engine driven alone. */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -720,6 +723,90 @@ out:
     free(want);
 }
 
+/* Greedy decode of prompt i on the engine alone (no scheduler, nothing given back). */
+static void engine_greedy(struct engine *e, int i, int n, int32_t *out)
+{
+    struct kv_seq q;
+    char err[MS_ERR_LEN];
+    int V = engine_model(e)->desc.vocab;
+    float *logits = malloc(sizeof(float) * (size_t)V);
+    CHECK(logits && engine_seq_init(e, &q) == 0);
+    if (!logits) return;
+    int32_t tok[128];
+    memcpy(tok, prompts[i], sizeof(int32_t) * (size_t)prompt_len[i]);
+    int len = prompt_len[i];
+    struct engine_item it = {.kv = &q, .tokens = tok, .n_tokens = len, .pos = 0, .n_logits = 1,
+                             .logits = logits};
+    for (int k = 0; k < n; k++) {
+        CHECKF(engine_step(e, &it, 1, err, sizeof err) == 0, "%s", err);
+        int best = 0;
+        for (int v = 1; v < V; v++) best = logits[v] > logits[best] ? v : best;
+        out[k] = tok[len] = best;
+        it = (struct engine_item){.kv = &q, .tokens = tok + len, .n_tokens = 1, .pos = len,
+                                  .n_logits = 1, .logits = logits};
+        len++;
+    }
+    engine_seq_free(e, &q);
+    free(logits);
+}
+
+/* A sliding window on every layer (8 positions, blocks of 16): the longest prompt (90 tokens)
+ * plus 30 new ones, prefilled 32 at a time. */
+static void test_sliding_window(struct model *m)
+{
+    enum { W = 8, NEW = 30, BATCH = 32 };
+    int saved = m->desc.sliding_window;
+    m->desc.sliding_window = W;
+    int i = 0;
+    for (int k = 1; k < N_REQ; k++) i = prompt_len[k] > prompt_len[i] ? k : i;
+    const struct model_desc *d = &m->desc;
+    /* 5 blocks (80 tokens) for a sequence of 120 positions: enough only if blocks go back */
+    size_t bytes = kv_block_bytes(d->n_layer, d->n_kv_head, d->head_dim, 16) * 5;
+    struct engine *e = make_engine(m, bytes, BATCH);
+    struct sched *s = e ? make_sched(e, BATCH, 0) : NULL;
+    CHECK(s != NULL && engine_kv_window(e) == W);
+    if (!s) goto out;
+    int32_t ref[NEW];
+    struct engine *eref = make_engine(m, 0, 128); /* room for everything, nothing given back */
+    CHECK(eref != NULL);
+    if (eref) engine_greedy(eref, i, NEW, ref);
+    engine_free(eref);
+    struct sched_req_params p;
+    sched_req_params_default(&p);
+    p.max_tokens = NEW;
+    p.ignore_eos = true;
+    p.smp.temperature = 0;
+    char err[MS_ERR_LEN];
+    struct sched_req *r = sched_req_create(prompts[i], prompt_len[i], &p, err, sizeof err);
+    CHECKF(r && sched_submit(s, r, err, sizeof err) == 0, "%s", err);
+    /* in use: at most the window and one step's tokens, 3 blocks of 16 */
+    int most = 0;
+    struct sched_stats st;
+    for (int guard = 0; guard < 1000 && sched_has_work(s); guard++) {
+        sched_step(s);
+        sched_get_stats(s, &st);
+        int used = st.kv_blocks_total - st.kv_blocks_free;
+        most = used > most ? used : most;
+    }
+    int bound = (W - 1 + BATCH + 15) / 16 + 1;
+    CHECKF(most <= bound, "sliding window: %d blocks in use at once (bound %d)", most, bound);
+    if (r) {
+        sched_req_lock(r);
+        CHECKF(r->out.n_tokens == NEW && memcmp(r->out.tokens, ref, sizeof ref) == 0,
+               "sliding window: greedy output differs from the engine alone");
+        sched_req_unlock(r);
+        sched_req_release(r);
+    }
+    sched_get_stats(s, &st);
+    CHECK(st.kv_blocks_free == st.kv_blocks_total);
+    printf("sliding window %d: %d positions in at most %d blocks of 16 (of %d)\n", W,
+           prompt_len[i] + NEW, most, st.kv_blocks_total);
+out:
+    sched_free(s);
+    engine_free(e);
+    m->desc.sliding_window = saved;
+}
+
 int main(int argc, char **argv)
 {
     const char *tests = argc > 1 ? argv[1] : "tests";
@@ -742,6 +829,7 @@ int main(int argc, char **argv)
     test_stop_string(m);
     test_long_token(m);
     test_loop_thread(m, alone);
+    test_sliding_window(m);
     /* Sticky devices: preempted sequences and prefix hits must come back to the device that
      * holds their K/V; outputs as on one CPU device. */
     g_backend = ENGINE_BACKEND_CPU_STAGED;
@@ -751,6 +839,7 @@ int main(int argc, char **argv)
     test_prefix_cache(m);
     test_sticky_prefix(m);
     test_sticky_release(m);
+    test_sliding_window(m);
     model_free(m);
     return test_done("test_sched");
 }

@@ -300,7 +300,8 @@ static void run_call(struct pool *pool, const struct gemm_kernels *kk, struct fa
     fa_attention(pool, kk, w, out, q, &c->kv, &tk, c->bs, n, &at);
 }
 
-static void test_calls(const struct gemm_kernels *kk)
+/* Every case and type: the double-precision reference once, then each kernel table. */
+static void test_calls(const struct gemm_kernels *const *tables, int n_tables)
 {
     static const struct acase cases[] = {
         {"decode gqa4 d128", 8, 2, 128, 128, 0, 0, 0, 0, 700, 1},
@@ -317,8 +318,8 @@ static void test_calls(const struct gemm_kernels *kk)
     memset(w, 0, sizeof w);
     for (int i = 0; i < 3; i++)
         CHECK(pools[i] && fa_work_reserve(&w[i], i + 1, 64, 16, 576, 512, 2048) == 0);
-    double worst[BE_KV_N_TYPES] = {0};
-    int bad_split = 0, bad_batch = 0, bad_port = 0;
+    double worst[3][BE_KV_N_TYPES] = {{0}};
+    int bad_split[3] = {0}, bad_batch[3] = {0}, bad_port[3] = {0};
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         const struct acase *a = &cases[ci];
         for (int t = 0; t < BE_KV_N_TYPES; t++) {
@@ -327,53 +328,62 @@ static void test_calls(const struct gemm_kernels *kk)
             size_t qn = (size_t)a->n * a->n_head * a->dk, on = (size_t)a->n * a->n_head * a->dv;
             float *q = malloc(sizeof(float) * qn), sinks[16];
             float *o[3], *alone = malloc(sizeof(float) * on), *port = malloc(sizeof(float) * on);
+            double *ref = malloc(sizeof(double) * on);
             for (size_t i = 0; i < qn; i++) q[i] = urand(-1, 1);
             for (int h = 0; h < a->n_head; h++) sinks[h] = urand(-1, 3);
             const float *sk = a->sinks ? sinks : NULL;
             float scale = 1.0f / sqrtf((float)a->dk);
-            for (int i = 0; i < 3; i++) {
-                o[i] = malloc(sizeof(float) * on);
-                run_call(pools[i], kk, &w[i], o[i], q, &c, a, a->pos0, a->n, scale, sk);
-            }
-            bad_split += memcmp(o[0], o[1], sizeof(float) * on) != 0;
-            bad_split += memcmp(o[0], o[2], sizeof(float) * on) != 0;
-            for (int i = 0; i < a->n; i++) /* each token alone */
-                run_call(pools[1], kk, &w[1], alone + (size_t)i * a->n_head * a->dv,
-                         q + (size_t)i * a->n_head * a->dk, &c, a, a->pos0 + i, 1, scale, sk);
-            bad_batch += memcmp(o[0], alone, sizeof(float) * on) != 0;
-            run_call(pools[1], gemm_kernels_portable(), &w[1], port, q, &c, a, a->pos0, a->n,
-                     scale, sk);
-            double num = 0, den = 0, pn = 0;
-            double *ref = malloc(sizeof(double) * a->dv);
+            double den = 0;
             for (int i = 0; i < a->n; i++)
                 for (int h = 0; h < a->n_head; h++) {
-                    size_t off = ((size_t)i * a->n_head + h);
-                    ref_attention(ref, a, &c, q + off * a->dk, a->pos0 + i, h, scale, sk);
-                    for (int d = 0; d < a->dv; d++) {
-                        double e = o[1][off * a->dv + d] - ref[d];
-                        double ep = port[off * a->dv + d] - o[1][off * a->dv + d];
-                        num += e * e;
-                        pn += ep * ep;
-                        den += ref[d] * ref[d];
-                    }
+                    size_t off = (size_t)i * a->n_head + h;
+                    ref_attention(ref + off * a->dv, a, &c, q + off * a->dk, a->pos0 + i, h, scale,
+                                  sk);
                 }
-            double err = sqrt(num / den);
-            worst[t] = fmax(worst[t], err);
-            CHECKF(err <= 2e-6, "%s %s %s: %.3g from double precision", kk->name, a->what,
-                   type_name((enum be_kv_type)t), err);
-            bad_port += sqrt(pn / den) > 2e-6;
+            for (size_t j = 0; j < on; j++) den += ref[j] * ref[j];
+            for (int i = 0; i < 3; i++) o[i] = malloc(sizeof(float) * on);
+            run_call(pools[1], gemm_kernels_portable(), &w[1], port, q, &c, a, a->pos0, a->n,
+                     scale, sk);
+            for (int ti = 0; ti < n_tables; ti++) {
+                const struct gemm_kernels *kk = tables[ti];
+                for (int i = 0; i < 3; i++)
+                    run_call(pools[i], kk, &w[i], o[i], q, &c, a, a->pos0, a->n, scale, sk);
+                bad_split[ti] += memcmp(o[0], o[1], sizeof(float) * on) != 0;
+                bad_split[ti] += memcmp(o[0], o[2], sizeof(float) * on) != 0;
+                for (int i = 0; i < a->n; i++) /* each token alone */
+                    run_call(pools[1], kk, &w[1], alone + (size_t)i * a->n_head * a->dv,
+                             q + (size_t)i * a->n_head * a->dk, &c, a, a->pos0 + i, 1, scale, sk);
+                bad_batch[ti] += memcmp(o[0], alone, sizeof(float) * on) != 0;
+                double num = 0, pn = 0;
+                for (size_t j = 0; j < on; j++) {
+                    num += (o[1][j] - ref[j]) * (o[1][j] - ref[j]);
+                    pn += (double)(port[j] - o[1][j]) * (port[j] - o[1][j]);
+                }
+                double err = sqrt(num / den);
+                worst[ti][t] = fmax(worst[ti][t], err);
+                CHECKF(err <= 2e-6, "%s %s %s: %.3g from double precision", kk->name, a->what,
+                       type_name((enum be_kv_type)t), err);
+                bad_port[ti] += sqrt(pn / den) > 2e-6;
+            }
             free(ref), free(q), free(alone), free(port);
             for (int i = 0; i < 3; i++) free(o[i]);
             tcache_free(&c);
         }
     }
-    CHECKF(bad_split == 0, "%s: %d calls differ between 1, 2 and 3 threads", kk->name, bad_split);
-    CHECKF(bad_batch == 0, "%s: %d calls differ from their tokens run alone", kk->name, bad_batch);
-    CHECKF(bad_port == 0, "%s: %d calls differ from portable C beyond 2e-6", kk->name, bad_port);
-    printf("%-9s attention: %zu shapes x %d types, worst error from double:", kk->name,
-           sizeof cases / sizeof cases[0], BE_KV_N_TYPES);
-    for (int t = 0; t < BE_KV_N_TYPES; t++) printf(" %s %.1e", type_name((enum be_kv_type)t), worst[t]);
-    printf("\n");
+    for (int ti = 0; ti < n_tables; ti++) {
+        const char *name = tables[ti]->name;
+        CHECKF(bad_split[ti] == 0, "%s: %d calls differ between 1, 2 and 3 threads", name,
+               bad_split[ti]);
+        CHECKF(bad_batch[ti] == 0, "%s: %d calls differ from their tokens run alone", name,
+               bad_batch[ti]);
+        CHECKF(bad_port[ti] == 0, "%s: %d calls differ from portable C beyond 2e-6", name,
+               bad_port[ti]);
+        printf("%-9s attention: %zu shapes x %d types, worst error from double:", name,
+               sizeof cases / sizeof cases[0], BE_KV_N_TYPES);
+        for (int t = 0; t < BE_KV_N_TYPES; t++)
+            printf(" %s %.1e", type_name((enum be_kv_type)t), worst[ti][t]);
+        printf("\n");
+    }
     for (int i = 0; i < 3; i++) {
         fa_work_free(&w[i]);
         if (pools[i]) pool_free(pools[i]);
@@ -385,6 +395,8 @@ int main(void)
     test_fp8_codes();
     const struct gemm_kernels *tables[] = {gemm_kernels_portable(), gemm_kernels_avx2(),
                                            gemm_kernels_avx512()};
+    const struct gemm_kernels *have[3];
+    int n = 0;
     for (size_t i = 0; i < sizeof tables / sizeof tables[0]; i++) {
         if (!tables[i]) {
             printf("(%s kernels: not run, this CPU lacks them)\n", i == 1 ? "avx2" : "avx512");
@@ -392,7 +404,8 @@ int main(void)
         }
         test_cvt(tables[i]);
         test_pieces(tables[i]);
-        test_calls(tables[i]);
+        have[n++] = tables[i];
     }
+    test_calls(have, n);
     return test_done("test_attention");
 }

@@ -27,7 +27,8 @@
  * usage: make_synthetic_model OUT_DIR [--arch mixtral|deepseek|qwen3_5_moe] [--params 100M]
  *                             [--active N]
  *                             [--hidden D] [--layers L] [--dtype f32|bf16] [--experts 8]
- *                             [--top-k 2] [--seed S] [--vocab 32000] [--tokenizer DIR] */
+ *                             [--top-k 2] [--seed S] [--vocab 32000] [--tokenizer DIR]
+ *                             [--max-pos N]   max_position_embeddings (4096; qwen3_5_moe 32768) */
 #include "common.h"
 #include "rng.h"
 #include "st_writer.h"
@@ -60,6 +61,7 @@ static float rng_unit(struct ms_rng *r)
 
 struct shapes {
     int d, layers, heads, kv, ff, experts, top_k, vocab;
+    int max_pos; /* max_position_embeddings (--max-pos; default 4096, qwen3_5_moe 32768) */
     bool deepseek, qwen35;
 };
 
@@ -105,7 +107,7 @@ static json_t *qwen35_config(const struct shapes *s, const char *dtype)
                 {"linear_value_head_dim", Q35_DK}, {"linear_conv_kernel_dim", Q35_CONV},
                 {"num_experts", s->experts},     {"num_experts_per_tok", s->top_k},
                 {"moe_intermediate_size", s->ff}, {"shared_expert_intermediate_size", Q35_SHARED},
-                {"vocab_size", s->vocab},        {"max_position_embeddings", 32768},
+                {"vocab_size", s->vocab},        {"max_position_embeddings", s->max_pos},
                 {"bos_token_id", 1},             {"eos_token_id", 2}};
     return config_finish(c, ints, sizeof ints / sizeof ints[0], dtype);
 }
@@ -197,7 +199,7 @@ static json_t *deepseek_config(const struct shapes *s, const char *dtype)
                 {"moe_intermediate_size", DS_MOE_FF}, {"n_shared_experts", DS_SHARED},
                 {"first_k_dense_replace", 1},    {"intermediate_size", DS_DENSE_FF},
                 {"moe_layer_freq", 1},           {"vocab_size", s->vocab},
-                {"max_position_embeddings", 4096}, {"bos_token_id", 1},
+                {"max_position_embeddings", s->max_pos}, {"bos_token_id", 1},
                 {"eos_token_id", 2},             {"pad_token_id", 0}};
     if (c) {
         json_object_set_new(c, "routed_scaling_factor", json_real(1.0));
@@ -219,7 +221,7 @@ static int write_configs(const char *dir, const struct shapes *s, const char *dt
                   s->d, "num_hidden_layers", s->layers, "num_attention_heads", s->heads,
                   "num_key_value_heads", s->kv, "intermediate_size", s->ff, "head_dim", 64,
                   "num_local_experts", s->experts, "num_experts_per_tok", s->top_k, "vocab_size",
-                  s->vocab, "max_position_embeddings", 4096, "bos_token_id", 1, "rms_norm_eps",
+                  s->vocab, "max_position_embeddings", s->max_pos, "bos_token_id", 1, "rms_norm_eps",
                   1e-5, "hidden_act", "silu", "rope_parameters", "rope_theta", 1e6, "rope_type",
                   "default", "rope_theta", 1e6, "sliding_window", "tie_word_embeddings", 0, "eos_token_id", 2,
                   "pad_token_id", 0, "dtype", strcmp(dtype, "bf16") == 0 ? "bfloat16" : "float32");
@@ -370,7 +372,7 @@ int main(int argc, char **argv)
         fprintf(stderr,
                 "usage: %s OUT_DIR [--arch mixtral|deepseek|qwen3_5_moe] [--params 100M] [--active N] "
                 "[--hidden D] [--layers L] [--dtype f32|bf16] [--experts 8] [--top-k 2] "
-                "[--seed S] [--vocab 32000] [--tokenizer DIR]\n",
+                "[--seed S] [--vocab 32000] [--tokenizer DIR] [--max-pos N]\n",
                 argv[0]);
         return 2;
     }
@@ -405,6 +407,8 @@ int main(int argc, char **argv)
             bad = (s.vocab = atoi(v)) <= 0;
         else if (!bad && strcmp(a, "--tokenizer") == 0)
             tokenizer = v;
+        else if (!bad && strcmp(a, "--max-pos") == 0)
+            bad = (s.max_pos = atoi(v)) <= 0;
         else
             bad = true;
         if (bad) {
@@ -414,6 +418,7 @@ int main(int argc, char **argv)
         i++;
     }
     if (!s.experts) s.experts = s.deepseek ? 64 : s.qwen35 ? 128 : 8;
+    if (!s.max_pos) s.max_pos = s.qwen35 ? 32768 : 4096;
     if (!s.top_k) s.top_k = s.deepseek ? DS_TOP_K : s.qwen35 ? 8 : 2;
     if (s.top_k > s.experts) {
         fprintf(stderr, "make_synthetic_model: --top-k %d exceeds --experts %d\n", s.top_k,

@@ -293,6 +293,25 @@ static void residual_add(struct device *dv, int n, int d)
     be->ops->add(be, dv->x, dv->tmp, n, d);
 }
 
+/* The attention op of layer l, timed into stats.attn_s while profiling (device 0). */
+static void run_attention(struct device *dv, float *out, const float *q, int l,
+                          const struct be_tokens *tk, int n, const struct be_attn *a)
+{
+    struct engine *e = dv->e;
+    struct backend *be = dv->be;
+    bool timed = e->profile && dv->rank == 0;
+    double t0 = 0;
+    if (timed) {
+        be->ops->synchronize(be);
+        t0 = ms_now();
+    }
+    be->ops->attention(be, out, q, &dv->kvl[l], tk, e->kv.block_size, n, a);
+    if (timed) {
+        be->ops->synchronize(be);
+        e->stats.attn_s += ms_now() - t0;
+    }
+}
+
 static void attention_layer(struct device *dv, int l)
 {
     struct engine *e = dv->e;
@@ -349,7 +368,7 @@ static void attention_layer(struct device *dv, int l)
                         .v_dim = hd, .k_row = kvdim, .v_row = kvdim,
                         .window = model_layer_window(md, l), .scale = e->attn_scale,
                         .sinks = lw->sinks, .chunk = md->layer_chunk ? md->layer_chunk[l] : 0};
-    be->ops->attention(be, dv->att, dv->q, &dv->kvl[l], &tk, e->kv.block_size, n, &a);
+    run_attention(dv, dv->att, dv->q, l, &tk, n, &a);
     if (md->attn_out_gate) be->ops->mul_sigmoid(be, dv->att, dv->gate, n, qdim);
     be->ops->matmul(be, dv->tmp, dv->att, lw->wo, lw->bo, n, qdim, d);
     residual_add(dv, n, d);
@@ -400,7 +419,7 @@ static void mla_attention_layer(struct device *dv, int l)
     }
     struct be_attn a = {.n_head = H, .n_kv_head = 1, .k_dim = lat, .v_dim = kvr, .k_row = lat,
                         .v_row = lat, .window = md->sliding_window, .scale = e->attn_scale};
-    be->ops->attention(be, dv->att, dv->qlat, &dv->kvl[l], &tk, e->kv.block_size, n, &a);
+    run_attention(dv, dv->att, dv->qlat, l, &tk, n, &a);
     for (int h = 0; h < H; h++) {
         struct wmat uv = wmat_rows(lw->wkv_b, h * (dn + dvh) + dn, dvh); /* (dvh, kvr) */
         be->ops->matmul_ld(be, vout + (size_t)h * dvh, H * dvh, dv->att + (size_t)h * kvr, H * kvr,

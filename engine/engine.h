@@ -141,6 +141,7 @@ struct engine_stats {
     double moe_weight_bytes;
     double moe_flops;
     double moe_s;
+    double attn_s;  /* the same for the attention op (scores, softmax, values; engine_set_profile) */
     /* Placement (read by metrics): MoE layers, and per device the expert rows its tokens sent
      * to other devices, the (token, other device) pairs among them (what the exchange would
      * carry if a token went to each device once), the sum of the FFN widths of the rows it
@@ -200,7 +201,8 @@ int engine_kv_window(const struct engine *e);
  * included). */
 size_t engine_kv_bytes_per_token(const struct engine *e);
 const struct engine_stats *engine_get_stats(const struct engine *e);
-/* Benchmarks: synchronize around every MoE layer and time it into stats.moe_s (slows steps). */
+/* Benchmarks: synchronize around every MoE layer and attention op and time them into
+ * stats.moe_s and stats.attn_s (slows steps). */
 void engine_set_profile(struct engine *e, bool on);
 /* Device of the first replica of `expert` at the first MoE layer. */
 int engine_expert_owner(const struct engine *e, int expert);

@@ -110,6 +110,10 @@ int kv_create_layers(struct kv_cache *kv, struct backend *be, int n_layer, const
     kv->parent_gen = calloc(nb, sizeof *kv->parent_gen);
     kv->gen = calloc(nb, sizeof *kv->gen);
     kv->registered = calloc(nb, sizeof *kv->registered);
+    kv->tail = calloc(nb, sizeof *kv->tail);
+    kv->fill = calloc(nb, sizeof *kv->fill);
+    kv->pbuckets = malloc(sizeof(int32_t) * n_buckets);
+    kv->pnext = malloc(sizeof(int32_t) * nb);
     kv->tokens = malloc(sizeof(int32_t) * nb * (size_t)block_size);
     kv->buckets = malloc(sizeof(int32_t) * n_buckets);
     kv->hnext = malloc(sizeof(int32_t) * nb);
@@ -117,6 +121,7 @@ int kv_create_layers(struct kv_cache *kv, struct backend *be, int n_layer, const
     kv->lru_next = malloc(sizeof(int32_t) * nb);
     if (!kv->layer || !kv->free_list || !kv->refcount || !kv->hash || !kv->key ||
         !kv->parent || !kv->parent_gen || !kv->gen || !kv->registered || !kv->tokens ||
+        !kv->tail || !kv->fill || !kv->pbuckets || !kv->pnext ||
         !kv->buckets || !kv->hnext || !kv->lru_prev || !kv->lru_next)
         goto oom;
     for (int l = 0; l < n_layer; l++) {
@@ -124,9 +129,9 @@ int kv_create_layers(struct kv_cache *kv, struct backend *be, int n_layer, const
         kv->n_kv_layers++;
         if (kv_layer_alloc(be, g, n_blocks, block_size, &kv->layer[l]) != 0) goto oom;
     }
-    for (uint32_t i = 0; i < n_buckets; i++) kv->buckets[i] = -1;
+    for (uint32_t i = 0; i < n_buckets; i++) kv->buckets[i] = kv->pbuckets[i] = -1;
     for (int i = 0; i < n_blocks; i++) {
-        kv->hnext[i] = kv->lru_prev[i] = kv->lru_next[i] = -1;
+        kv->hnext[i] = kv->pnext[i] = kv->lru_prev[i] = kv->lru_next[i] = -1;
         kv->parent[i] = -1;
     }
     /* Hand out low block ids first. */
@@ -174,6 +179,10 @@ void kv_destroy(struct kv_cache *kv)
     free(kv->parent_gen);
     free(kv->gen);
     free(kv->registered);
+    free(kv->tail);
+    free(kv->fill);
+    free(kv->pbuckets);
+    free(kv->pnext);
     free(kv->tokens);
     free(kv->buckets);
     free(kv->hnext);
@@ -224,8 +233,42 @@ static void lru_push_tail(struct kv_cache *kv, int32_t b)
     kv->n_evictable++;
 }
 
+/* The parent index's bucket of a block continuing `parent` under `key` whose first token is
+ * `first`. */
+static uint32_t pindex_slot(const struct kv_cache *kv, int32_t parent, uint32_t parent_gen,
+                            uint64_t key, int32_t first)
+{
+    uint64_t x = mix64(((uint64_t)(uint32_t)parent << 32 | parent_gen) ^ mix64(key) ^
+                       ((uint64_t)(uint32_t)first * UINT64_C(0x9e3779b97f4a7c15)));
+    return (uint32_t)(x & kv->bucket_mask);
+}
+
+static void pindex_add(struct kv_cache *kv, int32_t b)
+{
+    uint32_t slot = pindex_slot(kv, kv->parent[b], kv->parent_gen[b], kv->key[b],
+                                kv->tokens[(size_t)b * kv->block_size]);
+    kv->pnext[b] = kv->pbuckets[slot];
+    kv->pbuckets[slot] = b;
+}
+
+static void pindex_remove(struct kv_cache *kv, int32_t b)
+{
+    uint32_t slot = pindex_slot(kv, kv->parent[b], kv->parent_gen[b], kv->key[b],
+                                kv->tokens[(size_t)b * kv->block_size]);
+    int32_t *link = &kv->pbuckets[slot];
+    while (*link >= 0 && *link != b) link = &kv->pnext[*link];
+    if (*link == b) *link = kv->pnext[b];
+    kv->pnext[b] = -1;
+}
+
+/* Takes a cached block (registered or a tail) out of the cache's indexes. */
 static void hash_remove(struct kv_cache *kv, int32_t b)
 {
+    pindex_remove(kv, b);
+    if (kv->tail[b]) {
+        kv->tail[b] = false;
+        return;
+    }
     int32_t *link = &kv->buckets[kv->hash[b] & kv->bucket_mask];
     while (*link >= 0 && *link != b) link = &kv->hnext[*link];
     if (*link == b) *link = kv->hnext[b];
@@ -249,7 +292,7 @@ static int32_t take_block(struct kv_cache *kv)
 static void put_block(struct kv_cache *kv, int32_t b)
 {
     if (--kv->refcount[b] > 0) return;
-    if (kv->registered[b]) lru_push_tail(kv, b);
+    if (kv->registered[b] || kv->tail[b]) lru_push_tail(kv, b);
     else kv->free_list[kv->n_free++] = b;
 }
 
@@ -405,10 +448,60 @@ void kv_seq_register(struct kv_cache *kv, struct kv_seq *s, uint64_t key, const 
             kv->buckets[slot] = b;
             kv->registered[b] = true;
             kv->n_registered++;
+            kv->fill[b] = bs;
+            pindex_add(kv, b);
         }
         s->hash[i] = h;
         s->n_hashed++;
     }
+}
+
+int kv_seq_match_tail(struct kv_cache *kv, struct kv_seq *s, uint64_t key, const int32_t *tokens,
+                      int max_tokens)
+{
+    int bs = kv->block_size, i = s->n_blocks, base = i * bs;
+    if (i >= s->max_blocks || base >= max_tokens || s->n_dropped > 0) return 0;
+    int32_t parent = i > 0 ? s->blocks[i - 1] : -1;
+    uint32_t pgen = parent >= 0 ? kv->gen[parent] : 0;
+    int room = max_tokens - base < bs ? max_tokens - base : bs, best = 0;
+    int32_t pick = -1;
+    for (int32_t b = kv->pbuckets[pindex_slot(kv, parent, pgen, key, tokens[base])]; b >= 0;
+         b = kv->pnext[b]) {
+        if (kv->refcount[b] != 0 || kv->parent[b] != parent || kv->key[b] != key ||
+            (parent >= 0 && kv->parent_gen[b] != pgen))
+            continue;
+        const int32_t *t = kv->tokens + (size_t)b * bs;
+        int n = 0, lim = kv->fill[b] < room ? kv->fill[b] : room;
+        while (n < lim && t[n] == tokens[base + n]) n++;
+        if (n > best) {
+            best = n;
+            pick = b;
+        }
+    }
+    if (pick < 0) return 0;
+    lru_unlink(kv, pick); /* refcount 0: it was evictable */
+    hash_remove(kv, pick);
+    kv->refcount[pick] = 1;
+    s->blocks[s->n_blocks++] = pick;
+    return best;
+}
+
+void kv_seq_keep_tail(struct kv_cache *kv, struct kv_seq *s, uint64_t key, const int32_t *tokens,
+                      int n_computed)
+{
+    int bs = kv->block_size, i = n_computed / bs, m = n_computed % bs;
+    if (m == 0 || i >= s->n_blocks || i < s->n_dropped) return;
+    int32_t b = s->blocks[i], parent = i > 0 ? s->blocks[i - 1] : -1;
+    if (kv->registered[b] || kv->tail[b] || kv->refcount[b] != 1) return;
+    if (parent >= 0 && !kv->registered[parent]) return; /* nothing could reach it */
+    kv->key[b] = key;
+    kv->parent[b] = parent;
+    kv->parent_gen[b] = parent >= 0 ? kv->gen[parent] : 0;
+    kv->gen[b]++;
+    kv->fill[b] = m;
+    memcpy(kv->tokens + (size_t)b * bs, tokens + (size_t)i * bs, sizeof(int32_t) * (size_t)m);
+    kv->tail[b] = true;
+    pindex_add(kv, b);
 }
 
 int kv_prefix_reset(struct kv_cache *kv)

@@ -14,6 +14,15 @@
  * cached block (dropping its hash entry). Evictable blocks count as free in kv_free_blocks.
  * Only full blocks are shared and nobody writes a full block again, so no copy-on-write.
  *
+ * Token-level reuse of the first block that differs (llama.cpp's common prefix, at block
+ * granularity elsewhere): every cached block is also indexed by (parent, key, first token), and
+ * a finished sequence's partly filled last block can be kept as a "tail" with its fill count
+ * (kv_seq_keep_tail). After the full-block match, kv_seq_match_tail takes the cached block
+ * after the matched ones whose tokens share the longest common prefix with the new sequence's,
+ * provided nobody holds it: it leaves the cache (it will be overwritten past the common part)
+ * and becomes the sequence's own. So a prompt repeated after its request finished recomputes
+ * only its last token, whatever its length.
+ *
  * Ownership: kv_create allocates the pool, the hash table, the LRU links and the per-block
  * token copies once through the backend / malloc; nothing is allocated afterwards except a
  * sequence's block table and hash array at kv_seq_init (sized for max_model_len). kv_seq_release
@@ -67,6 +76,11 @@ struct kv_cache {
     uint32_t *parent_gen;/* (n_blocks) the parent's gen when this block was registered */
     uint32_t *gen;       /* (n_blocks) bumped at each registration of the block */
     bool *registered;    /* (n_blocks) */
+    bool *tail;          /* (n_blocks) a kept tail (kv_seq_keep_tail): cached, not in the hash
+                            table */
+    int32_t *fill;       /* (n_blocks) tokens a cached block holds (block_size unless a tail) */
+    int32_t *pbuckets;   /* (n_buckets) cached blocks by (parent, key, first token) */
+    int32_t *pnext;      /* (n_blocks) */
     int32_t *tokens;     /* (n_blocks, block_size) token ids of registered blocks */
     int32_t *buckets;    /* (n_buckets) first block of each hash chain, -1 if empty */
     int32_t *hnext;      /* (n_blocks) next block in the same bucket */
@@ -172,6 +186,19 @@ int kv_seq_match(struct kv_cache *kv, struct kv_seq *s, uint64_t key, const int3
  * on release), as do the blocks after it. Never allocates. */
 void kv_seq_register(struct kv_cache *kv, struct kv_seq *s, uint64_t key, const int32_t *tokens,
                      int n_computed);
+
+/* After kv_seq_match: takes the cached block (full or a tail) that continues the sequence's
+ * matched blocks and shares the longest common prefix with tokens[n_blocks * block_size,
+ * max_tokens), if nobody holds it; it leaves the cache and becomes the sequence's last block.
+ * Returns the tokens of it now valid (0: none taken). */
+int kv_seq_match_tail(struct kv_cache *kv, struct kv_seq *s, uint64_t key, const int32_t *tokens,
+                      int max_tokens);
+
+/* Before releasing a sequence whose positions [0, n_computed) hold K/V: keeps its partly filled
+ * last block cached as a tail (when its parent block is registered, or it is the first), so a
+ * later sequence with the same tokens can take it (kv_seq_match_tail). Never allocates. */
+void kv_seq_keep_tail(struct kv_cache *kv, struct kv_seq *s, uint64_t key, const int32_t *tokens,
+                      int n_computed);
 
 /* Forgets every evictable cached block (they become free). Referenced blocks stay registered.
  * Returns the number of blocks freed. */

@@ -367,9 +367,14 @@ static void publish_stats(struct sched *s, int n_items)
 }
 
 /* Ends a request the scheduler holds: frees its KV blocks, publishes, drops the reference. */
+static uint64_t cache_key(const struct sched *s, const struct sched_req *r);
+
 static void retire(struct sched *s, struct sched_req *r, enum sched_finish why, const char *msg)
 {
     if (r->kv_init) {
+        /* its partly filled last block stays cached for a prompt that repeats this one */
+        if (s->prefix_caching && why != SCHED_FINISH_ERROR)
+            kv_seq_keep_tail(engine_kv(s->e), &r->kv, cache_key(s, r), r->tokens, r->n_computed);
         engine_seq_free(s->e, &r->kv);
         r->kv_init = false;
     }
@@ -642,7 +647,11 @@ static void preempt(struct sched *s, int i)
 {
     struct sched_req *r = s->running[i];
     running_remove(s, i);
-    if (r->kv_init) kv_seq_release(engine_kv(s->e), &r->kv);
+    if (r->kv_init) {
+        if (s->prefix_caching)
+            kv_seq_keep_tail(engine_kv(s->e), &r->kv, cache_key(s, r), r->tokens, r->n_computed);
+        kv_seq_release(engine_kv(s->e), &r->kv);
+    }
     r->n_computed = 0;
     r->n_preempted++;
     wait_push_front(s, r);
@@ -727,6 +736,10 @@ static int take_cached_prefix(struct sched *s, struct sched_req *r)
         max_blocks = (r->out.n_prompt_lps - 1) / kv->block_size;
     int n = kv_seq_match(kv, &r->kv, cache_key(s, r), r->tokens, max_blocks);
     r->n_computed = n * kv->block_size;
+    /* then the longest common prefix with a cached block nobody holds (token granular) */
+    int limit = r->n_total - 1;
+    if (prompt_lps_pending(r) && limit > r->out.n_prompt_lps - 1) limit = r->out.n_prompt_lps - 1;
+    r->n_computed += kv_seq_match_tail(kv, &r->kv, cache_key(s, r), r->tokens, limit);
     return r->n_computed;
 }
 

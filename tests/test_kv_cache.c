@@ -2,7 +2,8 @@
  * reference counts of shared blocks, free-block accounting with cached-but-evictable blocks,
  * LRU eviction order (least recently released first, a sequence's tail before its head),
  * collision safety (equal hashes with other tokens, parents or keys never hit), duplicates,
- * stale children of an evicted parent, and kv_prefix_reset. */
+ * stale children of an evicted parent, kv_prefix_reset, kept tails and the common-prefix
+ * takeover of the first differing block, and blocks dropped before a sliding window. */
 #include <stdio.h>
 #include <string.h>
 
@@ -300,6 +301,68 @@ static void test_stale_parent(void)
     kv_destroy(&kv);
 }
 
+/* A finished sequence's partial last block stays cached as a tail; a later sequence takes the
+ * cached block after its full-block match with the longest common prefix, only when nobody
+ * holds it, and it leaves the cache then. */
+static void test_tails(void)
+{
+    struct kv_cache kv;
+    if (make_kv(&kv, NB) != 0) {
+        CHECK(0);
+        return;
+    }
+    int32_t t[16], u[16];
+    fill(t, 16, 300);
+    fill(u, 16, 300);
+    u[6] = 999; /* u shares t's first block and 2 tokens of the second */
+    struct kv_seq a, b, c;
+    CHECK(kv_seq_init(&a, 32, BS) == 0 && kv_seq_init(&b, 32, BS) == 0 &&
+          kv_seq_init(&c, 32, BS) == 0);
+    compute(&kv, &a, t, 7); /* one full block, 3 tokens of the second */
+    kv_seq_keep_tail(&kv, &a, 0, t, 7);
+    CHECK(kv.tail[a.blocks[1]] && kv.fill[a.blocks[1]] == 3);
+    /* held by a: not taken */
+    CHECK(kv_seq_match(&kv, &b, 0, t, 1) == 1 && kv_seq_match_tail(&kv, &b, 0, t, 7) == 0);
+    kv_seq_release(&kv, &b);
+    int32_t tail = a.blocks[1];
+    kv_seq_release(&kv, &a);
+    CHECK(kv_cached_blocks(&kv) == 2);
+    /* u: the first block, then 2 tokens of the tail (they differ at position 6) */
+    CHECK(kv_seq_match(&kv, &b, 0, u, 1) == 1);
+    CHECK(kv_seq_match_tail(&kv, &b, 0, u, 15) == 2 && b.n_blocks == 2 && b.blocks[1] == tail);
+    CHECK(!kv.tail[tail] && kv_cached_blocks(&kv) == 0); /* b's own now */
+    /* another key, or the block already taken: nothing */
+    CHECK(kv_seq_match(&kv, &c, 1, t, 1) == 0 && kv_seq_match_tail(&kv, &c, 1, t, 7) == 0);
+    kv_seq_release(&kv, &c);
+    CHECK(kv_seq_match(&kv, &c, 0, t, 1) == 1 && kv_seq_match_tail(&kv, &c, 0, t, 7) == 0);
+    /* the limit leaves the last token to compute */
+    kv_seq_release(&kv, &c);
+    kv_seq_release(&kv, &b); /* b's second block was never registered: freed */
+    CHECK(kv_seq_match(&kv, &a, 0, t, 1) == 1); /* the cached first block, then 2 new tokens */
+    compute(&kv, &a, t, 6);
+    kv_seq_keep_tail(&kv, &a, 0, t, 6);
+    kv_seq_release(&kv, &a);
+    CHECK(kv_seq_match(&kv, &c, 0, t, 1) == 1 && kv_seq_match_tail(&kv, &c, 0, t, 5) == 1);
+    kv_seq_release(&kv, &c);
+    /* reset forgets tails too */
+    CHECK(kv_seq_match(&kv, &a, 0, t, 1) == 1);
+    compute(&kv, &a, t, 7);
+    kv_seq_keep_tail(&kv, &a, 0, t, 7);
+    kv_seq_release(&kv, &a);
+    CHECK(kv_cached_blocks(&kv) == 2);
+    CHECK(kv_prefix_reset(&kv) == 2 && kv_cached_blocks(&kv) == 0 && kv_free_blocks(&kv) == NB);
+    /* blocks before a window go back; registration stops at them */
+    compute(&kv, &a, t, 12);
+    CHECK(kv_seq_drop_before(&kv, &a, 9) == 2 && a.blocks[0] == -1 && a.blocks[1] == -1);
+    CHECK(kv_seq_drop_before(&kv, &a, 9) == 0 && a.n_blocks == 3);
+    kv_seq_release(&kv, &a);
+    CHECK(kv_free_blocks(&kv) == NB);
+    kv_seq_free(&kv, &a);
+    kv_seq_free(&kv, &b);
+    kv_seq_free(&kv, &c);
+    kv_destroy(&kv);
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -315,6 +378,7 @@ int main(int argc, char **argv)
     test_lru_order();
     test_collisions();
     test_stale_parent();
+    test_tails();
     be->ops->destroy(be);
     return test_done("test_kv_cache");
 }

@@ -157,14 +157,17 @@ class CollabServerTest(unittest.TestCase):
             for n in col["nodes"]:
                 self.assertIn(n["group"], range(4))
             # tags are bounded: 30 names, then "other"
-            other_tokens = 0  # prompt tokens of the requests past 30 names (max_tokens 1)
+            # prompt tokens the requests past 30 names ran through the model (max_tokens 1); a
+            # prompt's prefix cached by an earlier request is not run again
+            other_tokens = 0
             for i in range(32):
                 st, _, r = srvtest.post_json(srv.port, "/v1/completions",
                                              {"prompt": "1+%d=" % i, "max_tokens": 1,
                                               "moe_tag": "t%02d" % i}, headers=auth)
                 self.assertEqual(st, 200, r)
                 if i >= 28:
-                    other_tokens += r["usage"]["prompt_tokens"]
+                    other_tokens += (r["usage"]["prompt_tokens"] -
+                                     r["usage"]["prompt_tokens_details"]["cached_tokens"])
             st, _, raw = srvtest.request(srv.port, "GET", "/v1/moe/stats", headers=auth)
             names = set(json.loads(raw)["collab"]["sampled_by_tag"])
             self.assertEqual(names, {"math", "verse", "untagged", "other"} |

@@ -59,7 +59,7 @@ int main(int argc, char **argv)
     int bs = 16, n_pos = depth + tokens, n_blocks = (n_pos + bs - 1) / bs, row = kv_heads * hd;
     struct be_reserve rs = {.max_elems = (size_t)n_pos * row, .max_rows = n_pos, .max_experts = 1,
                             .max_ctx = n_pos, .max_heads = heads / kv_heads, .max_k_dim = hd,
-                            .max_v_dim = hd};
+                            .max_v_dim = hd, .max_kv_heads = kv_heads};
     if (be->ops->reserve(be, &rs) != 0) return 1;
     int32_t *table = malloc(sizeof(int32_t) * n_blocks);
     float *k = malloc(sizeof(float) * (size_t)n_pos * row), *v = malloc(sizeof(float) * (size_t)n_pos * row);

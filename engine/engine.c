@@ -1192,7 +1192,8 @@ static int device_init(struct engine *e, struct device *dv, int rank, int thread
                                              ? md->kv_lora_rank + md->qk_rope_dim
                                              : md->head_dim,
                             .max_v_dim = md->attn == ATTN_KIND_MLA ? md->kv_lora_rank
-                                                                   : md->head_dim};
+                                                                   : md->head_dim,
+                            .max_kv_heads = md->attn == ATTN_KIND_MLA ? 1 : md->n_kv_head};
     if (logit_in > rs.max_elems) rs.max_elems = logit_in;
     if (md->ffn == FFN_KIND_CONTINUOUS) { /* the key product: T * max_samples rows of Z */
         int z_rows = (int)T * md->cont_max_samples;

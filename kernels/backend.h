@@ -90,6 +90,7 @@ struct be_reserve {
     int max_k_dim;   /* the widest attention key and value (per KV head; MLA: the latent row
                         and the latent), for attention's tiles; 0 = 256 */
     int max_v_dim;
+    int max_kv_heads; /* KV heads of an attention call (MLA: 1); 0 = 1 */
 };
 
 /* Geometry of one attention call. Query head h reads KV head h / (n_head / n_kv_head), whose

@@ -129,7 +129,7 @@ static int cpu_reserve(struct backend *be, const struct be_reserve *r)
     b->tmp = alloc64(sizeof(float) * b->tmp_per_thread * (size_t)b->n_threads);
     b->fa_ctx = r->max_ctx;
     int fa_fail = fa_work_reserve(&b->fa, b->n_threads, (int)rows, r->max_heads, r->max_k_dim,
-                                  r->max_v_dim, r->max_ctx);
+                                  r->max_v_dim, r->max_kv_heads, r->max_ctx);
     b->ex_act = calloc((size_t)E, sizeof *b->ex_act);
     b->ex_off = calloc((size_t)E, sizeof *b->ex_off);
     b->ex_hoff = calloc((size_t)E, sizeof *b->ex_hoff);
@@ -722,12 +722,14 @@ static void cpu_attention(struct backend *be, float *out, const float *q, const 
     struct cpu_backend *b = cpu_of(be);
     int group = a->n_head / a->n_kv_head;
     struct fa_work *w = &b->fa;
-    if (n > w->max_tokens || group > w->rows || a->k_dim > w->dk || a->v_dim > w->dv) {
+    if (!fa_work_fits(w, n, a)) {
         /* a call past what reserve was told (tests call ops directly): grow once */
         int fail = fa_work_reserve(w, b->n_threads, n > w->max_tokens ? n : w->max_tokens,
                                    group > w->rows ? group : w->rows,
                                    a->k_dim > w->dk ? a->k_dim : w->dk,
-                                   a->v_dim > w->dv ? a->v_dim : w->dv, b->fa_ctx);
+                                   a->v_dim > w->dv ? a->v_dim : w->dv,
+                                   a->n_kv_head > w->kv_heads ? a->n_kv_head : w->kv_heads,
+                                   b->fa_ctx);
         if (fail) { /* out of memory: NaN outputs rather than stale ones */
             for (size_t i = 0; i < (size_t)n * a->n_head * a->v_dim; i++) out[i] = NAN;
             return;

@@ -10,53 +10,63 @@
 
 /* --- buffers ------------------------------------------------------------------------------ */
 
-/* Per-thread floats for units of R rows, keys dk and values dv wide: the unit's queries, the
- * key tile before and after transposition, the value tile, the scores, the keys' scales, the
+/* Per-thread floats for units of R rows over KV rows of k_row / v_row elements and heads dk / dv
+ * wide: the unit's queries, the key and value tiles (every head of the unit), the scores, the
  * row ranges, and two softmax states (the unit's and the current segment's). */
-static size_t thread_floats(int R, int dk, int dv)
+static size_t thread_floats(int R, int dk, int k_row, int v_row, int dv)
 {
-    return (size_t)R * dk + 2 * (size_t)FA_TK * dk + (size_t)FA_TK * dv + (size_t)R * FA_TK +
-           FA_TK + 2 * (size_t)R + 2 * (size_t)R * (dv + 2) + 64;
+    return (size_t)R * dk + (size_t)FA_TK * k_row + (size_t)FA_TK * v_row + (size_t)R * FA_TK +
+           2 * (size_t)R + 2 * (size_t)R * (dv + 2) + 64;
 }
 
 void fa_work_free(struct fa_work *w)
 {
     free(w->scratch);
-    free(w->tiles);
+    free(w->units);
     free(w->tasks);
     free(w->part);
     memset(w, 0, sizeof *w);
 }
 
 int fa_work_reserve(struct fa_work *w, int n_threads, int max_tokens, int max_group, int dk,
-                    int dv, int max_ctx)
+                    int dv, int max_kv_heads, int max_ctx)
 {
     fa_work_free(w);
     w->n_threads = n_threads > 0 ? n_threads : 1;
     w->rows = max_group > FA_ROWS ? max_group : FA_ROWS;
     w->dk = dk > 0 ? dk : 256;
     w->dv = dv > 0 ? dv : 256;
+    w->kv_heads = max_kv_heads > 0 ? max_kv_heads : 1;
     w->max_tokens = max_tokens > 0 ? max_tokens : 1;
-    w->per_thread = (thread_floats(w->rows, w->dk, w->dv) + 15) / 16 * 16;
+    /* a unit's heads: as many as fit its rows (plan_units), at most every KV head */
+    int nh = w->kv_heads < w->rows ? w->kv_heads : w->rows;
+    w->per_thread =
+        (thread_floats(w->rows, w->dk, nh * w->dk, nh * w->dv, w->dv) + 15) / 16 * 16;
     /* Splitting serves calls of fewer units than 2 per thread: room for that many units'
-     * segments at one decode token's rows, capped (a call needing more runs unsplit, with the
-     * same results). */
+     * segments, capped (a call needing more runs unsplit, with the same results). */
     int segs = (max_ctx > 0 ? max_ctx : 4096) / FA_SEG + 2;
-    int group = max_group > 0 ? max_group : 1;
     size_t units = 2 * (size_t)w->n_threads;
-    size_t part = units * (size_t)segs * (size_t)group * (size_t)(w->dv + 2);
+    size_t part = units * (size_t)segs * (size_t)w->rows * (size_t)(w->dv + 2);
     size_t cap = (size_t)16 << 20; /* floats: 64 MiB */
     w->part_floats = part < cap ? part : cap;
     w->max_tasks = (int)(units * (size_t)segs);
+    w->max_units = w->max_tokens * w->kv_heads;
     w->scratch = aligned_alloc(64, sizeof(float) * w->per_thread * (size_t)w->n_threads);
-    w->tiles = malloc(sizeof(int32_t) * 2 * (size_t)w->max_tokens);
+    w->units = malloc(sizeof(int32_t) * 4 * (size_t)w->max_units);
     w->tasks = malloc(sizeof(int32_t) * 3 * (size_t)w->max_tasks);
     w->part = malloc(sizeof(float) * (w->part_floats > 0 ? w->part_floats : 1));
-    if (!w->scratch || !w->tiles || !w->tasks || !w->part) {
+    if (!w->scratch || !w->units || !w->tasks || !w->part) {
         fa_work_free(w);
         return -1;
     }
     return 0;
+}
+
+bool fa_work_fits(const struct fa_work *w, int n, const struct be_attn *a)
+{
+    int group = a->n_head / a->n_kv_head;
+    return n <= w->max_tokens && group <= w->rows && a->k_dim <= w->dk && a->v_dim <= w->dv &&
+           a->n_kv_head <= w->kv_heads;
 }
 
 /* --- one unit ------------------------------------------------------------------------------ */
@@ -83,15 +93,16 @@ static inline int tok_pos(const struct be_tokens *tk, int i)
     return tk->pos ? tk->pos[i] : tk->pos0 + i;
 }
 
-/* A unit's rows: row r = t * group + g is token tok0 + t, query head kvh * group + g. */
+/* A unit: tokens tok0 .. tok0 + nt - 1 of one sequence and KV heads h0 .. h0 + nh - 1. Row
+ * r = (hh * nt + t) * group + g is token tok0 + t, query head (h0 + hh) * group + g: each KV
+ * head's rows are contiguous. */
 struct fa_unit {
-    int tok0, nt, kvh, R;
+    int tok0, nt, h0, nh, R;
     const int32_t *table;
-    float *qb;      /* (R, dk) queries times the softmax scale */
+    float *qb;        /* (R, dk) queries times the softmax scale */
     int32_t *lo, *hi; /* (R) each row's positions [lo, hi] */
     int minlo, maxhi;
-    /* per-thread tiles */
-    float *kf, *kt, *vt, *s, *sc;
+    float *kf, *vt, *s; /* per-thread tiles: (FA_TK, nh * dk), (FA_TK, nh * dv), (R, FA_TK) */
 };
 
 /* A row's softmax state: max, sum, then the value accumulator (dv). */
@@ -103,27 +114,24 @@ static void unit_init(const struct fa_call *c, int u, float *scratch, struct fa_
 {
     const struct be_attn *a = c->a;
     const struct fa_work *w = c->w;
-    int tile = u / a->n_kv_head;
-    un->kvh = u % a->n_kv_head;
-    un->tok0 = w->tiles[2 * tile];
-    un->nt = w->tiles[2 * tile + 1];
-    un->R = un->nt * c->group;
+    const int32_t *ud = w->units + 4 * (size_t)u;
+    un->tok0 = ud[0];
+    un->nt = ud[1];
+    un->h0 = ud[2];
+    un->nh = ud[3];
+    un->R = un->nt * un->nh * c->group;
     un->table = tok_table(c->tk, un->tok0);
     float *p = scratch;
     un->qb = p;
     p += (size_t)w->rows * w->dk;
     un->kf = p;
-    p += (size_t)FA_TK * w->dk;
-    un->kt = p;
-    p += (size_t)FA_TK * w->dk;
+    p += (size_t)FA_TK * un->nh * a->k_dim;
     un->vt = p;
-    p += (size_t)FA_TK * w->dv;
+    p += (size_t)FA_TK * un->nh * a->v_dim;
     un->s = p;
-    p += (size_t)w->rows * FA_TK;
-    un->sc = p;
-    p += FA_TK;
+    p += (size_t)un->R * FA_TK;
     un->lo = (int32_t *)p;
-    p += w->rows;
+    p += un->R;
     un->hi = (int32_t *)p;
     un->minlo = 1 << 30;
     un->maxhi = -1;
@@ -131,67 +139,69 @@ static void unit_init(const struct fa_call *c, int u, float *scratch, struct fa_
         int i = un->tok0 + t, pos = tok_pos(c->tk, i);
         int start = a->window > 0 && pos - a->window + 1 > 0 ? pos - a->window + 1 : 0;
         if (a->chunk > 0 && pos - pos % a->chunk > start) start = pos - pos % a->chunk;
-        for (int g = 0; g < c->group; g++) {
-            int r = t * c->group + g;
-            un->lo[r] = start;
-            un->hi[r] = pos;
-            const float *qr = c->q + ((size_t)i * a->n_head + (size_t)un->kvh * c->group + g) *
-                                         (size_t)a->k_dim;
-            float *qd = un->qb + (size_t)r * a->k_dim;
-            for (int d = 0; d < a->k_dim; d++) qd[d] = qr[d] * a->scale;
-        }
+        for (int hh = 0; hh < un->nh; hh++)
+            for (int g = 0; g < c->group; g++) {
+                int r = (hh * un->nt + t) * c->group + g;
+                un->lo[r] = start;
+                un->hi[r] = pos;
+                const float *qr =
+                    c->q + ((size_t)i * a->n_head + (size_t)(un->h0 + hh) * c->group + g) *
+                               (size_t)a->k_dim;
+                float *qd = un->qb + (size_t)r * a->k_dim;
+                for (int d = 0; d < a->k_dim; d++) qd[d] = qr[d] * a->scale;
+            }
         if (start < un->minlo) un->minlo = start;
         if (pos > un->maxhi) un->maxhi = pos;
     }
 }
 
-/* The states after the unit's rows: two arrays of R rows of (dv + 2). */
-static float *unit_states(const struct fa_call *c, float *scratch)
+/* The states after the unit's tiles: two arrays of R rows of (dv + 2). */
+static float *unit_states(const struct fa_unit *un)
 {
-    const struct fa_work *w = c->w;
-    return scratch + (size_t)w->rows * w->dk + 2 * (size_t)FA_TK * w->dk +
-           (size_t)FA_TK * w->dv + (size_t)w->rows * FA_TK + FA_TK + 2 * (size_t)w->rows;
+    return (float *)(un->hi + un->R);
 }
 
-/* Rows j in [j0, j1] of a tile from cache positions t0 + j, converted (the rest stay zero):
- * the key tile kf (FA_TK, dk) and value tile vt (FA_TK, dv). */
+/* Rows j in [j0, j1] of a tile from cache positions t0 + j, converted for the unit's heads (the
+ * rest of the key tile zero: those scores are masked; values before j0 zero too, as the
+ * products read them with p = 0, those after j1 are not read). */
 static void load_tile(const struct fa_call *c, const struct fa_unit *un, int t0, int j0, int j1)
 {
     const struct be_attn *a = c->a;
     const struct be_kv *kv = c->kv;
-    int dk = a->k_dim, dv = a->v_dim, bs = c->block_size;
-    size_t es = (size_t)c->esize;
+    int dk = a->k_dim, dv = a->v_dim, bs = c->block_size, nh = un->nh;
+    size_t es = (size_t)c->esize, kw = (size_t)nh * dk, vw = (size_t)nh * dv;
     bool fp8 = kv->type == BE_KV_FP8_E4M3 || kv->type == BE_KV_FP8_E5M2;
-    /* keys outside [j0, j1] are zero (their scores are masked); values before j0 too, as the
-     * products read them with p = 0 (values after j1 are not read) */
-    memset(un->kf, 0, sizeof(float) * (size_t)j0 * dk);
-    memset(un->kf + (size_t)(j1 + 1) * dk, 0, sizeof(float) * (size_t)(FA_TK - 1 - j1) * dk);
-    memset(un->vt, 0, sizeof(float) * (size_t)j0 * dv);
-    int kg = kv->k_grp > 0 ? a->k_row / kv->k_grp : 0, vg = kv->v_grp > 0 ? a->v_row / kv->v_grp : 0;
+    bool int8 = kv->type == BE_KV_INT8;
+    memset(un->kf, 0, sizeof(float) * (size_t)j0 * kw);
+    memset(un->kf + (size_t)(j1 + 1) * kw, 0, sizeof(float) * (size_t)(FA_TK - 1 - j1) * kw);
+    memset(un->vt, 0, sizeof(float) * (size_t)j0 * vw);
+    int kg = int8 ? a->k_row / kv->k_grp : 0, vg = int8 ? a->v_row / kv->v_grp : 0;
     for (int j = j0; j <= j1; j++) {
         int p = t0 + j;
         size_t row = (size_t)un->table[p / bs] * bs + p % bs;
-        const char *kr = (const char *)kv->k + (row * a->k_row + (size_t)un->kvh * dk) * es;
-        const char *vr = (const char *)kv->v + (row * a->v_row + (size_t)un->kvh * dv) * es;
-        float ks = 1.0f, vs = 1.0f;
-        if (fp8) {
-            ks = kv->k_scale;
-            vs = kv->v_scale;
-        } else if (kv->type == BE_KV_INT8) {
-            ks = kv->k_sc[row * kg + (size_t)un->kvh * dk / kv->k_grp];
-            vs = kv->v_sc[row * vg + (size_t)un->kvh * dv / kv->v_grp];
+        const char *kr = (const char *)kv->k + (row * a->k_row + (size_t)un->h0 * dk) * es;
+        const char *vr = (const char *)kv->v + (row * a->v_row + (size_t)un->h0 * dv) * es;
+        float *kd = un->kf + (size_t)j * kw, *vd = un->vt + (size_t)j * vw;
+        if (!int8) { /* the unit's heads are adjacent in the row: one conversion each */
+            c->kk->kv_cvt(kd, kr, (int)kw, kv->type, fp8 ? kv->k_scale : 1.0f);
+            c->kk->kv_cvt(vd, vr, (int)vw, kv->type, fp8 ? kv->v_scale : 1.0f);
+            continue;
         }
-        c->kk->kv_cvt(un->kf + (size_t)j * dk, kr, dk, kv->type, ks);
-        c->kk->kv_cvt(un->vt + (size_t)j * dv, vr, dv, kv->type, vs);
+        for (int hh = 0; hh < nh; hh++) { /* a scale per head */
+            int h = un->h0 + hh;
+            c->kk->kv_cvt(kd + (size_t)hh * dk, kr + (size_t)hh * dk * es, dk, kv->type,
+                          kv->k_sc[row * kg + (size_t)h * dk / kv->k_grp]);
+            c->kk->kv_cvt(vd + (size_t)hh * dv, vr + (size_t)hh * dv * es, dv, kv->type,
+                          kv->v_sc[row * vg + (size_t)h * dv / kv->v_grp]);
+        }
     }
-    c->kk->fa_kt(un->kt, un->kf, dk, dk);
 }
 
 /* Segment `seg` of the unit's context into fresh states st (R rows of dv + 2). */
 static void unit_segment(const struct fa_call *c, const struct fa_unit *un, int seg, float *st)
 {
     const struct be_attn *a = c->a;
-    int R = un->R, dk = a->k_dim, dv = a->v_dim;
+    int R = un->R, dk = a->k_dim, dv = a->v_dim, rows_h = un->nt * c->group;
     size_t ld = (size_t)dv + 2;
     for (int r = 0; r < R; r++) {
         float *sr = st + (size_t)r * ld;
@@ -206,7 +216,10 @@ static void unit_segment(const struct fa_call *c, const struct fa_unit *un, int 
         int j0 = un->minlo > t0 ? un->minlo - t0 : 0;
         int j1 = un->maxhi < t0 + FA_TK - 1 ? un->maxhi - t0 : FA_TK - 1;
         load_tile(c, un, t0, j0, j1);
-        c->kk->fa_scores(un->s, un->qb, R, dk, un->kt);
+        for (int hh = 0; hh < un->nh; hh++)
+            c->kk->fa_dots(un->s + (size_t)hh * rows_h * FA_TK,
+                           un->qb + (size_t)hh * rows_h * dk, rows_h, dk,
+                           un->kf + (size_t)hh * dk, un->nh * dk);
         for (int r = 0; r < R; r++) {
             float *p = un->s + (size_t)r * FA_TK, *sr = st + (size_t)r * ld;
             int rlo = un->lo[r] > t0 ? un->lo[r] - t0 : 0;
@@ -215,9 +228,7 @@ static void unit_segment(const struct fa_call *c, const struct fa_unit *un, int 
                 memset(p, 0, sizeof(float) * FA_TK);
                 continue;
             }
-            float mt = p[rlo];
-            for (int j = rlo + 1; j <= rhi; j++) mt = p[j] > mt ? p[j] : mt;
-            float m = sr[ST_M];
+            float mt = c->kk->fa_max(p, rlo, rhi), m = sr[ST_M];
             if (mt > m) {
                 if (m != -INFINITY) { /* a larger maximum: what came before shrinks */
                     float f = expf(m - mt);
@@ -226,18 +237,13 @@ static void unit_segment(const struct fa_call *c, const struct fa_unit *un, int 
                 }
                 m = sr[ST_M] = mt;
             }
-            c->kk->fa_exp(p, FA_TK, m);
-            float l = 0.0f;
-            for (int j = 0; j < FA_TK; j++) {
-                if (j < rlo || j > rhi) p[j] = 0.0f;
-                l += p[j];
-            }
-            sr[ST_L] += l;
+            sr[ST_L] += c->kk->fa_exp(p, rlo, rhi, m);
         }
         /* rows without keys here add 0 * v (v finite: loaded or zero) */
         for (int r = 0; r < R; r++) {
-            float *sr = st + (size_t)r * ld;
-            c->kk->fa_pv(sr + ST_O, un->s + (size_t)r * FA_TK, 1, dv, un->vt, j1 + 1);
+            int hh = r / rows_h;
+            c->kk->fa_pv(st + (size_t)r * ld + ST_O, un->s + (size_t)r * FA_TK, 1, dv,
+                         un->vt + (size_t)hh * dv, un->nh * dv, j1 + 1);
         }
     }
 }
@@ -277,11 +283,11 @@ static void state_reset(float *st, int R, int dv)
 static void unit_finish(const struct fa_call *c, const struct fa_unit *un, const float *tot)
 {
     const struct be_attn *a = c->a;
-    int dv = a->v_dim;
+    int dv = a->v_dim, rows_h = un->nt * c->group;
     for (int r = 0; r < un->R; r++) {
         const float *t = tot + (size_t)r * (dv + 2);
-        int tt = r / c->group, g = r % c->group;
-        int h = un->kvh * c->group + g;
+        int hh = r / rows_h, tt = r % rows_h / c->group, g = r % c->group;
+        int h = (un->h0 + hh) * c->group + g;
         float m = t[ST_M], l = t[ST_L], f = 1.0f;
         if (a->sinks) {
             float sk = a->sinks[h], M = sk > m ? sk : m;
@@ -301,7 +307,7 @@ static void unit_task(void *ctx, int u, int thread)
     float *scratch = c->w->scratch + (size_t)thread * c->w->per_thread;
     struct fa_unit un;
     unit_init(c, u, scratch, &un);
-    float *tot = unit_states(c, scratch), *seg = tot + (size_t)un.R * (c->a->v_dim + 2);
+    float *tot = unit_states(&un), *seg = tot + (size_t)un.R * (c->a->v_dim + 2);
     state_reset(tot, un.R, c->a->v_dim);
     for (int s = un.minlo / FA_SEG; s <= un.maxhi / FA_SEG; s++) {
         unit_segment(c, &un, s, seg);
@@ -335,7 +341,7 @@ static void merge_task(void *ctx, int u, int thread)
     float *scratch = c->w->scratch + (size_t)thread * c->w->per_thread;
     struct fa_unit un;
     unit_init(c, u, scratch, &un);
-    float *tot = unit_states(c, scratch);
+    float *tot = unit_states(&un);
     state_reset(tot, un.R, c->a->v_dim);
     for (int t = mj->first_task[u]; t < mj->first_task[u + 1]; t++)
         fold(tot, c->w->part + (size_t)c->w->tasks[3 * (size_t)t + 2] * (c->a->v_dim + 2), un.R,
@@ -345,6 +351,35 @@ static void merge_task(void *ctx, int u, int thread)
 
 /* --- the call ------------------------------------------------------------------------------ */
 
+/* Units of the call: runs of consecutive positions of one sequence, as many tokens as fit the
+ * unit's rows (a prefill chunk: tokens of one KV head, so that each tile serves many), then as
+ * many KV heads as fit (a decode token: every head, so that a tile reads whole cache rows).
+ * Returns the number of units. */
+static int plan_units(const struct fa_call *c, int n)
+{
+    struct fa_work *w = c->w;
+    const struct be_tokens *tk = c->tk;
+    int rows = w->rows, per = rows / c->group > 1 ? rows / c->group : 1, nu = 0;
+    for (int i = 0; i < n;) {
+        const int32_t *tb = tok_table(tk, i);
+        int p0 = tok_pos(tk, i), cnt = 1;
+        while (i + cnt < n && cnt < per && tok_table(tk, i + cnt) == tb &&
+               tok_pos(tk, i + cnt) == p0 + cnt)
+            cnt++;
+        int nh = rows / (cnt * c->group);
+        nh = nh < 1 ? 1 : nh > c->a->n_kv_head ? c->a->n_kv_head : nh;
+        for (int h = 0; h < c->a->n_kv_head; h += nh) {
+            int32_t *ud = w->units + 4 * (size_t)nu++;
+            ud[0] = i;
+            ud[1] = cnt;
+            ud[2] = h;
+            ud[3] = h + nh <= c->a->n_kv_head ? nh : c->a->n_kv_head - h;
+        }
+        i += cnt;
+    }
+    return nu;
+}
+
 void fa_attention(struct pool *pool, const struct gemm_kernels *kk, struct fa_work *w,
                   float *out, const float *q, const struct be_kv *kv,
                   const struct be_tokens *tk, int block_size, int n, const struct be_attn *a)
@@ -353,20 +388,7 @@ void fa_attention(struct pool *pool, const struct gemm_kernels *kk, struct fa_wo
     struct fa_call c = {.kk = kk, .w = w, .out = out, .q = q, .kv = kv, .tk = tk, .a = a,
                         .block_size = block_size, .group = a->n_head / a->n_kv_head,
                         .esize = kv_type_size(kv->type)};
-    /* Units: runs of consecutive positions of one sequence, FA_ROWS rows at most. */
-    int per = FA_ROWS / c.group > 1 ? FA_ROWS / c.group : 1, n_tiles = 0;
-    for (int i = 0; i < n;) {
-        const int32_t *tb = tok_table(tk, i);
-        int p0 = tok_pos(tk, i), cnt = 1;
-        while (i + cnt < n && cnt < per && tok_table(tk, i + cnt) == tb &&
-               tok_pos(tk, i + cnt) == p0 + cnt)
-            cnt++;
-        w->tiles[2 * n_tiles] = i;
-        w->tiles[2 * n_tiles + 1] = cnt;
-        n_tiles++;
-        i += cnt;
-    }
-    c.n_units = n_tiles * a->n_kv_head;
+    c.n_units = plan_units(&c, n);
     int threads = pool_size(pool);
     if (threads > 1 && c.n_units < 2 * threads) {
         /* Few units: a task per segment, if the partials fit. first_task (n_units + 1) lives
@@ -376,11 +398,11 @@ void fa_attention(struct pool *pool, const struct gemm_kernels *kk, struct fa_wo
         bool fits = true;
         int32_t *first = w->tasks + 3 * (size_t)w->max_tasks - (c.n_units + 1);
         for (int u = 0; u < c.n_units && fits; u++) {
-            int tile = u / a->n_kv_head, i0 = w->tiles[2 * tile], nt = w->tiles[2 * tile + 1];
-            int pos_hi = tok_pos(tk, i0 + nt - 1), pos_lo = tok_pos(tk, i0);
+            const int32_t *ud = w->units + 4 * (size_t)u;
+            int pos_hi = tok_pos(tk, ud[0] + ud[1] - 1), pos_lo = tok_pos(tk, ud[0]);
             int lo = a->window > 0 && pos_lo - a->window + 1 > 0 ? pos_lo - a->window + 1 : 0;
             if (a->chunk > 0 && pos_lo - pos_lo % a->chunk > lo) lo = pos_lo - pos_lo % a->chunk;
-            size_t rows = (size_t)nt * c.group;
+            size_t rows = (size_t)ud[1] * ud[3] * c.group;
             first[u] = n_tasks;
             for (int s = lo / FA_SEG; s <= pos_hi / FA_SEG; s++) {
                 if (3 * (n_tasks + 1) > 3 * w->max_tasks - (c.n_units + 1) ||

@@ -14,11 +14,17 @@
  * count: chunked prefill equals prefill in one step, and a batch equals its sequences run
  * alone.
  *
+ * A unit is a run of one sequence's tokens and a range of its KV heads: as many tokens as fit
+ * (a prefill chunk, one KV head: each tile serves many rows), then as many heads as fit (a
+ * decode token, every head: a tile reads whole cache rows). Its query rows take each score
+ * from their own 16-wide dot products, so which rows share a unit changes no bit.
+ *
  * Ownership: struct fa_work is the backend's, sized by fa_work_reserve (every buffer allocated
  * then, none during a call) and freed by fa_work_free. */
 #ifndef MOESERVE_CPU_FLASH_H
 #define MOESERVE_CPU_FLASH_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -32,10 +38,11 @@
 struct fa_work {
     int n_threads;
     int rows, dk, dv;        /* the largest unit and head widths the buffers take */
+    int kv_heads;            /* the most KV heads a call may have */
     float *scratch;          /* (n_threads, per_thread) */
     size_t per_thread;       /* floats */
-    int32_t *tiles;          /* (max_tokens, 2) a unit's first token and token count */
-    int max_tokens;
+    int32_t *units;          /* (max_units, 4) a unit's first token, tokens, first KV head, heads */
+    int max_units, max_tokens;
     int32_t *tasks;          /* (max_tasks, 3) split segments: unit, segment, partial offset */
     int max_tasks;
     float *part;             /* split segments' partial states */
@@ -43,11 +50,13 @@ struct fa_work {
 };
 
 /* Buffers for calls of up to max_tokens tokens, units of up to max(FA_ROWS, max_group) rows,
- * keys up to dk and values up to dv wide, contexts up to max_ctx. 0, or -1 when out of memory
- * (w is left empty). */
+ * keys up to dk and values up to dv wide per head, up to max_kv_heads KV heads, contexts up to
+ * max_ctx. 0, or -1 when out of memory (w is left empty). */
 int fa_work_reserve(struct fa_work *w, int n_threads, int max_tokens, int max_group, int dk,
-                    int dv, int max_ctx);
+                    int dv, int max_kv_heads, int max_ctx);
 void fa_work_free(struct fa_work *w);
+/* Whether a call of n tokens with geometry *a fits the buffers. */
+bool fa_work_fits(const struct fa_work *w, int n, const struct be_attn *a);
 
 /* backend.h attention on the pool: out (n, n_head, v_dim) from q (n, n_head, k_dim). The call
  * must fit what fa_work_reserve was given (the backend checks). */

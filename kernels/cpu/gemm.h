@@ -81,16 +81,18 @@ struct gemm_kernels {
     /* The pieces of tiled attention (kernels/cpu/flash.c), FA_TK keys at a time.
      * kv_cvt: dst (n) = the stored row src (n elements of type t) as f32, times scale (the fp8
      * layer scale or the int8 group scale; 1 for the other types), the values kv_load gives.
-     * fa_kt: kt (d, FA_TK) = kf (FA_TK, d; rows ldkf floats apart) transposed.
-     * fa_scores: s (R, FA_TK) = q (R, d) . kt, each score summed over d in ascending order.
-     * fa_pv: o (R, dv) += p (R, FA_TK)[:, :cnt] . vt (cnt, dv), each output summed over j in
-     * ascending order. A query row's results never depend on R or on the other rows.
-     * fa_exp: x (n) = exp(x - sub). */
+     * fa_dots: s (R, FA_TK) = q (R, d) . kf (FA_TK, d; rows ldk floats apart)^T, each score by
+     * the same sequence of operations whatever R (the query rows are independent).
+     * fa_pv: o (R, dv) += p (R, FA_TK)[:, :cnt] . vt (cnt, dv; rows ldv floats apart), each
+     * output summed over j in ascending order.
+     * fa_max: the largest of p[lo .. hi] (hi < FA_TK).
+     * fa_exp: p[j] = exp(p[j] - m) for lo <= j <= hi, 0 for the other j < FA_TK; returns their
+     * sum, added in a fixed order. */
     void (*kv_cvt)(float *dst, const void *src, int n, enum be_kv_type t, float scale);
-    void (*fa_kt)(float *kt, const float *kf, int ldkf, int d);
-    void (*fa_scores)(float *s, const float *q, int R, int d, const float *kt);
-    void (*fa_pv)(float *o, const float *p, int R, int dv, const float *vt, int cnt);
-    void (*fa_exp)(float *x, int n, float sub);
+    void (*fa_dots)(float *s, const float *q, int R, int d, const float *kf, int ldk);
+    void (*fa_pv)(float *o, const float *p, int R, int dv, const float *vt, int ldv, int cnt);
+    float (*fa_max)(const float *p, int lo, int hi);
+    float (*fa_exp)(float *p, int lo, int hi, float m);
     /* Continuous experts (backend.h neuron_ffn) over gathered rows of (F, k) f32, f16 or bf16
      * matrices, k = cols; each result by one fixed order, whatever rows a call is given.
      * neuron_up: h[j] = coef[j] * silu(gate_f . x) * (up_f . x), f = rows[j], j < n (gate and

@@ -537,77 +537,41 @@ static void v_kv_cvt(float *dst, const void *src, int n, enum be_kv_type t, floa
     }
 }
 
-/* kt (d, 16) = kf (16, d) transposed: 8 x 8 blocks in registers, the last < 8 elements
- * element by element. */
-static void v_fa_kt(float *kt, const float *kf, int ldkf, int d)
+/* Eight of a row's dot products with the tile's keys k (rows ldk apart): eight accumulators over
+ * d, reduced four at a time by hsum4 (the tail of d < 8 through load_part). */
+static inline __attribute__((always_inline)) void v_dots8(float *s, const float *q, int d,
+                                                          const float *k, int ldk)
 {
-    int i0 = 0;
-    for (; i0 + 8 <= d; i0 += 8)
-        for (int h = 0; h < 2; h++) {
-            __m256 r[8], t[8];
-            for (int j = 0; j < 8; j++) r[j] = _mm256_loadu_ps(kf + (size_t)(8 * h + j) * ldkf + i0);
-            for (int j = 0; j < 8; j += 2) {
-                t[j] = _mm256_unpacklo_ps(r[j], r[j + 1]);
-                t[j + 1] = _mm256_unpackhi_ps(r[j], r[j + 1]);
-            }
-            for (int j = 0; j < 8; j += 4) {
-                r[j] = _mm256_shuffle_ps(t[j], t[j + 2], _MM_SHUFFLE(1, 0, 1, 0));
-                r[j + 1] = _mm256_shuffle_ps(t[j], t[j + 2], _MM_SHUFFLE(3, 2, 3, 2));
-                r[j + 2] = _mm256_shuffle_ps(t[j + 1], t[j + 3], _MM_SHUFFLE(1, 0, 1, 0));
-                r[j + 3] = _mm256_shuffle_ps(t[j + 1], t[j + 3], _MM_SHUFFLE(3, 2, 3, 2));
-            }
-            /* r[4g + c]: rows 4g..4g+3, element c of each 128-bit half */
-            for (int c = 0; c < 4; c++) {
-                _mm256_storeu_ps(kt + (size_t)(i0 + c) * 16 + 8 * h,
-                                 _mm256_permute2f128_ps(r[c], r[4 + c], 0x20));
-                _mm256_storeu_ps(kt + (size_t)(i0 + 4 + c) * 16 + 8 * h,
-                                 _mm256_permute2f128_ps(r[c], r[4 + c], 0x31));
-            }
-        }
-    for (; i0 < d; i0++)
-        for (int j = 0; j < 16; j++) kt[(size_t)i0 * 16 + j] = kf[(size_t)j * ldkf + i0];
+    __m256 acc[8];
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= d; i += 8) {
+        __m256 qv = _mm256_loadu_ps(q + i);
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++)
+            acc[j] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + (size_t)j * ldk + i), acc[j]);
+    }
+    if (i < d) {
+        __m256 qv = load_part(q + i, d - i);
+        for (int j = 0; j < 8; j++)
+            acc[j] = _mm256_fmadd_ps(qv, load_part(k + (size_t)j * ldk + i, d - i), acc[j]);
+    }
+    _mm_storeu_ps(s, hsum4(acc[0], acc[1], acc[2], acc[3]));
+    _mm_storeu_ps(s + 4, hsum4(acc[4], acc[5], acc[6], acc[7]));
 }
 
-/* NR rows of scores, two vectors (16 keys) each. */
-static inline __attribute__((always_inline)) void v_scores_rows(float *s, const float *q, int d,
-                                                                const float *kt, const int NR)
+static void v_fa_dots(float *s, const float *q, int R, int d, const float *kf, int ldk)
 {
-    __m256 lo[4], hi[4];
-#pragma GCC unroll 4
-    for (int r = 0; r < NR; r++) lo[r] = hi[r] = _mm256_setzero_ps();
-    for (int i = 0; i < d; i++) {
-        __m256 k0 = _mm256_loadu_ps(kt + (size_t)i * 16), k1 = _mm256_loadu_ps(kt + (size_t)i * 16 + 8);
-#pragma GCC unroll 4
-        for (int r = 0; r < NR; r++) {
-            __m256 qv = _mm256_set1_ps(q[(size_t)r * d + i]);
-            lo[r] = _mm256_fmadd_ps(qv, k0, lo[r]);
-            hi[r] = _mm256_fmadd_ps(qv, k1, hi[r]);
-        }
-    }
-#pragma GCC unroll 4
-    for (int r = 0; r < NR; r++) {
-        _mm256_storeu_ps(s + (size_t)r * 16, lo[r]);
-        _mm256_storeu_ps(s + (size_t)r * 16 + 8, hi[r]);
-    }
-}
-
-static void v_fa_scores(float *s, const float *q, int R, int d, const float *kt)
-{
-    int r = 0;
-    for (; r + 4 <= R; r += 4) v_scores_rows(s + (size_t)r * 16, q + (size_t)r * d, d, kt, 4);
-    float *sr = s + (size_t)r * 16;
-    const float *qr = q + (size_t)r * d;
-    switch (R - r) {
-    case 3: v_scores_rows(sr, qr, d, kt, 3); break;
-    case 2: v_scores_rows(sr, qr, d, kt, 2); break;
-    case 1: v_scores_rows(sr, qr, d, kt, 1); break;
-    default: break;
+    for (int r = 0; r < R; r++) {
+        v_dots8(s + (size_t)r * 16, q + (size_t)r * d, d, kf, ldk);
+        v_dots8(s + (size_t)r * 16 + 8, q + (size_t)r * d, d, kf + (size_t)8 * ldk, ldk);
     }
 }
 
 /* NV vectors (8 NV columns from c0) of one output row through the tile's cnt values. */
 static inline __attribute__((always_inline)) void v_pv_cols(float *o, const float *p,
-                                                            const float *vt, int dv, int cnt,
+                                                            const float *vt, int ldv, int cnt,
                                                             int c0, const int NV)
 {
     __m256 acc[8];
@@ -615,7 +579,7 @@ static inline __attribute__((always_inline)) void v_pv_cols(float *o, const floa
     for (int v = 0; v < NV; v++) acc[v] = _mm256_loadu_ps(o + c0 + 8 * v);
     for (int j = 0; j < cnt; j++) {
         __m256 pj = _mm256_set1_ps(p[j]);
-        const float *vr = vt + (size_t)j * dv + c0;
+        const float *vr = vt + (size_t)j * ldv + c0;
 #pragma GCC unroll 8
         for (int v = 0; v < NV; v++)
             acc[v] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vr + 8 * v), acc[v]);
@@ -624,7 +588,7 @@ static inline __attribute__((always_inline)) void v_pv_cols(float *o, const floa
     for (int v = 0; v < NV; v++) _mm256_storeu_ps(o + c0 + 8 * v, acc[v]);
 }
 
-static void v_fa_pv(float *o, const float *p, int R, int dv, const float *vt, int cnt)
+static void v_fa_pv(float *o, const float *p, int R, int dv, const float *vt, int ldv, int cnt)
 {
     for (int r = 0; r < R; r++) {
         float *orow = o + (size_t)r * dv;
@@ -633,31 +597,51 @@ static void v_fa_pv(float *o, const float *p, int R, int dv, const float *vt, in
         for (; c0 + 8 <= dv; c0 += 64) {
             int nv = (dv - c0) / 8;
             switch (nv < 8 ? nv : 8) {
-            case 8: v_pv_cols(orow, pr, vt, dv, cnt, c0, 8); break;
-            case 7: v_pv_cols(orow, pr, vt, dv, cnt, c0, 7); break;
-            case 6: v_pv_cols(orow, pr, vt, dv, cnt, c0, 6); break;
-            case 5: v_pv_cols(orow, pr, vt, dv, cnt, c0, 5); break;
-            case 4: v_pv_cols(orow, pr, vt, dv, cnt, c0, 4); break;
-            case 3: v_pv_cols(orow, pr, vt, dv, cnt, c0, 3); break;
-            case 2: v_pv_cols(orow, pr, vt, dv, cnt, c0, 2); break;
-            default: v_pv_cols(orow, pr, vt, dv, cnt, c0, 1); break;
+            case 8: v_pv_cols(orow, pr, vt, ldv, cnt, c0, 8); break;
+            case 7: v_pv_cols(orow, pr, vt, ldv, cnt, c0, 7); break;
+            case 6: v_pv_cols(orow, pr, vt, ldv, cnt, c0, 6); break;
+            case 5: v_pv_cols(orow, pr, vt, ldv, cnt, c0, 5); break;
+            case 4: v_pv_cols(orow, pr, vt, ldv, cnt, c0, 4); break;
+            case 3: v_pv_cols(orow, pr, vt, ldv, cnt, c0, 3); break;
+            case 2: v_pv_cols(orow, pr, vt, ldv, cnt, c0, 2); break;
+            default: v_pv_cols(orow, pr, vt, ldv, cnt, c0, 1); break;
             }
         }
         c0 = dv / 8 * 8; /* the last dv % 8 columns, one at a time in the same order */
         for (int c = c0; c < dv; c++) {
             float acc = orow[c];
-            for (int j = 0; j < cnt; j++) acc = fmaf(pr[j], vt[(size_t)j * dv + c], acc);
+            for (int j = 0; j < cnt; j++) acc = fmaf(pr[j], vt[(size_t)j * ldv + c], acc);
             orow[c] = acc;
         }
     }
 }
 
-static void v_fa_exp(float *x, int n, float sub)
+/* Lanes lo .. hi of the 16 (two vectors) as all-ones masks. */
+static inline void range8x2(int lo, int hi, __m256 *m0, __m256 *m1)
 {
-    __m256 s = _mm256_set1_ps(sub);
-    int i = 0;
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, exp256(_mm256_sub_ps(_mm256_loadu_ps(x + i), s)));
-    for (; i < n; i++) x[i] = expf(x[i] - sub);
+    const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    __m256i l = _mm256_set1_epi32(lo - 1), h = _mm256_set1_epi32(hi + 1);
+    __m256i i1 = _mm256_add_epi32(idx, _mm256_set1_epi32(8));
+    *m0 = _mm256_castsi256_ps(_mm256_and_si256(_mm256_cmpgt_epi32(idx, l), _mm256_cmpgt_epi32(h, idx)));
+    *m1 = _mm256_castsi256_ps(_mm256_and_si256(_mm256_cmpgt_epi32(i1, l), _mm256_cmpgt_epi32(h, i1)));
+}
+
+static float v_fa_max(const float *p, int lo, int hi)
+{
+    float m = p[lo];
+    for (int j = lo + 1; j <= hi; j++) m = p[j] > m ? p[j] : m;
+    return m;
+}
+
+static float v_fa_exp(float *p, int lo, int hi, float m)
+{
+    __m256 m0, m1, s = _mm256_set1_ps(m);
+    range8x2(lo, hi, &m0, &m1);
+    __m256 e0 = _mm256_and_ps(m0, exp256(_mm256_sub_ps(_mm256_loadu_ps(p), s)));
+    __m256 e1 = _mm256_and_ps(m1, exp256(_mm256_sub_ps(_mm256_loadu_ps(p + 8), s)));
+    _mm256_storeu_ps(p, e0);
+    _mm256_storeu_ps(p + 8, e1);
+    return hsum(_mm256_add_ps(e0, e1));
 }
 
 /* --- continuous experts ------------------------------------------------------------------ */
@@ -718,9 +702,9 @@ const struct gemm_kernels gemm_avx2 = {
     .silu_mul = v_silu_mul,
     .swiglu_oai = v_swiglu_oai,
     .kv_cvt = v_kv_cvt,
-    .fa_kt = v_fa_kt,
-    .fa_scores = v_fa_scores,
+    .fa_dots = v_fa_dots,
     .fa_pv = v_fa_pv,
+    .fa_max = v_fa_max,
     .fa_exp = v_fa_exp,
     .neuron_up = v_neuron_up,
     .neuron_down = v_neuron_down,

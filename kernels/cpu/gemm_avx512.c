@@ -506,79 +506,34 @@ static void x_kv_cvt(float *dst, const void *src, int n, enum be_kv_type t, floa
     }
 }
 
-/* kt (d, 16) = kf (16, d) transposed, 16 x 16 at a time in registers. */
-static void x_fa_kt(float *kt, const float *kf, int ldkf, int d)
+/* Each row's 16 dot products with the tile's keys: 16 accumulators over d (one chain per key),
+ * reduced four at a time by hsum4, the same tree for every row. */
+static void x_fa_dots(float *s, const float *q, int R, int d, const float *kf, int ldk)
 {
-    for (int i0 = 0; i0 < d; i0 += 16) {
-        __mmask16 m = mask16(d - i0);
-        __m512 r[16], t[16];
-        for (int j = 0; j < 16; j++) r[j] = _mm512_maskz_loadu_ps(m, kf + (size_t)j * ldkf + i0);
-        /* pairs of rows interleaved by element, then by element pair, then by 128-bit lane
-         * twice: row j, element i ends in vector i, lane j */
-        for (int j = 0; j < 16; j += 2) {
-            t[j] = _mm512_unpacklo_ps(r[j], r[j + 1]);
-            t[j + 1] = _mm512_unpackhi_ps(r[j], r[j + 1]);
+    for (int r = 0; r < R; r++) {
+        const float *qr = q + (size_t)r * d;
+        __m512 acc[16];
+#pragma GCC unroll 16
+        for (int j = 0; j < 16; j++) acc[j] = _mm512_setzero_ps();
+        for (int i = 0; i < d; i += 16) {
+            __mmask16 m = mask16(d - i);
+            __m512 qv = _mm512_maskz_loadu_ps(m, qr + i);
+#pragma GCC unroll 16
+            for (int j = 0; j < 16; j++)
+                acc[j] = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, kf + (size_t)j * ldk + i), acc[j]);
         }
-        for (int j = 0; j < 16; j += 4) {
-            r[j] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[j]), _mm512_castps_pd(t[j + 2])));
-            r[j + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[j]), _mm512_castps_pd(t[j + 2])));
-            r[j + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[j + 1]), _mm512_castps_pd(t[j + 3])));
-            r[j + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[j + 1]), _mm512_castps_pd(t[j + 3])));
-        }
-        /* r[4g + c] holds, for rows 4g..4g+3, element c of each 128-bit lane */
-        for (int g = 0; g < 2; g++)
-            for (int c = 0; c < 4; c++) {
-                t[8 * g + c] = _mm512_shuffle_f32x4(r[8 * g + c], r[8 * g + 4 + c], 0x88);
-                t[8 * g + 4 + c] = _mm512_shuffle_f32x4(r[8 * g + c], r[8 * g + 4 + c], 0xdd);
-            }
-        for (int c = 0; c < 8; c++) {
-            r[c] = _mm512_shuffle_f32x4(t[c], t[8 + c], 0x88);
-            r[8 + c] = _mm512_shuffle_f32x4(t[c], t[8 + c], 0xdd);
-        }
-        int rows = d - i0 < 16 ? d - i0 : 16;
-        for (int i = 0; i < rows; i++) _mm512_storeu_ps(kt + (size_t)(i0 + i) * 16, r[i]);
-    }
-}
-
-/* NR rows of scores: a broadcast query element times one row of kt per step, NR chains. */
-static inline __attribute__((always_inline)) void x_scores_rows(float *s, const float *q, int d,
-                                                                const float *kt, const int NR)
-{
-    __m512 acc[8];
-#pragma GCC unroll 8
-    for (int r = 0; r < NR; r++) acc[r] = _mm512_setzero_ps();
-    for (int i = 0; i < d; i++) {
-        __m512 k = _mm512_loadu_ps(kt + (size_t)i * 16);
-#pragma GCC unroll 8
-        for (int r = 0; r < NR; r++)
-            acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(q[(size_t)r * d + i]), k, acc[r]);
-    }
-#pragma GCC unroll 8
-    for (int r = 0; r < NR; r++) _mm512_storeu_ps(s + (size_t)r * 16, acc[r]);
-}
-
-static void x_fa_scores(float *s, const float *q, int R, int d, const float *kt)
-{
-    int r = 0;
-    for (; r + 8 <= R; r += 8) x_scores_rows(s + (size_t)r * 16, q + (size_t)r * d, d, kt, 8);
-    float *sr = s + (size_t)r * 16;
-    const float *qr = q + (size_t)r * d;
-    switch (R - r) {
-    case 7: x_scores_rows(sr, qr, d, kt, 7); break;
-    case 6: x_scores_rows(sr, qr, d, kt, 6); break;
-    case 5: x_scores_rows(sr, qr, d, kt, 5); break;
-    case 4: x_scores_rows(sr, qr, d, kt, 4); break;
-    case 3: x_scores_rows(sr, qr, d, kt, 3); break;
-    case 2: x_scores_rows(sr, qr, d, kt, 2); break;
-    case 1: x_scores_rows(sr, qr, d, kt, 1); break;
-    default: break;
+        __m512 v = _mm512_castps128_ps512(hsum4(acc[0], acc[1], acc[2], acc[3]));
+        v = _mm512_insertf32x4(v, hsum4(acc[4], acc[5], acc[6], acc[7]), 1);
+        v = _mm512_insertf32x4(v, hsum4(acc[8], acc[9], acc[10], acc[11]), 2);
+        v = _mm512_insertf32x4(v, hsum4(acc[12], acc[13], acc[14], acc[15]), 3);
+        _mm512_storeu_ps(s + (size_t)r * 16, v);
     }
 }
 
 /* Up to NV vectors (16 NV columns from c0) of one output row through the tile's cnt values. */
 static inline __attribute__((always_inline)) void x_pv_cols(float *o, const float *p,
-                                                            const float *vt, int dv, int cnt,
-                                                            int c0, const int NV)
+                                                            const float *vt, int dv, int ldv,
+                                                            int cnt, int c0, const int NV)
 {
     __m512 acc[8];
     __mmask16 m[8];
@@ -589,7 +544,7 @@ static inline __attribute__((always_inline)) void x_pv_cols(float *o, const floa
     }
     for (int j = 0; j < cnt; j++) {
         __m512 pj = _mm512_set1_ps(p[j]);
-        const float *vr = vt + (size_t)j * dv + c0;
+        const float *vr = vt + (size_t)j * ldv + c0;
 #pragma GCC unroll 8
         for (int v = 0; v < NV; v++)
             acc[v] = _mm512_fmadd_ps(pj, _mm512_maskz_loadu_ps(m[v], vr + 16 * v), acc[v]);
@@ -598,7 +553,7 @@ static inline __attribute__((always_inline)) void x_pv_cols(float *o, const floa
     for (int v = 0; v < NV; v++) _mm512_mask_storeu_ps(o + c0 + 16 * v, m[v], acc[v]);
 }
 
-static void x_fa_pv(float *o, const float *p, int R, int dv, const float *vt, int cnt)
+static void x_fa_pv(float *o, const float *p, int R, int dv, const float *vt, int ldv, int cnt)
 {
     for (int r = 0; r < R; r++) {
         float *orow = o + (size_t)r * dv;
@@ -606,26 +561,35 @@ static void x_fa_pv(float *o, const float *p, int R, int dv, const float *vt, in
         for (int c0 = 0; c0 < dv; c0 += 128) {
             int nv = (dv - c0 + 15) / 16;
             switch (nv < 8 ? nv : 8) {
-            case 8: x_pv_cols(orow, pr, vt, dv, cnt, c0, 8); break;
-            case 7: x_pv_cols(orow, pr, vt, dv, cnt, c0, 7); break;
-            case 6: x_pv_cols(orow, pr, vt, dv, cnt, c0, 6); break;
-            case 5: x_pv_cols(orow, pr, vt, dv, cnt, c0, 5); break;
-            case 4: x_pv_cols(orow, pr, vt, dv, cnt, c0, 4); break;
-            case 3: x_pv_cols(orow, pr, vt, dv, cnt, c0, 3); break;
-            case 2: x_pv_cols(orow, pr, vt, dv, cnt, c0, 2); break;
-            default: x_pv_cols(orow, pr, vt, dv, cnt, c0, 1); break;
+            case 8: x_pv_cols(orow, pr, vt, dv, ldv, cnt, c0, 8); break;
+            case 7: x_pv_cols(orow, pr, vt, dv, ldv, cnt, c0, 7); break;
+            case 6: x_pv_cols(orow, pr, vt, dv, ldv, cnt, c0, 6); break;
+            case 5: x_pv_cols(orow, pr, vt, dv, ldv, cnt, c0, 5); break;
+            case 4: x_pv_cols(orow, pr, vt, dv, ldv, cnt, c0, 4); break;
+            case 3: x_pv_cols(orow, pr, vt, dv, ldv, cnt, c0, 3); break;
+            case 2: x_pv_cols(orow, pr, vt, dv, ldv, cnt, c0, 2); break;
+            default: x_pv_cols(orow, pr, vt, dv, ldv, cnt, c0, 1); break;
             }
         }
     }
 }
 
-static void x_fa_exp(float *x, int n, float sub)
+static inline __mmask16 range16(int lo, int hi)
 {
-    __m512 s = _mm512_set1_ps(sub);
-    for (int i = 0; i < n; i += 16) {
-        __mmask16 m = mask16(n - i);
-        _mm512_mask_storeu_ps(x + i, m, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), s)));
-    }
+    return (__mmask16)(mask16(hi + 1) & ~mask16(lo));
+}
+
+static float x_fa_max(const float *p, int lo, int hi)
+{
+    return _mm512_mask_reduce_max_ps(range16(lo, hi), _mm512_loadu_ps(p));
+}
+
+static float x_fa_exp(float *p, int lo, int hi, float m)
+{
+    __m512 e = _mm512_maskz_mov_ps(range16(lo, hi),
+                                   exp512(_mm512_sub_ps(_mm512_loadu_ps(p), _mm512_set1_ps(m))));
+    _mm512_storeu_ps(p, e);
+    return hsum(e);
 }
 
 /* --- continuous experts ------------------------------------------------------------------ */
@@ -673,9 +637,9 @@ const struct gemm_kernels gemm_avx512 = {
     .silu_mul = x_silu_mul,
     .swiglu_oai = x_swiglu_oai,
     .kv_cvt = x_kv_cvt,
-    .fa_kt = x_fa_kt,
-    .fa_scores = x_fa_scores,
+    .fa_dots = x_fa_dots,
     .fa_pv = x_fa_pv,
+    .fa_max = x_fa_max,
     .fa_exp = x_fa_exp,
     .neuron_up = x_neuron_up,
     .neuron_down = x_neuron_down,

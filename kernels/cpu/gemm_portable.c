@@ -167,38 +167,42 @@ static void p_kv_cvt(float *dst, const void *src, int n, enum be_kv_type t, floa
     for (int i = 0; i < n; i++) dst[i] = kv_load(t, src, i, scale);
 }
 
-static void p_fa_kt(float *kt, const float *kf, int ldkf, int d)
+static void p_fa_dots(float *s, const float *q, int R, int d, const float *kf, int ldk)
 {
-    for (int i = 0; i < d; i++)
-        for (int j = 0; j < FA_TK; j++) kt[(size_t)i * FA_TK + j] = kf[(size_t)j * ldkf + i];
-}
-
-static void p_fa_scores(float *s, const float *q, int R, int d, const float *kt)
-{
-    for (int r = 0; r < R; r++) {
-        float acc[FA_TK] = {0};
-        for (int i = 0; i < d; i++) {
-            float qi = q[(size_t)r * d + i];
-            for (int j = 0; j < FA_TK; j++) acc[j] += qi * kt[(size_t)i * FA_TK + j];
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < FA_TK; j++) {
+            float acc = 0.0f;
+            for (int i = 0; i < d; i++) acc += q[(size_t)r * d + i] * kf[(size_t)j * ldk + i];
+            s[(size_t)r * FA_TK + j] = acc;
         }
-        memcpy(s + (size_t)r * FA_TK, acc, sizeof acc);
-    }
 }
 
-static void p_fa_pv(float *o, const float *p, int R, int dv, const float *vt, int cnt)
+static void p_fa_pv(float *o, const float *p, int R, int dv, const float *vt, int ldv, int cnt)
 {
     for (int r = 0; r < R; r++) {
         float *orow = o + (size_t)r * dv;
         for (int j = 0; j < cnt; j++) {
             float pj = p[(size_t)r * FA_TK + j];
-            for (int c = 0; c < dv; c++) orow[c] += pj * vt[(size_t)j * dv + c];
+            for (int c = 0; c < dv; c++) orow[c] += pj * vt[(size_t)j * ldv + c];
         }
     }
 }
 
-static void p_fa_exp(float *x, int n, float sub)
+static float p_fa_max(const float *p, int lo, int hi)
 {
-    for (int i = 0; i < n; i++) x[i] = expf(x[i] - sub);
+    float m = p[lo];
+    for (int j = lo + 1; j <= hi; j++) m = p[j] > m ? p[j] : m;
+    return m;
+}
+
+static float p_fa_exp(float *p, int lo, int hi, float m)
+{
+    float sum = 0.0f;
+    for (int j = 0; j < FA_TK; j++) {
+        p[j] = j >= lo && j <= hi ? expf(p[j] - m) : 0.0f;
+        sum += p[j];
+    }
+    return sum;
 }
 
 /* --- continuous experts --------------------------------------------------------------- */
@@ -264,9 +268,9 @@ const struct gemm_kernels gemm_portable = {
     .silu_mul = p_silu_mul,
     .swiglu_oai = p_swiglu_oai,
     .kv_cvt = p_kv_cvt,
-    .fa_kt = p_fa_kt,
-    .fa_scores = p_fa_scores,
+    .fa_dots = p_fa_dots,
     .fa_pv = p_fa_pv,
+    .fa_max = p_fa_max,
     .fa_exp = p_fa_exp,
     .neuron_up = p_neuron_up,
     .neuron_down = p_neuron_down,

@@ -16,6 +16,13 @@ object with the last chunk); a server that sends none is counted by its chunks t
 which is a lower bound when it merges tokens into one chunk (e.g. to finish a UTF-8 character):
 the "tok/req" column and a note say which count was used, so engines are compared alike.
 `--json FILE` also writes the levels' results as JSON.
+
+The prompt is --prompt, or with --prompt-words N a text of N common English words (each one
+token in Llama- and Qwen-style tokenizers, about N tokens in all). Every request sends the same
+prompt unless --unique-prompts, which puts the request's number first, so that no request can
+reuse another's cached prompt: llama-server reuses a slot's longest common prefix and moeserve
+its cached blocks and their common prefix, so a repeated prompt measures one token of prefill
+and a unique one the whole prompt.
 """
 import argparse
 import http.client
@@ -94,7 +101,19 @@ def percentile(xs, p):
     return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
-def run_level(host, port, conc, n_requests, body, headers):
+WORDS = ("the of and to in is was for on with as by at from his her they have this that which "
+         "their were been one all would there what about when more can said into time people "
+         "world history year first made after other many some most could these two than "
+         "like then only well over also back through where much long great little state").split()
+
+
+def make_prompt(args):
+    if args.prompt_words:
+        return " ".join(WORDS[i % len(WORDS)] for i in range(args.prompt_words))
+    return args.prompt
+
+
+def run_level(host, port, conc, n_requests, body, headers, unique=False):
     results, errors, lock = [], [], threading.Lock()
     next_i = [0]
 
@@ -104,8 +123,14 @@ def run_level(host, port, conc, n_requests, body, headers):
                 if next_i[0] >= n_requests:
                     return
                 next_i[0] += 1
+                i = next_i[0]
             try:
-                r = one_request(host, port, body, headers)
+                b = body
+                if unique:  # the request's number first: no prefix shared with another
+                    d = json.loads(body)
+                    d["prompt"] = "%d %s" % (int(time.time() * 1e6) + i, d["prompt"])
+                    b = json.dumps(d)
+                r = one_request(host, port, b, headers)
                 with lock:
                     results.append(r)
             except Exception as e:  # counted and reported, the level goes on
@@ -143,6 +168,10 @@ def main():
                     help="instead of --requests: max(8, this x concurrency) per level")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--prompt", default="The history of the world, in brief:")
+    ap.add_argument("--prompt-words", type=int, default=0,
+                    help="instead of --prompt: N common words (about N tokens)")
+    ap.add_argument("--unique-prompts", action="store_true",
+                    help="a distinct prompt per request (no prompt cache reuse)")
     ap.add_argument("--api-key", default=os.environ.get("MOESERVE_API_KEY", ""))
     ap.add_argument("--json", help="also write the levels' results to this file as JSON")
     args = ap.parse_args()
@@ -171,7 +200,8 @@ def main():
             time.sleep(0.05)
         models = json.loads(get(host, port, "/v1/models")[1]) if not args.api_key else None
         name = models["data"][0]["id"] if models else None
-        body = json.dumps({"prompt": args.prompt, "max_tokens": args.max_tokens,
+        prompt = make_prompt(args)
+        body = json.dumps({"prompt": prompt, "max_tokens": args.max_tokens,
                            "ignore_eos": True, "stream": True, "temperature": 1, "seed": 1,
                            "stream_options": {"include_usage": True},
                            **({"model": name} if name else {})})
@@ -179,8 +209,10 @@ def main():
         if args.api_key:
             headers["Authorization"] = "Bearer " + args.api_key
         one_request(host, port, body, headers)  # warm-up
-        print("server %s:%d  model %s  max_tokens %d  prompt %r" % (
-            host, port, name or "?", args.max_tokens, args.prompt))
+        print("server %s:%d  model %s  max_tokens %d  prompt %r%s" % (
+            host, port, name or "?", args.max_tokens,
+            prompt if len(prompt) < 60 else prompt[:60] + "... (%d words)" % len(prompt.split()),
+            ", unique per request" if args.unique_prompts else ""))
         print("%5s %8s %6s %10s %8s %11s %11s %10s %8s" % (
             "conc", "requests", "errors", "gen tok/s", "req/s", "TTFT p50 ms", "TTFT p99 ms",
             "e2e p50 s", "tok/req"))
@@ -188,7 +220,7 @@ def main():
         for conc in [int(c) for c in args.concurrency.split(",")]:
             n = args.requests or (max(8, args.requests_per_client * conc)
                                    if args.requests_per_client else max(16, 4 * conc))
-            r = run_level(host, port, conc, n, body, headers)
+            r = run_level(host, port, conc, n, body, headers, args.unique_prompts)
             levels.append(r)
             print("%5d %8d %6d %10.1f %8.2f %11.2f %11.2f %10.3f %8.1f" % (
                 r["conc"], r["requests"], r["errors"], r["tok_s"], r["req_s"],

@@ -17,7 +17,15 @@ What it does:
   5. bench/bench_server.py at concurrency 1,8,32 (128 tokens per request) against llama-server
      (started here: -t/-tb THREADS, -np 32 slots, continuous batching) and against moeserve serve
      (bench_server.py --binary, same --dtype/--quantization/--threads flags);
-  6. prints one table, type x metric: llama.cpp, moeserve, and moeserve/llama.cpp.
+  6. with --ttft-prompts: time to first token at concurrency 1 for prompts of about that many
+     tokens (bench_server.py --prompt-words), each twice: the same prompt every request (both
+     servers reuse the cached prompt: one token is computed) and a distinct one each request
+     (--unique-prompts: the whole prompt is);
+  7. prints one table, type x metric: llama.cpp, moeserve, and moeserve/llama.cpp.
+With --kv (pairs of moeserve --kv-cache-dtype and llama.cpp -ctk/-ctv types, e.g.
+auto:f16,fp8_e4m3:q8_0,int8:q8_0) every measurement runs once per pair, llama.cpp with
+flash attention on (-fa on), and the table's rows are weight type x KV pair. Prefill runs in
+steps of --ubatch tokens on both sides (llama-bench -ub, bench_engine --max-batch-tokens).
 Each measurement runs --repeat times (default 2) and the best is kept: the machine may be shared.
 Before the numbers, a check that the two engines run the same model: moeserve generate and
 llama-server (F32, temperature 0) must continue a prompt with the same 16 tokens' text.
@@ -34,6 +42,7 @@ usage:
       [--arch mixtral|qwen3_5_moe] [--prompt-lens 256,4096] [--depths 0,4096,16384]
       [--repeat 2] [--types F32,BF16,Q8_0,Q4_0,Q4_1] [--work DIR] [--build build]
       [--convert-python PY] [--skip-server] [--skip-micro] [--json OUT.json] [--markdown OUT.md]
+      [--kv auto:f16,fp8_e4m3:q8_0,int8:q8_0] [--ubatch 512] [--ttft-prompts 9,256,2048]
   python3 bench/compare_llamacpp.py --from-json RUN1.json RUN2.json   # best of several runs
 """
 import argparse
@@ -117,6 +126,11 @@ def make_model(args):
     recipe = [os.path.join(args.build, "make_synthetic_model"), hf, "--params", args.size,
               "--dtype", "bf16", "--tokenizer", tok, "--arch", args.arch, "--vocab",
               str(args.vocab)]
+    # positions for the deepest decode, the longest prompt and the TTFT prompts
+    need = max(args.depths + args.prompt_lens + [0]) + 2 * args.decode + 64
+    need = max(need, max(args.ttft_prompts or [0]) * 2 + 256)
+    if need > (32768 if args.arch == "qwen3_5_moe" else 4096):
+        recipe += ["--max-pos", str(1 << (need - 1).bit_length())]
     stamp = os.path.join(hf, "made_with.json")
     try:
         with open(stamp) as f:
@@ -173,13 +187,21 @@ def make_ggufs(args, hf):
 # single-stream benchmarks
 
 
-def llama_micro(args, gguf):
+def llama_kv_flags(kv):
+    """llama.cpp's cache flags for a --kv pair (flash attention on, as quantized caches need)."""
+    if kv is None:
+        return []
+    return ["-ctk", kv[1], "-ctv", kv[1], "-fa", "on"]
+
+
+def llama_micro(args, gguf, kv=None):
     """{'ppP': prefill t/s of P tokens, 'tgD': decode t/s at depth D}: best samples. llama-bench
     runs each test repeat + 1 times: its first sample may pay for page faults that bench_engine's
     warm-up step keeps out of moeserve's numbers. Prefill and decode are separate runs, so that
     no prefill is measured at a depth."""
     bench = os.path.join(args.llama_bin, "llama-bench")
-    base = [bench, "-m", gguf, "-t", str(args.threads), "-r", str(args.repeat + 1), "-o", "json"]
+    base = [bench, "-m", gguf, "-t", str(args.threads), "-r", str(args.repeat + 1), "-o", "json",
+            "-ub", str(args.ubatch)] + llama_kv_flags(kv)
     res = {}
     for extra in (["-p", ",".join(map(str, args.prompt_lens)), "-n", "0"],
                   ["-p", "0", "-n", str(args.decode), "-d", ",".join(map(str, args.depths))]):
@@ -193,6 +215,10 @@ def llama_micro(args, gguf):
     return res
 
 
+def moeserve_kv_flags(kv):
+    return [] if kv is None else ["--kv-cache-dtype", kv[0]]
+
+
 def moeserve_micro(args, hf, flags):
     """The same numbers from bench_engine (one run per prompt length and depth: prefill of P
     tokens, decode at depth 0 and at depth P), or {'error': text}."""
@@ -203,7 +229,8 @@ def moeserve_micro(args, hf, flags):
         # one row per weight type: name, weights MB, load s, prefill, decode at depth 0 and at
         # depth --prompt-len (tok/s, each the best of --repeat runs), then roofline figures
         code, out = run([bench, hf, "--prompt-len", str(p), "--decode", str(args.decode),
-                         "--repeat", str(args.repeat)] + flags, check=False,
+                         "--repeat", str(args.repeat), "--max-batch-tokens", str(args.ubatch)]
+                        + flags, check=False,
                         timeout=args.micro_timeout)
         if code != 0:
             return {"error": out.strip().splitlines()[-1] if out.strip() else "exit %d" % code}
@@ -257,16 +284,44 @@ def bench_server(args, extra, tag):
     return best
 
 
+def ttft_runs(args, extra, tag):
+    """{'ttft_repN': ms, 'ttft_uniN': ms}: bench_server.py at concurrency 1 for each
+    --ttft-prompts length, the same prompt each request and a unique one (best of --repeat)."""
+    res = {}
+    for n in args.ttft_prompts or []:
+        for uniq in (False, True):
+            key = ("ttft_uni%d" if uniq else "ttft_rep%d") % n
+            for i in range(args.repeat):
+                out_json = os.path.join(args.work, "logs", "ttft-%s-%s-%d.json" % (tag, key, i))
+                cmd = [sys.executable, os.path.join(ROOT, "bench", "bench_server.py"),
+                       "--concurrency", "1", "--requests", str(args.ttft_requests),
+                       "--max-tokens", "8", "--prompt-words", str(n), "--json", out_json]
+                if uniq:
+                    cmd.append("--unique-prompts")
+                code, out = run(cmd + extra, check=False, timeout=args.server_timeout)
+                if code != 0 or not os.path.exists(out_json):
+                    res.setdefault("error", "ttft %s: %s" % (key, (out.strip().splitlines() or
+                                                                    ["exit %d" % code])[-1]))
+                    continue
+                with open(out_json) as f:
+                    lv = json.load(f)["levels"][0]
+                os.remove(out_json)
+                v = lv["ttft_p50"] * 1e3
+                res[key] = min(res.get(key, v), v)
+    return res
+
+
 class LlamaServer:
     """llama-server on a free loopback port with as many slots as the top concurrency."""
 
-    def __init__(self, args, gguf, tag):
+    def __init__(self, args, gguf, tag, kv=None):
         self.port = free_port()
         slots = max(int(c) for c in args.concurrency.split(","))
-        ctx = slots * (args.max_tokens + 256)  # each slot gets ctx / slots positions
+        longest = max(args.ttft_prompts or [0]) + 64
+        ctx = slots * (max(args.max_tokens + 256, longest))  # each slot gets ctx / slots
         cmd = [os.path.join(args.llama_bin, "llama-server"), "-m", gguf, "--host", "127.0.0.1",
                "--port", str(self.port), "-t", str(args.threads), "-tb", str(args.threads),
-               "-np", str(slots), "-c", str(ctx), "--cont-batching"]
+               "-np", str(slots), "-c", str(ctx), "--cont-batching"] + llama_kv_flags(kv)
         COMMANDS.append(" ".join(shlex.quote(c) for c in cmd))
         log("$ " + COMMANDS[-1])
         self.log = open(os.path.join(args.work, "logs", "llama-server-%s.log" % tag), "w")
@@ -323,6 +378,16 @@ def micro_metrics(args):
              for d in args.depths])
 
 
+def ttft_metrics(args):
+    m = []
+    for n in getattr(args, "ttft_prompts", None) or []:
+        m.append(("ttft_rep%d" % n, "TTFT p50 c=1, %d-word prompt repeated, ms (lower is better)"
+                  % n, False))
+        m.append(("ttft_uni%d" % n, "TTFT p50 c=1, %d-word prompt unique, ms (lower is better)"
+                  % n, False))
+    return m
+
+
 def server_metrics(args):
     m = []
     for c in [int(c) for c in args.concurrency.split(",")]:
@@ -350,10 +415,13 @@ def fmt(v):
 
 def table(args, results):
     metrics = ([] if args.skip_micro else micro_metrics(args)) + ([] if args.skip_server else
-                                                                  server_metrics(args))
+                                                                  server_metrics(args) +
+                                                                  ttft_metrics(args))
     rows = ["| type | metric | llama.cpp | moeserve | moeserve / llama.cpp | moeserve ran as |",
             "|---|---|---:|---:|---:|---|"]
     for t in args.types:
+        if t not in results:
+            continue
         r = results[t]
         for i, (key, name, _) in enumerate(metrics):
             a, b = r["llama"].get(key), r["moeserve"].get(key)
@@ -371,8 +439,9 @@ def save_json(args, notes, results, types):
     for --from-json)."""
     if not args.json:
         return
-    settings = {k: getattr(args, k) for k in ("size", "arch", "prompt_lens", "depths", "decode", "concurrency",
-                                              "max_tokens", "skip_micro", "skip_server")}
+    settings = {k: getattr(args, k) for k in ("size", "arch", "prompt_lens", "depths", "decode",
+                                              "concurrency", "max_tokens", "skip_micro",
+                                              "skip_server", "ttft_prompts", "ubatch")}
     settings["types"] = types
     with open(args.json + ".tmp", "w") as f:
         json.dump({"settings": settings, "notes": notes,
@@ -391,7 +460,8 @@ def merge_runs(args):
             runs.append(json.load(f))
     for k, v in runs[0].get("settings", {}).items():
         setattr(args, k, v)
-    lower_better = {key for key, _, higher in server_metrics(args) if not higher}
+    lower_better = {key for key, _, higher in server_metrics(args) + ttft_metrics(args)
+                    if not higher}
     merged = {}
     for run_ in runs:
         for t, r in run_["results"].items():
@@ -492,6 +562,15 @@ def main():
                     help="server requests per level: max(8, this x concurrency); 0: "
                     "bench_server.py's default")
     ap.add_argument("--server-timeout", type=int, default=1800)
+    ap.add_argument("--kv", help="KV cache pairs MOESERVE:LLAMA, e.g. auto:f16,fp8_e4m3:q8_0,"
+                    "int8:q8_0 (moeserve --kv-cache-dtype, llama.cpp -ctk/-ctv with -fa on); "
+                    "default: each engine's default cache")
+    ap.add_argument("--ubatch", type=int, default=512,
+                    help="prefill step in tokens (llama-bench -ub, bench_engine "
+                    "--max-batch-tokens)")
+    ap.add_argument("--ttft-prompts", help="prompt lengths in words for the TTFT runs, e.g. "
+                    "9,256,2048")
+    ap.add_argument("--ttft-requests", type=int, default=8, help="requests per TTFT run")
     ap.add_argument("--skip-micro", action="store_true", help="no llama-bench / bench_engine")
     ap.add_argument("--skip-server", action="store_true", help="no server benchmarks")
     ap.add_argument("--json", help="write every result here")
@@ -509,6 +588,12 @@ def main():
     args.work = os.path.abspath(args.work or "/tmp/moeserve-vs-llamacpp-%s-%s" % (args.arch,
                                                                                   args.size))
     args.types = [t.strip() for t in args.types.split(",") if t.strip()]
+    args.ttft_prompts = ([int(x) for x in args.ttft_prompts.split(",")] if args.ttft_prompts
+                         else [])
+    args.kv_pairs = ([tuple(p.split(":", 1)) for p in args.kv.split(",")] if args.kv else [None])
+    for kv in args.kv_pairs:
+        if kv is not None and len(kv) != 2:
+            sys.exit("--kv takes MOESERVE:LLAMA pairs, e.g. auto:f16")
     args.prompt_lens = [int(x) for x in args.prompt_lens.split(",")]
     args.depths = ([int(x) for x in args.depths.split(",")] if args.depths
                    else [0, args.prompt_lens[0]])
@@ -543,7 +628,11 @@ def main():
 
     hf = make_model(args)
     ggufs = make_ggufs(args, hf)
-    results = {t: {"llama": {}, "moeserve": {}, "moeserve_mode": ""} for t in args.types}
+    # rows: weight type x KV pair ("BF16" alone without --kv)
+    combos = [(t, kv) for t in args.types for kv in args.kv_pairs]
+    labels = [t if kv is None else "%s, KV %s / %s" % (t, kv[0], kv[1]) for t, kv in combos]
+    args.types = labels  # what table(), save_json() and --from-json go by
+    results = {lb: {"llama": {}, "moeserve": {}, "moeserve_mode": ""} for lb in labels}
     done_micro, done_server = {}, {}  # moeserve runs by flags: types that map alike run once
 
     if not args.skip_server:  # make_ggufs always makes the F32 file, the others' source
@@ -554,24 +643,32 @@ def main():
             srv.close()
         log(notes[-1])
 
-    for t in args.types:
-        r = results[t]
+    for (t, kv), lb in zip(combos, labels):
+        r = results[lb]
         eflags, elabel = moeserve_flags(args, t, args.ms_engine_flags)
         sflags, slabel = moeserve_flags(args, t, args.ms_serve_flags)
+        if eflags is not None:
+            eflags = eflags + moeserve_kv_flags(kv)
+        if sflags is not None:
+            sflags = sflags + moeserve_kv_flags(kv)
+        elabel = " ".join(eflags) if eflags is not None else elabel
+        slabel = " ".join(sflags) if sflags is not None else slabel
         r["moeserve_mode"] = elabel if elabel == slabel else "engine: %s; serve: %s" % (elabel,
                                                                                        slabel)
+        tag = lb.replace(" ", "").replace(",", "-").replace("/", "-")
         if not args.skip_micro:
-            r["llama"].update(llama_micro(args, ggufs[t]))
+            r["llama"].update(llama_micro(args, ggufs[t], kv))
             if eflags is not None:
                 key = tuple(eflags)
                 if key not in done_micro:
                     done_micro[key] = moeserve_micro(args, hf, eflags)
                 r["moeserve"].update(done_micro[key])
         if not args.skip_server:
-            srv = LlamaServer(args, ggufs[t], t)
+            srv = LlamaServer(args, ggufs[t], tag, kv)
             try:
-                r["llama_server"] = bench_server(args, ["--url", "http://127.0.0.1:%d" % srv.port],
-                                                 "llama-" + t)
+                url = ["--url", "http://127.0.0.1:%d" % srv.port]
+                r["llama_server"] = bench_server(args, url, "llama-" + tag)
+                r["llama"].update(ttft_runs(args, url, "llama-" + tag))
             finally:
                 srv.close()
             r["llama"].update(flatten_server(r["llama_server"]))
@@ -581,20 +678,22 @@ def main():
                     extra = ["--binary", os.path.join(args.build, "moeserve"), "--model", hf]
                     if sflags or args.ms_serve_threads:
                         extra += ["--server-args", " ".join(sflags + args.ms_serve_threads)]
-                    done_server[key] = bench_server(args, extra, "moeserve-" + t)
-                r["moeserve_server"] = done_server[key]
-                r["moeserve"].update(flatten_server(done_server[key]))
+                    done_server[key] = (bench_server(args, extra, "moeserve-" + tag),
+                                        ttft_runs(args, extra, "moeserve-" + tag))
+                r["moeserve_server"] = done_server[key][0]
+                r["moeserve"].update(flatten_server(done_server[key][0]))
+                r["moeserve"].update(done_server[key][1])
         for side in ("llama", "moeserve"):
             if "error" in r[side]:
-                notes.append("%s %s: %s" % (side, t, r[side].pop("error")))
+                notes.append("%s %s: %s" % (side, lb, r[side].pop("error")))
         for side in ("llama_server", "moeserve_server"):
             for c, b in (r.get(side) or {}).items():
                 if isinstance(b, dict) and (b["errors"] or b["by_chunks"]
                                             or b["tok_per_req"] != args.max_tokens):
                     notes.append("%s %s c=%s: %d errors, %d requests counted by chunks, %.1f "
-                                 "tokens/request" % (side, t, c, b["errors"], b["by_chunks"],
+                                 "tokens/request" % (side, lb, c, b["errors"], b["by_chunks"],
                                                      b["tok_per_req"]))
-        save_json(args, notes, results, args.types[:args.types.index(t) + 1])
+        save_json(args, notes, results, labels[:labels.index(lb) + 1])
 
     notes.append("load average at the end %s" % " ".join("%.2f" % x for x in os.getloadavg()))
     tab = table(args, results)

@@ -11,10 +11,11 @@
  *
  *   mohge_eval --model models/mohge-small [--window 192] [--max-tokens 2048] \
  *       [--dtype auto|bfloat16|float32] [--quantization none|int8|int4] \
+ *       [--kv-cache-dtype auto|bfloat16|float16|fp8_e4m3|fp8_e5m2|int8|float32] \
  *       shakespeare=tools/train/data/shakespeare.heldout.txt arithmetic=... json=...
  *
  * --dtype / --quantization load the weights as the server would, so the loss says what a
- * weight type costs in quality. For a continuous-experts (infmoe) model, --moe-samples K and
+ * weight type costs in quality; --kv-cache-dtype does the same for the KV cache's type. For a continuous-experts (infmoe) model, --moe-samples K and
  * --moe-neuron-fraction F set the budget, and the report adds the FFN neurons computed per
  * token and layer (engine_stats.dev_cont_neurons) in place of the group columns, per domain and
  * per loss tercile: the loss a smaller budget costs and the work it saves; --moe-samples-adaptive
@@ -73,13 +74,14 @@ static void usage(void)
                     "[--moe-top-k K] [--moe-samples K] [--moe-samples-adaptive] "
                     "[--moe-neuron-fraction F] "
                     "[--dtype auto|bfloat16|float32] "
-                    "[--quantization none|int8|int4] NAME=FILE...\n");
+                    "[--quantization none|int8|int4] [--kv-cache-dtype T] NAME=FILE...\n");
 }
 
 int main(int argc, char **argv)
 {
     const char *model_dir = NULL;
     int window = 192, max_tokens = 2048, devices = 1, n_dom = 0, moe_k = 0, moe_s = 0;
+    int kv_type = ENGINE_KV_AUTO;
     double moe_f = 0.0;
     bool moe_adaptive = false;
     const char *dom_name[MAX_DOMAINS], *dom_file[MAX_DOMAINS];
@@ -106,6 +108,12 @@ int main(int argc, char **argv)
         } else if (strcmp(argv[i], "--dtype") == 0 && i + 1 < argc) {
             if (model_dtype_parse(argv[++i], &lo.dtype) != 0) {
                 fprintf(stderr, "mohge_eval: --dtype must be auto, bfloat16 or float32\n");
+                return 2;
+            }
+        } else if (strcmp(argv[i], "--kv-cache-dtype") == 0 && i + 1 < argc) {
+            if (engine_kv_type_parse(argv[++i], &kv_type) != 0) {
+                fprintf(stderr, "mohge_eval: --kv-cache-dtype must be one of "
+                                ENGINE_KV_TYPE_NAMES "\n");
                 return 2;
             }
         } else if (strcmp(argv[i], "--quantization") == 0 && i + 1 < argc) {
@@ -162,6 +170,7 @@ int main(int argc, char **argv)
     struct engine_params ep;
     engine_params_default(&ep);
     ep.n_devices = devices;
+    ep.kv_type = kv_type;
     ep.max_batch_tokens = window;
     ep.max_seqs = 1;
     ep.max_model_len = window;

@@ -31,9 +31,12 @@
 #include "grm_cache.h"
 #include "h1.h"
 #include "jinja.h"
+#include "proto/anthropic.h"
 #include "proto/request.h"
 #include "proto/response.h"
+#include "proto/responses.h"
 #include "prep.h"
+#include "rstore.h"
 #include "slog.h"
 
 /* Threads that prepare generation requests (prep.h): enough that a few slow compiles do not
@@ -48,6 +51,8 @@
 /* Compiled grammars kept (grm_cache.h): entries, and bytes of grammar text as keys. */
 #define GRAMMAR_CACHE_ENTRIES 64
 #define GRAMMAR_CACHE_BYTES ((size_t)32 << 20)
+/* Bytes the Responses store keeps at most (entries and TTL are flags: http_config). */
+#define RESPONSE_STORE_BYTES ((size_t)64 << 20)
 
 static const struct grm_limits grammar_limits = {.max_seconds = GRAMMAR_MAX_SECONDS,
                                                  .max_rules = GRAMMAR_MAX_RULES,
@@ -72,6 +77,7 @@ struct http_server {
     struct grm_cache *gcache; /* compiled grammars by text (built at ready) */
     struct prep_pool *prep;   /* where generation requests are prepared (prep.h) */
     struct dash *dash;        /* GET /v1/moe/stats (set before ready; NULL: 404) */
+    struct rstore *store;     /* Responses kept for GET and previous_response_id (rstore.h) */
     char chat_err[MS_ERR_LEN];/* why chat is NULL when the model has a template */
     enum tc_syntax tc_syn;    /* the tool-call syntax (cfg.tool_parser, else detected at ready) */
     int port;
@@ -137,6 +143,21 @@ struct gen {
     bool prepared, abandoned, started;
     int prep_rc;
     struct proto_error prep_err;
+    /* The Messages and Responses APIs (api != PROTO_API_OPENAI): one choice, whose output the
+     * API's stream builds into events or, not streamed, into the body. Anthropic's
+     * stop_sequences are kept in the text by the scheduler (include_stop_str) and held back
+     * here (stop_hold bytes) until the output ends, so the one that matched is known. */
+    enum proto_api api;
+    struct anth_stream as;
+    struct rsp_stream rs;
+    char *stop[PROTO_MAX_STOP];
+    int n_stop;
+    size_t stop_hold;
+    const char *stop_hit;      /* the stop sequence that ended the output, or NULL */
+    bool store;                /* Responses: kept in h->store (running: with a cancel hook) */
+    bool stored_final;         /* its final object is in the store */
+    char *conv_json;           /* Responses: the conversation before this response */
+    atomic_bool cancelled;     /* POST /v1/responses/{id}/cancel stopped it */
 };
 
 struct conn {
@@ -146,8 +167,11 @@ struct conn {
     char *body;
     size_t len, cap;
     struct gen *g;
-    struct tok_job *tj;   /* /tokenize, /detokenize on the preparation pool */
+    struct tok_job *tj;   /* /tokenize, /detokenize, count_tokens on the preparation pool */
 };
+
+/* What a tok_job answers. */
+enum tok_mode { TOK_ENCODE, TOK_DECODE, TOK_COUNT /* /v1/messages/count_tokens */ };
 
 /* A /tokenize or /detokenize request answered on the preparation pool: rendering a chat
  * template and encoding a megabyte of text is work no I/O thread should do. Shared by the
@@ -156,7 +180,7 @@ struct conn {
 struct tok_job {
     struct http_server *h;
     struct h1_conn *c;
-    bool detok;
+    enum tok_mode mode;
     char *body; /* the request's, taken from the connection */
     size_t len;
     pthread_mutex_t mu;
@@ -168,6 +192,18 @@ struct tok_job {
 };
 
 /* --- helpers ------------------------------------------------------------------------------- */
+
+/* The Messages routes answer errors in Anthropic's shape and status (anthropic.h). */
+static bool anthropic_route(const char *route)
+{
+    return strncmp(route, "/v1/messages", 12) == 0;
+}
+
+/* The methods a route takes (its Allow header). */
+static const char *route_methods(const char *route)
+{
+    return strcmp(route, "/v1/responses/{id}") == 0 ? "GET, HEAD, DELETE" : "POST";
+}
 
 static bool is_get_route(const char *route)
 {
@@ -210,11 +246,12 @@ static int send_text(struct http_server *h, struct h1_conn *c, const char *route
         if (!body) return -1;
         ctype = "application/json";
     }
-    char headers[160];
+    char headers[192], allow[48] = "";
+    if (status == 405)
+        snprintf(allow, sizeof allow, "Allow: %s\r\n",
+                 is_get_route(route) ? "GET, HEAD" : route_methods(route));
     snprintf(headers, sizeof headers, "Content-Type: %s\r\n%s%s%s", ctype,
-             status == 429 ? "Retry-After: 1\r\n" : "",
-             status == 405 ? (is_get_route(route) ? "Allow: GET, HEAD\r\n" : "Allow: POST\r\n")
-                           : "",
+             status == 429 || status == 529 ? "Retry-After: 1\r\n" : "", allow,
              status == 401 ? "WWW-Authenticate: Bearer\r\n" : "");
     count_response(h, c, route, status);
     return h1_respond(c, status, headers, body, strlen(body));
@@ -229,6 +266,8 @@ static int send_json(struct http_server *h, struct h1_conn *c, const char *route
 static int send_error(struct http_server *h, struct h1_conn *c, const char *route,
                       const struct proto_error *e)
 {
+    if (anthropic_route(route))
+        return send_json(h, c, route, anth_status(e->status), anth_error(e));
     return send_json(h, c, route, e->status, proto_resp_error(e));
 }
 
@@ -290,6 +329,9 @@ static int render_chat(const struct http_server *h, const struct proto_req *pr, 
     if (pr->reasoning_effort && !strstr(m->chat_template, "reasoning_effort"))
         return proto_fail(e, 400, "reasoning_effort", "unsupported_value",
                           "this model's chat template does not take 'reasoning_effort'");
+    if (pr->thinking_switch && !strstr(m->chat_template, "enable_thinking"))
+        return proto_fail(e, 400, "thinking", "unsupported_value",
+                          "this model's chat template has no thinking switch (enable_thinking)");
     const struct tokenizer *tok = m->tok;
     int32_t bos = tok_bos_id(tok), eos = tok_eos_id(tok);
     const char *bos_s = bos >= 0 ? tok_token_str(tok, bos) : NULL;
@@ -326,6 +368,20 @@ static void gen_notify(void *ctx)
 static void gen_free(struct gen *g)
 {
     if (!g) return;
+    if (g->store) {
+        /* no cancel may reach the choices freed below; a response that never finished (its
+         * client left) is stored as cancelled */
+        rstore_clear_cancel(g->h->store, g->id);
+        if (!g->stored_final) {
+            char *snap = rsp_stream_snapshot(&g->rs, "cancelled");
+            if (snap) rstore_put(g->h->store, g->id, snap, NULL);
+            free(snap);
+        }
+    }
+    if (g->api == PROTO_API_ANTHROPIC) anth_stream_free(&g->as);
+    if (g->api == PROTO_API_RESPONSES) rsp_stream_free(&g->rs);
+    for (int i = 0; i < g->n_stop; i++) free(g->stop[i]);
+    free(g->conv_json);
     for (int i = 0; g->reqs && i < g->n; i++) {
         if (!g->reqs[i]) continue;
         sched_req_set_notify(g->reqs[i], NULL, NULL);
@@ -574,9 +630,180 @@ static int choice_delta(struct gen *g, struct choice_state *cs, const struct sch
     return ms_buf_add(text, r->out.text + cs->text_sent, tl - cs->text_sent);
 }
 
+/* --- the Messages and Responses APIs' output ---------------------------------------------- */
+
+/* How much of the output the API may show: all of it, except that Anthropic's stop sequences
+ * stay in the text (include_stop_str) until the output ends, so the longest one's length is
+ * held back (on a character boundary) while it runs; at a stop, the sequence it ends with is
+ * the one that matched (stop_hit) and is cut off. */
+static size_t api_visible(struct gen *g, const char *text, size_t tl, enum sched_finish fin)
+{
+    if (g->n_stop == 0) return tl;
+    if (fin != SCHED_FINISH_NONE) {
+        for (int i = 0; fin == SCHED_FINISH_STOP && i < g->n_stop; i++)
+            if (strlen(g->stop[i]) <= tl &&
+                memcmp(text + tl - strlen(g->stop[i]), g->stop[i], strlen(g->stop[i])) == 0) {
+                g->stop_hit = g->stop[i];
+                return tl - strlen(g->stop[i]);
+            }
+        return tl;
+    }
+    size_t v = tl > g->stop_hold ? tl - g->stop_hold : 0;
+    while (v > 0 && ((unsigned char)text[v] & 0xC0) == 0x80) v--;
+    return v;
+}
+
+static int api_feed(struct gen *g, struct ms_buf *out, const struct ms_buf *think,
+                    const struct ms_buf *text, const struct tc_call *calls, int n_calls)
+{
+    if (g->api == PROTO_API_ANTHROPIC)
+        return anth_stream_feed(&g->as, out, think->p, think->len, text->p, text->len, calls,
+                                n_calls);
+    return rsp_stream_feed(&g->rs, out, think->p, think->len, text->p, text->len, calls, n_calls);
+}
+
+/* The end of the output: the API's last events (out NULL: none) and its whole body (Anthropic's
+ * message, the response object), which a stored response keeps with its conversation. NULL
+ * when out of memory. */
+static char *api_end(struct gen *g, struct ms_buf *out, enum sched_finish fin, bool calls)
+{
+    struct sched_req *r = g->reqs[0];
+    sched_req_lock(r);
+    int nt = r->out.n_tokens;
+    sched_req_unlock(r);
+    struct proto_usage u = {.prompt_tokens = g->prompt_tokens, .completion_tokens = nt,
+                            .cached_tokens = gen_cached_tokens(g)};
+    if (g->api == PROTO_API_ANTHROPIC) {
+        const char *why = fin == SCHED_FINISH_LENGTH ? "max_tokens"
+                          : calls                    ? "tool_use"
+                          : g->stop_hit              ? "stop_sequence"
+                                                     : "end_turn";
+        if (anth_stream_end(&g->as, out, why, g->stop_hit, &u) != 0) return NULL;
+        return anth_stream_message(&g->as, why, g->stop_hit, &u);
+    }
+    bool length = fin == SCHED_FINISH_LENGTH;
+    const char *status = atomic_load(&g->cancelled) ? "cancelled"
+                         : length                   ? "incomplete"
+                                                    : "completed";
+    int reasoning_tokens = 0;
+    if (g->rs.think.len > 0) { /* the reasoning's share of the output, as its tokens */
+        int32_t *ids = NULL;
+        reasoning_tokens = encode(g->h->m->tok, g->rs.think.p, false, &ids);
+        free(ids);
+        if (reasoning_tokens < 0 || reasoning_tokens > nt) reasoning_tokens = nt;
+    }
+    char *final = rsp_stream_end(&g->rs, out, status, length ? "max_output_tokens" : NULL, &u,
+                                 reasoning_tokens);
+    if (final && g->store) {
+        char *conv = rsp_stream_conversation(&g->rs, g->conv_json);
+        rstore_put(g->h->store, g->id, final, conv);
+        free(conv);
+        rstore_clear_cancel(g->h->store, g->id);
+        g->stored_final = true;
+    }
+    return final;
+}
+
+/* The error event of a stream that failed after its headers went out. */
+static char *api_error_frame(struct gen *g, const struct proto_error *e)
+{
+    if (g->api == PROTO_API_ANTHROPIC) return anth_error_sse(e);
+    return rsp_error_sse(e, g->rs.seq++);
+}
+
+/* Streams of these APIs: the one choice's new output becomes the API's events, and its end
+ * the closing ones. Returns true when bytes were queued or the stream ended. */
+static bool api_collect(struct gen *g)
+{
+    struct choice_state *cs = &g->cs[0];
+    struct sched_req *r = g->reqs[0];
+    if (g->done_sent) return false;
+    struct ms_buf out = {0}, text = {0}, think = {0};
+    struct tc_call *calls = NULL;
+    int n_calls = 0, rc = 0;
+    bool cancelled = atomic_load(&g->cancelled);
+    sched_req_lock(r);
+    enum sched_finish fin = r->out.finish;
+    bool failed = fin == SCHED_FINISH_ERROR || (fin == SCHED_FINISH_ABORT && !cancelled);
+    size_t vis = api_visible(g, r->out.text, r->out.text_len, fin);
+    bool fed = !failed && (vis > cs->text_sent || fin != SCHED_FINISH_NONE);
+    if (fed) {
+        rc = choice_delta(g, cs, r, vis, fin != SCHED_FINISH_NONE, &text, &think, &calls, &n_calls);
+        cs->text_sent = vis;
+    }
+    struct proto_error e = {0};
+    if (failed)
+        proto_fail(&e, fin == SCHED_FINISH_ERROR ? 500 : 503, NULL, NULL, "generation failed: %s",
+                   fin == SCHED_FINISH_ERROR ? r->out.error : "the request was aborted");
+    sched_req_unlock(r);
+    if (rc == 0 && fed) rc = api_feed(g, &out, &think, &text, calls, n_calls);
+    cs->calls_sent += n_calls;
+    tc_calls_free(calls, n_calls);
+    ms_buf_free(&text);
+    ms_buf_free(&think);
+    if (rc != 0) { /* out of memory: the stream ends here */
+        ms_buf_free(&out);
+        g->done_sent = true;
+        return true;
+    }
+    if (fin != SCHED_FINISH_NONE) {
+        if (failed) {
+            pend_add(g, api_error_frame(g, &e));
+        } else {
+            free(api_end(g, &out, fin, cs->calls_sent > 0));
+            if (fin == SCHED_FINISH_STOP && cs->calls_sent > 0) g->tool_calls = true;
+        }
+        gen_observe_max(g);
+        cs->finish_sent = true;
+        g->done_sent = true;
+    }
+    bool queued = out.len > 0 && pend_add(g, ms_buf_take(&out));
+    ms_buf_free(&out);
+    return queued || g->done_sent;
+}
+
+/* The non-streamed body of these APIs, once the choice finished. */
+static char *api_body(struct gen *g, int *status, struct proto_error *e)
+{
+    struct sched_req *r = g->reqs[0]; /* finished: read unlocked */
+    enum sched_finish f = r->out.finish;
+    *status = 200;
+    if (f == SCHED_FINISH_ERROR || (f == SCHED_FINISH_ABORT && !atomic_load(&g->cancelled))) {
+        proto_fail(e, f == SCHED_FINISH_ERROR ? 500 : 503, NULL, NULL, "generation failed: %s",
+                   f == SCHED_FINISH_ERROR ? r->out.error : "the request was aborted");
+        *status = e->status;
+        return NULL;
+    }
+    size_t vis = api_visible(g, r->out.text, r->out.text_len, f);
+    struct ms_buf content = {0}, think = {0};
+    struct tc_call *calls = NULL;
+    int n_calls = 0;
+    int rc = g->tools ? tc_parse(g->tc_syn, g->tc_flags, g->tc_tools, r->out.text, vis, &content,
+                                 &calls, &n_calls, &think)
+                      : ms_buf_add(&content, r->out.text, vis);
+    char *body = NULL;
+    if (rc == 0 && api_feed(g, NULL, &think, &content, calls, n_calls) == 0)
+        body = api_end(g, NULL, f, n_calls > 0);
+    if (f == SCHED_FINISH_STOP && n_calls > 0) g->tool_calls = true;
+    tc_calls_free(calls, n_calls);
+    ms_buf_free(&content);
+    ms_buf_free(&think);
+    return body;
+}
+
+/* POST /v1/responses/{id}/cancel, from any thread: stops the response's choices; their end
+ * then reports it cancelled. Called under the store's lock, while the gen is registered. */
+static void gen_cancel_hook(void *ctx)
+{
+    struct gen *g = ctx;
+    atomic_store(&g->cancelled, true);
+    for (int i = 0; i < g->n; i++) sched_req_cancel(g->h->s, g->reqs[i]);
+}
+
 /* Turns new output of every choice into SSE frames. Returns true when frames were added. */
 static bool gen_collect(struct gen *g)
 {
+    if (g->api != PROTO_API_OPENAI) return api_collect(g);
     bool added = false, all_done = true;
     int completion = 0;
     for (int i = 0; i < g->n; i++) {
@@ -756,7 +983,8 @@ static void req_params(const struct gen *g, const struct proto_req *pr, int max_
         sp->prompt_logprobs = pr->top_logprobs;
     sp->n_stop = pr->n_stop;
     for (int s = 0; s < pr->n_stop; s++) sp->stop[s] = pr->stop[s];
-    sp->include_stop_str = pr->include_stop_str;
+    /* Anthropic's stop sequences stay in the text until the API sees which one matched */
+    sp->include_stop_str = pr->include_stop_str || g->n_stop > 0;
     sp->stop_ids = pr->stop_token_ids;
     sp->n_stop_ids = pr->n_stop_token_ids;
     sp->min_tokens = pr->min_tokens;
@@ -897,6 +1125,13 @@ static int gen_submit(struct http_server *h, struct gen *g, struct proto_req *pr
                           m->desc.top_k);
     if (check_cont_budget(&m->desc, pr, e) != 0) return -1;
     if (check_ids(pr, m->desc.vocab, e) != 0) return -1;
+    if (g->api == PROTO_API_ANTHROPIC)
+        for (int i = 0; i < pr->n_stop; i++) {
+            if (!(g->stop[i] = strdup(pr->stop[i])))
+                return proto_fail(e, 500, NULL, NULL, "out of memory");
+            g->n_stop++;
+            if (strlen(pr->stop[i]) > g->stop_hold) g->stop_hold = strlen(pr->stop[i]);
+        }
     struct grm_grammar *grammar = NULL;
     if (pr->guide_kind != PROTO_GUIDE_NONE && compile_guide(h, pr, &grammar, e) != 0) return -1;
     if (pr->kind == PROTO_CHAT && pr->tools_json && pr->tool_choice != PROTO_TOOL_NONE) {
@@ -1034,6 +1269,13 @@ out:
 
 static int gen_poll(struct http_server *h, struct h1_conn *c, struct conn *cn);
 
+/* previous_response_id: the stored conversation (proto_conv_lookup). */
+static char *conv_lookup(void *ctx, const char *id)
+{
+    struct http_server *h = ctx;
+    return rstore_conv(h->store, id);
+}
+
 /* On a preparation thread: parses the body and submits the choices, then wakes the
  * connection (gen_start answers on its I/O thread). */
 static void gen_prepare(void *ctx)
@@ -1046,9 +1288,13 @@ static void gen_prepare(void *ctx)
     pthread_mutex_lock(&g->mu);
     bool gone = g->abandoned;
     pthread_mutex_unlock(&g->mu);
+    const char *body = g->body ? g->body : "";
     if (gone) {
         proto_fail(&e, 499, NULL, NULL, "the client left");
-    } else if (proto_req_parse(g->body ? g->body : "", g->body_len, g->kind, &pr, &e) != 0) {
+    } else if ((g->api == PROTO_API_OPENAI
+                    ? proto_req_parse(body, g->body_len, g->kind, &pr, &e)
+                    : proto_req_parse_api(body, g->body_len, g->api, false, conv_lookup, h, &pr,
+                                          &e)) != 0) {
         proto_req_free(&pr);
     } else {
         if (pr.model && strcmp(pr.model, h->model_name) != 0) {
@@ -1058,10 +1304,28 @@ static void gen_prepare(void *ctx)
             g->stream = pr.stream;
             g->include_usage = pr.include_usage;
             g->logprobs = pr.logprobs;
+            if (g->api == PROTO_API_ANTHROPIC)
+                anth_stream_init(&g->as, g->id, h->model_name, g->call_id);
+            if (g->api == PROTO_API_RESPONSES) {
+                rsp_stream_init(&g->rs, g->id, h->model_name, g->call_id, g->created,
+                                pr.echo_json);
+                g->conv_json = pr.conv_json;
+                pr.conv_json = NULL;
+            }
             rc = gen_submit(h, g, &pr, &e);
+            /* a stored response is visible (in progress) and cancellable from now on */
+            if (rc == 0 && g->api == PROTO_API_RESPONSES && pr.store) {
+                char *snap = rsp_stream_snapshot(&g->rs, "in_progress");
+                if (snap && rstore_put(h->store, g->id, snap, NULL) == 0) {
+                    g->store = true;
+                    rstore_set_cancel(h->store, g->id, gen_cancel_hook, g);
+                }
+                free(snap);
+            }
         }
         proto_req_free(&pr);
     }
+    if (rc != 0) proto_error_remap(g->api, &e);
     free(g->body);
     g->body = NULL;
     pthread_mutex_lock(&g->mu);
@@ -1077,18 +1341,28 @@ static void gen_prepare(void *ctx)
 /* The whole request is in: hands its body to the preparation pool. The connection waits
  * (pending) until gen_prepare wakes it. */
 static int handle_generate(struct http_server *h, struct h1_conn *c, struct conn *cn,
-                           enum proto_kind kind)
+                           enum proto_kind kind, enum proto_api api)
 {
     struct gen *g = calloc(1, sizeof *g);
     if (!g) return fail(h, c, cn->route, 500, NULL, NULL, "out of memory");
     g->h = h;
     g->c = c;
     g->kind = kind;
+    g->api = api;
     g->created = (long)time(NULL);
-    snprintf(g->id, sizeof g->id, "%s-%llx%08llx", kind == PROTO_CHAT ? "chatcmpl" : "cmpl",
-             (unsigned long long)g->created,
+    char uniq[40];
+    snprintf(uniq, sizeof uniq, "%llx%08llx", (unsigned long long)g->created,
              (unsigned long long)atomic_fetch_add(&h->next_id, 1));
-    snprintf(g->call_id, sizeof g->call_id, "call_%s", strchr(g->id, '-') + 1);
+    /* each API's id spelling: chatcmpl-, msg_ (tool_use ids toolu_), resp_ */
+    snprintf(g->id, sizeof g->id, "%s%s",
+             api == PROTO_API_ANTHROPIC   ? "msg_"
+             : api == PROTO_API_RESPONSES ? "resp_"
+             : kind == PROTO_CHAT         ? "chatcmpl-"
+                                          : "cmpl-",
+             uniq);
+    snprintf(g->call_id, sizeof g->call_id, "%s%s",
+             api == PROTO_API_ANTHROPIC ? "toolu_" : "call_", uniq);
+    atomic_init(&g->cancelled, false);
     pthread_mutex_init(&g->mu, NULL);
     atomic_fetch_add(&h->active, 1);
     g->body = cn->body;
@@ -1116,6 +1390,12 @@ static int gen_start(struct http_server *h, struct h1_conn *c, struct conn *cn)
         if (g->prep_rc != 0) return send_error(h, c, cn->route, &g->prep_err);
         metrics_request_n(h->mt, g->n_out);
         if (g->stream) {
+            if (g->api == PROTO_API_ANTHROPIC) {
+                struct proto_usage u = {.prompt_tokens = g->prompt_tokens, .cached_tokens = -1};
+                anth_stream_start(&g->as, &g->pend, &u);
+            } else if (g->api == PROTO_API_RESPONSES) {
+                rsp_stream_start(&g->rs, &g->pend);
+            }
             count_response(h, c, cn->route, 200);
             return h1_respond_stream(c, 200,
                                      "Content-Type: text/event-stream\r\nCache-Control: "
@@ -1137,7 +1417,7 @@ static int gen_poll(struct http_server *h, struct h1_conn *c, struct conn *cn)
     }
     int status;
     struct proto_error e;
-    char *body = gen_body(g, &status, &e);
+    char *body = g->api != PROTO_API_OPENAI ? api_body(g, &status, &e) : gen_body(g, &status, &e);
     if (status != 200) {
         free(body);
         return send_error(h, c, cn->route, &e);
@@ -1148,15 +1428,42 @@ static int gen_poll(struct http_server *h, struct h1_conn *c, struct conn *cn)
 
 /* --- other routes -------------------------------------------------------------------------- */
 
+/* POST /v1/messages/count_tokens: the prompt the Messages request would render, counted. */
+static char *count_answer(struct http_server *h, const char *req, size_t len, int *status)
+{
+    struct proto_req pr;
+    struct proto_error e;
+    char *rendered = NULL, *body = NULL;
+    int32_t *ids = NULL;
+    if (proto_req_parse_api(req, len, PROTO_API_ANTHROPIC, true, NULL, NULL, &pr, &e) != 0 ||
+        (pr.model && strcmp(pr.model, h->model_name) != 0 &&
+         proto_fail(&e, 404, "model", "model_not_found", "the model '%s' does not exist",
+                    pr.model) != 0) ||
+        render_chat(h, &pr, &rendered, &e) != 0) {
+        proto_req_free(&pr);
+        *status = anth_status(e.status);
+        return anth_error(&e);
+    }
+    int n = encode(h->m->tok, rendered, false, &ids);
+    *status = 200;
+    if (n >= 0) body = anth_count_body(n);
+    free(ids);
+    free(rendered);
+    proto_req_free(&pr);
+    return body;
+}
+
 /* The answer to a /tokenize or /detokenize body: its status and JSON (NULL when out of
  * memory). On a preparation thread. */
-static char *tokenize_answer(struct http_server *h, const char *req, size_t len, bool detok,
-                             int *status)
+static char *tokenize_answer(struct http_server *h, const char *req, size_t len,
+                             enum tok_mode mode, int *status)
 {
     struct proto_req pr;
     struct proto_error e;
     const struct model *m = h->m;
+    bool detok = mode == TOK_DECODE;
     *status = 400;
+    if (mode == TOK_COUNT) return count_answer(h, req, len, status);
     if (proto_req_parse(req, len, detok ? PROTO_DETOKENIZE : PROTO_TOKENIZE, &pr, &e) != 0) {
         proto_req_free(&pr);
         *status = e.status;
@@ -1221,7 +1528,7 @@ static void tok_job_run(void *ctx)
     bool gone = j->abandoned;
     pthread_mutex_unlock(&j->mu);
     int status = 500;
-    char *answer = gone ? NULL : tokenize_answer(j->h, j->body ? j->body : "", j->len, j->detok,
+    char *answer = gone ? NULL : tokenize_answer(j->h, j->body ? j->body : "", j->len, j->mode,
                                                  &status);
     pthread_mutex_lock(&j->mu);
     j->status = status;
@@ -1233,11 +1540,11 @@ static void tok_job_run(void *ctx)
 }
 
 static int handle_tokenize(struct http_server *h, struct h1_conn *c, struct conn *cn,
-                           bool detok)
+                           enum tok_mode mode)
 {
     struct tok_job *j = calloc(1, sizeof *j);
     if (!j) return fail(h, c, cn->route, 500, NULL, NULL, "out of memory");
-    *j = (struct tok_job){.h = h, .c = c, .detok = detok, .body = cn->body, .len = cn->len,
+    *j = (struct tok_job){.h = h, .c = c, .mode = mode, .body = cn->body, .len = cn->len,
                           .refs = 2};
     pthread_mutex_init(&j->mu, NULL);
     cn->body = NULL;
@@ -1270,7 +1577,53 @@ static int tok_job_answer(struct http_server *h, struct h1_conn *c, struct conn 
 static const char *const known_routes[] = {"/v1/completions", "/v1/chat/completions",
                                            "/v1/models", "/health", "/metrics", "/tokenize",
                                            "/detokenize", "/version", "/tokenizer_info",
-                                           "/v1/moe/stats", "/dashboard"};
+                                           "/v1/moe/stats", "/dashboard", "/v1/messages",
+                                           "/v1/messages/count_tokens", "/v1/responses"};
+
+/* GET, DELETE /v1/responses/{id} and POST /v1/responses/{id}/cancel: the store. */
+static int handle_stored(struct http_server *h, struct h1_conn *c, struct conn *cn)
+{
+    const char *route = cn->route, *method = h1_method(c);
+    char id[128];
+    const char *p = h1_path(c) + strlen("/v1/responses/");
+    size_t n = strcspn(p, "/");
+    snprintf(id, sizeof id, "%.*s", (int)(n < sizeof id ? n : sizeof id - 1), p);
+    struct proto_error e;
+    if (strcmp(route, "/v1/responses/{id}/cancel") == 0) {
+        int rc = rstore_cancel(h->store, id);
+        char *now = rc >= 0 ? rstore_response(h->store, id) : NULL;
+        if (rc < 0 || !now) {
+            free(now);
+            proto_fail(&e, 404, NULL, "not_found", "Response with id '%s' not found.", id);
+            return send_error(h, c, route, &e);
+        }
+        if (rc > 0) {
+            free(now);
+            proto_fail(&e, 400, NULL, "invalid_request",
+                       "Cannot cancel a response that is not in progress ('%s').", id);
+            return send_error(h, c, route, &e);
+        }
+        char *cancelled = rsp_with_status(now, "cancelled");
+        free(now);
+        return send_json(h, c, route, 200, cancelled);
+    }
+    if (strcmp(method, "DELETE") == 0) {
+        if (rstore_delete(h->store, id)) return send_json(h, c, route, 200, rsp_deleted_body(id));
+        char *running = rstore_response(h->store, id);
+        proto_fail(&e, running ? 400 : 404, NULL, running ? "invalid_request" : "not_found",
+                   running ? "Response '%s' is in progress: cancel it first."
+                           : "Response with id '%s' not found.",
+                   id);
+        free(running);
+        return send_error(h, c, route, &e);
+    }
+    char *resp = rstore_response(h->store, id);
+    if (!resp) {
+        proto_fail(&e, 404, NULL, "not_found", "Response with id '%s' not found.", id);
+        return send_error(h, c, route, &e);
+    }
+    return send_json(h, c, route, 200, resp);
+}
 
 /* The token of an "Authorization: Bearer TOKEN" header, or NULL. The scheme name is
  * case-insensitive (RFC 9110 11.1), so "bearer" works as clients send it. */
@@ -1296,6 +1649,12 @@ static int on_head(struct http_server *h, struct h1_conn *c)
     for (size_t i = 0; i < sizeof known_routes / sizeof *known_routes; i++)
         if (strcmp(path, known_routes[i]) == 0) cn->route = known_routes[i];
     if (strncmp(path, "/v1/models/", 11) == 0 && path[11]) cn->route = "/v1/models/{id}";
+    if (strncmp(path, "/v1/responses/", 14) == 0 && path[14]) {
+        const char *slash = strchr(path + 14, '/');
+        cn->route = !slash ? "/v1/responses/{id}"
+                    : strcmp(slash, "/cancel") == 0 && slash > path + 14 ? "/v1/responses/{id}/cancel"
+                                                                         : "other";
+    }
     const char *route = cn->route, *method = h1_method(c);
     if (strcmp(route, "other") == 0)
         return fail(h, c, route, 404, NULL, "not_found", "no such route");
@@ -1304,12 +1663,15 @@ static int on_head(struct http_server *h, struct h1_conn *c)
     bool get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0,
          post = strcmp(method, "POST") == 0;
     bool want_get = is_get_route(route);
-    if ((want_get && !get) || (!want_get && !post))
+    bool stored = strcmp(route, "/v1/responses/{id}") == 0; /* GET, HEAD or DELETE */
+    if (stored ? !(get || strcmp(method, "DELETE") == 0) : (want_get && !get) || (!want_get && !post))
         return fail(h, c, route, 405, NULL, "method_not_allowed", "method not allowed");
+    /* the key as OpenAI's clients send it (Bearer) or Anthropic's (x-api-key), on every route */
     if (h->api_key && strncmp(route, "/v1/", 4) == 0 &&
-        !key_ok(h->api_key, bearer_token(h1_header(c, "Authorization"))))
+        !key_ok(h->api_key, bearer_token(h1_header(c, "Authorization"))) &&
+        !key_ok(h->api_key, h1_header(c, "x-api-key")))
         return fail(h, c, route, 401, NULL, "invalid_api_key",
-                    "missing or invalid API key (Authorization: Bearer ...)");
+                    "missing or invalid API key (Authorization: Bearer ... or x-api-key)");
     int64_t cl = h1_content_length(c);
     if (post && cl == -2)
         return fail(h, c, route, 411, NULL, "length_required",
@@ -1395,12 +1757,18 @@ static int on_end(struct http_server *h, struct h1_conn *c, struct conn *cn)
                                                    h->m->chat_template, h->cfg.max_model_len,
                                                    tok_vocab_size(tok)));
     }
-    if (strcmp(route, "/tokenize") == 0) return handle_tokenize(h, c, cn, false);
-    if (strcmp(route, "/detokenize") == 0) return handle_tokenize(h, c, cn, true);
+    if (strcmp(route, "/tokenize") == 0) return handle_tokenize(h, c, cn, TOK_ENCODE);
+    if (strcmp(route, "/detokenize") == 0) return handle_tokenize(h, c, cn, TOK_DECODE);
+    if (strcmp(route, "/v1/messages/count_tokens") == 0)
+        return handle_tokenize(h, c, cn, TOK_COUNT);
+    if (strncmp(route, "/v1/responses/{id}", 18) == 0) return handle_stored(h, c, cn);
     if (state == HTTP_DRAINING)
         return fail(h, c, route, 503, NULL, NULL, draining_msg(h));
     return handle_generate(h, c, cn,
-                           strcmp(route, "/v1/completions") == 0 ? PROTO_COMPLETION : PROTO_CHAT);
+                           strcmp(route, "/v1/completions") == 0 ? PROTO_COMPLETION : PROTO_CHAT,
+                           strcmp(route, "/v1/messages") == 0    ? PROTO_API_ANTHROPIC
+                           : strcmp(route, "/v1/responses") == 0 ? PROTO_API_RESPONSES
+                                                                 : PROTO_API_OPENAI);
 }
 
 static void on_request(void *cls, struct h1_conn *c, enum h1_event ev, const char *data,
@@ -1509,9 +1877,19 @@ int http_start(const struct http_config *cfg, struct metrics *mt, struct http_se
                            .read_timeout_s = cfg->read_timeout_s,
                            .cb = {.ctx = h, .on_request = on_request, .on_error = on_error,
                                   .on_done = on_done}};
+    h->store = rstore_create(cfg->response_store_entries, RESPONSE_STORE_BYTES,
+                             cfg->response_store_ttl_s);
+    if (!h->store) {
+        free(h->host);
+        free(h->model_name);
+        free(h->api_key);
+        free(h);
+        return ms_errf(err, errlen, "out of memory");
+    }
     if (prep_start(PREP_THREADS, &h->prep, err, errlen) != 0 ||
         h1_start(&hc, &h->srv, err, errlen) != 0) {
         prep_stop(h->prep);
+        rstore_free(h->store);
         free(h->host);
         free(h->model_name);
         free(h->api_key);
@@ -1580,6 +1958,7 @@ void http_stop(struct http_server *h)
     if (!h) return;
     h1_stop(h->srv);
     prep_stop(h->prep); /* runs what is queued: each job frees its abandoned gen */
+    rstore_free(h->store);
     jinja_template_free(h->chat);
     grm_cache_free(h->gcache);
     grm_vocab_free(h->gvocab);

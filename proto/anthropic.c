@@ -196,8 +196,17 @@ static int assistant_blocks(json_t *content, size_t i, json_t *ids, json_t *msgs
                 goto fail;
             }
         } else if (strcmp(type, "tool_use") == 0) {
-            static const char *const keys[] = {"type", "id", "name", "input", "cache_control"};
-            if (edge_keys(b, w, keys, 5, e) != 0) goto fail;
+            static const char *const keys[] = {"type", "id", "name", "input", "cache_control",
+                                               "caller"};
+            if (edge_keys(b, w, keys, 6, e) != 0) goto fail;
+            /* a call the client made itself ("direct"), as the SDK echoes it back */
+            json_t *caller = json_object_get(b, "caller");
+            const char *ct = json_string_value(json_object_get(caller, "type"));
+            if (caller && !json_is_null(caller) && (!ct || strcmp(ct, "direct") != 0)) {
+                proto_fail(e, 400, w, "unsupported_value",
+                           "%s.caller: only calls of type 'direct' are served here", w);
+                goto fail;
+            }
             json_t *id = json_object_get(b, "id"), *name = json_object_get(b, "name"),
                    *input = json_object_get(b, "input");
             if (!json_is_string(id) || !json_is_string(name) || !json_is_object(input)) {
@@ -408,11 +417,12 @@ static int get_thinking(json_t *in, json_t *out, bool count_only, struct proto_r
                           "thinking.type: must be 'enabled' or 'disabled'");
     json_t *b = json_object_get(th, "budget_tokens");
     if (on) {
-        /* Anthropic's rule: at least 1024, below max_tokens (the thinking counts in it) */
+        /* below max_tokens, as Anthropic has it (the thinking counts in max_tokens); its
+         * minimum of 1024 is not kept: small local models have contexts shorter than that */
         json_t *mt = json_object_get(in, "max_tokens");
-        if (!json_is_integer(b) || json_integer_value(b) < 1024)
+        if (!json_is_integer(b) || json_integer_value(b) < 1)
             return proto_fail(e, 400, "thinking.budget_tokens", "invalid_value",
-                              "thinking.budget_tokens: must be an integer >= 1024");
+                              "thinking.budget_tokens: must be a positive integer");
         if (!count_only && json_is_integer(mt) && json_integer_value(b) >= json_integer_value(mt))
             return proto_fail(e, 400, "thinking.budget_tokens", "invalid_value",
                               "thinking.budget_tokens: must be less than max_tokens");

@@ -33,7 +33,9 @@ int edge_keys(json_t *o, const char *where, const char *const *keys, size_t n,
     json_t *v;
     json_object_foreach(o, key, v)
     {
-        bool ok = false;
+        /* a null asks for nothing: the SDKs write every field of their models back, unset
+         * ones as null */
+        bool ok = json_is_null(v);
         for (size_t i = 0; i < n && !ok; i++) ok = strcmp(key, keys[i]) == 0;
         if (!ok) {
             char param[64];

@@ -17,8 +17,8 @@
  * dropped). Takes data. Returns 0, or -1 when out of memory. */
 int edge_emit(struct ms_buf *out, const char *event, json_t *data);
 
-/* Refuses any key of object o outside keys[0, n) with a 400 naming "WHERE.KEY" (code
- * unknown_parameter). Returns 0 or -1 with e. */
+/* Refuses any key of object o outside keys[0, n) whose value is not null with a 400 naming
+ * "WHERE.KEY" (code unknown_parameter). Returns 0 or -1 with e. */
 int edge_keys(json_t *o, const char *where, const char *const *keys, size_t n,
               struct proto_error *e);
 

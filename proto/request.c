@@ -113,6 +113,15 @@ const struct proto_field proto_fields[] = {
     {"stop_sequences", MSG, IMPL, NULL},
     {"thinking", MSG | MSGC, IMPL, NULL}, /* the template's enable_thinking */
     {"container", MSG, UNSUP, NULL},
+    /* caching hints (the prefix cache is automatic) and account bookkeeping: no effect */
+    {"cache_control", MSG | MSGC, NOOP, NULL},
+    {"inference_geo", MSG, NOOP, NULL},
+    {"user_profile_id", MSG | MSGC, NOOP, NULL},
+    {"workspace_id", MSG | MSGC, NOOP, NULL},
+    {"thread", MSG, UNSUP, "false"},   /* server-side threads are not kept */
+    {"speed", MSG, UNSUP, "\"standard\""},
+    {"diagnostics", MSG, UNSUP, NULL},
+    {"output_config", MSG | MSGC, UNSUP, NULL},
     {"mcp_servers", MSG | MSGC, UNSUP, "[]"},
     {"context_management", MSG | MSGC, UNSUP, NULL},
     /* OpenAI Responses (proto/responses.c) */

@@ -426,6 +426,7 @@ static int get_thinking(json_t *in, json_t *out, bool count_only, struct proto_r
         if (!count_only && json_is_integer(mt) && json_integer_value(b) >= json_integer_value(mt))
             return proto_fail(e, 400, "thinking.budget_tokens", "invalid_value",
                               "thinking.budget_tokens: must be less than max_tokens");
+        r->thinking_budget = (int)json_integer_value(b);
     } else if (b && !json_is_null(b)) {
         return proto_fail(e, 400, "thinking.budget_tokens", "invalid_value",
                           "thinking.budget_tokens: only with type 'enabled'");

@@ -185,6 +185,8 @@ struct proto_req {
     bool count_only;            /* /v1/messages/count_tokens: only the prompt is read */
     bool thinking_switch;       /* Anthropic `thinking` set enable_thinking: the template must
                                    read it (else a 400 naming `thinking`) */
+    int thinking_budget;        /* Anthropic thinking.budget_tokens (0: none): the output ends
+                                   (max_tokens) when the reasoning reaches it unfinished */
     bool store;                 /* Responses: keep the response (default true) */
     char *previous_response_id; /* Responses: the stored response this one continues */
     char *echo_json;            /* Responses: the request's settings the response object

@@ -158,6 +158,8 @@ struct gen {
     bool stored_final;         /* its final object is in the store */
     char *conv_json;           /* Responses: the conversation before this response */
     atomic_bool cancelled;     /* POST /v1/responses/{id}/cancel stopped it */
+    int think_budget;          /* Anthropic thinking.budget_tokens (0: none) */
+    bool budget_hit;           /* the reasoning reached it: the choice was stopped there */
 };
 
 struct conn {
@@ -711,6 +713,36 @@ static char *api_error_frame(struct gen *g, const struct proto_error *e)
     return rsp_error_sse(e, g->rs.seq++);
 }
 
+/* Whether an output (text[0, len)) is still inside its <think> reasoning. */
+static bool in_reasoning(const struct gen *g, const char *text, size_t len)
+{
+    if (!(g->tc_flags & TC_THINK)) return false;
+    size_t i = 0;
+    while (i < len && (text[i] == ' ' || text[i] == '\n')) i++;
+    size_t bl = strlen(TC_THINK_BEGIN), el = strlen(TC_THINK_END);
+    bool opened = (g->tc_flags & TC_THINK_OPEN) ||
+                  (len - i >= bl && memcmp(text + i, TC_THINK_BEGIN, bl) == 0);
+    if (!opened) return false;
+    for (size_t k = i; k + el <= len; k++)
+        if (memcmp(text + k, TC_THINK_END, el) == 0) return false;
+    return true;
+}
+
+/* Anthropic's thinking budget: a choice whose reasoning reaches budget_tokens while still open
+ * is stopped there, and reported as max_tokens (its budget ran out). Called at each wake. */
+static void gen_check_budget(struct gen *g)
+{
+    if (g->think_budget <= 0 || g->budget_hit || g->n < 1) return;
+    struct sched_req *r = g->reqs[0];
+    sched_req_lock(r);
+    bool over = r->out.finish == SCHED_FINISH_NONE && r->out.n_tokens >= g->think_budget &&
+                in_reasoning(g, r->out.text, r->out.text_len);
+    sched_req_unlock(r);
+    if (!over) return;
+    g->budget_hit = true;
+    sched_req_cancel(g->h->s, r);
+}
+
 /* Streams of these APIs: the one choice's new output becomes the API's events, and its end
  * the closing ones. Returns true when bytes were queued or the stream ended. */
 static bool api_collect(struct gen *g)
@@ -718,12 +750,14 @@ static bool api_collect(struct gen *g)
     struct choice_state *cs = &g->cs[0];
     struct sched_req *r = g->reqs[0];
     if (g->done_sent) return false;
+    gen_check_budget(g);
     struct ms_buf out = {0}, text = {0}, think = {0};
     struct tc_call *calls = NULL;
     int n_calls = 0, rc = 0;
     bool cancelled = atomic_load(&g->cancelled);
     sched_req_lock(r);
     enum sched_finish fin = r->out.finish;
+    if (fin == SCHED_FINISH_ABORT && g->budget_hit) fin = SCHED_FINISH_LENGTH;
     bool failed = fin == SCHED_FINISH_ERROR || (fin == SCHED_FINISH_ABORT && !cancelled);
     size_t vis = api_visible(g, r->out.text, r->out.text_len, fin);
     bool fed = !failed && (vis > cs->text_sent || fin != SCHED_FINISH_NONE);
@@ -768,6 +802,7 @@ static char *api_body(struct gen *g, int *status, struct proto_error *e)
     struct sched_req *r = g->reqs[0]; /* finished: read unlocked */
     enum sched_finish f = r->out.finish;
     *status = 200;
+    if (f == SCHED_FINISH_ABORT && g->budget_hit) f = SCHED_FINISH_LENGTH;
     if (f == SCHED_FINISH_ERROR || (f == SCHED_FINISH_ABORT && !atomic_load(&g->cancelled))) {
         proto_fail(e, f == SCHED_FINISH_ERROR ? 500 : 503, NULL, NULL, "generation failed: %s",
                    f == SCHED_FINISH_ERROR ? r->out.error : "the request was aborted");
@@ -1304,6 +1339,7 @@ static void gen_prepare(void *ctx)
             g->stream = pr.stream;
             g->include_usage = pr.include_usage;
             g->logprobs = pr.logprobs;
+            g->think_budget = pr.thinking_budget;
             if (g->api == PROTO_API_ANTHROPIC)
                 anth_stream_init(&g->as, g->id, h->model_name, g->call_id);
             if (g->api == PROTO_API_RESPONSES) {
@@ -1412,6 +1448,7 @@ static int gen_poll(struct http_server *h, struct h1_conn *c, struct conn *cn)
     struct gen *g = cn->g;
     for (;;) {
         uint64_t seen = gen_events(g);
+        gen_check_budget(g);
         if (gen_all_finished(g)) break;
         if (gen_suspend(g, seen)) return 0; /* pending until gen_notify */
     }

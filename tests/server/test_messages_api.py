@@ -316,18 +316,25 @@ class ThinkingTest(unittest.TestCase):
     def test_thinking_switch(self):
         kw = dict(model="q", max_tokens=300, messages=[{"role": "user", "content": "Hi"}],
                   extra_body={"ignore_eos": True, "temperature": 0})
-        on = self.client.messages.create(thinking={"type": "enabled", "budget_tokens": 200},
-                                         **dict(kw, max_tokens=300))
+        # the reasoning never closes here: budget_tokens stops it, reported as max_tokens
+        budget = {"type": "enabled", "budget_tokens": 20}
+        on = self.client.messages.create(thinking=budget, **kw)
         self.assertEqual([b.type for b in on.content], ["thinking"])
-        self.assertTrue(on.content[0].thinking)
-        with self.client.messages.stream(thinking={"type": "enabled", "budget_tokens": 200},
-                                         **dict(kw, max_tokens=300)) as s:
-            kinds = {ev.type for ev in s}
+        self.assertEqual(on.stop_reason, "max_tokens")
+        self.assertTrue(20 <= on.usage.output_tokens < 60, on.usage)
+        thinking = ""
+        with self.client.messages.stream(thinking=budget, **kw) as s:
+            for ev in s:
+                if ev.type == "thinking":
+                    thinking += ev.thinking
             final = s.get_final_message()
-        self.assertIn("thinking", kinds)
-        self.assertEqual(final.content[0].thinking, on.content[0].thinking)
-        off = self.client.messages.create(thinking={"type": "disabled"},
-                                          **dict(kw, max_tokens=12))
+        self.assertEqual(final.stop_reason, "max_tokens")
+        self.assertTrue(20 <= final.usage.output_tokens < 60, final.usage)
+        self.assertEqual(final.content[0].thinking, thinking)
+        short, long = sorted((thinking, on.content[0].thinking), key=len)
+        self.assertTrue(long.startswith(short))
+        kw["max_tokens"] = 12
+        off = self.client.messages.create(thinking={"type": "disabled"}, **kw)
         self.assertEqual([b.type for b in off.content], ["text"])
         # a thinking block sent back reaches the template as reasoning_content
         hist = [{"role": "user", "content": "Hi"},

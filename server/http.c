@@ -12,10 +12,13 @@
  * every choice finished; streaming gens answer with a stream whose reader turns new output
  * into SSE frames and parks the connection when there is nothing to send. The scheduler's
  * notify hook wakes it (h1_wake). A client that leaves while its request waits is seen by h1,
- * whose on_done frees the gen and so cancels its choices. Lock order: a request's lock, then
+ * whose on_done frees the gen and so cancels its choices. The Messages and Responses APIs
+ * reach the same gen through their own edge translation (proto_req_parse_api); their output
+ * and the Responses store's routes are in http_api.c (shared state: http_int.h). Lock order: a request's lock, then
  * the gen's lock; the reader never holds both (it samples an event counter instead), so no
  * wake-up is lost. */
 #include "http.h"
+#include "http_int.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -58,109 +61,11 @@ static const struct grm_limits grammar_limits = {.max_seconds = GRAMMAR_MAX_SECO
                                                  .max_rules = GRAMMAR_MAX_RULES,
                                                  .max_bytes = GRAMMAR_MAX_BYTES};
 
-enum { HTTP_LOADING, HTTP_READY, HTTP_DRAINING };
-
-struct http_server {
-    struct http_config cfg;
-    char *host, *api_key, *model_name;
-    struct h1_server *srv;
-    struct metrics *mt;
-    atomic_int state;
-    char fail_msg[256];       /* http_set_failed's reason: written once, before state turns */
-    const struct model *m;
-    struct sched *s;
-    jinja_template *chat;     /* m->chat_template parsed once at ready; NULL if none/invalid */
-    bool chat_object_args;    /* it iterates tool-call arguments: hand them over as objects */
-    bool think;               /* chats have their <think> reasoning split off (tc_reasoning_on) */
-    bool think_special;       /* <think> or </think> is a special token: keep those in the text */
-    struct grm_vocab *gvocab; /* the token trie structured output masks with (built at ready) */
-    struct grm_cache *gcache; /* compiled grammars by text (built at ready) */
-    struct prep_pool *prep;   /* where generation requests are prepared (prep.h) */
-    struct dash *dash;        /* GET /v1/moe/stats (set before ready; NULL: 404) */
-    struct rstore *store;     /* Responses kept for GET and previous_response_id (rstore.h) */
-    char chat_err[MS_ERR_LEN];/* why chat is NULL when the model has a template */
-    enum tc_syntax tc_syn;    /* the tool-call syntax (cfg.tool_parser, else detected at ready) */
-    int port;
-    atomic_int active;
-    long created;
-    atomic_ullong next_id;
-};
-
 /* The 503 reason while draining: shutting down, or why the server failed (http_set_failed). */
 static const char *draining_msg(const struct http_server *h)
 {
     return h->fail_msg[0] ? h->fail_msg : "the server is shutting down";
 }
-
-struct choice_state {
-    size_t text_sent;
-    int tok_sent;
-    bool finish_sent, role_sent;
-    char *echo;          /* completions with echo: the prompt text, sent first */
-    size_t echo_len;
-    size_t chars_sent;   /* characters (code points) sent, echo included: text_offset */
-    struct tc_stream tcs;/* tool calls: where the output's parsing stands */
-    int calls_sent;
-    int prompt_tokens;
-};
-
-struct gen {
-    struct http_server *h;
-    struct h1_conn *c;
-    enum proto_kind kind;
-    bool stream, include_usage, logprobs;
-    bool echo_lps;             /* echo + logprobs: the prompt's logprobs lead each choice's */
-    bool plp_field;            /* vLLM prompt_logprobs asked for */
-    bool tokens_as_ids;
-    bool tools;                /* chat output to parse: tool calls, harmony channels, <think> */
-    enum tc_syntax tc_syn;
-    unsigned tc_flags;         /* TC_NO_CALLS / TC_THINK / TC_THINK_OPEN */
-    struct tc_tools *tc_tools; /* the request's tools, typing XML-style arguments (may be NULL) */
-    char id[64];
-    char call_id[80];          /* tool-call ids: "<call_id>_<index>" */
-    long created;
-    int n;                     /* scheduler requests: prompts x n_per_prompt */
-    int n_per_prompt;          /* requests per prompt: request k belongs to prompt k / n_per_prompt */
-    int n_out;                 /* choices per prompt in the answer (n; best_of picks them) */
-    struct sched_req **reqs;   /* (n) */
-    struct choice_state *cs;   /* (n) */
-    int prompt_tokens;         /* each prompt counted once */
-    pthread_mutex_t mu;
-    uint64_t events;
-    bool suspended;
-    struct ms_buf pend;        /* SSE bytes; those from pend_off on not yet handed to h1 */
-    size_t pend_off;
-    bool usage_sent, done_sent;
-    bool tool_calls;           /* a choice ended in tool calls (the access log's finish reason) */
-    /* Preparation on the pool (gen_prepare): the body, taken from the connection, is parsed
-     * and submitted there; the connection stays pending until the job wakes it. Under mu:
-     * refs (the connection's and the job's), prepared (the job is done: prep_rc, prep_err,
-     * stream, include_usage, logprobs and reqs are final), abandoned (on_done ran, so nobody
-     * may wake the connection). started is the I/O thread's alone. */
-    char *body;
-    size_t body_len;
-    int refs;
-    bool prepared, abandoned, started;
-    int prep_rc;
-    struct proto_error prep_err;
-    /* The Messages and Responses APIs (api != PROTO_API_OPENAI): one choice, whose output the
-     * API's stream builds into events or, not streamed, into the body. Anthropic's
-     * stop_sequences are kept in the text by the scheduler (include_stop_str) and held back
-     * here (stop_hold bytes) until the output ends, so the one that matched is known. */
-    enum proto_api api;
-    struct anth_stream as;
-    struct rsp_stream rs;
-    char *stop[PROTO_MAX_STOP];
-    int n_stop;
-    size_t stop_hold;
-    const char *stop_hit;      /* the stop sequence that ended the output, or NULL */
-    bool store;                /* Responses: kept in h->store (running: with a cancel hook) */
-    bool stored_final;         /* its final object is in the store */
-    char *conv_json;           /* Responses: the conversation before this response */
-    atomic_bool cancelled;     /* POST /v1/responses/{id}/cancel stopped it */
-    int think_budget;          /* Anthropic thinking.budget_tokens (0: none) */
-    bool budget_hit;           /* the reasoning reached it: the choice was stopped there */
-};
 
 struct conn {
     const char *route;
@@ -259,18 +164,18 @@ static int send_text(struct http_server *h, struct h1_conn *c, const char *route
     return h1_respond(c, status, headers, body, strlen(body));
 }
 
-static int send_json(struct http_server *h, struct h1_conn *c, const char *route, int status,
+int http__send_json(struct http_server *h, struct h1_conn *c, const char *route, int status,
                      char *body)
 {
     return send_text(h, c, route, status, body, "application/json");
 }
 
-static int send_error(struct http_server *h, struct h1_conn *c, const char *route,
+int http__send_error(struct http_server *h, struct h1_conn *c, const char *route,
                       const struct proto_error *e)
 {
     if (anthropic_route(route))
-        return send_json(h, c, route, anth_status(e->status), anth_error(e));
-    return send_json(h, c, route, e->status, proto_resp_error(e));
+        return http__send_json(h, c, route, anth_status(e->status), anth_error(e));
+    return http__send_json(h, c, route, e->status, proto_resp_error(e));
 }
 
 static int fail(struct http_server *h, struct h1_conn *c, const char *route, int status,
@@ -278,7 +183,7 @@ static int fail(struct http_server *h, struct h1_conn *c, const char *route, int
 {
     struct proto_error e;
     proto_fail(&e, status, param, code, "%s", msg);
-    return send_error(h, c, route, &e);
+    return http__send_error(h, c, route, &e);
 }
 
 /* Constant-time comparison of the presented key (no early exit on the first difference). */
@@ -292,7 +197,7 @@ static bool key_ok(const char *want, const char *got)
 }
 
 /* Tokenizes text into a new array; returns the count or -1. */
-static int encode(const struct tokenizer *tok, const char *text, bool special, int32_t **out)
+int http__encode(const struct tokenizer *tok, const char *text, bool special, int32_t **out)
 {
     size_t len = strlen(text);
     int cap = (int)(len < (1u << 28) ? len : (1u << 28)) + 16;
@@ -460,7 +365,7 @@ static const char *finish_name(enum sched_finish f)
 
 /* Prompt tokens whose K/V came from the prefix cache, counted once per prompt (its first
  * choice; later choices of the same prompt reuse what the first computed). */
-static int gen_cached_tokens(struct gen *g)
+int http__gen_cached_tokens(struct gen *g)
 {
     int cached = 0;
     for (int k = 0; k < g->n; k += g->n_per_prompt > 0 ? g->n_per_prompt : 1) {
@@ -475,7 +380,7 @@ static int gen_cached_tokens(struct gen *g)
  * answer sees it): per prompt, the most tokens one of its choices generated. vLLM observes
  * request_max_num_generation_tokens per request of n choices, and each prompt of a list is a
  * request there. */
-static void gen_observe_max(struct gen *g)
+void http__gen_observe_max(struct gen *g)
 {
     int per = g->n_per_prompt > 0 ? g->n_per_prompt : 1;
     for (int k = 0; k < g->n; k += per) {
@@ -591,7 +496,7 @@ static char *gen_body(struct gen *g, int *status, struct proto_error *e)
     }
     struct proto_usage u = {.prompt_tokens = g->prompt_tokens,
                             .completion_tokens = completion,
-                            .cached_tokens = gen_cached_tokens(g)};
+                            .cached_tokens = http__gen_cached_tokens(g)};
     body = proto_resp_body(g->kind, g->id, g->created, g->h->model_name, ch, n_ch, &u,
                            g->h->m->tok);
 out:
@@ -609,7 +514,7 @@ out:
 }
 
 /* Queues a frame (malloc'd, taken) behind the SSE bytes not yet sent. */
-static bool pend_add(struct gen *g, char *frame)
+bool http__pend_add(struct gen *g, char *frame)
 {
     if (!frame) return false;
     if (g->pend_off == g->pend.len) g->pend_off = g->pend.len = 0;
@@ -622,7 +527,7 @@ static bool pend_add(struct gen *g, char *frame)
  * first when the choice has not started, then the output since the last chunk, or, for an
  * output parsed for tool calls, what its parser released (the calls completed since then in
  * *calls). Under r's lock. Returns -1 when out of memory. */
-static int choice_delta(struct gen *g, struct choice_state *cs, const struct sched_req *r,
+int http__choice_delta(struct gen *g, struct choice_state *cs, const struct sched_req *r,
                         size_t tl, bool final, struct ms_buf *text, struct ms_buf *reasoning,
                         struct tc_call **calls, int *n_calls)
 {
@@ -632,213 +537,10 @@ static int choice_delta(struct gen *g, struct choice_state *cs, const struct sch
     return ms_buf_add(text, r->out.text + cs->text_sent, tl - cs->text_sent);
 }
 
-/* --- the Messages and Responses APIs' output ---------------------------------------------- */
-
-/* How much of the output the API may show: all of it, except that Anthropic's stop sequences
- * stay in the text (include_stop_str) until the output ends, so the longest one's length is
- * held back (on a character boundary) while it runs; at a stop, the sequence it ends with is
- * the one that matched (stop_hit) and is cut off. */
-static size_t api_visible(struct gen *g, const char *text, size_t tl, enum sched_finish fin)
-{
-    if (g->n_stop == 0) return tl;
-    if (fin != SCHED_FINISH_NONE) {
-        for (int i = 0; fin == SCHED_FINISH_STOP && i < g->n_stop; i++)
-            if (strlen(g->stop[i]) <= tl &&
-                memcmp(text + tl - strlen(g->stop[i]), g->stop[i], strlen(g->stop[i])) == 0) {
-                g->stop_hit = g->stop[i];
-                return tl - strlen(g->stop[i]);
-            }
-        return tl;
-    }
-    size_t v = tl > g->stop_hold ? tl - g->stop_hold : 0;
-    while (v > 0 && ((unsigned char)text[v] & 0xC0) == 0x80) v--;
-    return v;
-}
-
-static int api_feed(struct gen *g, struct ms_buf *out, const struct ms_buf *think,
-                    const struct ms_buf *text, const struct tc_call *calls, int n_calls)
-{
-    if (g->api == PROTO_API_ANTHROPIC)
-        return anth_stream_feed(&g->as, out, think->p, think->len, text->p, text->len, calls,
-                                n_calls);
-    return rsp_stream_feed(&g->rs, out, think->p, think->len, text->p, text->len, calls, n_calls);
-}
-
-/* The end of the output: the API's last events (out NULL: none) and its whole body (Anthropic's
- * message, the response object), which a stored response keeps with its conversation. NULL
- * when out of memory. */
-static char *api_end(struct gen *g, struct ms_buf *out, enum sched_finish fin, bool calls)
-{
-    struct sched_req *r = g->reqs[0];
-    sched_req_lock(r);
-    int nt = r->out.n_tokens;
-    sched_req_unlock(r);
-    struct proto_usage u = {.prompt_tokens = g->prompt_tokens, .completion_tokens = nt,
-                            .cached_tokens = gen_cached_tokens(g)};
-    if (g->api == PROTO_API_ANTHROPIC) {
-        const char *why = fin == SCHED_FINISH_LENGTH ? "max_tokens"
-                          : calls                    ? "tool_use"
-                          : g->stop_hit              ? "stop_sequence"
-                                                     : "end_turn";
-        if (anth_stream_end(&g->as, out, why, g->stop_hit, &u) != 0) return NULL;
-        return anth_stream_message(&g->as, why, g->stop_hit, &u);
-    }
-    bool length = fin == SCHED_FINISH_LENGTH;
-    const char *status = atomic_load(&g->cancelled) ? "cancelled"
-                         : length                   ? "incomplete"
-                                                    : "completed";
-    int reasoning_tokens = 0;
-    if (g->rs.think.len > 0) { /* the reasoning's share of the output, as its tokens */
-        int32_t *ids = NULL;
-        reasoning_tokens = encode(g->h->m->tok, g->rs.think.p, false, &ids);
-        free(ids);
-        if (reasoning_tokens < 0 || reasoning_tokens > nt) reasoning_tokens = nt;
-    }
-    char *final = rsp_stream_end(&g->rs, out, status, length ? "max_output_tokens" : NULL, &u,
-                                 reasoning_tokens);
-    if (final && g->store) {
-        char *conv = rsp_stream_conversation(&g->rs, g->conv_json);
-        rstore_put(g->h->store, g->id, final, conv);
-        free(conv);
-        rstore_clear_cancel(g->h->store, g->id);
-        g->stored_final = true;
-    }
-    return final;
-}
-
-/* The error event of a stream that failed after its headers went out. */
-static char *api_error_frame(struct gen *g, const struct proto_error *e)
-{
-    if (g->api == PROTO_API_ANTHROPIC) return anth_error_sse(e);
-    return rsp_error_sse(e, g->rs.seq++);
-}
-
-/* Whether an output (text[0, len)) is still inside its <think> reasoning. */
-static bool in_reasoning(const struct gen *g, const char *text, size_t len)
-{
-    if (!(g->tc_flags & TC_THINK)) return false;
-    size_t i = 0;
-    while (i < len && (text[i] == ' ' || text[i] == '\n')) i++;
-    size_t bl = strlen(TC_THINK_BEGIN), el = strlen(TC_THINK_END);
-    bool opened = (g->tc_flags & TC_THINK_OPEN) ||
-                  (len - i >= bl && memcmp(text + i, TC_THINK_BEGIN, bl) == 0);
-    if (!opened) return false;
-    for (size_t k = i; k + el <= len; k++)
-        if (memcmp(text + k, TC_THINK_END, el) == 0) return false;
-    return true;
-}
-
-/* Anthropic's thinking budget: a choice whose reasoning reaches budget_tokens while still open
- * is stopped there, and reported as max_tokens (its budget ran out). Called at each wake. */
-static void gen_check_budget(struct gen *g)
-{
-    if (g->think_budget <= 0 || g->budget_hit || g->n < 1) return;
-    struct sched_req *r = g->reqs[0];
-    sched_req_lock(r);
-    bool over = r->out.finish == SCHED_FINISH_NONE && r->out.n_tokens >= g->think_budget &&
-                in_reasoning(g, r->out.text, r->out.text_len);
-    sched_req_unlock(r);
-    if (!over) return;
-    g->budget_hit = true;
-    sched_req_cancel(g->h->s, r);
-}
-
-/* Streams of these APIs: the one choice's new output becomes the API's events, and its end
- * the closing ones. Returns true when bytes were queued or the stream ended. */
-static bool api_collect(struct gen *g)
-{
-    struct choice_state *cs = &g->cs[0];
-    struct sched_req *r = g->reqs[0];
-    if (g->done_sent) return false;
-    gen_check_budget(g);
-    struct ms_buf out = {0}, text = {0}, think = {0};
-    struct tc_call *calls = NULL;
-    int n_calls = 0, rc = 0;
-    bool cancelled = atomic_load(&g->cancelled);
-    sched_req_lock(r);
-    enum sched_finish fin = r->out.finish;
-    if (fin == SCHED_FINISH_ABORT && g->budget_hit) fin = SCHED_FINISH_LENGTH;
-    bool failed = fin == SCHED_FINISH_ERROR || (fin == SCHED_FINISH_ABORT && !cancelled);
-    size_t vis = api_visible(g, r->out.text, r->out.text_len, fin);
-    bool fed = !failed && (vis > cs->text_sent || fin != SCHED_FINISH_NONE);
-    if (fed) {
-        rc = choice_delta(g, cs, r, vis, fin != SCHED_FINISH_NONE, &text, &think, &calls, &n_calls);
-        cs->text_sent = vis;
-    }
-    struct proto_error e = {0};
-    if (failed)
-        proto_fail(&e, fin == SCHED_FINISH_ERROR ? 500 : 503, NULL, NULL, "generation failed: %s",
-                   fin == SCHED_FINISH_ERROR ? r->out.error : "the request was aborted");
-    sched_req_unlock(r);
-    if (rc == 0 && fed) rc = api_feed(g, &out, &think, &text, calls, n_calls);
-    cs->calls_sent += n_calls;
-    tc_calls_free(calls, n_calls);
-    ms_buf_free(&text);
-    ms_buf_free(&think);
-    if (rc != 0) { /* out of memory: the stream ends here */
-        ms_buf_free(&out);
-        g->done_sent = true;
-        return true;
-    }
-    if (fin != SCHED_FINISH_NONE) {
-        if (failed) {
-            pend_add(g, api_error_frame(g, &e));
-        } else {
-            free(api_end(g, &out, fin, cs->calls_sent > 0));
-            if (fin == SCHED_FINISH_STOP && cs->calls_sent > 0) g->tool_calls = true;
-        }
-        gen_observe_max(g);
-        cs->finish_sent = true;
-        g->done_sent = true;
-    }
-    bool queued = out.len > 0 && pend_add(g, ms_buf_take(&out));
-    ms_buf_free(&out);
-    return queued || g->done_sent;
-}
-
-/* The non-streamed body of these APIs, once the choice finished. */
-static char *api_body(struct gen *g, int *status, struct proto_error *e)
-{
-    struct sched_req *r = g->reqs[0]; /* finished: read unlocked */
-    enum sched_finish f = r->out.finish;
-    *status = 200;
-    if (f == SCHED_FINISH_ABORT && g->budget_hit) f = SCHED_FINISH_LENGTH;
-    if (f == SCHED_FINISH_ERROR || (f == SCHED_FINISH_ABORT && !atomic_load(&g->cancelled))) {
-        proto_fail(e, f == SCHED_FINISH_ERROR ? 500 : 503, NULL, NULL, "generation failed: %s",
-                   f == SCHED_FINISH_ERROR ? r->out.error : "the request was aborted");
-        *status = e->status;
-        return NULL;
-    }
-    size_t vis = api_visible(g, r->out.text, r->out.text_len, f);
-    struct ms_buf content = {0}, think = {0};
-    struct tc_call *calls = NULL;
-    int n_calls = 0;
-    int rc = g->tools ? tc_parse(g->tc_syn, g->tc_flags, g->tc_tools, r->out.text, vis, &content,
-                                 &calls, &n_calls, &think)
-                      : ms_buf_add(&content, r->out.text, vis);
-    char *body = NULL;
-    if (rc == 0 && api_feed(g, NULL, &think, &content, calls, n_calls) == 0)
-        body = api_end(g, NULL, f, n_calls > 0);
-    if (f == SCHED_FINISH_STOP && n_calls > 0) g->tool_calls = true;
-    tc_calls_free(calls, n_calls);
-    ms_buf_free(&content);
-    ms_buf_free(&think);
-    return body;
-}
-
-/* POST /v1/responses/{id}/cancel, from any thread: stops the response's choices; their end
- * then reports it cancelled. Called under the store's lock, while the gen is registered. */
-static void gen_cancel_hook(void *ctx)
-{
-    struct gen *g = ctx;
-    atomic_store(&g->cancelled, true);
-    for (int i = 0; i < g->n; i++) sched_req_cancel(g->h->s, g->reqs[i]);
-}
-
 /* Turns new output of every choice into SSE frames. Returns true when frames were added. */
 static bool gen_collect(struct gen *g)
 {
-    if (g->api != PROTO_API_OPENAI) return api_collect(g);
+    if (g->api != PROTO_API_OPENAI) return hapi_collect(g);
     bool added = false, all_done = true;
     int completion = 0;
     for (int i = 0; i < g->n; i++) {
@@ -867,7 +569,7 @@ static bool gen_collect(struct gen *g)
             struct ms_buf delta = {0}, think = {0};
             struct tc_call *calls = NULL;
             int n_calls = 0;
-            if (choice_delta(g, cs, r, tl, fin != SCHED_FINISH_NONE, &delta, &think, &calls,
+            if (http__choice_delta(g, cs, r, tl, fin != SCHED_FINISH_NONE, &delta, &think, &calls,
                              &n_calls) != 0) {
                 sched_req_unlock(r);
                 ms_buf_free(&delta);
@@ -912,7 +614,7 @@ static bool gen_collect(struct gen *g)
         }
         sched_req_unlock(r);
         if (frame) {
-            if (!pend_add(g, frame)) return added;
+            if (!http__pend_add(g, frame)) return added;
             added = true;
             cs->text_sent = tl;
             cs->tok_sent = nt;
@@ -926,13 +628,13 @@ static bool gen_collect(struct gen *g)
         if (g->include_usage && !g->usage_sent) {
             struct proto_usage u = {.prompt_tokens = g->prompt_tokens,
                                     .completion_tokens = completion,
-                                    .cached_tokens = gen_cached_tokens(g)};
-            pend_add(g, proto_resp_chunk(g->kind, g->id, g->created, g->h->model_name, NULL,
+                                    .cached_tokens = http__gen_cached_tokens(g)};
+            http__pend_add(g, proto_resp_chunk(g->kind, g->id, g->created, g->h->model_name, NULL,
                                          false, &u, NULL));
             g->usage_sent = true;
         }
-        gen_observe_max(g);
-        pend_add(g, strdup(PROTO_SSE_DONE));
+        http__gen_observe_max(g);
+        http__pend_add(g, strdup(PROTO_SSE_DONE));
         g->done_sent = true;
         added = true;
     }
@@ -1197,7 +899,7 @@ static int gen_submit(struct http_server *h, struct gen *g, struct proto_req *pr
         char *rendered = NULL;
         if (pr->kind == PROTO_CHAT) {
             if (render_chat(h, pr, &rendered, e) != 0) goto out;
-            n_ids = encode(m->tok, rendered, pr->add_special_tokens, &ids);
+            n_ids = http__encode(m->tok, rendered, pr->add_special_tokens, &ids);
             text = rendered;
             /* <think> reasoning is split off unless a grammar decides the output: then what it
              * forces is the answer (vLLM would force only what follows the reasoning) */
@@ -1211,7 +913,7 @@ static int gen_submit(struct http_server *h, struct gen *g, struct proto_req *pr
             }
         } else if (pr->prompts[p].text) {
             text = pr->prompts[p].text;
-            n_ids = encode(m->tok, text, pr->add_special_tokens, &ids);
+            n_ids = http__encode(m->tok, text, pr->add_special_tokens, &ids);
         } else {
             ids = pr->prompts[p].ids;
             n_ids = pr->prompts[p].n_ids;
@@ -1304,12 +1006,6 @@ out:
 
 static int gen_poll(struct http_server *h, struct h1_conn *c, struct conn *cn);
 
-/* previous_response_id: the stored conversation (proto_conv_lookup). */
-static char *conv_lookup(void *ctx, const char *id)
-{
-    struct http_server *h = ctx;
-    return rstore_conv(h->store, id);
-}
 
 /* On a preparation thread: parses the body and submits the choices, then wakes the
  * connection (gen_start answers on its I/O thread). */
@@ -1328,7 +1024,7 @@ static void gen_prepare(void *ctx)
         proto_fail(&e, 499, NULL, NULL, "the client left");
     } else if ((g->api == PROTO_API_OPENAI
                     ? proto_req_parse(body, g->body_len, g->kind, &pr, &e)
-                    : proto_req_parse_api(body, g->body_len, g->api, false, conv_lookup, h, &pr,
+                    : proto_req_parse_api(body, g->body_len, g->api, false, hapi_conv_lookup, h, &pr,
                                           &e)) != 0) {
         proto_req_free(&pr);
     } else {
@@ -1354,7 +1050,7 @@ static void gen_prepare(void *ctx)
                 char *snap = rsp_stream_snapshot(&g->rs, "in_progress");
                 if (snap && rstore_put(h->store, g->id, snap, NULL) == 0) {
                     g->store = true;
-                    rstore_set_cancel(h->store, g->id, gen_cancel_hook, g);
+                    rstore_set_cancel(h->store, g->id, hapi_cancel_hook, g);
                 }
                 free(snap);
             }
@@ -1423,7 +1119,7 @@ static int gen_start(struct http_server *h, struct h1_conn *c, struct conn *cn)
     if (!g->started) {
         if (!gen_prepared(g)) return 0;
         g->started = true;
-        if (g->prep_rc != 0) return send_error(h, c, cn->route, &g->prep_err);
+        if (g->prep_rc != 0) return http__send_error(h, c, cn->route, &g->prep_err);
         metrics_request_n(h->mt, g->n_out);
         if (g->stream) {
             if (g->api == PROTO_API_ANTHROPIC) {
@@ -1448,19 +1144,19 @@ static int gen_poll(struct http_server *h, struct h1_conn *c, struct conn *cn)
     struct gen *g = cn->g;
     for (;;) {
         uint64_t seen = gen_events(g);
-        gen_check_budget(g);
+        hapi_check_budget(g);
         if (gen_all_finished(g)) break;
         if (gen_suspend(g, seen)) return 0; /* pending until gen_notify */
     }
     int status;
     struct proto_error e;
-    char *body = g->api != PROTO_API_OPENAI ? api_body(g, &status, &e) : gen_body(g, &status, &e);
+    char *body = g->api != PROTO_API_OPENAI ? hapi_body(g, &status, &e) : gen_body(g, &status, &e);
     if (status != 200) {
         free(body);
-        return send_error(h, c, cn->route, &e);
+        return http__send_error(h, c, cn->route, &e);
     }
-    gen_observe_max(g);
-    return send_json(h, c, cn->route, 200, body);
+    http__gen_observe_max(g);
+    return http__send_json(h, c, cn->route, 200, body);
 }
 
 /* --- other routes -------------------------------------------------------------------------- */
@@ -1481,7 +1177,7 @@ static char *count_answer(struct http_server *h, const char *req, size_t len, in
         *status = anth_status(e.status);
         return anth_error(&e);
     }
-    int n = encode(h->m->tok, rendered, false, &ids);
+    int n = http__encode(h->m->tok, rendered, false, &ids);
     *status = 200;
     if (n >= 0) body = anth_count_body(n);
     free(ids);
@@ -1534,7 +1230,7 @@ static char *tokenize_answer(struct http_server *h, const char *req, size_t len,
             special = false;
         }
         int32_t *ids = NULL;
-        int n = encode(m->tok, rendered ? rendered : pr.prompts[0].text, special, &ids);
+        int n = http__encode(m->tok, rendered ? rendered : pr.prompts[0].text, special, &ids);
         if (n >= 0) body = proto_resp_tokenize(ids, n, h->cfg.max_model_len);
         free(ids);
         free(rendered);
@@ -1608,7 +1304,7 @@ static int tok_job_answer(struct http_server *h, struct h1_conn *c, struct conn 
     if (!j->answer) return fail(h, c, cn->route, 500, NULL, NULL, "out of memory");
     char *answer = j->answer;
     j->answer = NULL;
-    return send_json(h, c, cn->route, j->status, answer);
+    return http__send_json(h, c, cn->route, j->status, answer);
 }
 
 static const char *const known_routes[] = {"/v1/completions", "/v1/chat/completions",
@@ -1617,50 +1313,6 @@ static const char *const known_routes[] = {"/v1/completions", "/v1/chat/completi
                                            "/v1/moe/stats", "/dashboard", "/v1/messages",
                                            "/v1/messages/count_tokens", "/v1/responses"};
 
-/* GET, DELETE /v1/responses/{id} and POST /v1/responses/{id}/cancel: the store. */
-static int handle_stored(struct http_server *h, struct h1_conn *c, struct conn *cn)
-{
-    const char *route = cn->route, *method = h1_method(c);
-    char id[128];
-    const char *p = h1_path(c) + strlen("/v1/responses/");
-    size_t n = strcspn(p, "/");
-    snprintf(id, sizeof id, "%.*s", (int)(n < sizeof id ? n : sizeof id - 1), p);
-    struct proto_error e;
-    if (strcmp(route, "/v1/responses/{id}/cancel") == 0) {
-        int rc = rstore_cancel(h->store, id);
-        char *now = rc >= 0 ? rstore_response(h->store, id) : NULL;
-        if (rc < 0 || !now) {
-            free(now);
-            proto_fail(&e, 404, NULL, "not_found", "Response with id '%s' not found.", id);
-            return send_error(h, c, route, &e);
-        }
-        if (rc > 0) {
-            free(now);
-            proto_fail(&e, 400, NULL, "invalid_request",
-                       "Cannot cancel a response that is not in progress ('%s').", id);
-            return send_error(h, c, route, &e);
-        }
-        char *cancelled = rsp_with_status(now, "cancelled");
-        free(now);
-        return send_json(h, c, route, 200, cancelled);
-    }
-    if (strcmp(method, "DELETE") == 0) {
-        if (rstore_delete(h->store, id)) return send_json(h, c, route, 200, rsp_deleted_body(id));
-        char *running = rstore_response(h->store, id);
-        proto_fail(&e, running ? 400 : 404, NULL, running ? "invalid_request" : "not_found",
-                   running ? "Response '%s' is in progress: cancel it first."
-                           : "Response with id '%s' not found.",
-                   id);
-        free(running);
-        return send_error(h, c, route, &e);
-    }
-    char *resp = rstore_response(h->store, id);
-    if (!resp) {
-        proto_fail(&e, 404, NULL, "not_found", "Response with id '%s' not found.", id);
-        return send_error(h, c, route, &e);
-    }
-    return send_json(h, c, route, 200, resp);
-}
 
 /* The token of an "Authorization: Bearer TOKEN" header, or NULL. The scheme name is
  * case-insensitive (RFC 9110 11.1), so "bearer" works as clients send it. */
@@ -1751,7 +1403,7 @@ static int on_end(struct http_server *h, struct h1_conn *c, struct conn *cn)
     const char *route = cn->route;
     int state = atomic_load(&h->state);
     if (strcmp(route, "/health") == 0)
-        return state == HTTP_READY ? send_json(h, c, route, 200, strdup("{\"status\":\"ok\"}"))
+        return state == HTTP_READY ? http__send_json(h, c, route, 200, strdup("{\"status\":\"ok\"}"))
                                    : fail(h, c, route, 503, NULL, NULL,
                                           state == HTTP_LOADING ? "the model is loading"
                                                                 : draining_msg(h));
@@ -1773,22 +1425,22 @@ static int on_end(struct http_server *h, struct h1_conn *c, struct conn *cn)
         if (!h->dash) return fail(h, c, route, 404, NULL, "not_found", "no MoE statistics");
         struct sched_stats st;
         sched_get_stats(h->s, &st);
-        return send_json(h, c, route, 200, dash_stats_json(h->dash, &st, h->model_name));
+        return http__send_json(h, c, route, 200, dash_stats_json(h->dash, &st, h->model_name));
     }
     if (strcmp(route, "/v1/models") == 0)
-        return send_json(h, c, route, 200,
+        return http__send_json(h, c, route, 200,
                          proto_resp_models(h->model_name, h->created, h->cfg.max_model_len));
     if (strcmp(route, "/v1/models/{id}") == 0) {
         if (strcmp(h1_path(c) + 11, h->model_name) != 0)
             return fail(h, c, route, 404, NULL, "model_not_found", "no such model");
-        return send_json(h, c, route, 200,
+        return http__send_json(h, c, route, 200,
                          proto_resp_model(h->model_name, h->created, h->cfg.max_model_len));
     }
-    if (strcmp(route, "/version") == 0) return send_json(h, c, route, 200, proto_resp_version());
+    if (strcmp(route, "/version") == 0) return http__send_json(h, c, route, 200, proto_resp_version());
     if (strcmp(route, "/tokenizer_info") == 0) {
         const struct tokenizer *tok = h->m->tok;
         int32_t bos = tok_bos_id(tok), eos = tok_eos_id(tok);
-        return send_json(h, c, route, 200,
+        return http__send_json(h, c, route, 200,
                          proto_resp_tokenizer_info(bos >= 0 ? tok_token_str(tok, bos) : NULL,
                                                    eos >= 0 ? tok_token_str(tok, eos) : NULL,
                                                    h->m->chat_template, h->cfg.max_model_len,
@@ -1798,7 +1450,7 @@ static int on_end(struct http_server *h, struct h1_conn *c, struct conn *cn)
     if (strcmp(route, "/detokenize") == 0) return handle_tokenize(h, c, cn, TOK_DECODE);
     if (strcmp(route, "/v1/messages/count_tokens") == 0)
         return handle_tokenize(h, c, cn, TOK_COUNT);
-    if (strncmp(route, "/v1/responses/{id}", 18) == 0) return handle_stored(h, c, cn);
+    if (strncmp(route, "/v1/responses/{id}", 18) == 0) return hapi_stored(h, c, route);
     if (state == HTTP_DRAINING)
         return fail(h, c, route, 503, NULL, NULL, draining_msg(h));
     return handle_generate(h, c, cn,

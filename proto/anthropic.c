@@ -22,9 +22,14 @@ static int oom(struct proto_error *e)
 /* The types of content block this text-only server cannot read (refused by name). */
 static bool media_block(const char *type)
 {
-    static const char *const media[] = {"image", "document", "search_result", "container_upload",
-                                        "server_tool_use", "web_search_tool_result",
-                                        "code_execution_tool_result", "mcp_tool_use",
+    static const char *const media[] = {"image",
+                                        "document",
+                                        "search_result",
+                                        "container_upload",
+                                        "server_tool_use",
+                                        "web_search_tool_result",
+                                        "code_execution_tool_result",
+                                        "mcp_tool_use",
                                         "mcp_tool_result"};
     for (size_t i = 0; i < sizeof media / sizeof *media; i++)
         if (strcmp(type, media[i]) == 0) return true;
@@ -67,8 +72,8 @@ static int text_of(json_t *v, const char *where, struct ms_buf *buf, struct prot
             return proto_fail(e, 400, w, "invalid_type", "%s: must be a content block", w);
         if (media_block(type))
             return proto_fail(e, 400, w, "unsupported_content",
-                              "%s: a '%s' block cannot be read: the model is served text-only",
-                              w, type);
+                              "%s: a '%s' block cannot be read: the model is served text-only", w,
+                              type);
         if (strcmp(type, "text") != 0)
             return proto_fail(e, 400, w, "invalid_value", "%s: must be a text block, not '%s'", w,
                               type);
@@ -89,8 +94,7 @@ static json_t *msg_new(const char *role, const char *text, size_t len)
 /* One user message's blocks: tool_result blocks become tool messages (first, as Anthropic
  * requires them to come first), the text one user message after them. ids holds the tool_use
  * ids seen so far. */
-static int user_blocks(json_t *content, size_t i, json_t *ids, json_t *msgs,
-                       struct proto_error *e)
+static int user_blocks(json_t *content, size_t i, json_t *ids, json_t *msgs, struct proto_error *e)
 {
     struct ms_buf text = {0};
     bool any_text = false;
@@ -152,7 +156,8 @@ static int user_blocks(json_t *content, size_t i, json_t *ids, json_t *msgs,
             goto fail;
         }
     }
-    if (any_text || json_array_size(content) == 0) json_array_append_new(msgs, msg_new("user", text.p, text.len));
+    if (any_text || json_array_size(content) == 0)
+        json_array_append_new(msgs, msg_new("user", text.p, text.len));
     ms_buf_free(&text);
     return 0;
 fail_oom:
@@ -196,8 +201,8 @@ static int assistant_blocks(json_t *content, size_t i, json_t *ids, json_t *msgs
                 goto fail;
             }
         } else if (strcmp(type, "tool_use") == 0) {
-            static const char *const keys[] = {"type", "id", "name", "input", "cache_control",
-                                               "caller"};
+            static const char *const keys[] = {"type",          "id",    "name", "input",
+                                               "cache_control", "caller"};
             if (edge_keys(b, w, keys, 6, e) != 0) goto fail;
             /* a call the client made itself ("direct"), as the SDK echoes it back */
             json_t *caller = json_object_get(b, "caller");
@@ -238,7 +243,8 @@ static int assistant_blocks(json_t *content, size_t i, json_t *ids, json_t *msgs
         }
     }
     json_t *m = msg_new("assistant", text.p, text.len);
-    if (think.len > 0) json_object_set_new(m, "reasoning_content", json_stringn(think.p, think.len));
+    if (think.len > 0)
+        json_object_set_new(m, "reasoning_content", json_stringn(think.p, think.len));
     if (json_array_size(calls) > 0) json_object_set(m, "tool_calls", calls);
     json_array_append_new(msgs, m);
     json_decref(calls);
@@ -284,7 +290,8 @@ static int get_messages(json_t *in, json_t *msgs, struct proto_error *e)
         if (json_is_string(c)) {
             json_array_append_new(msgs, msg_new(role, json_string_value(c), json_string_length(c)));
         } else if (json_is_array(c)) {
-            if ((user ? user_blocks(c, i, ids, msgs, e) : assistant_blocks(c, i, ids, msgs, e)) != 0)
+            if ((user ? user_blocks(c, i, ids, msgs, e) : assistant_blocks(c, i, ids, msgs, e)) !=
+                0)
                 goto fail;
         } else {
             proto_fail(e, 400, w, "invalid_type",
@@ -465,13 +472,27 @@ int anth_to_chat(json_t *in, bool count_only, struct proto_req *r, json_t **out,
     }
     if (get_messages(in, msgs, e) != 0) goto fail;
     /* the extras and the fields with the same meaning in both APIs pass unchanged */
-    static const char *const same[] = {"model", "temperature", "top_p", "top_k", "stream",
-                                       "min_p", "repetition_penalty", "presence_penalty",
-                                       "frequency_penalty", "seed", "ignore_eos", "min_tokens",
-                                       "cache_salt", "chat_template_kwargs", "moe_top_k",
-                                       "moe_tag", "moe_samples", "moe_neuron_fraction",
+    static const char *const same[] = {"model",
+                                       "temperature",
+                                       "top_p",
+                                       "top_k",
+                                       "stream",
+                                       "min_p",
+                                       "repetition_penalty",
+                                       "presence_penalty",
+                                       "frequency_penalty",
+                                       "seed",
+                                       "ignore_eos",
+                                       "min_tokens",
+                                       "cache_salt",
+                                       "chat_template_kwargs",
+                                       "moe_top_k",
+                                       "moe_tag",
+                                       "moe_samples",
+                                       "moe_neuron_fraction",
                                        "moe_samples_adaptive"};
-    for (size_t i = 0; i < sizeof same / sizeof *same; i++) edge_copy(c, in, same[i]);
+    for (size_t i = 0; i < sizeof same / sizeof *same; i++)
+        edge_copy(c, in, same[i]);
     json_t *kw = json_object_get(c, "chat_template_kwargs");
     if (kw) { /* get_thinking may add to it: a copy of the client's object */
         json_t *cp = json_deep_copy(kw);
@@ -515,13 +536,21 @@ int anth_status(int status)
 static const char *error_type(int status)
 {
     switch (status) {
-    case 401: return "authentication_error";
-    case 403: return "permission_error";
-    case 404: return "not_found_error";
-    case 413: return "request_too_large";
-    case 429: return "rate_limit_error";
-    case 503: case 529: return "overloaded_error";
-    default: return status >= 500 ? "api_error" : "invalid_request_error";
+    case 401:
+        return "authentication_error";
+    case 403:
+        return "permission_error";
+    case 404:
+        return "not_found_error";
+    case 413:
+        return "request_too_large";
+    case 429:
+        return "rate_limit_error";
+    case 503:
+    case 529:
+        return "overloaded_error";
+    default:
+        return status >= 500 ? "api_error" : "invalid_request_error";
     }
 }
 
@@ -586,8 +615,7 @@ static json_t *usage_obj(const struct proto_usage *u, bool with_output)
     return o;
 }
 
-void anth_stream_init(struct anth_stream *s, const char *id, const char *model,
-                      const char *call_id)
+void anth_stream_init(struct anth_stream *s, const char *id, const char *model, const char *call_id)
 {
     memset(s, 0, sizeof *s);
     s->id = id;
@@ -749,7 +777,8 @@ int anth_stream_end(struct anth_stream *s, struct ms_buf *out, const char *stop_
     if (close_open(s, out) != 0) return -1;
     json_t *d = json_object();
     json_object_set_new(d, "stop_reason", json_string(stop_reason));
-    json_object_set_new(d, "stop_sequence", stop_sequence ? json_string(stop_sequence) : json_null());
+    json_object_set_new(d, "stop_sequence",
+                        stop_sequence ? json_string(stop_sequence) : json_null());
     json_t *ev = json_object();
     json_object_set_new(ev, "type", json_string("message_delta"));
     json_object_set_new(ev, "delta", d);
@@ -760,8 +789,8 @@ int anth_stream_end(struct anth_stream *s, struct ms_buf *out, const char *stop_
     return edge_emit(out, "message_stop", stop);
 }
 
-char *anth_stream_message(struct anth_stream *s, const char *stop_reason,
-                          const char *stop_sequence, const struct proto_usage *u)
+char *anth_stream_message(struct anth_stream *s, const char *stop_reason, const char *stop_sequence,
+                          const struct proto_usage *u)
 {
     json_t *m = message_obj(s, json_incref(s->content), stop_reason, stop_sequence, u, true);
     char *body = json_dumps(m, JSON_COMPACT);

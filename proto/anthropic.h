@@ -64,8 +64,8 @@ int anth_stream_feed(struct anth_stream *s, struct ms_buf *out, const char *reas
 int anth_stream_end(struct anth_stream *s, struct ms_buf *out, const char *stop_reason,
                     const char *stop_sequence, const struct proto_usage *u);
 /* The whole message (after anth_stream_end): the non-streamed body. NULL when out of memory. */
-char *anth_stream_message(struct anth_stream *s, const char *stop_reason,
-                          const char *stop_sequence, const struct proto_usage *u);
+char *anth_stream_message(struct anth_stream *s, const char *stop_reason, const char *stop_sequence,
+                          const struct proto_usage *u);
 void anth_stream_free(struct anth_stream *s);
 
 #endif

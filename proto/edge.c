@@ -36,12 +36,13 @@ int edge_keys(json_t *o, const char *where, const char *const *keys, size_t n,
         /* a null asks for nothing: the SDKs write every field of their models back, unset
          * ones as null */
         bool ok = json_is_null(v);
-        for (size_t i = 0; i < n && !ok; i++) ok = strcmp(key, keys[i]) == 0;
+        for (size_t i = 0; i < n && !ok; i++)
+            ok = strcmp(key, keys[i]) == 0;
         if (!ok) {
             char param[64];
             snprintf(param, sizeof param, "%s.%s", where, key);
-            return proto_fail(e, 400, param, "unknown_parameter",
-                              "%s: unrecognized argument '%s'", where, key);
+            return proto_fail(e, 400, param, "unknown_parameter", "%s: unrecognized argument '%s'",
+                              where, key);
         }
     }
     return 0;

@@ -53,12 +53,12 @@ const char *proto_error_type(int status)
 #define TOK PROTO_K_TOK
 #define TOKC PROTO_K_TOK_CHAT
 #define DETOK PROTO_K_DETOK
-#define MSG PROTO_K_MSG
-#define MSGC PROTO_K_MSGC
-#define RESP PROTO_K_RESP
+#define MSG   PROTO_K_MSG
+#define MSGC  PROTO_K_MSGC
+#define RESP  PROTO_K_RESP
 /* moeserve's and vLLM's extras that the Messages and Responses routes take too: translated
  * unchanged into the chat request, so they act exactly as on chat completions */
-#define XTRA (MSG | RESP)
+#define XTRA  (MSG | RESP)
 #define IMPL PROTO_FIELD_IMPL
 #define NOOP PROTO_FIELD_NOOP
 #define UNSUP PROTO_FIELD_UNSUP
@@ -118,7 +118,7 @@ const struct proto_field proto_fields[] = {
     {"inference_geo", MSG, NOOP, NULL},
     {"user_profile_id", MSG | MSGC, NOOP, NULL},
     {"workspace_id", MSG | MSGC, NOOP, NULL},
-    {"thread", MSG, UNSUP, "false"},   /* server-side threads are not kept */
+    {"thread", MSG, UNSUP, "false"}, /* server-side threads are not kept */
     {"speed", MSG, UNSUP, "\"standard\""},
     {"diagnostics", MSG, UNSUP, NULL},
     {"output_config", MSG | MSGC, UNSUP, NULL},
@@ -128,11 +128,11 @@ const struct proto_field proto_fields[] = {
     {"input", RESP, IMPL, NULL},
     {"instructions", RESP, IMPL, NULL},
     {"max_output_tokens", RESP, IMPL, NULL},
-    {"text", RESP, IMPL, NULL},       /* format: response_format; verbosity refused inside */
-    {"reasoning", RESP, IMPL, NULL},  /* effort: reasoning_effort; summary refused inside */
-    {"store", RESP, IMPL, NULL},      /* kept for GET and previous_response_id (default true) */
+    {"text", RESP, IMPL, NULL},      /* format: response_format; verbosity refused inside */
+    {"reasoning", RESP, IMPL, NULL}, /* effort: reasoning_effort; summary refused inside */
+    {"store", RESP, IMPL, NULL},     /* kept for GET and previous_response_id (default true) */
     {"previous_response_id", RESP, IMPL, NULL},
-    {"metadata", RESP, IMPL, NULL},   /* repeated in the response object and stored with it */
+    {"metadata", RESP, IMPL, NULL}, /* repeated in the response object and stored with it */
     {"include", RESP, UNSUP, "[]"},
     {"background", RESP, UNSUP, "false"},
     {"truncation", RESP, UNSUP, "\"disabled\""},
@@ -1047,8 +1047,8 @@ static const struct rename rsp_names[] = {
 
 static bool ident_char(char c)
 {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-           c == '_' || c == '.';
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+           c == '.';
 }
 
 /* Replaces whole-word occurrences of from by to in s (of capacity cap). */
@@ -1060,7 +1060,8 @@ static void replace_word(char *s, size_t cap, const char *from, const char *to)
     for (size_t i = 0; s[i] && o + 1 < sizeof out;) {
         if (strncmp(s + i, from, fl) == 0 && (i == 0 || !ident_char(s[i - 1])) &&
             !ident_char(s[i + fl])) {
-            for (size_t k = 0; k < tl && o + 1 < sizeof out; k++) out[o++] = to[k];
+            for (size_t k = 0; k < tl && o + 1 < sizeof out; k++)
+                out[o++] = to[k];
             i += fl;
         } else {
             out[o++] = s[i++];
@@ -1074,7 +1075,7 @@ static void replace_word(char *s, size_t cap, const char *from, const char *to)
 
 void proto_error_remap(enum proto_api api, struct proto_error *e)
 {
-    const struct rename *t = api == PROTO_API_ANTHROPIC ? anth_names
+    const struct rename *t = api == PROTO_API_ANTHROPIC   ? anth_names
                              : api == PROTO_API_RESPONSES ? rsp_names
                                                           : NULL;
     size_t n = api == PROTO_API_ANTHROPIC   ? sizeof anth_names / sizeof *anth_names
@@ -1109,14 +1110,17 @@ int proto_req_parse_api(const char *body, size_t len, enum proto_api api, bool c
     json_error_t je;
     json_t *o = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je), *chat = NULL;
     if (!o)
-        return proto_fail(e, 400, NULL, "invalid_json", "invalid JSON body: %s (line %d, column %d)",
-                          je.text, je.line, je.column);
+        return proto_fail(e, 400, NULL, "invalid_json",
+                          "invalid JSON body: %s (line %d, column %d)", je.text, je.line,
+                          je.column);
     int rc = -1;
     if (!json_is_object(o)) {
         proto_fail(e, 400, NULL, "invalid_json", "the body must be a JSON object");
         goto out;
     }
-    unsigned bit = api == PROTO_API_RESPONSES ? PROTO_K_RESP : count_only ? PROTO_K_MSGC : PROTO_K_MSG;
+    unsigned bit = api == PROTO_API_RESPONSES ? PROTO_K_RESP
+                   : count_only               ? PROTO_K_MSGC
+                                              : PROTO_K_MSG;
     if (check_fields(o, bit, e) < 0) goto out;
     if ((api == PROTO_API_ANTHROPIC ? anth_to_chat(o, count_only, r, &chat, e)
                                     : rsp_to_chat(o, lookup, lookup_ctx, r, &chat, e)) != 0)

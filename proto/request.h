@@ -70,7 +70,7 @@ enum proto_field_how {
 #define PROTO_K_DETOK    16u /* POST /detokenize */
 #define PROTO_K_MSG      32u /* POST /v1/messages (Anthropic Messages) */
 #define PROTO_K_MSGC     64u /* POST /v1/messages/count_tokens */
-#define PROTO_K_RESP    128u /* POST /v1/responses (OpenAI Responses) */
+#define PROTO_K_RESP     128u /* POST /v1/responses (OpenAI Responses) */
 
 struct proto_field {
     const char *name;

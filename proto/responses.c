@@ -65,8 +65,8 @@ static int content_text(json_t *c, const char *where, struct ms_buf *buf, struct
                               "input_text and output_text parts are accepted)",
                               w, type);
         } else {
-            return proto_fail(e, 400, w, "invalid_value", "'%s': unknown content part type '%s'",
-                              w, type);
+            return proto_fail(e, 400, w, "invalid_value", "'%s': unknown content part type '%s'", w,
+                              type);
         }
     }
     return 0;
@@ -74,11 +74,11 @@ static int content_text(json_t *c, const char *where, struct ms_buf *buf, struct
 
 /* The translation's state: the chat messages so far and what the next assistant turn needs. */
 struct conv {
-    json_t *msgs;     /* chat messages (owned) */
-    json_t *ids;      /* call ids seen (a set) */
+    json_t *msgs;            /* chat messages (owned) */
+    json_t *ids;             /* call ids seen (a set) */
     struct ms_buf reasoning; /* a reasoning item's text waiting for its assistant turn */
     bool have_reasoning;
-    bool merge;       /* the last message is an assistant turn function calls may join */
+    bool merge; /* the last message is an assistant turn function calls may join */
 };
 
 /* The assistant message function calls join: the last one when it may take them, else new. */
@@ -91,8 +91,9 @@ static json_t *assistant_turn(struct conv *cv)
         cv->merge = true;
     }
     if (cv->have_reasoning) {
-        json_object_set_new(last, "reasoning_content",
-                            json_stringn(cv->reasoning.p ? cv->reasoning.p : "", cv->reasoning.len));
+        json_object_set_new(
+            last, "reasoning_content",
+            json_stringn(cv->reasoning.p ? cv->reasoning.p : "", cv->reasoning.len));
         cv->reasoning.len = 0;
         cv->have_reasoning = false;
     }
@@ -106,7 +107,8 @@ static int item_message(struct conv *cv, json_t *it, const char *w, struct proto
     const char *role = json_string_value(json_object_get(it, "role"));
     static const char *const roles[] = {"user", "assistant", "system", "developer"};
     bool ok = false;
-    for (size_t k = 0; role && k < 4; k++) ok |= strcmp(role, roles[k]) == 0;
+    for (size_t k = 0; role && k < 4; k++)
+        ok |= strcmp(role, roles[k]) == 0;
     if (!ok)
         return proto_fail(e, 400, w, "invalid_value",
                           "'%s.role' must be user, assistant, system or developer", w);
@@ -191,7 +193,7 @@ static int item_output(struct conv *cv, json_t *it, const char *w, struct proto_
  * turn. Encrypted reasoning only OpenAI's servers can read. */
 static int item_reasoning(struct conv *cv, json_t *it, const char *w, struct proto_error *e)
 {
-    static const char *const keys[] = {"type", "id", "summary", "content", "encrypted_content",
+    static const char *const keys[] = {"type",  "id", "summary", "content", "encrypted_content",
                                        "status"};
     if (edge_keys(it, w, keys, 6, e) != 0) return -1;
     json_t *enc = json_object_get(it, "encrypted_content");
@@ -230,8 +232,8 @@ static int get_input(json_t *in, struct conv *cv, struct proto_error *e)
     if (!inp || json_is_null(inp))
         return proto_fail(e, 400, "input", "missing_required_parameter", "'input' is required");
     if (json_is_string(inp)) {
-        json_array_append_new(cv->msgs, msg_new("user", json_string_value(inp),
-                                                json_string_length(inp)));
+        json_array_append_new(cv->msgs,
+                              msg_new("user", json_string_value(inp), json_string_length(inp)));
         return 0;
     }
     if (!json_is_array(inp) || json_array_size(inp) == 0)
@@ -247,10 +249,14 @@ static int get_input(json_t *in, struct conv *cv, struct proto_error *e)
             return proto_fail(e, 400, w, "invalid_type", "'%s' must be an object", w);
         const char *type = json_string_value(json_object_get(it, "type"));
         int rc;
-        if (!type || strcmp(type, "message") == 0) rc = item_message(cv, it, w, e);
-        else if (strcmp(type, "function_call") == 0) rc = item_call(cv, it, w, e);
-        else if (strcmp(type, "function_call_output") == 0) rc = item_output(cv, it, w, e);
-        else if (strcmp(type, "reasoning") == 0) rc = item_reasoning(cv, it, w, e);
+        if (!type || strcmp(type, "message") == 0)
+            rc = item_message(cv, it, w, e);
+        else if (strcmp(type, "function_call") == 0)
+            rc = item_call(cv, it, w, e);
+        else if (strcmp(type, "function_call_output") == 0)
+            rc = item_output(cv, it, w, e);
+        else if (strcmp(type, "reasoning") == 0)
+            rc = item_reasoning(cv, it, w, e);
         else
             rc = proto_fail(e, 400, w, "unsupported_value",
                             "'%s.type': '%s' items are not supported by this server (message, "
@@ -419,9 +425,9 @@ static int get_reasoning(json_t *in, json_t *out, struct proto_error *e)
 static json_t *echo_obj(json_t *in, bool store)
 {
     json_t *o = json_object();
-    static const char *const same[] = {"instructions", "max_output_tokens", "temperature",
-                                       "top_p", "tools", "tool_choice", "parallel_tool_calls",
-                                       "previous_response_id", "metadata", "user"};
+    static const char *const same[] = {
+        "instructions", "max_output_tokens",   "temperature",          "top_p",    "tools",
+        "tool_choice",  "parallel_tool_calls", "previous_response_id", "metadata", "user"};
     for (size_t i = 0; i < sizeof same / sizeof *same; i++) {
         json_t *v = json_object_get(in, same[i]);
         json_object_set(o, same[i], v ? v : json_null());
@@ -439,7 +445,8 @@ static json_t *echo_obj(json_t *in, bool store)
     json_t *text = json_object_get(in, "text");
     json_t *fmt = json_object_get(text, "format");
     json_t *t = json_object();
-    if (fmt && !json_is_null(fmt)) json_object_set(t, "format", fmt);
+    if (fmt && !json_is_null(fmt))
+        json_object_set(t, "format", fmt);
     else {
         json_t *f = json_object();
         json_object_set_new(f, "type", json_string("text"));
@@ -485,8 +492,8 @@ int rsp_to_chat(json_t *in, proto_conv_lookup lookup, void *lookup_ctx, struct p
         bool ok = json_is_object(md) && json_object_size(md) <= 16;
         const char *k;
         json_t *v;
-        json_object_foreach(md, k, v) ok = ok && json_is_string(v) && strlen(k) <= 64 &&
-                                           json_string_length(v) <= 512;
+        json_object_foreach(md, k, v) ok =
+            ok && json_is_string(v) && strlen(k) <= 64 && json_string_length(v) <= 512;
         if (!ok) {
             proto_fail(e, 400, "metadata", "invalid_value",
                        "'metadata' must be an object of at most 16 string values (keys up to 64 "
@@ -536,18 +543,32 @@ int rsp_to_chat(json_t *in, proto_conv_lookup lookup, void *lookup_ctx, struct p
     }
     /* instructions lead this request only: a later previous_response_id does not carry them */
     if (json_is_string(ins))
-        json_array_append_new(msgs, msg_new("system", json_string_value(ins),
-                                            json_string_length(ins)));
+        json_array_append_new(msgs,
+                              msg_new("system", json_string_value(ins), json_string_length(ins)));
     json_array_extend(msgs, cv.msgs);
     json_object_set(c, "messages", msgs);
-    static const char *const same[] = {"model", "temperature", "top_p", "stream",
-                                       "parallel_tool_calls", "top_k", "min_p",
-                                       "repetition_penalty", "presence_penalty",
-                                       "frequency_penalty", "seed", "ignore_eos", "min_tokens",
-                                       "cache_salt", "chat_template_kwargs", "moe_top_k",
-                                       "moe_tag", "moe_samples", "moe_neuron_fraction",
+    static const char *const same[] = {"model",
+                                       "temperature",
+                                       "top_p",
+                                       "stream",
+                                       "parallel_tool_calls",
+                                       "top_k",
+                                       "min_p",
+                                       "repetition_penalty",
+                                       "presence_penalty",
+                                       "frequency_penalty",
+                                       "seed",
+                                       "ignore_eos",
+                                       "min_tokens",
+                                       "cache_salt",
+                                       "chat_template_kwargs",
+                                       "moe_top_k",
+                                       "moe_tag",
+                                       "moe_samples",
+                                       "moe_neuron_fraction",
                                        "moe_samples_adaptive"};
-    for (size_t i = 0; i < sizeof same / sizeof *same; i++) edge_copy(c, in, same[i]);
+    for (size_t i = 0; i < sizeof same / sizeof *same; i++)
+        edge_copy(c, in, same[i]);
     edge_copy(c, in, "max_output_tokens");
     json_t *mo = json_object_get(c, "max_output_tokens");
     if (mo) {
@@ -578,8 +599,8 @@ out:
 
 /* --- output ------------------------------------------------------------------------------- */
 
-void rsp_stream_init(struct rsp_stream *s, const char *id, const char *model,
-                     const char *call_id, long created, const char *echo_json)
+void rsp_stream_init(struct rsp_stream *s, const char *id, const char *model, const char *call_id,
+                     long created, const char *echo_json)
 {
     memset(s, 0, sizeof *s);
     s->id = id;
@@ -618,8 +639,7 @@ static int event(struct rsp_stream *s, struct ms_buf *out, const char *type, jso
     return edge_emit(out, type, ev);
 }
 
-static int lifecycle(struct rsp_stream *s, struct ms_buf *out, const char *type,
-                     json_t *response)
+static int lifecycle(struct rsp_stream *s, struct ms_buf *out, const char *type, json_t *response)
 {
     json_t *ev = json_object();
     json_object_set_new(ev, "response", response);
@@ -727,7 +747,8 @@ static int add_text(struct rsp_stream *s, struct ms_buf *out, int kind, const ch
         if (event(s, out, "response.output_item.added", item_ev(s, open_item(s, false))) != 0)
             return -1;
         json_t *part = json_object();
-        json_object_set_new(part, "type", json_string(kind == 1 ? "reasoning_text" : "output_text"));
+        json_object_set_new(part, "type",
+                            json_string(kind == 1 ? "reasoning_text" : "output_text"));
         json_object_set_new(part, "text", json_string(""));
         if (kind == 2) {
             json_object_set_new(part, "annotations", json_array());

@@ -31,10 +31,10 @@ int rsp_to_chat(json_t *in, proto_conv_lookup lookup, void *lookup_ctx, struct p
 struct rsp_stream {
     const char *id, *model, *call_id; /* borrowed; function calls' call_id "<call_id>_<n>" */
     long created;
-    json_t *base;     /* the response object's request settings (echo_json) */
-    int seq;          /* the next event's sequence_number */
-    int n_items;      /* output items opened (the next one's output_index) */
-    int open;         /* the open item: 0 none, 1 reasoning, 2 message */
+    json_t *base; /* the response object's request settings (echo_json) */
+    int seq;      /* the next event's sequence_number */
+    int n_items;  /* output items opened (the next one's output_index) */
+    int open;     /* the open item: 0 none, 1 reasoning, 2 message */
     char item_id[112];
     struct ms_buf cur;   /* the open item's text so far */
     struct ms_buf text;  /* every message's text (the stored conversation's assistant turn) */
@@ -45,8 +45,8 @@ struct rsp_stream {
 };
 
 /* echo_json: the request's settings (proto_req.echo_json; NULL: none). */
-void rsp_stream_init(struct rsp_stream *s, const char *id, const char *model,
-                     const char *call_id, long created, const char *echo_json);
+void rsp_stream_init(struct rsp_stream *s, const char *id, const char *model, const char *call_id,
+                     long created, const char *echo_json);
 /* response.created and response.in_progress. 0 or -1 (out of memory). */
 int rsp_stream_start(struct rsp_stream *s, struct ms_buf *out);
 /* New output: reasoning (a reasoning item), text (a message item), completed calls (a

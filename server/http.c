@@ -14,9 +14,9 @@
  * notify hook wakes it (h1_wake). A client that leaves while its request waits is seen by h1,
  * whose on_done frees the gen and so cancels its choices. The Messages and Responses APIs
  * reach the same gen through their own edge translation (proto_req_parse_api); their output
- * and the Responses store's routes are in http_api.c (shared state: http_int.h). Lock order: a request's lock, then
- * the gen's lock; the reader never holds both (it samples an event counter instead), so no
- * wake-up is lost. */
+ * and the Responses store's routes are in http_api.c (shared state: http_int.h). Lock order:
+ * a request's lock, then the gen's lock; the reader never holds both (it samples an event counter
+ * instead), so no wake-up is lost. */
 #include "http.h"
 #include "http_int.h"
 
@@ -74,7 +74,7 @@ struct conn {
     char *body;
     size_t len, cap;
     struct gen *g;
-    struct tok_job *tj;   /* /tokenize, /detokenize, count_tokens on the preparation pool */
+    struct tok_job *tj; /* /tokenize, /detokenize, count_tokens on the preparation pool */
 };
 
 /* What a tok_job answers. */
@@ -165,13 +165,13 @@ static int send_text(struct http_server *h, struct h1_conn *c, const char *route
 }
 
 int http__send_json(struct http_server *h, struct h1_conn *c, const char *route, int status,
-                     char *body)
+                    char *body)
 {
     return send_text(h, c, route, status, body, "application/json");
 }
 
 int http__send_error(struct http_server *h, struct h1_conn *c, const char *route,
-                      const struct proto_error *e)
+                     const struct proto_error *e)
 {
     if (anthropic_route(route))
         return http__send_json(h, c, route, anth_status(e->status), anth_error(e));
@@ -287,7 +287,8 @@ static void gen_free(struct gen *g)
     }
     if (g->api == PROTO_API_ANTHROPIC) anth_stream_free(&g->as);
     if (g->api == PROTO_API_RESPONSES) rsp_stream_free(&g->rs);
-    for (int i = 0; i < g->n_stop; i++) free(g->stop[i]);
+    for (int i = 0; i < g->n_stop; i++)
+        free(g->stop[i]);
     free(g->conv_json);
     for (int i = 0; g->reqs && i < g->n; i++) {
         if (!g->reqs[i]) continue;
@@ -527,9 +528,9 @@ bool http__pend_add(struct gen *g, char *frame)
  * first when the choice has not started, then the output since the last chunk, or, for an
  * output parsed for tool calls, what its parser released (the calls completed since then in
  * *calls). Under r's lock. Returns -1 when out of memory. */
-int http__choice_delta(struct gen *g, struct choice_state *cs, const struct sched_req *r,
-                        size_t tl, bool final, struct ms_buf *text, struct ms_buf *reasoning,
-                        struct tc_call **calls, int *n_calls)
+int http__choice_delta(struct gen *g, struct choice_state *cs, const struct sched_req *r, size_t tl,
+                       bool final, struct ms_buf *text, struct ms_buf *reasoning,
+                       struct tc_call **calls, int *n_calls)
 {
     if (cs->echo && !cs->role_sent && ms_buf_add(text, cs->echo, cs->echo_len) != 0) return -1;
     if (g->tools)
@@ -570,7 +571,7 @@ static bool gen_collect(struct gen *g)
             struct tc_call *calls = NULL;
             int n_calls = 0;
             if (http__choice_delta(g, cs, r, tl, fin != SCHED_FINISH_NONE, &delta, &think, &calls,
-                             &n_calls) != 0) {
+                                   &n_calls) != 0) {
                 sched_req_unlock(r);
                 ms_buf_free(&delta);
                 ms_buf_free(&think);
@@ -630,7 +631,7 @@ static bool gen_collect(struct gen *g)
                                     .completion_tokens = completion,
                                     .cached_tokens = http__gen_cached_tokens(g)};
             http__pend_add(g, proto_resp_chunk(g->kind, g->id, g->created, g->h->model_name, NULL,
-                                         false, &u, NULL));
+                                               false, &u, NULL));
             g->usage_sent = true;
         }
         http__gen_observe_max(g);
@@ -1006,7 +1007,6 @@ out:
 
 static int gen_poll(struct http_server *h, struct h1_conn *c, struct conn *cn);
 
-
 /* On a preparation thread: parses the body and submits the choices, then wakes the
  * connection (gen_start answers on its I/O thread). */
 static void gen_prepare(void *ctx)
@@ -1024,8 +1024,8 @@ static void gen_prepare(void *ctx)
         proto_fail(&e, 499, NULL, NULL, "the client left");
     } else if ((g->api == PROTO_API_OPENAI
                     ? proto_req_parse(body, g->body_len, g->kind, &pr, &e)
-                    : proto_req_parse_api(body, g->body_len, g->api, false, hapi_conv_lookup, h, &pr,
-                                          &e)) != 0) {
+                    : proto_req_parse_api(body, g->body_len, g->api, false, hapi_conv_lookup, h,
+                                          &pr, &e)) != 0) {
         proto_req_free(&pr);
     } else {
         if (pr.model && strcmp(pr.model, h->model_name) != 0) {
@@ -1039,8 +1039,7 @@ static void gen_prepare(void *ctx)
             if (g->api == PROTO_API_ANTHROPIC)
                 anth_stream_init(&g->as, g->id, h->model_name, g->call_id);
             if (g->api == PROTO_API_RESPONSES) {
-                rsp_stream_init(&g->rs, g->id, h->model_name, g->call_id, g->created,
-                                pr.echo_json);
+                rsp_stream_init(&g->rs, g->id, h->model_name, g->call_id, g->created, pr.echo_json);
                 g->conv_json = pr.conv_json;
                 pr.conv_json = NULL;
             }
@@ -1092,8 +1091,8 @@ static int handle_generate(struct http_server *h, struct h1_conn *c, struct conn
              : kind == PROTO_CHAT         ? "chatcmpl-"
                                           : "cmpl-",
              uniq);
-    snprintf(g->call_id, sizeof g->call_id, "%s%s",
-             api == PROTO_API_ANTHROPIC ? "toolu_" : "call_", uniq);
+    snprintf(g->call_id, sizeof g->call_id, "%s%s", api == PROTO_API_ANTHROPIC ? "toolu_" : "call_",
+             uniq);
     atomic_init(&g->cancelled, false);
     pthread_mutex_init(&g->mu, NULL);
     atomic_fetch_add(&h->active, 1);
@@ -1188,8 +1187,8 @@ static char *count_answer(struct http_server *h, const char *req, size_t len, in
 
 /* The answer to a /tokenize or /detokenize body: its status and JSON (NULL when out of
  * memory). On a preparation thread. */
-static char *tokenize_answer(struct http_server *h, const char *req, size_t len,
-                             enum tok_mode mode, int *status)
+static char *tokenize_answer(struct http_server *h, const char *req, size_t len, enum tok_mode mode,
+                             int *status)
 {
     struct proto_req pr;
     struct proto_error e;
@@ -1261,8 +1260,8 @@ static void tok_job_run(void *ctx)
     bool gone = j->abandoned;
     pthread_mutex_unlock(&j->mu);
     int status = 500;
-    char *answer = gone ? NULL : tokenize_answer(j->h, j->body ? j->body : "", j->len, j->mode,
-                                                 &status);
+    char *answer =
+        gone ? NULL : tokenize_answer(j->h, j->body ? j->body : "", j->len, j->mode, &status);
     pthread_mutex_lock(&j->mu);
     j->status = status;
     j->answer = answer;
@@ -1277,8 +1276,8 @@ static int handle_tokenize(struct http_server *h, struct h1_conn *c, struct conn
 {
     struct tok_job *j = calloc(1, sizeof *j);
     if (!j) return fail(h, c, cn->route, 500, NULL, NULL, "out of memory");
-    *j = (struct tok_job){.h = h, .c = c, .mode = mode, .body = cn->body, .len = cn->len,
-                          .refs = 2};
+    *j =
+        (struct tok_job){.h = h, .c = c, .mode = mode, .body = cn->body, .len = cn->len, .refs = 2};
     pthread_mutex_init(&j->mu, NULL);
     cn->body = NULL;
     cn->len = cn->cap = 0;
@@ -1307,12 +1306,20 @@ static int tok_job_answer(struct http_server *h, struct h1_conn *c, struct conn 
     return http__send_json(h, c, cn->route, j->status, answer);
 }
 
-static const char *const known_routes[] = {"/v1/completions", "/v1/chat/completions",
-                                           "/v1/models", "/health", "/metrics", "/tokenize",
-                                           "/detokenize", "/version", "/tokenizer_info",
-                                           "/v1/moe/stats", "/dashboard", "/v1/messages",
-                                           "/v1/messages/count_tokens", "/v1/responses"};
-
+static const char *const known_routes[] = {"/v1/completions",
+                                           "/v1/chat/completions",
+                                           "/v1/models",
+                                           "/health",
+                                           "/metrics",
+                                           "/tokenize",
+                                           "/detokenize",
+                                           "/version",
+                                           "/tokenizer_info",
+                                           "/v1/moe/stats",
+                                           "/dashboard",
+                                           "/v1/messages",
+                                           "/v1/messages/count_tokens",
+                                           "/v1/responses"};
 
 /* The token of an "Authorization: Bearer TOKEN" header, or NULL. The scheme name is
  * case-insensitive (RFC 9110 11.1), so "bearer" works as clients send it. */
@@ -1341,8 +1348,9 @@ static int on_head(struct http_server *h, struct h1_conn *c)
     if (strncmp(path, "/v1/responses/", 14) == 0 && path[14]) {
         const char *slash = strchr(path + 14, '/');
         cn->route = !slash ? "/v1/responses/{id}"
-                    : strcmp(slash, "/cancel") == 0 && slash > path + 14 ? "/v1/responses/{id}/cancel"
-                                                                         : "other";
+                    : strcmp(slash, "/cancel") == 0 && slash > path + 14
+                        ? "/v1/responses/{id}/cancel"
+                        : "other";
     }
     const char *route = cn->route, *method = h1_method(c);
     if (strcmp(route, "other") == 0)
@@ -1353,7 +1361,8 @@ static int on_head(struct http_server *h, struct h1_conn *c)
          post = strcmp(method, "POST") == 0;
     bool want_get = is_get_route(route);
     bool stored = strcmp(route, "/v1/responses/{id}") == 0; /* GET, HEAD or DELETE */
-    if (stored ? !(get || strcmp(method, "DELETE") == 0) : (want_get && !get) || (!want_get && !post))
+    if (stored ? !(get || strcmp(method, "DELETE") == 0)
+               : (want_get && !get) || (!want_get && !post))
         return fail(h, c, route, 405, NULL, "method_not_allowed", "method not allowed");
     /* the key as OpenAI's clients send it (Bearer) or Anthropic's (x-api-key), on every route */
     if (h->api_key && strncmp(route, "/v1/", 4) == 0 &&
@@ -1403,10 +1412,10 @@ static int on_end(struct http_server *h, struct h1_conn *c, struct conn *cn)
     const char *route = cn->route;
     int state = atomic_load(&h->state);
     if (strcmp(route, "/health") == 0)
-        return state == HTTP_READY ? http__send_json(h, c, route, 200, strdup("{\"status\":\"ok\"}"))
-                                   : fail(h, c, route, 503, NULL, NULL,
-                                          state == HTTP_LOADING ? "the model is loading"
-                                                                : draining_msg(h));
+        return state == HTTP_READY
+                   ? http__send_json(h, c, route, 200, strdup("{\"status\":\"ok\"}"))
+                   : fail(h, c, route, 503, NULL, NULL,
+                          state == HTTP_LOADING ? "the model is loading" : draining_msg(h));
     if (strcmp(route, "/metrics") == 0) {
         struct sched_stats st;
         if (state != HTTP_LOADING) sched_get_stats(h->s, &st);
@@ -1429,22 +1438,23 @@ static int on_end(struct http_server *h, struct h1_conn *c, struct conn *cn)
     }
     if (strcmp(route, "/v1/models") == 0)
         return http__send_json(h, c, route, 200,
-                         proto_resp_models(h->model_name, h->created, h->cfg.max_model_len));
+                               proto_resp_models(h->model_name, h->created, h->cfg.max_model_len));
     if (strcmp(route, "/v1/models/{id}") == 0) {
         if (strcmp(h1_path(c) + 11, h->model_name) != 0)
             return fail(h, c, route, 404, NULL, "model_not_found", "no such model");
         return http__send_json(h, c, route, 200,
-                         proto_resp_model(h->model_name, h->created, h->cfg.max_model_len));
+                               proto_resp_model(h->model_name, h->created, h->cfg.max_model_len));
     }
-    if (strcmp(route, "/version") == 0) return http__send_json(h, c, route, 200, proto_resp_version());
+    if (strcmp(route, "/version") == 0)
+        return http__send_json(h, c, route, 200, proto_resp_version());
     if (strcmp(route, "/tokenizer_info") == 0) {
         const struct tokenizer *tok = h->m->tok;
         int32_t bos = tok_bos_id(tok), eos = tok_eos_id(tok);
         return http__send_json(h, c, route, 200,
-                         proto_resp_tokenizer_info(bos >= 0 ? tok_token_str(tok, bos) : NULL,
-                                                   eos >= 0 ? tok_token_str(tok, eos) : NULL,
-                                                   h->m->chat_template, h->cfg.max_model_len,
-                                                   tok_vocab_size(tok)));
+                               proto_resp_tokenizer_info(bos >= 0 ? tok_token_str(tok, bos) : NULL,
+                                                         eos >= 0 ? tok_token_str(tok, eos) : NULL,
+                                                         h->m->chat_template, h->cfg.max_model_len,
+                                                         tok_vocab_size(tok)));
     }
     if (strcmp(route, "/tokenize") == 0) return handle_tokenize(h, c, cn, TOK_ENCODE);
     if (strcmp(route, "/detokenize") == 0) return handle_tokenize(h, c, cn, TOK_DECODE);
@@ -1566,8 +1576,8 @@ int http_start(const struct http_config *cfg, struct metrics *mt, struct http_se
                            .read_timeout_s = cfg->read_timeout_s,
                            .cb = {.ctx = h, .on_request = on_request, .on_error = on_error,
                                   .on_done = on_done}};
-    h->store = rstore_create(cfg->response_store_entries, RESPONSE_STORE_BYTES,
-                             cfg->response_store_ttl_s);
+    h->store =
+        rstore_create(cfg->response_store_entries, RESPONSE_STORE_BYTES, cfg->response_store_ttl_s);
     if (!h->store) {
         free(h->host);
         free(h->model_name);

@@ -3,12 +3,12 @@
  * store (GET, DELETE /v1/responses/{id}, POST .../cancel: rstore.h), /v1/models, /health,
  * /metrics, /tokenize, /detokenize), key auth (Bearer or x-api-key), body limits and each
  * API's error responses, protocol errors included. The three generation APIs share one
- * request core (proto/request.h) and differ only in their translation at the edge. HTTP threads (h1's I/O threads) only
- * frame requests and drain request outputs: parsing a generation or tokenize body, rendering
- * the chat template, tokenizing and compiling grammars run on the preparation pool (prep.h),
- * which wakes the connection when its request is submitted or answered. A connection waiting
- * for tokens is parked and woken by the scheduler's notify hook, so no thread waits per
- * connection, and a client that leaves while it waits cancels its request at once.
+ * request core (proto/request.h) and differ only in their translation at the edge. HTTP threads
+ * (h1's I/O threads) only frame requests and drain request outputs: parsing a generation or
+ * tokenize body, rendering the chat template, tokenizing and compiling grammars run on the
+ * preparation pool (prep.h), which wakes the connection when its request is submitted or answered.
+ * A connection waiting for tokens is parked and woken by the scheduler's notify hook, so no thread
+ * waits per connection, and a client that leaves while it waits cancels its request at once.
  *
  * Lifecycle: http_start listens at once and answers 503 until http_set_ready hands it the
  * model and scheduler (they must outlive http_stop). http_set_draining makes new generation

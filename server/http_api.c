@@ -8,7 +8,6 @@
 
 #include "http_int.h"
 
-
 /* How much of the output the API may show: all of it, except that Anthropic's stop sequences
  * stay in the text (include_stop_str) until the output ends, so the longest one's length is
  * held back (on a character boundary) while it runs; at a stop, the sequence it ends with is
@@ -26,7 +25,8 @@ static size_t api_visible(struct gen *g, const char *text, size_t tl, enum sched
         return tl;
     }
     size_t v = tl > g->stop_hold ? tl - g->stop_hold : 0;
-    while (v > 0 && ((unsigned char)text[v] & 0xC0) == 0x80) v--;
+    while (v > 0 && ((unsigned char)text[v] & 0xC0) == 0x80)
+        v--;
     return v;
 }
 
@@ -48,7 +48,8 @@ static char *api_end(struct gen *g, struct ms_buf *out, enum sched_finish fin, b
     sched_req_lock(r);
     int nt = r->out.n_tokens;
     sched_req_unlock(r);
-    struct proto_usage u = {.prompt_tokens = g->prompt_tokens, .completion_tokens = nt,
+    struct proto_usage u = {.prompt_tokens = g->prompt_tokens,
+                            .completion_tokens = nt,
                             .cached_tokens = http__gen_cached_tokens(g)};
     if (g->api == PROTO_API_ANTHROPIC) {
         const char *why = fin == SCHED_FINISH_LENGTH ? "max_tokens"
@@ -93,7 +94,8 @@ static bool in_reasoning(const struct gen *g, const char *text, size_t len)
 {
     if (!(g->tc_flags & TC_THINK)) return false;
     size_t i = 0;
-    while (i < len && (text[i] == ' ' || text[i] == '\n')) i++;
+    while (i < len && (text[i] == ' ' || text[i] == '\n'))
+        i++;
     size_t bl = strlen(TC_THINK_BEGIN), el = strlen(TC_THINK_END);
     bool opened = (g->tc_flags & TC_THINK_OPEN) ||
                   (len - i >= bl && memcmp(text + i, TC_THINK_BEGIN, bl) == 0);
@@ -137,7 +139,8 @@ bool hapi_collect(struct gen *g)
     size_t vis = api_visible(g, r->out.text, r->out.text_len, fin);
     bool fed = !failed && (vis > cs->text_sent || fin != SCHED_FINISH_NONE);
     if (fed) {
-        rc = http__choice_delta(g, cs, r, vis, fin != SCHED_FINISH_NONE, &text, &think, &calls, &n_calls);
+        rc = http__choice_delta(g, cs, r, vis, fin != SCHED_FINISH_NONE, &text, &think, &calls,
+                                &n_calls);
         cs->text_sent = vis;
     }
     struct proto_error e = {0};
@@ -207,9 +210,9 @@ void hapi_cancel_hook(void *ctx)
 {
     struct gen *g = ctx;
     atomic_store(&g->cancelled, true);
-    for (int i = 0; i < g->n; i++) sched_req_cancel(g->h->s, g->reqs[i]);
+    for (int i = 0; i < g->n; i++)
+        sched_req_cancel(g->h->s, g->reqs[i]);
 }
-
 
 /* previous_response_id: the stored conversation (proto_conv_lookup). */
 char *hapi_conv_lookup(void *ctx, const char *id)
@@ -246,7 +249,8 @@ int hapi_stored(struct http_server *h, struct h1_conn *c, const char *route)
         return http__send_json(h, c, route, 200, cancelled);
     }
     if (strcmp(method, "DELETE") == 0) {
-        if (rstore_delete(h->store, id)) return http__send_json(h, c, route, 200, rsp_deleted_body(id));
+        if (rstore_delete(h->store, id))
+            return http__send_json(h, c, route, 200, rsp_deleted_body(id));
         char *running = rstore_response(h->store, id);
         proto_fail(&e, running ? 400 : 404, NULL, running ? "invalid_request" : "not_found",
                    running ? "Response '%s' is in progress: cancel it first."

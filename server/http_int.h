@@ -37,35 +37,34 @@ struct http_server {
     struct h1_server *srv;
     struct metrics *mt;
     atomic_int state;
-    char fail_msg[256];       /* http_set_failed's reason: written once, before state turns */
+    char fail_msg[256]; /* http_set_failed's reason: written once, before state turns */
     const struct model *m;
     struct sched *s;
-    jinja_template *chat;     /* m->chat_template parsed once at ready; NULL if none/invalid */
-    bool chat_object_args;    /* it iterates tool-call arguments: hand them over as objects */
-    bool think;               /* chats have their <think> reasoning split off (tc_reasoning_on) */
-    bool think_special;       /* <think> or </think> is a special token: keep those in the text */
-    struct grm_vocab *gvocab; /* the token trie structured output masks with (built at ready) */
-    struct grm_cache *gcache; /* compiled grammars by text (built at ready) */
-    struct prep_pool *prep;   /* where generation requests are prepared (prep.h) */
-    struct dash *dash;        /* GET /v1/moe/stats (set before ready; NULL: 404) */
-    struct rstore *store;     /* Responses kept for GET and previous_response_id (rstore.h) */
-    char chat_err[MS_ERR_LEN];/* why chat is NULL when the model has a template */
-    enum tc_syntax tc_syn;    /* the tool-call syntax (cfg.tool_parser, else detected at ready) */
+    jinja_template *chat;      /* m->chat_template parsed once at ready; NULL if none/invalid */
+    bool chat_object_args;     /* it iterates tool-call arguments: hand them over as objects */
+    bool think;                /* chats have their <think> reasoning split off (tc_reasoning_on) */
+    bool think_special;        /* <think> or </think> is a special token: keep those in the text */
+    struct grm_vocab *gvocab;  /* the token trie structured output masks with (built at ready) */
+    struct grm_cache *gcache;  /* compiled grammars by text (built at ready) */
+    struct prep_pool *prep;    /* where generation requests are prepared (prep.h) */
+    struct dash *dash;         /* GET /v1/moe/stats (set before ready; NULL: 404) */
+    struct rstore *store;      /* Responses kept for GET and previous_response_id (rstore.h) */
+    char chat_err[MS_ERR_LEN]; /* why chat is NULL when the model has a template */
+    enum tc_syntax tc_syn;     /* the tool-call syntax (cfg.tool_parser, else detected at ready) */
     int port;
     atomic_int active;
     long created;
     atomic_ullong next_id;
 };
 
-
 struct choice_state {
     size_t text_sent;
     int tok_sent;
     bool finish_sent, role_sent;
-    char *echo;          /* completions with echo: the prompt text, sent first */
+    char *echo; /* completions with echo: the prompt text, sent first */
     size_t echo_len;
-    size_t chars_sent;   /* characters (code points) sent, echo included: text_offset */
-    struct tc_stream tcs;/* tool calls: where the output's parsing stands */
+    size_t chars_sent;    /* characters (code points) sent, echo included: text_offset */
+    struct tc_stream tcs; /* tool calls: where the output's parsing stands */
     int calls_sent;
     int prompt_tokens;
 };
@@ -75,29 +74,29 @@ struct gen {
     struct h1_conn *c;
     enum proto_kind kind;
     bool stream, include_usage, logprobs;
-    bool echo_lps;             /* echo + logprobs: the prompt's logprobs lead each choice's */
-    bool plp_field;            /* vLLM prompt_logprobs asked for */
+    bool echo_lps;  /* echo + logprobs: the prompt's logprobs lead each choice's */
+    bool plp_field; /* vLLM prompt_logprobs asked for */
     bool tokens_as_ids;
-    bool tools;                /* chat output to parse: tool calls, harmony channels, <think> */
+    bool tools; /* chat output to parse: tool calls, harmony channels, <think> */
     enum tc_syntax tc_syn;
     unsigned tc_flags;         /* TC_NO_CALLS / TC_THINK / TC_THINK_OPEN */
     struct tc_tools *tc_tools; /* the request's tools, typing XML-style arguments (may be NULL) */
     char id[64];
-    char call_id[80];          /* tool-call ids: "<call_id>_<index>" */
+    char call_id[80]; /* tool-call ids: "<call_id>_<index>" */
     long created;
-    int n;                     /* scheduler requests: prompts x n_per_prompt */
-    int n_per_prompt;          /* requests per prompt: request k belongs to prompt k / n_per_prompt */
-    int n_out;                 /* choices per prompt in the answer (n; best_of picks them) */
-    struct sched_req **reqs;   /* (n) */
-    struct choice_state *cs;   /* (n) */
-    int prompt_tokens;         /* each prompt counted once */
+    int n;                   /* scheduler requests: prompts x n_per_prompt */
+    int n_per_prompt;        /* requests per prompt: request k belongs to prompt k / n_per_prompt */
+    int n_out;               /* choices per prompt in the answer (n; best_of picks them) */
+    struct sched_req **reqs; /* (n) */
+    struct choice_state *cs; /* (n) */
+    int prompt_tokens;       /* each prompt counted once */
     pthread_mutex_t mu;
     uint64_t events;
     bool suspended;
-    struct ms_buf pend;        /* SSE bytes; those from pend_off on not yet handed to h1 */
+    struct ms_buf pend; /* SSE bytes; those from pend_off on not yet handed to h1 */
     size_t pend_off;
     bool usage_sent, done_sent;
-    bool tool_calls;           /* a choice ended in tool calls (the access log's finish reason) */
+    bool tool_calls; /* a choice ended in tool calls (the access log's finish reason) */
     /* Preparation on the pool (gen_prepare): the body, taken from the connection, is parsed
      * and submitted there; the connection stays pending until the job wakes it. Under mu:
      * refs (the connection's and the job's), prepared (the job is done: prep_rc, prep_err,
@@ -119,15 +118,14 @@ struct gen {
     char *stop[PROTO_MAX_STOP];
     int n_stop;
     size_t stop_hold;
-    const char *stop_hit;      /* the stop sequence that ended the output, or NULL */
-    bool store;                /* Responses: kept in h->store (running: with a cancel hook) */
-    bool stored_final;         /* its final object is in the store */
-    char *conv_json;           /* Responses: the conversation before this response */
-    atomic_bool cancelled;     /* POST /v1/responses/{id}/cancel stopped it */
-    int think_budget;          /* Anthropic thinking.budget_tokens (0: none) */
-    bool budget_hit;           /* the reasoning reached it: the choice was stopped there */
+    const char *stop_hit;  /* the stop sequence that ended the output, or NULL */
+    bool store;            /* Responses: kept in h->store (running: with a cancel hook) */
+    bool stored_final;     /* its final object is in the store */
+    char *conv_json;       /* Responses: the conversation before this response */
+    atomic_bool cancelled; /* POST /v1/responses/{id}/cancel stopped it */
+    int think_budget;      /* Anthropic thinking.budget_tokens (0: none) */
+    bool budget_hit;       /* the reasoning reached it: the choice was stopped there */
 };
-
 
 /* --- http.c's helpers ------------------------------------------------------------------- */
 
@@ -145,8 +143,8 @@ void http__gen_observe_max(struct gen *g);
 /* Queues an SSE frame (malloc'd, taken) behind the bytes not yet sent. */
 bool http__pend_add(struct gen *g, char *frame);
 /* A choice's new text (and reasoning, calls) up to tl, under r's lock. 0 or -1. */
-int http__choice_delta(struct gen *g, struct choice_state *cs, const struct sched_req *r,
-                       size_t tl, bool final, struct ms_buf *text, struct ms_buf *reasoning,
+int http__choice_delta(struct gen *g, struct choice_state *cs, const struct sched_req *r, size_t tl,
+                       bool final, struct ms_buf *text, struct ms_buf *reasoning,
                        struct tc_call **calls, int *n_calls);
 
 /* --- http_api.c: the Messages and Responses APIs' output and the Responses store -------- */

@@ -12,7 +12,7 @@ struct entry {
     struct entry *prev, *next; /* prev: newer, next: older */
     char *id, *response, *conv;
     size_t bytes;
-    double written;            /* ms_now() of the last put */
+    double written; /* ms_now() of the last put */
     void (*cancel)(void *ctx);
     void *cancel_ctx;
 };
@@ -38,10 +38,14 @@ struct rstore *rstore_create(int max_entries, size_t max_bytes, double ttl_s)
 
 static void unlink_entry(struct rstore *s, struct entry *e)
 {
-    if (e->prev) e->prev->next = e->next;
-    else s->newest = e->next;
-    if (e->next) e->next->prev = e->prev;
-    else s->oldest = e->prev;
+    if (e->prev)
+        e->prev->next = e->next;
+    else
+        s->newest = e->next;
+    if (e->next)
+        e->next->prev = e->prev;
+    else
+        s->oldest = e->prev;
     s->n--;
     s->bytes -= e->bytes;
 }
@@ -112,8 +116,10 @@ int rstore_put(struct rstore *s, const char *id, const char *response, const cha
         entry_free(old);
     }
     e->next = s->newest;
-    if (s->newest) s->newest->prev = e;
-    else s->oldest = e;
+    if (s->newest)
+        s->newest->prev = e;
+    else
+        s->oldest = e;
     s->newest = e;
     s->n++;
     s->bytes += e->bytes;

@@ -21,9 +21,10 @@ static char *lookup(void *ctx, const char *id)
 {
     (void)ctx;
     if (strcmp(id, "resp_x") != 0) return NULL;
-    return strdup("[{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"assistant\",\"content\":\"\","
-                  "\"tool_calls\":[{\"id\":\"call_1\",\"type\":\"function\",\"function\":"
-                  "{\"name\":\"f\",\"arguments\":\"{}\"}}]}]");
+    return strdup(
+        "[{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"assistant\",\"content\":\"\","
+        "\"tool_calls\":[{\"id\":\"call_1\",\"type\":\"function\",\"function\":"
+        "{\"name\":\"f\",\"arguments\":\"{}\"}}]}]");
 }
 
 /* The output side of an API, fed the body's own bytes. */

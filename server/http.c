@@ -260,9 +260,11 @@ static int render_chat(const struct http_server *h, const struct proto_req *pr, 
 
 /* --- generation ---------------------------------------------------------------------------- */
 
+/* The scheduler thread, with the request's lock held, after new output was published. */
 static void gen_notify(void *ctx)
 {
     struct gen *g = ctx;
+    hapi_check_budget(g); /* at the token that reaches it: the budget is kept to a step */
     pthread_mutex_lock(&g->mu);
     g->events++;
     if (g->suspended && !g->abandoned) {
@@ -1094,6 +1096,7 @@ static int handle_generate(struct http_server *h, struct h1_conn *c, struct conn
     snprintf(g->call_id, sizeof g->call_id, "%s%s", api == PROTO_API_ANTHROPIC ? "toolu_" : "call_",
              uniq);
     atomic_init(&g->cancelled, false);
+    atomic_init(&g->budget_hit, false);
     pthread_mutex_init(&g->mu, NULL);
     atomic_fetch_add(&h->active, 1);
     g->body = cn->body;
@@ -1143,7 +1146,6 @@ static int gen_poll(struct http_server *h, struct h1_conn *c, struct conn *cn)
     struct gen *g = cn->g;
     for (;;) {
         uint64_t seen = gen_events(g);
-        hapi_check_budget(g);
         if (gen_all_finished(g)) break;
         if (gen_suspend(g, seen)) return 0; /* pending until gen_notify */
     }

@@ -109,14 +109,12 @@ static bool in_reasoning(const struct gen *g, const char *text, size_t len)
  * is stopped there, and reported as max_tokens (its budget ran out). Called at each wake. */
 void hapi_check_budget(struct gen *g)
 {
-    if (g->think_budget <= 0 || g->budget_hit || g->n < 1) return;
-    struct sched_req *r = g->reqs[0];
-    sched_req_lock(r);
-    bool over = r->out.finish == SCHED_FINISH_NONE && r->out.n_tokens >= g->think_budget &&
-                in_reasoning(g, r->out.text, r->out.text_len);
-    sched_req_unlock(r);
-    if (!over) return;
-    g->budget_hit = true;
+    if (g->think_budget <= 0 || atomic_load(&g->budget_hit) || g->n < 1) return;
+    struct sched_req *r = g->reqs[0]; /* locked by the caller */
+    if (r->out.finish != SCHED_FINISH_NONE || r->out.n_tokens < g->think_budget ||
+        !in_reasoning(g, r->out.text, r->out.text_len))
+        return;
+    atomic_store(&g->budget_hit, true);
     sched_req_cancel(g->h->s, r);
 }
 
@@ -127,14 +125,13 @@ bool hapi_collect(struct gen *g)
     struct choice_state *cs = &g->cs[0];
     struct sched_req *r = g->reqs[0];
     if (g->done_sent) return false;
-    hapi_check_budget(g);
     struct ms_buf out = {0}, text = {0}, think = {0};
     struct tc_call *calls = NULL;
     int n_calls = 0, rc = 0;
     bool cancelled = atomic_load(&g->cancelled);
     sched_req_lock(r);
     enum sched_finish fin = r->out.finish;
-    if (fin == SCHED_FINISH_ABORT && g->budget_hit) fin = SCHED_FINISH_LENGTH;
+    if (fin == SCHED_FINISH_ABORT && atomic_load(&g->budget_hit)) fin = SCHED_FINISH_LENGTH;
     bool failed = fin == SCHED_FINISH_ERROR || (fin == SCHED_FINISH_ABORT && !cancelled);
     size_t vis = api_visible(g, r->out.text, r->out.text_len, fin);
     bool fed = !failed && (vis > cs->text_sent || fin != SCHED_FINISH_NONE);
@@ -180,7 +177,7 @@ char *hapi_body(struct gen *g, int *status, struct proto_error *e)
     struct sched_req *r = g->reqs[0]; /* finished: read unlocked */
     enum sched_finish f = r->out.finish;
     *status = 200;
-    if (f == SCHED_FINISH_ABORT && g->budget_hit) f = SCHED_FINISH_LENGTH;
+    if (f == SCHED_FINISH_ABORT && atomic_load(&g->budget_hit)) f = SCHED_FINISH_LENGTH;
     if (f == SCHED_FINISH_ERROR || (f == SCHED_FINISH_ABORT && !atomic_load(&g->cancelled))) {
         proto_fail(e, f == SCHED_FINISH_ERROR ? 500 : 503, NULL, NULL, "generation failed: %s",
                    f == SCHED_FINISH_ERROR ? r->out.error : "the request was aborted");

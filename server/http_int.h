@@ -124,7 +124,7 @@ struct gen {
     char *conv_json;       /* Responses: the conversation before this response */
     atomic_bool cancelled; /* POST /v1/responses/{id}/cancel stopped it */
     int think_budget;      /* Anthropic thinking.budget_tokens (0: none) */
-    bool budget_hit;       /* the reasoning reached it: the choice was stopped there */
+    atomic_bool budget_hit;       /* the reasoning reached it: the choice was stopped there */
 };
 
 /* --- http.c's helpers ------------------------------------------------------------------- */
@@ -154,7 +154,8 @@ int http__choice_delta(struct gen *g, struct choice_state *cs, const struct sche
 bool hapi_collect(struct gen *g);
 /* The non-streamed body once the choice finished (NULL with *status and e on failure). */
 char *hapi_body(struct gen *g, int *status, struct proto_error *e);
-/* Anthropic's thinking budget: stops a choice whose open reasoning reached it. */
+/* Anthropic's thinking budget: stops a choice whose open reasoning reached it. From the
+ * notify hook: the scheduler thread, the choice's lock held. */
 void hapi_check_budget(struct gen *g);
 /* The store's cancel hook of a running response (rstore_set_cancel). */
 void hapi_cancel_hook(void *ctx);

@@ -449,6 +449,44 @@ static int get_thinking(json_t *in, json_t *out, bool count_only, struct proto_r
     return 0;
 }
 
+/* output_config: {format: {type: json_schema, schema}} (structured output through the grammar
+ * sampler) and effort (the template's reasoning_effort; only low, medium and high). */
+static int get_output_config(json_t *in, json_t *out, struct proto_error *e)
+{
+    json_t *oc = json_object_get(in, "output_config");
+    if (!oc || json_is_null(oc)) return 0;
+    if (!json_is_object(oc))
+        return proto_fail(e, 400, "output_config", "invalid_type",
+                          "output_config: must be an object");
+    static const char *const keys[] = {"format", "effort"};
+    if (edge_keys(oc, "output_config", keys, 2, e) != 0) return -1;
+    json_t *eff = json_object_get(oc, "effort");
+    if (eff && !json_is_null(eff)) {
+        const char *v = json_string_value(eff);
+        if (!v || (strcmp(v, "low") != 0 && strcmp(v, "medium") != 0 && strcmp(v, "high") != 0))
+            return proto_fail(e, 400, "output_config.effort", "invalid_value",
+                              "output_config.effort: must be low, medium or high here");
+        json_object_set(out, "reasoning_effort", eff);
+    }
+    json_t *f = json_object_get(oc, "format");
+    if (!f || json_is_null(f)) return 0;
+    static const char *const fkeys[] = {"type", "schema"};
+    const char *type = json_string_value(json_object_get(f, "type"));
+    if (!json_is_object(f) || !type || strcmp(type, "json_schema") != 0 ||
+        !json_is_object(json_object_get(f, "schema")))
+        return proto_fail(e, 400, "output_config.format", "invalid_value",
+                          "output_config.format: must be {\"type\": \"json_schema\", \"schema\": "
+                          "{...}}");
+    if (edge_keys(f, "output_config.format", fkeys, 2, e) != 0) return -1;
+    json_t *js = json_object(), *rf = json_object();
+    json_object_set_new(js, "name", json_string("output"));
+    json_object_set(js, "schema", json_object_get(f, "schema"));
+    json_object_set_new(rf, "type", json_string("json_schema"));
+    json_object_set_new(rf, "json_schema", js);
+    json_object_set_new(out, "response_format", rf);
+    return 0;
+}
+
 int anth_to_chat(json_t *in, bool count_only, struct proto_req *r, json_t **out,
                  struct proto_error *e)
 {
@@ -517,8 +555,9 @@ int anth_to_chat(json_t *in, bool count_only, struct proto_req *r, json_t **out,
         }
     }
     if (get_tools(in, c, e) != 0 || get_tool_choice(in, c, e) != 0 ||
-        get_thinking(in, c, count_only, r, e) != 0)
+        get_thinking(in, c, count_only, r, e) != 0 || get_output_config(in, c, e) != 0)
         goto fail;
+    if (count_only) json_object_del(c, "response_format"); /* the prompt is all that counts */
     *out = c;
     return 0;
 fail:

@@ -121,7 +121,7 @@ const struct proto_field proto_fields[] = {
     {"thread", MSG, UNSUP, "false"}, /* server-side threads are not kept */
     {"speed", MSG, UNSUP, "\"standard\""},
     {"diagnostics", MSG, UNSUP, NULL},
-    {"output_config", MSG | MSGC, UNSUP, NULL},
+    {"output_config", MSG | MSGC, IMPL, NULL}, /* format: response_format; effort */
     {"mcp_servers", MSG | MSGC, UNSUP, "[]"},
     {"context_management", MSG | MSGC, UNSUP, NULL},
     /* OpenAI Responses (proto/responses.c) */
@@ -1032,7 +1032,12 @@ void proto_req_free(struct proto_req *r)
 struct rename {
     const char *chat, *api;
 };
-static const struct rename anth_names[] = {{"stop", "stop_sequences"}};
+static const struct rename anth_names[] = {
+    {"stop", "stop_sequences"},
+    {"response_format.json_schema.schema", "output_config.format.schema"},
+    {"response_format", "output_config.format"},
+    {"reasoning_effort", "output_config.effort"},
+};
 static const struct rename rsp_names[] = {
     {"max_tokens", "max_output_tokens"},
     {"messages", "input"},

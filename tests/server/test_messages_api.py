@@ -33,6 +33,9 @@ TOOLS = [{"name": "get_weather", "description": "Weather", "input_schema": WEATH
          {"name": "add", "description": "Adds two integers", "input_schema": ADD}]
 SCHEMAS = {"get_weather": WEATHER, "add": ADD}
 USER = [{"role": "user", "content": "ROMEO:"}]
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                           "age": {"type": "integer"}},
+          "required": ["name", "age"], "additionalProperties": False}
 
 
 def events(raw):
@@ -133,6 +136,29 @@ class MessagesTest(unittest.TestCase):
             uses = [b for b in m.content if b.type == "tool_use"]
             self.assertEqual(len(uses), 1, seed)
             self.check_tool(uses[0])
+
+    def test_output_format_many_seeds(self):
+        fmt = {"format": {"type": "json_schema", "schema": PERSON}}
+        for seed in range(8):
+            m = self.client.messages.create(model=NAME, max_tokens=200, messages=USER,
+                                            output_config=fmt,
+                                            extra_body={"seed": seed, "temperature": 1})
+            self.assertEqual(m.stop_reason, "end_turn", seed)
+            jsonschema.validate(json.loads(m.content[0].text), PERSON)
+        st, _, out = self.post("/v1/messages", {"max_tokens": 4, "messages": USER,
+                                                "output_config": {"format": {
+                                                    "type": "json_schema",
+                                                    "schema": {"type": "object", "not": {}}}}})
+        self.assertEqual(st, 400, out)
+        self.assertTrue(out["error"]["message"].startswith("output_config.format"), out)
+
+    def test_limits_in_anthropic_shape(self):
+        st, _, out = self.post("/v1/messages", {"max_tokens": 4, "messages": USER,
+                                                "system": "x" * (1 << 20)})
+        self.assertEqual(st, 413)
+        self.assertEqual(out["error"]["type"], "request_too_large")
+        # the access log has a line per request of these routes
+        srvtest.wait_until(lambda: "/v1/messages" in self.srv.output(), 10, "an access-log line")
 
     def test_streamed_tool_use(self):
         with self.client.messages.stream(model=NAME, max_tokens=200, messages=USER, tools=TOOLS,

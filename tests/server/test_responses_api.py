@@ -138,6 +138,15 @@ class ResponsesTest(unittest.TestCase):
         self.assertIn("response.function_call_arguments.delta", kinds)
         self.call_of(final)
 
+    def test_forced_tools_many_seeds(self):
+        for seed in range(8):
+            r = self.client.responses.create(model=NAME, input="What is 2 + 3?", tools=TOOLS,
+                                             tool_choice="required", parallel_tool_calls=False,
+                                             max_output_tokens=200, temperature=1,
+                                             extra_body={"seed": seed})
+            self.assertEqual(r.status, "completed", seed)
+            self.call_of(r)
+
     def test_json_schema_many_seeds(self):
         for seed in range(8):
             r = self.client.responses.create(

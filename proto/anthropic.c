@@ -300,6 +300,15 @@ static int get_messages(json_t *in, json_t *msgs, struct proto_error *e)
         }
     }
     json_decref(ids);
+    /* Anthropic continues a final assistant message (prefill); the chat core cannot continue a
+     * rendered turn (continue_final_message is not built), so it is refused, not answered anew */
+    size_t last = json_array_size(m) - 1;
+    const char *role = json_string_value(json_object_get(json_array_get(m, last), "role"));
+    if (role && strcmp(role, "assistant") == 0)
+        return proto_fail(e, 400, "messages", "unsupported_value",
+                          "messages[%zu]: a final assistant message (a prefill to continue) is "
+                          "not supported by this server",
+                          last);
     return 0;
 fail:
     json_decref(ids);

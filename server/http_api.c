@@ -82,6 +82,17 @@ static char *api_end(struct gen *g, struct ms_buf *out, enum sched_finish fin, b
     return final;
 }
 
+/* A stored response that failed: kept as such (not left in progress, nor cancellable). */
+static void store_failed(struct gen *g)
+{
+    if (!g->store || g->stored_final) return;
+    char *snap = rsp_stream_snapshot(&g->rs, "failed");
+    if (snap) rstore_put(g->h->store, g->id, snap, NULL);
+    free(snap);
+    rstore_clear_cancel(g->h->store, g->id);
+    g->stored_final = true;
+}
+
 /* The error event of a stream that failed after its headers went out. */
 static char *api_error_frame(struct gen *g, const struct proto_error *e)
 {
@@ -157,6 +168,7 @@ bool hapi_collect(struct gen *g)
     }
     if (fin != SCHED_FINISH_NONE) {
         if (failed) {
+            store_failed(g);
             http__pend_add(g, api_error_frame(g, &e));
         } else {
             free(api_end(g, &out, fin, cs->calls_sent > 0));
@@ -182,6 +194,7 @@ char *hapi_body(struct gen *g, int *status, struct proto_error *e)
         proto_fail(e, f == SCHED_FINISH_ERROR ? 500 : 503, NULL, NULL, "generation failed: %s",
                    f == SCHED_FINISH_ERROR ? r->out.error : "the request was aborted");
         *status = e->status;
+        store_failed(g);
         return NULL;
     }
     size_t vis = api_visible(g, r->out.text, r->out.text_len, f);

@@ -254,6 +254,8 @@ class MessagesTest(unittest.TestCase):
                 ({"max_tokens": 4, "messages": USER, "tools": [
                     {"type": "web_search_20250305", "name": "web_search"}]}, "tools[0]"),
                 ({"max_tokens": 4, "messages": USER, "temperature": 500}, "temperature"),
+                ({"max_tokens": 4, "messages": USER + [{"role": "assistant", "content": "Once"}]},
+                 "messages[1]"),
                 ({"max_tokens": 4, "messages": USER, "stop_sequences": "x"}, "stop_sequences"),
                 ({"max_tokens": 4, "messages": USER, "thinking": {"type": "enabled",
                                                                  "budget_tokens": 2000}},

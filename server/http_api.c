@@ -74,9 +74,11 @@ static char *api_end(struct gen *g, struct ms_buf *out, enum sched_finish fin, b
                                  reasoning_tokens);
     if (final && g->store) {
         char *conv = rsp_stream_conversation(&g->rs, g->conv_json);
-        rstore_put(g->h->store, g->id, final, conv);
+        bool kept = conv && rstore_put(g->h->store, g->id, final, conv) == 0;
         free(conv);
         rstore_clear_cancel(g->h->store, g->id);
+        /* too large for the store (or out of memory): gone, rather than left in progress */
+        if (!kept) rstore_delete(g->h->store, g->id);
         g->stored_final = true;
     }
     return final;

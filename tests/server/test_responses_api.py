@@ -244,6 +244,36 @@ class ResponsesTest(unittest.TestCase):
         self.assertEqual(cm.exception.body["param"], "max_output_tokens")
 
 
+@unittest.skipIf(openai is None, "openai is needed (tools/setup.sh)")
+class StoreBoundsTest(unittest.TestCase):
+    """--response-store-size evicts the oldest finished responses; --response-store-ttl
+    expires them; size 0 stores nothing."""
+
+    def test_size_and_ttl(self):
+        with srvtest.Server("--response-store-size", "2", "--response-store-ttl", "2",
+                            model=srvtest.bundled_model(), name=NAME) as srv:
+            client = openai.OpenAI(base_url=srv.base + "/v1", api_key="none", max_retries=0)
+            ids = [client.responses.create(model=NAME, input="ROMEO:", max_output_tokens=2).id
+                   for _ in range(3)]
+            with self.assertRaises(openai.NotFoundError):
+                client.responses.retrieve(ids[0])
+            self.assertEqual([client.responses.retrieve(i).id for i in ids[1:]], ids[1:])
+
+            def expired():
+                try:
+                    client.responses.retrieve(ids[2])
+                    return False
+                except openai.NotFoundError:
+                    return True
+            srvtest.wait_until(expired, 30, "the stored response to expire", interval=0.2)
+        with srvtest.Server("--response-store-size", "0", model=srvtest.bundled_model(),
+                            name=NAME) as srv:
+            client = openai.OpenAI(base_url=srv.base + "/v1", api_key="none", max_retries=0)
+            r = client.responses.create(model=NAME, input="ROMEO:", max_output_tokens=2)
+            with self.assertRaises(openai.NotFoundError):
+                client.responses.retrieve(r.id)
+
+
 @unittest.skipIf(openai is None or agents is None, "openai-agents is needed (tools/setup.sh)")
 class AgentsTest(unittest.TestCase):
     @classmethod

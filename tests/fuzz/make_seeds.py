@@ -37,7 +37,7 @@ def http_seeds():
         b"\r\n\r\nabc",
         b"GET / HTTP/1.1\r\nHost : x\r\nX: a\r\n b\r\n\r\n",
         b"POST /v1/messages?beta=true HTTP/1.1\r\nHost: x\r\nx-api-key: k\r\n"
-        b"anthropic-version: 2023-06-01\r\nContent-Length: 57\r\n\r\n"
+        b"anthropic-version: 2023-06-01\r\nContent-Length: 66\r\n\r\n"
         b'{"max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}',
         b"DELETE /v1/responses/resp_1 HTTP/1.1\r\nHost: x\r\n\r\n",
         b"POST /v1/responses/resp_1/cancel HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n",

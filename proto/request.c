@@ -13,6 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "proto/anthropic.h"
+#include "proto/responses.h"
+
 int proto_fail(struct proto_error *e, int status, const char *param, const char *code,
                const char *fmt, ...)
 {
@@ -50,46 +53,53 @@ const char *proto_error_type(int status)
 #define TOK PROTO_K_TOK
 #define TOKC PROTO_K_TOK_CHAT
 #define DETOK PROTO_K_DETOK
+#define MSG   PROTO_K_MSG
+#define MSGC  PROTO_K_MSGC
+#define RESP  PROTO_K_RESP
+/* moeserve's and vLLM's extras that the Messages and Responses routes take too: translated
+ * unchanged into the chat request, so they act exactly as on chat completions */
+#define XTRA  (MSG | RESP)
 #define IMPL PROTO_FIELD_IMPL
 #define NOOP PROTO_FIELD_NOOP
 #define UNSUP PROTO_FIELD_UNSUP
 
 const struct proto_field proto_fields[] = {
     /* OpenAI, both endpoints */
-    {"model", BOTH | TOK | TOKC | DETOK, IMPL, NULL},
-    {"frequency_penalty", BOTH, IMPL, NULL},
-    {"presence_penalty", BOTH, IMPL, NULL},
+    {"model", BOTH | TOK | TOKC | DETOK | MSG | MSGC | RESP, IMPL, NULL},
+    {"frequency_penalty", BOTH | XTRA, IMPL, NULL},
+    {"presence_penalty", BOTH | XTRA, IMPL, NULL},
     {"logit_bias", BOTH, IMPL, NULL},
     {"logprobs", BOTH, IMPL, NULL},
-    {"max_tokens", BOTH, IMPL, NULL},
+    {"max_tokens", BOTH | MSG, IMPL, NULL},
     {"n", BOTH, IMPL, NULL},
-    {"seed", BOTH, IMPL, NULL},
+    {"seed", BOTH | XTRA, IMPL, NULL},
     {"stop", BOTH, IMPL, NULL},
-    {"stream", BOTH, IMPL, NULL},
+    {"stream", BOTH | MSG | RESP, IMPL, NULL},
     {"stream_options", BOTH, IMPL, NULL},
-    {"temperature", BOTH, IMPL, NULL},
-    {"top_p", BOTH, IMPL, NULL},
+    {"temperature", BOTH | MSG | RESP, IMPL, NULL},
+    {"top_p", BOTH | MSG | RESP, IMPL, NULL},
     {"best_of", BOTH, IMPL, NULL},
     {"response_format", BOTH, IMPL, NULL},
-    /* OpenAI, accepted with no effect on the output (the allow-list in README.md) */
-    {"user", BOTH, NOOP, NULL},
-    {"metadata", BOTH, NOOP, NULL},
+    /* OpenAI, accepted with no effect on the output (the allow-list in README.md); Anthropic's
+     * `metadata` (a user id) and `service_tier` too */
+    {"user", BOTH | RESP, NOOP, NULL},
+    {"metadata", BOTH | MSG, NOOP, NULL},
     {"store", BOTH, NOOP, NULL},
-    {"service_tier", BOTH, NOOP, NULL},
-    {"safety_identifier", BOTH, NOOP, NULL},
-    {"prompt_cache_key", BOTH, NOOP, NULL},
-    {"prompt_cache_retention", BOTH, NOOP, NULL},
+    {"service_tier", BOTH | MSG | RESP, NOOP, NULL},
+    {"safety_identifier", BOTH | RESP, NOOP, NULL},
+    {"prompt_cache_key", BOTH | RESP, NOOP, NULL},
+    {"prompt_cache_retention", BOTH | RESP, NOOP, NULL},
     /* OpenAI completions */
     {"prompt", CMPL | TOK, IMPL, NULL},
     {"echo", CMPL, IMPL, NULL},
     {"suffix", CMPL, UNSUP, "\"\""},
-    /* OpenAI chat */
-    {"messages", CHAT | TOKC, IMPL, NULL},
+    /* OpenAI chat (and the Messages API's messages, tools and tool_choice, translated) */
+    {"messages", CHAT | TOKC | MSG | MSGC, IMPL, NULL},
     {"max_completion_tokens", CHAT, IMPL, NULL},
     {"top_logprobs", CHAT, IMPL, NULL},
-    {"tools", CHAT | TOKC, IMPL, NULL},
-    {"tool_choice", CHAT | TOKC, IMPL, NULL},
-    {"parallel_tool_calls", CHAT | TOKC, IMPL, NULL},
+    {"tools", CHAT | TOKC | MSG | MSGC | RESP, IMPL, NULL},
+    {"tool_choice", CHAT | TOKC | MSG | MSGC | RESP, IMPL, NULL},
+    {"parallel_tool_calls", CHAT | TOKC | RESP, IMPL, NULL},
     {"functions", CHAT, UNSUP, "[]"},
     {"function_call", CHAT, UNSUP, NULL},
     {"audio", CHAT, UNSUP, NULL},
@@ -98,12 +108,45 @@ const struct proto_field proto_fields[] = {
     {"reasoning_effort", CHAT | TOKC, IMPL, NULL}, /* to templates that take it (gpt-oss) */
     {"web_search_options", CHAT, UNSUP, NULL},
     {"verbosity", CHAT, UNSUP, NULL},
+    /* Anthropic Messages (proto/anthropic.c) */
+    {"system", MSG | MSGC, IMPL, NULL},
+    {"stop_sequences", MSG, IMPL, NULL},
+    {"thinking", MSG | MSGC, IMPL, NULL}, /* the template's enable_thinking */
+    {"container", MSG, UNSUP, NULL},
+    /* caching hints (the prefix cache is automatic) and account bookkeeping: no effect */
+    {"cache_control", MSG | MSGC, NOOP, NULL},
+    {"inference_geo", MSG, NOOP, NULL},
+    {"user_profile_id", MSG | MSGC, NOOP, NULL},
+    {"workspace_id", MSG | MSGC, NOOP, NULL},
+    {"thread", MSG, UNSUP, "false"}, /* server-side threads are not kept */
+    {"speed", MSG, UNSUP, "\"standard\""},
+    {"diagnostics", MSG, UNSUP, NULL},
+    {"output_config", MSG | MSGC, IMPL, NULL}, /* format: response_format; effort */
+    {"mcp_servers", MSG | MSGC, UNSUP, "[]"},
+    {"context_management", MSG | MSGC, UNSUP, NULL},
+    /* OpenAI Responses (proto/responses.c) */
+    {"input", RESP, IMPL, NULL},
+    {"instructions", RESP, IMPL, NULL},
+    {"max_output_tokens", RESP, IMPL, NULL},
+    {"text", RESP, IMPL, NULL},      /* format: response_format; verbosity refused inside */
+    {"reasoning", RESP, IMPL, NULL}, /* effort: reasoning_effort; summary refused inside */
+    {"store", RESP, IMPL, NULL},     /* kept for GET and previous_response_id (default true) */
+    {"previous_response_id", RESP, IMPL, NULL},
+    {"metadata", RESP, IMPL, NULL}, /* repeated in the response object and stored with it */
+    {"include", RESP, UNSUP, "[]"},
+    {"background", RESP, UNSUP, "false"},
+    {"truncation", RESP, UNSUP, "\"disabled\""},
+    {"top_logprobs", RESP, UNSUP, "0"},
+    {"max_tool_calls", RESP, UNSUP, NULL},
+    {"prompt", RESP, UNSUP, NULL},
+    {"conversation", RESP, UNSUP, NULL},
+    {"stream_options", RESP, UNSUP, NULL},
     /* vLLM's sampling and output extras, both endpoints */
-    {"top_k", BOTH, IMPL, NULL},
-    {"min_p", BOTH, IMPL, NULL},
-    {"repetition_penalty", BOTH, IMPL, NULL},
-    {"ignore_eos", BOTH, IMPL, NULL},
-    {"min_tokens", BOTH, IMPL, NULL},
+    {"top_k", BOTH | XTRA, IMPL, NULL},
+    {"min_p", BOTH | XTRA, IMPL, NULL},
+    {"repetition_penalty", BOTH | XTRA, IMPL, NULL},
+    {"ignore_eos", BOTH | XTRA, IMPL, NULL},
+    {"min_tokens", BOTH | XTRA, IMPL, NULL},
     {"stop_token_ids", BOTH, IMPL, NULL},
     {"include_stop_str_in_output", BOTH, IMPL, NULL},
     {"skip_special_tokens", BOTH, IMPL, NULL},
@@ -115,7 +158,7 @@ const struct proto_field proto_fields[] = {
     {"truncate_prompt_tokens", BOTH, IMPL, NULL},
     {"return_tokens_as_token_ids", BOTH, IMPL, NULL},
     {"add_special_tokens", BOTH | TOK | TOKC, IMPL, NULL},
-    {"cache_salt", BOTH, IMPL, NULL},
+    {"cache_salt", BOTH | XTRA, IMPL, NULL},
     {"guided_json", BOTH, IMPL, NULL},
     {"guided_regex", BOTH, IMPL, NULL},
     {"guided_choice", BOTH, IMPL, NULL},
@@ -136,7 +179,7 @@ const struct proto_field proto_fields[] = {
     {"prompt_embeds", CMPL, UNSUP, NULL},
     /* vLLM chat */
     {"add_generation_prompt", CHAT | TOKC, IMPL, NULL},
-    {"chat_template_kwargs", CHAT | TOKC, IMPL, NULL},
+    {"chat_template_kwargs", CHAT | TOKC | XTRA | MSGC, IMPL, NULL},
     {"continue_final_message", CHAT | TOKC, UNSUP, "false"},
     {"chat_template", CHAT | TOKC, UNSUP, NULL},
     {"documents", CHAT, UNSUP, NULL},
@@ -145,11 +188,11 @@ const struct proto_field proto_fields[] = {
     /* vLLM detokenize */
     {"tokens", DETOK, IMPL, NULL},
     /* moeserve */
-    {"moe_top_k", BOTH, IMPL, NULL},
-    {"moe_tag", BOTH, IMPL, NULL},
-    {"moe_samples", BOTH, IMPL, NULL},
-    {"moe_neuron_fraction", BOTH, IMPL, NULL},
-    {"moe_samples_adaptive", BOTH, IMPL, NULL},
+    {"moe_top_k", BOTH | XTRA, IMPL, NULL},
+    {"moe_tag", BOTH | XTRA, IMPL, NULL},
+    {"moe_samples", BOTH | XTRA, IMPL, NULL},
+    {"moe_neuron_fraction", BOTH | XTRA, IMPL, NULL},
+    {"moe_samples_adaptive", BOTH | XTRA, IMPL, NULL},
 };
 const int proto_n_fields = (int)(sizeof proto_fields / sizeof *proto_fields);
 
@@ -977,5 +1020,125 @@ void proto_req_free(struct proto_req *r)
     free(r->tool_choice_name);
     free(r->template_kwargs_json);
     free(r->reasoning_effort);
+    free(r->previous_response_id);
+    free(r->echo_json);
+    free(r->conv_json);
     memset(r, 0, sizeof *r);
+}
+
+/* --- the other APIs, translated at the edge -------------------------------------------------- */
+
+/* The chat core's field names as each API spells them (errors name what the client sent). */
+struct rename {
+    const char *chat, *api;
+};
+static const struct rename anth_names[] = {
+    {"stop", "stop_sequences"},
+    {"response_format.json_schema.schema", "output_config.format.schema"},
+    {"response_format", "output_config.format"},
+    {"reasoning_effort", "output_config.effort"},
+};
+static const struct rename rsp_names[] = {
+    {"max_tokens", "max_output_tokens"},
+    {"messages", "input"},
+    {"response_format.json_schema.schema", "text.format.schema"},
+    {"response_format.json_schema.strict", "text.format.strict"},
+    {"response_format.json_schema.name", "text.format.name"},
+    {"response_format.json_schema", "text.format"},
+    {"response_format.type", "text.format.type"},
+    {"response_format", "text.format"},
+    {"reasoning_effort", "reasoning.effort"},
+};
+
+static bool ident_char(char c)
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+           c == '.';
+}
+
+/* Replaces whole-word occurrences of from by to in s (of capacity cap). */
+static void replace_word(char *s, size_t cap, const char *from, const char *to)
+{
+    size_t fl = strlen(from), tl = strlen(to);
+    char out[512];
+    size_t o = 0;
+    for (size_t i = 0; s[i] && o + 1 < sizeof out;) {
+        if (strncmp(s + i, from, fl) == 0 && (i == 0 || !ident_char(s[i - 1])) &&
+            !ident_char(s[i + fl])) {
+            for (size_t k = 0; k < tl && o + 1 < sizeof out; k++)
+                out[o++] = to[k];
+            i += fl;
+        } else {
+            out[o++] = s[i++];
+        }
+    }
+    out[o] = '\0';
+    if (o >= cap) o = cap - 1;
+    memcpy(s, out, o);
+    s[o] = '\0';
+}
+
+void proto_error_remap(enum proto_api api, struct proto_error *e)
+{
+    const struct rename *t = api == PROTO_API_ANTHROPIC   ? anth_names
+                             : api == PROTO_API_RESPONSES ? rsp_names
+                                                          : NULL;
+    size_t n = api == PROTO_API_ANTHROPIC   ? sizeof anth_names / sizeof *anth_names
+               : api == PROTO_API_RESPONSES ? sizeof rsp_names / sizeof *rsp_names
+                                            : 0;
+    if (!t || !e) return;
+    for (size_t i = 0; i < n; i++) {
+        if (strcmp(e->param, t[i].chat) == 0) snprintf(e->param, sizeof e->param, "%s", t[i].api);
+        replace_word(e->message, sizeof e->message, t[i].chat, t[i].api);
+    }
+}
+
+int proto_req_parse_api(const char *body, size_t len, enum proto_api api, bool count_only,
+                        proto_conv_lookup lookup, void *lookup_ctx, struct proto_req *r,
+                        struct proto_error *e)
+{
+    if (api == PROTO_API_OPENAI)
+        return proto_fail(e, 500, NULL, NULL, "proto_req_parse_api: not an edge API");
+    memset(r, 0, sizeof *r);
+    r->kind = PROTO_CHAT;
+    r->api = api;
+    r->count_only = count_only;
+    r->max_tokens = -1;
+    r->temperature = 1;
+    r->top_p = 1;
+    r->repetition_penalty = 1;
+    r->n = 1;
+    r->add_generation_prompt = true;
+    r->prompt_logprobs = -1;
+    r->skip_special_tokens = true;
+    r->parallel_tool_calls = true;
+    json_error_t je;
+    json_t *o = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je), *chat = NULL;
+    if (!o)
+        return proto_fail(e, 400, NULL, "invalid_json",
+                          "invalid JSON body: %s (line %d, column %d)", je.text, je.line,
+                          je.column);
+    int rc = -1;
+    if (!json_is_object(o)) {
+        proto_fail(e, 400, NULL, "invalid_json", "the body must be a JSON object");
+        goto out;
+    }
+    unsigned bit = api == PROTO_API_RESPONSES ? PROTO_K_RESP
+                   : count_only               ? PROTO_K_MSGC
+                                              : PROTO_K_MSG;
+    if (check_fields(o, bit, e) < 0) goto out;
+    if ((api == PROTO_API_ANTHROPIC ? anth_to_chat(o, count_only, r, &chat, e)
+                                    : rsp_to_chat(o, lookup, lookup_ctx, r, &chat, e)) != 0)
+        goto out;
+    /* the one validation of chat completions, on the translated request */
+    if (get_string(chat, "model", &r->model, e) < 0 || get_messages(chat, r, e, true) < 0 ||
+        (!count_only && get_generation(chat, r, e) < 0) || get_tools(chat, r, e) < 0) {
+        proto_error_remap(api, e);
+        goto out;
+    }
+    rc = 0;
+out:
+    json_decref(chat);
+    json_decref(o);
+    return rc;
 }

@@ -48,6 +48,14 @@ enum proto_kind {
     PROTO_DETOKENIZE, /* {"tokens": [ids]} */
 };
 
+/* The API a request came in: every one is translated at the edge (proto/anthropic.c,
+ * proto/responses.c) into the chat request below, which one validation checks. */
+enum proto_api {
+    PROTO_API_OPENAI,    /* /v1/completions, /v1/chat/completions, /tokenize, /detokenize */
+    PROTO_API_ANTHROPIC, /* /v1/messages, /v1/messages/count_tokens */
+    PROTO_API_RESPONSES, /* /v1/responses */
+};
+
 /* How the server treats a request field (see proto_fields). */
 enum proto_field_how {
     PROTO_FIELD_IMPL,  /* implemented */
@@ -60,6 +68,9 @@ enum proto_field_how {
 #define PROTO_K_TOK      4u  /* POST /tokenize of a prompt (vLLM's TokenizeCompletionRequest) */
 #define PROTO_K_TOK_CHAT 8u  /* POST /tokenize of messages (vLLM's TokenizeChatRequest) */
 #define PROTO_K_DETOK    16u /* POST /detokenize */
+#define PROTO_K_MSG      32u /* POST /v1/messages (Anthropic Messages) */
+#define PROTO_K_MSGC     64u /* POST /v1/messages/count_tokens */
+#define PROTO_K_RESP     128u /* POST /v1/responses (OpenAI Responses) */
 
 struct proto_field {
     const char *name;
@@ -168,11 +179,42 @@ struct proto_req {
                                    or NULL */
     char *reasoning_effort;     /* "low" / "medium" / "high", or NULL; the server refuses it
                                    for a template that does not read it */
+
+    /* Set by the edge translations (proto_req_parse_api), zero for OpenAI's routes. */
+    enum proto_api api;
+    bool count_only;            /* /v1/messages/count_tokens: only the prompt is read */
+    bool thinking_switch;       /* Anthropic `thinking` set enable_thinking: the template must
+                                   read it (else a 400 naming `thinking`) */
+    int thinking_budget;        /* Anthropic thinking.budget_tokens (0: none): the output ends
+                                   (max_tokens) when the reasoning reaches it unfinished */
+    bool store;                 /* Responses: keep the response (default true) */
+    char *previous_response_id; /* Responses: the stored response this one continues */
+    char *echo_json;            /* Responses: the request's settings the response object
+                                   repeats (a JSON object) */
+    char *conv_json;            /* Responses: the conversation as chat messages without the
+                                   instructions (what a later previous_response_id continues) */
 };
 
 /* Parses `len` bytes of JSON. Returns 0, or -1 with e filled (400 for bad JSON or fields). */
 int proto_req_parse(const char *body, size_t len, enum proto_kind kind, struct proto_req *r,
                     struct proto_error *e);
 void proto_req_free(struct proto_req *r);
+
+/* Responses' previous_response_id: the stored conversation of response `id` as a malloc'd
+ * JSON array of chat messages, or NULL when no such response is stored. */
+typedef char *(*proto_conv_lookup)(void *ctx, const char *id);
+
+/* Parses a body of the Anthropic Messages API (count_only: count_tokens) or of OpenAI's
+ * Responses API: its fields are checked against proto_fields (PROTO_K_MSG / _MSGC / _RESP),
+ * translated into a chat request and validated as chat completions are, so all three APIs share
+ * one validation. Errors name the field as the client's API spells it. lookup (may be NULL:
+ * previous_response_id is then unknown) is called at most once. Same ownership as
+ * proto_req_parse. */
+int proto_req_parse_api(const char *body, size_t len, enum proto_api api, bool count_only,
+                        proto_conv_lookup lookup, void *lookup_ctx, struct proto_req *r,
+                        struct proto_error *e);
+/* Rewrites an error of the internal chat request (e.g. from the server's checks: `max_tokens`
+ * past the context) to name the field as `api` spells it (Responses: `max_output_tokens`). */
+void proto_error_remap(enum proto_api api, struct proto_error *e);
 
 #endif

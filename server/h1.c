@@ -127,6 +127,7 @@ static const char *reason(int status)
         {500, "Internal Server Error"},
         {501, "Not Implemented"},
         {503, "Service Unavailable"},
+        {529, "Overloaded"}, /* Anthropic's overloaded_error, on the Messages routes */
         {505, "HTTP Version Not Supported"},
     };
     for (size_t i = 0; i < sizeof reasons / sizeof *reasons; i++)

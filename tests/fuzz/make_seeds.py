@@ -36,6 +36,11 @@ def http_seeds():
         b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\nContent-Length: 3"
         b"\r\n\r\nabc",
         b"GET / HTTP/1.1\r\nHost : x\r\nX: a\r\n b\r\n\r\n",
+        b"POST /v1/messages?beta=true HTTP/1.1\r\nHost: x\r\nx-api-key: k\r\n"
+        b"anthropic-version: 2023-06-01\r\nContent-Length: 66\r\n\r\n"
+        b'{"max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}',
+        b"DELETE /v1/responses/resp_1 HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"POST /v1/responses/resp_1/cancel HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n",
     ]
     return [bytes([step]) + r for r in reqs for step in (0, 6)]
 
@@ -57,8 +62,48 @@ def proto_seeds():
         (2, {"messages": [{"role": "user", "content": "hi"}]}),
         (3, {"tokens": [1, 2, 3, 400]}),
     ]
+    # 4: Anthropic Messages, 5: its count_tokens, 6: OpenAI Responses (see fuzz_proto.c)
+    tools_a = [{"name": "add", "description": "d", "input_schema": {
+        "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}}]
+    bodies += [
+        (4, {"model": "m", "max_tokens": 16, "system": [{"type": "text", "text": "s"}],
+             "messages": [{"role": "user", "content": "hi"},
+                          {"role": "assistant", "content": [
+                              {"type": "thinking", "thinking": "t", "signature": ""},
+                              {"type": "text", "text": "x"},
+                              {"type": "tool_use", "id": "toolu_1", "name": "add",
+                               "input": {"a": 1}}]},
+                          {"role": "user", "content": [
+                              {"type": "tool_result", "tool_use_id": "toolu_1", "content": "1",
+                               "is_error": False}, {"type": "text", "text": "ok"}]}],
+             "tools": tools_a, "tool_choice": {"type": "any", "disable_parallel_tool_use": True},
+             "stop_sequences": ["\n\n"], "temperature": 0.5, "top_k": 4, "stream": True,
+             "thinking": {"type": "enabled", "budget_tokens": 8}, "metadata": {"user_id": "u"}}),
+        (4, {"max_tokens": 4, "messages": [{"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "data": ""}}]}]}),
+        (5, {"messages": [{"role": "user", "content": "hi"}], "tools": tools_a,
+             "tool_choice": {"type": "tool", "name": "add"}}),
+        (6, {"model": "m", "input": "hi", "instructions": "i", "max_output_tokens": 9,
+             "text": {"format": {"type": "json_schema", "name": "n", "schema": {
+                 "type": "object"}, "strict": True}}, "reasoning": {"effort": "low"},
+             "store": False, "metadata": {"k": "v"}, "stream": True}),
+        (6, {"input": [{"type": "reasoning", "id": "rs_1", "summary": [
+                          {"type": "summary_text", "text": "s"}]},
+                       {"type": "message", "role": "assistant", "content": [
+                           {"type": "output_text", "text": "x", "annotations": []}]},
+                       {"type": "function_call", "call_id": "call_2", "name": "add",
+                        "arguments": "{\"a\": 1}"},
+                       {"type": "function_call_output", "call_id": "call_2", "output": "1"},
+                       {"role": "developer", "content": [{"type": "input_text", "text": "d"}]}],
+             "tools": [{"type": "function", "name": "add", "parameters": {"type": "object"},
+                        "strict": True}], "tool_choice": {"type": "function", "name": "add"},
+             "parallel_tool_calls": False}),
+        (6, {"previous_response_id": "resp_x", "input": [
+            {"type": "function_call_output", "call_id": "call_1", "output": "2"}]}),
+    ]
     seeds = [bytes([k]) + json.dumps(b).encode() for k, b in bodies]
-    seeds += [b"\x00{\"prompt\": \"\\u00e9\\ud83d\\ude00\", \"seed\": 1e400}", b"\x01[", b"\x03{}"]
+    seeds += [b"\x00{\"prompt\": \"\\u00e9\\ud83d\\ude00\", \"seed\": 1e400}", b"\x01[", b"\x03{}",
+              b"\x06{\"input\": \"\\udfff\\u00ff\"}"]
     return seeds
 
 

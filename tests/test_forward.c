@@ -378,7 +378,7 @@ int main(int argc, char **argv)
                                 "deepseek_v3", "glm4_moe",          "minimax_m2",
                                 "qwen3_next",  "qwen3_5_moe",       "qwen3_5_moe_vl",
                                 "granitemoehybrid", "granitemoehybrid_dense", "kimi_k25",
-                                "kimi_k25_published", "llama4_text"};
+                                "kimi_k25_published", "llama4_text", "llama4_vl"};
     static const char *bf16[] = {"mixtral_bf16",     "qwen2_moe_bf16",         "qwen3_moe_bf16",
                                  "olmoe_bf16",       "deepseek_v2_bf16",       "deepseek_v2_group_bf16",
                                  "deepseek_v3_bf16", "glm4_moe_bf16",          "minimax_m2_bf16",

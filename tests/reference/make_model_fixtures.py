@@ -38,7 +38,9 @@ from transformers import (
     GraniteMoeHybridConfig,
     Kimi_K25Config,
     Kimi_K25ForConditionalGeneration,
+    Llama4Config,
     Llama4ForCausalLM,
+    Llama4ForConditionalGeneration,
     Llama4TextConfig,
     GraniteMoeHybridForCausalLM,
     Glm4MoeConfig,
@@ -571,6 +573,40 @@ def make_qwen3_5_vl(out_root, tokenizer, text_model, text_dir):
              ["text path of the multimodal folder = qwen3_5_moe"])]
 
 
+def make_llama4_vl(out_root, tokenizer, text_model, text_dir):
+    """llama4 as Meta publishes it: a Llama4ForConditionalGeneration folder (config with
+    text_config and vision_config, text weights under language_model., a tiny vision tower and
+    projector) holding the llama4_text fixture's text weights. Its text-only forward must give
+    that fixture's logits (checked here, both in f32), so its reference is a copy of that one."""
+    tc = text_model.config.to_dict()
+    vision = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                  intermediate_size=64, vision_output_dim=32, image_size=28, patch_size=14,
+                  projector_input_dim=32, projector_output_dim=32)
+    cfg = Llama4Config(text_config=tc, vision_config=vision, tie_word_embeddings=False)
+    torch.manual_seed(SEED)
+    vl = Llama4ForConditionalGeneration(cfg).eval()
+    src = text_model.state_dict()
+    with torch.no_grad():
+        for k, v in vl.state_dict().items():
+            if k.startswith("language_model."):
+                v.copy_(src[k[len("language_model."):]])
+    d = out_root / "llama4_vl"
+    if d.exists():  # built with llama4_text: --only llama4_text rebuilds it too
+        shutil.rmtree(d)
+    save_checkpoint(vl, tokenizer, d)
+    back = Llama4ForConditionalGeneration.from_pretrained(d, dtype=torch.float32, **IMPL).eval()
+    with safe_open(str(text_dir / "reference.safetensors"), "pt") as ref:
+        for k in ref.keys():
+            if k.endswith(".ids"):
+                ids = ref.get_tensor(k).tolist()
+                want, got = full_logits(text_model, ids), full_logits(back, ids)
+                err = float((got - want).abs().max() / want.abs().max())
+                assert err < 1e-5, f"llama4_vl {k}: text path differs by {err} (relative)"
+    shutil.copyfile(text_dir / "reference.safetensors", d / "reference.safetensors")
+    return [("llama4_vl", sum(p.numel() for p in vl.parameters()), dir_size(d), None, 0.0,
+             ["text path of the multimodal folder = llama4_text"])]
+
+
 def make_weights_nondegenerate(model, seed):
     """Overwrite transformers' init (std 0.02: flat logits, tied routing) with a scale that
     gives logits spread over several units and clearly separated router scores."""
@@ -1086,6 +1122,8 @@ def build(out_root, data_path, write_md, only=None):
             summary += make_qwen3_5_vl(out_root, tokenizer, m32, d32)
         if name == "deepseek_v3":
             summary += make_kimi_k25(out_root, tokenizer, m32, d32)
+        if name == "llama4_text":
+            summary += make_llama4_vl(out_root, tokenizer, m32, d32)
 
     if not only or "gpt_oss" in only:
         summary += make_gptoss(out_root, tokenizer, prompts)
@@ -1122,7 +1160,8 @@ def main():
 
     out_root = Path(args.out)
     targets = ([n for a in ARCHS for n in (a, f"{a}_bf16")]
-               + ["mixtral_sharded", "qwen3_5_moe_vl", "kimi_k25", "kimi_k25_published"]
+               + ["mixtral_sharded", "qwen3_5_moe_vl", "kimi_k25", "kimi_k25_published",
+                  "llama4_vl"]
                + GPTOSS_FOLDERS)
     if args.only:
         targets = [n for n in targets if any(n == a or n.startswith(a + "_") for a in args.only)]

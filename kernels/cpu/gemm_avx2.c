@@ -594,6 +594,9 @@ static inline __attribute__((always_inline)) void st8(float *y, __m256 v, int n)
 #define ATTN_NAME_EX v_attn_head_ex
 #include "attn_impl.h"
 
+/* ssm_impl.h: strips of 32 columns, 4 vectors (at 64, 3 x 8 vectors of sums spill) */
+#define SSM_VW 8
+#define SSM_SW 32
 #define GDN_HEAD_NAME v_gdn_head
 #define MAMBA_HEAD_NAME v_mamba_head
 #include "ssm_impl.h"

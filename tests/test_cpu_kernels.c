@@ -591,7 +591,8 @@ static void test_ssm(const struct gemm_kernels *kk)
         size_t ld = (size_t)(2 * dk + dv + 3), ldgb = 3, ldo = (size_t)dv + 5;
         float *x = malloc(sizeof(float) * n * ld), *g = malloc(sizeof(float) * n * ldgb);
         float *be = malloc(sizeof(float) * n * ldgb), *o[3], *S[3];
-        double *so = malloc(sizeof(double) * dk * dv), *ro = calloc((size_t)n * ldo, sizeof(double));
+        double *so = malloc(sizeof(double) * dk * dv);
+        double *ro = calloc((size_t)n * ldo, sizeof(double));
         for (size_t i = 0; i < (size_t)n * ld; i++) x[i] = urand(-1, 1);
         for (int t = 0; t < n; t++) { /* l2-normalized q (scaled) and k, as the backend gives */
             for (int h = 0; h < 2; h++) {

@@ -5,8 +5,8 @@
  * does not depend on how many rows are computed with it or on how the output rows are split
  * between threads (bit for bit), and int8 activations quantize to the same bytes on every
  * table. Also f16 conversion (exhaustive), quantization error bounds, MXFP4 repacking and
- * dequantization (exact), SiLU and the continuous-experts (neuron) kernels (attention:
- * test_attention.c). */
+ * dequantization (exact), SiLU, the continuous-experts (neuron) kernels and the state-space
+ * recurrences (Gated DeltaNet, Mamba2); attention is test_attention.c's. */
 #include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -427,6 +427,167 @@ static void test_neuron(const struct gemm_kernels *kk)
            kk->name, cases);
 }
 
+/* The gated delta rule in double precision, as gemm.h defines gdn_head; S (dk, dv). */
+static void gdn_ref(double *S, const float *q, const float *k, size_t ldqk, const float *v,
+                    size_t ldv, const float *g, const float *beta, size_t ldgb, double *o,
+                    size_t ldo, int n, int dk, int dv)
+{
+    double m[512];
+    for (int t = 0; t < n; t++) {
+        const float *qt = q + t * ldqk, *kt = k + t * ldqk, *vt = v + t * ldv;
+        double eg = exp((double)g[t * ldgb]), b = beta[t * ldgb];
+        for (int j = 0; j < dv; j++) m[j] = 0;
+        for (int i = 0; i < dk; i++)
+            for (int j = 0; j < dv; j++) {
+                S[i * dv + j] *= eg;
+                m[j] += S[i * dv + j] * kt[i];
+            }
+        for (int j = 0; j < dv; j++) m[j] = b * (vt[j] - m[j]);
+        for (int i = 0; i < dk; i++)
+            for (int j = 0; j < dv; j++) S[i * dv + j] += kt[i] * m[j];
+        for (int j = 0; j < dv; j++) {
+            double a = 0;
+            for (int i = 0; i < dk; i++) a += qt[i] * S[i * dv + j];
+            o[t * ldo + j] = a;
+        }
+    }
+}
+
+/* The Mamba2 recurrence in double precision, as gemm.h defines mamba_head; S (P, N). */
+static void mamba_ref(double *S, const float *x, size_t ldx, const float *B, const float *C,
+                      size_t ldbc, const float *dt, size_t lddt, float A, float D, double *y,
+                      size_t ldy, int n, int P, int N)
+{
+    for (int t = 0; t < n; t++) {
+        double d = dt[t * lddt], da = exp(d * A);
+        for (int p = 0; p < P; p++) {
+            double a = 0;
+            for (int j = 0; j < N; j++) {
+                double *s = &S[p * N + j];
+                *s = *s * da + d * x[t * ldx + p] * B[t * ldbc + j];
+                a += *s * C[t * ldbc + j];
+            }
+            y[t * ldy + p] = a + D * (double)x[t * ldx + p];
+        }
+    }
+}
+
+/* max |a - b| / max |b| over rows of w values ld apart */
+static double ref_err(const float *a, const double *b, int rows, size_t ld, int w)
+{
+    double num = 0, den = 0;
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < w; j++) {
+            num = fmax(num, fabs(a[r * ld + j] - b[r * ld + j]));
+            den = fmax(den, fabs(b[r * ld + j]));
+        }
+    return den > 0 ? num / den : num;
+}
+
+/* The state-space recurrences on ragged shapes (head widths that are no multiple of any
+ * vector width, lengths across the kernels' token blocks), rows of a wider buffer as the backend
+ * lays them out, a non-zero starting state, and decays from none to total: against double
+ * precision, and bit for bit the portable table's results and those of the same tokens in two
+ * calls (so the engine's prefill in one step, in chunks and token by token agree exactly). */
+static void test_ssm(const struct gemm_kernels *kk)
+{
+    const struct gemm_kernels *pk = gemm_kernels_portable();
+    uint64_t saved = rng;
+    double worst_o = 0, worst_s = 0;
+    int cases = 0;
+    /* Gated DeltaNet: dk, dv, tokens */
+    int gshapes[][3] = {{16, 8, 89}, {13, 37, 70}, {128, 128, 130}, {32, 100, 65},
+                        {7, 5, 3},   {64, 80, 1},  {128, 128, 200}};
+    for (size_t sh = 0; sh < sizeof gshapes / sizeof gshapes[0]; sh++) {
+        int dk = gshapes[sh][0], dv = gshapes[sh][1], n = gshapes[sh][2];
+        size_t ld = (size_t)(2 * dk + dv + 3), ldgb = 3, ldo = (size_t)dv + 5;
+        float *x = malloc(sizeof(float) * n * ld), *g = malloc(sizeof(float) * n * ldgb);
+        float *be = malloc(sizeof(float) * n * ldgb), *o[3], *S[3];
+        double *so = malloc(sizeof(double) * dk * dv);
+        double *ro = calloc((size_t)n * ldo, sizeof(double));
+        for (size_t i = 0; i < (size_t)n * ld; i++) x[i] = urand(-1, 1);
+        for (int t = 0; t < n; t++) { /* l2-normalized q (scaled) and k, as the backend gives */
+            for (int h = 0; h < 2; h++) {
+                float *r = x + t * ld + h * dk, ss = 0;
+                for (int i = 0; i < dk; i++) ss += r[i] * r[i];
+                float sc = (h == 0 ? 1 / sqrtf((float)dk) : 1) / sqrtf(ss);
+                for (int i = 0; i < dk; i++) r[i] *= sc;
+            }
+            g[t * ldgb] = t % 17 == 5 ? -80.0f : t % 11 == 3 ? 0.0f : urand(-2.0f, -0.001f);
+            be[t * ldgb] = urand(0.02f, 0.98f);
+        }
+        for (int c = 0; c < 3; c++) {
+            o[c] = calloc((size_t)n * ldo, sizeof(float));
+            S[c] = malloc(sizeof(float) * dk * dv);
+            for (int i = 0; i < dk * dv; i++) S[c][i] = 0;
+        }
+        for (int i = 0; i < dk * dv; i++) S[0][i] = S[1][i] = S[2][i] = urand(-0.5f, 0.5f);
+        for (int i = 0; i < dk * dv; i++) so[i] = S[0][i];
+        const float *q = x, *k = x + dk, *v = x + 2 * dk;
+        gdn_ref(so, q, k, ld, v, ld, g, be, ldgb, ro, ldo, n, dk, dv);
+        kk->gdn_head(S[0], q, k, ld, v, ld, g, be, ldgb, o[0], ldo, n, dk, dv);
+        pk->gdn_head(S[1], q, k, ld, v, ld, g, be, ldgb, o[1], ldo, n, dk, dv);
+        int n1 = n / 3; /* two calls: the state carries over */
+        kk->gdn_head(S[2], q, k, ld, v, ld, g, be, ldgb, o[2], ldo, n1, dk, dv);
+        kk->gdn_head(S[2], q + n1 * ld, k + n1 * ld, ld, v + n1 * ld, ld, g + n1 * ldgb,
+                     be + n1 * ldgb, ldgb, o[2] + n1 * ldo, ldo, n - n1, dk, dv);
+        double eo = ref_err(o[0], ro, n, ldo, dv), es = ref_err(S[0], so, dk, (size_t)dv, dv);
+        worst_o = fmax(worst_o, eo), worst_s = fmax(worst_s, es);
+        CHECKF(eo <= 5e-6 && es <= 5e-6,
+               "%s gdn_head dk=%d dv=%d n=%d: outputs %.3g, state %.3g from double", kk->name,
+               dk, dv, n, eo, es);
+        for (int c = 1; c < 3; c++)
+            CHECKF(memcmp(o[0], o[c], sizeof(float) * n * ldo) == 0 &&
+                       memcmp(S[0], S[c], sizeof(float) * dk * dv) == 0,
+                   "%s gdn_head dk=%d dv=%d n=%d: not the bits of %s", kk->name, dk, dv, n,
+                   c == 1 ? "the portable table" : "two calls");
+        for (int c = 0; c < 3; c++) free(o[c]), free(S[c]);
+        free(x), free(g), free(be), free(so), free(ro);
+        cases++;
+    }
+    /* Mamba2: P, N, tokens */
+    int mshapes[][3] = {{32, 16, 89}, {5, 13, 40}, {64, 128, 130}, {3, 33, 1}, {17, 100, 20}};
+    for (size_t sh = 0; sh < sizeof mshapes / sizeof mshapes[0]; sh++) {
+        int P = mshapes[sh][0], N = mshapes[sh][1], n = mshapes[sh][2];
+        size_t ld = (size_t)(P + 2 * N + 1), lddt = 2, ldy = (size_t)P + 3;
+        float *x = malloc(sizeof(float) * n * ld), *dt = malloc(sizeof(float) * n * lddt);
+        float *y[3], *S[3], A = -1.7f, D = 0.6f;
+        double *so = malloc(sizeof(double) * P * N), *ry = calloc((size_t)n * ldy, sizeof(double));
+        for (size_t i = 0; i < (size_t)n * ld; i++) x[i] = urand(-1, 1);
+        for (int t = 0; t < n; t++) dt[t * lddt] = t % 13 == 4 ? 60.0f : urand(0.001f, 0.5f);
+        for (int c = 0; c < 3; c++) {
+            y[c] = calloc((size_t)n * ldy, sizeof(float));
+            S[c] = malloc(sizeof(float) * P * N);
+        }
+        for (int i = 0; i < P * N; i++) S[0][i] = S[1][i] = S[2][i] = urand(-0.5f, 0.5f);
+        for (int i = 0; i < P * N; i++) so[i] = S[0][i];
+        const float *B = x + P, *C = x + P + N;
+        mamba_ref(so, x, ld, B, C, ld, dt, lddt, A, D, ry, ldy, n, P, N);
+        kk->mamba_head(S[0], x, ld, B, C, ld, dt, lddt, A, D, y[0], ldy, n, P, N);
+        pk->mamba_head(S[1], x, ld, B, C, ld, dt, lddt, A, D, y[1], ldy, n, P, N);
+        int n1 = n / 3;
+        kk->mamba_head(S[2], x, ld, B, C, ld, dt, lddt, A, D, y[2], ldy, n1, P, N);
+        kk->mamba_head(S[2], x + n1 * ld, ld, B + n1 * ld, C + n1 * ld, ld, dt + n1 * lddt, lddt,
+                       A, D, y[2] + n1 * ldy, ldy, n - n1, P, N);
+        double eo = ref_err(y[0], ry, n, ldy, P), es = ref_err(S[0], so, P, (size_t)N, N);
+        worst_o = fmax(worst_o, eo), worst_s = fmax(worst_s, es);
+        CHECKF(eo <= 5e-6 && es <= 5e-6,
+               "%s mamba_head P=%d N=%d n=%d: outputs %.3g, state %.3g from double", kk->name, P,
+               N, n, eo, es);
+        for (int c = 1; c < 3; c++)
+            CHECKF(memcmp(y[0], y[c], sizeof(float) * n * ldy) == 0 &&
+                       memcmp(S[0], S[c], sizeof(float) * P * N) == 0,
+                   "%s mamba_head P=%d N=%d n=%d: not the bits of %s", kk->name, P, N, n,
+                   c == 1 ? "the portable table" : "two calls");
+        for (int c = 0; c < 3; c++) free(y[c]), free(S[c]);
+        free(x), free(dt), free(so), free(ry);
+        cases++;
+    }
+    rng = saved;
+    printf("%-9s gdn_head/mamba_head: %d cases, worst %.2e (outputs) %.2e (state) from double\n",
+           kk->name, cases, worst_o, worst_s);
+}
+
 int main(void)
 {
     test_f16();
@@ -443,6 +604,7 @@ int main(void)
         test_gemm_table(tables[i]);
         test_elementwise(tables[i]);
         test_neuron(tables[i]);
+        test_ssm(tables[i]);
     }
     return test_done("test_cpu_kernels");
 }

@@ -117,13 +117,15 @@ struct gemm_kernels {
     /* The gated delta rule (backend.h gdn) for one value head over n tokens of one sequence,
      * state S (dk, dv) updated in place: per token t, with q/k rows (normalized already) at
      * q/k + t * ldqk, v at v + t * ldv, the log-decay and beta at g/beta + t * ldgb:
-     * S *= exp(g); S += k (beta (v - S^T k))^T; o + t * ldo = S^T q. dk, dv <= GDN_MAX_DIM. */
+     * S *= exp(g); S += k (beta (v - S^T k))^T; o + t * ldo = S^T q. dk, dv <= GDN_MAX_DIM.
+     * The same bits on every table. */
     void (*gdn_head)(float *S, const float *q, const float *k, size_t ldqk, const float *v,
                      size_t ldv, const float *g, const float *beta, size_t ldgb, float *o,
                      size_t ldo, int n, int dk, int dv);
     /* The Mamba2 recurrence (backend.h mamba2) for one head over n tokens of one sequence, state
      * S (P, N) updated in place: per token t, with x at x + t * ldx (P), B and C at + t * ldbc
-     * (N), the step dt[t * lddt]: S = exp(dt A) S + (dt x) B^T; y + t * ldy = S C + D x. */
+     * (N), the step dt[t * lddt]: S = exp(dt A) S + (dt x) B^T; y + t * ldy = S C + D x.
+     * The same bits on every table. */
     void (*mamba_head)(float *S, const float *x, size_t ldx, const float *B, const float *C,
                        size_t ldbc, const float *dt, size_t lddt, float A, float D, float *y,
                        size_t ldy, int n, int P, int N);

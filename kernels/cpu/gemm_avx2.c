@@ -690,6 +690,9 @@ static inline __attribute__((always_inline)) void st8(float *y, __m256 v, int n)
 #define NV_DOWN_TOK v_neuron_down_tok
 #include "neuron_impl.h"
 
+/* ssm_impl.h: strips of 32 columns, 4 vectors (at 64, 3 x 8 vectors of sums spill) */
+#define SSM_VW 8
+#define SSM_SW 32
 #define GDN_HEAD_NAME v_gdn_head
 #define MAMBA_HEAD_NAME v_mamba_head
 #include "ssm_impl.h"

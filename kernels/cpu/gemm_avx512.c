@@ -625,6 +625,9 @@ static inline __attribute__((always_inline)) void st16(float *y, __m512 v, int n
 #define NV_DOWN_TOK x_neuron_down_tok
 #include "neuron_impl.h"
 
+/* ssm_impl.h: strips of 64 columns, 4 vectors (measured ~25% faster than 32 on Zen 4) */
+#define SSM_VW 16
+#define SSM_SW 64
 #define GDN_HEAD_NAME x_gdn_head
 #define MAMBA_HEAD_NAME x_mamba_head
 #include "ssm_impl.h"

@@ -256,6 +256,9 @@ static void p_neuron_down_tok(const struct wmat *down, int f, const int32_t *tok
     for (int i = 0; i < cnt; i++) neuron_axpy(down, f, h[slot[i]], y + (size_t)tok[i] * ldy, c0, c1);
 }
 
+/* ssm_impl.h: GCC vectors of 4 floats (SSE2, NEON or scalar code), strips of 16 columns */
+#define SSM_VW 4
+#define SSM_SW 16
 #define GDN_HEAD_NAME p_gdn_head
 #define MAMBA_HEAD_NAME p_mamba_head
 #include "ssm_impl.h"

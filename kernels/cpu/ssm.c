@@ -14,11 +14,6 @@
 /* Channels per conv task. */
 #define CONV_CHUNK 64
 
-static inline float silu(float x)
-{
-    return x / (1.0f + expf(-x));
-}
-
 /* torch.nn.functional.softplus (beta 1, threshold 20) */
 static inline float softplus(float x)
 {
@@ -27,6 +22,7 @@ static inline float softplus(float x)
 
 /* The causal conv1d + SiLU of one layer over the sequences of sq, in place on x (n, C). */
 struct conv_job {
+    const struct gemm_kernels *kk;
     float *x;
     int C, K;
     const float *w, *bias; /* (C, K), (C) or NULL */
@@ -35,41 +31,58 @@ struct conv_job {
     int n_chunks;
 };
 
-/* Channels [c0, c1) of one sequence; the window starts from the slot's last K - 1 inputs
- * (zeros for a fresh sequence) and ends there. */
+/* Channels [c0, c1) of one sequence, along its tokens: each token's row is read and written
+ * once (a channel at a time down the tokens, every row's cache line came back 16 times). The
+ * window of the last K - 1 inputs per channel is a ring (ring[(head + i) % W] the i-th oldest),
+ * starting from the slot's (zeros for a fresh sequence) and ending there. Each output is
+ * summed oldest input first as before; the SiLU is the table's (vector exp, not libm's). */
 static void conv_task(void *ctx, int task, int thread)
 {
     (void)thread;
     const struct conv_job *j = ctx;
     int s = task / j->n_chunks, c0 = task % j->n_chunks * CONV_CHUNK;
     int C = j->C, K = j->K, W = K - 1;
-    int c1 = c0 + CONV_CHUNK < C ? c0 + CONV_CHUNK : C;
-    float *st = j->state + (size_t)j->sq->slot[s] * (size_t)W * C;
-    float *x = j->x + (size_t)j->sq->tok0[s] * C;
+    int nc = (c0 + CONV_CHUNK < C ? c0 + CONV_CHUNK : C) - c0;
+    float *st = j->state + (size_t)j->sq->slot[s] * (size_t)W * C + c0;
+    float *x = j->x + (size_t)j->sq->tok0[s] * C + c0;
     int n = j->sq->n_tok[s];
     bool fresh = j->sq->fresh[s];
-    for (int c = c0; c < c1; c++) {
-        const float *w = j->w + (size_t)c * K;
-        float b = j->bias ? j->bias[c] : 0.0f;
-        float win[16]; /* the last W inputs, oldest first (conv_k <= 16: model_config.c) */
-        for (int i = 0; i < W; i++) win[i] = fresh ? 0.0f : st[(size_t)i * C + c];
-        for (int t = 0; t < n; t++) {
-            float raw = x[(size_t)t * C + c], acc = 0.0f;
-            for (int i = 0; i < W; i++) acc += w[i] * win[i];
-            acc += w[W] * raw;
-            x[(size_t)t * C + c] = silu(acc + b);
-            for (int i = 0; i + 1 < W; i++) win[i] = win[i + 1];
-            if (W > 0) win[W - 1] = raw;
+    /* conv_k <= 16 (model_config.c) */
+    float wt[16][CONV_CHUNK], ring[16][CONV_CHUNK], bias[CONV_CHUNK], one[CONV_CHUNK];
+    float pre[CONV_CHUNK];
+    for (int c = 0; c < nc; c++) {
+        for (int i = 0; i < K; i++) wt[i][c] = j->w[(size_t)(c0 + c) * K + i];
+        bias[c] = j->bias ? j->bias[c0 + c] : 0.0f;
+        one[c] = 1.0f;
+    }
+    for (int i = 0; i < W; i++)
+        for (int c = 0; c < nc; c++) ring[i][c] = fresh ? 0.0f : st[(size_t)i * C + c];
+    int head = 0;
+    for (int t = 0; t < n; t++) {
+        float *xt = x + (size_t)t * C;
+        for (int c = 0; c < nc; c++) pre[c] = 0.0f;
+        for (int i = 0; i < W; i++) {
+            const float *r = ring[head + i < W ? head + i : head + i - W];
+            for (int c = 0; c < nc; c++) pre[c] += wt[i][c] * r[c];
         }
-        for (int i = 0; i < W; i++) st[(size_t)i * C + c] = win[i];
+        for (int c = 0; c < nc; c++) {
+            pre[c] = pre[c] + wt[W][c] * xt[c] + bias[c];
+            if (W > 0) ring[head][c] = xt[c]; /* the oldest input gives way to this one */
+        }
+        j->kk->silu_mul(xt, pre, one, nc);
+        if (W > 0) head = head + 1 < W ? head + 1 : 0;
+    }
+    for (int i = 0; i < W; i++) {
+        const float *r = ring[head + i < W ? head + i : head + i - W];
+        for (int c = 0; c < nc; c++) st[(size_t)i * C + c] = r[c];
     }
 }
 
-static void conv_run(struct pool *pool, float *x, int C, int K, const float *w, const float *b,
-                     float *state, const struct be_seqs *sq)
+static void conv_run(struct pool *pool, const struct gemm_kernels *kk, float *x, int C, int K,
+                     const float *w, const float *b, float *state, const struct be_seqs *sq)
 {
-    struct conv_job j = {.x = x, .C = C, .K = K, .w = w, .bias = b, .state = state, .sq = sq,
-                         .n_chunks = (C + CONV_CHUNK - 1) / CONV_CHUNK};
+    struct conv_job j = {.kk = kk, .x = x, .C = C, .K = K, .w = w, .bias = b, .state = state,
+                         .sq = sq, .n_chunks = (C + CONV_CHUNK - 1) / CONV_CHUNK};
     pool_run(pool, conv_task, &j, sq->n * j.n_chunks);
 }
 
@@ -144,11 +157,11 @@ static void gdn_head_task(void *ctx, int task, int thread)
     const float *z = j->z + (size_t)t0 * vd + (size_t)h * dv;
     for (int t = 0; t < n; t++) {
         float *ot = o + (size_t)t * vd;
-        const float *zt = z + (size_t)t * vd;
         float ss = 0.0f;
         for (int i = 0; i < dv; i++) ss += ot[i] * ot[i];
         float r = 1.0f / sqrtf(ss / (float)dv + g->eps);
-        for (int i = 0; i < dv; i++) ot[i] = g->norm_w[i] * (ot[i] * r) * silu(zt[i]);
+        for (int i = 0; i < dv; i++) ot[i] = g->norm_w[i] * (ot[i] * r);
+        j->kk->silu_mul(ot, z + (size_t)t * vd, ot, dv);
     }
 }
 
@@ -159,7 +172,7 @@ void ssm_gdn_run(struct pool *pool, const struct gemm_kernels *kk, float *out, f
     int conv_dim = 2 * g->n_k_head * g->k_dim + g->n_v_head * g->v_dim;
     struct gdn_job j = {.kk = kk, .out = out, .qkv = qkv, .b = b, .a = a, .z = z, .g = g,
                         .sq = sq, .conv_dim = conv_dim};
-    conv_run(pool, qkv, conv_dim, g->conv_k, g->conv_w, NULL, g->conv_state, sq);
+    conv_run(pool, kk, qkv, conv_dim, g->conv_k, g->conv_w, NULL, g->conv_state, sq);
     pool_run(pool, gdn_gate_task, &j, seqs_rows(sq));
     pool_run(pool, gdn_head_task, &j, sq->n * g->n_v_head);
 }
@@ -215,7 +228,7 @@ static void mamba_norm_task(void *ctx, int t, int thread)
     int I = m->n_head * m->head_dim, gs = I / m->n_group;
     float *y = j->out + (size_t)t * I;
     const float *z = j->z + (size_t)t * I;
-    for (int i = 0; i < I; i++) y[i] *= silu(z[i]);
+    j->kk->silu_mul(y, z, y, I);
     for (int g = 0; g < m->n_group; g++) {
         float *yg = y + (size_t)g * gs, ss = 0.0f;
         for (int i = 0; i < gs; i++) ss += yg[i] * yg[i];
@@ -232,7 +245,7 @@ void ssm_mamba2_run(struct pool *pool, const struct gemm_kernels *kk, float *out
     struct mamba_job j = {.kk = kk, .out = out, .xbc = xbc, .dt = dt, .z = z, .m = m, .sq = sq,
                           .conv_dim = conv_dim};
     int rows = seqs_rows(sq);
-    conv_run(pool, xbc, conv_dim, m->conv_k, m->conv_w, m->conv_b, m->conv_state, sq);
+    conv_run(pool, kk, xbc, conv_dim, m->conv_k, m->conv_w, m->conv_b, m->conv_state, sq);
     pool_run(pool, mamba_dt_task, &j, rows);
     pool_run(pool, mamba_head_task, &j, sq->n * m->n_head);
     pool_run(pool, mamba_norm_task, &j, rows);

@@ -4,6 +4,7 @@
  *
  *   bench_attention [--depth 4096] [--tokens 1] [--heads 16] [--kv-heads 8] [--head-dim 64]
  *                   [--threads N] [--iters 20] [--types f32,bf16,f16,fp8_e4m3,fp8_e5m2,int8]
+ *                   [--shuffle 1]   (the sequence's blocks scattered over the pool)
  *
  * The cache is filled through the backend's own kv_write with random rows; the query tokens sit
  * at positions depth .. depth + tokens - 1. Also the process's CPU time per call (all threads),
@@ -30,6 +31,7 @@ static double cpu_now(void)
 int main(int argc, char **argv)
 {
     int depth = 4096, tokens = 1, heads = 16, kv_heads = 8, hd = 64, threads = 0, iters = 20;
+    int shuffle = 0;
     const char *type_list = "float32,bfloat16,float16,fp8_e4m3,fp8_e5m2,int8";
     for (int i = 1; i + 1 < argc; i += 2) {
         const char *a = argv[i], *v = argv[i + 1];
@@ -41,10 +43,11 @@ int main(int argc, char **argv)
         else if (strcmp(a, "--threads") == 0) threads = atoi(v);
         else if (strcmp(a, "--iters") == 0) iters = atoi(v);
         else if (strcmp(a, "--types") == 0) type_list = v;
+        else if (strcmp(a, "--shuffle") == 0) shuffle = atoi(v);
         else {
             fprintf(stderr, "usage: bench_attention [--depth N] [--tokens N] [--heads H] "
                             "[--kv-heads K] [--head-dim D] [--threads N] [--iters N] "
-                            "[--types LIST]\n");
+                            "[--types LIST] [--shuffle 0|1]\n");
             return 2;
         }
     }
@@ -72,7 +75,8 @@ int main(int argc, char **argv)
         v[i] = (float)((int)((x >> 20) % 2001) - 1000) / 500.0f;
     }
     for (size_t i = 0; i < (size_t)tokens * heads * hd; i++) q[i] = (float)(i % 17) / 17.0f - 0.5f;
-    for (int i = 0; i < n_blocks; i++) table[i] = (i * 7 + 3) % n_blocks;
+    /* blocks in order, as a lone sequence gets them from the pool (--shuffle: scattered) */
+    for (int i = 0; i < n_blocks; i++) table[i] = shuffle ? (i * 7 + 3) % n_blocks : i;
     printf("attention: %d token(s) at depth %d, %d query heads over %d KV heads of %d, %d "
            "threads, kernels %s\n",
            tokens, depth, heads, kv_heads, hd, threads, backend_cpu_kernels());

@@ -110,16 +110,18 @@ struct be_attn {
                             the positions of its own chunk, [pos - pos % chunk, pos] */
 };
 
-/* One layer's paged K/V storage in backend memory, in its stored type (kv_types.h): K rows
- * of k_row elements and V rows of v_row (struct be_attn) per (block, slot). */
+/* One layer's paged K/V storage in backend memory, in its stored type: each position's K row
+ * of k_row elements (and V row of v_row, struct be_attn) is cut into segments of k_grp
+ * (v_grp), one per KV head, stored head-major within each block (kernels/kv_types.h
+ * kv_seg_offset). */
 struct be_kv {
     enum be_kv_type type;
-    void *k, *v;            /* (n_blocks, block_size, k_row) and (.., v_row) elements; MLA:
-                               v == k (the value is the latent part of the key row) */
-    float *k_sc, *v_sc;     /* BE_KV_INT8: (n_blocks, block_size, k_row / k_grp) a scale per
-                               group of a row (and the same for v); NULL for other types */
-    int k_grp, v_grp;       /* BE_KV_INT8: elements per scale: a KV head's key or value (MLA:
-                               the whole row) */
+    void *k, *v;            /* (n_blocks, k_row / k_grp, block_size, k_grp) and the same for v;
+                               MLA: v == k (the value is the latent part of the key row) */
+    float *k_sc, *v_sc;     /* BE_KV_INT8: (n_blocks, k_row / k_grp, block_size) a scale per
+                               segment (and the same for v); NULL for other types */
+    int k_grp, v_grp;       /* elements of one KV head's segment: its key or value (MLA: the
+                               whole row, one segment) */
     float k_scale, v_scale; /* FP8: value = stored * scale (1 uncalibrated) */
 };
 

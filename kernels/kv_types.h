@@ -5,6 +5,12 @@
  * their largest finite value, as vLLM's fp8 cache does; the caches never hold NaN or
  * infinity.
  *
+ * Layout: a layer's K (or V) storage is blocks of block_size positions, and within a block
+ * each KV head's segments of `seg` elements (its key or value; MLA: the whole latent row, one
+ * "head") lie one after another for all the block's positions: head-major, so that one head's
+ * keys over a block are one run of memory (kv_seg_offset). int8's scales follow the same order,
+ * one per segment.
+ *
  * Scales: an fp8 cache stores x / s for one scale s per layer and tensor (vLLM's k_scale and
  * v_scale; 1 unless calibrated), read back as stored * s. An int8 cache stores, for each group
  * of g elements of a token's row (one KV head's key or value; MLA's whole latent row), an f32
@@ -141,6 +147,14 @@ KVT_FN float kv_e4m3_to_f32(uint8_t c)
 KVT_FN float kv_e5m2_to_f32(uint8_t c)
 {
     return kvt_from_fp8(c, 2, 15);
+}
+
+/* The element offset of KV head h's segment (seg elements) at slot `slot` of block `blk`, in a
+ * layer whose rows hold n_heads segments; the int8 scale of that segment is element
+ * kv_seg_offset(blk, slot, bs, n_heads, h, 1) of the scale array. */
+KVT_FN size_t kv_seg_offset(size_t blk, int slot, int block_size, int n_heads, int h, int seg)
+{
+    return ((blk * (size_t)n_heads + (size_t)h) * (size_t)block_size + (size_t)slot) * (size_t)seg;
 }
 
 /* Element i of a stored row as f32, times `scale` (the fp8 layer scale, the int8 group scale,

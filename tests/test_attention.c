@@ -225,14 +225,20 @@ static void tcache_make(struct tcache *c, const struct acase *a, enum be_kv_type
     for (int i = 0; i < c->n_blocks; i++) c->table[i] = (i * 7 + 5) % c->n_blocks;
     float *x = malloc(sizeof(float) * (c->k_row > c->v_row ? c->k_row : c->v_row));
     for (int p = 0; p < max_pos; p++) {
-        size_t r = (size_t)c->table[p / c->bs] * c->bs + p % c->bs;
-        for (int i = 0; i < c->k_row; i++) x[i] = urand(-2, 2);
-        kv_store_row(t, (char *)c->kv.k + r * c->k_row * es, x, c->k_row, c->kv.k_grp,
-                     1.0f / c->kv.k_scale, c->kv.k_sc + r * (c->k_row / c->kv.k_grp));
-        if (a->mla) continue;
-        for (int i = 0; i < c->v_row; i++) x[i] = urand(-2, 2);
-        kv_store_row(t, (char *)c->kv.v + r * c->v_row * es, x, c->v_row, c->kv.v_grp,
-                     1.0f / c->kv.v_scale, c->kv.v_sc + r * (c->v_row / c->kv.v_grp));
+        size_t blk = (size_t)c->table[p / c->bs];
+        int slot = p % c->bs;
+        for (int v = 0; v < (a->mla ? 1 : 2); v++) { /* head-major segments (kv_seg_offset) */
+            int row = v ? c->v_row : c->k_row, seg = v ? c->kv.v_grp : c->kv.k_grp;
+            float f = v ? c->kv.v_scale : c->kv.k_scale;
+            for (int i = 0; i < row; i++) x[i] = urand(-2, 2);
+            for (int h = 0; h < row / seg; h++)
+                kv_store_row(t,
+                             (char *)(v ? c->kv.v : c->kv.k) +
+                                 kv_seg_offset(blk, slot, c->bs, row / seg, h, seg) * es,
+                             x + (size_t)h * seg, seg, seg, 1.0f / f,
+                             (v ? c->kv.v_sc : c->kv.k_sc) +
+                                 kv_seg_offset(blk, slot, c->bs, row / seg, h, 1));
+        }
     }
     free(x);
 }
@@ -249,13 +255,18 @@ static void tcache_free(struct tcache *c)
 /* Element i of position p's key (or value) for KV head h, as the cache holds it. */
 static double cache_at(const struct tcache *c, int v, int p, int h, int dim, int i)
 {
-    size_t r = (size_t)c->table[p / c->bs] * c->bs + p % c->bs, es = (size_t)kv_type_size(c->kv.type);
-    int row = v ? c->v_row : c->k_row, grp = v ? c->kv.v_grp : c->kv.k_grp;
-    const char *base = (const char *)(v ? c->kv.v : c->kv.k) + r * row * es;
-    float sc = c->kv.type == BE_KV_INT8 ? (v ? c->kv.v_sc : c->kv.k_sc)[r * (row / grp) + (size_t)h * dim / grp]
-               : c->kv.type == BE_KV_FP8_E4M3 || c->kv.type == BE_KV_FP8_E5M2 ? (v ? c->kv.v_scale : c->kv.k_scale)
-                                                                              : 1.0f;
-    return kv_load(c->kv.type, base + (size_t)h * dim * es, i, sc);
+    size_t blk = (size_t)c->table[p / c->bs], es = (size_t)kv_type_size(c->kv.type);
+    int slot = p % c->bs, row = v ? c->v_row : c->k_row, seg = v ? c->kv.v_grp : c->kv.k_grp;
+    int n = row / seg;
+    (void)dim;
+    const char *base = (const char *)(v ? c->kv.v : c->kv.k) +
+                       kv_seg_offset(blk, slot, c->bs, n, h, seg) * es;
+    float sc = c->kv.type == BE_KV_INT8
+                   ? (v ? c->kv.v_sc : c->kv.k_sc)[kv_seg_offset(blk, slot, c->bs, n, h, 1)]
+               : c->kv.type == BE_KV_FP8_E4M3 || c->kv.type == BE_KV_FP8_E5M2
+                   ? (v ? c->kv.v_scale : c->kv.k_scale)
+                   : 1.0f;
+    return kv_load(c->kv.type, base, i, sc);
 }
 
 /* The double-precision attention of token (pos) query head qh. */

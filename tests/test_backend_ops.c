@@ -621,10 +621,12 @@ static int32_t *ops_block_table(struct ops_ctx *t, int needed, int n_blocks)
     return all;
 }
 
-/* An f32 layer cache over k and v (backend memory). */
-static struct be_kv f32_kv(void *k, void *v)
+/* An f32 layer cache over k and v (backend memory), with KV head segments of kg and vg
+ * elements. */
+static struct be_kv f32_kv(void *k, void *v, int kg, int vg)
 {
-    return (struct be_kv){.type = BE_KV_F32, .k = k, .v = v, .k_scale = 1.0f, .v_scale = 1.0f};
+    return (struct be_kv){.type = BE_KV_F32, .k = k, .v = v, .k_grp = kg, .v_grp = vg,
+                          .k_scale = 1.0f, .v_scale = 1.0f};
 }
 
 static void check_kv_write(struct ops_ctx *t, int block_size, int n_kv_head, int head_dim, int pos0,
@@ -645,7 +647,7 @@ static void check_kv_write(struct ops_ctx *t, int block_size, int n_kv_head, int
     BOTH(ops_rand(t, cache_n, -1, 1), sizeof(float) * cache_n, rvc, dvc);
     BOTH(bt, sizeof(int32_t) * n_blocks, rb, db);
     struct be_tokens rt = {.tables = rb, .pos0 = pos0}, dt = {.tables = db, .pos0 = pos0};
-    struct be_kv rkv = f32_kv(rkc, rvc), dkv = f32_kv(dkc, dvc);
+    struct be_kv rkv = f32_kv(rkc, rvc, head_dim, head_dim), dkv = f32_kv(dkc, dvc, head_dim, head_dim);
     RUN2(t->ref->ops->kv_write(t->ref, &rkv, rk, rv, &rt, block_size, n, row),
          t->dut->ops->kv_write(t->dut, &dkv, dk, dv, &dt, block_size, n, row));
     ops_compare(t, "kv_write (k)", shape, rkc, dkc, cache_n);
@@ -671,7 +673,7 @@ static void check_attention(struct ops_ctx *t, int pos0, int n, int n_head, int 
     BOTH(bt, sizeof(int32_t) * n_blocks, rb, db);
     BOTH(NULL, sizeof(float) * qn, ro, dout);
     struct be_tokens rt = {.tables = rb, .pos0 = pos0}, dt = {.tables = db, .pos0 = pos0};
-    struct be_kv rkv = f32_kv(rkc, rvc), dkv = f32_kv(dkc, dvc);
+    struct be_kv rkv = f32_kv(rkc, rvc, head_dim, head_dim), dkv = f32_kv(dkc, dvc, head_dim, head_dim);
     struct be_attn a = {.n_head = n_head, .n_kv_head = n_kv_head, .k_dim = head_dim,
                         .v_dim = head_dim, .k_row = row, .v_row = row, .window = window,
                         .scale = scale};
@@ -858,7 +860,9 @@ static void check_attention_ex(struct ops_ctx *t, int pos0, int n, int n_head, i
     struct be_tokens rt = {.tables = rb, .pos0 = pos0}, dt = {.tables = db, .pos0 = pos0};
     struct be_attn ra = {n_head, n_kv, k_dim, v_dim, k_row, v_row, window, 0.1f, rs, 0}, da = ra;
     da.sinks = ds;
-    struct be_kv rkv = f32_kv(rkc, mla ? rkc : rvc), dkv = f32_kv(dkc, mla ? dkc : dvc);
+    int kg = mla ? k_row : k_dim, vg = mla ? k_row : v_dim;
+    struct be_kv rkv = f32_kv(rkc, mla ? rkc : rvc, kg, vg);
+    struct be_kv dkv = f32_kv(dkc, mla ? dkc : dvc, kg, vg);
     if (mla) /* the latent rows of this step, keys only */
         RUN2(t->ref->ops->kv_write(t->ref, &rkv, rk, NULL, &rt, bs, n, k_row),
              t->dut->ops->kv_write(t->dut, &dkv, dk, NULL, &dt, bs, n, k_row));

@@ -25,6 +25,7 @@ void fa_work_free(struct fa_work *w)
     free(w->units);
     free(w->tasks);
     free(w->part);
+    free(w->zero);
     memset(w, 0, sizeof *w);
 }
 
@@ -55,7 +56,8 @@ int fa_work_reserve(struct fa_work *w, int n_threads, int max_tokens, int max_gr
     w->units = malloc(sizeof(int32_t) * 4 * (size_t)w->max_units);
     w->tasks = malloc(sizeof(int32_t) * 3 * (size_t)w->max_tasks);
     w->part = malloc(sizeof(float) * (w->part_floats > 0 ? w->part_floats : 1));
-    if (!w->scratch || !w->units || !w->tasks || !w->part) {
+    w->zero = calloc((size_t)(w->dk > w->dv ? w->dk : w->dv), sizeof(float));
+    if (!w->scratch || !w->units || !w->tasks || !w->part || !w->zero) {
         fa_work_free(w);
         return -1;
     }
@@ -169,32 +171,70 @@ static void load_tile(const struct fa_call *c, const struct fa_unit *un, int t0,
     const struct be_attn *a = c->a;
     const struct be_kv *kv = c->kv;
     int dk = a->k_dim, dv = a->v_dim, bs = c->block_size, nh = un->nh;
+    int ks = kv->k_grp, vs = kv->v_grp, nk = a->k_row / ks, nv = a->v_row / vs;
     size_t es = (size_t)c->esize, kw = (size_t)nh * dk, vw = (size_t)nh * dv;
     bool fp8 = kv->type == BE_KV_FP8_E4M3 || kv->type == BE_KV_FP8_E5M2;
     bool int8 = kv->type == BE_KV_INT8;
     memset(un->kf, 0, sizeof(float) * (size_t)j0 * kw);
     memset(un->kf + (size_t)(j1 + 1) * kw, 0, sizeof(float) * (size_t)(FA_TK - 1 - j1) * kw);
     memset(un->vt, 0, sizeof(float) * (size_t)j0 * vw);
-    int kg = int8 ? a->k_row / kv->k_grp : 0, vg = int8 ? a->v_row / kv->v_grp : 0;
     for (int j = j0; j <= j1; j++) {
-        int p = t0 + j;
-        size_t row = (size_t)un->table[p / bs] * bs + p % bs;
-        const char *kr = (const char *)kv->k + (row * a->k_row + (size_t)un->h0 * dk) * es;
-        const char *vr = (const char *)kv->v + (row * a->v_row + (size_t)un->h0 * dv) * es;
+        int p = t0 + j, slot = p % bs;
+        size_t blk = (size_t)un->table[p / bs];
         float *kd = un->kf + (size_t)j * kw, *vd = un->vt + (size_t)j * vw;
-        if (!int8) { /* the unit's heads are adjacent in the row: one conversion each */
-            c->kk->kv_cvt(kd, kr, (int)kw, kv->type, fp8 ? kv->k_scale : 1.0f);
-            c->kk->kv_cvt(vd, vr, (int)vw, kv->type, fp8 ? kv->v_scale : 1.0f);
-            continue;
-        }
-        for (int hh = 0; hh < nh; hh++) { /* a scale per head */
+        for (int hh = 0; hh < nh; hh++) {
             int h = un->h0 + hh;
-            c->kk->kv_cvt(kd + (size_t)hh * dk, kr + (size_t)hh * dk * es, dk, kv->type,
-                          kv->k_sc[row * kg + (size_t)h * dk / kv->k_grp]);
-            c->kk->kv_cvt(vd + (size_t)hh * dv, vr + (size_t)hh * dv * es, dv, kv->type,
-                          kv->v_sc[row * vg + (size_t)h * dv / kv->v_grp]);
+            size_t ko = kv_seg_offset(blk, slot, bs, nk, h, ks);
+            size_t vo = kv_seg_offset(blk, slot, bs, nv, h, vs);
+            float kf = fp8 ? kv->k_scale
+                       : int8 ? kv->k_sc[kv_seg_offset(blk, slot, bs, nk, h, 1)] : 1.0f;
+            float vf = fp8 ? kv->v_scale
+                       : int8 ? kv->v_sc[kv_seg_offset(blk, slot, bs, nv, h, 1)] : 1.0f;
+            c->kk->kv_cvt(kd + (size_t)hh * dk, (const char *)kv->k + ko * es, dk, kv->type, kf);
+            c->kk->kv_cvt(vd + (size_t)hh * dv, (const char *)kv->v + vo * es, dv, kv->type, vf);
         }
     }
+}
+
+/* Rows per KV head up to which a tile is read where the cache holds it (fa_dots_kv, fa_pv_kv)
+ * rather than converted into a tile first: with few query rows (a decode) the conversion and
+ * the tile's stores cost more than converting in registers for each row. Both give the same
+ * bits, so which one runs changes no output. */
+#define FA_DIRECT_ROWS 4
+
+/* Head hh's rows of the tile at t0 where the cache holds them (values if v): pointers for
+ * j in [j0, j1], the zero row elsewhere; their scales into sc (fp8, int8). Returns sc, or NULL
+ * for the types without scales. */
+static const float *tile_ptrs(const struct fa_call *c, const struct fa_unit *un, int hh, int t0,
+                              int j0, int j1, int v, const void **ptr, float *sc)
+{
+    const struct be_attn *a = c->a;
+    const struct be_kv *kv = c->kv;
+    int seg = v ? kv->v_grp : kv->k_grp, n_seg = (v ? a->v_row : a->k_row) / seg;
+    int bs = c->block_size, h = un->h0 + hh;
+    size_t es = (size_t)c->esize;
+    bool fp8 = kv->type == BE_KV_FP8_E4M3 || kv->type == BE_KV_FP8_E5M2;
+    bool int8 = kv->type == BE_KV_INT8;
+    const char *base = (const char *)(v ? kv->v : kv->k);
+    int p0 = t0 + j0, slot = p0 % bs, bi = p0 / bs; /* then by steps: no division a row */
+    size_t blk = (size_t)un->table[bi];
+    for (int j = 0; j < FA_TK; j++) {
+        if (j < j0 || j > j1) {
+            ptr[j] = c->w->zero;
+            sc[j] = 1.0f;
+            continue;
+        }
+        if (slot == bs) {
+            slot = 0;
+            blk = (size_t)un->table[++bi];
+        }
+        ptr[j] = base + kv_seg_offset(blk, slot, bs, n_seg, h, seg) * es;
+        sc[j] = fp8    ? (v ? kv->v_scale : kv->k_scale)
+                : int8 ? (v ? kv->v_sc : kv->k_sc)[kv_seg_offset(blk, slot, bs, n_seg, h, 1)]
+                       : 1.0f;
+        slot++;
+    }
+    return fp8 || int8 ? sc : NULL;
 }
 
 /* Segment `seg` of the unit's context into fresh states st (R rows of dv + 2). */
@@ -215,11 +255,19 @@ static void unit_segment(const struct fa_call *c, const struct fa_unit *un, int 
     for (int t0 = first; t0 <= last; t0 += FA_TK) {
         int j0 = un->minlo > t0 ? un->minlo - t0 : 0;
         int j1 = un->maxhi < t0 + FA_TK - 1 ? un->maxhi - t0 : FA_TK - 1;
-        load_tile(c, un, t0, j0, j1);
-        for (int hh = 0; hh < un->nh; hh++)
-            c->kk->fa_dots(un->s + (size_t)hh * rows_h * FA_TK,
-                           un->qb + (size_t)hh * rows_h * dk, rows_h, dk,
-                           un->kf + (size_t)hh * dk, un->nh * dk);
+        bool direct = rows_h <= FA_DIRECT_ROWS;
+        const void *ptr[FA_TK];
+        float sc[FA_TK];
+        if (!direct) load_tile(c, un, t0, j0, j1);
+        for (int hh = 0; hh < un->nh; hh++) {
+            float *sh = un->s + (size_t)hh * rows_h * FA_TK;
+            const float *qh = un->qb + (size_t)hh * rows_h * dk;
+            if (direct)
+                c->kk->fa_dots_kv(sh, qh, rows_h, dk, ptr,
+                                  tile_ptrs(c, un, hh, t0, j0, j1, 0, ptr, sc), c->kv->type);
+            else
+                c->kk->fa_dots(sh, qh, rows_h, dk, un->kf + (size_t)hh * dk, un->nh * dk);
+        }
         for (int r = 0; r < R; r++) {
             float *p = un->s + (size_t)r * FA_TK, *sr = st + (size_t)r * ld;
             int rlo = un->lo[r] > t0 ? un->lo[r] - t0 : 0;
@@ -240,10 +288,17 @@ static void unit_segment(const struct fa_call *c, const struct fa_unit *un, int 
             sr[ST_L] += c->kk->fa_exp(p, rlo, rhi, m);
         }
         /* rows without keys here add 0 * v (v finite: loaded or zero) */
-        for (int r = 0; r < R; r++) {
-            int hh = r / rows_h;
-            c->kk->fa_pv(st + (size_t)r * ld + ST_O, un->s + (size_t)r * FA_TK, 1, dv,
-                         un->vt + (size_t)hh * dv, un->nh * dv, j1 + 1);
+        for (int hh = 0; hh < un->nh; hh++) {
+            int r0 = hh * rows_h;
+            if (direct) {
+                const float *scv = tile_ptrs(c, un, hh, t0, j0, j1, 1, ptr, sc);
+                c->kk->fa_pv_kv(st + (size_t)r0 * ld + ST_O, ld, un->s + (size_t)r0 * FA_TK,
+                                rows_h, dv, ptr, scv, j1 + 1, c->kv->type);
+                continue;
+            }
+            for (int r = r0; r < r0 + rows_h; r++)
+                c->kk->fa_pv(st + (size_t)r * ld + ST_O, un->s + (size_t)r * FA_TK, 1, dv,
+                             un->vt + (size_t)hh * dv, un->nh * dv, j1 + 1);
         }
     }
 }

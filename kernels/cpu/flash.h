@@ -47,6 +47,7 @@ struct fa_work {
     int max_tasks;
     float *part;             /* split segments' partial states */
     size_t part_floats;
+    float *zero;             /* a row of zeros (max(dk, dv) floats) for the tile's empty rows */
 };
 
 /* Buffers for calls of up to max_tokens tokens, units of up to max(FA_ROWS, max_group) rows,

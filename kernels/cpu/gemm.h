@@ -91,6 +91,14 @@ struct gemm_kernels {
     void (*kv_cvt)(float *dst, const void *src, int n, enum be_kv_type t, float scale);
     void (*fa_dots)(float *s, const float *q, int R, int d, const float *kf, int ldk);
     void (*fa_pv)(float *o, const float *p, int R, int dv, const float *vt, int ldv, int cnt);
+    /* The same two products reading the tile's rows where the cache stores them, in its type
+     * t: row j at k[j] / v[j] (FA_TK pointers), each element times sc[j] for fp8 and int8 (sc
+     * NULL for the others), converted in registers: bit for bit kv_cvt into a tile followed
+     * by fa_dots / fa_pv, without the tile (for units with few rows per head: a decode). */
+    void (*fa_dots_kv)(float *s, const float *q, int R, int d, const void *const *k,
+                       const float *sc, enum be_kv_type t);
+    void (*fa_pv_kv)(float *o, size_t ldo, const float *p, int R, int dv, const void *const *v,
+                     const float *sc, int cnt, enum be_kv_type t); /* o: R rows ldo apart */
     float (*fa_max)(const float *p, int lo, int hi);
     float (*fa_exp)(float *p, int lo, int hi, float m);
     /* Continuous experts (backend.h neuron_ffn) over gathered rows of (F, k) f32, f16 or bf16

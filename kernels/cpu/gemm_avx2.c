@@ -616,6 +616,127 @@ static void v_fa_pv(float *o, const float *p, int R, int dv, const float *vt, in
     }
 }
 
+/* 8 stored elements of type t at src + i as f32 times f for fp8 and int8 (kv_cvt's values);
+ * left < 8: the first `left`, zero beyond. */
+static inline __attribute__((always_inline)) __m256 kv8s(const enum be_kv_type t, const void *src,
+                                                         int i, int left, float f)
+{
+    const int scaled = t == BE_KV_FP8_E4M3 || t == BE_KV_FP8_E5M2 || t == BE_KV_INT8;
+    if (left < 8) {
+        float tmp[8] = {0};
+        for (int e = 0; e < left; e++) tmp[e] = kv_load(t, src, i + e, f);
+        return _mm256_loadu_ps(tmp);
+    }
+    __m256 v = kv8(t, src, i);
+    return scaled ? _mm256_mul_ps(v, _mm256_set1_ps(f)) : v;
+}
+
+static inline __attribute__((always_inline)) void v_dots8_kv(float *s, const float *q, int d,
+                                                             const void *const *k,
+                                                             const float *sc,
+                                                             const enum be_kv_type t)
+{
+    __m256 acc[8];
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
+    for (int i = 0; i < d; i += 8) {
+        int left = d - i < 8 ? d - i : 8;
+        __m256 qv = load_part(q + i, left);
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++)
+            acc[j] = _mm256_fmadd_ps(qv, kv8s(t, k[j], i, left, sc ? sc[j] : 1.0f), acc[j]);
+    }
+    _mm_storeu_ps(s, hsum4(acc[0], acc[1], acc[2], acc[3]));
+    _mm_storeu_ps(s + 4, hsum4(acc[4], acc[5], acc[6], acc[7]));
+}
+
+static inline __attribute__((always_inline)) void v_dots_kv_t(float *s, const float *q, int R,
+                                                              int d, const void *const *k,
+                                                              const float *sc,
+                                                              const enum be_kv_type t)
+{
+    for (int r = 0; r < R; r++) {
+        v_dots8_kv(s + (size_t)r * 16, q + (size_t)r * d, d, k, sc, t);
+        v_dots8_kv(s + (size_t)r * 16 + 8, q + (size_t)r * d, d, k + 8, sc ? sc + 8 : NULL, t);
+    }
+}
+
+static void v_fa_dots_kv(float *s, const float *q, int R, int d, const void *const *k,
+                         const float *sc, enum be_kv_type t)
+{
+    switch (t) {
+    case BE_KV_F32: v_dots_kv_t(s, q, R, d, k, sc, BE_KV_F32); break;
+    case BE_KV_BF16: v_dots_kv_t(s, q, R, d, k, sc, BE_KV_BF16); break;
+    case BE_KV_F16: v_dots_kv_t(s, q, R, d, k, sc, BE_KV_F16); break;
+    case BE_KV_FP8_E4M3: v_dots_kv_t(s, q, R, d, k, sc, BE_KV_FP8_E4M3); break;
+    case BE_KV_FP8_E5M2: v_dots_kv_t(s, q, R, d, k, sc, BE_KV_FP8_E5M2); break;
+    case BE_KV_INT8: v_dots_kv_t(s, q, R, d, k, sc, BE_KV_INT8); break;
+    }
+}
+
+static inline __attribute__((always_inline)) void v_pv_kv_cols(float *o, const float *p,
+                                                               const void *const *v,
+                                                               const float *sc, int cnt, int c0,
+                                                               const int NV,
+                                                               const enum be_kv_type t)
+{
+    __m256 acc[8];
+#pragma GCC unroll 8
+    for (int w = 0; w < NV; w++) acc[w] = _mm256_loadu_ps(o + c0 + 8 * w);
+    for (int j = 0; j < cnt; j++) {
+        __m256 pj = _mm256_set1_ps(p[j]);
+        float f = sc ? sc[j] : 1.0f;
+#pragma GCC unroll 8
+        for (int w = 0; w < NV; w++)
+            acc[w] = _mm256_fmadd_ps(pj, kv8s(t, v[j], c0 + 8 * w, 8, f), acc[w]);
+    }
+#pragma GCC unroll 8
+    for (int w = 0; w < NV; w++) _mm256_storeu_ps(o + c0 + 8 * w, acc[w]);
+}
+
+static inline __attribute__((always_inline)) void v_pv_kv_t(float *o, size_t ldo, const float *p,
+                                                            int R, int dv, const void *const *v,
+                                                            const float *sc, int cnt,
+                                                            const enum be_kv_type t)
+{
+    for (int r = 0; r < R; r++) {
+        float *orow = o + (size_t)r * ldo;
+        const float *pr = p + (size_t)r * FA_TK;
+        int c0 = 0;
+        for (; c0 + 8 <= dv; c0 += 64) {
+            int nv = (dv - c0) / 8;
+            switch (nv < 8 ? nv : 8) {
+            case 8: v_pv_kv_cols(orow, pr, v, sc, cnt, c0, 8, t); break;
+            case 7: v_pv_kv_cols(orow, pr, v, sc, cnt, c0, 7, t); break;
+            case 6: v_pv_kv_cols(orow, pr, v, sc, cnt, c0, 6, t); break;
+            case 5: v_pv_kv_cols(orow, pr, v, sc, cnt, c0, 5, t); break;
+            case 4: v_pv_kv_cols(orow, pr, v, sc, cnt, c0, 4, t); break;
+            case 3: v_pv_kv_cols(orow, pr, v, sc, cnt, c0, 3, t); break;
+            case 2: v_pv_kv_cols(orow, pr, v, sc, cnt, c0, 2, t); break;
+            default: v_pv_kv_cols(orow, pr, v, sc, cnt, c0, 1, t); break;
+            }
+        }
+        for (int c = dv / 8 * 8; c < dv; c++) { /* the last dv % 8 columns, as v_fa_pv */
+            float acc = orow[c];
+            for (int j = 0; j < cnt; j++) acc = fmaf(pr[j], kv_load(t, v[j], c, sc ? sc[j] : 1.0f), acc);
+            orow[c] = acc;
+        }
+    }
+}
+
+static void v_fa_pv_kv(float *o, size_t ldo, const float *p, int R, int dv,
+                       const void *const *v, const float *sc, int cnt, enum be_kv_type t)
+{
+    switch (t) {
+    case BE_KV_F32: v_pv_kv_t(o, ldo, p, R, dv, v, sc, cnt, BE_KV_F32); break;
+    case BE_KV_BF16: v_pv_kv_t(o, ldo, p, R, dv, v, sc, cnt, BE_KV_BF16); break;
+    case BE_KV_F16: v_pv_kv_t(o, ldo, p, R, dv, v, sc, cnt, BE_KV_F16); break;
+    case BE_KV_FP8_E4M3: v_pv_kv_t(o, ldo, p, R, dv, v, sc, cnt, BE_KV_FP8_E4M3); break;
+    case BE_KV_FP8_E5M2: v_pv_kv_t(o, ldo, p, R, dv, v, sc, cnt, BE_KV_FP8_E5M2); break;
+    case BE_KV_INT8: v_pv_kv_t(o, ldo, p, R, dv, v, sc, cnt, BE_KV_INT8); break;
+    }
+}
+
 /* Lanes lo .. hi of the 16 (two vectors) as all-ones masks. */
 static inline void range8x2(int lo, int hi, __m256 *m0, __m256 *m1)
 {
@@ -707,6 +828,8 @@ const struct gemm_kernels gemm_avx2 = {
     .kv_cvt = v_kv_cvt,
     .fa_dots = v_fa_dots,
     .fa_pv = v_fa_pv,
+    .fa_dots_kv = v_fa_dots_kv,
+    .fa_pv_kv = v_fa_pv_kv,
     .fa_max = v_fa_max,
     .fa_exp = v_fa_exp,
     .neuron_up = v_neuron_up,

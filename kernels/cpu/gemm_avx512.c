@@ -574,6 +574,177 @@ static void x_fa_pv(float *o, const float *p, int R, int dv, const float *vt, in
     }
 }
 
+/* 16 stored elements of type t at src + i (lanes of m) as f32 times f (fp8, int8: the
+ * values kv_cvt writes into a tile). */
+static inline __attribute__((always_inline)) __m512 kv16s(const enum be_kv_type t, const void *src,
+                                                          int i, __mmask16 m, float f)
+{
+    __m512 v = kv16(t, src, i, m);
+    if (t == BE_KV_FP8_E4M3 || t == BE_KV_FP8_E5M2 || t == BE_KV_INT8)
+        v = _mm512_mul_ps(v, _mm512_set1_ps(f));
+    return v;
+}
+
+/* RB rows' dot products with KB of the tile's keys (RB * KB = 16 accumulators), each stored key
+ * converted once for the RB rows; every (row, key) sum is the same sequence of FMAs over d and
+ * the same hsum4 tree as fa_dots', whatever RB and KB. */
+static inline __attribute__((always_inline)) void x_dots_kv_blk(float *s, const float *q, int d,
+                                                                const void *const *k,
+                                                                const float *sc, int j0,
+                                                                const int RB, const int KB,
+                                                                const enum be_kv_type t)
+{
+    __m512 acc[16];
+#pragma GCC unroll 16
+    for (int a = 0; a < RB * KB; a++) acc[a] = _mm512_setzero_ps();
+    for (int i = 0; i < d; i += 16) {
+        __mmask16 m = mask16(d - i);
+        __m512 qv[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < RB; r++) qv[r] = _mm512_maskz_loadu_ps(m, q + (size_t)r * d + i);
+#pragma GCC unroll 16
+        for (int j = 0; j < KB; j++) {
+            __m512 kvv = kv16s(t, k[j0 + j], i, m, sc ? sc[j0 + j] : 1.0f);
+#pragma GCC unroll 4
+            for (int r = 0; r < RB; r++) acc[r * KB + j] = _mm512_fmadd_ps(qv[r], kvv, acc[r * KB + j]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < RB; r++)
+#pragma GCC unroll 4
+        for (int j = 0; j < KB; j += 4)
+            _mm_storeu_ps(s + (size_t)r * 16 + j0 + j,
+                          hsum4(acc[r * KB + j], acc[r * KB + j + 1], acc[r * KB + j + 2],
+                                acc[r * KB + j + 3]));
+}
+
+static inline __attribute__((always_inline)) void x_dots_kv_t(float *s, const float *q, int R,
+                                                              int d, const void *const *k,
+                                                              const float *sc,
+                                                              const enum be_kv_type t)
+{
+    int r = 0;
+    for (; r + 4 <= R; r += 4)
+        for (int j0 = 0; j0 < 16; j0 += 4)
+            x_dots_kv_blk(s + (size_t)r * 16, q + (size_t)r * d, d, k, sc, j0, 4, 4, t);
+    for (; r + 2 <= R; r += 2)
+        for (int j0 = 0; j0 < 16; j0 += 8)
+            x_dots_kv_blk(s + (size_t)r * 16, q + (size_t)r * d, d, k, sc, j0, 2, 8, t);
+    for (; r < R; r++) x_dots_kv_blk(s + (size_t)r * 16, q + (size_t)r * d, d, k, sc, 0, 1, 16, t);
+}
+
+static void x_fa_dots_kv(float *s, const float *q, int R, int d, const void *const *k,
+                         const float *sc, enum be_kv_type t)
+{
+    switch (t) {
+    case BE_KV_F32: x_dots_kv_t(s, q, R, d, k, sc, BE_KV_F32); break;
+    case BE_KV_BF16: x_dots_kv_t(s, q, R, d, k, sc, BE_KV_BF16); break;
+    case BE_KV_F16: x_dots_kv_t(s, q, R, d, k, sc, BE_KV_F16); break;
+    case BE_KV_FP8_E4M3: x_dots_kv_t(s, q, R, d, k, sc, BE_KV_FP8_E4M3); break;
+    case BE_KV_FP8_E5M2: x_dots_kv_t(s, q, R, d, k, sc, BE_KV_FP8_E5M2); break;
+    case BE_KV_INT8: x_dots_kv_t(s, q, R, d, k, sc, BE_KV_INT8); break;
+    }
+}
+
+/* RB output rows (ldo apart) through the tile's cnt value rows, NV vectors from column c0, each
+ * stored value converted once for the RB rows (RB * NV <= 16). */
+static inline __attribute__((always_inline)) void x_pv_kv_cols(float *o, size_t ldo,
+                                                               const float *p,
+                                                               const void *const *v,
+                                                               const float *sc, int dv, int cnt,
+                                                               int c0, const int RB, const int NV,
+                                                               const enum be_kv_type t)
+{
+    __m512 acc[16];
+    __mmask16 m[8];
+#pragma GCC unroll 8
+    for (int w = 0; w < NV; w++) m[w] = mask16(dv - c0 - 16 * w);
+#pragma GCC unroll 2
+    for (int r = 0; r < RB; r++)
+#pragma GCC unroll 8
+        for (int w = 0; w < NV; w++)
+            acc[r * NV + w] = _mm512_maskz_loadu_ps(m[w], o + (size_t)r * ldo + c0 + 16 * w);
+    for (int j = 0; j < cnt; j++) {
+        __m512 pj[2];
+#pragma GCC unroll 2
+        for (int r = 0; r < RB; r++) pj[r] = _mm512_set1_ps(p[(size_t)r * FA_TK + j]);
+        float f = sc ? sc[j] : 1.0f;
+#pragma GCC unroll 8
+        for (int w = 0; w < NV; w++) {
+            __m512 vv = kv16s(t, v[j], c0 + 16 * w, m[w], f);
+#pragma GCC unroll 2
+            for (int r = 0; r < RB; r++) acc[r * NV + w] = _mm512_fmadd_ps(pj[r], vv, acc[r * NV + w]);
+        }
+    }
+#pragma GCC unroll 2
+    for (int r = 0; r < RB; r++)
+#pragma GCC unroll 8
+        for (int w = 0; w < NV; w++)
+            _mm512_mask_storeu_ps(o + (size_t)r * ldo + c0 + 16 * w, m[w], acc[r * NV + w]);
+}
+
+/* RB rows from r: 16-column chunks, 16 / RB vectors at a time. */
+static inline __attribute__((always_inline)) void x_pv_kv_rows(float *o, size_t ldo,
+                                                               const float *p,
+                                                               const void *const *v,
+                                                               const float *sc, int dv, int cnt,
+                                                               const int RB,
+                                                               const enum be_kv_type t)
+{
+    const int step = 16 / RB * 16;
+    for (int c0 = 0; c0 < dv; c0 += step) {
+        int nv = (dv - c0 + 15) / 16;
+        if (RB == 2) {
+            switch (nv < 8 ? nv : 8) {
+            case 8: x_pv_kv_cols(o, ldo, p, v, sc, dv, cnt, c0, 2, 8, t); break;
+            case 7: x_pv_kv_cols(o, ldo, p, v, sc, dv, cnt, c0, 2, 7, t); break;
+            case 6: x_pv_kv_cols(o, ldo, p, v, sc, dv, cnt, c0, 2, 6, t); break;
+            case 5: x_pv_kv_cols(o, ldo, p, v, sc, dv, cnt, c0, 2, 5, t); break;
+            case 4: x_pv_kv_cols(o, ldo, p, v, sc, dv, cnt, c0, 2, 4, t); break;
+            case 3: x_pv_kv_cols(o, ldo, p, v, sc, dv, cnt, c0, 2, 3, t); break;
+            case 2: x_pv_kv_cols(o, ldo, p, v, sc, dv, cnt, c0, 2, 2, t); break;
+            default: x_pv_kv_cols(o, ldo, p, v, sc, dv, cnt, c0, 2, 1, t); break;
+            }
+        } else {
+            switch (nv < 8 ? nv : 8) {
+            case 8: x_pv_kv_cols(o, ldo, p, v, sc, dv, cnt, c0, 1, 8, t); break;
+            case 7: x_pv_kv_cols(o, ldo, p, v, sc, dv, cnt, c0, 1, 7, t); break;
+            case 6: x_pv_kv_cols(o, ldo, p, v, sc, dv, cnt, c0, 1, 6, t); break;
+            case 5: x_pv_kv_cols(o, ldo, p, v, sc, dv, cnt, c0, 1, 5, t); break;
+            case 4: x_pv_kv_cols(o, ldo, p, v, sc, dv, cnt, c0, 1, 4, t); break;
+            case 3: x_pv_kv_cols(o, ldo, p, v, sc, dv, cnt, c0, 1, 3, t); break;
+            case 2: x_pv_kv_cols(o, ldo, p, v, sc, dv, cnt, c0, 1, 2, t); break;
+            default: x_pv_kv_cols(o, ldo, p, v, sc, dv, cnt, c0, 1, 1, t); break;
+            }
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) void x_pv_kv_t(float *o, size_t ldo, const float *p,
+                                                            int R, int dv, const void *const *v,
+                                                            const float *sc, int cnt,
+                                                            const enum be_kv_type t)
+{
+    int r = 0;
+    for (; r + 2 <= R; r += 2)
+        x_pv_kv_rows(o + (size_t)r * ldo, ldo, p + (size_t)r * FA_TK, v, sc, dv, cnt, 2, t);
+    for (; r < R; r++)
+        x_pv_kv_rows(o + (size_t)r * ldo, ldo, p + (size_t)r * FA_TK, v, sc, dv, cnt, 1, t);
+}
+
+static void x_fa_pv_kv(float *o, size_t ldo, const float *p, int R, int dv,
+                       const void *const *v, const float *sc, int cnt, enum be_kv_type t)
+{
+    switch (t) {
+    case BE_KV_F32: x_pv_kv_t(o, ldo, p, R, dv, v, sc, cnt, BE_KV_F32); break;
+    case BE_KV_BF16: x_pv_kv_t(o, ldo, p, R, dv, v, sc, cnt, BE_KV_BF16); break;
+    case BE_KV_F16: x_pv_kv_t(o, ldo, p, R, dv, v, sc, cnt, BE_KV_F16); break;
+    case BE_KV_FP8_E4M3: x_pv_kv_t(o, ldo, p, R, dv, v, sc, cnt, BE_KV_FP8_E4M3); break;
+    case BE_KV_FP8_E5M2: x_pv_kv_t(o, ldo, p, R, dv, v, sc, cnt, BE_KV_FP8_E5M2); break;
+    case BE_KV_INT8: x_pv_kv_t(o, ldo, p, R, dv, v, sc, cnt, BE_KV_INT8); break;
+    }
+}
+
 static inline __mmask16 range16(int lo, int hi)
 {
     return (__mmask16)(mask16(hi + 1) & ~mask16(lo));
@@ -642,6 +813,8 @@ const struct gemm_kernels gemm_avx512 = {
     .kv_cvt = x_kv_cvt,
     .fa_dots = x_fa_dots,
     .fa_pv = x_fa_pv,
+    .fa_dots_kv = x_fa_dots_kv,
+    .fa_pv_kv = x_fa_pv_kv,
     .fa_max = x_fa_max,
     .fa_exp = x_fa_exp,
     .neuron_up = x_neuron_up,

@@ -188,6 +188,29 @@ static void p_fa_pv(float *o, const float *p, int R, int dv, const float *vt, in
     }
 }
 
+static void p_fa_dots_kv(float *s, const float *q, int R, int d, const void *const *k,
+                         const float *sc, enum be_kv_type t)
+{
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < FA_TK; j++) {
+            float acc = 0.0f, f = sc ? sc[j] : 1.0f;
+            for (int i = 0; i < d; i++) acc += q[(size_t)r * d + i] * kv_load(t, k[j], i, f);
+            s[(size_t)r * FA_TK + j] = acc;
+        }
+}
+
+static void p_fa_pv_kv(float *o, size_t ldo, const float *p, int R, int dv,
+                       const void *const *v, const float *sc, int cnt, enum be_kv_type t)
+{
+    for (int r = 0; r < R; r++) {
+        float *orow = o + (size_t)r * ldo;
+        for (int j = 0; j < cnt; j++) {
+            float pj = p[(size_t)r * FA_TK + j], f = sc ? sc[j] : 1.0f;
+            for (int c = 0; c < dv; c++) orow[c] += pj * kv_load(t, v[j], c, f);
+        }
+    }
+}
+
 static float p_fa_max(const float *p, int lo, int hi)
 {
     float m = p[lo];
@@ -273,6 +296,8 @@ const struct gemm_kernels gemm_portable = {
     .kv_cvt = p_kv_cvt,
     .fa_dots = p_fa_dots,
     .fa_pv = p_fa_pv,
+    .fa_dots_kv = p_fa_dots_kv,
+    .fa_pv_kv = p_fa_pv_kv,
     .fa_max = p_fa_max,
     .fa_exp = p_fa_exp,
     .neuron_up = p_neuron_up,

@@ -19,17 +19,19 @@
 #define AT_CHUNK           1024
 #define AT_DIMS_PER_THREAD (CUK_ATTN_MAX_HEAD_DIM / AT_THREADS)
 
-/* Where row `row` (block * block_size + slot) of the layer keeps KV head kvh's key (or value)
- * and the scale its elements are multiplied by. */
+/* Where position p (block blk, slot) of the layer keeps KV head kvh's segment (seg elements, of
+ * row_len / seg per position, head-major within the block: kv_seg_offset) and the scale its
+ * elements are multiplied by. */
 static __device__ inline const void *at_row(const void *base, const float *sc, enum be_kv_type t,
-                                            float layer_scale, size_t row, int row_len, int kvh,
-                                            int dim, int grp, float *scale)
+                                            float layer_scale, size_t blk, int slot, int bs,
+                                            int row_len, int kvh, int seg, float *scale)
 {
+    int n_seg = row_len / seg;
     size_t es = (size_t)kv_type_size(t);
-    *scale = t == BE_KV_INT8 ? sc[row * (size_t)(row_len / grp) + (size_t)kvh * dim / grp]
+    *scale = t == BE_KV_INT8 ? sc[kv_seg_offset(blk, slot, bs, n_seg, kvh, 1)]
              : t == BE_KV_FP8_E4M3 || t == BE_KV_FP8_E5M2 ? layer_scale
                                                           : 1.0f;
-    return (const char *)base + (row * (size_t)row_len + (size_t)kvh * dim) * es;
+    return (const char *)base + kv_seg_offset(blk, slot, bs, n_seg, kvh, seg) * es;
 }
 
 /* out: (n, n_head, v_dim), q: (n, n_head, k_dim); the layer's cache kv: K rows of k_row and V
@@ -72,10 +74,10 @@ static __global__ void __launch_bounds__(AT_THREADS)
 
         for (int t = warp; t < len; t += n_warp) {
             int p = c0 + t;
-            size_t row = (size_t)block_table[p / block_size] * block_size + p % block_size;
             float ksc;
-            const void *kt = at_row(kv.k, kv.k_sc, kv.type, kv.k_scale, row, a.k_row, kvh,
-                                    a.k_dim, kv.k_grp, &ksc);
+            const void *kt = at_row(kv.k, kv.k_sc, kv.type, kv.k_scale,
+                                    (size_t)block_table[p / block_size], p % block_size,
+                                    block_size, a.k_row, kvh, kv.k_grp, &ksc);
             float s = 0.0f;
             for (int j = lane; j < a.k_dim; j += 32)
                 s += qs[j] * kv_load(kv.type, kt, j, ksc);
@@ -110,10 +112,10 @@ static __global__ void __launch_bounds__(AT_THREADS)
                 float o = acc[r] * alpha;
                 for (int t = 0; t < len; t++) {
                     int p = c0 + t;
-                    size_t row = (size_t)block_table[p / block_size] * block_size + p % block_size;
                     float vsc;
-                    const void *vt = at_row(kv.v, kv.v_sc, kv.type, kv.v_scale, row, a.v_row, kvh,
-                                            head_dim, kv.v_grp, &vsc);
+                    const void *vt = at_row(kv.v, kv.v_sc, kv.type, kv.v_scale,
+                                            (size_t)block_table[p / block_size], p % block_size,
+                                            block_size, a.v_row, kvh, kv.v_grp, &vsc);
                     o += sc[t] * kv_load(kv.type, vt, j, vsc);
                 }
                 acc[r] = o;
@@ -147,7 +149,7 @@ int cuk_attention(cudaStream_t st, float *out, const float *q, const struct be_k
         a->k_dim > CUK_ATTN_MAX_K_DIM || a->n_kv_head <= 0 || a->n_head % a->n_kv_head != 0 ||
         block_size <= 0 || tk->pos0 < 0 || a->k_row < a->n_kv_head * a->k_dim ||
         a->v_row < a->n_kv_head * a->v_dim ||
-        (kv->type == BE_KV_INT8 && (kv->k_grp <= 0 || kv->v_grp <= 0))) {
+        kv->k_grp <= 0 || kv->v_grp <= 0 || a->k_row % kv->k_grp || a->v_row % kv->v_grp) {
         if (err && errlen)
             snprintf(err, errlen,
                      "attention: unsupported shape (key width %d, max %d; value width %d, max %d; "

@@ -48,8 +48,9 @@ static __global__ void rw_moe_combine_kernel(float *out, const float *rows, cons
 
 /* Rows (n, row) of k and v to the tokens' positions (struct be_tokens) in the paged caches
  * (n_blocks, block_size, row); grid = n. */
-/* One block per token, one warp per group of its row (an int8 group needs its maximum
- * first; the other types convert element by element with the same rounding as the CPU). */
+/* One block per token, one warp per KV head segment of its row (an int8 segment needs its
+ * maximum first; the other types convert element by element with the same rounding as the
+ * CPU), written head-major within the block (kv_seg_offset). */
 static __global__ void rw_kv_write_kernel(struct be_kv kv, const float *k, const float *v,
                                           struct be_tokens tk, int block_size, int row)
 {
@@ -57,39 +58,41 @@ static __global__ void rw_kv_write_kernel(struct be_kv kv, const float *k, const
     int p = tk.pos ? tk.pos[i] : tk.pos0 + i;
     const int32_t *block_table =
         tk.seq ? tk.tables + (size_t)tk.seq[i] * (size_t)tk.table_stride : tk.tables;
-    size_t r = (size_t)block_table[p / block_size] * (size_t)block_size + (size_t)(p % block_size);
+    size_t blk = (size_t)block_table[p / block_size];
+    int slot = p % block_size;
     size_t es = (size_t)kv_type_size(kv.type);
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, n_warp = blockDim.x >> 5;
     for (int which = 0; which < (v ? 2 : 1); which++) {
         const float *x = (which ? v : k) + (size_t)i * (size_t)row;
-        char *dst = (char *)(which ? kv.v : kv.k) + r * (size_t)row * es;
         float *sc = which ? kv.v_sc : kv.k_sc;
-        int grp = which ? kv.v_grp : kv.k_grp;
+        int seg = which ? kv.v_grp : kv.k_grp, n_seg = row / seg;
         float inv = which ? (kv.v_scale > 0.0f ? 1.0f / kv.v_scale : 1.0f)
                           : (kv.k_scale > 0.0f ? 1.0f / kv.k_scale : 1.0f);
-        if (kv.type != BE_KV_INT8) {
-            for (int c = threadIdx.x; c < row; c += blockDim.x) {
-                switch (kv.type) {
-                case BE_KV_F32: ((float *)dst)[c] = x[c]; break;
-                case BE_KV_BF16: ((uint16_t *)dst)[c] = kv_f32_to_bf16(x[c]); break;
-                case BE_KV_F16: ((uint16_t *)dst)[c] = kv_f32_to_f16(x[c]); break;
-                case BE_KV_FP8_E4M3: ((uint8_t *)dst)[c] = kv_f32_to_e4m3(x[c] * inv); break;
-                case BE_KV_FP8_E5M2: ((uint8_t *)dst)[c] = kv_f32_to_e5m2(x[c] * inv); break;
-                default: break;
+        for (int g = warp; g < n_seg; g += n_warp) {
+            const float *xs = x + (size_t)g * seg;
+            char *dst = (char *)(which ? kv.v : kv.k) +
+                        kv_seg_offset(blk, slot, block_size, n_seg, g, seg) * es;
+            if (kv.type != BE_KV_INT8) {
+                for (int c = lane; c < seg; c += 32) {
+                    switch (kv.type) {
+                    case BE_KV_F32: ((float *)dst)[c] = xs[c]; break;
+                    case BE_KV_BF16: ((uint16_t *)dst)[c] = kv_f32_to_bf16(xs[c]); break;
+                    case BE_KV_F16: ((uint16_t *)dst)[c] = kv_f32_to_f16(xs[c]); break;
+                    case BE_KV_FP8_E4M3: ((uint8_t *)dst)[c] = kv_f32_to_e4m3(xs[c] * inv); break;
+                    case BE_KV_FP8_E5M2: ((uint8_t *)dst)[c] = kv_f32_to_e5m2(xs[c] * inv); break;
+                    default: break;
+                    }
                 }
+                continue;
             }
-            continue;
-        }
-        int n_grp = row / grp;
-        for (int g = warp; g < n_grp; g += n_warp) {
             float amax = 0.0f;
-            for (int c = lane; c < grp; c += 32) amax = fmaxf(amax, fabsf(x[g * grp + c]));
+            for (int c = lane; c < seg; c += 32) amax = fmaxf(amax, fabsf(xs[c]));
             for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
             float qinv = amax > 0.0f ? 127.0f / amax : 0.0f;
-            if (lane == 0) sc[r * (size_t)n_grp + g] = amax / 127.0f;
-            for (int c = lane; c < grp; c += 32) {
-                float q = rintf(x[g * grp + c] * qinv);
-                ((int8_t *)dst)[g * grp + c] = (int8_t)(q > 127.0f ? 127 : q < -127.0f ? -127 : (int)q);
+            if (lane == 0) sc[kv_seg_offset(blk, slot, block_size, n_seg, g, 1)] = amax / 127.0f;
+            for (int c = lane; c < seg; c += 32) {
+                float q = rintf(xs[c] * qinv);
+                ((int8_t *)dst)[c] = (int8_t)(q > 127.0f ? 127 : q < -127.0f ? -127 : (int)q);
             }
         }
     }
@@ -124,9 +127,10 @@ int cuk_kv_write(cudaStream_t st, const struct be_kv *kv, const float *k, const 
                  size_t errlen)
 {
     if (n <= 0 || row <= 0) return 0;
-    if (kv->type == BE_KV_INT8 &&
-        (kv->k_grp <= 0 || row % kv->k_grp || (v && (kv->v_grp <= 0 || row % kv->v_grp)))) {
-        if (err && errlen) snprintf(err, errlen, "kv_write: int8 groups do not divide row %d", row);
+    if (kv->k_grp <= 0 || row % kv->k_grp || (v && (kv->v_grp <= 0 || row % kv->v_grp))) {
+        if (err && errlen)
+            snprintf(err, errlen, "kv_write: head segments (%d, %d) do not divide row %d",
+                     kv->k_grp, kv->v_grp, row);
         return -1;
     }
     rw_kv_write_kernel<<<(unsigned)n, RW_THREADS, 0, st>>>(*kv, k, v, *tk, block_size, row);

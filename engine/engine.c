@@ -105,6 +105,7 @@ struct device {
                           engine's, or its own when sticky), NULL for attention layers */
     float **st_ssm;
     bool own_state;
+    int32_t *st_idx;          /* (1) backend memory: the slot a state snapshot copies */
     struct be_seqs seqs;      /* the slice's sequences, refilled each step (HOST arrays): */
     int32_t *sq_i32;          /* (3, max_seqs) tok0, n_tok, slot */
     uint8_t *sq_fresh;        /* (max_seqs) */
@@ -1219,7 +1220,7 @@ static void device_release(struct device *dv)
                     dv->k,  dv->v,      dv->in, dv->blocks, dv->logits,
                     dv->lrows, dv->qlat, dv->qg, dv->gate, dv->lin_raw, dv->lin_raw_ba,
                     dv->lin_qkv, dv->lin_z, dv->lin_b, dv->lin_a, dv->lin_out, dv->ones,
-                    dv->tscale};
+                    dv->tscale, dv->st_idx};
     if (be->ops->host_memory) dv->h_lrows = NULL; /* the same buffer as lrows */
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->ops->free(be, bufs[i]);
@@ -1319,6 +1320,10 @@ static int device_state(struct engine *e, char *err, size_t errlen)
         struct device *dv = &e->dev[r];
         if (e->remote && r != e->self) continue;
         bool own = e->sticky && r != e->self;
+        if (e->p.spec_state) {
+            dv->st_idx = dv->be->ops->alloc(dv->be, sizeof(int32_t));
+            if (!dv->st_idx) return ms_errf(err, errlen, "out of memory");
+        }
         if (!own && e->st_conv) { /* shares the engine's */
             dv->st_conv = e->st_conv;
             dv->st_ssm = e->st_ssm;
@@ -1719,7 +1724,8 @@ int engine_create(const struct model *m, const struct engine_params *p, struct e
                          e->p.kv_block_size, (int)n_blocks, err, errlen) != 0)
         goto fail;
     if (device_kv(e, err, errlen) != 0) goto fail;
-    if (md->n_linear > 0 && kv_state_init(&e->kv, e->p.max_seqs) != 0) {
+    int slots = e->p.max_seqs * (e->p.spec_state ? 2 : 1); /* speculation: a spare each */
+    if (md->n_linear > 0 && kv_state_init(&e->kv, slots) != 0) {
         ms_errf(err, errlen, "out of memory for the state slots");
         goto fail;
     }
@@ -1947,6 +1953,62 @@ int engine_step(struct engine *e, struct engine_item *items, int n_items, char *
         if (e->rstats) rstats_add(e->rstats, e->route_ids, total, e->routing.layer_stride);
     }
     return 0;
+}
+
+int engine_rows_per_token(const struct engine *e, int moe_top_k)
+{
+    const struct model_desc *md = &e->m->desc;
+    if (md->ffn == FFN_KIND_CONTINUOUS || md->n_expert == 0) return 0;
+    int k = moe_top_k > 0 && moe_top_k < md->top_k ? moe_top_k : md->top_k;
+    return k * e->n_moe;
+}
+
+/* The device holding s's recurrent state, or NULL when this process cannot reach it. */
+static struct device *state_device(struct engine *e, const struct kv_seq *s)
+{
+    if (e->remote) return NULL;
+    if (!e->sticky) return &e->dev[e->self];
+    return s->device >= 0 && s->device < e->n_dev ? &e->dev[s->device] : NULL;
+}
+
+int engine_state_snapshot(struct engine *e, struct kv_seq *s, char *err, size_t errlen)
+{
+    const struct model_desc *md = &e->m->desc;
+    if (md->n_linear == 0) return 0;
+    if (!e->p.spec_state)
+        return ms_errf(err, errlen, "the engine keeps no spare state slots (spec_state)");
+    struct device *dv = state_device(e, s);
+    if (!dv || s->slot < 0)
+        return ms_errf(err, errlen, "the sequence's recurrent state is not on a device this "
+                                    "process runs");
+    int spare = kv_seq_spare_slot(&e->kv, s);
+    if (spare < 0) return ms_errf(err, errlen, "every recurrent-state slot is held");
+    struct backend *be = dv->be;
+    size_t W = (size_t)md->lin_conv - 1;
+    size_t conv = 2 * (size_t)md->lin_nk * md->lin_dk + (size_t)md->lin_nv * md->lin_dv;
+    size_t cstride = W * conv, sstride = (size_t)md->lin_nv * md->lin_dk * md->lin_dv;
+    int32_t from = s->slot;
+    be->ops->upload(be, dv->st_idx, &from, sizeof from);
+    for (int l = 0; l < md->n_layer; l++) {
+        if (!md->layer_linear[l]) continue;
+        if (cstride > 0)
+            be->ops->gather_rows(be, dv->st_conv[l] + (size_t)spare * cstride, dv->st_conv[l],
+                                 dv->st_idx, 1, (int)cstride);
+        be->ops->gather_rows(be, dv->st_ssm[l] + (size_t)spare * sstride, dv->st_ssm[l],
+                             dv->st_idx, 1, (int)sstride);
+    }
+    s->spare_pos = s->state_pos;
+    return 0;
+}
+
+void engine_state_rollback(struct engine *e, struct kv_seq *s)
+{
+    if (e->m->desc.n_linear == 0 || s->spare_slot < 0 || s->spare_pos < 0) return;
+    int t = s->slot;
+    s->slot = s->spare_slot;
+    s->spare_slot = t;
+    s->state_pos = s->spare_pos;
+    s->spare_pos = -1;
 }
 
 size_t engine_state_seq_bytes(const struct engine *e)

@@ -102,6 +102,10 @@ struct engine_params {
      * comm. cuda_device: the GPU this process uses. Compiled, never run yet (no GPUs here). */
     struct comm *data_comm;
     int cuda_device;
+    /* Hybrid models under speculative decoding: a second recurrent-state slot per sequence, so
+     * that the state before a verification can be kept (engine_state_snapshot) and returned to
+     * when drafts are rejected (engine_state_rollback). Doubles the state memory. */
+    bool spec_state;
 };
 
 void engine_params_default(struct engine_params *p);
@@ -201,6 +205,19 @@ int engine_kv_window(const struct engine *e);
  * included). */
 size_t engine_kv_bytes_per_token(const struct engine *e);
 const struct engine_stats *engine_get_stats(const struct engine *e);
+/* Token-expert rows one token computes with experts-per-token moe_top_k (0: the model's) over
+ * all MoE layers; 0 for continuous-experts models. */
+int engine_rows_per_token(const struct engine *e, int moe_top_k);
+
+/* Speculative decoding on hybrid models (engine_params.spec_state), between steps: the
+ * sequence's recurrent state, which holds positions [0, state_pos), is copied into its spare slot
+ * (kv_seq_spare_slot). engine_state_rollback then makes that copy the sequence's state again
+ * (state_pos back to what it was at the snapshot): the positions after it must be computed anew,
+ * their K/V rewritten. The snapshot needs the sequence's device to be known (it has run a step)
+ * and a free slot; 0, or -1 with the reason (also for multi-process engines, where the state
+ * lives in another process). Models without recurrent layers: both do nothing and return 0. */
+int engine_state_snapshot(struct engine *e, struct kv_seq *s, char *err, size_t errlen);
+void engine_state_rollback(struct engine *e, struct kv_seq *s);
 /* Benchmarks: synchronize around every MoE layer and attention op and time them into
  * stats.moe_s and stats.attn_s (slows steps). */
 void engine_set_profile(struct engine *e, bool on);

@@ -167,6 +167,15 @@ int kv_seq_slot(struct kv_cache *kv, struct kv_seq *s)
     return s->slot;
 }
 
+int kv_seq_spare_slot(struct kv_cache *kv, struct kv_seq *s)
+{
+    if (s->spare_slot >= 0) return s->spare_slot;
+    if (kv->n_slot_free == 0) return -1;
+    s->spare_slot = kv->slot_free[--kv->n_slot_free];
+    s->spare_pos = -1;
+    return s->spare_slot;
+}
+
 void kv_destroy(struct kv_cache *kv)
 {
     for (int l = 0; kv->layer && l < kv->n_layer; l++) kv_layer_free(kv->be, &kv->layer[l]);
@@ -303,6 +312,7 @@ int kv_seq_init(struct kv_seq *s, int max_tokens, int block_size)
     memset(s, 0, sizeof *s);
     s->device = -1;
     s->slot = -1;
+    s->spare_slot = -1;
     s->max_blocks = (max_tokens + block_size - 1) / block_size;
     size_t n = (size_t)(s->max_blocks > 0 ? s->max_blocks : 1);
     s->blocks = malloc(sizeof(int32_t) * n);
@@ -324,6 +334,7 @@ void kv_seq_free(struct kv_cache *kv, struct kv_seq *s)
     free(s->hash);
     memset(s, 0, sizeof *s);
     s->slot = -1;
+    s->spare_slot = -1;
 }
 
 int kv_seq_reserve(struct kv_cache *kv, struct kv_seq *s, int n_tokens)
@@ -350,6 +361,18 @@ int kv_seq_drop_before(struct kv_cache *kv, struct kv_seq *s, int pos)
     return n;
 }
 
+int kv_seq_truncate(struct kv_cache *kv, struct kv_seq *s, int n_tokens)
+{
+    int keep = n_tokens > 0 ? (n_tokens + kv->block_size - 1) / kv->block_size : 0, n = 0;
+    if (keep < s->n_dropped) keep = s->n_dropped;
+    if (keep < s->n_hashed) keep = s->n_hashed; /* never a registered block (see the header) */
+    while (s->n_blocks > keep) {
+        put_block(kv, s->blocks[--s->n_blocks]);
+        n++;
+    }
+    return n;
+}
+
 void kv_seq_release(struct kv_cache *kv, struct kv_seq *s)
 {
     for (int i = s->n_blocks - 1; i >= s->n_dropped; i--) put_block(kv, s->blocks[i]);
@@ -359,7 +382,10 @@ void kv_seq_release(struct kv_cache *kv, struct kv_seq *s)
     s->reg_stop = false;
     if (s->blocks && s->slot >= 0 && kv->slot_free && kv->n_slot_free < kv->n_slots)
         kv->slot_free[kv->n_slot_free++] = s->slot;
+    if (s->blocks && s->spare_slot >= 0 && kv->slot_free && kv->n_slot_free < kv->n_slots)
+        kv->slot_free[kv->n_slot_free++] = s->spare_slot;
     s->slot = -1;
+    s->spare_slot = -1;
     s->state_pos = 0;
 }
 

@@ -113,6 +113,9 @@ struct kv_seq {
                         sequence's K/V live on, -1 until its first step */
     int slot;        /* recurrent-state slot, -1 when none is held */
     int state_pos;   /* positions [0, state_pos) are folded into the slot's state */
+    int spare_slot;  /* speculative decoding on hybrid models: a second slot holding the state
+                        as it was before the last verification (spare_pos), -1 when none */
+    int spare_pos;
     int n_dropped;   /* leading blocks given back because every layer's window has passed
                         them (kv_seq_drop_before): blocks[0, n_dropped) are -1 */
 };
@@ -138,6 +141,11 @@ int kv_state_init(struct kv_cache *kv, int n_slots);
  * every slot is held. */
 int kv_seq_slot(struct kv_cache *kv, struct kv_seq *s);
 
+/* Speculative decoding on hybrid models: the sequence's spare slot (kv_seq.spare_slot), taken
+ * from the free ones if it holds none; -1 when every slot is held. Freed with the sequence's
+ * blocks. */
+int kv_seq_spare_slot(struct kv_cache *kv, struct kv_seq *s);
+
 /* Bytes of one f32 block across all layers (K and V). */
 size_t kv_block_bytes(int n_layer, int n_kv_head, int head_dim, int block_size);
 size_t kv_block_bytes_rows(int n_layer, int k_row, int v_row, int block_size);
@@ -152,6 +160,11 @@ int kv_seq_reserve(struct kv_cache *kv, struct kv_seq *s, int n_tokens);
  * past its window: no later query reads them), leaving -1 in their table entries. The table
  * keeps its length; the blocks count as held for kv_seq_reserve. Returns the blocks dropped. */
 int kv_seq_drop_before(struct kv_cache *kv, struct kv_seq *s, int pos);
+/* Gives back the sequence's blocks past those holding positions [0, n_tokens) (speculative
+ * decoding: the blocks of rejected drafts). Only blocks nothing registered: a sequence's
+ * registered blocks hold positions it has verified, which n_tokens must cover. Returns the blocks
+ * given back. */
+int kv_seq_truncate(struct kv_cache *kv, struct kv_seq *s, int n_tokens);
 /* Drops the sequence's references, last block first (so a sequence's tail is evicted before
  * its head). Registered blocks left unreferenced become evictable, the others free. Its state
  * slot, if any, is freed too (the state is meaningless without the K/V). */

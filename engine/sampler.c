@@ -496,9 +496,12 @@ static int select_top_p(struct smp_cand *c, int n, double need)
     return hi;
 }
 
-/* Temperature, top-k, top-p, min-p and the draw; logits are finite or -inf, max > -inf.
- * Sets *log_z1 to log(sum exp(x - max)) when temperature is 1 (it is free then), else NAN. */
-static int32_t draw(struct sampler *s, const float *logits, float max, double *log_z1)
+/* The tokens temperature, top-k, top-p and min-p leave, with their unnormalized probabilities,
+ * in s->cand[0, n) (unordered); returns n >= 1 with their sum in *total. Logits are finite or
+ * -inf, max > -inf. Sets *log_z1 to log(sum exp(x - max)) when temperature is 1 (it is free
+ * then), else NAN. */
+static int candidates(struct sampler *s, const float *logits, float max, double *total,
+                      double *log_z1)
 {
     const int vocab = s->vocab;
     const float temp = s->p.temperature, top_p = s->p.top_p, min_p = s->p.min_p;
@@ -508,7 +511,6 @@ static int32_t draw(struct sampler *s, const float *logits, float max, double *l
     if (top_p <= 0.0f) k = 1; /* "nucleus of nothing": only the top token */
     const bool top_k_on = k > 0 && k < vocab;
     const bool top_p_on = top_p > 0.0f && top_p < 1.0f;
-    if (!top_k_on && !top_p_on && !(min_p > 0.0f)) return draw_plain(s, logits, max, inv_t, log_z1);
     double mass = exp_shifted(logits, vocab, max, inv_t, c, NULL);
     *log_z1 = temp == 1.0f ? log(mass) : NAN;
     /* Keep w > 0 (the top token has w == 1). Without top-k two exact cuts come first, so the
@@ -548,9 +550,27 @@ static int32_t draw(struct sampler *s, const float *logits, float max, double *l
             if (c[j].w >= thresh) c[kept++] = c[j];
         n = kept; /* >= 1: the top token has w == 1 >= thresh */
     }
-    double total = 0.0;
+    double sum = 0.0;
     for (int j = 0; j < n; j++)
-        total += c[j].w;
+        sum += c[j].w;
+    *total = sum;
+    return n;
+}
+
+/* Temperature, top-k, top-p, min-p and the draw; logits are finite or -inf, max > -inf.
+ * Sets *log_z1 as candidates does. */
+static int32_t draw(struct sampler *s, const float *logits, float max, double *log_z1)
+{
+    const float top_p = s->p.top_p, min_p = s->p.min_p;
+    int k = s->p.top_k;
+    if (top_p <= 0.0f) k = 1;
+    const bool top_k_on = k > 0 && k < s->vocab;
+    const bool top_p_on = top_p > 0.0f && top_p < 1.0f;
+    if (!top_k_on && !top_p_on && !(min_p > 0.0f))
+        return draw_plain(s, logits, max, 1.0f / s->p.temperature, log_z1);
+    double total;
+    int n = candidates(s, logits, max, &total, log_z1);
+    const struct smp_cand *c = s->cand;
     double u = ms_rng_uniform(&s->rng) * total, acc = 0.0;
     for (int j = 0; j < n; j++) {
         acc += c[j].w;
@@ -595,46 +615,125 @@ static float row_max_clean(float *x, int n)
 }
 
 
-int32_t smp_sample(struct sampler *s, float *logits, struct smp_logprobs *lp)
+/* logit_bias, then the penalties; returns the row's max (NaN made -inf and +inf the largest
+ * float first) with its first (lowest) id in *arg. */
+static float prepare(struct sampler *s, float *logits, int32_t *arg)
 {
     const int vocab = s->vocab;
     apply_bias(s, logits);
     apply_penalties(s, logits);
-
     /* NaN is "impossible" (-inf), +inf "certain" (largest float), so the arithmetic below stays
      * finite. One vector pass finds the max and whether any NaN or +inf needs that; the greedy
      * argmax (first, i.e. lowest id, of the max) is found after. */
     float max = row_max_clean(logits, vocab);
-    int32_t arg = 0;
-    while (arg < vocab - 1 && logits[arg] != max) arg++;
+    int32_t a = 0;
+    while (a < vocab - 1 && logits[a] != max) a++;
+    *arg = a;
+    return max;
+}
 
-    if (max == -INFINITY) {
-        /* Nothing is possible: token 0, reported as under the uniform distribution (the limit
-         * of equal logits) so the numbers stay finite for JSON. */
-        if (lp) {
-            float u = (float)-log((double)vocab);
-            lp->token = 0;
-            lp->logprob = u;
-            lp->n_top = s->p.n_logprobs < vocab ? s->p.n_logprobs : vocab;
-            for (int j = 0; j < lp->n_top; j++) {
-                lp->top_token[j] = j;
-                lp->top_logprob[j] = u;
-            }
+/* Nothing is possible: token 0, reported as under the uniform distribution (the limit of equal
+ * logits) so the numbers stay finite for JSON. */
+static int32_t nothing_possible(const struct sampler *s, struct smp_logprobs *lp)
+{
+    const int vocab = s->vocab;
+    if (lp) {
+        float u = (float)-log((double)vocab);
+        lp->token = 0;
+        lp->logprob = u;
+        lp->n_top = s->p.n_logprobs < vocab ? s->p.n_logprobs : vocab;
+        for (int j = 0; j < lp->n_top; j++) {
+            lp->top_token[j] = j;
+            lp->top_logprob[j] = u;
         }
-        return 0;
     }
+    return 0;
+}
 
+/* The chosen token's logprob and the top alternatives (log_z: the row's log mass at
+ * temperature 1, NAN: computed here). */
+static void fill_logprobs(const struct sampler *s, const float *logits, float max, int32_t token,
+                          double log_z, struct smp_logprobs *lp)
+{
+    const int vocab = s->vocab;
+    if (isnan(log_z)) log_z = log(exp_shifted(logits, vocab, max, 1.0f, NULL, NULL));
+    lp->token = token;
+    lp->logprob = (float)((double)logits[token] - (double)max - log_z);
+    top_logprobs(logits, vocab, s->p.n_logprobs < vocab ? s->p.n_logprobs : vocab, log_z, max,
+                 lp);
+}
+
+int32_t smp_sample(struct sampler *s, float *logits, struct smp_logprobs *lp)
+{
+    int32_t arg;
+    float max = prepare(s, logits, &arg);
+    if (max == -INFINITY) return nothing_possible(s, lp);
     int32_t token = arg;
     double log_z = NAN;
     if (s->p.temperature >= 1e-5f) token = draw(s, logits, max, &log_z);
+    if (lp) fill_logprobs(s, logits, max, token, log_z, lp);
+    return token;
+}
 
-    if (lp) {
-        if (isnan(log_z)) log_z = log(exp_shifted(logits, vocab, max, 1.0f, NULL, NULL));
-        lp->token = token;
-        lp->logprob = (float)((double)logits[token] - (double)max - log_z);
-        top_logprobs(logits, vocab, s->p.n_logprobs < vocab ? s->p.n_logprobs : vocab, log_z, max,
-                     lp);
+int32_t smp_sample_verify(struct sampler *s, float *logits, int32_t draft, const float *q,
+                          int n_q, bool *accepted, struct smp_logprobs *lp)
+{
+    int32_t arg;
+    *accepted = false;
+    float max = prepare(s, logits, &arg);
+    if (max == -INFINITY) return nothing_possible(s, lp);
+    int32_t token = arg;
+    double log_z = NAN;
+    if (s->p.temperature < 1e-5f || !q) {
+        /* p or q a point mass: the rule is "draw from p, accept iff it is the draft" */
+        if (s->p.temperature >= 1e-5f) token = draw(s, logits, max, &log_z);
+        *accepted = token == draft;
+    } else {
+        double total;
+        int n = candidates(s, logits, max, &total, &log_z);
+        const struct smp_cand *c = s->cand;
+        double px = 0.0, qx = draft >= 0 && draft < n_q ? (double)q[draft] : 0.0;
+        for (int j = 0; j < n; j++)
+            if (c[j].id == draft) px = (double)c[j].w / total;
+        /* accept with probability min(1, p(x) / q(x)) */
+        double u = ms_rng_uniform(&s->rng);
+        if (px > 0.0 && u * qx < px) {
+            token = draft;
+            *accepted = true;
+        } else {
+            /* rejected (then p(x) < q(x)): draw from max(0, p - q), normalised; x has no mass
+             * in it */
+            double rest = 0.0;
+            for (int j = 0; j < n; j++) {
+                double r = (double)c[j].w / total - (c[j].id < n_q ? (double)q[c[j].id] : 0.0);
+                rest += r > 0.0 ? r : 0.0;
+            }
+            if (rest > 0.0) {
+                double v = ms_rng_uniform(&s->rng) * rest, acc = 0.0;
+                token = -1;
+                for (int j = 0; j < n; j++) {
+                    double r = (double)c[j].w / total -
+                               (c[j].id < n_q ? (double)q[c[j].id] : 0.0);
+                    if (!(r > 0.0)) continue;
+                    acc += r;
+                    token = c[j].id;
+                    if (v < acc) break;
+                }
+            } else {
+                /* p == q up to rounding, where a rejection has probability 0: a draw from p */
+                double v = ms_rng_uniform(&s->rng) * total, acc = 0.0;
+                token = c[n - 1].id;
+                for (int j = 0; j < n; j++) {
+                    acc += c[j].w;
+                    if (v < acc) {
+                        token = c[j].id;
+                        break;
+                    }
+                }
+            }
+        }
     }
+    if (lp) fill_logprobs(s, logits, max, token, log_z, lp);
     return token;
 }
 

@@ -60,6 +60,16 @@ void smp_accept(struct sampler *s, int32_t token, bool generated);
 /* Picks the next token from `logits` (vocab floats, modified in place). Fills `lp` if non-NULL. */
 int32_t smp_sample(struct sampler *s, float *logits, struct smp_logprobs *lp);
 
+/* Speculative verification of a draft x drawn from the distribution q (n_q probabilities, ids
+ * at or past n_q having none; NULL: x was chosen deterministically, q a point mass). p is the
+ * distribution smp_sample would draw from (every knob applied); x is accepted with probability
+ * min(1, p(x)/q(x)), else the token is drawn from max(0, p - q) normalised, so it is
+ * distributed exactly as p. With q NULL that is a draw from p accepted iff it equals x, using
+ * the same random numbers as smp_sample. Returns the token (== draft iff *accepted); lp as
+ * smp_sample. */
+int32_t smp_sample_verify(struct sampler *s, float *logits, int32_t draft, const float *q,
+                          int n_q, bool *accepted, struct smp_logprobs *lp);
+
 /* The log-probability of `token` under the raw distribution softmax(logits) (no penalties, no
  * temperature: what prompt logprobs report), its rank and the n_top most likely tokens. Reads
  * logits only; allocates nothing. */

@@ -1,6 +1,7 @@
 /* Scheduler implementation: request lifetime, step planning (budget, sequence limit, KV blocks,
- * preemption by recompute), sampling and output publication, and the libuv loop thread that
- * drives steps. See scheduler.h for the threading and ownership rules. */
+ * preemption by recompute), speculative drafts and their verification, sampling and output
+ * publication, and the libuv loop thread that drives steps. See scheduler.h for the threading
+ * and ownership rules. */
 #include "scheduler.h"
 
 #include <math.h>
@@ -35,6 +36,19 @@ struct sched {
     char *spill;        /* a token's text longer than piece (rare long added tokens) */
     size_t spill_cap;
     uint64_t pc_queries, pc_hits; /* prefix cache tokens, copied into st by publish_stats */
+
+    /* speculative decoding */
+    bool spec_on;
+    struct spec_config spec;
+    struct drafter *drafter;
+    struct spec_cost cost;         /* step time against step tokens (adaptive k) */
+    struct drafter_job *djobs;     /* (max_num_seqs) */
+    bool drafter_sampling;         /* the drafter keeps draft distributions: sampled drafts */
+    bool hybrid;                   /* recurrent layers: states are snapshot and rolled back */
+    struct {
+        uint64_t drafts, draft_tokens, accepted, per_pos[SPEC_MAX_K], draft_rows,
+            rejected_rows, rollbacks;
+    } spec_stats;                  /* copied into st after each step */
 
     /* incoming requests, handed over by any thread */
     pthread_mutex_t in_mu;
@@ -82,6 +96,7 @@ void sched_req_params_default(struct sched_req_params *p)
     smp_params_default(&p->smp);
     p->skip_special = true;
     p->prompt_logprobs = -1;
+    p->speculative = true;
 }
 
 /* --- requests ------------------------------------------------------------------------------ */
@@ -168,6 +183,11 @@ struct sched_req *sched_req_create(const int32_t *prompt, int n_prompt,
     r->out.text[0] = '\0';
     r->id = atomic_fetch_add(&sched_next_id, 1);
     r->t_arrival = ms_now();
+    spec_acc_init(&r->spec_acc);
+    /* the draft model's generator: from the seed when there is one, else from the clock */
+    ms_rng_seed(&r->spec_rng, p->smp.has_seed
+                                  ? p->smp.seed ^ 0x5bd1e9955bd1e995ull
+                                  : (uint64_t)(r->t_arrival * 1e9) ^ (r->id * 0x9e3779b97f4a7c15ull));
     tok_stream_init(&r->ts, p->skip_special);
     pthread_mutex_init(&r->mu, NULL);
     atomic_init(&r->cancelled, false);
@@ -261,30 +281,60 @@ int sched_create(struct engine *e, const struct sched_params *p, struct sched **
         return ms_errf(err, errlen,
                        "max_num_batched_tokens must be in [1, %d] (the engine's), got %d",
                        ep->max_batch_tokens, p->max_num_batched_tokens);
+    if (p->spec && p->spec->method != SPEC_OFF) {
+        if (p->spec->k < 1 || p->spec->k > SPEC_MAX_K)
+            return ms_errf(err, errlen, "num_speculative_tokens must be in 1..%d, got %d",
+                           SPEC_MAX_K, p->spec->k);
+        if (p->spec->method == SPEC_MTP && !p->spec_propose)
+            return ms_errf(err, errlen, "speculative method mtp is not built yet");
+        if (p->spec->method == SPEC_DRAFT_MODEL && !p->drafter && !p->spec_propose)
+            return ms_errf(err, errlen, "speculative method draft_model needs a drafter");
+        if (engine_model(e)->desc.n_linear > 0 && !ep->spec_state)
+            return ms_errf(err, errlen, "speculative decoding on %s (recurrent layers) needs an "
+                                        "engine with spare state slots (spec_state)",
+                           engine_model(e)->desc.model_type);
+    }
     struct sched *s = calloc(1, sizeof *s);
     if (!s) return ms_errf(err, errlen, "out of memory");
     s->e = e;
     s->m = engine_model(e);
     s->p = *p;
     if (s->p.max_waiting <= 0) s->p.max_waiting = 1024;
+    if (p->spec && p->spec->method != SPEC_OFF) {
+        s->spec_on = true;
+        s->spec = *p->spec;
+        s->drafter = p->drafter;
+        s->drafter_sampling = s->drafter && drafter_samples(s->drafter);
+    }
+    s->p.spec = NULL; /* the copy in s->spec is what counts */
+    spec_cost_init(&s->cost);
     s->vocab = s->m->desc.vocab;
     s->max_model_len = ep->max_model_len;
     s->kv_window = engine_kv_window(e);
     /* Hybrid models: cached K/V blocks come without the recurrent state of the positions
      * they hold, so a prefix hit cannot be used (the engine refuses such a step): off. */
     s->prefix_caching = !p->disable_prefix_caching && engine_state_seq_bytes(e) == 0;
+    s->hybrid = s->m->desc.n_linear > 0;
     int ns = p->max_num_seqs;
     /* Prompt-logprob rows: up to 64 MiB of logits per step (at least 16 rows), no more rows
      * than a step has tokens. */
     size_t extra = ((size_t)64 << 20) / (sizeof(float) * (size_t)s->vocab);
     if (extra < 16) extra = 16;
+    if (s->spec_on) {
+        /* drafts take a row each: room for every sequence's k, up to 256 MiB of rows */
+        size_t want = (size_t)ns * (size_t)s->spec.k, cap = ((size_t)256 << 20) /
+                                                              (sizeof(float) * (size_t)s->vocab);
+        if (want > cap) want = cap;
+        if (want > extra) extra = want;
+    }
     if (extra > (size_t)p->max_num_batched_tokens) extra = (size_t)p->max_num_batched_tokens;
     s->extra_rows = (int)extra;
     s->running = calloc((size_t)ns, sizeof *s->running);
     s->items = calloc((size_t)ns, sizeof *s->items);
     s->item_req = calloc((size_t)ns, sizeof *s->item_req);
     s->logits = malloc(sizeof(float) * ((size_t)ns + extra) * (size_t)s->vocab);
-    if (!s->running || !s->items || !s->item_req || !s->logits) {
+    s->djobs = calloc((size_t)ns, sizeof *s->djobs);
+    if (!s->running || !s->items || !s->item_req || !s->logits || !s->djobs) {
         ms_errf(err, errlen, "out of memory");
         goto fail;
     }
@@ -294,6 +344,7 @@ int sched_create(struct engine *e, const struct sched_params *p, struct sched **
     atomic_init(&s->n_queued, 0);
     atomic_init(&s->quit, false);
     atomic_init(&s->reset_prefix, false);
+    s->st.spec_k = s->spec_on ? s->spec.k : 0;
     s->st.kv_blocks_total = engine_kv(e)->n_blocks;
     s->st.kv_blocks_free = kv_free_blocks(engine_kv(e));
     *out = s;
@@ -304,6 +355,7 @@ fail:
     free(s->items);
     free(s->item_req);
     free(s->logits);
+    free(s->djobs);
     free(s);
     return -1;
 }
@@ -371,6 +423,7 @@ static uint64_t cache_key(const struct sched *s, const struct sched_req *r);
 
 static void retire(struct sched *s, struct sched_req *r, enum sched_finish why, const char *msg)
 {
+    if (s->drafter) drafter_seq_release(s->drafter, &r->dseq);
     if (r->kv_init) {
         /* its partly filled last block stays cached for a prompt that repeats this one */
         if (s->prefix_caching && why != SCHED_FINISH_ERROR)
@@ -461,9 +514,12 @@ static int push_piece(struct sched *s, struct sched_req *r, int32_t t, const cha
     return w;
 }
 
-/* Samples the next token of r from its logits row and publishes it. Returns the finish reason
+/* Samples the next token of r from its logits row and publishes it; a draft drawn from the
+ * distribution q (n_q probabilities) is verified by the general rule (smp_sample_verify), one
+ * chosen deterministically (q NULL) by drawing as always. Returns the finish reason
  * (SCHED_FINISH_NONE to continue). */
-static enum sched_finish accept_token(struct sched *s, struct sched_req *r, float *row)
+static enum sched_finish accept_token_q(struct sched *s, struct sched_req *r, float *row,
+                                        int32_t draft, const float *q, int n_q)
 {
     struct smp_logprobs lp = {0};
     if (r->gm && grm_mask(r->gm, row) == 0) {
@@ -479,7 +535,10 @@ static enum sched_finish accept_token(struct sched *s, struct sched_req *r, floa
             if (r->p.stop_ids[i] >= 0 && r->p.stop_ids[i] < s->vocab)
                 row[r->p.stop_ids[i]] = -INFINITY;
     }
-    int32_t t = smp_sample(r->smp, row, r->p.logprobs ? &lp : NULL);
+    bool accepted;
+    int32_t t = q ? smp_sample_verify(r->smp, row, draft, q, n_q, &accepted,
+                                      r->p.logprobs ? &lp : NULL)
+                  : smp_sample(r->smp, row, r->p.logprobs ? &lp : NULL);
     /* Every token impossible (the grammar, logit_bias and allowed_token_ids left none): the
      * sampler's stand-in is no answer. */
     if (row[t] == -INFINITY && (r->gm || r->p.smp.n_bias > 0 || r->p.smp.n_allowed > 0)) {
@@ -537,6 +596,11 @@ static enum sched_finish accept_token(struct sched *s, struct sched_req *r, floa
     if (why == SCHED_FINISH_NONE && r->out.notify) r->out.notify(r->out.notify_ctx);
     pthread_mutex_unlock(&r->mu);
     return why;
+}
+
+static enum sched_finish accept_token(struct sched *s, struct sched_req *r, float *row)
+{
+    return accept_token_q(s, r, row, -1, NULL, 0);
 }
 
 /* Logprobs of the prompt tokens this step's rows predict (row j of it is position
@@ -647,6 +711,8 @@ static void preempt(struct sched *s, int i)
 {
     struct sched_req *r = s->running[i];
     running_remove(s, i);
+    if (s->drafter) drafter_seq_release(s->drafter, &r->dseq);
+    r->spec_n = 0;
     if (r->kv_init) {
         if (s->prefix_caching)
             kv_seq_keep_tail(engine_kv(s->e), &r->kv, cache_key(s, r), r->tokens, r->n_computed);
@@ -700,10 +766,197 @@ static void add_item(struct sched *s, int *n_items, struct rows *rw, struct sche
         it->n_logits = n;
         rw->extra_left -= n - 1;
     }
-    it->logits = s->logits + (size_t)rw->used * (size_t)s->vocab;
-    rw->used += it->n_logits;
+    rw->used += it->n_logits; /* the rows themselves are laid out by layout_rows */
+    r->spec_n = 0;
+    r->spec_pending = false;
+    r->spec_q = NULL;
     s->item_req[*n_items] = r;
     (*n_items)++;
+}
+
+/* Gives each item its logit rows, in item order (drafts grow items after add_item). */
+static void layout_rows(struct sched *s, int n_items)
+{
+    size_t used = 0;
+    for (int i = 0; i < n_items; i++) {
+        s->items[i].logits = s->logits + used * (size_t)s->vocab;
+        used += (size_t)s->items[i].n_logits;
+    }
+}
+
+/* --- speculative drafts -------------------------------------------------------------------- */
+
+/* Appends drafts to the items [i0, i1) whose sequences decode (the item reaches the sequence's
+ * last token): as many as the sequence's k (adaptive or fixed), the request's room, the budget,
+ * the free blocks and the logit rows allow. A draft model fills its drafts later
+ * (spec_prepare). */
+static void spec_extend(struct sched *s, int i0, int i1, struct rows *rw, int *budget,
+                        int *free_blocks)
+{
+    struct kv_cache *kv = engine_kv(s->e);
+    int planned = s->p.max_num_batched_tokens - *budget;
+    double th = s->spec.adaptive ? spec_cost_threshold(&s->cost, i1, planned) : 0.0;
+    for (int i = i0; i < i1; i++) {
+        struct sched_req *r = s->item_req[i];
+        struct engine_item *it = &s->items[i];
+        if (!r->p.speculative || r->p.max_tokens == 0 || prompt_lps_pending(r) ||
+            it->pos + it->n_tokens != r->n_total)
+            continue;
+        /* hybrids: only once generating, with the state on its device (snapshots copy it), and
+         * not while recomputing after a rollback: the snapshot is taken where the step starts,
+         * so drafts on top of a recompute would, at the next rejection, roll back over it
+         * again (the recomputed stretch growing step after step) */
+        if (s->hybrid && (it->pos < r->n_prompt || r->kv.slot < 0 || it->pos < r->n_total - 1))
+            continue;
+        int k = spec_choose_k(&s->spec, &r->spec_acc, th);
+        int left = r->p.max_tokens - (r->n_total - r->n_prompt) - 1; /* drafts worth making */
+        if (k > left) k = left;
+        if (k > r->cap - r->n_total) k = r->cap - r->n_total;
+        if (k > s->max_model_len - r->n_total) k = s->max_model_len - r->n_total;
+        if (k > *budget) k = *budget;
+        if (k > rw->extra_left) k = rw->extra_left;
+        int base = blocks_needed(s, r, it->n_tokens);
+        while (k > 0 && blocks_needed(s, r, it->n_tokens + k) - base > *free_blocks) k--;
+        if (k > 0 && s->hybrid && kv_seq_spare_slot(kv, &r->kv) < 0) k = 0;
+        int n = 0;
+        if (k > 0) {
+            if (s->p.spec_propose) {
+                n = s->p.spec_propose(s->p.spec_ctx, r, k, r->spec_draft);
+            } else if (s->spec.method == SPEC_NGRAM) {
+                n = spec_ngram_propose(r->tokens, r->n_total, s->spec.lookup_min,
+                                       s->spec.lookup_max, k, r->spec_draft);
+            } else if (s->spec.method == SPEC_DRAFT_MODEL) {
+                n = k;
+                r->spec_pending = true;
+            }
+        }
+        if (n > k) n = k;
+        if (n <= 0) {
+            r->spec_acc.idle++;
+            continue;
+        }
+        for (int j = 0; j < n && !r->spec_pending; j++)
+            if (r->spec_draft[j] < 0 || r->spec_draft[j] >= s->vocab) n = j; /* a bad proposal */
+        if (n == 0) continue;
+        *free_blocks -= blocks_needed(s, r, it->n_tokens + n) - base;
+        *budget -= n;
+        rw->extra_left -= n;
+        rw->used += n;
+        it->n_tokens += n;
+        it->n_logits += n;
+        r->spec_n = n;
+        if (!r->spec_pending)
+            memcpy(r->tokens + r->n_total, r->spec_draft, sizeof(int32_t) * (size_t)n);
+    }
+}
+
+/* Drops the drafts of item i (its draft model failed, or its state could not be kept). */
+static void spec_drop(struct sched *s, int i)
+{
+    struct sched_req *r = s->item_req[i];
+    s->items[i].n_tokens -= r->spec_n;
+    s->items[i].n_logits -= r->spec_n;
+    r->spec_n = 0;
+    r->spec_pending = false;
+    r->spec_q = NULL;
+}
+
+/* Runs the draft model for the items whose drafts it owes, and for hybrid models keeps each
+ * speculating sequence's state before the step. */
+static void spec_prepare(struct sched *s, int n_items)
+{
+    char err[MS_ERR_LEN];
+    if (s->drafter) {
+        int n = 0;
+        for (int i = 0; i < n_items; i++) {
+            struct sched_req *r = s->item_req[i];
+            if (!r->spec_pending) continue;
+            /* sampled drafts (the general rule) at the request's temperature; a seeded request
+             * drafts greedily, so that its output does not depend on speculation */
+            bool sample = s->drafter_sampling && r->p.smp.temperature >= 1e-5f &&
+                          (!r->p.smp.has_seed || s->p.spec_sample_seeded);
+            s->djobs[n++] = (struct drafter_job){.seq = &r->dseq, .tokens = r->tokens,
+                                                 .n_total = r->n_total, .k = r->spec_n,
+                                                 .temperature = r->p.smp.temperature,
+                                                 .rng = sample ? &r->spec_rng : NULL,
+                                                 .out = r->spec_draft};
+        }
+        double t0 = ms_now();
+        int rc = n > 0 ? drafter_run(s->drafter, s->djobs, n, err, sizeof err) : 0;
+        int drafted = 0;
+        for (int j = 0; j < n; j++) drafted += s->djobs[j].n_out;
+        if (n > 0) spec_cost_observe_draft(&s->cost, drafted, ms_now() - t0);
+        if (rc != 0)
+            for (int i = 0; i < n_items; i++)
+                if (s->item_req[i]->spec_pending) warn(s, s->item_req[i], err);
+        for (int i = 0, j = 0; i < n_items && j < n; i++) {
+            struct sched_req *r = s->item_req[i];
+            if (!r->spec_pending) continue;
+            struct drafter_job *jb = &s->djobs[j++];
+            if (jb->n_out < r->spec_n) {
+                spec_drop(s, i);
+                continue;
+            }
+            r->spec_pending = false;
+            r->spec_q = jb->q;
+            r->spec_q_n = jb->q_n;
+            memcpy(r->tokens + r->n_total, r->spec_draft, sizeof(int32_t) * (size_t)r->spec_n);
+        }
+    }
+    for (int i = 0; s->hybrid && i < n_items; i++) {
+        struct sched_req *r = s->item_req[i];
+        if (r->spec_n > 0 && engine_state_snapshot(s->e, &r->kv, err, sizeof err) != 0) {
+            warn(s, r, err);
+            spec_drop(s, i);
+        }
+    }
+}
+
+/* After the step: samples the rows of item i (a sequence with drafts) in order, keeps the drafts
+ * up to the first one its sample differs from, rolls the rest back (blocks, recurrent state,
+ * draft K/V) and counts. Returns the finish reason; *n_gen gets the tokens generated. */
+static enum sched_finish spec_verify(struct sched *s, int i, int *n_gen)
+{
+    struct sched_req *r = s->item_req[i];
+    struct engine_item *it = &s->items[i];
+    int d = r->spec_n, base_total = r->n_total, a = 0;
+    r->spec_n = 0;
+    enum sched_finish why = SCHED_FINISH_NONE;
+    for (int j = 0; j <= d; j++) {
+        int before = r->n_total;
+        const float *q = j < d && r->spec_q ? r->spec_q + (size_t)j * (size_t)r->spec_q_n : NULL;
+        why = accept_token_q(s, r, it->logits + (size_t)j * (size_t)s->vocab,
+                             j < d ? r->spec_draft[j] : -1, q, r->spec_q_n);
+        bool appended = r->n_total > before;
+        *n_gen += appended;
+        bool match = j < d && appended && r->tokens[r->n_total - 1] == r->spec_draft[j];
+        a += match;
+        if (why != SCHED_FINISH_NONE || !match) break;
+    }
+    r->spec_q = NULL;
+    r->n_computed = base_total + a; /* the accepted drafts' K/V are right; the others' are not */
+    int rpt = engine_rows_per_token(s->e, r->p.moe_top_k);
+    s->spec_stats.drafts++;
+    s->spec_stats.draft_tokens += (uint64_t)d;
+    s->spec_stats.accepted += (uint64_t)a;
+    for (int j = 0; j < a; j++) s->spec_stats.per_pos[j]++;
+    s->spec_stats.draft_rows += (uint64_t)d * (uint64_t)rpt;
+    s->spec_stats.rejected_rows += (uint64_t)(d - a) * (uint64_t)rpt;
+    spec_acc_update(&r->spec_acc, d, a);
+    r->spec_acc.idle = 0;
+    if (why != SCHED_FINISH_NONE) return why; /* retired next: nothing to roll back */
+    if (a < d) {
+        kv_seq_truncate(engine_kv(s->e), &r->kv, r->n_computed);
+        if (s->hybrid) {
+            /* the state went past the rejected drafts: back to before the step; the tokens
+             * since are computed again next step */
+            engine_state_rollback(s->e, &r->kv);
+            r->n_computed = r->kv.state_pos;
+            s->spec_stats.rollbacks++;
+        }
+    }
+    if (s->drafter) drafter_seq_keep(s->drafter, &r->dseq, base_total + a);
+    return why;
 }
 
 /* Namespace of r's cached blocks: K/V depend on the cache's stored type and the expert budget,
@@ -797,6 +1050,10 @@ static int plan(struct sched *s)
         i++;
     }
 
+    /* Drafts for the decoding sequences, from what the running ones left. */
+    int n_running_items = n_items;
+    if (s->spec_on) spec_extend(s, 0, n_items, &rw, &budget, &free_blocks);
+
     /* Then the wait queue, front first, while there is room. */
     while (s->wait_head && budget > 0 && s->n_running < s->p.max_num_seqs) {
         struct sched_req *r = s->wait_head;
@@ -848,6 +1105,9 @@ static int plan(struct sched *s)
         budget -= n;
         add_item(s, &n_items, &rw, r, n);
     }
+    /* and for the admitted ones whose whole prompt fits this step, from what is left */
+    if (s->spec_on) spec_extend(s, n_running_items, n_items, &rw, &budget, &free_blocks);
+    layout_rows(s, n_items);
     return n_items;
 }
 
@@ -876,8 +1136,13 @@ int sched_step(struct sched *s)
         publish_stats(s, 0);
         return 0;
     }
+    if (s->spec_on) spec_prepare(s, n_items);
     char err[MS_ERR_LEN];
+    int step_tokens = 0;
+    for (int i = 0; i < n_items; i++) step_tokens += s->items[i].n_tokens;
+    double t_step = ms_now();
     int rc = engine_step(s->e, s->items, n_items, err, sizeof err);
+    if (s->spec_on && rc == 0) spec_cost_observe(&s->cost, step_tokens, ms_now() - t_step);
     if (rc != 0) {
         /* Nothing was computed: fail the step's requests, keep serving the others. */
         for (int i = 0; i < n_items; i++) {
@@ -896,8 +1161,27 @@ int sched_step(struct sched *s)
     for (int i = 0; i < n_items; i++) {
         struct sched_req *r = s->item_req[i];
         struct engine_item *it = &s->items[i];
-        r->n_computed += it->n_tokens;
         n_tok += it->n_tokens;
+        if (r->spec_n > 0) {
+            /* a decode token with drafts: sample, keep what matches, roll back the rest */
+            if (it->pos < r->n_prompt) n_prompt_tok += r->n_prompt - it->pos;
+            enum sched_finish why = spec_verify(s, i, &n_gen_tok);
+            if (s->prefix_caching)
+                kv_seq_register(engine_kv(s->e), &r->kv, cache_key(s, r), r->tokens,
+                                r->n_computed);
+            if (s->kv_window > 0)
+                kv_seq_drop_before(engine_kv(s->e), &r->kv, r->n_computed - s->kv_window + 1);
+            if (why != SCHED_FINISH_NONE) {
+                for (int j = 0; j < s->n_running; j++)
+                    if (s->running[j] == r) {
+                        running_remove(s, j);
+                        break;
+                    }
+                retire(s, r, why, NULL);
+            }
+            continue;
+        }
+        r->n_computed += it->n_tokens;
         if (s->prefix_caching)
             kv_seq_register(engine_kv(s->e), &r->kv, cache_key(s, r), r->tokens, r->n_computed);
         /* a sliding-window model: no later query reads before n_computed - window + 1 */
@@ -925,6 +1209,13 @@ int sched_step(struct sched *s)
     pthread_mutex_lock(&s->st_mu);
     s->st.prompt_tokens += (uint64_t)n_prompt_tok;
     s->st.generation_tokens += (uint64_t)n_gen_tok;
+    s->st.spec_drafts = s->spec_stats.drafts;
+    s->st.spec_draft_tokens = s->spec_stats.draft_tokens;
+    s->st.spec_accepted_tokens = s->spec_stats.accepted;
+    memcpy(s->st.spec_accepted_per_pos, s->spec_stats.per_pos, sizeof s->st.spec_accepted_per_pos);
+    s->st.spec_draft_rows = s->spec_stats.draft_rows;
+    s->st.spec_rejected_rows = s->spec_stats.rejected_rows;
+    s->st.spec_rollbacks = s->spec_stats.rollbacks;
     pthread_mutex_unlock(&s->st_mu);
     if (s->p.obs.on_step) s->p.obs.on_step(s->p.obs.ctx, n_tok, n_items);
     if (s->p.after_step) s->p.after_step(s->p.after_step_ctx, s->e);
@@ -1124,6 +1415,7 @@ void sched_free(struct sched *s)
     free(s->items);
     free(s->item_req);
     free(s->logits);
+    free(s->djobs);
     free(s->spill);
     free(s);
 }
@@ -1145,4 +1437,9 @@ void sched_reset_prefix_cache(struct sched *s)
 struct engine *sched_engine(struct sched *s)
 {
     return s->e;
+}
+
+bool sched_spec_enabled(const struct sched *s)
+{
+    return s->spec_on;
 }

@@ -25,6 +25,27 @@
  * moe_top_k, moe_samples and moe_neuron_fraction as well, since the expert budget changes the K/V
  * of every layer after the first.
  *
+ * Speculative decoding (sched_params.spec; engine/spec.h): after the running sequences are
+ * planned, each one that decodes (its item ends at its last token) may append drafted tokens —
+ * n-gram prompt lookup, a draft model's (engine/drafter.h) or a test's own — charged to the
+ * step's token budget, free KV blocks and logit rows, never at the price of a preemption or of
+ * a running sequence's tokens; then newly admitted requests whose whole prompt fits the step
+ * may draft their first tokens from what is left. The engine computes them in the same step (n_logits = drafts + 1)
+ * and each row is then sampled in order as a token would be without speculation (the request's
+ * sampler, grammar, stop conditions); the drafts are kept up to the first the sample differs
+ * from, so output is distributed exactly as without speculation (greedy: identical; seeded: the
+ * same tokens). A draft model drafting by sampling (an unseeded request at temperature > 0) is
+ * verified by the general rule instead: accept with probability min(1, p/q), else draw from
+ * max(0, p - q) (smp_sample_verify): the same distribution, other random numbers. The KV
+ * blocks past the accepted tokens go back to the pool; prefix-cache registration only ever
+ * covers accepted tokens. Hybrid models keep a second recurrent-state slot per sequence
+ * (engine_params.spec_state): the state is copied there before a verification, and after a
+ * rejection the sequence returns to it and recomputes the accepted tokens in its next step
+ * (their K/V rewritten with the same values; that step drafts nothing). The number of drafts is
+ * chosen per sequence and step from its acceptance rate and a fitted step-cost line
+ * (spec_choose_k) unless the configuration fixes it; a request can opt out
+ * (sched_req_params.speculative).
+ *
  * Threads: one thread owns the scheduler, the engine and the KV cache. Either the caller runs
  * sched_step itself (tests), or sched_start runs a libuv loop thread that steps whenever there
  * is work and sleeps on a uv_async otherwise (no busy polling). Any thread may call
@@ -44,9 +65,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "drafter.h"
 #include "engine.h"
 #include "grammar.h"
 #include "sampler.h"
+#include "spec.h"
 #include "stopstr.h"
 #include "tokenizer.h"
 
@@ -91,6 +114,8 @@ struct sched_req_params {
      * reference). The request ends ("stop") when the grammar is complete and nothing may
      * follow, or when it allows no token at all (then with a warning, on_warning). */
     struct grm_grammar *grammar;
+    bool speculative;       /* draft tokens for this request when the scheduler speculates
+                               (default true; vLLM-style opt-out: false) */
 };
 
 void sched_req_params_default(struct sched_req_params *p);
@@ -142,6 +167,17 @@ struct sched_req {
     struct stopstr ss;        /* stop strings over the decoded text (text held back) */
     double t_scheduled, t_first_token, t_last_token;
     int n_preempted;
+    /* speculative decoding: this step's drafts (also at tokens[n_total, n_total + spec_n)),
+     * the acceptance record, and the draft model's K/V of this sequence */
+    int spec_n;
+    bool spec_pending;        /* a draft model fills the drafts before the step */
+    int32_t spec_draft[SPEC_MAX_K];
+    const float *spec_q;      /* sampled drafts: (spec_n, spec_q_n) the distributions they were
+                                 drawn from (the drafter's, valid for this step), else NULL */
+    int spec_q_n;
+    struct ms_rng spec_rng;   /* the draft model's generator for sampled drafts */
+    struct spec_acc spec_acc;
+    struct drafter_seq dseq;
     struct sched_req *next, *prev; /* wait queue / incoming list links */
 
     /* shared */
@@ -202,6 +238,18 @@ struct sched_params {
      * placement rebalanced (engine_set_placement). May be NULL. */
     void (*after_step)(void *ctx, struct engine *e);
     void *after_step_ctx;
+    /* Speculative decoding (copied; NULL or method SPEC_OFF: none). SPEC_DRAFT_MODEL needs
+     * `drafter` (borrowed: it must outlive the scheduler); hybrid models need an engine created
+     * with spec_state. SPEC_MTP is refused (not built). */
+    const struct spec_config *spec;
+    struct drafter *drafter;
+    /* Tests and benchmarks: proposes the drafts instead of the method (up to k into out;
+     * returns how many). Called on the scheduler thread; NULL: the method's proposer. */
+    int (*spec_propose)(void *ctx, const struct sched_req *r, int k, int32_t *out);
+    void *spec_ctx;
+    /* Tests: seeded requests also draft by sampling (from their seed); normally they draft
+     * greedily, so that their output does not depend on speculation. */
+    bool spec_sample_seeded;
 };
 
 /* Snapshot of counters and gauges (any thread). */
@@ -215,6 +263,15 @@ struct sched_stats {
     uint64_t steps;
     uint64_t prompt_tokens, generation_tokens;
     bool loop_running;
+    /* speculative decoding (vLLM's spec_decode_* counters) */
+    int spec_k;                    /* num_speculative_tokens; 0: not speculating */
+    uint64_t spec_drafts;          /* verifications: a sequence's drafts in one step */
+    uint64_t spec_draft_tokens;    /* drafted tokens verified */
+    uint64_t spec_accepted_tokens; /* of those, accepted */
+    uint64_t spec_accepted_per_pos[SPEC_MAX_K]; /* accepted drafts by position in their run */
+    uint64_t spec_draft_rows;      /* token-expert rows computed for drafted positions */
+    uint64_t spec_rejected_rows;   /* of those, for drafts that were then rejected */
+    uint64_t spec_rollbacks;       /* hybrid models: states returned to their snapshot */
 };
 
 int sched_create(struct engine *e, const struct sched_params *p, struct sched **out, char *err,
@@ -246,5 +303,7 @@ void sched_get_stats(struct sched *s, struct sched_stats *st);
  * /reset_prefix_cache); takes effect at its next step. Any thread. */
 void sched_reset_prefix_cache(struct sched *s);
 struct engine *sched_engine(struct sched *s);
+/* Whether the scheduler speculates (sched_params.spec). */
+bool sched_spec_enabled(const struct sched *s);
 
 #endif

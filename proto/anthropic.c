@@ -537,7 +537,8 @@ int anth_to_chat(json_t *in, bool count_only, struct proto_req *r, json_t **out,
                                        "moe_tag",
                                        "moe_samples",
                                        "moe_neuron_fraction",
-                                       "moe_samples_adaptive"};
+                                       "moe_samples_adaptive",
+                                       "speculative"};
     for (size_t i = 0; i < sizeof same / sizeof *same; i++)
         edge_copy(c, in, same[i]);
     json_t *kw = json_object_get(c, "chat_template_kwargs");

@@ -193,6 +193,7 @@ const struct proto_field proto_fields[] = {
     {"moe_samples", BOTH | XTRA, IMPL, NULL},
     {"moe_neuron_fraction", BOTH | XTRA, IMPL, NULL},
     {"moe_samples_adaptive", BOTH | XTRA, IMPL, NULL},
+    {"speculative", BOTH | XTRA, IMPL, NULL}, /* false: no drafted tokens for this request */
 };
 const int proto_n_fields = (int)(sizeof proto_fields / sizeof *proto_fields);
 
@@ -867,6 +868,9 @@ static int get_generation(json_t *o, struct proto_req *r, struct proto_error *e)
     if (rc) r->moe_samples = (int)x;
     if (get_num(o, "moe_neuron_fraction", 0.0, 1.0, &r->moe_neuron_fraction, e) < 0) return -1;
     if (get_bool(o, "moe_samples_adaptive", &r->moe_samples_adaptive, e) < 0) return -1;
+    bool spec;
+    if ((rc = get_bool(o, "speculative", &spec, e)) < 0) return -1;
+    if (rc) r->speculative = spec;
 
     if ((rc = get_int(o, "prompt_logprobs", 0, PROTO_MAX_LOGPROBS, &x, e)) < 0) return -1;
     if (rc) r->prompt_logprobs = (int)x;
@@ -930,6 +934,7 @@ int proto_req_parse(const char *body, size_t len, enum proto_kind kind, struct p
     r->prompt_logprobs = -1;
     r->skip_special_tokens = true;
     r->parallel_tool_calls = true;
+    r->speculative = -1;
     json_error_t je;
     json_t *o = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
     if (!o)
@@ -1112,6 +1117,7 @@ int proto_req_parse_api(const char *body, size_t len, enum proto_api api, bool c
     r->prompt_logprobs = -1;
     r->skip_special_tokens = true;
     r->parallel_tool_calls = true;
+    r->speculative = -1;
     json_error_t je;
     json_t *o = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je), *chat = NULL;
     if (!o)

@@ -148,6 +148,7 @@ struct proto_req {
     double moe_neuron_fraction; /* continuous experts: neuron fraction, 0 = the default */
     bool moe_samples_adaptive;  /* continuous experts: moe_samples is an average, per-token K
                                    from the router's uncertainty */
+    int speculative;            /* -1 not given, 0 false (no drafts for this request), 1 true */
 
     int prompt_logprobs;        /* vLLM prompt_logprobs: -1 = off, else alternatives (0..20) */
     int min_tokens;             /* EOS and stop conditions are held off until this many */

@@ -566,7 +566,8 @@ int rsp_to_chat(json_t *in, proto_conv_lookup lookup, void *lookup_ctx, struct p
                                        "moe_tag",
                                        "moe_samples",
                                        "moe_neuron_fraction",
-                                       "moe_samples_adaptive"};
+                                       "moe_samples_adaptive",
+                                       "speculative"};
     for (size_t i = 0; i < sizeof same / sizeof *same; i++)
         edge_copy(c, in, same[i]);
     edge_copy(c, in, "max_output_tokens");

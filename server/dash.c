@@ -527,6 +527,25 @@ char *dash_stats_json(struct dash *d, const struct sched_stats *st, const char *
             json_pack("{s:i, s:i, s:f}", "running", st->running, "waiting", st->waiting, "kv_usage",
                       st->kv_blocks_total ? 1.0 - (double)st->kv_blocks_free / st->kv_blocks_total
                                           : 0.0));
+    if (st && st->spec_k > 0) {
+        /* speculative decoding: vLLM's counters, and the expert rows drafts cost */
+        json_t *pp = json_array();
+        for (int j = 0; j < st->spec_k && j < SPEC_MAX_K; j++)
+            json_array_append_new(pp, json_integer((json_int_t)st->spec_accepted_per_pos[j]));
+        json_object_set_new(
+            o, "speculative",
+            json_pack("{s:i, s:I, s:I, s:I, s:o, s:f, s:I, s:I, s:I}", "num_speculative_tokens",
+                      st->spec_k, "num_drafts", (json_int_t)st->spec_drafts, "num_draft_tokens",
+                      (json_int_t)st->spec_draft_tokens, "num_accepted_tokens",
+                      (json_int_t)st->spec_accepted_tokens, "num_accepted_tokens_per_pos", pp,
+                      "acceptance_rate",
+                      st->spec_draft_tokens
+                          ? (double)st->spec_accepted_tokens / (double)st->spec_draft_tokens
+                          : 0.0,
+                      "draft_expert_rows", (json_int_t)st->spec_draft_rows,
+                      "rejected_expert_rows", (json_int_t)st->spec_rejected_rows,
+                      "state_rollbacks", (json_int_t)st->spec_rollbacks));
+    }
     json_t *ml = json_array(), *w = json_array(), *eg = json_array();
     for (int l = 0; l < L; l++)
         json_array_append_new(ml, json_integer(d->moe_layer[l]));

@@ -717,6 +717,7 @@ static void req_params(const struct gen *g, const struct proto_req *pr, int max_
     sp->moe_samples = pr->moe_samples;
     sp->moe_neuron_fraction = pr->moe_neuron_fraction;
     sp->moe_samples_adaptive = pr->moe_samples_adaptive;
+    sp->speculative = pr->speculative != 0;
     sp->prompt_logprobs = -1;
     if (g->plp_field) sp->prompt_logprobs = pr->prompt_logprobs;
     if (g->echo_lps && pr->top_logprobs > sp->prompt_logprobs)
@@ -864,6 +865,11 @@ static int gen_submit(struct http_server *h, struct gen *g, struct proto_req *pr
                           "'moe_top_k' must be at most the model's %d experts per token",
                           m->desc.top_k);
     if (check_cont_budget(&m->desc, pr, e) != 0) return -1;
+    /* speculative: false opts out; true asks for what only --speculative-config gives */
+    if (pr->speculative == 1 && !sched_spec_enabled(h->s))
+        return proto_fail(e, 400, "speculative", "invalid_value",
+                          "'speculative' is true, but the server was started without "
+                          "--speculative-config");
     if (check_ids(pr, m->desc.vocab, e) != 0) return -1;
     if (g->api == PROTO_API_ANTHROPIC)
         for (int i = 0; i < pr->n_stop; i++) {

@@ -83,6 +83,7 @@ struct metrics {
     int win_steps;
     double imbalance;
     uint64_t cont_neurons; /* continuous experts: FFN neurons computed, all devices */
+    int spec_k;            /* speculative decoding: num_speculative_tokens, 0 = off */
     /* placement, copied from the engine on the scheduler thread */
     int n_moe;
     int *moe_layer;            /* (n_moe) model layer of each MoE layer (the label) */
@@ -207,6 +208,13 @@ void metrics_set_rebalancer(struct metrics *mt, const struct rebal *r)
 {
     pthread_mutex_lock(&mt->mu);
     mt->rebal = r;
+    pthread_mutex_unlock(&mt->mu);
+}
+
+void metrics_set_spec(struct metrics *mt, int k)
+{
+    pthread_mutex_lock(&mt->mu);
+    mt->spec_k = k > SPEC_MAX_K ? SPEC_MAX_K : k;
     pthread_mutex_unlock(&mt->mu);
 }
 
@@ -614,6 +622,40 @@ static void render_process(struct buf *b, double t_start)
     }
 }
 
+/* vLLM's spec_decode_* counters, and the expert rows drafts cost (speculation on only). */
+static void render_spec(struct buf *b, int k, const struct sched_stats *st, const char *lab)
+{
+    family(b, "moeserve_spec_decode_num_drafts_total", "counter",
+           "Verifications: a sequence's drafted tokens checked in one step.");
+    bprintf(b, "moeserve_spec_decode_num_drafts_total{%s} %llu\n", lab,
+            (unsigned long long)st->spec_drafts);
+    family(b, "moeserve_spec_decode_num_draft_tokens_total", "counter", "Drafted tokens verified.");
+    bprintf(b, "moeserve_spec_decode_num_draft_tokens_total{%s} %llu\n", lab,
+            (unsigned long long)st->spec_draft_tokens);
+    family(b, "moeserve_spec_decode_num_accepted_tokens_total", "counter",
+           "Drafted tokens accepted.");
+    bprintf(b, "moeserve_spec_decode_num_accepted_tokens_total{%s} %llu\n", lab,
+            (unsigned long long)st->spec_accepted_tokens);
+    family(b, "moeserve_spec_decode_num_accepted_tokens_per_pos_total", "counter",
+           "Drafted tokens accepted, by their position in the draft (0: the first).");
+    for (int j = 0; j < k; j++)
+        bprintf(b, "moeserve_spec_decode_num_accepted_tokens_per_pos_total{%s,position=\"%d\"} "
+                   "%llu\n",
+                lab, j, (unsigned long long)st->spec_accepted_per_pos[j]);
+    family(b, "moeserve_spec_decode_draft_expert_rows_total", "counter",
+           "Token-expert rows computed for drafted positions (verification's expert reads).");
+    bprintf(b, "moeserve_spec_decode_draft_expert_rows_total{%s} %llu\n", lab,
+            (unsigned long long)st->spec_draft_rows);
+    family(b, "moeserve_spec_decode_rejected_expert_rows_total", "counter",
+           "Of those, the rows of drafts that were rejected: expert work speculation wasted.");
+    bprintf(b, "moeserve_spec_decode_rejected_expert_rows_total{%s} %llu\n", lab,
+            (unsigned long long)st->spec_rejected_rows);
+    family(b, "moeserve_spec_decode_state_rollbacks_total", "counter",
+           "Hybrid models: recurrent states returned to their snapshot after a rejection.");
+    bprintf(b, "moeserve_spec_decode_state_rollbacks_total{%s} %llu\n", lab,
+            (unsigned long long)st->spec_rollbacks);
+}
+
 char *metrics_render(struct metrics *mt, const struct sched_stats *st, const char *model_name)
 {
     struct buf b = {.s = malloc(16384), .cap = 16384};
@@ -666,9 +708,11 @@ char *metrics_render(struct metrics *mt, const struct sched_stats *st, const cha
                 engine_kv_type_name(engine_kv(mt->e)->geom.type));
         family(&b, "moeserve_state_cache_bytes", "gauge",
                "Memory of the recurrent-state slots of hybrid models (one per --max-num-seqs "
-               "sequence on each device; 0 for attention-only models).");
+               "sequence on each device, two with speculative decoding; 0 for attention-only "
+               "models).");
         bprintf(&b, "moeserve_state_cache_bytes{%s} %zu\n", lab,
-                engine_state_seq_bytes(mt->e) * (size_t)engine_get_params(mt->e)->max_seqs);
+                engine_state_seq_bytes(mt->e) * (size_t)engine_get_params(mt->e)->max_seqs *
+                    (engine_get_params(mt->e)->spec_state ? 2 : 1));
         family(&b, "moeserve_state_cache_bytes_per_seq", "gauge",
                "Recurrent-state bytes one sequence holds (hybrid models).");
         bprintf(&b, "moeserve_state_cache_bytes_per_seq{%s} %zu\n", lab,
@@ -694,6 +738,10 @@ char *metrics_render(struct metrics *mt, const struct sched_stats *st, const cha
             (unsigned long long)st->generation_tokens);
     family(&b, "moeserve_engine_steps_total", "counter", "Forward steps run.");
     bprintf(&b, "moeserve_engine_steps_total{%s} %llu\n", lab, (unsigned long long)st->steps);
+    pthread_mutex_lock(&mt->mu);
+    int spec_k = mt->spec_k;
+    pthread_mutex_unlock(&mt->mu);
+    if (spec_k > 0) render_spec(&b, spec_k, st, lab);
 
     pthread_mutex_lock(&mt->mu);
     family(&b, "moeserve_request_success_total", "counter",

@@ -37,12 +37,14 @@
 #include "metrics.h"
 #include "model.h"
 #include "comm_tcp.h"
+#include "drafter.h"
 #include "mpi/comm_mpi.h"
 #include "proto/toolcall.h"
 #include "scheduler.h"
 #include "dash.h"
 #include "serve_placement.h"
 #include "slog.h"
+#include "spec.h"
 
 /* The scheduler's after-step hook: placement (trace, rebalancing), then the dashboard. */
 struct after_step_ctx {
@@ -87,6 +89,8 @@ struct serve_opts {
     long moe_samples;
     const char *moe_fraction;
     double moe_fraction_v; /* parsed --moe-neuron-fraction (0: the model's) */
+    const char *spec_json;
+    struct spec_config spec; /* parsed --speculative-config (method SPEC_OFF: none) */
 };
 
 struct opt_def {
@@ -190,6 +194,11 @@ static const struct opt_def opt_defs[] = {
     {"moe-neuron-fraction", "MOESERVE_MOE_NEURON_FRACTION", OPT_STR, OFF(moe_fraction), 0, 0,
      "continuous-experts (infmoe) models: neuron fraction of requests without "
      "moe_neuron_fraction (the model's neuron_fraction; at most it)"},
+    {"speculative-config", "MOESERVE_SPECULATIVE_CONFIG", OPT_STR, OFF(spec_json), 0, 0,
+     "speculative decoding, vLLM's JSON: {\"method\": \"ngram\", \"num_speculative_tokens\": 4, "
+     "\"prompt_lookup_min\": 2, \"prompt_lookup_max\": 5}, or {\"model\": DRAFT_DIR, "
+     "\"num_speculative_tokens\": 4, \"quantization\": \"int4\"}; \"adaptive\": false fixes k "
+     "(off)"},
     {"metrics-per-expert", "MOESERVE_METRICS_PER_EXPERT", OPT_BOOL, OFF(per_expert), 0, 1,
      "export routed tokens per (layer, expert) (off; models up to 256 experts)"},
     {"collab-groups", "MOESERVE_COLLAB_GROUPS", OPT_STR, OFF(collab_groups), 0, 0,
@@ -430,8 +439,13 @@ static int parse_opts(int argc, char **argv, struct serve_opts *o)
             return -1;
         }
     }
-    struct splace_opts po = {.policy = o->placement, .routing_stats = o->routing_stats};
     char err[MS_ERR_LEN];
+    if (o->spec_json && *o->spec_json &&
+        spec_config_parse(o->spec_json, &o->spec, err, sizeof err) != 0) {
+        fprintf(stderr, "moeserve serve: --speculative-config: %s\n", err);
+        return -1;
+    }
+    struct splace_opts po = {.policy = o->placement, .routing_stats = o->routing_stats};
     if (splace_check_opts(&po, err, sizeof err) != 0) {
         fprintf(stderr, "moeserve serve: %s\n", err);
         return -1;
@@ -827,6 +841,56 @@ static void pinger_stop(struct pinger *p)
     p->started = false;
 }
 
+/* --speculative-config against the model: what the method needs (MTP layers; a draft model of
+ * the same tokenizer, loaded into *draft), and hybrid models' spare state slots
+ * (ep->spec_state). 0, or -1 after logging why (a flag error: status 2). */
+static int spec_check(const struct serve_opts *o, const struct model *m, bool multi,
+                      struct engine_params *ep, struct model **draft)
+{
+    char err[MS_ERR_LEN];
+    const struct spec_config *sc = &o->spec;
+    *draft = NULL;
+    if (sc->method == SPEC_OFF) return 0;
+    if (sc->method == SPEC_MTP) {
+        if (m->desc.n_mtp_layers <= 0)
+            slog("error", "--speculative-config: method: mtp needs a checkpoint with "
+                          "multi-token-prediction layers (num_nextn_predict_layers); %s (%s) has "
+                          "none",
+                 o->model, m->desc.model_type);
+        else
+            slog("error", "--speculative-config: method: mtp is not built yet (%s has %d MTP "
+                          "layer(s), which the loader skips); use ngram or a draft model",
+                 o->model, m->desc.n_mtp_layers);
+        return -1;
+    }
+    if (m->desc.n_linear > 0) {
+        if (multi) {
+            slog("error", "--speculative-config: speculative decoding on %s (recurrent layers) "
+                          "is not available with several processes: the state to roll back "
+                          "lives in the other processes",
+                 m->desc.model_type);
+            return -1;
+        }
+        ep->spec_state = true;
+    }
+    if (sc->method != SPEC_DRAFT_MODEL) return 0;
+    struct model_load_opts lo;
+    load_opts(o, false, &lo);
+    lo.cache = false;
+    if (sc->quantization[0]) model_quant_parse(sc->quantization, &lo.quant); /* checked */
+    if (model_load(sc->model, &lo, draft, err, sizeof err) != 0) {
+        slog("error", "--speculative-config: model: cannot load the draft model: %s", err);
+        return -1;
+    }
+    if (drafter_check(m, *draft, err, sizeof err) != 0) {
+        slog("error", "--speculative-config: %s", err);
+        model_free(*draft);
+        *draft = NULL;
+        return -1;
+    }
+    return 0;
+}
+
 /* Seconds a failed multi-process server keeps answering 503 before it exits. */
 #define FAIL_LINGER_S 2.0
 
@@ -931,6 +995,8 @@ int cli_serve(int argc, char **argv)
     struct http_server *h = NULL;
     struct splace *pl = NULL;
     struct dash *dash = NULL;
+    struct model *draft = NULL;
+    struct drafter *drafter = NULL;
     struct after_step_ctx asc = {0};
     struct metrics *mt = metrics_create();
     if (!mt) return 1;
@@ -990,9 +1056,32 @@ int cli_serve(int argc, char **argv)
         goto out;
     }
     if (o.collab_reservoir > 0) ep.capture_routing = true; /* the dashboard's live sample */
+    if (spec_check(&o, m, mc != NULL, &ep, &draft) != 0) {
+        status = 2;
+        goto out;
+    }
     if (engine_create(m, &ep, &e, err, sizeof err) != 0) {
         slog("error", "%s", err);
         goto out;
+    }
+    if (draft && drafter_create(draft, engine_get_params(e), m->desc.vocab, o.spec.k, &drafter, err,
+                                sizeof err) != 0) {
+        slog("error", "--speculative-config: %s", err);
+        status = 2;
+        goto out;
+    }
+    if (o.spec.method != SPEC_OFF) {
+        char how[sizeof o.spec.model + 128] = "";
+        if (o.spec.method == SPEC_NGRAM)
+            snprintf(how, sizeof how, ", n-grams of %d..%d tokens", o.spec.lookup_min,
+                     o.spec.lookup_max);
+        else if (draft)
+            snprintf(how, sizeof how, ", draft model %s (%s, %.1f MB)", o.spec.model,
+                     draft->desc.model_type, (double)draft->weight_bytes / 1e6);
+        slog("info", "speculative decoding: %s, up to %d draft token(s) per step (%s)%s%s",
+             spec_method_name(o.spec.method), o.spec.k,
+             o.spec.adaptive ? "adaptive" : "fixed", how,
+             m->desc.n_linear > 0 ? "; recurrent states snapshot before each verification" : "");
     }
     {
         const struct kv_cache *kv = engine_kv(e);
@@ -1006,8 +1095,11 @@ int cli_serve(int argc, char **argv)
     }
     if (engine_state_seq_bytes(e) > 0) {
         size_t per = engine_state_seq_bytes(e);
-        slog("info", "recurrent state: %.2f MiB per sequence, %d slots per device (%.1f MiB)",
-             (double)per / (1 << 20), ep.max_seqs, (double)per * ep.max_seqs / (1 << 20));
+        int slots = ep.max_seqs * (ep.spec_state ? 2 : 1);
+        slog("info", "recurrent state: %.2f MiB per sequence, %d slots per device (%.1f MiB)%s",
+             (double)per / (1 << 20), slots, (double)per * slots / (1 << 20),
+             ep.spec_state ? "; a spare slot per sequence keeps the state before each "
+                             "speculative verification" : "");
         if (o.prefix_caching) {
             slog("info", "prefix caching is off for %s: its Gated DeltaNet layers keep a "
                          "recurrent state that cached K/V blocks do not carry",
@@ -1037,12 +1129,14 @@ int cli_serve(int argc, char **argv)
         goto out;
     }
     metrics_set_per_expert(mt, o.per_expert != 0);
+    metrics_set_spec(mt, o.spec.method != SPEC_OFF ? o.spec.k : 0);
     struct sched_params sp = {.max_num_seqs = (int)o.max_num_seqs,
                               .max_num_batched_tokens = (int)o.max_batched,
                               .max_waiting = (int)o.max_waiting,
                               .disable_prefix_caching = !o.prefix_caching,
                               .obs = metrics_observer(mt),
-                              .after_step = serve_after_step, .after_step_ctx = &asc};
+                              .after_step = serve_after_step, .after_step_ctx = &asc,
+                              .spec = &o.spec, .drafter = drafter};
     sp.obs.on_warning = log_sched_warning;
     if (sched_create(e, &sp, &s, err, sizeof err) != 0 || sched_start(s, err, sizeof err) != 0) {
         slog("error", "%s", err);
@@ -1119,6 +1213,8 @@ out:
     if (e && mc) log_traffic(e, mc);
     bool broken = e && engine_failed(e, NULL, 0);
     dash_free(dash);  /* after the scheduler and the HTTP threads, its two users */
+    drafter_free(drafter); /* after the scheduler, which held its sequences */
+    model_free(draft);
     engine_free(e); /* several processes: tells the other ranks to stop */
     model_free(m);
     metrics_free(mt);

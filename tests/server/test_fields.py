@@ -54,6 +54,8 @@ COMMON = {
     # fixture's mixtral); accepted on infmoe models (test_infmoe.py)
     "moe_samples": (2, "model"), "moe_neuron_fraction": (0.1, "model"),
     "moe_samples_adaptive": (True, "model"),
+    # true asks for speculative decoding, which this server runs without (test_spec.py)
+    "speculative": (True, "model"),
 }
 COMPLETIONS = dict(COMMON, **{
     "prompt": ("Hi", "impl"), "echo": (True, "impl"), "logprobs": (2, "impl"),

@@ -1,0 +1,276 @@
+/* Draft-model speculation: the draft engine, its per-sequence K/V, and the batched drafting
+ * rounds (catch-up chunks, then one step per draft position). See drafter.h. */
+#include "drafter.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "spec.h"
+
+struct drafter {
+    const struct model *m;
+    struct engine *e;
+    int vocab;  /* the draft model's logit columns */
+    int max_id; /* drafts are below it */
+    int max_seqs, budget, max_k;
+    float *q;                      /* (max_seqs, max_k, max_id) sampled jobs' draft distributions,
+                                      or NULL: no sampling */
+    struct engine_item *items;     /* (max_seqs) */
+    struct drafter_job **item_job; /* (max_seqs) */
+    float *logits;                 /* (max_seqs, vocab) */
+};
+
+int drafter_check(const struct model *target, const struct model *draft, char *err, size_t errlen)
+{
+    if (draft->desc.n_linear > 0)
+        return ms_errf(err, errlen,
+                       "model: the draft model (%s) has recurrent layers, whose "
+                       "state could not be rolled back after a rejected draft",
+                       draft->desc.model_type);
+    if (!target->tok || !draft->tok)
+        return ms_errf(err, errlen, "model: the target and draft models need tokenizers");
+    int n = tok_vocab_size(target->tok);
+    if (tok_vocab_size(draft->tok) != n)
+        return ms_errf(err, errlen,
+                       "model: the draft model's tokenizer has %d tokens, the "
+                       "target's %d: another tokenizer",
+                       tok_vocab_size(draft->tok), n);
+    for (int32_t id = 0; id < n; id++) {
+        const char *a = tok_token_str(target->tok, id), *b = tok_token_str(draft->tok, id);
+        if ((a == NULL) != (b == NULL) || (a && strcmp(a, b) != 0) ||
+            tok_is_special(target->tok, id) != tok_is_special(draft->tok, id))
+            return ms_errf(err, errlen,
+                           "model: the draft model's tokenizer differs from the "
+                           "target's at token %d ('%s' vs '%s'): another tokenizer",
+                           (int)id, b ? b : "", a ? a : "");
+    }
+    if (draft->desc.vocab < n || target->desc.vocab < n)
+        return ms_errf(err, errlen,
+                       "model: the draft model's vocabulary (%d logits) does not "
+                       "cover the tokenizer's %d tokens",
+                       draft->desc.vocab, n);
+    return 0;
+}
+
+int drafter_create(const struct model *draft, const struct engine_params *p, int max_id, int max_k,
+                   struct drafter **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    struct drafter *d = calloc(1, sizeof *d);
+    if (!d) return ms_errf(err, errlen, "out of memory");
+    d->m = draft;
+    d->vocab = draft->desc.vocab;
+    d->max_id = max_id < d->vocab ? max_id : d->vocab;
+    struct engine_params ep = *p;
+    ep.kv_cache_bytes = 0; /* every running sequence's whole context: a round never waits */
+    ep.map = NULL;
+    ep.placement = NULL;
+    ep.routing_stats = ENGINE_RSTATS_OFF;
+    ep.capture_routing = ep.capture_weights = false;
+    if (ep.comm) ep.n_devices = 1; /* rank 0 drafts alone, in this process */
+    ep.comm = ep.data_comm = NULL;
+    ep.spec_state = false;
+    if (ep.n_devices < 1) ep.n_devices = 1;
+    if (engine_create(draft, &ep, &d->e, err, errlen) != 0) {
+        char why[MS_ERR_LEN];
+        snprintf(why, sizeof why, "%s", err ? err : "");
+        free(d);
+        return ms_errf(err, errlen, "model: the draft engine: %s", why);
+    }
+    d->max_seqs = ep.max_seqs;
+    d->budget = ep.max_batch_tokens;
+    d->max_k = max_k < 1 ? 1 : max_k > SPEC_MAX_K ? SPEC_MAX_K : max_k;
+    size_t qn = (size_t)d->max_seqs * (size_t)d->max_k * (size_t)d->max_id;
+    if (qn * sizeof(float) <= ((size_t)512 << 20)) {
+        d->q = malloc(sizeof(float) * qn);
+        if (!d->q) {
+            drafter_free(d);
+            return ms_errf(err, errlen, "out of memory");
+        }
+    }
+    d->items = calloc((size_t)d->max_seqs, sizeof *d->items);
+    d->item_job = calloc((size_t)d->max_seqs, sizeof *d->item_job);
+    d->logits = malloc(sizeof(float) * (size_t)d->max_seqs * (size_t)d->vocab);
+    if (!d->items || !d->item_job || !d->logits) {
+        drafter_free(d);
+        return ms_errf(err, errlen, "out of memory");
+    }
+    *out = d;
+    return 0;
+}
+
+void drafter_free(struct drafter *d)
+{
+    if (!d) return;
+    engine_free(d->e);
+    free(d->q);
+    free(d->items);
+    free(d->item_job);
+    free(d->logits);
+    free(d);
+}
+
+struct engine *drafter_engine(struct drafter *d)
+{
+    return d->e;
+}
+
+bool drafter_samples(const struct drafter *d)
+{
+    return d->q != NULL;
+}
+
+/* The draft model's most likely token below max_id (the lowest id among equals). */
+static int32_t argmax(const float *row, int n)
+{
+    int32_t best = 0;
+    for (int32_t i = 1; i < n; i++)
+        if (row[i] > row[best] || (isnan(row[best]) && !isnan(row[i]))) best = i;
+    return best;
+}
+
+/* Draft `pos` of job j from its logits row: the argmax, or for a sampled job a draw from
+ * softmax(row / temperature) over the ids below max_id, kept in its q row. */
+static int32_t draft_token(struct drafter *d, int j, struct drafter_job *jb, int pos,
+                           const float *row)
+{
+    if (!jb->q) return argmax(row, d->max_id);
+    float *q = d->q + ((size_t)j * (size_t)d->max_k + (size_t)pos) * (size_t)d->max_id;
+    float mx = -INFINITY;
+    for (int i = 0; i < d->max_id; i++)
+        if (row[i] > mx) mx = row[i];
+    if (!(mx > -INFINITY) || !isfinite(mx)) {
+        /* no usable distribution: a point mass at the argmax */
+        int32_t a = argmax(row, d->max_id);
+        for (int i = 0; i < d->max_id; i++)
+            q[i] = i == a ? 1.0f : 0.0f;
+        return a;
+    }
+    double sum = 0.0, inv_t = 1.0 / (double)jb->temperature;
+    for (int i = 0; i < d->max_id; i++) {
+        double w = isnan(row[i]) ? 0.0 : exp(((double)row[i] - (double)mx) * inv_t);
+        q[i] = (float)w;
+        sum += (double)q[i]; /* the draw below uses these very weights */
+    }
+    double u = ms_rng_uniform(jb->rng) * sum, acc = 0.0;
+    int32_t pick = -1;
+    for (int i = 0; i < d->max_id; i++) {
+        acc += (double)q[i];
+        if (pick < 0 && u < acc) pick = i;
+        q[i] = (float)((double)q[i] / sum);
+    }
+    return pick >= 0 ? pick : argmax(row, d->max_id);
+}
+
+static void item_set(struct engine_item *it, struct drafter_seq *s, const int32_t *tokens, int pos,
+                     int n, int n_logits, float *logits)
+{
+    memset(it, 0, sizeof *it);
+    it->kv = &s->kv;
+    it->tokens = tokens;
+    it->pos = pos;
+    it->n_tokens = n;
+    it->n_logits = n_logits;
+    it->logits = logits;
+}
+
+/* Runs the step of items [0, n); on failure every job loses its drafts and draft K/V. */
+static int step(struct drafter *d, int n, struct drafter_job *jobs, int n_jobs, char *err,
+                size_t errlen)
+{
+    if (engine_step(d->e, d->items, n, err, errlen) == 0) return 0;
+    for (int j = 0; j < n_jobs; j++) {
+        jobs[j].n_out = 0;
+        jobs[j].q = NULL;
+        drafter_seq_release(d, jobs[j].seq);
+    }
+    return -1;
+}
+
+int drafter_run(struct drafter *d, struct drafter_job *jobs, int n_jobs, char *err, size_t errlen)
+{
+    if (n_jobs > d->max_seqs)
+        return ms_errf(err, errlen, "%d drafting sequences, more than the draft engine's %d",
+                       n_jobs, d->max_seqs);
+    int kmax = 0;
+    for (int j = 0; j < n_jobs; j++) {
+        struct drafter_job *jb = &jobs[j];
+        jb->n_out = 0;
+        if (jb->k > d->max_k) jb->k = d->max_k;
+        if (jb->k > kmax) kmax = jb->k;
+        jb->q_n = d->max_id;
+        jb->q = d->q && jb->rng && jb->temperature >= 1e-5f
+                    ? d->q + (size_t)j * (size_t)d->max_k * (size_t)d->max_id
+                    : NULL;
+        if (!jb->seq->init) {
+            if (engine_seq_init(d->e, &jb->seq->kv) != 0)
+                return ms_errf(err, errlen, "out of memory for a draft block table");
+            jb->seq->init = true;
+            jb->seq->n_computed = 0;
+        }
+        if (jb->seq->n_computed >= jb->n_total) jb->seq->n_computed = jb->n_total - 1;
+    }
+    /* Catch-up rounds: each sequence's tokens up to its last, in chunks that fit the budget;
+     * the chunk that reaches the last token gives the first draft. */
+    for (;;) {
+        int n = 0, used = 0;
+        for (int j = 0; j < n_jobs && used < d->budget; j++) {
+            struct drafter_job *jb = &jobs[j];
+            struct drafter_seq *s = jb->seq;
+            if (jb->n_out > 0) continue;
+            int left = jb->n_total - s->n_computed, take = left;
+            if (take > d->budget - used) take = d->budget - used;
+            bool last = take == left;
+            item_set(&d->items[n], s, jb->tokens + s->n_computed, s->n_computed, take, last ? 1 : 0,
+                     d->logits + (size_t)n * (size_t)d->vocab);
+            d->item_job[n++] = jb;
+            used += take;
+        }
+        if (n == 0) break;
+        if (step(d, n, jobs, n_jobs, err, errlen) != 0) return -1;
+        for (int i = 0; i < n; i++) {
+            struct drafter_job *jb = d->item_job[i];
+            jb->seq->n_computed += d->items[i].n_tokens;
+            if (d->items[i].n_logits == 1) {
+                jb->out[0] = draft_token(d, (int)(jb - jobs), jb, 0, d->items[i].logits);
+                jb->n_out = 1;
+            }
+        }
+    }
+    /* One step per further draft: feed the previous draft, take the next. */
+    for (int pos = 1; pos < kmax; pos++) {
+        int n = 0;
+        for (int j = 0; j < n_jobs; j++) {
+            struct drafter_job *jb = &jobs[j];
+            if (jb->k <= pos) continue;
+            item_set(&d->items[n], jb->seq, jb->out + pos - 1, jb->n_total + pos - 1, 1, 1,
+                     d->logits + (size_t)n * (size_t)d->vocab);
+            d->item_job[n++] = jb;
+        }
+        if (step(d, n, jobs, n_jobs, err, errlen) != 0) return -1;
+        for (int i = 0; i < n; i++) {
+            struct drafter_job *jb = d->item_job[i];
+            jb->seq->n_computed++;
+            jb->out[pos] = draft_token(d, (int)(jb - jobs), jb, pos, d->items[i].logits);
+            jb->n_out = pos + 1;
+        }
+    }
+    return 0;
+}
+
+void drafter_seq_keep(struct drafter *d, struct drafter_seq *s, int n_valid)
+{
+    if (!s->init) return;
+    if (s->n_computed > n_valid) s->n_computed = n_valid < 0 ? 0 : n_valid;
+    kv_seq_truncate(engine_kv(d->e), &s->kv, s->n_computed);
+}
+
+void drafter_seq_release(struct drafter *d, struct drafter_seq *s)
+{
+    if (s->init) engine_seq_free(d->e, &s->kv);
+    s->init = false;
+    s->n_computed = 0;
+}

@@ -1,0 +1,80 @@
+/* Draft-model speculation: a second, small model of the same tokenizer runs in an engine of its
+ * own (its own KV cache, sized for every sequence the target engine runs) and proposes each
+ * speculating sequence's next tokens: greedily (its argmax, a point mass: see spec.h for why that
+ * keeps the target distribution exact), or, for a job that asks, sampled at the request's
+ * temperature from the draft's own distribution q, which the drafter keeps for the verification
+ * (smp_sample_verify: the general accept/resample rule). A round of drafting first
+ * brings every sequence's draft K/V up to its last token (the whole prompt at its first round,
+ * in chunks of the draft engine's step budget; afterwards the one or two tokens the last
+ * verification added), which yields each first draft, then runs one batched step per further
+ * draft position. After verification, drafter_seq_keep rolls a sequence's draft K/V back to the
+ * tokens that turned out right.
+ *
+ * Ownership and threads: drafter_create borrows the draft model (it must outlive the drafter)
+ * and allocates the engine and every buffer a round needs; drafter_run allocates nothing but
+ * a sequence's block table at its first round. A drafter_seq belongs to one target sequence;
+ * drafter_seq_release frees its blocks and table. Everything runs on the scheduler's thread. */
+#ifndef MOESERVE_DRAFTER_H
+#define MOESERVE_DRAFTER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "engine.h"
+#include "model.h"
+#include "rng.h"
+
+struct drafter;
+
+struct drafter_seq {
+    struct kv_seq kv;
+    int n_computed; /* leading tokens of the sequence whose K/V the draft engine holds */
+    bool init;      /* kv has a block table */
+};
+
+/* Whether `draft` can draft for `target`: the same tokenizer (every token's string, the special
+ * tokens included) and no recurrent layers (their state could not be rolled back). 0, or -1
+ * with a reason. */
+int drafter_check(const struct model *target, const struct model *draft, char *err, size_t errlen);
+
+/* An engine for `draft` with p's devices, threads, sequences, step budget, context and KV type
+ * (its KV cache sized for p->max_seqs full sequences whatever p says). max_id: drafts are
+ * ids below it (the target's vocabulary). max_k: drafts per sequence and round at most; the
+ * draft distributions of sampled jobs take p->max_seqs * max_k * max_id floats, kept only when
+ * that is at most 512 MiB (else every job drafts greedily: drafter_samples says which). 0, or
+ * -1 with the reason. */
+int drafter_create(const struct model *draft, const struct engine_params *p, int max_id, int max_k,
+                   struct drafter **out, char *err, size_t errlen);
+/* Whether jobs may draft by sampling (the distributions fit their bound). */
+bool drafter_samples(const struct drafter *d);
+void drafter_free(struct drafter *d);
+struct engine *drafter_engine(struct drafter *d);
+
+/* One sequence's part of a round. */
+struct drafter_job {
+    struct drafter_seq *seq;
+    const int32_t *tokens; /* (n_total) the sequence's tokens so far */
+    int n_total;
+    int k;              /* drafts wanted, 1..max_k */
+    float temperature;  /* > 0 with rng: sample the drafts from the draft's distribution at
+                           this temperature; else its argmax */
+    struct ms_rng *rng; /* the sequence's draft generator (sampled jobs), or NULL */
+    int32_t *out;       /* OUT: (k) the drafts */
+    int n_out;          /* OUT: drafts made (k, or 0 when the round failed) */
+    const float *q;     /* OUT: sampled jobs: (k, q_n) the distribution each draft was drawn
+                           from (valid until the next round), else NULL */
+    int q_n;            /* OUT: ids covered by each q row (the rest have probability 0) */
+};
+
+/* Drafts for every job (each a different sequence). -1 with the reason when a draft step
+ * failed: no job has drafts then (n_out 0) and their draft K/V is dropped (the next round
+ * recomputes it). */
+int drafter_run(struct drafter *d, struct drafter_job *jobs, int n_jobs, char *err, size_t errlen);
+
+/* After verification: the sequence's first n_valid tokens are what the draft engine computed
+ * (the accepted drafts among them); K/V past them is dropped. */
+void drafter_seq_keep(struct drafter *d, struct drafter_seq *s, int n_valid);
+/* Frees the sequence's draft blocks and table (finish, cancel, preemption). */
+void drafter_seq_release(struct drafter *d, struct drafter_seq *s);
+
+#endif

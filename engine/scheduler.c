@@ -977,6 +977,29 @@ static uint64_t cache_key(const struct sched *s, const struct sched_req *r)
     return r->p.cache_salt ? k ^ (r->p.cache_salt * 0x9e3779b97f4a7c15ull) : k;
 }
 
+/* After a step computed r up to r->n_computed: registers its full blocks for prefix caching and,
+ * on a sliding-window model, gives back the blocks no later query reads (before
+ * n_computed - window + 1). */
+static void computed(struct sched *s, struct sched_req *r)
+{
+    if (s->prefix_caching)
+        kv_seq_register(engine_kv(s->e), &r->kv, cache_key(s, r), r->tokens, r->n_computed);
+    if (s->kv_window > 0)
+        kv_seq_drop_before(engine_kv(s->e), &r->kv, r->n_computed - s->kv_window + 1);
+}
+
+/* Takes a running request out of the running list and retires it. */
+static void finish_running(struct sched *s, struct sched_req *r, enum sched_finish why,
+                           const char *msg)
+{
+    for (int j = 0; j < s->n_running; j++)
+        if (s->running[j] == r) {
+            running_remove(s, j);
+            break;
+        }
+    retire(s, r, why, msg);
+}
+
 /* For a waiting request with nothing computed: takes its longest cached prefix, always leaving
  * at least one token to compute (the last one gives the logits). Returns the tokens taken. */
 static int take_cached_prefix(struct sched *s, struct sched_req *r)
@@ -1146,13 +1169,7 @@ int sched_step(struct sched *s)
     if (rc != 0) {
         /* Nothing was computed: fail the step's requests, keep serving the others. */
         for (int i = 0; i < n_items; i++) {
-            struct sched_req *r = s->item_req[i];
-            for (int j = 0; j < s->n_running; j++)
-                if (s->running[j] == r) {
-                    running_remove(s, j);
-                    break;
-                }
-            retire(s, r, SCHED_FINISH_ERROR, err);
+            finish_running(s, s->item_req[i], SCHED_FINISH_ERROR, err);
         }
         publish_stats(s, 0);
         return -1;
@@ -1166,27 +1183,12 @@ int sched_step(struct sched *s)
             /* a decode token with drafts: sample, keep what matches, roll back the rest */
             if (it->pos < r->n_prompt) n_prompt_tok += r->n_prompt - it->pos;
             enum sched_finish why = spec_verify(s, i, &n_gen_tok);
-            if (s->prefix_caching)
-                kv_seq_register(engine_kv(s->e), &r->kv, cache_key(s, r), r->tokens,
-                                r->n_computed);
-            if (s->kv_window > 0)
-                kv_seq_drop_before(engine_kv(s->e), &r->kv, r->n_computed - s->kv_window + 1);
-            if (why != SCHED_FINISH_NONE) {
-                for (int j = 0; j < s->n_running; j++)
-                    if (s->running[j] == r) {
-                        running_remove(s, j);
-                        break;
-                    }
-                retire(s, r, why, NULL);
-            }
+            computed(s, r);
+            if (why != SCHED_FINISH_NONE) finish_running(s, r, why, NULL);
             continue;
         }
         r->n_computed += it->n_tokens;
-        if (s->prefix_caching)
-            kv_seq_register(engine_kv(s->e), &r->kv, cache_key(s, r), r->tokens, r->n_computed);
-        /* a sliding-window model: no later query reads before n_computed - window + 1 */
-        if (s->kv_window > 0)
-            kv_seq_drop_before(engine_kv(s->e), &r->kv, r->n_computed - s->kv_window + 1);
+        computed(s, r);
         if (it->pos < r->n_prompt) n_prompt_tok += (it->pos + it->n_tokens < r->n_prompt
                                                         ? it->n_tokens
                                                         : r->n_prompt - it->pos);
@@ -1197,14 +1199,7 @@ int sched_step(struct sched *s)
             why = accept_token(s, r, it->logits + (size_t)(it->n_logits - 1) * (size_t)s->vocab);
             n_gen_tok++;
         }
-        if (why != SCHED_FINISH_NONE) {
-            for (int j = 0; j < s->n_running; j++)
-                if (s->running[j] == r) {
-                    running_remove(s, j);
-                    break;
-                }
-            retire(s, r, why, NULL);
-        }
+        if (why != SCHED_FINISH_NONE) finish_running(s, r, why, NULL);
     }
     pthread_mutex_lock(&s->st_mu);
     s->st.prompt_tokens += (uint64_t)n_prompt_tok;

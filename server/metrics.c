@@ -622,38 +622,39 @@ static void render_process(struct buf *b, double t_start)
     }
 }
 
+/* One labelled counter: its family line and its value. */
+static void counter(struct buf *b, const char *name, const char *help, const char *lab,
+                    uint64_t v)
+{
+    family(b, name, "counter", help);
+    bprintf(b, "%s{%s} %llu\n", name, lab, (unsigned long long)v);
+}
+
 /* vLLM's spec_decode_* counters, and the expert rows drafts cost (speculation on only). */
 static void render_spec(struct buf *b, int k, const struct sched_stats *st, const char *lab)
 {
-    family(b, "moeserve_spec_decode_num_drafts_total", "counter",
-           "Verifications: a sequence's drafted tokens checked in one step.");
-    bprintf(b, "moeserve_spec_decode_num_drafts_total{%s} %llu\n", lab,
-            (unsigned long long)st->spec_drafts);
-    family(b, "moeserve_spec_decode_num_draft_tokens_total", "counter", "Drafted tokens verified.");
-    bprintf(b, "moeserve_spec_decode_num_draft_tokens_total{%s} %llu\n", lab,
-            (unsigned long long)st->spec_draft_tokens);
-    family(b, "moeserve_spec_decode_num_accepted_tokens_total", "counter",
-           "Drafted tokens accepted.");
-    bprintf(b, "moeserve_spec_decode_num_accepted_tokens_total{%s} %llu\n", lab,
-            (unsigned long long)st->spec_accepted_tokens);
+    counter(b, "moeserve_spec_decode_num_drafts_total",
+            "Verifications: a sequence's drafted tokens checked in one step.", lab,
+            st->spec_drafts);
+    counter(b, "moeserve_spec_decode_num_draft_tokens_total", "Drafted tokens verified.", lab,
+            st->spec_draft_tokens);
+    counter(b, "moeserve_spec_decode_num_accepted_tokens_total", "Drafted tokens accepted.", lab,
+            st->spec_accepted_tokens);
     family(b, "moeserve_spec_decode_num_accepted_tokens_per_pos_total", "counter",
            "Drafted tokens accepted, by their position in the draft (0: the first).");
     for (int j = 0; j < k; j++)
         bprintf(b, "moeserve_spec_decode_num_accepted_tokens_per_pos_total{%s,position=\"%d\"} "
                    "%llu\n",
                 lab, j, (unsigned long long)st->spec_accepted_per_pos[j]);
-    family(b, "moeserve_spec_decode_draft_expert_rows_total", "counter",
-           "Token-expert rows computed for drafted positions (verification's expert reads).");
-    bprintf(b, "moeserve_spec_decode_draft_expert_rows_total{%s} %llu\n", lab,
-            (unsigned long long)st->spec_draft_rows);
-    family(b, "moeserve_spec_decode_rejected_expert_rows_total", "counter",
-           "Of those, the rows of drafts that were rejected: expert work speculation wasted.");
-    bprintf(b, "moeserve_spec_decode_rejected_expert_rows_total{%s} %llu\n", lab,
-            (unsigned long long)st->spec_rejected_rows);
-    family(b, "moeserve_spec_decode_state_rollbacks_total", "counter",
-           "Hybrid models: recurrent states returned to their snapshot after a rejection.");
-    bprintf(b, "moeserve_spec_decode_state_rollbacks_total{%s} %llu\n", lab,
-            (unsigned long long)st->spec_rollbacks);
+    counter(b, "moeserve_spec_decode_draft_expert_rows_total",
+            "Token-expert rows computed for drafted positions (verification's expert reads).", lab,
+            st->spec_draft_rows);
+    counter(b, "moeserve_spec_decode_rejected_expert_rows_total",
+            "Of those, the rows of drafts that were rejected: expert work speculation wasted.",
+            lab, st->spec_rejected_rows);
+    counter(b, "moeserve_spec_decode_state_rollbacks_total",
+            "Hybrid models: recurrent states returned to their snapshot after a rejection.", lab,
+            st->spec_rollbacks);
 }
 
 char *metrics_render(struct metrics *mt, const struct sched_stats *st, const char *model_name)

@@ -1129,22 +1129,15 @@ static char *join(const char *dir, const char *name)
     return p;
 }
 
-/* chat_template.jinja if present, else tokenizer_config.json's "chat_template" (a string, or
- * the older list of {name, template} where "default" wins). NULL without error when none. */
-static int load_chat_template(const char *dir, char **out, char *err, size_t errlen)
+/* The "chat_template" of the JSON file dir/name (a string, or the older list of {name,
+ * template} where "default" wins) into *out; NULL without error when the file or the key is
+ * missing. */
+static int json_chat_template(const char *dir, const char *name, char **out, char *err,
+                              size_t errlen)
 {
-    *out = NULL;
-    char *path = join(dir, "chat_template.jinja");
     char *text = NULL;
     size_t len;
-    if (!path) return ms_errf(err, errlen, "%s: out of memory", dir);
-    if (read_text(path, &text, &len) == 0) {
-        free(path);
-        *out = text;
-        return 0;
-    }
-    free(path);
-    path = join(dir, "tokenizer_config.json");
+    char *path = join(dir, name);
     if (!path) return ms_errf(err, errlen, "%s: out of memory", dir);
     if (read_text(path, &text, &len) != 0) {
         int rc = errno == ENOENT
@@ -1182,6 +1175,27 @@ out:
     json_decref(root);
     free(path);
     return rc;
+}
+
+/* chat_template.jinja if present, else tokenizer_config.json's "chat_template", else
+ * chat_template.json's (the processor's file of multimodal folders such as Llama 4's). NULL
+ * without error when none. */
+static int load_chat_template(const char *dir, char **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    char *path = join(dir, "chat_template.jinja");
+    char *text = NULL;
+    size_t len;
+    if (!path) return ms_errf(err, errlen, "%s: out of memory", dir);
+    if (read_text(path, &text, &len) == 0) {
+        free(path);
+        *out = text;
+        return 0;
+    }
+    free(path);
+    if (json_chat_template(dir, "tokenizer_config.json", out, err, errlen) != 0) return -1;
+    if (*out) return 0;
+    return json_chat_template(dir, "chat_template.json", out, err, errlen);
 }
 
 void model_load_opts_default(struct model_load_opts *o)

@@ -35,6 +35,10 @@ static const char *close_marker(enum tc_syntax s)
     return s == TC_DEEPSEEK ? DS_CALL_END : s == TC_MINIMAX ? MM_CLOSE : "</tool_call>";
 }
 
+#define LL_TAG "<|python_tag|>"     /* Llama 3.1+ */
+#define LL_START "<|python_start|>" /* Llama 4 */
+#define LL_END "<|python_end|>"
+
 #define H_START "<|start|>"
 #define H_CHANNEL "<|channel|>"
 #define H_MESSAGE "<|message|>"
@@ -59,6 +63,9 @@ enum tc_syntax tc_syntax_of_model(const struct tokenizer *tok, const char *chat_
     if (strstr(chat_template, "<arg_key>")) return TC_GLM;
     if (strstr(chat_template, "<function=") && strstr(chat_template, "<parameter="))
         return TC_QWEN3_XML;
+    if ((strstr(chat_template, LL_TAG) || strstr(chat_template, LL_START)) &&
+        !strstr(chat_template, "<tool_call>"))
+        return TC_LLAMA;
     return TC_HERMES;
 }
 
@@ -69,6 +76,7 @@ static const struct {
     {"hermes", TC_HERMES},          {"qwen3_coder", TC_QWEN3_XML}, {"qwen3_xml", TC_QWEN3_XML},
     {"glm45", TC_GLM},              {"glm47", TC_GLM},             {"glm4_moe", TC_GLM},
     {"minimax_m2", TC_MINIMAX},     {"deepseek_v3", TC_DEEPSEEK},  {"openai", TC_HARMONY},
+    {"llama3_json", TC_LLAMA},      {"llama4_json", TC_LLAMA},
 };
 #define N_SYNTAX_NAMES (sizeof syntax_names / sizeof *syntax_names)
 
@@ -128,7 +136,7 @@ unsigned tc_think_flags(bool on, const char *prompt)
 bool tc_markers_special(enum tc_syntax syn, const struct tokenizer *tok)
 {
     if (syn == TC_DEEPSEEK || syn == TC_HARMONY) return true;
-    if (syn == TC_HERMES) return false; /* forced as before, whatever the tokenizer */
+    if (syn == TC_HERMES || syn == TC_LLAMA) return false; /* forced without markers */
     const char *mk[] = {open_marker(syn), close_marker(syn), "<arg_key>", "</arg_key>",
                         "<arg_value>", "</arg_value>"};
     int n = syn == TC_GLM ? 6 : 2;
@@ -979,6 +987,107 @@ static int think_step(struct tc_stream *s, const char *text, size_t len, bool fi
     return 1;
 }
 
+/* --- Llama's JSON calls ----------------------------------------------------------------------- */
+
+/* Length of the marker at text[i, len) among Llama's opening ones: its length, 0 when none,
+ * (size_t)-1 when the text so far is a proper prefix of one. */
+static size_t llama_tag(const char *text, size_t i, size_t len)
+{
+    static const char *const tags[] = {LL_TAG, LL_START};
+    bool partial = false;
+    for (int t = 0; t < 2; t++) {
+        size_t m = strlen(tags[t]), have = len - i < m ? len - i : m;
+        if (memcmp(text + i, tags[t], have) != 0) continue;
+        if (have == m) return m;
+        partial = true;
+    }
+    return partial ? (size_t)-1 : 0;
+}
+
+/* The calls of a whole Llama output text[0, n) (from its first non-space byte): appended to
+ * *calls and 1 when all of it is calls, 0 when it is not (nothing appended), -1 OOM. */
+static int llama_calls(const char *text, size_t n, struct tc_call **calls, int *n_calls)
+{
+    size_t i = skip_space(text, n, 0);
+    size_t tag = llama_tag(text, i, n);
+    if (tag != (size_t)-1 && tag > 0) {
+        i = skip_space(text, n, i + tag);
+        if (at(text, n, i, LL_END)) i += strlen(LL_END);
+    }
+    size_t end = n;
+    while (end > i && is_space(text[end - 1])) end--;
+    if (end - i >= strlen(LL_END) && memcmp(text + end - strlen(LL_END), LL_END,
+                                            strlen(LL_END)) == 0)
+        end -= strlen(LL_END);
+    struct tc_call *lc = NULL;
+    int ln = 0, rc = 0;
+    for (;;) {
+        i = skip_space(text, end, i);
+        if (i >= end || text[i] != '{') goto no;
+        json_error_t jerr;
+        json_t *obj = json_loadb(text + i, end - i, JSON_DISABLE_EOF_CHECK, &jerr);
+        const char *nm = json_string_value(json_object_get(obj, "name"));
+        json_t *args = json_object_get(obj, "parameters");
+        if (!args) args = json_object_get(obj, "arguments");
+        struct tc_call c = {0};
+        if (nm && *nm && args && (c.arguments = args_text(args)) && !(c.name = strdup(nm))) {
+            free(c.arguments);
+            json_decref(obj);
+            rc = -1;
+            goto no;
+        }
+        json_decref(obj);
+        if (!c.name) {
+            free(c.arguments);
+            goto no;
+        }
+        if (push_call(&lc, &ln, c) != 0) {
+            rc = -1;
+            goto no;
+        }
+        i = skip_space(text, end, i + (size_t)jerr.position);
+        if (i == end) break;
+        if (text[i] != ';') goto no;
+        i++;
+    }
+    struct tc_call *g = realloc(*calls, sizeof *g * (size_t)(*n_calls + ln));
+    if (!g) {
+        rc = -1;
+        goto no;
+    }
+    memcpy(g + *n_calls, lc, sizeof *lc * (size_t)ln);
+    *calls = g;
+    *n_calls += ln;
+    free(lc);
+    return 1;
+no:
+    tc_calls_free(lc, ln);
+    return rc;
+}
+
+/* Llama's step: undecided until the first non-space byte (or an opening marker) says whether
+ * the output is calls; content then goes out as it comes, a call output is parsed at its end
+ * (and is content when it does not parse). Returns like stream_step. */
+static int llama_step(struct tc_stream *s, const char *text, size_t len, bool final,
+                      size_t *from, size_t *to, struct tc_call **calls, int *n_calls)
+{
+    *from = *to = s->pos;
+    if (s->llama == 0) {
+        size_t i = s->pos;
+        while (i < len && is_space(text[i])) i++;
+        size_t tag = i < len ? llama_tag(text, i, len) : (size_t)-1;
+        if (tag == (size_t)-1 && !final) return 0; /* spaces, or a marker's beginning */
+        s->llama = i < len && (text[i] == '{' || (tag != (size_t)-1 && tag > 0)) ? 2 : 1;
+    }
+    if (s->llama == 1 || final) {
+        int rc = s->llama == 2 ? llama_calls(text + s->pos, len - s->pos, calls, n_calls) : 0;
+        if (rc < 0) return -1;
+        if (rc == 0) *to = len; /* content (a call output that did not parse is content too) */
+        s->pos = len;
+    }
+    return 0;
+}
+
 /* One step: the range of text that is now certainly content (or reasoning: s->reasoning) and
  * at most one completed call. The range may start before s->pos as it was (an unfinished block
  * that turns out to be text is reported from its open marker). Returns 1 (call again), 0
@@ -998,6 +1107,7 @@ static int stream_step(struct tc_stream *s, const char *text, size_t len, bool f
         *to = s->pos = len;
         return 0;
     }
+    if (s->syn == TC_LLAMA) return llama_step(s, text, len, final, from, to, calls, n_calls);
     const char *om = open_marker(s->syn), *cm = close_marker(s->syn);
     size_t ol = strlen(om), cl = strlen(cm);
     *from = *to = s->pos;
@@ -1344,7 +1454,7 @@ int tc_grammar(enum tc_syntax syn, const char *tools_json, const char *only_name
     if (syn == TC_QWEN3_XML || syn == TC_GLM || syn == TC_MINIMAX)
         return xml_grammar(syn, tools_json, only_name, parallel, out, err, errlen, bad_keyword,
                            kwlen);
-    if (syn != TC_HERMES) /* DeepSeek and harmony */
+    if (syn != TC_HERMES && syn != TC_LLAMA) /* DeepSeek and harmony */
         return ms_errf(err, errlen,
                        "forcing a tool call is not supported for this model's tool-call syntax "
                        "(its markers are special tokens)");
@@ -1372,7 +1482,8 @@ int tc_grammar(enum tc_syntax syn, const char *tools_json, const char *only_name
                        : ms_errf(err, errlen, "out of memory");
         free(schema);
         if (r < 0) goto out;
-        /* "{\"name\": \"NAME\", \"arguments\": " tK_root "}" as EBNF, the name escaped */
+        /* "{\"name\": \"NAME\", \"arguments\": " tK_root "}" as EBNF, the name escaped
+         * (Llama's key is "parameters") */
         json_t *js = json_string(name);
         char *qn = js ? json_dumps(js, JSON_ENCODE_ANY) : NULL;
         json_decref(js);
@@ -1385,7 +1496,9 @@ int tc_grammar(enum tc_syntax syn, const char *tools_json, const char *only_name
             ok = (!(*c == '"' || *c == '\\') || ms_buf_add(&calls, "\\", 1) == 0) &&
                  ms_buf_add(&calls, c, 1) == 0;
         free(qn);
-        ok = ok && ms_buf_adds(&calls, ", \\\"arguments\\\": \" ") == 0 &&
+        ok = ok &&
+             ms_buf_adds(&calls, syn == TC_LLAMA ? ", \\\"parameters\\\": \" "
+                                                 : ", \\\"arguments\\\": \" ") == 0 &&
              ms_buf_adds(&calls, prefix) == 0 && ms_buf_adds(&calls, "root \"}\"") == 0;
         if (!ok) {
             ms_errf(err, errlen, "out of memory");
@@ -1398,11 +1511,17 @@ int tc_grammar(enum tc_syntax syn, const char *tools_json, const char *only_name
         goto out;
     }
     struct ms_buf g = {0};
+    /* hermes: each call in its <tool_call> block, blocks a line apart; Llama: calls alone,
+     * "; " apart */
+    bool llama = syn == TC_LLAMA;
     if (ms_buf_adds(&g, rules) != 0 || ms_buf_adds(&g, "call ::= ") != 0 ||
         ms_buf_add(&g, calls.p, calls.len) != 0 ||
-        ms_buf_adds(&g, "\nblock ::= \"<tool_call>\\n\" call \"\\n</tool_call>\"\n"
-                        "root ::= block") != 0 ||
-        ms_buf_adds(&g, parallel && !only_name ? " ( \"\\n\" block )*\n" : "\n") != 0) {
+        ms_buf_adds(&g, llama ? "\nblock ::= call\n"
+                              : "\nblock ::= \"<tool_call>\\n\" call \"\\n</tool_call>\"\n") != 0 ||
+        ms_buf_adds(&g, "root ::= block") != 0 ||
+        ms_buf_adds(&g, !(parallel && !only_name) ? "\n"
+                        : llama                   ? " ( \"; \" block )*\n"
+                                                  : " ( \"\\n\" block )*\n") != 0) {
         ms_buf_free(&g);
         ms_errf(err, errlen, "out of memory");
         goto out;

@@ -32,6 +32,13 @@
  *               values trimmed and typed by the schema (its type, type lists, enum values,
  *               anyOf/oneOf/allOf), "null"/"none"/"nil" null, else JSON or string (vLLM's
  *               minimax_m2 parser).
+ *   TC_LLAMA    Llama 3.1+ and Llama 4 (their published templates ask for JSON calls): the
+ *               whole output, after an optional <|python_tag|> or <|python_start|> (and a
+ *               <|python_end|> right after it or at the end), is one or more objects
+ *               {"name": "f", "parameters": {...}} ("arguments" read too) separated by ';'
+ *               (vLLM's llama3_json / llama4_json parsers). An output that starts otherwise,
+ *               or does not parse as a whole, is content. A stream holds an output that
+ *               starts like a call until its end. Forced as that JSON (no markers).
  * Hermes and Qwen3 XML each also read the other's body inside <tool_call> (a JSON object, a
  * <function= tag), so a wrong guess between the two still parses the calls.
  * A block of these three that does not parse as a whole (a missing close tag, text between the
@@ -56,7 +63,7 @@
 #include "common.h"
 #include "tokenizer.h"
 
-enum tc_syntax { TC_HERMES, TC_DEEPSEEK, TC_HARMONY, TC_QWEN3_XML, TC_GLM, TC_MINIMAX };
+enum tc_syntax { TC_HERMES, TC_DEEPSEEK, TC_HARMONY, TC_QWEN3_XML, TC_GLM, TC_MINIMAX, TC_LLAMA };
 
 /* How an output is read besides its syntax (tc_stream_init, tc_parse): */
 enum {
@@ -79,10 +86,12 @@ struct tc_call {
 enum tc_syntax tc_syntax_of(const struct tokenizer *tok);
 /* Like tc_syntax_of, and where the tokens say hermes, the chat template (NULL: none) decides:
  * <function= and <parameter= in it mean Qwen3's XML calls (the markers of GLM or MiniMax in it
- * mean theirs, for a tokenizer without those tokens). */
+ * mean theirs, for a tokenizer without those tokens; <|python_tag|> or <|python_start|> in a
+ * template without <tool_call> means Llama's JSON calls). */
 enum tc_syntax tc_syntax_of_model(const struct tokenizer *tok, const char *chat_template);
 /* vLLM's --tool-call-parser names: hermes, qwen3_coder (also qwen3_xml), glm45 (also glm47,
- * glm4_moe), minimax_m2, deepseek_v3, openai. Returns 0 with *out, -1 for another name. */
+ * glm4_moe), minimax_m2, deepseek_v3, openai, llama3_json (also llama4_json). Returns 0 with
+ * *out, -1 for another name. */
 int tc_syntax_parse(const char *name, enum tc_syntax *out);
 const char *tc_syntax_name(enum tc_syntax syn); /* the first vLLM name above */
 /* Whether the syntax's call markers are special tokens of tok (a grammar cannot force those:
@@ -138,6 +147,7 @@ struct tc_stream {
     bool reasoning; /* the range the last step reported is reasoning, not content */
     unsigned flags; /* TC_NO_CALLS / TC_THINK / TC_THINK_OPEN */
     int think;      /* TC_THINK: 1 the output may still open <think>, 2 inside it, 0 past it */
+    int llama;      /* TC_LLAMA: 0 undecided, 1 content, 2 a call output (held to its end) */
 };
 /* tools (may be NULL) types the XML syntaxes' values; borrowed: it must outlive the stream.
  * flags: TC_NO_CALLS / TC_THINK / TC_THINK_OPEN. */

@@ -142,7 +142,8 @@ static const struct opt_def opt_defs[] = {
      "Jinja chat template file overriding tokenizer_config.json's"},
     {"tool-call-parser", "MOESERVE_TOOL_CALL_PARSER", OPT_STR, OFF(tool_parser), 0, 0,
      "the syntax tool calls are parsed and forced in: auto (from the tokenizer and chat "
-     "template), hermes, qwen3_coder, glm45, minimax_m2, deepseek_v3 or openai (auto)"},
+     "template), hermes, qwen3_coder, glm45, minimax_m2, deepseek_v3, openai or llama3_json "
+     "(auto)"},
     {"reasoning-parser", "MOESERVE_REASONING_PARSER", OPT_STR, OFF(reasoning_parser), 0, 0,
      "split a chat's <think> reasoning into reasoning_content: auto (when the tokenizer has "
      "<think> and </think>), none, or deepseek_r1, qwen3, glm45, minimax_m2 (on) (auto)"},
@@ -390,7 +391,8 @@ static int parse_opts(int argc, char **argv, struct serve_opts *o)
     enum tc_syntax tsyn;
     if (strcmp(o->tool_parser, "auto") != 0 && tc_syntax_parse(o->tool_parser, &tsyn) != 0) {
         fprintf(stderr, "moeserve serve: --tool-call-parser must be auto, hermes, qwen3_coder, "
-                        "glm45, minimax_m2, deepseek_v3 or openai, got '%s'\n", o->tool_parser);
+                        "glm45, minimax_m2, deepseek_v3, openai or llama3_json, got '%s'\n",
+                o->tool_parser);
         return -1;
     }
     int think_mode;

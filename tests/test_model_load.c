@@ -649,6 +649,66 @@ static void test_fixtures(void)
     printf("test_model_load: %d fixture checkpoints found\n", found);
 }
 
+/* Where a folder keeps its chat template: chat_template.jinja first, then tokenizer_config.json,
+ * then chat_template.json (the processor's file, as Llama 4's multimodal folders ship it). The
+ * mixtral fixture's files by symlink, its tokenizer_config.json rewritten without the template. */
+static void test_chat_template_files(void)
+{
+    char src[4096], dir[4200], path[4400], dst[4400];
+    if (!realpath(test_path(tests_dir, "fixtures/models/mixtral"), src)) { /* links need it whole */
+        CHECK(0);
+        return;
+    }
+    snprintf(dir, sizeof dir, "%s/ct", tmpdir);
+    CHECK(mkdir(dir, 0700) == 0);
+    static const char *const linked[] = {"config.json", "model.safetensors", "tokenizer.json",
+                                         "generation_config.json"};
+    for (size_t i = 0; i < sizeof linked / sizeof *linked; i++) {
+        snprintf(path, sizeof path, "%s/%s", src, linked[i]);
+        snprintf(dst, sizeof dst, "%s/%s", dir, linked[i]);
+        CHECK(symlink(path, dst) == 0);
+    }
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", src);
+    json_t *tc = json_load_file(path, JSON_DECODE_INT_AS_REAL, NULL);
+    CHECK(tc && json_object_del(tc, "chat_template") == 0);
+    snprintf(dst, sizeof dst, "%s/tokenizer_config.json", dir);
+    CHECK(json_dump_file(tc, dst, 0) == 0);
+    json_decref(tc);
+    static const char *const steps[] = {
+        NULL,                                             /* none: no template */
+        "chat_template.json",                             /* the processor's file */
+        "tokenizer_config.json",                          /* ahead of chat_template.json */
+        "chat_template.jinja",                            /* ahead of both */
+    };
+    for (size_t i = 0; i < sizeof steps / sizeof *steps; i++) {
+        char want[64] = "";
+        if (steps[i]) {
+            snprintf(want, sizeof want, "from %s", steps[i]);
+            snprintf(dst, sizeof dst, "%s/%s", dir, steps[i]);
+            if (strcmp(steps[i], "chat_template.jinja") == 0) {
+                FILE *f = fopen(dst, "w");
+                CHECK(f && fputs(want, f) >= 0 && fclose(f) == 0);
+            } else {
+                json_t *j = strcmp(steps[i], "tokenizer_config.json") == 0
+                                ? json_load_file(dst, JSON_DECODE_INT_AS_REAL, NULL)
+                                : json_object();
+                CHECK(j && json_object_set_new(j, "chat_template", json_string(want)) == 0 &&
+                      json_dump_file(j, dst, 0) == 0);
+                json_decref(j);
+            }
+        }
+        struct model_load_opts o;
+        model_load_opts_default(&o);
+        struct model *m = NULL;
+        char err[512] = "";
+        CHECKF(model_load(dir, &o, &m, err, sizeof err) == 0, "%s", err);
+        CHECKF(m && (steps[i] ? m->chat_template && strcmp(m->chat_template, want) == 0
+                              : m->chat_template == NULL),
+               "step %zu: template '%s'", i, m && m->chat_template ? m->chat_template : "(none)");
+        model_free(m);
+    }
+}
+
 int main(int argc, char **argv)
 {
     tests_dir = argc > 1 ? argv[1] : "tests";
@@ -662,6 +722,7 @@ int main(int argc, char **argv)
     test_valid();
     test_broken();
     test_fixtures();
+    test_chat_template_files();
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);

@@ -322,15 +322,21 @@ static void test_detect(const char *tests_dir)
     CHECK(tc_syntax_of_model(NULL, "<tool_call>{{ name }}<arg_key>") == TC_GLM);
     CHECK(tc_syntax_of_model(NULL, "<minimax:tool_call>") == TC_MINIMAX);
     CHECK(tc_syntax_of_model(NULL, "<tool_call>\n{\"name\": ...}") == TC_HERMES);
-    if (tests_dir) { /* Qwen3's own template is hermes */
+    /* the published templates: Qwen3's is hermes, Llama 4's JSON calls */
+    static const struct {
+        const char *file;
+        enum tc_syntax syn;
+    } tmpls[] = {{"qwen3.jinja", TC_HERMES}, {"llama4.jinja", TC_LLAMA}};
+    for (size_t t = 0; tests_dir && t < sizeof tmpls / sizeof *tmpls; t++) {
         char path[4096];
-        snprintf(path, sizeof path, "%s/fixtures/chat/qwen3.jinja", tests_dir);
+        snprintf(path, sizeof path, "%s/fixtures/chat/%s", tests_dir, tmpls[t].file);
         FILE *f = fopen(path, "rb");
         static char tmpl[1 << 16];
         size_t n = f ? fread(tmpl, 1, sizeof tmpl - 1, f) : 0;
         if (f) fclose(f);
         tmpl[n] = '\0';
-        CHECKF(n > 0 && tc_syntax_of_model(NULL, tmpl) == TC_HERMES, "qwen3.jinja (%zu bytes)", n);
+        CHECKF(n > 0 && tc_syntax_of_model(NULL, tmpl) == tmpls[t].syn, "%s (%zu bytes)",
+               tmpls[t].file, n);
     }
     static const char *const glm[] = {"<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>",
                                       "<arg_value>", "</arg_value>"};
@@ -370,6 +376,84 @@ static bool grammar_takes(const struct grm_grammar *g, const char *text)
     bool ok = m && grm_accept_bytes(m, text, strlen(text)) == 0 && grm_can_end(m);
     grm_matcher_free(m);
     return ok;
+}
+
+/* Llama 3.1+/4 JSON calls: the whole output (after an optional <|python_tag|> or
+ * <|python_start|>) is calls separated by ';', else it is content. */
+static void test_llama(void)
+{
+    const char *two[] = {"get_weather", "{\"city\":\"Paris\"}", "add", "{\"a\":1,\"b\":2}"};
+    check(TC_LLAMA,
+          "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}; {\"name\": \"add\", "
+          "\"parameters\": {\"a\": 1, \"b\": 2}}",
+          "", two, 2);
+    check(TC_LLAMA,
+          "  <|python_start|>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}};"
+          "{\"name\": \"add\", \"parameters\": \"{\\\"a\\\":1,\\\"b\\\":2}\"}<|python_end|>\n",
+          "", two, 2);
+    check(TC_LLAMA, "<|python_tag|>{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}",
+          "", two, 1);
+    check(TC_LLAMA, "<|python_start|><|python_end|>{\"name\": \"f\", \"parameters\": {}}", "",
+          (const char *const[]){"f", "{}"}, 1);
+    /* content: text first, no name, no parameters, something after a call, an open call */
+    const char *content[] = {
+        "It is sunny. {\"name\": \"f\", \"parameters\": {}}",
+        "{\"parameters\": {\"a\": 1}}",
+        "{\"name\": \"f\"}",
+        "{\"name\": \"f\", \"parameters\": {}} and then",
+        "{\"name\": \"f\", \"parameters\": {}};",
+        "{\"name\": \"f\", \"parameters\": {\"a\":",
+        "{\"name\": \"\", \"parameters\": {}}",
+        "<|python_sta",
+        "{not json}",
+    };
+    for (size_t i = 0; i < sizeof content / sizeof *content; i++)
+        check(TC_LLAMA, content[i], content[i], NULL, 0);
+    check(TC_LLAMA, "   ", "", NULL, 0);
+    check_trf(TC_LLAMA, TC_NO_CALLS, NULL, "{\"name\": \"f\", \"parameters\": {}}",
+              "{\"name\": \"f\", \"parameters\": {}}", "", NULL, 0);
+    /* detection from the template, vLLM's names */
+    CHECK(tc_syntax_of_model(NULL, "{{- '<|python_start|>' }}") == TC_LLAMA);
+    CHECK(tc_syntax_of_model(NULL, "<|python_tag|>") == TC_LLAMA);
+    CHECK(tc_syntax_of_model(NULL, "<|python_tag|> <tool_call>") == TC_HERMES);
+    enum tc_syntax syn = TC_HERMES;
+    CHECK(tc_syntax_parse("llama4_json", &syn) == 0 && syn == TC_LLAMA);
+    CHECK(tc_syntax_parse("llama3_json", &syn) == 0 && syn == TC_LLAMA);
+    CHECK(strcmp(tc_syntax_name(TC_LLAMA), "llama3_json") == 0);
+    CHECK(!tc_needs_special_tokens(TC_LLAMA) && !tc_markers_special(TC_LLAMA, NULL));
+
+    /* the forcing grammar: the JSON the parser reads, "; " between parallel calls */
+    struct tokenizer *tok = small_tok(NULL, NULL, 0);
+    struct grm_vocab *v = tok ? grm_vocab_build(tok, tok_vocab_size(tok), NULL, 0) : NULL;
+    CHECK(v != NULL);
+    char tools[1024];
+    snprintf(tools, sizeof tools, "%s",
+             J("[{'type':'function','function':{'name':'get_weather','parameters':{'type':"
+               "'object','properties':{'city':{'type':'string'},'days':{'type':'integer'}},"
+               "'required':['city']}}},{'type':'function','function':{'name':'ping'}}]"));
+    const char *good = "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\", \"days\": 2}}";
+    const char *pair = "{\"name\": \"ping\", \"parameters\": {}}; {\"name\": \"ping\", "
+                       "\"parameters\": {}}";
+    for (int parallel = 0; parallel < 2; parallel++) {
+        char err[MS_ERR_LEN], kw[64] = "", *ebnf = NULL;
+        struct grm_grammar *g = NULL;
+        CHECKF(tc_grammar(TC_LLAMA, tools, NULL, parallel, &ebnf, err, sizeof err, kw,
+                          sizeof kw) == 0, "%s", err);
+        CHECKF(ebnf && v && grm_compile(GRM_EBNF, ebnf, v, &g, err, sizeof err, NULL, 0) == 0,
+               "%s\n%s", err, ebnf ? ebnf : "");
+        free(ebnf);
+        if (!g) continue;
+        CHECK(grammar_takes(g, good));
+        CHECK(grammar_takes(g, pair) == (parallel == 1));
+        CHECK(!grammar_takes(g, "{\"name\": \"pong\", \"parameters\": {}}"));
+        CHECK(!grammar_takes(g, "{\"name\": \"get_weather\", \"parameters\": {\"days\": 2}}"));
+        CHECK(!grammar_takes(g, "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"x\"}}"));
+        grm_release(g);
+    }
+    check(TC_LLAMA, good, "", (const char *const[]){"get_weather", "{\"city\":\"Oslo\",\"days\":2}"},
+          1);
+    grm_vocab_free(v);
+    tok_free(tok);
 }
 
 /* The forcing grammars of the XML syntaxes take the calls the parser reads (names, keys,
@@ -567,6 +651,7 @@ int main(int argc, char **argv)
         check_syntax_of(argv[2], "gptoss", TC_HARMONY);
     }
     check(TC_HERMES, "plain text", "plain text", NULL, 0);
+    test_llama();
     check(TC_HERMES,
           "Let me look.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
           "\"Paris\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1, "

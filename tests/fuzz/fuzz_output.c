@@ -3,9 +3,9 @@
  * in) go through the streaming detokenizer (tok_stream) and the stop-string filter (stopstr),
  * as the scheduler publishes them, and the published text through the tool-call parser of the
  * tokenizer's syntax (Hermes on Qwen3, DeepSeek-V3's markers, gpt-oss's harmony) and through
- * each XML-style syntax (Qwen3 XML, GLM, MiniMax-M2, typed by a fixed tools list), streamed as
- * the SSE path reads it (the text so far at random token boundaries) and whole as the
- * non-streamed answer parses it. Checked:
+ * each XML-style syntax (Qwen3 XML, GLM, MiniMax-M2, typed by a fixed tools list) and Llama's
+ * JSON calls, streamed as the SSE path reads it (the text so far at random token boundaries)
+ * and whole as the non-streamed answer parses it. Checked:
  *   - the filter's output equals a plain search of each prefix of the decoded text at the token
  *     boundaries (the first prefix holding a stop string ends the output before its earliest
  *     match, the stop string kept with include_stop_str);
@@ -39,7 +39,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv);
 static struct tokenizer *toks[N_TOK];
 static enum tc_syntax syns[N_TOK];
 static struct tc_tools *xml_tools; /* types the XML syntaxes' values: every schema type */
-static const enum tc_syntax xml_syns[] = {TC_QWEN3_XML, TC_GLM, TC_MINIMAX};
+/* the syntaxes no fixture tokenizer selects, each checked on every input */
+static const enum tc_syntax xml_syns[] = {TC_QWEN3_XML, TC_GLM, TC_MINIMAX, TC_LLAMA};
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {

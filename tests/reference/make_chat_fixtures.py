@@ -9,7 +9,8 @@ Templates come from two places: the tokenizer folders in ../shared/data/tokenize
 tokenizer_config.json), and the published templates of the 2026 families (TEMPLATE_FILES below:
 Qwen3.5, GLM-4.6, GLM-4.7-Flash, MiniMax-M2, Granite 4.0), read from --templates DIR (a folder of
 `<model>.jinja` files as the models ship them; llama.cpp's models/templates has these names) or,
-without it, from the copies already committed here. Those are rendered through the Qwen3 tokenizer
+without it, from the copies already committed here; and the templates transformers carries
+itself (TRANSFORMERS_TEMPLATES: Llama 4's). Those are rendered through the Qwen3 tokenizer
 with apply_chat_template(chat_template=...): none of them reads a special-token variable.
 
 Run from the repository root (needs transformers 5.x and jinja2; made with transformers 5.25,
@@ -17,6 +18,7 @@ jinja2 3.1.6). Also writes tests/fixtures/chat/unit.json: small templates exerci
 features, with a JSON context and jinja2's output. Usage:  python3 tests/reference/make_chat_fixtures.py [--shared PATH]
 """
 import argparse
+import importlib
 import json
 import os
 
@@ -219,6 +221,15 @@ TEMPLATE_FILES = {
 }
 
 
+# fixture name -> (module, attribute, tokenizer folder key): templates transformers itself
+# carries, rendered through a tokenizer whose special tokens they read
+TRANSFORMERS_TEMPLATES = {
+    # Llama 4 Instruct's template (Llama4Processor's default; JSON tool calls after
+    # <|python_start|>); bos_token from the Llama 2 tokenizer stands in for <|begin_of_text|>
+    "llama4": ("transformers.models.llama4.processing_llama4", "chat_template", "llama2"),
+}
+
+
 def unit_cases():
     out = []
     for name, src, ctx in UNIT:
@@ -252,6 +263,9 @@ def main():
         path = os.path.join(args.templates, fname) if args.templates else os.path.join(OUT, tname + ".jinja")
         with open(path, encoding="utf-8") as f:
             sources.append((tname, qwen3, f.read()))
+    for tname, (module, attr, key) in TRANSFORMERS_TEMPLATES.items():
+        sources.append((tname, AutoTokenizer.from_pretrained(folders[key]),
+                        getattr(importlib.import_module(module), attr)))
     cases = []
     for tname, tok, template in sources:
         if not isinstance(template, str):

@@ -33,26 +33,34 @@ static int is_model_dir(const char *dir)
 
 const char *cli_default_model(char *buf, size_t n)
 {
-    /* 1. ./models/<default> (a checkout), 2. next to the binary (build/moeserve ->
-     * ../models), 3. /models/<default> (the container image). */
-    if (snprintf(buf, n, "%s", CLI_DEFAULT_MODEL) < (int)n && is_model_dir(buf)) return buf;
-    char exe[PATH_MAX];
+    /* The places, in order: ./models/<default> (a checkout's root); next to the binary: its
+     * own folder (a build tree, where CMake links models/ to the source's), its parent
+     * (build/moeserve in a checkout), ../share/moeserve/models (installed, wherever the prefix
+     * was moved); the configured install prefix; /models/<default> (the container image). */
+    char exe[PATH_MAX] = "";
     ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (len > 0) {
-        exe[len] = '\0';
-        char *slash = strrchr(exe, '/');
-        if (slash) {
-            *slash = '\0';
-            if (snprintf(buf, n, "%s/../%s", exe, CLI_DEFAULT_MODEL) < (int)n && is_model_dir(buf))
-                return buf;
-            if (snprintf(buf, n, "%s/../share/moeserve/%s", exe, CLI_DEFAULT_MODEL) < (int)n &&
-                is_model_dir(buf))
-                return buf;
-        }
+    exe[len > 0 ? len : 0] = '\0';
+    char *slash = strrchr(exe, '/');
+    if (slash) *slash = '\0';
+    char cand[6][PATH_MAX + 64];
+    int nc = 0;
+    snprintf(cand[nc++], sizeof cand[0], "%s", CLI_DEFAULT_MODEL);
+    if (slash) {
+        snprintf(cand[nc++], sizeof cand[0], "%s/%s", exe, CLI_DEFAULT_MODEL);
+        snprintf(cand[nc++], sizeof cand[0], "%s/../%s", exe, CLI_DEFAULT_MODEL);
+        snprintf(cand[nc++], sizeof cand[0], "%s/../share/moeserve/%s", exe, CLI_DEFAULT_MODEL);
     }
-    if (snprintf(buf, n, "/%s", CLI_DEFAULT_MODEL) < (int)n && is_model_dir(buf)) return buf;
-    snprintf(buf, n, "%s", CLI_DEFAULT_MODEL);
-    return buf; /* not found: loading it gives the usual clear error naming the path */
+#ifdef MOESERVE_DATA_DIR
+    snprintf(cand[nc++], sizeof cand[0], "%s/%s", MOESERVE_DATA_DIR, CLI_DEFAULT_MODEL);
+#endif
+    snprintf(cand[nc++], sizeof cand[0], "/%s", CLI_DEFAULT_MODEL);
+    for (int i = 0; i < nc; i++)
+        if (is_model_dir(cand[i]) && snprintf(buf, n, "%s", cand[i]) < (int)n) return buf;
+    int w = snprintf(buf, n, "no --model given, and the bundled model (%s) is in none of: ",
+                     CLI_DEFAULT_MODEL);
+    for (int i = 0; i < nc && w >= 0 && (size_t)w < n; i++)
+        w += snprintf(buf + w, n - (size_t)w, "%s%s", i ? ", " : "", cand[i]);
+    return NULL;
 }
 
 char *cli_read_file(const char *path, size_t *len)

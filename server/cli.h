@@ -20,8 +20,11 @@ int cli_healthcheck(int argc, char **argv);
 /* Shared by subcommands: a progress bar on stderr for model loading (ctx: label string). */
 void cli_progress(void *ctx, double fraction);
 
-/* Folder of the bundled model when no --model is given: ./models/..., then relative to the
- * binary (../models/... from build/), then /models/... (container). Writes into buf. */
+/* Folder of the bundled model when no --model is given, written into buf: ./models/...,
+ * then relative to the binary (models/... beside it in a build tree, ../models/... from a
+ * checkout's build/, ../share/moeserve/models/... when installed), the configured install
+ * prefix, /models/... (the container). Returns buf, or NULL with buf holding a message that
+ * names every place looked in. */
 const char *cli_default_model(char *buf, size_t n);
 
 /* The continuous-experts budget flags (--moe-samples, --moe-neuron-fraction; 0 = not given)

@@ -151,6 +151,7 @@ static int load_model(struct calib *c, const struct calib_opts *o, char *err, si
     if (c->m) return 0;
     const char *dir =
         o->model_dir ? o->model_dir : cli_default_model(c->model_dir, sizeof c->model_dir);
+    if (!dir) return ms_errf(err, errlen, "%s", c->model_dir); /* where it looked */
     if (dir != c->model_dir) snprintf(c->model_dir, sizeof c->model_dir, "%s", dir);
     struct model_load_opts mo;
     model_load_opts_default(&mo);

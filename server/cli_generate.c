@@ -233,8 +233,12 @@ static int parse_args(int argc, char **argv, struct gen_opts *o)
         if (rc) return -1;
     }
     if (!o->model) {
-        static char default_model[4096];
-        o->model = cli_default_model(default_model, sizeof default_model);
+        static char default_model[8192];
+        if (!(o->model = cli_default_model(default_model, sizeof default_model))) {
+            fprintf(stderr, "moeserve generate: %s\n", default_model);
+            return -1;
+        }
+        fprintf(stderr, "model: %s (the bundled default)\n", o->model);
     }
     if (optind < argc) {
         fprintf(stderr, "moeserve generate: unexpected argument '%s'\n", argv[optind]);

@@ -399,8 +399,11 @@ static int trace_record(int argc, char **argv)
         return 2;
     }
     if (step > window) step = window;
-    static char default_model[4096];
-    if (!model_dir) model_dir = cli_default_model(default_model, sizeof default_model);
+    static char default_model[8192];
+    if (!model_dir && !(model_dir = cli_default_model(default_model, sizeof default_model))) {
+        fprintf(stderr, "%s\n", default_model);
+        return 2;
+    }
 
     char err[MS_ERR_LEN];
     struct model *m = NULL;

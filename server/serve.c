@@ -385,8 +385,11 @@ static int parse_opts(int argc, char **argv, struct serve_opts *o)
         return -1;
     }
     if (!o->model) {
-        static char default_model[4096];
-        o->model = cli_default_model(default_model, sizeof default_model);
+        static char default_model[8192];
+        if (!(o->model = cli_default_model(default_model, sizeof default_model))) {
+            fprintf(stderr, "moeserve serve: %s\n", default_model);
+            return -1;
+        }
     }
     enum tc_syntax tsyn;
     if (strcmp(o->tool_parser, "auto") != 0 && tc_syntax_parse(o->tool_parser, &tsyn) != 0) {

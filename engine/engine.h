@@ -91,7 +91,7 @@ struct engine_params {
     bool capture_routing;
     bool capture_weights;
     /* Multi-process (`mpirun -np N moeserve serve`): a communicator whose ranks are processes
-     * (comm.h, self >= 0; engine/mpi), borrowed: it must outlive the engine. The engine then
+     * (comm.h, self >= 0; engine/comm/), borrowed: it must outlive the engine. The engine then
      * has one device per rank (n_devices is set to the communicator's size) and this process
      * runs device comm->self alone; rank 0 calls engine_step, the others engine_worker_run.
      * CPU backend only; no routing capture or statistics (their counts would cover rank 0's
@@ -259,7 +259,7 @@ int engine_worker_run(struct engine *e, char *err, size_t errlen);
 bool engine_failed(struct engine *e, char *why, size_t whylen);
 /* The NCCL communicator of a multi-process GPU engine (engine_params.data_comm): global rank
  * `rank` of `world`, one per process, on CUDA device `gpu`, bootstrapped over the TCP
- * rendezvous (engine/bootstrap.h) at master_addr:master_port (rank 0 listens on every address
+ * rendezvous (engine/comm/bootstrap.h) at master_addr:master_port (rank 0 listens on every address
  * of that port); every exchange waits at most timeout_ms, then aborts the communicator
  * (comm_nccl_set_timeout). NULL with the reason (e.g. a build without CUDA or NCCL). */
 struct comm *engine_comm_nccl_world(int world, int rank, int gpu, const char *master_addr,

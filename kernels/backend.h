@@ -26,7 +26,7 @@
 
 struct backend;
 
-/* Routing rule for the route op (the router kinds of engine/model.h that the engine runs). */
+/* Routing rule for the route op (the router kinds of engine/model/model.h that the engine runs). */
 enum be_route_kind {
     BE_ROUTE_SOFTMAX_TOPK = 0, /* softmax over experts, top-k, optional renormalization */
     BE_ROUTE_MOHGE = 1,        /* two-level: sigmoid group top-kg, then experts (DESIGN.md) */

@@ -38,7 +38,7 @@
 #include "model.h"
 #include "comm_tcp.h"
 #include "drafter.h"
-#include "mpi/comm_mpi.h"
+#include "comm_mpi.h"
 #include "proto/toolcall.h"
 #include "scheduler.h"
 #include "dash.h"
@@ -912,7 +912,7 @@ int cli_serve(int argc, char **argv)
 
     /* Several processes (mpirun, or --nnodes): every process runs one engine rank; rank 0 also
      * serves HTTP. Plans, logits and (on CPUs) expert rows go through MPI or a TCP star around
-     * rank 0 (engine/comm_tcp.h). */
+     * rank 0 (engine/comm/comm_tcp.h). */
     char err[MS_ERR_LEN];
     struct comm *mc = NULL, *nccl = NULL;
     bool use_mpi = comm_mpi_launched() > 1;

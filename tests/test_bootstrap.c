@@ -1,4 +1,4 @@
-/* Tests for the TCP rendezvous (engine/bootstrap.c) over 127.0.0.1: three peers fetching one
+/* Tests for the TCP rendezvous (engine/comm/bootstrap.c) over 127.0.0.1: three peers fetching one
  * random blob; a fetcher with nobody listening, a server short of peers, and fake servers that
  * send a wrong magic, a wrong length, a cut blob or nothing at all, each failing in time with a
  * message saying what went wrong; a stranger that connects and leaves before the peers; a peer

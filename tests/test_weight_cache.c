@@ -1,9 +1,8 @@
-/* The weight cache (--quantization-cache, engine/weight_cache.c): on a copy of a fixture model,
- * a first int8 load converts and writes DIR/.moeserve/weights-KEY.bin; a second maps it (every
- * quantized matrix inside the mapping) and computes logits identical to the first; another
- * option (int4) or a touched checkpoint misses and writes anew; a corrupt cache file misses
- * and the load still converts; a folder that cannot be written loads without a cache and says
- * why. */
+/* The weight cache (--quantization-cache, engine/model/weight_cache.c): on a copy of a fixture
+ * model, a first int8 load converts and writes DIR/.moeserve/weights-KEY.bin; a second maps it
+ * (every quantized matrix inside the mapping) and computes logits identical to the first; another
+ * option (int4) or a touched checkpoint misses and writes anew; a corrupt cache file misses and
+ * the load still converts; a folder that cannot be written loads without a cache and says why. */
 #include <dirent.h>
 #include <errno.h>
 #include <stdio.h>

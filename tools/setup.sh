@@ -4,7 +4,7 @@
 set -euo pipefail
 
 # clang and libclang-rt-dev: the libFuzzer harnesses of tests/fuzz (tools/fuzz.sh); openmpi-bin and
-# libopenmpi-dev: multi-process expert parallelism (engine/mpi, mpirun -np N moeserve serve).
+# libopenmpi-dev: multi-process expert parallelism (engine/comm/comm_mpi.c, mpirun -np N moeserve serve).
 APT_PACKAGES=(build-essential cmake pkg-config libjansson-dev libpcre2-dev
               libuv1-dev python3 python3-pip curl clang libclang-rt-dev
               openmpi-bin libopenmpi-dev)

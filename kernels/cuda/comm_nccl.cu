@@ -1,7 +1,7 @@
-/* NCCL implementation of engine/comm.h (see comm_nccl.h): per-rank NCCL communicator, stream,
+/* NCCL implementation of engine/comm/comm.h (see comm_nccl.h): per-rank NCCL communicator, stream,
  * and count buffers (device and pinned host) allocated once at creation, so an exchange only
  * enqueues an all-gather of counts and one send/recv group. The multi-process constructor
- * hands rank 0's unique id to the other processes through engine/bootstrap. Guarded by
+ * hands rank 0's unique id to the other processes through engine/comm/bootstrap. Guarded by
  * MOESERVE_HAVE_NCCL; without it the constructors report that NCCL is missing. */
 #include <stdarg.h>
 #include <stdint.h>

@@ -1,4 +1,4 @@
-/* NCCL communicator: the interface of engine/comm.h for ranks that each drive their own GPU,
+/* NCCL communicator: the interface of engine/comm/comm.h for ranks that each drive their own GPU,
  * either all threads of one process (comm_nccl_create) or spread over several processes on
  * one or more nodes (comm_nccl_create_world). all_to_all_v exchanges the row counts with an
  * all-gather, then moves the rows with one group of ncclSend/ncclRecv per rank (self

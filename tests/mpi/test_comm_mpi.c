@@ -9,7 +9,7 @@
 #include <mpi.h>
 
 #include "common.h"
-#include "mpi/comm_mpi.h"
+#include "comm_mpi.h"
 #include "test.h"
 #include "comm_check.h"
 

@@ -1,4 +1,4 @@
-/* TCP communicator: the interface of engine/comm.h between processes started without mpirun
+/* TCP communicator: the interface of engine/comm/comm.h between processes started without mpirun
  * (`moeserve serve --nnodes N --node-rank R --master-addr A --master-port P`, torchrun's
  * spellings), one engine rank per process.
  *

@@ -1,4 +1,4 @@
-/* MPI communicator: the all-to-all interface of engine/comm.h between processes, one engine rank
+/* MPI communicator: the all-to-all interface of comm.h between processes, one engine rank
  * per process, on Open MPI (`mpirun -np N moeserve serve`). Rank r of the communicator is MPI
  * rank r of MPI_COMM_WORLD; this process drives c->self only.
  *

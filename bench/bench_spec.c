@@ -1,7 +1,7 @@
 /* Speculative decoding benchmark (not a test): decode tokens/s, acceptance and expert reads
- * per generated token with speculation off, with n-gram lookup and with a draft model, for
- * k = 1..4 (fixed) and adaptive k, at several concurrencies, in one run on the scheduler
- * (engine/scheduler.h) without HTTP.
+ * per generated token with speculation off, with n-gram lookup, a draft model and the
+ * checkpoint's MTP module (--methods mtp), for k = 1..4 (fixed) and adaptive k, at several
+ * concurrencies, in one run on the scheduler (engine/scheduler.h) without HTTP.
  *
  * For each concurrency C, C requests of the same prompt (each with its own cache_salt, so none
  * shares another's prefill) generate --tokens tokens each (greedy by default; ignore_eos). The
@@ -12,7 +12,7 @@
  * moe_active_experts, device 0: the weight traffic decode is bound by).
  *
  *   bench_spec MODEL [--prompt-file F] [--tokens 128] [--concurrency 1,8,32] [--k 1,2,3,4]
- *              [--methods ngram,draft] [--draft DIR] [--draft-quantization none|int8|int4]
+ *              [--methods ngram,draft,mtp] [--draft DIR] [--draft-quantization none|int8|int4]
  *              [--dtype auto|bfloat16|float32] [--quantization none|int8|int4]
  *              [--threads N] [--temperature T] [--json]
  *
@@ -51,7 +51,7 @@ struct opts {
     int tokens, threads;
     int conc[MAX_LIST], n_conc;
     int ks[MAX_LIST], n_k;
-    bool ngram, use_draft, json;
+    bool ngram, use_draft, mtp, json;
     float temperature;
 };
 
@@ -72,7 +72,7 @@ static int parse_list(const char *s, int *out, int max)
 static void usage(void)
 {
     fprintf(stderr, "usage: bench_spec MODEL [--prompt-file F] [--tokens 128] [--concurrency "
-                    "1,8,32] [--k 1,2,3,4] [--methods ngram,draft] [--draft DIR] "
+                    "1,8,32] [--k 1,2,3,4] [--methods ngram,draft,mtp] [--draft DIR] "
                     "[--draft-quantization none|int8|int4] [--dtype auto|bfloat16|float32] "
                     "[--quantization none|int8|int4] [--threads N] [--temperature T] [--json]\n");
 }
@@ -120,6 +120,7 @@ static int parse(int argc, char **argv, struct opts *o)
         else if (strcmp(a, "--methods") == 0) {
             o->ngram = strstr(v, "ngram") != NULL;
             o->use_draft = strstr(v, "draft") != NULL;
+            o->mtp = strstr(v, "mtp") != NULL;
         } else
             return -1;
     }
@@ -162,6 +163,11 @@ static int run(const struct model *m, const struct opts *o, const int32_t *promp
         drafter_create(draft, engine_get_params(e), m->desc.vocab, spec->k, &dr, err, sizeof err) !=
             0) {
         fprintf(stderr, "drafter: %s\n", err);
+        goto out;
+    }
+    if (spec && spec->method == SPEC_MTP &&
+        drafter_create_mtp(m, engine_get_params(e), spec->k, &dr, err, sizeof err) != 0) {
+        fprintf(stderr, "MTP drafter: %s\n", err);
         goto out;
     }
     struct sched_params sp = {
@@ -270,6 +276,7 @@ int main(int argc, char **argv)
         return 2;
     }
     lo.threads = o.threads;
+    lo.mtp = o.mtp; /* the checkpoint's MTP module, for --methods mtp */
     struct model *m = NULL, *draft = NULL;
     if (model_load(o.model, &lo, &m, err, sizeof err) != 0) {
         fprintf(stderr, "%s\n", err);
@@ -326,15 +333,18 @@ int main(int argc, char **argv)
         struct result base;
         if (run(m, &o, prompt, n_prompt, o.conc[c], NULL, NULL, &base) != 0) return 1;
         report(&o, "off", 0, false, o.conc[c], &base, base.tok_s);
-        for (int meth = 0; meth < 2; meth++) {
-            if ((meth == 0 && !o.ngram) || (meth == 1 && !draft)) continue;
-            const char *name = meth == 0 ? "ngram" : "draft";
+        for (int meth = 0; meth < 3; meth++) {
+            if ((meth == 0 && !o.ngram) || (meth == 1 && !draft) || (meth == 2 && !o.mtp))
+                continue;
+            static const char *const names[] = {"ngram", "draft", "mtp"};
+            static const enum spec_method methods[] = {SPEC_NGRAM, SPEC_DRAFT_MODEL, SPEC_MTP};
+            const char *name = names[meth];
             int kmax = 0;
             for (int i = 0; i <= o.n_k; i++) {
                 bool adaptive = i == o.n_k;
                 int k = adaptive ? kmax : o.ks[i];
                 if (k > kmax) kmax = k;
-                struct spec_config sc = {.method = meth == 0 ? SPEC_NGRAM : SPEC_DRAFT_MODEL,
+                struct spec_config sc = {.method = methods[meth],
                                          .k = k,
                                          .lookup_min = 2,
                                          .lookup_max = 5,

@@ -13,6 +13,14 @@
 struct drafter {
     const struct model *m;
     struct engine *e;
+    /* MTP drafters: the module as a model (m points at it), each job's chained hidden state
+     * (max_seqs, d_model), and a feed step's hidden rows (budget, d_model) */
+    bool mtp;
+    struct model view;
+    int d_model;
+    float *chain;
+    float *feed_hid;
+    struct drafter_feed **item_feed; /* (max_seqs) */
     int vocab;  /* the draft model's logit columns */
     int max_id; /* drafts are below it */
     int max_seqs, budget, max_k;
@@ -55,12 +63,55 @@ int drafter_check(const struct model *target, const struct model *draft, char *e
     return 0;
 }
 
+static int drafter_init(struct drafter *d, const struct model *draft, const struct engine_params *p,
+                        int max_id, int max_k, struct drafter **out, char *err, size_t errlen);
+
 int drafter_create(const struct model *draft, const struct engine_params *p, int max_id, int max_k,
                    struct drafter **out, char *err, size_t errlen)
 {
     *out = NULL;
     struct drafter *d = calloc(1, sizeof *d);
     if (!d) return ms_errf(err, errlen, "out of memory");
+    return drafter_init(d, draft, p, max_id, max_k, out, err, errlen);
+}
+
+int drafter_create_mtp(const struct model *target, const struct engine_params *p, int max_k,
+                       struct drafter **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    if (target->n_mtp < 1)
+        return ms_errf(err, errlen, "method: mtp needs a checkpoint with multi-token-prediction "
+                                    "layers, loaded with them");
+    struct drafter *d = calloc(1, sizeof *d);
+    if (!d || model_mtp_view(target, 0, &d->view) != 0) {
+        free(d);
+        return ms_errf(err, errlen, "out of memory");
+    }
+    d->mtp = true;
+    d->d_model = target->desc.d_model;
+    int max_id = target->tok ? tok_vocab_size(target->tok) : target->desc.vocab;
+    if (drafter_init(d, &d->view, p, max_id, max_k, out, err, errlen) != 0) return -1;
+    size_t D = (size_t)d->d_model;
+    d->chain = malloc(sizeof(float) * (size_t)d->max_seqs * D);
+    d->feed_hid = malloc(sizeof(float) * (size_t)d->budget * D);
+    d->item_feed = calloc((size_t)d->max_seqs, sizeof *d->item_feed);
+    if (!d->chain || !d->feed_hid || !d->item_feed) {
+        drafter_free(d);
+        *out = NULL;
+        return ms_errf(err, errlen, "out of memory");
+    }
+    return 0;
+}
+
+bool drafter_is_mtp(const struct drafter *d)
+{
+    return d->mtp;
+}
+
+/* Makes d's engine for `draft` and the buffers a round needs; frees d on failure. */
+static int drafter_init(struct drafter *d, const struct model *draft, const struct engine_params *p,
+                        int max_id, int max_k, struct drafter **out, char *err, size_t errlen)
+{
     d->m = draft;
     d->vocab = draft->desc.vocab;
     d->max_id = max_id < d->vocab ? max_id : d->vocab;
@@ -77,8 +128,11 @@ int drafter_create(const struct model *draft, const struct engine_params *p, int
     if (engine_create(draft, &ep, &d->e, err, errlen) != 0) {
         char why[MS_ERR_LEN];
         snprintf(why, sizeof why, "%s", err ? err : "");
+        bool mtp = d->mtp;
+        model_mtp_view_free(&d->view);
         free(d);
-        return ms_errf(err, errlen, "model: the draft engine: %s", why);
+        return ms_errf(err, errlen, "%s: %s", mtp ? "the MTP engine" : "model: the draft engine",
+                       why);
     }
     d->max_seqs = ep.max_seqs;
     d->budget = ep.max_batch_tokens;
@@ -106,6 +160,10 @@ void drafter_free(struct drafter *d)
 {
     if (!d) return;
     engine_free(d->e);
+    model_mtp_view_free(&d->view);
+    free(d->chain);
+    free(d->feed_hid);
+    free(d->item_feed);
     free(d->q);
     free(d->items);
     free(d->item_job);
@@ -190,6 +248,140 @@ static int step(struct drafter *d, int n, struct drafter_job *jobs, int n_jobs, 
     return -1;
 }
 
+/* A sequence's module state at its first feed: a block table and the pending row. */
+static int mtp_seq_init(struct drafter *d, struct drafter_seq *s)
+{
+    if (s->init) return 0;
+    if (!s->pend && !(s->pend = malloc(sizeof(float) * (size_t)d->d_model))) return -1;
+    if (engine_seq_init(d->e, &s->kv) != 0) return -1;
+    s->init = true;
+    s->n_computed = 0;
+    s->pend_pos = -1;
+    s->lost = false;
+    return 0;
+}
+
+/* The hidden state of position i for feed f: one of the step's rows, the pending one, or NULL
+ * (missed). */
+static const float *mtp_hidden(const struct drafter *d, const struct drafter_feed *f, int i)
+{
+    if (i >= f->pos && i < f->pos + f->n_valid)
+        return f->hidden + (size_t)(i - f->pos) * (size_t)d->d_model;
+    if (i == f->seq->pend_pos) return f->seq->pend;
+    return NULL;
+}
+
+int drafter_mtp_feed(struct drafter *d, struct drafter_feed *feeds, int n_feeds, char *err,
+                     size_t errlen)
+{
+    if (n_feeds > d->max_seqs)
+        return ms_errf(err, errlen, "%d sequences fed, more than the MTP engine's %d", n_feeds,
+                       d->max_seqs);
+    size_t D = (size_t)d->d_model;
+    int rc = 0;
+    /* which indices each sequence computes: [n_computed, end), end = its last hidden state's
+     * position (that one is kept for the next round) */
+    for (int j = 0; j < n_feeds; j++) {
+        struct drafter_feed *f = &feeds[j];
+        struct drafter_seq *s = f->seq;
+        if (mtp_seq_init(d, s) != 0) return ms_errf(err, errlen, "out of memory for MTP state");
+        int end = f->pos + f->n_valid - 1;
+        if (s->lost || f->n_valid <= 0 || s->n_computed >= end) continue;
+        for (int i = s->n_computed; i < end; i++)
+            if (!mtp_hidden(d, f, i)) {
+                s->lost = true;
+                break;
+            }
+    }
+    for (;;) {
+        int n = 0, used = 0;
+        for (int j = 0; j < n_feeds && used < d->budget; j++) {
+            struct drafter_feed *f = &feeds[j];
+            struct drafter_seq *s = f->seq;
+            int end = f->pos + f->n_valid - 1;
+            if (s->lost || f->n_valid <= 0 || s->n_computed >= end) continue;
+            int take = end - s->n_computed;
+            if (take > d->budget - used) take = d->budget - used;
+            float *hid = d->feed_hid + (size_t)used * D;
+            for (int t = 0; t < take; t++)
+                memcpy(hid + (size_t)t * D, mtp_hidden(d, f, s->n_computed + t), sizeof(float) * D);
+            item_set(&d->items[n], s, f->tokens + s->n_computed + 1, s->n_computed, take, 0, NULL);
+            d->items[n].hidden_in = hid;
+            d->item_feed[n++] = f;
+            used += take;
+        }
+        if (n == 0) break;
+        if (engine_step(d->e, d->items, n, err, errlen) != 0) {
+            for (int j = 0; j < n_feeds; j++) {
+                drafter_seq_release(d, feeds[j].seq);
+                feeds[j].seq->lost = true;
+            }
+            rc = -1;
+            break;
+        }
+        for (int i = 0; i < n; i++) d->item_feed[i]->seq->n_computed += d->items[i].n_tokens;
+    }
+    /* keep each sequence's last hidden state for its next round */
+    for (int j = 0; j < n_feeds && rc == 0; j++) {
+        struct drafter_feed *f = &feeds[j];
+        struct drafter_seq *s = f->seq;
+        if (s->lost || f->n_valid <= 0) continue;
+        int last = f->pos + f->n_valid - 1;
+        if (s->n_computed != last) continue; /* not caught up: nothing to keep */
+        memcpy(s->pend, f->hidden + (size_t)(f->n_valid - 1) * D, sizeof(float) * D);
+        s->pend_pos = last;
+    }
+    return rc;
+}
+
+/* MTP rounds: per job, index n_total - 2 from the pending hidden state and the last token, then
+ * one step per further draft, each fusing the previous draft with the module's own output. */
+static int mtp_run(struct drafter *d, struct drafter_job *jobs, int n_jobs, char *err,
+                   size_t errlen)
+{
+    size_t D = (size_t)d->d_model;
+    int kmax = 0;
+    for (int pos = 0; pos == 0 || pos < kmax; pos++) {
+        int n = 0;
+        for (int j = 0; j < n_jobs; j++) {
+            struct drafter_job *jb = &jobs[j];
+            struct drafter_seq *s = jb->seq;
+            if (pos == 0) {
+                if (!s->init || s->lost || s->pend_pos != jb->n_total - 2 ||
+                    s->n_computed != s->pend_pos)
+                    continue; /* no drafts (n_out 0) */
+                if (jb->k > kmax) kmax = jb->k;
+            } else if (jb->k <= pos || jb->n_out < pos) {
+                continue;
+            }
+            float *h = d->chain + (size_t)j * D;
+            item_set(&d->items[n], s, pos == 0 ? jb->tokens + jb->n_total - 1 : jb->out + pos - 1,
+                     s->pend_pos + pos, 1, 1, d->logits + (size_t)n * (size_t)d->vocab);
+            d->items[n].hidden_in = pos == 0 ? s->pend : h;
+            d->items[n].hidden_out = h;
+            d->item_job[n++] = jb;
+        }
+        if (n == 0) break;
+        if (step(d, n, jobs, n_jobs, err, errlen) != 0) {
+            for (int j = 0; j < n_jobs; j++) jobs[j].seq->lost = true;
+            return -1;
+        }
+        for (int i = 0; i < n; i++) {
+            struct drafter_job *jb = d->item_job[i];
+            jb->out[pos] = draft_token(d, (int)(jb - jobs), jb, pos, d->items[i].logits);
+            jb->n_out = pos + 1;
+        }
+    }
+    /* index n_total - 2 is the sequence's for good; the chained ones are dropped */
+    for (int j = 0; j < n_jobs; j++) {
+        struct drafter_seq *s = jobs[j].seq;
+        if (jobs[j].n_out == 0 || s->lost) continue;
+        s->n_computed = s->pend_pos + 1;
+        kv_seq_truncate(engine_kv(d->e), &s->kv, s->n_computed);
+    }
+    return 0;
+}
+
 int drafter_run(struct drafter *d, struct drafter_job *jobs, int n_jobs, char *err, size_t errlen)
 {
     if (n_jobs > d->max_seqs)
@@ -205,6 +397,7 @@ int drafter_run(struct drafter *d, struct drafter_job *jobs, int n_jobs, char *e
         jb->q = d->q && jb->rng && jb->temperature >= 1e-5f
                     ? d->q + (size_t)j * (size_t)d->max_k * (size_t)d->max_id
                     : NULL;
+        if (d->mtp) continue;
         if (!jb->seq->init) {
             if (engine_seq_init(d->e, &jb->seq->kv) != 0)
                 return ms_errf(err, errlen, "out of memory for a draft block table");
@@ -213,6 +406,7 @@ int drafter_run(struct drafter *d, struct drafter_job *jobs, int n_jobs, char *e
         }
         if (jb->seq->n_computed >= jb->n_total) jb->seq->n_computed = jb->n_total - 1;
     }
+    if (d->mtp) return mtp_run(d, jobs, n_jobs, err, errlen);
     /* Catch-up rounds: each sequence's tokens up to its last, in chunks that fit the budget;
      * the chunk that reaches the last token gives the first draft. */
     for (;;) {
@@ -273,4 +467,8 @@ void drafter_seq_release(struct drafter *d, struct drafter_seq *s)
     if (s->init) engine_seq_free(d->e, &s->kv);
     s->init = false;
     s->n_computed = 0;
+    s->pend_pos = -1;
+    s->lost = false;
+    free(s->pend);
+    s->pend = NULL;
 }

@@ -28,8 +28,16 @@ struct drafter;
 
 struct drafter_seq {
     struct kv_seq kv;
-    int n_computed; /* leading tokens of the sequence whose K/V the draft engine holds */
+    int n_computed; /* leading tokens of the sequence whose K/V the draft engine holds (MTP:
+                       leading indices, index i fusing the target's h_i with token i + 1) */
     bool init;      /* kv has a block table */
+    /* MTP: the target's last hidden state fed but not yet used (h at position pend_pos, -1:
+     * none), (d_model) allocated at the first feed; lost: the module missed hidden states it
+     * needs (the target skipped positions, e.g. a cached prefix) and drafts no more for this
+     * sequence. */
+    float *pend;
+    int pend_pos;
+    bool lost;
 };
 
 /* Whether `draft` can draft for `target`: the same tokenizer (every token's string, the special
@@ -45,6 +53,39 @@ int drafter_check(const struct model *target, const struct model *draft, char *e
  * -1 with the reason. */
 int drafter_create(const struct model *draft, const struct engine_params *p, int max_id, int max_k,
                    struct drafter **out, char *err, size_t errlen);
+/* Multi-token prediction: a drafter whose draft model is MTP module 0 of `target` (loaded with
+ * model_load_opts.mtp; target->n_mtp > 0), run as a one-layer model (model_mtp_view) in an
+ * engine of its own made as drafter_create makes one. The module needs the target's hidden
+ * state at every position, so after every target step each speculating sequence's hidden
+ * states are fed (drafter_mtp_feed), which computes the module's K/V up to the last of them
+ * and keeps that one for the round (drafter_run) that follows the next sampled token: index
+ * n - 2 (the target's h_{n-2} and the token just sampled) gives the first draft, and each
+ * further draft fuses the previous draft with the module's own output in place of the
+ * target's (its chain). Those chained indices are dropped after the round. 0, or -1 with the
+ * reason. */
+int drafter_create_mtp(const struct model *target, const struct engine_params *p, int max_k,
+                       struct drafter **out, char *err, size_t errlen);
+
+/* One sequence's part of a feed: the target step computed positions [pos, pos + n_valid) of it
+ * with those hidden states (n_valid, d_model) (n_valid 0: nothing kept, e.g. rejected), and
+ * tokens[0, n_total) are known. */
+struct drafter_feed {
+    struct drafter_seq *seq;
+    const int32_t *tokens;
+    int n_total;
+    int pos;
+    int n_valid;
+    const float *hidden;
+};
+
+/* MTP drafters: computes each fed sequence's module K/V from where it is up to the index
+ * before its last hidden state, which it keeps (pend). A sequence whose module missed a
+ * hidden state it needs is marked lost. -1 with the reason when a step failed (the fed
+ * sequences' module K/V is then dropped: they are lost). */
+int drafter_mtp_feed(struct drafter *d, struct drafter_feed *feeds, int n_feeds, char *err,
+                     size_t errlen);
+bool drafter_is_mtp(const struct drafter *d);
+
 /* Whether jobs may draft by sampling (the distributions fit their bound). */
 bool drafter_samples(const struct drafter *d);
 void drafter_free(struct drafter *d);
@@ -68,13 +109,15 @@ struct drafter_job {
 
 /* Drafts for every job (each a different sequence). -1 with the reason when a draft step
  * failed: no job has drafts then (n_out 0) and their draft K/V is dropped (the next round
- * recomputes it). */
+ * recomputes it; MTP: the sequences are lost). An MTP job drafts only when its sequence's
+ * module is at n_total - 2 with that hidden state pending (else n_out 0). */
 int drafter_run(struct drafter *d, struct drafter_job *jobs, int n_jobs, char *err, size_t errlen);
 
 /* After verification: the sequence's first n_valid tokens are what the draft engine computed
  * (the accepted drafts among them); K/V past them is dropped. */
 void drafter_seq_keep(struct drafter *d, struct drafter_seq *s, int n_valid);
-/* Frees the sequence's draft blocks and table (finish, cancel, preemption). */
+/* Frees the sequence's draft blocks, table and pending hidden state (finish, cancel,
+ * preemption). */
 void drafter_seq_release(struct drafter *d, struct drafter_seq *s);
 
 #endif

@@ -109,6 +109,15 @@ struct device {
     struct be_seqs seqs;      /* the slice's sequences, refilled each step (HOST arrays): */
     int32_t *sq_i32;          /* (3, max_seqs) tok0, n_tok, slot */
     uint8_t *sq_fresh;        /* (max_seqs) */
+
+    /* MTP views (model.mtp_in; NULL otherwise): the fusion's weights on this device, the
+     * concatenated [enorm(embedding) ; hnorm(hidden)] rows (T, 2 d_model), the column indices
+     * 0..d_model-1 that place a row in either half, and (backends with their own memory) the
+     * host staging of the given hidden rows (T, d_model). */
+    struct model_mtp w_mtp;
+    float *mtp_cat;
+    int32_t *mtp_iota;
+    float *h_hid;
 };
 
 struct engine {
@@ -616,6 +625,49 @@ static void logits_out(struct device *dv)
     }
 }
 
+/* MTP views: x = eh_proj [enorm(x) ; hnorm(hidden)], each token's embedding fused with the
+ * target's hidden state its item gives (engine_item.hidden_in). */
+static void mtp_fuse(struct device *dv)
+{
+    struct engine *e = dv->e;
+    const struct model_desc *md = &e->m->desc;
+    const struct model_mtp *mt = dv->w.mtp_in;
+    struct backend *be = dv->be;
+    int n = dv->n_tok, d = md->d_model;
+    size_t row = sizeof(float) * (size_t)d;
+    float *stage = be->ops->host_memory ? dv->tmp : dv->h_hid;
+    for (int it = dv->item0, t = 0; it < dv->item1; it++) {
+        const struct engine_item *item = &e->items[it];
+        memcpy(stage + (size_t)t * d, item->hidden_in, row * (size_t)item->n_tokens);
+        t += item->n_tokens;
+    }
+    if (!be->ops->host_memory) be->ops->upload(be, dv->tmp, dv->h_hid, row * (size_t)n);
+    be->ops->gather_cols(be, dv->mtp_cat, 2 * d, dv->x, d, dv->mtp_iota, n, d);
+    be->ops->gather_cols(be, dv->mtp_cat + d, 2 * d, dv->tmp, d, dv->mtp_iota, n, d);
+    be->ops->rmsnorm_ld(be, dv->mtp_cat, dv->mtp_cat, mt->enorm, n, d, 2 * d, md->rms_eps);
+    be->ops->rmsnorm_ld(be, dv->mtp_cat + d, dv->mtp_cat + d, mt->hnorm, n, d, 2 * d,
+                        md->rms_eps);
+    be->ops->matmul(be, dv->x, dv->mtp_cat, mt->eh_proj, NULL, n, 2 * d, d);
+}
+
+/* The residual stream after the last layer, to the items that want it (hidden_out). */
+static void hidden_out(struct device *dv)
+{
+    struct engine *e = dv->e;
+    struct backend *be = dv->be;
+    size_t d = (size_t)e->m->desc.d_model;
+    for (int it = dv->item0; it < dv->item1; it++) {
+        const struct engine_item *item = &e->items[it];
+        if (!item->hidden_out) continue;
+        const float *src = dv->x + (size_t)(e->item_tok0[it] - dv->tok0) * d;
+        size_t bytes = sizeof(float) * d * (size_t)item->n_tokens;
+        if (be->ops->host_memory)
+            memcpy(item->hidden_out, src, bytes);
+        else
+            be->ops->download(be, item->hidden_out, src, bytes);
+    }
+}
+
 static void device_forward(struct device *dv)
 {
     struct engine *e = dv->e;
@@ -683,6 +735,7 @@ static void device_forward(struct device *dv)
                     sizeof(int32_t) * (size_t)(dv->item1 - dv->item0) * e->blocks_per_seq);
     be->ops->embed(be, dv->x, dv->w.embed, dv->ids, n, md->d_model);
     if (md->embed_scale != 1.0f) be->ops->scale(be, dv->x, n, md->d_model, md->embed_scale);
+    if (dv->w.mtp_in) mtp_fuse(dv);
     for (int l = 0; l < md->n_layer; l++) {
         if (md->layer_linear && md->layer_linear[l] && md->lin_kind == LIN_KIND_MAMBA2)
             mamba_layer(dv, l);
@@ -694,6 +747,7 @@ static void device_forward(struct device *dv)
             attention_layer(dv, l);
         ffn_layer(dv, l);
     }
+    hidden_out(dv);
     logits_out(dv);
 }
 
@@ -954,6 +1008,13 @@ static int device_weights(struct engine *e, struct device *dv)
         for (int i = 0; i < md->n_shared; i++, ffn++)
             dev_ffn(dv, ffn, &src->shared[i], D, &ok);
     }
+    if (m->mtp_in) {
+        dv->w_mtp = *m->mtp_in;
+        dv->w_mtp.enorm = dev_vec(dv, m->mtp_in->enorm, D, &ok);
+        dv->w_mtp.hnorm = dev_vec(dv, m->mtp_in->hnorm, D, &ok);
+        dv->w_mtp.eh_proj = dev_weight(dv, m->mtp_in->eh_proj, &ok);
+        dv->w.mtp_in = &dv->w_mtp;
+    }
     dv->cos_sin = (float *)dev_vec(dv, e->cos_sin,
                                    (size_t)e->p.max_model_len * (size_t)md->rope_dim, &ok);
     return ok ? 0 : -1;
@@ -1130,6 +1191,7 @@ static int device_init(struct engine *e, struct device *dv, int rank, int thread
     }
     size_t lin_vd = (size_t)md->lin_nv * md->lin_dv;
     if (md->n_linear > 0 && lin_vd > widest_in) widest_in = lin_vd; /* out_proj's input */
+    if (e->m->mtp_in && 2 * d > widest_in) widest_in = 2 * d;        /* eh_proj's input */
     bool ok = true;
 
     dv->rank = rank;
@@ -1166,6 +1228,21 @@ static int device_init(struct engine *e, struct device *dv, int rank, int thread
     }
     dv->h_in = malloc(4 * T * sizeof(int32_t));
     dv->h_blocks = malloc(bt * sizeof(int32_t));
+    if (e->m->mtp_in && ok && dv->h_in) {
+        dv->mtp_cat = dev_alloc(dv, 2 * T * d * sizeof(float), &ok);
+        dv->mtp_iota = dev_alloc(dv, d * sizeof(int32_t), &ok);
+        if (ok) {
+            int32_t *iota = malloc(d * sizeof(int32_t));
+            if (iota) {
+                for (size_t i = 0; i < d; i++) iota[i] = (int32_t)i;
+                be->ops->upload(be, dv->mtp_iota, iota, d * sizeof(int32_t));
+                free(iota);
+            } else {
+                ok = false;
+            }
+        }
+        if (!be->ops->host_memory && !(dv->h_hid = malloc(T * d * sizeof(float)))) ok = false;
+    }
     if (!ok || !dv->h_in || !dv->h_blocks)
         return ms_errf(err, errlen, "out of memory for device %d scratch buffers", rank);
     int dense_ff = md->dense_d_ff > 0 ? md->dense_d_ff : 0;
@@ -1220,7 +1297,7 @@ static void device_release(struct device *dv)
                     dv->k,  dv->v,      dv->in, dv->blocks, dv->logits,
                     dv->lrows, dv->qlat, dv->qg, dv->gate, dv->lin_raw, dv->lin_raw_ba,
                     dv->lin_qkv, dv->lin_z, dv->lin_b, dv->lin_a, dv->lin_out, dv->ones,
-                    dv->tscale, dv->st_idx};
+                    dv->tscale, dv->st_idx, dv->mtp_cat, dv->mtp_iota};
     if (be->ops->host_memory) dv->h_lrows = NULL; /* the same buffer as lrows */
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->ops->free(be, bufs[i]);
@@ -1249,6 +1326,7 @@ static void device_release(struct device *dv)
     free(dv->sq_i32);
     free(dv->sq_fresh);
     free(dv->h_tscale);
+    free(dv->h_hid);
     free(dv->owned);
     free(dv->owned_is_weight);
     free(dv->w_layers);
@@ -1711,6 +1789,12 @@ int engine_create(const struct model *m, const struct engine_params *p, struct e
             goto fail;
         }
     }
+    if (m->mtp_in && (!e->dev[e->self].be->ops->gather_cols ||
+                      !e->dev[e->self].be->ops->rmsnorm_ld)) {
+        ms_errf(err, errlen, "the %s backend cannot fuse an MTP module's inputs yet",
+                e->dev[e->self].be->ops->name);
+        goto fail;
+    }
     if (bind_comm_streams(e, err, errlen) != 0) goto fail;
 
     size_t n_blocks = e->p.kv_cache_bytes ? e->p.kv_cache_bytes / block_bytes
@@ -1873,6 +1957,12 @@ int engine_step(struct engine *e, struct engine_item *items, int n_items, char *
         if (it->pos + it->n_tokens > e->p.max_model_len)
             return ms_errf(err, errlen, "item %d: position %d past max_model_len %d", i,
                            it->pos + it->n_tokens, e->p.max_model_len);
+        if (e->m->mtp_in && !it->hidden_in)
+            return ms_errf(err, errlen, "item %d: an MTP engine needs each token's hidden state",
+                           i);
+        if (e->remote && it->hidden_out)
+            return ms_errf(err, errlen, "item %d: hidden states are not gathered from other "
+                                        "processes", i);
         for (int t = 0; t < it->n_tokens; t++)
             if (it->tokens[t] < 0 || it->tokens[t] >= md->vocab)
                 return ms_errf(err, errlen, "item %d: token id %d out of range [0, %d)", i,

@@ -125,6 +125,12 @@ struct engine_item {
                                   (engine/infmoe.h); needs a calibrated model */
     int n_logits;           /* logits wanted for the last n_logits tokens (0, 1 .. n_tokens) */
     float *logits;          /* OUT: (n_logits, vocab), caller-owned */
+    /* Multi-token prediction. hidden_out: OUT (n_tokens, d_model), the last layer's output
+     * (the residual stream before the final norm) at every token, or NULL: not wanted.
+     * hidden_in: engines of an MTP view (model.mtp_in) only, where it is required: (n_tokens,
+     * d_model) the target model's hidden state that goes with each token (model_mtp). */
+    float *hidden_out;
+    const float *hidden_in;
 };
 
 /* Per-device and per-expert counters, accumulated over steps (read by metrics). */

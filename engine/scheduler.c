@@ -43,6 +43,12 @@ struct sched {
     struct drafter *drafter;
     struct spec_cost cost;         /* step time against step tokens (adaptive k) */
     struct drafter_job *djobs;     /* (max_num_seqs) */
+    /* MTP drafters: every step's hidden states (max_num_batched_tokens, d_model), fed to the
+     * module after the step for the sequences that speculate */
+    bool mtp;
+    float *hid;
+    struct drafter_feed *feeds;    /* (max_num_seqs) */
+    struct sched_req **feed_req;   /* (max_num_seqs) each feed's request */
     bool drafter_sampling;         /* the drafter keeps draft distributions: sampled drafts */
     bool hybrid;                   /* recurrent layers: states are snapshot and rolled back */
     struct {
@@ -285,8 +291,9 @@ int sched_create(struct engine *e, const struct sched_params *p, struct sched **
         if (p->spec->k < 1 || p->spec->k > SPEC_MAX_K)
             return ms_errf(err, errlen, "num_speculative_tokens must be in 1..%d, got %d",
                            SPEC_MAX_K, p->spec->k);
-        if (p->spec->method == SPEC_MTP && !p->spec_propose)
-            return ms_errf(err, errlen, "speculative method mtp is not built yet");
+        if (p->spec->method == SPEC_MTP && !p->spec_propose &&
+            !(p->drafter && drafter_is_mtp(p->drafter)))
+            return ms_errf(err, errlen, "speculative method mtp needs an MTP drafter");
         if (p->spec->method == SPEC_DRAFT_MODEL && !p->drafter && !p->spec_propose)
             return ms_errf(err, errlen, "speculative method draft_model needs a drafter");
         if (engine_model(e)->desc.n_linear > 0 && !ep->spec_state)
@@ -334,7 +341,15 @@ int sched_create(struct engine *e, const struct sched_params *p, struct sched **
     s->item_req = calloc((size_t)ns, sizeof *s->item_req);
     s->logits = malloc(sizeof(float) * ((size_t)ns + extra) * (size_t)s->vocab);
     s->djobs = calloc((size_t)ns, sizeof *s->djobs);
-    if (!s->running || !s->items || !s->item_req || !s->logits || !s->djobs) {
+    s->mtp = s->drafter && drafter_is_mtp(s->drafter);
+    if (s->mtp) {
+        s->hid = malloc(sizeof(float) * (size_t)p->max_num_batched_tokens *
+                        (size_t)s->m->desc.d_model);
+        s->feeds = calloc((size_t)ns, sizeof *s->feeds);
+        s->feed_req = calloc((size_t)ns, sizeof *s->feed_req);
+    }
+    if (!s->running || !s->items || !s->item_req || !s->logits || !s->djobs ||
+        (s->mtp && (!s->hid || !s->feeds || !s->feed_req))) {
         ms_errf(err, errlen, "out of memory");
         goto fail;
     }
@@ -356,6 +371,9 @@ fail:
     free(s->item_req);
     free(s->logits);
     free(s->djobs);
+    free(s->hid);
+    free(s->feeds);
+    free(s->feed_req);
     free(s);
     return -1;
 }
@@ -828,6 +846,14 @@ static void spec_extend(struct sched *s, int i0, int i1, struct rows *rw, int *b
             } else if (s->spec.method == SPEC_DRAFT_MODEL) {
                 n = k;
                 r->spec_pending = true;
+            } else if (s->spec.method == SPEC_MTP) {
+                /* the module drafts from the target's hidden state at n_total - 2: only a
+                 * plain decode token, after the feed that left that state pending */
+                if (it->pos == r->n_total - 1 && r->dseq.init && !r->dseq.lost &&
+                    r->dseq.pend_pos == r->n_total - 2) {
+                    n = k;
+                    r->spec_pending = true;
+                }
             }
         }
         if (n > k) n = k;
@@ -1163,6 +1189,14 @@ int sched_step(struct sched *s)
     char err[MS_ERR_LEN];
     int step_tokens = 0;
     for (int i = 0; i < n_items; i++) step_tokens += s->items[i].n_tokens;
+    if (s->mtp) { /* hidden states for the module, of the sequences that speculate */
+        size_t off = 0, D = (size_t)s->m->desc.d_model;
+        for (int i = 0; i < n_items; i++) {
+            bool want = s->item_req[i]->p.speculative;
+            s->items[i].hidden_out = want ? s->hid + off * D : NULL;
+            off += want ? (size_t)s->items[i].n_tokens : 0;
+        }
+    }
     double t_step = ms_now();
     int rc = engine_step(s->e, s->items, n_items, err, sizeof err);
     if (s->spec_on && rc == 0) spec_cost_observe(&s->cost, step_tokens, ms_now() - t_step);
@@ -1174,33 +1208,47 @@ int sched_step(struct sched *s)
         publish_stats(s, 0);
         return -1;
     }
-    int n_prompt_tok = 0, n_gen_tok = 0, n_tok = 0;
+    int n_prompt_tok = 0, n_gen_tok = 0, n_tok = 0, n_feeds = 0;
     for (int i = 0; i < n_items; i++) {
         struct sched_req *r = s->item_req[i];
         struct engine_item *it = &s->items[i];
         n_tok += it->n_tokens;
+        enum sched_finish why = SCHED_FINISH_NONE;
         if (r->spec_n > 0) {
             /* a decode token with drafts: sample, keep what matches, roll back the rest */
             if (it->pos < r->n_prompt) n_prompt_tok += r->n_prompt - it->pos;
-            enum sched_finish why = spec_verify(s, i, &n_gen_tok);
+            why = spec_verify(s, i, &n_gen_tok);
             computed(s, r);
-            if (why != SCHED_FINISH_NONE) finish_running(s, r, why, NULL);
+        } else {
+            r->n_computed += it->n_tokens;
+            computed(s, r);
+            if (it->pos < r->n_prompt) n_prompt_tok += (it->pos + it->n_tokens < r->n_prompt
+                                                            ? it->n_tokens
+                                                            : r->n_prompt - it->pos);
+            if (prompt_lps_pending(r)) record_prompt_lps(s, r, it);
+            if (r->n_computed >= r->n_total) { /* else a prefill chunk before the last */
+                why = SCHED_FINISH_LENGTH; /* max_tokens 0: done after the prefill */
+                if (r->p.max_tokens > 0) {
+                    why = accept_token(s, r,
+                                       it->logits + (size_t)(it->n_logits - 1) * (size_t)s->vocab);
+                    n_gen_tok++;
+                }
+            }
+        }
+        if (why != SCHED_FINISH_NONE) {
+            finish_running(s, r, why, NULL);
             continue;
         }
-        r->n_computed += it->n_tokens;
-        computed(s, r);
-        if (it->pos < r->n_prompt) n_prompt_tok += (it->pos + it->n_tokens < r->n_prompt
-                                                        ? it->n_tokens
-                                                        : r->n_prompt - it->pos);
-        if (prompt_lps_pending(r)) record_prompt_lps(s, r, it);
-        if (r->n_computed < r->n_total) continue; /* a prefill chunk before the last */
-        enum sched_finish why = SCHED_FINISH_LENGTH; /* max_tokens 0: done after the prefill */
-        if (r->p.max_tokens > 0) {
-            why = accept_token(s, r, it->logits + (size_t)(it->n_logits - 1) * (size_t)s->vocab);
-            n_gen_tok++;
+        if (it->hidden_out) {
+            s->feed_req[n_feeds] = r;
+            s->feeds[n_feeds++] = (struct drafter_feed){.seq = &r->dseq, .tokens = r->tokens,
+                                                        .n_total = r->n_total, .pos = it->pos,
+                                                        .n_valid = r->n_computed - it->pos,
+                                                        .hidden = it->hidden_out};
         }
-        if (why != SCHED_FINISH_NONE) finish_running(s, r, why, NULL);
     }
+    if (n_feeds > 0 && drafter_mtp_feed(s->drafter, s->feeds, n_feeds, err, sizeof err) != 0)
+        for (int j = 0; j < n_feeds; j++) warn(s, s->feed_req[j], err);
     pthread_mutex_lock(&s->st_mu);
     s->st.prompt_tokens += (uint64_t)n_prompt_tok;
     s->st.generation_tokens += (uint64_t)n_gen_tok;
@@ -1411,6 +1459,9 @@ void sched_free(struct sched *s)
     free(s->item_req);
     free(s->logits);
     free(s->djobs);
+    free(s->hid);
+    free(s->feeds);
+    free(s->feed_req);
     free(s->spill);
     free(s);
 }

@@ -689,6 +689,7 @@ static void load_opts(const struct serve_opts *o, bool progress, struct model_lo
     model_quant_parse(o->quantization, &lo->quant);
     lo->threads = (int)o->threads;
     lo->cache = o->weight_cache != 0;
+    lo->mtp = o->spec.method == SPEC_MTP;
 }
 
 /* With several processes: the GPU of this process, its rank among the processes of its node
@@ -857,16 +858,27 @@ static int spec_check(const struct serve_opts *o, const struct model *m, bool mu
     *draft = NULL;
     if (sc->method == SPEC_OFF) return 0;
     if (sc->method == SPEC_MTP) {
-        if (m->desc.n_mtp_layers <= 0)
+        const char *mt = m->desc.model_type;
+        if (strcmp(mt, "qwen3_next") == 0 || strncmp(mt, "qwen3_5_moe", 11) == 0 ||
+            strcmp(mt, "minimax_m2") == 0) {
+            slog("error", "--speculative-config: method: mtp is not built yet for %s (its MTP "
+                          "module is left unread); use ngram or a draft model",
+                 mt);
+            return -1;
+        }
+        if (m->n_mtp <= 0) {
             slog("error", "--speculative-config: method: mtp needs a checkpoint with "
                           "multi-token-prediction layers (num_nextn_predict_layers); %s (%s) has "
                           "none",
-                 o->model, m->desc.model_type);
-        else
-            slog("error", "--speculative-config: method: mtp is not built yet (%s has %d MTP "
-                          "layer(s), which the loader skips); use ngram or a draft model",
-                 o->model, m->desc.n_mtp_layers);
-        return -1;
+                 o->model, mt);
+            return -1;
+        }
+        if (multi) {
+            slog("error", "--speculative-config: method: mtp is not available with several "
+                          "processes: the hidden states it needs stay in the other processes");
+            return -1;
+        }
+        return 0;
     }
     if (m->desc.n_linear > 0) {
         if (multi) {
@@ -1075,6 +1087,11 @@ int cli_serve(int argc, char **argv)
         status = 2;
         goto out;
     }
+    if (o.spec.method == SPEC_MTP &&
+        drafter_create_mtp(m, engine_get_params(e), o.spec.k, &drafter, err, sizeof err) != 0) {
+        slog("error", "--speculative-config: %s", err);
+        goto out;
+    }
     if (o.spec.method != SPEC_OFF) {
         char how[sizeof o.spec.model + 128] = "";
         if (o.spec.method == SPEC_NGRAM)
@@ -1083,6 +1100,10 @@ int cli_serve(int argc, char **argv)
         else if (draft)
             snprintf(how, sizeof how, ", draft model %s (%s, %.1f MB)", o.spec.model,
                      draft->desc.model_type, (double)draft->weight_bytes / 1e6);
+        else if (o.spec.method == SPEC_MTP)
+            snprintf(how, sizeof how, ", the checkpoint's MTP module (layer %d, %s FFN%s)",
+                     m->desc.n_layer, m->mtp[0].moe ? "MoE" : "dense",
+                     m->mtp[0].head ? ", its own head" : "");
         slog("info", "speculative decoding: %s, up to %d draft token(s) per step (%s)%s%s",
              spec_method_name(o.spec.method), o.spec.k,
              o.spec.adaptive ? "adaptive" : "fixed", how,

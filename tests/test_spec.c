@@ -94,7 +94,7 @@ static int oracle_propose(void *ctx, const struct sched_req *r, int k, int32_t *
 
 /* --- running a batch ----------------------------------------------------------------------- */
 
-enum proposer { PROP_NONE, PROP_ORACLE, PROP_NGRAM, PROP_DRAFT };
+enum proposer { PROP_NONE, PROP_ORACLE, PROP_NGRAM, PROP_DRAFT, PROP_MTP };
 
 struct run {
     enum proposer prop;
@@ -150,7 +150,9 @@ static int run_batch(const struct model *m, const struct run *rn, int32_t out[N_
     struct sched *s = NULL;
     int rc = -1;
     if (!e) return -1;
-    struct spec_config sc = {.method = rn->prop == PROP_NGRAM ? SPEC_NGRAM : SPEC_DRAFT_MODEL,
+    struct spec_config sc = {.method = rn->prop == PROP_NGRAM ? SPEC_NGRAM
+                                       : rn->prop == PROP_MTP ? SPEC_MTP
+                                                              : SPEC_DRAFT_MODEL,
                              .k = rn->k,
                              .lookup_min = 1,
                              .lookup_max = 4,
@@ -159,6 +161,11 @@ static int run_batch(const struct model *m, const struct run *rn, int32_t out[N_
     if (rn->prop == PROP_DRAFT && drafter_create(rn->draft, engine_get_params(e), m->desc.vocab,
                                                  rn->k, &dr, err, sizeof err) != 0) {
         fprintf(stderr, "drafter: %s\n", err);
+        goto out;
+    }
+    if (rn->prop == PROP_MTP &&
+        drafter_create_mtp(m, engine_get_params(e), rn->k, &dr, err, sizeof err) != 0) {
+        fprintf(stderr, "MTP drafter: %s\n", err);
         goto out;
     }
     struct sched_params sp = {.max_num_seqs = N_REQ,
@@ -338,6 +345,57 @@ static void check_family(const char *tests, const char *fam, const struct model 
         double acc = check_run(fam, "draft(self) k=3", m, &self, ref, &st);
         CHECKF(acc > 0.99, "%s: self-drafting accepted %.3f", fam, acc);
     }
+    model_free(m);
+}
+
+/* The checkpoint's MTP module (deepseek_v3, glm4_moe: random weights, so few of its drafts are
+ * accepted; test_mtp checks what it drafts) through the scheduler: greedy output equal to
+ * speculation off at k = 1..4 in batches mixing speculating requests with others, with prefix
+ * caching (the second pass starts from cached prefixes the module never saw: those sequences
+ * do not draft, and nothing else changes) and under preemption. */
+static size_t kv_bytes_for(const struct model *m, int blocks);
+
+static void check_mtp(const char *tests, const char *fam)
+{
+    char err[MS_ERR_LEN], rel[256];
+    struct model *m = NULL;
+    struct model_load_opts lo;
+    model_load_opts_default(&lo);
+    lo.mtp = true;
+    snprintf(rel, sizeof rel, "fixtures/models/%s", fam);
+    if (model_load(test_path(tests, rel), &lo, &m, err, sizeof err) != 0 || m->n_mtp < 1) {
+        fprintf(stderr, "%s: %s\n", fam, err);
+        CHECK(0);
+        model_free(m);
+        return;
+    }
+    int32_t ref[N_REQ][MAX_TOK];
+    struct sched_stats st;
+    struct run base = {.prop = PROP_NONE};
+    CHECKF(run_batch(m, &base, ref, &st) == 0, "%s: baseline", fam);
+    printf("%s (MTP):\n", fam);
+    for (int k = 1; k <= 4; k++) {
+        struct run rn = {.prop = PROP_MTP, .k = k, .spec_mask = k == 4 ? 0xffu : 0x55u << (k & 1),
+                         .adaptive = k == 3};
+        char what[64];
+        snprintf(what, sizeof what, "mtp k=%d%s", k, rn.adaptive ? " adaptive" : "");
+        check_run(fam, what, m, &rn, ref, &st);
+        CHECKF(st.spec_draft_tokens > 0, "%s %s: no drafts", fam, what);
+    }
+    struct run pc = {.prop = PROP_MTP, .k = 2, .spec_mask = 0xffu, .prefix_caching = true,
+                     .passes = 2};
+    check_run(fam, "mtp k=2 prefix caching, 2 passes", m, &pc, ref, &st);
+    uint64_t preemptions = 0;
+    static const int pool_blocks[] = {24, 32, 40};
+    for (size_t b = 0; b < sizeof pool_blocks / sizeof pool_blocks[0]; b++) {
+        struct run pre = {.prop = PROP_MTP, .k = 3, .spec_mask = 0xffu,
+                          .kv_bytes = kv_bytes_for(m, pool_blocks[b]), .batch_tokens = 32};
+        char what[64];
+        snprintf(what, sizeof what, "mtp k=3, %d blocks", pool_blocks[b]);
+        check_run(fam, what, m, &pre, ref, &st);
+        preemptions += st.preemptions;
+    }
+    CHECKF(preemptions > 0, "%s: no preemption with 24..40 blocks", fam);
     model_free(m);
 }
 
@@ -1046,6 +1104,8 @@ int main(int argc, char **argv)
         "qwen3_next",  "qwen3_5_moe", "granitemoehybrid", "mixtral_bf16"};
     for (size_t i = 0; i < sizeof families / sizeof *families; i++)
         check_family(tests, families[i], mix);
+    check_mtp(tests, "deepseek_v3");
+    check_mtp(tests, "glm4_moe");
     check_situations(tests, "mixtral");
     check_situations(tests, "deepseek_v3");
     check_situations(tests, "qwen3_next");

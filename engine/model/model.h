@@ -164,8 +164,9 @@ struct model_desc {
     bool shared_merged;   /* DeepSeek / GLM: the n_shared_experts are stored as one FFN of their
                              summed width under "mlp.shared_experts." (n_shared is then 1) */
     /* Multi-token-prediction layers (DeepSeek-V3 / GLM num_nextn_predict_layers) stored after
-     * the decoder layers, at model.layers.n_layer..: the engine does not run speculative
-     * decoding, so they are skipped at load (never bound) and the load note says so. */
+     * the decoder layers, at model.layers.n_layer..: bound only when the load options ask for
+     * them (model_load_opts.mtp: speculative decoding with method mtp, struct model_mtp);
+     * otherwise skipped (never read) and the load note says so. */
     int n_mtp_layers;
 
     /* Hybrid models: layer l mixes tokens with a state-space layer instead of attention when
@@ -325,12 +326,36 @@ const char *model_dtype_name(enum model_dtype d);
 int model_quant_parse(const char *s, enum model_quant *out);
 const char *model_quant_name(enum model_quant q);
 
+/* One multi-token-prediction module (DeepSeek-V3's MTP, as DeepSeek-V3 and GLM-4.5+ publish it
+ * under model.layers.{n_layer + i}.): from the main model's last hidden state h_i (before the
+ * final norm) at position i and the embedding of the token at i + 1,
+ *   x = eh_proj [enorm(embed(t_{i+1})) ; hnorm(h_i)]
+ * runs one decoder block (attention of the model's kind at position i, then an MoE or dense
+ * FFN) and its output, normed by head_norm and multiplied by head (the model's lm_head when the
+ * checkpoint has none of its own), predicts t_{i+2}. Its output before head_norm stands in for
+ * h_{i+1} when drafts are chained. */
+struct model_mtp {
+    const float *enorm;          /* (d_model) */
+    const float *hnorm;          /* (d_model) */
+    const struct wmat *eh_proj;  /* (d_model, 2 d_model): embedding half first */
+    const float *head_norm;      /* (d_model) shared_head.norm */
+    const struct wmat *head;     /* (vocab, d_model) shared_head.head, or the model's lm_head */
+    bool moe;                    /* the block's FFN is routed experts (else dense) */
+    struct layer_w layer;
+};
+
 struct model {
     struct model_desc desc;
     const struct wmat *embed;   /* (vocab, d_model) */
     const float *norm;          /* (d_model) final norm */
     const struct wmat *lm_head; /* (vocab, d_model); == embed when tied and unquantized */
     struct layer_w *layers;     /* (n_layer) */
+    /* (desc.n_mtp_layers) when loaded with model_load_opts.mtp, else NULL (n_mtp 0) */
+    struct model_mtp *mtp;
+    int n_mtp;
+    /* A view (model_mtp_view): the MTP module's fusion, which the engine applies after the
+     * embedding to each token's given hidden state (engine_item.hidden_in); NULL otherwise. */
+    const struct model_mtp *mtp_in;
 
     struct tokenizer *tok;  /* NULL only when the folder has no tokenizer.json and the caller
                                allowed it (model_load_opts.require_tokenizer = false) */
@@ -362,6 +387,8 @@ struct model_load_opts {
     bool require_tokenizer; /* default true */
     enum model_dtype dtype;  /* default auto */
     enum model_quant quant;  /* default none */
+    bool mtp;                /* bind the checkpoint's MTP layers (struct model_mtp); a folder
+                                without any is not an error (model.n_mtp says) */
     bool cache;              /* keep converted / quantized weights in DIR/.moeserve/ and map
                                 them from there at the next load (default false) */
     int threads;             /* conversion threads; 0 = the online CPUs */
@@ -390,6 +417,15 @@ void model_desc_free(struct model_desc *desc);
  * sets them (eos_token_id: an integer or a list). desc is unchanged on failure. */
 int model_desc_apply_generation_config(struct model_desc *desc, const char *json_text, size_t len,
                                        const char *path, char *err, size_t errlen);
+
+/* A model made of MTP module i of m (m->n_mtp > i), to run in an engine of its own as a draft
+ * model: one layer (the module's block), the module's head norm and head, m's embedding, and
+ * mtp_in set so that the engine fuses each token's embedding with the target's hidden state
+ * given with it. The view borrows m's weights (m must outlive it) and owns only small
+ * description arrays: free it with model_mtp_view_free, never model_free. 0, or -1 (out of
+ * memory). */
+int model_mtp_view(const struct model *m, int i, struct model *out);
+void model_mtp_view_free(struct model *view);
 
 /* Active parameters per token at top-k `k` (for FLOP and bandwidth accounting): attention,
  * norms, routers, shared/dense FFNs, the k widest routed experts of each MoE layer, the final

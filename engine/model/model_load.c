@@ -386,7 +386,7 @@ static void note_mtp_layers(struct model *m)
 {
     const struct model_desc *d = &m->desc;
     m->skip_note[0] = '\0';
-    if (d->n_mtp_layers <= 0) return;
+    if (d->n_mtp_layers <= 0 || m->n_mtp > 0) return;
     size_t n = 0;
     for (int i = 0; i < st_count(m->st); i++) {
         const char *name = st_at(m->st, i)->name;
@@ -405,8 +405,11 @@ static void note_mtp_layers(struct model *m)
                  d->n_layer + d->n_mtp_layers - 1, n);
 }
 
-/* Every tensor the description needs, with the pointer it binds. */
-static int plan_model(struct plan *p, struct model *m, const char *wname, bool quant, char *err,
+/* The tensors of one decoder block under `pre` ("model.layers.3."): linear (a state-space
+ * layer) or attention of the model's kind, then an MoE FFN when is_moe, else a dense one. l is
+ * the block's index, for messages. */
+static int plan_layer(struct plan *p, struct model *m, struct layer_w *lw, const char *pre,
+                      bool linear, bool is_moe, int l, const char *wname, char *err,
                       size_t errlen)
 {
     const struct model_desc *d = &m->desc;
@@ -419,32 +422,16 @@ static int plan_model(struct plan *p, struct model *m, const char *wname, bool q
     bool gptoss = strcmp(d->model_type, "gpt_oss") == 0;
     bool granite = strcmp(d->model_type, "granitemoehybrid") == 0;
     bool llama4 = strcmp(d->model_type, "llama4_text") == 0;
-    if (gptoss && (D % 32 != 0 || d->expert_d_ff[0] % 32 != 0) &&
-        st_find(m->st, "model.layers.0.mlp.experts.gate_up_proj_blocks"))
-        return ms_errf(err, errlen, "%s: MXFP4 experts need hidden_size (%d) and "
-                                    "intermediate_size (%d) to be multiples of 32",
-                       wname, d->d_model, d->expert_d_ff[0]);
-    const char *wp = d->wprefix;
-    p->norm_plus_one = d->norm_plus_one;
-    plan_mat(p, &m->embed, false, d->vocab, D, "%sembed_tokens.weight", wp);
-    plan_norm(p, &m->norm, D, "%snorm.weight", wp);
-    if (!d->tie_embeddings)
-        plan_mat(p, &m->lm_head, true, d->vocab, D, "%s", d->lm_head_name);
-    else if (quant) /* a quantized head of its own; the embedding table stays as it is */
-        plan_mat(p, &m->lm_head, true, d->vocab, D, "%sembed_tokens.weight", wp);
-    for (int l = 0; l < d->n_layer; l++) {
-        struct layer_w *lw = &m->layers[l];
-        char pre[80], moe[112];
-        snprintf(pre, sizeof pre, "%s%s%d.", wp, d->wlayers, l);
-        plan_norm(p, &lw->attn_norm, D, "%sinput_layernorm.weight", pre);
-        plan_norm(p, &lw->ffn_norm, D, "%spost_attention_layernorm.weight", pre);
-        if (d->layer_linear && d->layer_linear[l] && d->lin_kind == LIN_KIND_MAMBA2) {
-            plan_mamba(p, lw, d, pre);
-        } else if (d->layer_linear && d->layer_linear[l]) {
-            plan_gdn(p, lw, d, pre);
-        } else if (d->attn == ATTN_KIND_MLA) {
-            plan_mla(p, lw, d, pre);
-        } else {
+    char moe[112];
+    plan_norm(p, &lw->attn_norm, D, "%sinput_layernorm.weight", pre);
+    plan_norm(p, &lw->ffn_norm, D, "%spost_attention_layernorm.weight", pre);
+    if (linear && d->lin_kind == LIN_KIND_MAMBA2) {
+        plan_mamba(p, lw, d, pre);
+    } else if (linear) {
+        plan_gdn(p, lw, d, pre);
+    } else if (d->attn == ATTN_KIND_MLA) {
+        plan_mla(p, lw, d, pre);
+    } else {
         /* a gated q_proj gives each head's query, then its gate logits */
         plan_mat(p, &lw->wq, true, d->attn_out_gate ? 2 * q_dim : q_dim, D,
                  "%sself_attn.q_proj.weight", pre);
@@ -465,70 +452,125 @@ static int plan_model(struct plan *p, struct model *m, const char *wname, bool q
             plan_norm(p, &lw->k_norm, full ? kv_dim : d->head_dim, "%sself_attn.k_norm.weight",
                       pre);
         }
-        }
-        if (d->ffn == FFN_KIND_CONTINUOUS) {
-            /* infmoe: the neuron matrices are read a row at a time (gathered by the selection),
-             * so they stay as stored (or --dtype) under --quantization. */
-            const int64_t Fn = d->cont_d_ff, Z = d->cont_z;
-            snprintf(moe, sizeof moe, "%smlp.", pre);
-            plan_mat(p, &lw->cont_router, false, 2 * Z, D, "%srouter.weight", moe);
-            plan_vec(p, &lw->cont_router_b, 2 * Z, "%srouter.bias", moe);
-            plan_mat(p, &lw->cont_keys, false, Fn, Z, "%sneuron_keys.weight", moe);
-            plan_mat(p, &lw->cont_gate, false, Fn, D, "%sgate_proj.weight", moe);
-            plan_mat(p, &lw->cont_up, false, Fn, D, "%sup_proj.weight", moe);
-            plan_mat(p, &lw->cont_down_t, false, Fn, D, "%sdown_t.weight", moe);
-            continue;
-        }
-        if (granite) {
-            plan_granite_ffn(p, lw, d, pre, d->layer_is_moe[l]);
-            continue;
-        }
-        if (llama4) {
-            plan_llama4_ffn(p, lw, d, pre, d->layer_is_moe[l]);
-            continue;
-        }
-        if (!d->layer_is_moe[l]) {
-            snprintf(moe, sizeof moe, "%smlp.", pre);
-            plan_ffn(p, &lw->dense, d->dense_d_ff, d->d_model, moe, "gate_proj", "up_proj",
-                     "down_proj");
-            continue;
-        }
-        if (gptoss) {
-            snprintf(moe, sizeof moe, "%smlp.", pre);
-            plan_mat(p, &lw->router, false, d->n_expert, D, "%srouter.weight", moe);
-            plan_vec(p, &lw->router_b, d->n_expert, "%srouter.bias", moe);
-            plan_gptoss_experts(p, m->st, lw, d, moe);
-            continue;
-        }
-        /* transformers 5 may save Mixtral's block under its in-memory name "mlp." */
-        snprintf(moe, sizeof moe, "%smlp.gate.weight", pre);
-        bool legacy = (mixtral || minimax) && !st_find(m->st, moe);
-        snprintf(moe, sizeof moe, "%s%s", pre, legacy ? "block_sparse_moe." : "mlp.");
-        plan_mat(p, &lw->router, false, d->n_expert, D, "%sgate.weight", moe);
-        if (d->router_bias)
-            plan_vec(p, &lw->router_bias, d->n_expert,
-                     minimax ? "%se_score_correction_bias" : "%sgate.e_score_correction_bias", moe);
-        if (d->router == ROUTER_KIND_MOHGE) /* mohge: the sigmoid group router */
-            plan_mat(p, &lw->group_router, false, d->n_group, D, "%sgroup_gate.weight", moe);
-        if (plan_experts(p, m->st, lw, d, moe, mixtral || minimax) != 0)
-            return ms_errf(
-                err, errlen,
-                "%s: layer %d stores fused experts but config gives them different widths", wname,
-                l);
-        for (int s = 0; s < d->n_shared; s++) {
-            char sp[160];
-            if (d->shared_merged) /* DeepSeek / GLM: one FFN of all shared experts' width */
-                snprintf(sp, sizeof sp, "%sshared_experts.", moe);
-            else if (d->n_shared == 1)
-                snprintf(sp, sizeof sp, "%sshared_expert.", moe);
-            else
-                snprintf(sp, sizeof sp, "%sshared_experts.%d.", moe, s);
-            plan_ffn(p, &lw->shared[s], d->shared_d_ff, d->d_model, sp, "gate_proj", "up_proj",
-                     "down_proj");
-        }
-        if (d->shared_gate == SHARED_GATE_SIGMOID)
-            plan_mat(p, &lw->shared_gate, false, 1, D, "%sshared_expert_gate.weight", moe);
     }
+    if (d->ffn == FFN_KIND_CONTINUOUS) {
+        /* infmoe: the neuron matrices are read a row at a time (gathered by the selection),
+         * so they stay as stored (or --dtype) under --quantization. */
+        const int64_t Fn = d->cont_d_ff, Z = d->cont_z;
+        snprintf(moe, sizeof moe, "%smlp.", pre);
+        plan_mat(p, &lw->cont_router, false, 2 * Z, D, "%srouter.weight", moe);
+        plan_vec(p, &lw->cont_router_b, 2 * Z, "%srouter.bias", moe);
+        plan_mat(p, &lw->cont_keys, false, Fn, Z, "%sneuron_keys.weight", moe);
+        plan_mat(p, &lw->cont_gate, false, Fn, D, "%sgate_proj.weight", moe);
+        plan_mat(p, &lw->cont_up, false, Fn, D, "%sup_proj.weight", moe);
+        plan_mat(p, &lw->cont_down_t, false, Fn, D, "%sdown_t.weight", moe);
+        return 0;
+    }
+    if (granite) {
+        plan_granite_ffn(p, lw, d, pre, is_moe);
+        return 0;
+    }
+    if (llama4) {
+        plan_llama4_ffn(p, lw, d, pre, is_moe);
+        return 0;
+    }
+    if (!is_moe) {
+        snprintf(moe, sizeof moe, "%smlp.", pre);
+        plan_ffn(p, &lw->dense, d->dense_d_ff, d->d_model, moe, "gate_proj", "up_proj",
+                 "down_proj");
+        return 0;
+    }
+    if (gptoss) {
+        snprintf(moe, sizeof moe, "%smlp.", pre);
+        plan_mat(p, &lw->router, false, d->n_expert, D, "%srouter.weight", moe);
+        plan_vec(p, &lw->router_b, d->n_expert, "%srouter.bias", moe);
+        plan_gptoss_experts(p, m->st, lw, d, moe);
+        return 0;
+    }
+    /* transformers 5 may save Mixtral's block under its in-memory name "mlp." */
+    snprintf(moe, sizeof moe, "%smlp.gate.weight", pre);
+    bool legacy = (mixtral || minimax) && !st_find(m->st, moe);
+    snprintf(moe, sizeof moe, "%s%s", pre, legacy ? "block_sparse_moe." : "mlp.");
+    plan_mat(p, &lw->router, false, d->n_expert, D, "%sgate.weight", moe);
+    if (d->router_bias)
+        plan_vec(p, &lw->router_bias, d->n_expert,
+                 minimax ? "%se_score_correction_bias" : "%sgate.e_score_correction_bias", moe);
+    if (d->router == ROUTER_KIND_MOHGE) /* mohge: the sigmoid group router */
+        plan_mat(p, &lw->group_router, false, d->n_group, D, "%sgroup_gate.weight", moe);
+    if (plan_experts(p, m->st, lw, d, moe, mixtral || minimax) != 0)
+        return ms_errf(err, errlen,
+                       "%s: layer %d stores fused experts but config gives them different widths",
+                       wname, l);
+    for (int s = 0; s < d->n_shared; s++) {
+        char sp[160];
+        if (d->shared_merged) /* DeepSeek / GLM: one FFN of all shared experts' width */
+            snprintf(sp, sizeof sp, "%sshared_experts.", moe);
+        else if (d->n_shared == 1)
+            snprintf(sp, sizeof sp, "%sshared_expert.", moe);
+        else
+            snprintf(sp, sizeof sp, "%sshared_experts.%d.", moe, s);
+        plan_ffn(p, &lw->shared[s], d->shared_d_ff, d->d_model, sp, "gate_proj", "up_proj",
+                 "down_proj");
+    }
+    if (d->shared_gate == SHARED_GATE_SIGMOID)
+        plan_mat(p, &lw->shared_gate, false, 1, D, "%sshared_expert_gate.weight", moe);
+    return 0;
+}
+
+/* The MTP modules (model.layers.{n_layer + i}.): the fusion's norms and projection, the block
+ * (MoE when the checkpoint has its router), the head's norm and, when present, its own head. */
+static int plan_mtp(struct plan *p, struct model *m, const char *wname, char *err, size_t errlen)
+{
+    const struct model_desc *d = &m->desc;
+    const int64_t D = d->d_model;
+    for (int i = 0; i < m->n_mtp; i++) {
+        struct model_mtp *mt = &m->mtp[i];
+        int l = d->n_layer + i;
+        char pre[96], probe[160];
+        snprintf(pre, sizeof pre, "%s%s%d.", d->wprefix, d->wlayers, l);
+        plan_norm(p, &mt->enorm, D, "%senorm.weight", pre);
+        plan_norm(p, &mt->hnorm, D, "%shnorm.weight", pre);
+        plan_mat(p, &mt->eh_proj, true, D, 2 * D, "%seh_proj.weight", pre);
+        plan_norm(p, &mt->head_norm, D, "%sshared_head.norm.weight", pre);
+        snprintf(probe, sizeof probe, "%sshared_head.head.weight", pre);
+        if (st_find(m->st, probe))
+            plan_mat(p, &mt->head, true, d->vocab, D, "%sshared_head.head.weight", pre);
+        snprintf(probe, sizeof probe, "%smlp.gate.weight", pre);
+        mt->moe = d->n_expert > 0 && st_find(m->st, probe) != NULL;
+        if (plan_layer(p, m, &mt->layer, pre, false, mt->moe, l, wname, err, errlen) != 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* Every tensor the description needs, with the pointer it binds. */
+static int plan_model(struct plan *p, struct model *m, const char *wname, bool quant, char *err,
+                      size_t errlen)
+{
+    const struct model_desc *d = &m->desc;
+    const int64_t D = d->d_model;
+    bool gptoss = strcmp(d->model_type, "gpt_oss") == 0;
+    if (gptoss && (D % 32 != 0 || d->expert_d_ff[0] % 32 != 0) &&
+        st_find(m->st, "model.layers.0.mlp.experts.gate_up_proj_blocks"))
+        return ms_errf(err, errlen, "%s: MXFP4 experts need hidden_size (%d) and "
+                                    "intermediate_size (%d) to be multiples of 32",
+                       wname, d->d_model, d->expert_d_ff[0]);
+    const char *wp = d->wprefix;
+    p->norm_plus_one = d->norm_plus_one;
+    plan_mat(p, &m->embed, false, d->vocab, D, "%sembed_tokens.weight", wp);
+    plan_norm(p, &m->norm, D, "%snorm.weight", wp);
+    if (!d->tie_embeddings)
+        plan_mat(p, &m->lm_head, true, d->vocab, D, "%s", d->lm_head_name);
+    else if (quant) /* a quantized head of its own; the embedding table stays as it is */
+        plan_mat(p, &m->lm_head, true, d->vocab, D, "%sembed_tokens.weight", wp);
+    for (int l = 0; l < d->n_layer; l++) {
+        char pre[80];
+        snprintf(pre, sizeof pre, "%s%s%d.", wp, d->wlayers, l);
+        if (plan_layer(p, m, &m->layers[l], pre, d->layer_linear && d->layer_linear[l],
+                       d->layer_is_moe[l], l, wname, err, errlen) != 0)
+            return -1;
+    }
+    if (plan_mtp(p, m, wname, err, errlen) != 0) return -1;
     if (p->oom) return ms_errf(err, errlen, "%s: out of memory", wname);
     return 0;
 }
@@ -1257,19 +1299,25 @@ void model_free(struct model *m)
 static int alloc_arena(struct model *m, char *err, size_t errlen)
 {
     const struct model_desc *d = &m->desc;
-    size_t nl = (size_t)d->n_layer;
+    size_t nl = (size_t)d->n_layer, nm = (size_t)m->n_mtp;
     size_t n_ffn = 0;
     for (int l = 0; l < d->n_layer; l++)
         if (d->layer_is_moe[l]) n_ffn += (size_t)d->n_expert + (size_t)d->n_shared;
-    m->arena = calloc(1, nl * sizeof(struct layer_w) + n_ffn * sizeof(struct ffn_w));
+    n_ffn += nm * ((size_t)d->n_expert + (size_t)d->n_shared); /* an MTP block may be MoE */
+    m->arena = calloc(1, nl * sizeof(struct layer_w) + nm * sizeof(struct model_mtp) +
+                             n_ffn * sizeof(struct ffn_w));
     if (!m->arena) return ms_errf(err, errlen, "%s: out of memory", m->dir);
     m->layers = m->arena;
-    struct ffn_w *f = (struct ffn_w *)(m->layers + nl);
-    for (int l = 0; l < d->n_layer; l++) {
-        if (!d->layer_is_moe[l]) continue;
-        m->layers[l].experts = f;
+    m->mtp = nm ? (struct model_mtp *)(m->layers + nl) : NULL;
+    struct ffn_w *f = (struct ffn_w *)((char *)m->arena + nl * sizeof(struct layer_w) +
+                                       nm * sizeof(struct model_mtp));
+    for (int l = 0; l < d->n_layer + m->n_mtp; l++) {
+        struct layer_w *lw = l < d->n_layer ? &m->layers[l] : &m->mtp[l - d->n_layer].layer;
+        if (l < d->n_layer && !d->layer_is_moe[l]) continue;
+        if (d->n_expert == 0) continue;
+        lw->experts = f;
         f += d->n_expert;
-        m->layers[l].shared = d->n_shared ? f : NULL;
+        lw->shared = d->n_shared ? f : NULL;
         f += d->n_shared;
     }
     return 0;
@@ -1355,7 +1403,11 @@ int model_load(const char *dir, const struct model_load_opts *opts, struct model
         ms_errf(err, errlen, "%s: out of memory", dir);
         goto fail;
     }
-    if (load_config(m, err, errlen) != 0 || alloc_arena(m, err, errlen) != 0) goto fail;
+    if (load_config(m, err, errlen) != 0) goto fail;
+    /* MTP modules only where they are asked for and the layout is one we bind (DeepSeek's,
+     * under model.layers.{n_layer + i}.; their presence is checked by the binding) */
+    if (opts->mtp && m->desc.n_mtp_layers > 0) m->n_mtp = m->desc.n_mtp_layers;
+    if (alloc_arena(m, err, errlen) != 0) goto fail;
     if (st_open_dir(dir, &m->st, err, errlen) != 0) goto fail;
     wname = join(dir, "model.safetensors.index.json");
     if (!wname) {
@@ -1408,8 +1460,8 @@ int model_load(const char *dir, const struct model_load_opts *opts, struct model
     char cache_path[4200];
     if (opts->cache && lc.conv_bytes) {
         char tag[128], why[MS_ERR_LEN];
-        snprintf(tag, sizeof tag, "dtype=%s quant=%s", model_dtype_name(opts->dtype),
-                 model_quant_name(opts->quant));
+        snprintf(tag, sizeof tag, "dtype=%s quant=%s%s", model_dtype_name(opts->dtype),
+                 model_quant_name(opts->quant), m->n_mtp ? " mtp" : "");
         cache_key = wcache_key(dir, m->st, tag);
         wcache_path(dir, cache_key, cache_path, sizeof cache_path);
         const void *data;
@@ -1460,6 +1512,46 @@ fail:
     free(wname);
     model_free(m);
     return -1;
+}
+
+int model_mtp_view(const struct model *m, int i, struct model *out)
+{
+    memset(out, 0, sizeof *out);
+    if (i < 0 || i >= m->n_mtp) return -1;
+    const struct model_mtp *mt = &m->mtp[i];
+    bool *is_moe = malloc(sizeof *is_moe);
+    if (!is_moe) return -1;
+    *is_moe = mt->moe;
+    out->desc = m->desc;
+    struct model_desc *d = &out->desc;
+    d->n_layer = 1;
+    d->layer_is_moe = is_moe;
+    d->layer_linear = NULL; /* the block is attention: no recurrent state */
+    d->n_linear = 0;
+    d->layer_window = NULL;
+    d->layer_nope = NULL;
+    d->layer_chunk = NULL;
+    d->n_mtp_layers = 0;
+    d->cont_quant = NULL;
+    d->cont_n_quant = 0;
+    out->embed = m->embed;
+    out->norm = mt->head_norm;
+    out->lm_head = mt->head ? mt->head : m->lm_head;
+    out->layers = (struct layer_w *)&mt->layer;
+    out->mtp_in = mt;
+    out->tok = m->tok;
+    out->dir = m->dir;
+    out->dtype = m->dtype;
+    out->quant = m->quant;
+    out->arena = is_moe; /* the view's one allocation */
+    return 0;
+}
+
+void model_mtp_view_free(struct model *view)
+{
+    if (!view) return;
+    free(view->arena);
+    memset(view, 0, sizeof *view);
 }
 
 size_t model_active_params(const struct model *m, int k)

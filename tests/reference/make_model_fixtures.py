@@ -232,6 +232,7 @@ ARCHS["deepseek_v3"] = (
         topk_group=2,
         norm_topk_prob=True,
         routed_scaling_factor=2.5,
+        num_nextn_predict_layers=1,  # an MTP module (MtpModule) with its reference logits
     ),
 )
 
@@ -240,8 +241,8 @@ ARCHS["deepseek_v3"] = (
 # neither), layer 0 dense, then DeepSeek-V3's noaux_tc routing over 8 experts in 2 groups of
 # which 1 is kept, a non-zero correction bias, norm_topk_prob and scale 2.5, one shared expert.
 # num_nextn_predict_layers 1: GLM checkpoints carry one multi-token-prediction layer after the
-# decoder layers, which transformers does not build; add_mtp_layer writes its tensors so that a
-# loader is shown to skip them.
+# decoder layers, which transformers does not build; add_mtp_layer writes its tensors (a module
+# built from transformers' own classes, MtpModule) and write_mtp_reference its logits.
 ARCHS["glm4_moe"] = (
     Glm4MoeForCausalLM,
     Glm4MoeConfig(
@@ -651,34 +652,103 @@ def save_checkpoint(model, tokenizer, out_dir, **save_kwargs):
     tokenizer.save_pretrained(out_dir, save_jinja_files=False)
 
 
-def add_mtp_layer(model, out_dir, seed):
-    """Appends GLM's multi-token-prediction layers (model.layers.{num_hidden_layers + i}.*, as
-    the published checkpoints have them) to out_dir/model.safetensors: a copy of the last
-    decoder layer's tensor names and shapes with fresh random values, plus the MTP head's own
-    (enorm, hnorm, eh_proj, shared_head.norm, embed_tokens, shared_head.head). transformers
-    builds no module for them and the engine must skip them; their values never reach a
-    reference logit."""
-    cfg = model.config
-    n = cfg.num_hidden_layers
+class MtpModule(torch.nn.Module):
+    """One multi-token-prediction module as DeepSeek-V3 and GLM publish it (there is no class for
+    it in transformers): enorm, hnorm, eh_proj (2 hidden -> hidden, embedding half first, as
+    vLLM and SGLang read it), one decoder block of the model's own class at index n_layer (MoE
+    per the config's first_k_dense_replace), shared_head.norm and shared_head.head."""
+
+    def __init__(self, model):
+        super().__init__()
+        cfg = model.config
+        self.config = cfg
+        D, V = cfg.hidden_size, cfg.vocab_size
+        norm_cls = type(model.model.norm)
+        self.layer = type(model.model.layers[0])(cfg, cfg.num_hidden_layers)
+        self.enorm = norm_cls(D, eps=cfg.rms_norm_eps)
+        self.hnorm = norm_cls(D, eps=cfg.rms_norm_eps)
+        self.eh_proj = torch.nn.Linear(2 * D, D, bias=False)
+        self.shared_head = torch.nn.Module()
+        self.shared_head.norm = norm_cls(D, eps=cfg.rms_norm_eps)
+        self.shared_head.head = torch.nn.Linear(D, V, bias=False)
+
+    def tensors(self, prefix):
+        out = {}
+        for k, v in self.state_dict().items():
+            name = k[len("layer."):] if k.startswith("layer.") else k
+            out[prefix + name] = v.detach().clone().contiguous()
+        return out
+
+
+def make_mtp_module(model, seed):
+    mtp = MtpModule(model).eval()
+    make_weights_nondegenerate(mtp, seed)
+    with torch.no_grad():  # spread its logits as the main head's are
+        mtp.shared_head.head.weight.mul_(2.0)
+    return mtp
+
+
+def add_mtp_layer(mtp, out_dir, dtype):
+    """Appends the MTP module's tensors, in `dtype`, to out_dir/model.safetensors under
+    model.layers.{num_hidden_layers}. (with its own embed_tokens copy, as DeepSeek publishes
+    it). transformers leaves them unread."""
+    cfg = mtp.config
     f = out_dir / "model.safetensors"
     with safe_open(str(f), "pt") as sf:
         sd = {k: sf.get_tensor(k) for k in sf.keys()}
-    g = torch.Generator().manual_seed(seed)
-    last = f"model.layers.{n - 1}."
-    D, V = cfg.hidden_size, cfg.vocab_size
-    for i in range(cfg.num_nextn_predict_layers):
-        pre = f"model.layers.{n + i}."
-        extra = {pre + k[len(last):]: v for k, v in sd.items() if k.startswith(last)}
-        dt = sd["model.norm.weight"].dtype
-        for k, shape in (("enorm.weight", (D,)), ("hnorm.weight", (D,)),
-                         ("eh_proj.weight", (D, 2 * D)), ("shared_head.norm.weight", (D,)),
-                         ("embed_tokens.weight", (V, D)), ("shared_head.head.weight", (V, D))):
-            extra[pre + k] = torch.empty(shape, dtype=dt)
-        for k in sorted(extra):
-            v = extra[k]
-            r = torch.randn(tuple(v.shape), generator=g, dtype=torch.float32)
-            sd[k] = (r / math.sqrt(v.shape[-1])).to(v.dtype).contiguous()
+    pre = f"model.layers.{cfg.num_hidden_layers}."
+    for k, v in mtp.tensors(pre).items():
+        sd[k] = v.to(dtype) if v.is_floating_point() else v
+    sd[pre + "embed_tokens.weight"] = sd["model.embed_tokens.weight"].clone()
     save_file(dict(sorted(sd.items())), str(f), metadata={"format": "pt"})
+
+
+@torch.no_grad()
+def mtp_reference(model, mtp, ids):
+    """The module's logits at every index i = 0..n-2 (the main model's last-layer output h_i,
+    before its final norm, fused with the embedding of token i + 1; attention over indices
+    0..i at positions 0..i), and at index n-2 once more with h_{n-2} replaced by the module's
+    own output at n-3 (a chained draft)."""
+    x_ids = torch.tensor([ids], dtype=torch.long)
+    cap = {}
+    hook = model.model.layers[-1].register_forward_hook(
+        lambda m, a, o: cap.__setitem__("h", o[0] if isinstance(o, tuple) else o))
+    model(input_ids=x_ids)
+    hook.remove()
+    h = cap["h"][0].float()
+    emb = model.model.embed_tokens(x_ids)[0].float()
+
+    def run(hid):
+        x = mtp.eh_proj(torch.cat([mtp.enorm(emb[1:]), mtp.hnorm(hid)], -1))[None]
+        L = x.shape[1]
+        pos = torch.arange(L)[None]
+        pe = model.model.rotary_emb(x, pos)
+        mask = torch.full((L, L), torch.finfo(x.dtype).min).triu(1)[None, None]
+        y = mtp.layer(x, attention_mask=mask, position_ids=pos, position_embeddings=pe)
+        y = (y[0] if isinstance(y, tuple) else y)[0]
+        return y, mtp.shared_head.head(mtp.shared_head.norm(y))
+
+    y, lg = run(h[:-1])
+    hc = h[:-1].clone()
+    hc[-1] = y[-2]
+    _, lgc = run(hc)
+    return lg.contiguous(), lgc[-1].contiguous()
+
+
+def write_mtp_reference(model_dir, model, mtp, prompts, suffix=""):
+    """Adds prompt{i}.mtp_logits{suffix} (n-1, vocab) and prompt{i}.mtp_chain_logits{suffix}
+    (vocab) to model_dir/reference.safetensors."""
+    f = model_dir / "reference.safetensors"
+    with safe_open(str(f), "pt") as sf:
+        t = {k: sf.get_tensor(k) for k in sf.keys()}
+    for i, ids in enumerate(prompts):
+        if len(ids) < 3:  # a chained index needs two before it
+            continue
+        lg, lgc = mtp_reference(model, mtp, ids)
+        check_logits(f"{model_dir.name}/prompt{i} mtp", lg)
+        t[f"prompt{i}.mtp_logits{suffix}"] = lg
+        t[f"prompt{i}.mtp_chain_logits{suffix}"] = lgc
+    save_file(t, str(f), metadata={"format": "pt"})
 
 
 def load(out_dir, dtype):
@@ -935,9 +1005,9 @@ def write_tensors_md(out_root, names, merge=False):
         rows = tensor_table(d)
         cfg = json.loads((d / "config.json").read_text())
         dense = set(cfg.get("mlp_only_layers") or [])
-        if cfg.get("model_type") == "glm4_moe":
-            # its first MoE layer, and the MTP layers after the decoder (skipped at load)
+        if cfg.get("model_type") == "glm4_moe":  # its first MoE layer
             dense |= {cfg["first_k_dense_replace"]}
+        if cfg.get("num_nextn_predict_layers"):  # the MTP layers after the decoder
             dense |= set(range(cfg["num_hidden_layers"],
                                cfg["num_hidden_layers"] + cfg["num_nextn_predict_layers"]))
         start = len(lines)
@@ -1088,14 +1158,18 @@ def build(out_root, data_path, write_md, only=None):
 
         d32 = out_root / name
         save_checkpoint(model, tokenizer, d32)
-        mtp = getattr(cfg, "num_nextn_predict_layers", 0) if name == "glm4_moe" else 0
-        if mtp:
-            add_mtp_layer(model, d32, SEED + 200)
+        mtp = (make_mtp_module(model, SEED + 200)
+               if getattr(cfg, "num_nextn_predict_layers", 0) else None)
+        if mtp is not None:
+            add_mtp_layer(mtp, d32, torch.float32)
         m32 = load(d32, torch.float32)
         sd0, sd1 = model.state_dict(), m32.state_dict()
         assert all(torch.equal(sd0[k], sd1[k]) for k in sd0), f"{name}: reload differs"
         arch_prompts = prompts + ([long_prompt_ids(tokenizer)] if name in HYBRID_ARCHS else [])
         margin, spread, notes = write_reference(d32, arch_prompts, m32)
+        if mtp is not None:
+            write_mtp_reference(d32, m32, mtp, arch_prompts)
+            notes.append("MTP module logits")
         summary.append((name, n_params, dir_size(d32), margin, spread, notes))
 
         if name == "mixtral":
@@ -1112,11 +1186,14 @@ def build(out_root, data_path, write_md, only=None):
 
         db = out_root / f"{name}_bf16"
         save_checkpoint(model.to(torch.bfloat16), tokenizer, db)
-        if mtp:
-            add_mtp_layer(model, db, SEED + 200)
+        if mtp is not None:
+            add_mtp_layer(mtp, db, torch.bfloat16)
         mb = load(db, torch.bfloat16)
         mbf = load(db, torch.float32)  # the bf16 weights upcast, computed in f32
         _, spread_b, notes_b = write_reference(db, arch_prompts, mbf, bf16_model=mb)
+        if mtp is not None:  # the bf16 module's weights upcast, computed in f32
+            mtp_b = copy.deepcopy(mtp).to(torch.bfloat16).float()
+            write_mtp_reference(db, mbf, mtp_b, arch_prompts, suffix="_f32compute")
         summary.append((f"{name}_bf16", n_params, dir_size(db), None, spread_b, notes_b))
         if name == "qwen3_5_moe":
             summary += make_qwen3_5_vl(out_root, tokenizer, m32, d32)

@@ -359,6 +359,7 @@ static int mtp_run(struct drafter *d, struct drafter_job *jobs, int n_jobs, char
                      s->pend_pos + pos, 1, 1, d->logits + (size_t)n * (size_t)d->vocab);
             d->items[n].hidden_in = pos == 0 ? s->pend : h;
             d->items[n].hidden_out = h;
+            d->items[n].hidden_normed = d->view.mtp_in->chain_normed;
             d->item_job[n++] = jb;
         }
         if (n == 0) break;

@@ -650,17 +650,30 @@ static void mtp_fuse(struct device *dv)
     be->ops->matmul(be, dv->x, dv->mtp_cat, mt->eh_proj, NULL, n, 2 * d, d);
 }
 
-/* The residual stream after the last layer, to the items that want it (hidden_out). */
+/* The residual stream after the last layer, or its final norm, to the items that want it
+ * (hidden_out). */
 static void hidden_out(struct device *dv)
 {
     struct engine *e = dv->e;
+    const struct model_desc *md = &e->m->desc;
     struct backend *be = dv->be;
-    size_t d = (size_t)e->m->desc.d_model;
+    size_t d = (size_t)md->d_model;
     for (int it = dv->item0; it < dv->item1; it++) {
         const struct engine_item *item = &e->items[it];
         if (!item->hidden_out) continue;
-        const float *src = dv->x + (size_t)(e->item_tok0[it] - dv->tok0) * d;
+        size_t off = (size_t)(e->item_tok0[it] - dv->tok0) * d;
+        const float *src = dv->x + off;
         size_t bytes = sizeof(float) * d * (size_t)item->n_tokens;
+        if (item->hidden_normed && be->ops->host_memory) {
+            be->ops->rmsnorm(be, item->hidden_out, src, dv->w.norm, item->n_tokens, (int)d,
+                             md->rms_eps);
+            continue;
+        }
+        if (item->hidden_normed) { /* dv->h is free until logits_out gathers into it */
+            be->ops->rmsnorm(be, dv->h + off, src, dv->w.norm, item->n_tokens, (int)d,
+                             md->rms_eps);
+            src = dv->h + off;
+        }
         if (be->ops->host_memory)
             memcpy(item->hidden_out, src, bytes);
         else

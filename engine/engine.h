@@ -126,10 +126,12 @@ struct engine_item {
     int n_logits;           /* logits wanted for the last n_logits tokens (0, 1 .. n_tokens) */
     float *logits;          /* OUT: (n_logits, vocab), caller-owned */
     /* Multi-token prediction. hidden_out: OUT (n_tokens, d_model), the last layer's output
-     * (the residual stream before the final norm) at every token, or NULL: not wanted.
-     * hidden_in: engines of an MTP view (model.mtp_in) only, where it is required: (n_tokens,
-     * d_model) the target model's hidden state that goes with each token (model_mtp). */
+     * at every token, or NULL: not wanted; after the model's final norm (what the LM head
+     * reads) when hidden_normed, else the residual stream before it. hidden_in: engines of an
+     * MTP view (model.mtp_in) only, where it is required: (n_tokens, d_model) the target
+     * model's hidden state that goes with each token (model_mtp). */
     float *hidden_out;
+    bool hidden_normed;
     const float *hidden_in;
 };
 

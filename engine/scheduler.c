@@ -1194,6 +1194,7 @@ int sched_step(struct sched *s)
         for (int i = 0; i < n_items; i++) {
             bool want = s->item_req[i]->p.speculative;
             s->items[i].hidden_out = want ? s->hid + off * D : NULL;
+            s->items[i].hidden_normed = true; /* what the MTP module was trained on */
             off += want ? (size_t)s->items[i].n_tokens : 0;
         }
     }

@@ -859,8 +859,7 @@ static int spec_check(const struct serve_opts *o, const struct model *m, bool mu
     if (sc->method == SPEC_OFF) return 0;
     if (sc->method == SPEC_MTP) {
         const char *mt = m->desc.model_type;
-        if (strcmp(mt, "qwen3_next") == 0 || strncmp(mt, "qwen3_5_moe", 11) == 0 ||
-            strcmp(mt, "minimax_m2") == 0) {
+        if (strcmp(mt, "minimax_m2") == 0) {
             slog("error", "--speculative-config: method: mtp is not built yet for %s (its MTP "
                           "module is left unread); use ngram or a draft model",
                  mt);
@@ -878,7 +877,6 @@ static int spec_check(const struct serve_opts *o, const struct model *m, bool mu
                           "processes: the hidden states it needs stay in the other processes");
             return -1;
         }
-        return 0;
     }
     if (m->desc.n_linear > 0) {
         if (multi) {
@@ -1101,8 +1099,9 @@ int cli_serve(int argc, char **argv)
             snprintf(how, sizeof how, ", draft model %s (%s, %.1f MB)", o.spec.model,
                      draft->desc.model_type, (double)draft->weight_bytes / 1e6);
         else if (o.spec.method == SPEC_MTP)
-            snprintf(how, sizeof how, ", the checkpoint's MTP module (layer %d, %s FFN%s)",
-                     m->desc.n_layer, m->mtp[0].moe ? "MoE" : "dense",
+            snprintf(how, sizeof how, ", the checkpoint's MTP module (%s%d, %s FFN%s)",
+                     m->mtp[0].chain_normed ? "mtp.layers." : "layer ",
+                     m->mtp[0].chain_normed ? 0 : m->desc.n_layer, m->mtp[0].moe ? "MoE" : "dense",
                      m->mtp[0].head ? ", its own head" : "");
         slog("info", "speculative decoding: %s, up to %d draft token(s) per step (%s)%s%s",
              spec_method_name(o.spec.method), o.spec.k,

@@ -37,10 +37,15 @@ static void check_model(const char *tests, const char *name, bool bf16, enum mod
     CHECKF(rc2 == 0, "%s: %s", name, err);
     if (rc || rc2) goto out;
     /* GLM and DeepSeek-V3 checkpoints carry an MTP layer after the decoder (fixtures:
-     * model.layers.3, from num_nextn_predict_layers 1); unless asked for (test_mtp) it is
-     * skipped, and the load note says so. Models without one say nothing. */
+     * model.layers.3, from num_nextn_predict_layers 1), Qwen3-Next and Qwen3.5 theirs under
+     * mtp.; unless asked for (test_mtp) it is skipped, and the load note says so. Models
+     * without one say nothing. */
     if (strncmp(name, "glm4_moe", 8) == 0 || strncmp(name, "deepseek_v3", 11) == 0)
         CHECKF(strstr(m->skip_note, "skipped 1 MTP layer(s) (model.layers.3..3") != NULL,
+               "%s: skip note '%s'", name, m->skip_note);
+    else if ((strncmp(name, "qwen3_next", 10) == 0 || strncmp(name, "qwen3_5_moe", 11) == 0) &&
+             !strstr(name, "_vl"))
+        CHECKF(strstr(m->skip_note, "skipped the MTP module (mtp.*, 1 layer(s)") != NULL,
                "%s: skip note '%s'", name, m->skip_note);
     else
         CHECKF(m->skip_note[0] == '\0', "%s: unexpected skip note '%s'", name, m->skip_note);

@@ -1,11 +1,13 @@
 /* Multi-token-prediction modules (struct model_mtp, model_mtp_view, the engine's hidden states
  * in and out) against the references tests/reference/make_model_fixtures.py writes from a module
- * built of transformers' own DeepSeek-V3 / GLM-4.5 classes (transformers has no MTP forward):
- * - the target's last-layer output (engine_item.hidden_out) fused with the next token's
- *   embedding gives the module's logits at every index of each reference prompt, f32, and the
- *   bf16 checkpoints computed in f32;
- * - a chained index (the module's own output standing in for the target's hidden state), as
- *   drafts past the first are made;
+ * built of transformers' own DeepSeek-V3 / GLM-4.5 / Qwen3-Next / Qwen3.5 classes (transformers
+ * has no MTP forward):
+ * - the target's last hidden state after its final norm (engine_item.hidden_out, hidden_normed)
+ *   fused with the next token's embedding gives the module's logits at every index of each
+ *   reference prompt, f32, and the bf16 checkpoints computed in f32;
+ * - a chained index (the module's own output, before its head's norm in DeepSeek's layout and
+ *   after it in Qwen's, standing in for the target's hidden state), as drafts past the first
+ *   are made;
  * - the drafter (drafter_mtp_feed, drafter_run) fed as the scheduler feeds it (prefill chunks,
  *   verifications keeping 0..3 drafts, rounds of chained drafts in between): every draft equals
  *   the argmax of the module run from scratch on the same tokens and hidden states;
@@ -44,13 +46,14 @@ static struct engine *mtp_engine(const struct model *m)
 /* One step of `n` tokens at position pos of a fresh sequence; hidden_in / hidden_out may be NULL.
  * Logits for every token into logits (n, vocab). */
 static int run(struct engine *e, const int32_t *ids, int n, const float *hin, float *hout,
-               float *logits)
+               bool normed, float *logits)
 {
     struct kv_seq s;
     char err[MS_ERR_LEN];
     if (engine_seq_init(e, &s) != 0) return -1;
     struct engine_item it = {.kv = &s, .tokens = ids, .n_tokens = n, .pos = 0, .n_logits = n,
-                             .logits = logits, .hidden_in = hin, .hidden_out = hout};
+                             .logits = logits, .hidden_in = hin, .hidden_out = hout,
+                             .hidden_normed = normed};
     int rc = engine_step(e, &it, 1, err, sizeof err);
     if (rc) fprintf(stderr, "step: %s\n", err);
     engine_seq_free(e, &s);
@@ -84,8 +87,11 @@ static void check_family(const char *tests, const char *name, const char *suffix
     CHECKF(m->skip_note[0] == '\0', "%s: skip note '%s' with the module bound", name,
            m->skip_note);
     if (m->n_mtp != 1) goto out;
+    bool qwen = strncmp(name, "qwen", 4) == 0;
     CHECKF(m->mtp[0].moe, "%s: the fixture's MTP block is MoE", name);
-    CHECKF(m->mtp[0].head != NULL && m->mtp[0].head != m->lm_head, "%s: its own head", name);
+    CHECKF(qwen ? m->mtp[0].head == NULL : m->mtp[0].head != NULL,
+           "%s: its own head (DeepSeek's layout) or the model's (Qwen's)", name);
+    CHECK(m->mtp[0].chain_normed == qwen);
     CHECK(model_mtp_view(m, 0, &view) == 0);
     CHECK(view.desc.n_layer == 1 && view.mtp_in == &m->mtp[0] && view.norm == m->mtp[0].head_norm);
     et = mtp_engine(m);
@@ -114,13 +120,13 @@ static void check_family(const char *tests, const char *name, const char *suffix
                name, i);
         if (n < 3 || n > 128 || want->shape[0] != n - 1) continue;
         /* the target's hidden states, then the module at indices 0..n-2 (token i+1 with h_i) */
-        CHECK(run(et, tok, n, NULL, h, lg) == 0);
-        CHECK(run(em, tok + 1, n - 1, h, hm, lg) == 0);
+        CHECK(run(et, tok, n, NULL, h, true, lg) == 0);
+        CHECK(run(em, tok + 1, n - 1, h, hm, m->mtp[0].chain_normed, lg) == 0);
         double e1 = golden_rel_err(lg, want->data, (size_t)(n - 1) * V);
         CHECKF(e1 < tol, "%s prompt %d: MTP logits %.3g from the reference", name, i, e1);
         /* chained: index n-2 fusing the module's own output at n-3 */
         memcpy(h + (size_t)(n - 2) * D, hm + (size_t)(n - 3) * D, sizeof(float) * (size_t)D);
-        CHECK(run(em, tok + 1, n - 1, h, NULL, lg) == 0);
+        CHECK(run(em, tok + 1, n - 1, h, NULL, false, lg) == 0);
         memcpy(one, lg + (size_t)(n - 2) * V, sizeof(float) * (size_t)V);
         double e2 = golden_rel_err(one, chain->data, (size_t)V);
         CHECKF(e2 < tol, "%s prompt %d: chained MTP logits %.3g from the reference", name, i, e2);
@@ -189,7 +195,7 @@ static void check_drafter(const char *tests)
     CHECK(ef && drafter_create_mtp(m, engine_get_params(et), 3, &dr, err, sizeof err) == 0);
     if (!ef || !dr) goto out;
     CHECK(drafter_is_mtp(dr));
-    CHECK(run(et, tok, N, NULL, h, lg) == 0);
+    CHECK(run(et, tok, N, NULL, h, true, lg) == 0);
     /* pieces: a prompt of 11 in chunks 5 + 6, then verifications keeping 1, 3, 1, 4, 2, ... */
     static const int pieces[] = {5, 6, 1, 3, 1, 4, 2, 1, 1, 3, 4, 2, 1, 3};
     struct drafter_seq seq;
@@ -211,13 +217,13 @@ static void check_drafter(const char *tests)
         if (jb.n_out < 2) continue;
         /* from scratch: indices 0..n-2, then index n-1 chained with the first draft */
         int n = n_total;
-        CHECK(run(ef, tok + 1, n - 1, h, hm, lg) == 0);
+        CHECK(run(ef, tok + 1, n - 1, h, hm, false, lg) == 0);
         int a0 = golden_argmax(lg + (size_t)(n - 2) * V, V);
         memcpy(hc, h, sizeof(float) * (size_t)(n - 1) * D);
         memcpy(hc + (size_t)(n - 1) * D, hm + (size_t)(n - 2) * D, sizeof(float) * (size_t)D);
         memcpy(tk, tok + 1, sizeof(int32_t) * (size_t)(n - 1));
         tk[n - 1] = out[0];
-        CHECK(run(ef, tk, n, hc, NULL, lg) == 0);
+        CHECK(run(ef, tk, n, hc, NULL, false, lg) == 0);
         int a1 = golden_argmax(lg + (size_t)(n - 1) * V, V);
         CHECKF(out[0] == a0 && out[1] == a1, "round at %d tokens: drafts %d %d, from scratch %d %d",
                n, out[0], out[1], a0, a1);
@@ -289,6 +295,11 @@ int main(int argc, char **argv)
     /* the bf16 checkpoints computed in f32 against transformers on the upcast weights */
     check_family(tests, "deepseek_v3_bf16", "_f32compute", 2e-5);
     check_family(tests, "glm4_moe_bf16", "_f32compute", 2e-5);
+    /* Qwen's layout (mtp.*, chained on its normed output) on the hybrids, against a float64
+     * reference */
+    check_family(tests, "qwen3_next", "", 2e-5);
+    check_family(tests, "qwen3_5_moe", "", 2e-5);
+    check_family(tests, "qwen3_next_bf16", "_f32compute", 2e-5);
     check_drafter(tests);
     check_missing(tests);
     return test_done("test_mtp");

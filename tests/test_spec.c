@@ -348,8 +348,8 @@ static void check_family(const char *tests, const char *fam, const struct model 
     model_free(m);
 }
 
-/* The checkpoint's MTP module (deepseek_v3, glm4_moe: random weights, so few of its drafts are
- * accepted; test_mtp checks what it drafts) through the scheduler: greedy output equal to
+/* The checkpoint's MTP module (deepseek_v3, glm4_moe, qwen3_next: random weights, so few of its
+ * drafts are accepted; test_mtp checks what it drafts) through the scheduler: greedy output equal to
  * speculation off at k = 1..4 in batches mixing speculating requests with others, with prefix
  * caching (the second pass starts from cached prefixes the module never saw: those sequences
  * do not draft, and nothing else changes) and under preemption. */
@@ -1106,6 +1106,7 @@ int main(int argc, char **argv)
         check_family(tests, families[i], mix);
     check_mtp(tests, "deepseek_v3");
     check_mtp(tests, "glm4_moe");
+    check_mtp(tests, "qwen3_next"); /* Qwen's layout on a hybrid: state rollbacks too */
     check_situations(tests, "mixtral");
     check_situations(tests, "deepseek_v3");
     check_situations(tests, "qwen3_next");

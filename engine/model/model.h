@@ -326,21 +326,25 @@ const char *model_dtype_name(enum model_dtype d);
 int model_quant_parse(const char *s, enum model_quant *out);
 const char *model_quant_name(enum model_quant q);
 
-/* One multi-token-prediction module (DeepSeek-V3's MTP, as DeepSeek-V3 and GLM-4.5+ publish it
- * under model.layers.{n_layer + i}.): from the main model's last hidden state h_i (before the
- * final norm) at position i and the embedding of the token at i + 1,
+/* One multi-token-prediction module: DeepSeek-V3's MTP as DeepSeek-V3 and GLM-4.5+ publish it
+ * under model.layers.{n_layer + i}. (enorm, hnorm, eh_proj, shared_head.norm/.head), or as
+ * Qwen3-Next and Qwen3.5 publish it under mtp. (pre_fc_norm_embedding, pre_fc_norm_hidden, fc,
+ * layers.{i}, norm; the model's lm_head). From the main model's last hidden state h_i at
+ * position i (after its final norm: what its LM head reads, and what vLLM and SGLang hand their
+ * MTP modules) and the embedding of the token at i + 1,
  *   x = eh_proj [enorm(embed(t_{i+1})) ; hnorm(h_i)]
  * runs one decoder block (attention of the model's kind at position i, then an MoE or dense
- * FFN) and its output, normed by head_norm and multiplied by head (the model's lm_head when the
- * checkpoint has none of its own), predicts t_{i+2}. Its output before head_norm stands in for
- * h_{i+1} when drafts are chained. */
+ * FFN) and its output, normed by head_norm and multiplied by head, predicts t_{i+2}. When drafts
+ * are chained, its output stands in for h_{i+1}: before head_norm (DeepSeek's layout) or after
+ * it (Qwen's, chain_normed), as vLLM chains them. */
 struct model_mtp {
     const float *enorm;          /* (d_model) */
     const float *hnorm;          /* (d_model) */
     const struct wmat *eh_proj;  /* (d_model, 2 d_model): embedding half first */
-    const float *head_norm;      /* (d_model) shared_head.norm */
-    const struct wmat *head;     /* (vocab, d_model) shared_head.head, or the model's lm_head */
+    const float *head_norm;      /* (d_model) */
+    const struct wmat *head;     /* (vocab, d_model) shared_head.head, or NULL: the lm_head */
     bool moe;                    /* the block's FFN is routed experts (else dense) */
+    bool chain_normed;           /* chained drafts read the output after head_norm */
     struct layer_w layer;
 };
 

@@ -379,6 +379,24 @@ static void plan_llama4_ffn(struct plan *p, struct layer_w *lw, const struct mod
              "down_proj");
 }
 
+/* Qwen3-Next and Qwen3.5 keep their MTP module under mtp. with names of their own. */
+static bool mtp_qwen_layout(const struct model_desc *d)
+{
+    return strcmp(d->model_type, "qwen3_next") == 0 || strncmp(d->model_type, "qwen3_5_moe", 11) == 0;
+}
+
+/* Qwen's MTP layers: how many mtp.layers.{i} the folder holds (their configs say it as
+ * num_nextn_predict_layers or mtp_num_hidden_layers, or not at all). */
+static int count_qwen_mtp(const struct st_archive *st)
+{
+    int n = 0;
+    char probe[64];
+    for (;; n++) {
+        snprintf(probe, sizeof probe, "mtp.layers.%d.input_layernorm.weight", n);
+        if (n >= 64 || !st_find(st, probe)) return n;
+    }
+}
+
 /* The MTP layers (model_desc.n_mtp_layers) sit at model.layers.n_layer.. and are never
  * planned, so their tensors stay unread in the mapping; this only counts them for the load
  * note, so that a log shows they were in the checkpoint and skipped on purpose. */
@@ -396,6 +414,16 @@ static void note_mtp_layers(struct model *m)
             sscanf(name + np + nl, "%d.", &l) == 1 && l >= d->n_layer &&
             l < d->n_layer + d->n_mtp_layers)
             n++;
+    }
+    if (mtp_qwen_layout(d)) {
+        for (int i = 0; i < st_count(m->st); i++)
+            n += strncmp(st_at(m->st, i)->name, "mtp.", 4) == 0;
+        if (n > 0)
+            snprintf(m->skip_note, sizeof m->skip_note,
+                     "skipped the MTP module (mtp.*, %d layer(s), %zu tensors): multi-token "
+                     "prediction is not used",
+                     d->n_mtp_layers, n);
+        return;
     }
     if (n > 0)
         snprintf(m->skip_note, sizeof m->skip_note,
@@ -517,8 +545,9 @@ static int plan_layer(struct plan *p, struct model *m, struct layer_w *lw, const
     return 0;
 }
 
-/* The MTP modules (model.layers.{n_layer + i}.): the fusion's norms and projection, the block
- * (MoE when the checkpoint has its router), the head's norm and, when present, its own head. */
+/* The MTP modules (model.layers.{n_layer + i}., or Qwen's mtp.): the fusion's norms and
+ * projection, the block (MoE when the checkpoint has its router), the head's norm and, when
+ * present, its own head. */
 static int plan_mtp(struct plan *p, struct model *m, const char *wname, char *err, size_t errlen)
 {
     const struct model_desc *d = &m->desc;
@@ -527,6 +556,19 @@ static int plan_mtp(struct plan *p, struct model *m, const char *wname, char *er
         struct model_mtp *mt = &m->mtp[i];
         int l = d->n_layer + i;
         char pre[96], probe[160];
+        if (mtp_qwen_layout(d)) { /* mtp.fc, mtp.pre_fc_norm_*, mtp.layers.i, mtp.norm */
+            snprintf(pre, sizeof pre, "mtp.layers.%d.", i);
+            plan_norm(p, &mt->enorm, D, "%spre_fc_norm_embedding.weight", "mtp.");
+            plan_norm(p, &mt->hnorm, D, "%spre_fc_norm_hidden.weight", "mtp.");
+            plan_mat(p, &mt->eh_proj, true, D, 2 * D, "%sfc.weight", "mtp.");
+            plan_norm(p, &mt->head_norm, D, "%snorm.weight", "mtp.");
+            mt->chain_normed = true;
+            snprintf(probe, sizeof probe, "%smlp.gate.weight", pre);
+            mt->moe = d->n_expert > 0 && st_find(m->st, probe) != NULL;
+            if (plan_layer(p, m, &mt->layer, pre, false, mt->moe, l, wname, err, errlen) != 0)
+                return -1;
+            continue;
+        }
         snprintf(pre, sizeof pre, "%s%s%d.", d->wprefix, d->wlayers, l);
         plan_norm(p, &mt->enorm, D, "%senorm.weight", pre);
         plan_norm(p, &mt->hnorm, D, "%shnorm.weight", pre);
@@ -1404,11 +1446,13 @@ int model_load(const char *dir, const struct model_load_opts *opts, struct model
         goto fail;
     }
     if (load_config(m, err, errlen) != 0) goto fail;
-    /* MTP modules only where they are asked for and the layout is one we bind (DeepSeek's,
-     * under model.layers.{n_layer + i}.; their presence is checked by the binding) */
+    if (st_open_dir(dir, &m->st, err, errlen) != 0) goto fail;
+    /* Qwen's MTP layers are counted in the folder; DeepSeek's and GLM's are as many as the
+     * config says (their presence is checked by the binding) */
+    if (mtp_qwen_layout(&m->desc)) m->desc.n_mtp_layers = count_qwen_mtp(m->st);
+    /* MTP modules only where they are asked for */
     if (opts->mtp && m->desc.n_mtp_layers > 0) m->n_mtp = m->desc.n_mtp_layers;
     if (alloc_arena(m, err, errlen) != 0) goto fail;
-    if (st_open_dir(dir, &m->st, err, errlen) != 0) goto fail;
     wname = join(dir, "model.safetensors.index.json");
     if (!wname) {
         ms_errf(err, errlen, "%s: out of memory", dir);

@@ -652,6 +652,15 @@ def save_checkpoint(model, tokenizer, out_dir, **save_kwargs):
     tokenizer.save_pretrained(out_dir, save_jinja_files=False)
 
 
+def eager_config(cfg):
+    """The model's config with the eager attention and experts of IMPL (the references' own:
+    float64 runs need them)."""
+    cfg = copy.deepcopy(cfg)
+    cfg._attn_implementation = IMPL["attn_implementation"]
+    cfg._experts_implementation = IMPL["experts_implementation"]
+    return cfg
+
+
 class MtpModule(torch.nn.Module):
     """One multi-token-prediction module as DeepSeek-V3 and GLM publish it (there is no class for
     it in transformers): enorm, hnorm, eh_proj (2 hidden -> hidden, embedding half first, as
@@ -660,7 +669,7 @@ class MtpModule(torch.nn.Module):
 
     def __init__(self, model):
         super().__init__()
-        cfg = model.config
+        cfg = eager_config(model.config)
         self.config = cfg
         D, V = cfg.hidden_size, cfg.vocab_size
         norm_cls = type(model.model.norm)
@@ -680,11 +689,43 @@ class MtpModule(torch.nn.Module):
         return out
 
 
+class QwenMtpModule(torch.nn.Module):
+    """Qwen3-Next's and Qwen3.5's MTP module as they publish it under mtp. (no class for it in
+    transformers either): pre_fc_norm_embedding, pre_fc_norm_hidden, fc (embedding half first),
+    layers.0 (a full-attention decoder block of the model's own class) and norm, read by the
+    model's lm_head. Presented with MtpModule's names (enorm, hnorm, eh_proj, layer) so that
+    mtp_reference runs both; chained drafts read its normed output."""
+
+    def __init__(self, model):
+        super().__init__()
+        cfg = eager_config(model.config)
+        self.config = cfg
+        D = cfg.hidden_size
+        norm_cls = type(model.model.norm)
+        full = cfg.layer_types.index("full_attention")
+        self.layers = torch.nn.ModuleList([type(model.model.layers[0])(cfg, full)])
+        self.pre_fc_norm_embedding = norm_cls(D, eps=cfg.rms_norm_eps)
+        self.pre_fc_norm_hidden = norm_cls(D, eps=cfg.rms_norm_eps)
+        self.fc = torch.nn.Linear(2 * D, D, bias=False)
+        self.norm = norm_cls(D, eps=cfg.rms_norm_eps)
+        self.chain_normed = True
+
+    enorm = property(lambda self: self.pre_fc_norm_embedding)
+    hnorm = property(lambda self: self.pre_fc_norm_hidden)
+    eh_proj = property(lambda self: self.fc)
+    layer = property(lambda self: self.layers[0])
+
+    def tensors(self, prefix):
+        return {"mtp." + k: v.detach().clone().contiguous() for k, v in self.state_dict().items()}
+
+
 def make_mtp_module(model, seed):
-    mtp = MtpModule(model).eval()
+    qwen = model.config.model_type in ("qwen3_next", "qwen3_5_moe_text")
+    mtp = (QwenMtpModule(model) if qwen else MtpModule(model)).eval()
     make_weights_nondegenerate(mtp, seed)
-    with torch.no_grad():  # spread its logits as the main head's are
-        mtp.shared_head.head.weight.mul_(2.0)
+    if not qwen:
+        with torch.no_grad():  # spread its logits as the main head's are
+            mtp.shared_head.head.weight.mul_(2.0)
     return mtp
 
 
@@ -699,40 +740,46 @@ def add_mtp_layer(mtp, out_dir, dtype):
     pre = f"model.layers.{cfg.num_hidden_layers}."
     for k, v in mtp.tensors(pre).items():
         sd[k] = v.to(dtype) if v.is_floating_point() else v
-    sd[pre + "embed_tokens.weight"] = sd["model.embed_tokens.weight"].clone()
+    if not isinstance(mtp, QwenMtpModule):
+        sd[pre + "embed_tokens.weight"] = sd["model.embed_tokens.weight"].clone()
     save_file(dict(sorted(sd.items())), str(f), metadata={"format": "pt"})
 
 
 @torch.no_grad()
 def mtp_reference(model, mtp, ids):
-    """The module's logits at every index i = 0..n-2 (the main model's last-layer output h_i,
-    before its final norm, fused with the embedding of token i + 1; attention over indices
-    0..i at positions 0..i), and at index n-2 once more with h_{n-2} replaced by the module's
-    own output at n-3 (a chained draft)."""
+    """The module's logits at every index i = 0..n-2 (the main model's last hidden state h_i,
+    after its final norm as its LM head reads it, fused with the embedding of token i + 1;
+    attention over indices 0..i at positions 0..i), and at index n-2 once more with h_{n-2}
+    replaced by the module's own output at n-3 (a chained draft: before its head's norm,
+    DeepSeek's layout, or after it, Qwen's)."""
     x_ids = torch.tensor([ids], dtype=torch.long)
     cap = {}
     hook = model.model.layers[-1].register_forward_hook(
         lambda m, a, o: cap.__setitem__("h", o[0] if isinstance(o, tuple) else o))
     model(input_ids=x_ids)
     hook.remove()
-    h = cap["h"][0].float()
-    emb = model.model.embed_tokens(x_ids)[0].float()
+    h = model.model.norm(cap["h"][0])
+    emb = model.model.embed_tokens(x_ids)[0]
+    if isinstance(mtp, QwenMtpModule):
+        head_norm, head = mtp.norm, model.lm_head
+    else:
+        head_norm, head = mtp.shared_head.norm, mtp.shared_head.head
 
     def run(hid):
         x = mtp.eh_proj(torch.cat([mtp.enorm(emb[1:]), mtp.hnorm(hid)], -1))[None]
         L = x.shape[1]
         pos = torch.arange(L)[None]
         pe = model.model.rotary_emb(x, pos)
-        mask = torch.full((L, L), torch.finfo(x.dtype).min).triu(1)[None, None]
+        mask = torch.full((L, L), torch.finfo(x.dtype).min, dtype=x.dtype).triu(1)[None, None]
         y = mtp.layer(x, attention_mask=mask, position_ids=pos, position_embeddings=pe)
         y = (y[0] if isinstance(y, tuple) else y)[0]
-        return y, mtp.shared_head.head(mtp.shared_head.norm(y))
+        return y, head(head_norm(y))
 
     y, lg = run(h[:-1])
     hc = h[:-1].clone()
-    hc[-1] = y[-2]
+    hc[-1] = head_norm(y[-2]) if isinstance(mtp, QwenMtpModule) else y[-2]
     _, lgc = run(hc)
-    return lg.contiguous(), lgc[-1].contiguous()
+    return lg.float().contiguous(), lgc[-1].float().contiguous()
 
 
 def write_mtp_reference(model_dir, model, mtp, prompts, suffix=""):
@@ -741,6 +788,9 @@ def write_mtp_reference(model_dir, model, mtp, prompts, suffix=""):
     f = model_dir / "reference.safetensors"
     with safe_open(str(f), "pt") as sf:
         t = {k: sf.get_tensor(k) for k in sf.keys()}
+    if model.config.model_type in ("qwen3_next", "qwen3_5_moe_text"):
+        # as write_reference: transformers' chunked delta rule drifts in f32, so float64
+        model, mtp = copy.deepcopy(model).double(), copy.deepcopy(mtp).double()
     for i, ids in enumerate(prompts):
         if len(ids) < 3:  # a chained index needs two before it
             continue
@@ -1159,7 +1209,9 @@ def build(out_root, data_path, write_md, only=None):
         d32 = out_root / name
         save_checkpoint(model, tokenizer, d32)
         mtp = (make_mtp_module(model, SEED + 200)
-               if getattr(cfg, "num_nextn_predict_layers", 0) else None)
+               if getattr(cfg, "num_nextn_predict_layers", 0) or name in ("qwen3_next",
+                                                                           "qwen3_5_moe")
+               else None)
         if mtp is not None:
             add_mtp_layer(mtp, d32, torch.float32)
         m32 = load(d32, torch.float32)

@@ -2,7 +2,7 @@
 unknown method, k out of 1..8, bad JSON, unknown fields, a draft model with another tokenizer,
 and mtp on checkpoints without MTP layers, with a family whose module is not read yet, and
 with the layers announced but missing; the checkpoint's MTP module drafting (deepseek_v3,
-glm4_moe fixtures) with greedy text equal to no speculation; on the bundled model with n-gram lookup
+glm4_moe, qwen3_next fixtures) with greedy text equal to no speculation; on the bundled model with n-gram lookup
 (and with a draft model), greedy completions equal those of a server without speculation and
 of `speculative: false`, the spec_decode counters move in /metrics and /v1/moe/stats, and a
 `speculative` of the wrong type is a 400 in each API's own error shape (OpenAI's param on
@@ -52,11 +52,11 @@ class BadConfigTest(unittest.TestCase):
             rc, out = start_fails(fixture, config)
             self.assertEqual(rc, 2, (config, out))
             self.assertIn(want, out, config)
-        # Qwen3-Next's MTP module (mtp.*) is not read yet: named as not built for the family
-        rc, out = start_fails(srvtest.fixture_model("qwen3_next"),
-                              '{"method": "qwen3_next_mtp", "num_speculative_tokens": 1}')
+        # MiniMax-M2's MTP modules are not read yet: named as not built for the family
+        rc, out = start_fails(srvtest.fixture_model("minimax_m2"),
+                              '{"method": "mtp", "num_speculative_tokens": 1}')
         self.assertEqual(rc, 2, out)
-        self.assertIn("method: mtp is not built yet for qwen3_next", out)
+        self.assertIn("method: mtp is not built yet for minimax_m2", out)
         # a config that announces an MTP layer whose tensors the folder lacks: the load names
         # the first missing one
         rc, out = start_fails(srvtest.fixture_model("kimi_k25"),
@@ -70,15 +70,14 @@ class MtpServerTest(unittest.TestCase):
     """The checkpoint's MTP module (DeepSeek-V3's layout, the deepseek_v3 and glm4_moe fixtures)
     drafting for a server: greedy text equal to a server without speculation, drafts counted."""
 
-    def check(self, fixture, method):
+    def check(self, fixture, method, where="layer 3, MoE FFN, its own head"):
         model = srvtest.fixture_model(fixture)
         config = '{"method": "%s", "num_speculative_tokens": 3, "adaptive": false}' % method
         body = dict(model="m", prompt="the king and the queen", max_tokens=24, temperature=0,
                     ignore_eos=True)
         with srvtest.Server(model=model, name="m") as plain, \
                 srvtest.Server("--speculative-config", config, model=model, name="m") as spec:
-            self.assertIn("the checkpoint's MTP module (layer 3, MoE FFN, its own head)",
-                          spec.output())
+            self.assertIn("the checkpoint's MTP module (%s)" % where, spec.output())
             st, _, a = srvtest.post_json(plain.port, "/v1/completions", body)
             self.assertEqual(st, 200, a)
             st, _, b = srvtest.post_json(spec.port, "/v1/completions", body)
@@ -92,6 +91,9 @@ class MtpServerTest(unittest.TestCase):
 
     def test_glm4_moe(self):
         self.check("glm4_moe", "glm4_moe_mtp")
+
+    def test_qwen3_next(self):  # Qwen's layout (mtp.*) on a hybrid model
+        self.check("qwen3_next", "qwen3_next_mtp", "mtp.layers.0, MoE FFN")
 
 
 class SpecServerTest(unittest.TestCase):

@@ -13,7 +13,8 @@ What it does:
      at each of --depths (-p 0 -d ...);
   4. moeserve: build/bench_engine --prompt-len P --decode N for each prompt length and depth,
      with --dtype float32|bfloat16 or --quantization int8|int4 for the type and --threads
-     THREADS (prefill of P, decode at depth 0 and at depth P);
+     THREADS (prefill of P, decode at depth 0 and at depth P, and attention's share of
+     that decode: bench_engine's profiled pass);
   5. bench/bench_server.py at concurrency 1,8,32 (128 tokens per request) against llama-server
      (started here: -t/-tb THREADS, -np 32 slots, continuous batching) and against moeserve serve
      (bench_server.py --binary, same --dtype/--quantization/--threads flags);
@@ -246,6 +247,10 @@ def moeserve_micro(args, hf, flags):
                 res["tg0"] = max(res.get("tg0", 0.0), nums[3])
                 if p in args.depths:
                     res["tg%d" % p] = nums[4]
+                    try:  # attention's share of that decode (bench_engine's last column)
+                        res["attn%d" % p] = float(f[10].rstrip("%"))
+                    except (IndexError, ValueError):
+                        pass
                 break
         else:
             return {"error": "no result row in bench_engine's output"}
@@ -375,7 +380,9 @@ def same_model_check(args, hf, server):
 def micro_metrics(args):
     return ([("pp%d" % p, "prefill pp%d, tok/s" % p, True) for p in args.prompt_lens] +
             [("tg%d" % d, "decode tg%d @ depth %d, tok/s" % (args.decode, d), True)
-             for d in args.depths])
+             for d in args.depths] +
+            [("attn%d" % d, "attention's share of moeserve's decode @ depth %d, %%" % d, False)
+             for d in args.depths if d > 0])
 
 
 def ttft_metrics(args):

@@ -641,6 +641,7 @@ def main():
     args.types = labels  # what table(), save_json() and --from-json go by
     results = {lb: {"llama": {}, "moeserve": {}, "moeserve_mode": ""} for lb in labels}
     done_micro, done_server = {}, {}  # moeserve runs by flags: types that map alike run once
+    done_llama = {}
 
     if not args.skip_server:  # make_ggufs always makes the F32 file, the others' source
         srv = LlamaServer(args, os.path.join(args.work, "gguf", "model-F32.gguf"), "check")
@@ -664,7 +665,10 @@ def main():
                                                                                        slabel)
         tag = lb.replace(" ", "").replace(",", "-").replace("/", "-")
         if not args.skip_micro:
-            r["llama"].update(llama_micro(args, ggufs[t], kv))
+            lkey = (t, None if kv is None else kv[1])  # llama.cpp runs alike for pairs that
+            if lkey not in done_llama:                  # share its cache type run once
+                done_llama[lkey] = llama_micro(args, ggufs[t], kv)
+            r["llama"].update(done_llama[lkey])
             if eflags is not None:
                 key = tuple(eflags)
                 if key not in done_micro:

@@ -271,6 +271,33 @@ static const float *mtp_hidden(const struct drafter *d, const struct drafter_fee
     return NULL;
 }
 
+/* The module's prefix-cache namespace for a sequence: the target's key and token 0. */
+static uint64_t mtp_key(uint64_t key, const int32_t *tokens)
+{
+    return kv_block_hash(UINT64_C(0x6d74702d6b657973), key, tokens, 1);
+}
+
+int drafter_mtp_take(struct drafter *d, struct drafter_seq *s, uint64_t key,
+                     const int32_t *tokens, int max_idx)
+{
+    if (!d->mtp || max_idx <= 0) return 0;
+    if (mtp_seq_init(d, s) != 0) return -1;
+    if (s->n_computed > 0 || s->lost) return 0;
+    struct kv_cache *kv = engine_kv(d->e);
+    uint64_t k = mtp_key(key, tokens);
+    int n = kv_seq_match(kv, &s->kv, k, tokens + 1, max_idx / kv->block_size) * kv->block_size;
+    n += kv_seq_match_tail(kv, &s->kv, k, tokens + 1, max_idx);
+    s->n_computed = n;
+    return n;
+}
+
+void drafter_mtp_keep_tail(struct drafter *d, struct drafter_seq *s, uint64_t key,
+                           const int32_t *tokens)
+{
+    if (!d->mtp || !s->init || s->lost || s->n_computed <= 0) return;
+    kv_seq_keep_tail(engine_kv(d->e), &s->kv, mtp_key(key, tokens), tokens + 1, s->n_computed);
+}
+
 int drafter_mtp_feed(struct drafter *d, struct drafter_feed *feeds, int n_feeds, char *err,
                      size_t errlen)
 {
@@ -321,11 +348,14 @@ int drafter_mtp_feed(struct drafter *d, struct drafter_feed *feeds, int n_feeds,
         }
         for (int i = 0; i < n; i++) d->item_feed[i]->seq->n_computed += d->items[i].n_tokens;
     }
-    /* keep each sequence's last hidden state for its next round */
+    /* keep each sequence's last hidden state for its next round; register its full blocks */
     for (int j = 0; j < n_feeds && rc == 0; j++) {
         struct drafter_feed *f = &feeds[j];
         struct drafter_seq *s = f->seq;
         if (s->lost || f->n_valid <= 0) continue;
+        if (f->cache)
+            kv_seq_register(engine_kv(d->e), &s->kv, mtp_key(f->key, f->tokens), f->tokens + 1,
+                            s->n_computed);
         int last = f->pos + f->n_valid - 1;
         if (s->n_computed != last) continue; /* not caught up: nothing to keep */
         memcpy(s->pend, f->hidden + (size_t)(f->n_valid - 1) * D, sizeof(float) * D);

@@ -76,6 +76,9 @@ struct drafter_feed {
     int pos;
     int n_valid;
     const float *hidden;
+    bool cache;   /* register the module's full blocks for prefix caching under key (the
+                     target's cache key for this sequence) */
+    uint64_t key;
 };
 
 /* MTP drafters: computes each fed sequence's module K/V from where it is up to the index
@@ -85,6 +88,19 @@ struct drafter_feed {
 int drafter_mtp_feed(struct drafter *d, struct drafter_feed *feeds, int n_feeds, char *err,
                      size_t errlen);
 bool drafter_is_mtp(const struct drafter *d);
+
+/* MTP prefix caching. Index i of the module's K/V is a function of the target's h_i (tokens
+ * [0, i]) and token i + 1, so the module's blocks are cached over tokens + 1 under the target's
+ * key mixed with token 0: the same prefix of the same request shape finds them. For a sequence
+ * whose module holds nothing yet: takes the module's longest cached prefix of indices
+ * [0, max_idx) (full blocks, then a cached tail) and returns the indices now valid (0 for
+ * other drafters; -1 when out of memory). */
+int drafter_mtp_take(struct drafter *d, struct drafter_seq *s, uint64_t key,
+                     const int32_t *tokens, int max_idx);
+/* Before drafter_seq_release of a sequence that ends or is preempted normally: keeps the
+ * module's partly filled last block cached (kv_seq_keep_tail), as the target's is. */
+void drafter_mtp_keep_tail(struct drafter *d, struct drafter_seq *s, uint64_t key,
+                           const int32_t *tokens);
 
 /* Whether jobs may draft by sampling (the distributions fit their bound). */
 bool drafter_samples(const struct drafter *d);

@@ -440,6 +440,23 @@ int kv_seq_match(struct kv_cache *kv, struct kv_seq *s, uint64_t key, const int3
     return n;
 }
 
+int kv_prefix_count(const struct kv_cache *kv, uint64_t key, const int32_t *tokens, int max_blocks)
+{
+    int bs = kv->block_size;
+    uint64_t h = KV_HASH_ROOT;
+    int32_t parent = -1;
+    int n = 0;
+    while (n < max_blocks) {
+        const int32_t *t = tokens + (size_t)n * bs;
+        h = kv_block_hash(h, key, t, bs);
+        int32_t b = kv_prefix_lookup(kv, parent, key, h, t);
+        if (b < 0) break;
+        parent = b;
+        n++;
+    }
+    return n;
+}
+
 void kv_seq_register(struct kv_cache *kv, struct kv_seq *s, uint64_t key, const int32_t *tokens,
                      int n_computed)
 {

@@ -193,6 +193,9 @@ int32_t kv_prefix_lookup(const struct kv_cache *kv, int32_t parent, uint64_t key
 int kv_seq_match(struct kv_cache *kv, struct kv_seq *s, uint64_t key, const int32_t *tokens,
                  int max_blocks);
 
+/* The blocks kv_seq_match would take for tokens[0, max_blocks*block_size), taking none. */
+int kv_prefix_count(const struct kv_cache *kv, uint64_t key, const int32_t *tokens, int max_blocks);
+
 /* Registers the sequence's full blocks whose positions [0, n_computed) hold computed K/V
  * (tokens: (n_computed) ids at those positions). Blocks already registered are skipped; a block
  * whose content another registered block already holds stays unregistered (it is freed normally

@@ -441,7 +441,11 @@ static uint64_t cache_key(const struct sched *s, const struct sched_req *r);
 
 static void retire(struct sched *s, struct sched_req *r, enum sched_finish why, const char *msg)
 {
-    if (s->drafter) drafter_seq_release(s->drafter, &r->dseq);
+    if (s->drafter) {
+        if (s->prefix_caching && why != SCHED_FINISH_ERROR)
+            drafter_mtp_keep_tail(s->drafter, &r->dseq, cache_key(s, r), r->tokens);
+        drafter_seq_release(s->drafter, &r->dseq);
+    }
     if (r->kv_init) {
         /* its partly filled last block stays cached for a prompt that repeats this one */
         if (s->prefix_caching && why != SCHED_FINISH_ERROR)
@@ -729,7 +733,11 @@ static void preempt(struct sched *s, int i)
 {
     struct sched_req *r = s->running[i];
     running_remove(s, i);
-    if (s->drafter) drafter_seq_release(s->drafter, &r->dseq);
+    if (s->drafter) {
+        if (s->prefix_caching)
+            drafter_mtp_keep_tail(s->drafter, &r->dseq, cache_key(s, r), r->tokens);
+        drafter_seq_release(s->drafter, &r->dseq);
+    }
     r->spec_n = 0;
     if (r->kv_init) {
         if (s->prefix_caching)
@@ -1031,17 +1039,32 @@ static void finish_running(struct sched *s, struct sched_req *r, enum sched_fini
 static int take_cached_prefix(struct sched *s, struct sched_req *r)
 {
     struct kv_cache *kv = engine_kv(s->e);
-    int max_blocks = (r->n_total - 1) / kv->block_size;
+    uint64_t key = cache_key(s, r);
+    int bs = kv->block_size;
+    int max_blocks = (r->n_total - 1) / bs;
     /* Computing position p gives token p+1's logprob: cached positions must all precede the
      * first token whose logprob is still missing. */
-    if (prompt_lps_pending(r) && max_blocks > (r->out.n_prompt_lps - 1) / kv->block_size)
-        max_blocks = (r->out.n_prompt_lps - 1) / kv->block_size;
-    int n = kv_seq_match(kv, &r->kv, cache_key(s, r), r->tokens, max_blocks);
-    r->n_computed = n * kv->block_size;
-    /* then the longest common prefix with a cached block nobody holds (token granular) */
+    if (prompt_lps_pending(r) && max_blocks > (r->out.n_prompt_lps - 1) / bs)
+        max_blocks = (r->out.n_prompt_lps - 1) / bs;
     int limit = r->n_total - 1;
     if (prompt_lps_pending(r) && limit > r->out.n_prompt_lps - 1) limit = r->out.n_prompt_lps - 1;
-    r->n_computed += kv_seq_match_tail(kv, &r->kv, cache_key(s, r), r->tokens, limit);
+    /* MTP drafting needs the module's K/V at every position the target takes from the cache
+     * (no hidden states come for those): the module's cached prefix is taken first and the
+     * target's kept within it when that recomputes at most one block more; otherwise the
+     * target takes all it can and this sequence's module, missing states, drafts no more. */
+    if (s->mtp && r->p.speculative) {
+        int m = drafter_mtp_take(s->drafter, &r->dseq, key, r->tokens, limit);
+        if (m >= 0 && m / bs >= kv_prefix_count(kv, key, r->tokens, max_blocks) - 1) {
+            if (max_blocks > m / bs) max_blocks = m / bs;
+            if (limit > m) limit = m;
+        } else {
+            drafter_seq_release(s->drafter, &r->dseq); /* holds nothing it can use */
+        }
+    }
+    int n = kv_seq_match(kv, &r->kv, key, r->tokens, max_blocks);
+    r->n_computed = n * bs;
+    /* then the longest common prefix with a cached block nobody holds (token granular) */
+    r->n_computed += kv_seq_match_tail(kv, &r->kv, key, r->tokens, limit);
     return r->n_computed;
 }
 
@@ -1133,6 +1156,7 @@ static int plan(struct sched *s)
                 free_blocks += kv_free_blocks(kv) - before;
                 r->n_computed = 0;
             }
+            if (s->drafter) drafter_seq_release(s->drafter, &r->dseq); /* MTP blocks taken */
             break;
         }
         if (looked) {
@@ -1245,7 +1269,9 @@ int sched_step(struct sched *s)
             s->feeds[n_feeds++] = (struct drafter_feed){.seq = &r->dseq, .tokens = r->tokens,
                                                         .n_total = r->n_total, .pos = it->pos,
                                                         .n_valid = r->n_computed - it->pos,
-                                                        .hidden = it->hidden_out};
+                                                        .hidden = it->hidden_out,
+                                                        .cache = s->prefix_caching,
+                                                        .key = cache_key(s, r)};
         }
     }
     if (n_feeds > 0 && drafter_mtp_feed(s->drafter, s->feeds, n_feeds, err, sizeof err) != 0)

@@ -94,7 +94,10 @@ static void test_hit_refcount_accounting(void)
     CHECK(kv_free_blocks(&kv) == NB);
     CHECK(kv.n_free == NB - 2);
 
-    /* a new sequence with the same prefix and more hits both, taking them off the LRU list */
+    /* counting takes nothing; a new sequence with the same prefix and more hits both,
+     * taking them off the LRU list */
+    CHECK(kv_prefix_count(&kv, 0, t, 5) == 2 && kv_prefix_count(&kv, 0, t, 1) == 1);
+    CHECK(kv_prefix_count(&kv, 3, t, 5) == 0 && kv_cached_blocks(&kv) == 2);
     CHECK(kv_seq_match(&kv, &c, 0, t, 5) == 2);
     CHECK(c.blocks[0] == a0 && c.blocks[1] == a1);
     CHECK(kv_cached_blocks(&kv) == 0 && kv_free_blocks(&kv) == NB - 2);

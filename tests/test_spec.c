@@ -351,8 +351,8 @@ static void check_family(const char *tests, const char *fam, const struct model 
 /* The checkpoint's MTP module (deepseek_v3, glm4_moe, qwen3_next: random weights, so few of its
  * drafts are accepted; test_mtp checks what it drafts) through the scheduler: greedy output equal to
  * speculation off at k = 1..4 in batches mixing speculating requests with others, with prefix
- * caching (the second pass starts from cached prefixes the module never saw: those sequences
- * do not draft, and nothing else changes) and under preemption. */
+ * caching (the second pass starts from cached prefixes, the module's K/V among them, and keeps
+ * drafting) and under preemption. */
 static size_t kv_bytes_for(const struct model *m, int blocks);
 
 static void check_mtp(const char *tests, const char *fam)
@@ -382,9 +382,19 @@ static void check_mtp(const char *tests, const char *fam)
         check_run(fam, what, m, &rn, ref, &st);
         CHECKF(st.spec_draft_tokens > 0, "%s %s: no drafts", fam, what);
     }
-    struct run pc = {.prop = PROP_MTP, .k = 2, .spec_mask = 0xffu, .prefix_caching = true,
-                     .passes = 2};
+    struct run pc1 = {.prop = PROP_MTP, .k = 2, .spec_mask = 0xffu, .prefix_caching = true,
+                      .passes = 1};
+    check_run(fam, "mtp k=2 prefix caching, 1 pass", m, &pc1, ref, &st);
+    uint64_t one_pass = st.spec_draft_tokens;
+    struct run pc = pc1;
+    pc.passes = 2;
     check_run(fam, "mtp k=2 prefix caching, 2 passes", m, &pc, ref, &st);
+    /* the second pass starts from the first's cached blocks, the module's among them: its
+     * sequences keep drafting (without the module's cache they could not draft at all).
+     * Hybrids cache no prefixes (their state is not per block): both passes draft alike. */
+    CHECKF(m->desc.n_linear > 0 || st.prefix_cache_hits > 0, "%s: no prefix hit", fam);
+    CHECKF(st.spec_draft_tokens > one_pass * 3 / 2, "%s: 2 passes drafted %llu tokens, 1 pass %llu",
+           fam, (unsigned long long)st.spec_draft_tokens, (unsigned long long)one_pass);
     uint64_t preemptions = 0;
     static const int pool_blocks[] = {24, 32, 40};
     for (size_t b = 0; b < sizeof pool_blocks / sizeof pool_blocks[0]; b++) {

@@ -21,8 +21,10 @@
  * per loss tercile: the loss a smaller budget costs and the work it saves; --moe-samples-adaptive
  * makes K an average spent by the router's uncertainty (a model calibrated by
  * tools/train/calibrate.py), to compare with a fixed K at equal work and to see whether the
- * hard tokens get the samples.
+ * hard tokens get the samples. --ablate GROUPS.json:IDS removes the members of coarse groups of
+ * `moeserve analyze` from routing (bench/collab_ablation.py: which domain each group serves).
  */
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -68,11 +70,61 @@ static int cmp_float(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* --ablate GROUPS.json:IDS: the (layer, expert) members of the listed coarse groups of a
+ * `moeserve analyze` file are never routed to (model.ablated). Returns the pairs removed, or
+ * -1 after a message. */
+static int ablate(struct model *m, const char *spec)
+{
+    const char *colon = strrchr(spec, ':');
+    if (!colon || colon == spec || !colon[1]) {
+        fprintf(stderr, "mohge_eval: --ablate takes GROUPS.json:ID[,ID...]\n");
+        return -1;
+    }
+    char path[4096];
+    snprintf(path, sizeof path, "%.*s", (int)(colon - spec), spec);
+    json_error_t je;
+    json_t *root = json_load_file(path, 0, &je);
+    json_t *groups = json_object_get(json_array_get(json_object_get(root, "levels"), 0), "groups");
+    int E = m->desc.n_expert, L = m->desc.n_layer, n = 0;
+    if (!json_is_array(groups) || json_integer_value(json_object_get(root, "n_expert")) != E) {
+        fprintf(stderr, "mohge_eval: --ablate %s: not a GROUPS.json of this model\n", path);
+        json_decref(root);
+        return -1;
+    }
+    if (!m->ablated && !(m->ablated = calloc((size_t)L * (size_t)E, 1))) {
+        json_decref(root);
+        return -1;
+    }
+    for (const char *p = colon + 1; *p;) {
+        char *end;
+        long id = strtol(p, &end, 10);
+        json_t *g = end != p && id >= 0 ? json_array_get(groups, (size_t)id) : NULL;
+        if (!g || (*end && *end != ',')) {
+            fprintf(stderr, "mohge_eval: --ablate %s: no group '%s'\n", path, p);
+            json_decref(root);
+            return -1;
+        }
+        size_t i;
+        json_t *mb;
+        json_array_foreach(json_object_get(g, "members"), i, mb)
+        {
+            json_int_t l = json_integer_value(json_object_get(mb, "layer")),
+                       e = json_integer_value(json_object_get(mb, "expert"));
+            if (l < 0 || l >= L || e < 0 || e >= E) continue;
+            n += !m->ablated[l * E + e];
+            m->ablated[l * E + e] = 1;
+        }
+        p = *end ? end + 1 : end;
+    }
+    json_decref(root);
+    return n;
+}
+
 static void usage(void)
 {
     fprintf(stderr, "usage: mohge_eval --model DIR [--window N] [--max-tokens N] [--devices N] "
                     "[--moe-top-k K] [--moe-samples K] [--moe-samples-adaptive] "
-                    "[--moe-neuron-fraction F] "
+                    "[--moe-neuron-fraction F] [--ablate GROUPS.json:ID[,ID...]] "
                     "[--dtype auto|bfloat16|float32] "
                     "[--quantization none|int8|int4] [--kv-cache-dtype T] NAME=FILE...\n");
 }
@@ -84,6 +136,7 @@ int main(int argc, char **argv)
     int kv_type = ENGINE_KV_AUTO;
     double moe_f = 0.0;
     bool moe_adaptive = false;
+    const char *ablate_spec = NULL;
     const char *dom_name[MAX_DOMAINS], *dom_file[MAX_DOMAINS];
     char dom_buf[MAX_DOMAINS][64];
     struct model_load_opts lo;
@@ -105,6 +158,8 @@ int main(int argc, char **argv)
             moe_adaptive = true; /* --moe-samples is then the average */
         } else if (strcmp(argv[i], "--moe-neuron-fraction") == 0 && i + 1 < argc) {
             moe_f = atof(argv[++i]);
+        } else if (strcmp(argv[i], "--ablate") == 0 && i + 1 < argc) {
+            ablate_spec = argv[++i];
         } else if (strcmp(argv[i], "--dtype") == 0 && i + 1 < argc) {
             if (model_dtype_parse(argv[++i], &lo.dtype) != 0) {
                 fprintf(stderr, "mohge_eval: --dtype must be auto, bfloat16 or float32\n");
@@ -153,6 +208,15 @@ int main(int argc, char **argv)
     const struct model_desc *md = &m->desc;
     int V = md->vocab, E = md->n_expert, L = md->n_layer;
     bool cont = md->ffn == FFN_KIND_CONTINUOUS;
+    if (ablate_spec) {
+        if (E == 0 || devices != 1) {
+            fprintf(stderr, "mohge_eval: --ablate needs routed experts and one device\n");
+            goto fail;
+        }
+        int n_abl = ablate(m, ablate_spec);
+        if (n_abl < 0) goto fail;
+        printf("ablated: %d (layer, expert) pairs never routed to (%s)\n", n_abl, ablate_spec);
+    }
     if (moe_adaptive && (!cont || md->cont_n_quant == 0)) {
         fprintf(stderr, "mohge_eval: --moe-samples-adaptive needs an infmoe model with an "
                         "adaptive_logvar_quantiles calibration (tools/train/calibrate.py)\n");

@@ -145,6 +145,27 @@ void moe_route_desc(const struct model_desc *md, struct be_route *r)
     r->scale = md->routed_scale;
 }
 
+/* model.ablated: the removed experts' logits (and fully removed MoHGE groups') to -inf. */
+static void ablate_logits(const struct model *m, int layer, float *logits, float *glog, int n)
+{
+    const struct model_desc *md = &m->desc;
+    int E = md->n_expert, G = md->n_group;
+    const uint8_t *off = m->ablated + (size_t)layer * E;
+    for (int e = 0; e < E; e++) {
+        if (!off[e]) continue;
+        for (int t = 0; t < n; t++)
+            logits[(size_t)t * E + e] = -INFINITY;
+    }
+    if (md->router != ROUTER_KIND_MOHGE || G <= 0) return;
+    for (int g = 0; g < G; g++) {
+        bool all = true;
+        for (int e = 0; e < E && all; e++)
+            if (md->expert_group[e] == g && !off[e]) all = false;
+        for (int t = 0; all && t < n; t++)
+            glog[(size_t)t * G + g] = -INFINITY;
+    }
+}
+
 void moe_route(const struct model *m, int layer, struct backend *be, const float *h, int n,
                const int32_t *tok_k, float *logits, int32_t *top_idx, float *top_w)
 {
@@ -159,6 +180,7 @@ void moe_route(const struct model *m, int layer, struct backend *be, const float
     if (r.kind == BE_ROUTE_MOHGE)
         be->ops->matmul(be, glog, h, m->layers[layer].group_router, NULL, n, md->d_model,
                         md->n_group);
+    if (m->ablated && be->ops->host_memory) ablate_logits(m, layer, logits, glog, n);
     be->ops->route(be, top_idx, top_w, logits, glog, tok_k, n, &r);
 }
 

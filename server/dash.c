@@ -26,8 +26,9 @@
 
 struct dash_group {
     int n;
-    int *feat;     /* (n) l * E + e */
-    float *weight; /* (n) */
+    int *feat;       /* (n) l * E + e */
+    float *weight;   /* (n) */
+    char label[160]; /* what distinguishes its tokens (GROUPS.json "label"), "" when absent */
 };
 
 struct dash {
@@ -97,6 +98,8 @@ static int load_groups(struct dash *d, const char *path, char *err, size_t errle
         json_t *members = json_object_get(g, "members");
         size_t n = json_array_size(members);
         struct dash_group *dg = &d->groups[d->n_groups++];
+        const char *label = json_string_value(json_object_get(g, "label"));
+        snprintf(dg->label, sizeof dg->label, "%s", label ? label : "");
         dg->feat = malloc(sizeof(int) * (n ? n : 1));
         dg->weight = malloc(sizeof(float) * (n ? n : 1));
         if (!dg->feat || !dg->weight) {
@@ -459,8 +462,9 @@ static json_t *collab_json(struct dash *d, const uint64_t *expert_rows)
                             json_real(tag_used[(size_t)g * DASH_MAX_TAGS + t] / tag_n[t]));
                 json_array_append_new(
                     jg,
-                    json_pack("{s:i, s:i, s:f, s:f, s:o}", "id", g, "members", d->groups[g].n,
-                              "usage", x.n_row ? sum[g] / (double)x.n_row : 0.0, "share",
+                    json_pack("{s:i, s:i, s:s, s:f, s:f, s:o}", "id", g, "members",
+                              d->groups[g].n, "label", d->groups[g].label, "usage",
+                              x.n_row ? sum[g] / (double)x.n_row : 0.0, "share",
                               x.n_row ? used[g] / (double)x.n_row : 0.0, "share_by_tag", by_tag));
             }
         }

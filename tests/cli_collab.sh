@@ -88,6 +88,25 @@ for c in coarse:
     assert c["members"] and c["top_tokens"] and all("text" in t for t in c["top_tokens"])
     for m in c["members"]:
         assert 0 <= m["expert"] < 16 and 0 <= m["layer"] < 4
+# token classes: shares sum to 1, base rates are the same for every group and sum to 1, lift is
+# their ratio; the group arithmetic uses most prefers digits, the JSON one JSON syntax, and the
+# labels say so
+classes = ["whitespace", "digits", "json_syntax", "punctuation", "capitalized", "lowercase",
+           "other"]
+for c in coarse + fine:
+    tc = c["token_classes"]
+    assert list(tc) == classes, list(tc)
+    assert abs(sum(v["share"] for v in tc.values()) - 1) < 1e-6
+    assert abs(sum(v["base"] for v in tc.values()) - 1) < 1e-6
+    assert all(v["base"] == coarse[0]["token_classes"][k]["base"] for k, v in tc.items())
+    for v in tc.values():
+        assert abs(v["lift"] - (v["share"] / v["base"] if v["base"] else 0)) < 1e-6
+    assert c["label"].split("; ")[0].endswith(" tokens"), c["label"]
+by_domain = {d: max(coarse, key=lambda c: c["share"][d]) for d in g["tags"]}
+for d, cls in (("arithmetic", "digits"), ("json", "json_syntax")):
+    tc = by_domain[d]["token_classes"]
+    assert max(tc, key=lambda k: tc[k]["lift"]) == cls, (d, tc)
+    assert tc[cls]["lift"] > 1.5 and cls in by_domain[d]["label"], by_domain[d]["label"]
 PYEOF
 
 # 3. Prune 50% by collab: the folder loads and generates; weights are the kept experts'.

@@ -385,6 +385,10 @@ struct model {
     char cache_note[640];    /* what the weight cache did ("" when not asked), for logs */
     char skip_note[160];     /* checkpoint layers skipped at load (MTP layers), or "": for
                                 logs */
+    /* Ablation (mohge_eval --ablate; NULL otherwise): (n_layer, n_expert), nonzero where the
+     * router may never pick that expert (its logit is -inf; a MoHGE group whose every expert is
+     * ablated in a layer gets a -inf group logit too). CPU backends only. malloc'd, owned. */
+    uint8_t *ablated;
 };
 
 struct model_load_opts {

@@ -1333,6 +1333,7 @@ void model_free(struct model *m)
     free(m->vectors);
     free(m->mats);
     free(m->arena);
+    free(m->ablated);
     model_desc_free(&m->desc);
     free(m);
 }

@@ -12,6 +12,7 @@
  * with routing capture on (the engine's capture_routing: the collector the traces use); its
  * tokens are tagged with the file's name up to the first dot. Exit status: 0, 1 on a runtime
  * failure, 2 on a bad flag or unusable calibration file. */
+#include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
 #include <jansson.h>
@@ -478,8 +479,95 @@ static void defaults(struct calib_opts *co, struct learn_opts *lo)
 
 /* --- analyze ----------------------------------------------------------------------------- */
 
+/* Token classes: a fixed rule set over a decoded token's text, the first rule that holds. */
+enum {
+    TC_WHITESPACE, /* spaces and line breaks only */
+    TC_DIGITS,     /* digits after optional leading spaces */
+    TC_JSON,       /* JSON syntax: only { } [ ] " : , (and spaces) */
+    TC_PUNCT,      /* other ASCII punctuation only */
+    TC_CAPITAL,    /* a word that starts with a capital letter */
+    TC_LOWER,      /* a word that starts with a lowercase letter */
+    TC_OTHER,      /* anything else (non-ASCII letters, mixed tokens) */
+    TC_N
+};
+static const char *const tc_name[TC_N] = {"whitespace", "digits",     "json_syntax", "punctuation",
+                                          "capitalized", "lowercase", "other"};
+#define LABEL_LIFT 1.5 /* classes at least this over their base rate name a group */
+
+static int token_class(const char *s)
+{
+    size_t n = strlen(s), i = 0;
+    while (i < n && isspace((unsigned char)s[i]))
+        i++;
+    if (n > 0 && i == n) return TC_WHITESPACE;
+    if (i == n) return TC_OTHER;
+    bool digits = true, json = true, punct = true;
+    for (size_t j = i; j < n; j++) {
+        unsigned char ch = (unsigned char)s[j];
+        if (isspace(ch)) continue;
+        digits = digits && isdigit(ch);
+        json = json && strchr("{}[]\":,", ch) != NULL;
+        punct = punct && ch < 128 && ispunct(ch);
+    }
+    if (digits) return TC_DIGITS;
+    if (json) return TC_JSON;
+    if (punct) return TC_PUNCT;
+    unsigned char f = (unsigned char)s[i];
+    if (f >= 'A' && f <= 'Z') return TC_CAPITAL;
+    if (f >= 'a' && f <= 'z') return TC_LOWER;
+    return TC_OTHER;
+}
+
+/* What tells a group's tokens apart: per token class, its share of the group's tokens (each
+ * weighted by its code) against the class's share of all tokens (the base rate) and their
+ * ratio (lift); and a label naming the tag that uses the group most and the classes at least
+ * LABEL_LIFT over their base rate, by lift. cls: (vocab) class per token id, -1 unknown. */
+static void group_classes(json_t *g, const struct calib *c, const float *codes, int K, int k,
+                          const signed char *cls, const double *base, const double *share,
+                          int vocab)
+{
+    const struct cdata *x = c->x;
+    double w[TC_N] = {0}, tot = 0.0, total_base = 0.0;
+    for (size_t r = 0; r < x->n_row; r++) {
+        float v = codes[r * K + k];
+        int32_t id = x->token[r];
+        if (v <= 0.0f || id < 0 || id >= vocab || cls[id] < 0) continue;
+        w[cls[id]] += v;
+        tot += v;
+    }
+    for (int t = 0; t < TC_N; t++)
+        total_base += base[t];
+    json_t *jc = json_object();
+    double lift[TC_N];
+    for (int t = 0; t < TC_N; t++) {
+        double sh = tot > 0 ? w[t] / tot : 0.0, b = total_base > 0 ? base[t] / total_base : 0.0;
+        lift[t] = b > 0 ? sh / b : 0.0;
+        json_object_set_new(jc, tc_name[t], json_pack("{s:f, s:f, s:f}", "share", sh, "base", b,
+                                                      "lift", lift[t]));
+    }
+    json_object_set_new(g, "token_classes", jc);
+    char label[256];
+    int top_tag = -1;
+    for (int t = 0; t < c->n_tags; t++)
+        if (top_tag < 0 || share[t] > share[top_tag]) top_tag = t;
+    int len = top_tag >= 0 ? snprintf(label, sizeof label, "%.0f%% of %s tokens",
+                                      100.0 * share[top_tag], c->tags[top_tag])
+                           : snprintf(label, sizeof label, "-");
+    bool taken[TC_N] = {false};
+    for (int n = 0; n < 3 && len < (int)sizeof label; n++) {
+        int best = -1;
+        for (int t = 0; t < TC_N; t++)
+            if (!taken[t] && lift[t] >= LABEL_LIFT && (best < 0 || lift[t] > lift[best])) best = t;
+        if (best < 0) break;
+        taken[best] = true;
+        len += snprintf(label + len, sizeof label - (size_t)len, "%s%s %.1fx", n ? ", " : "; ",
+                        tc_name[best], lift[best]);
+    }
+    json_object_set_new(g, "label", json_string(label));
+}
+
 static json_t *group_json(const struct calib *c, const struct cdict *d, int k, const float *codes,
-                          double *by_tok, int vocab)
+                          double *by_tok, int vocab, const signed char *cls, const double *base)
 {
     const struct cdata *x = c->x;
     int F = d->n_feat, K = d->n_atoms, E = x->n_expert;
@@ -531,6 +619,12 @@ static json_t *group_json(const struct calib *c, const struct cdict *d, int k, c
     }
     json_object_set_new(g, "usage", usage);
     json_object_set_new(g, "share", share);
+    if (cls) { /* decoded tokens: what distinguishes them */
+        double sh[MAX_TAGS];
+        for (int t = 0; t < c->n_tags; t++)
+            sh[t] = n[t] ? used[t] / n[t] : 0.0;
+        group_classes(g, c, codes, K, k, cls, base, sh, vocab);
+    }
     /* top tokens: highest mean code among token ids seen at least 3 times */
     json_t *top = json_array();
     for (int i = 0; i < TOP_TOKENS; i++) {
@@ -599,6 +693,8 @@ int cli_analyze(int argc, char **argv)
     struct cdict *fine = NULL, *coarse = NULL;
     float *codes = NULL, *ccodes = NULL;
     double *by_tok = NULL;
+    signed char *cls = NULL; /* (vocab) token classes, when tokens can be decoded */
+    double base[TC_N] = {0};  /* tokens of each class */
     json_t *root = NULL;
     int parent[4096];
     rc = 1;
@@ -612,6 +708,23 @@ int cli_analyze(int argc, char **argv)
     if (!ccodes || !by_tok) goto oom;
     double err_f = cdict_encode_all(fine, x, codes), err_c = cdict_encode_all(coarse, x, ccodes);
     if (err_f < 0 || err_c < 0) goto oom;
+    /* each seen token's class (decoded with the model's tokenizer) and the classes' base rate */
+    if (c.m && c.m->tok) {
+        cls = malloc((size_t)(vocab > 0 ? vocab : 1));
+        if (!cls) goto oom;
+        memset(cls, -1, (size_t)(vocab > 0 ? vocab : 1));
+        for (size_t r = 0; r < x->n_row; r++) {
+            int32_t id = x->token[r];
+            if (id < 0 || id >= vocab) continue;
+            if (cls[id] < 0) {
+                char text[256];
+                cls[id] = (signed char)(tok_decode(c.m->tok, &id, 1, false, text, sizeof text) >= 0
+                                            ? token_class(text)
+                                            : TC_OTHER);
+            }
+            base[cls[id]] += 1.0;
+        }
+    }
     root = json_object();
     json_object_set_new(root, "model", json_string(c.model_name));
     json_object_set_new(root, "n_layer", json_integer(x->n_layer));
@@ -636,7 +749,7 @@ int cli_analyze(int argc, char **argv)
     json_t *levels = json_array();
     json_t *cg = json_array(), *fg = json_array();
     for (int k = 0; k < coarse->n_atoms; k++) {
-        json_t *g = group_json(&c, coarse, k, ccodes, by_tok, vocab);
+        json_t *g = group_json(&c, coarse, k, ccodes, by_tok, vocab, cls, base);
         json_t *kids = json_array();
         for (int f = 0; f < fine->n_atoms; f++)
             if (parent[f] == k) json_array_append_new(kids, json_integer(f));
@@ -644,7 +757,7 @@ int cli_analyze(int argc, char **argv)
         json_array_append_new(cg, g);
     }
     for (int k = 0; k < fine->n_atoms; k++) {
-        json_t *g = group_json(&c, fine, k, codes, by_tok, vocab);
+        json_t *g = group_json(&c, fine, k, codes, by_tok, vocab, cls, base);
         json_object_set_new(g, "parent", json_integer(parent[k]));
         json_array_append_new(fg, g);
     }
@@ -692,6 +805,7 @@ out:
     free(codes);
     free(ccodes);
     free(by_tok);
+    free(cls);
     cdict_free(fine);
     cdict_free(coarse);
     calib_free(&c);

@@ -74,8 +74,10 @@ class CollabServerTest(unittest.TestCase):
         cls.groups = os.path.join(cls.tmp, "groups.json")
         trace = os.path.join(srvtest.tests_dir(), "fixtures", "routing",
                              "mohge_small_heldout.rtrace")
+        # with the model, the trace's tokens are decoded and the groups labelled
         p = subprocess.run([srvtest.binary(), "analyze", "--calib", trace, "--out", cls.groups,
-                            "--groups", "4"], capture_output=True, timeout=300)
+                            "--groups", "4", "--model", srvtest.bundled_model()],
+                           capture_output=True, timeout=300)
         assert p.returncode == 0, p.stderr.decode()
 
     @classmethod
@@ -152,8 +154,12 @@ class CollabServerTest(unittest.TestCase):
             self.assertEqual(set(by_tag), {"math", "verse", "untagged"})
             for tag in ("math", "verse"):
                 self.assertEqual(by_tag[tag], tagged[tag] - 2)
+            with open(self.groups) as f:
+                labels = [g["label"] for g in json.load(f)["levels"][0]["groups"]]
             for g in col["groups"]:
                 self.assertEqual(set(g["share_by_tag"]), set(by_tag))
+                self.assertEqual(g["label"], labels[g["id"]])
+                self.assertIn(" tokens", g["label"])
             for n in col["nodes"]:
                 self.assertIn(n["group"], range(4))
             # tags are bounded: 30 names, then "other"

@@ -42,7 +42,8 @@ class DashboardBrowserTest(unittest.TestCase):
             trace = os.path.join(srvtest.tests_dir(), "fixtures", "routing",
                                  "mohge_small_heldout.rtrace")
             p = subprocess.run([srvtest.binary(), "analyze", "--calib", trace, "--out", groups,
-                                "--groups", "4"], capture_output=True, timeout=300)
+                                "--groups", "4", "--model", srvtest.bundled_model()],
+                               capture_output=True, timeout=300)
             self.assertEqual(p.returncode, 0, p.stderr.decode())
             with srvtest.Server("--api-key", KEY, "--collab-groups", groups,
                                 "--collab-reservoir", "2048",
@@ -100,6 +101,9 @@ class DashboardBrowserTest(unittest.TestCase):
             self.assertGreater(len(drv.find_elements(By.CSS_SELECTOR, "#load polyline.device")), 0)
             rows = drv.find_elements(By.CSS_SELECTOR, "#groups tr")
             self.assertEqual(len(rows), 1 + 4)  # header + a row per group
+            # each group says what it does (its label from GROUPS.json)
+            for r in rows[1:]:
+                self.assertIn(" tokens", r.find_elements(By.TAG_NAME, "td")[1].text)
             self.assertNotIn("error", drv.find_element(By.ID, "status").get_attribute("class"))
             # the heatmap's canvas really has colour in it
             drawn = drv.execute_script(

@@ -4,7 +4,8 @@
  * has no MTP forward):
  * - the target's last hidden state after its final norm (engine_item.hidden_out, hidden_normed)
  *   fused with the next token's embedding gives the module's logits at every index of each
- *   reference prompt, f32, and the bf16 checkpoints computed in f32;
+ *   reference prompt, f32, and the bf16 checkpoints computed in f32; the same for the trained
+ *   module of models/mohge-small against its PyTorch reference (tools/train/mohge_model.py);
  * - a chained index (the module's own output, before its head's norm in DeepSeek's layout and
  *   after it in Qwen's, standing in for the target's hidden state), as drafts past the first
  *   are made;
@@ -63,10 +64,9 @@ static int run(struct engine *e, const int32_t *ids, int n, const float *hin, fl
 /* The module's logits on every prompt of `name` against prompt*.mtp_logits{suffix}, and the
  * chained index against prompt*.mtp_chain_logits{suffix}, within tol (relative to the largest
  * reference logit). */
-static void check_family(const char *tests, const char *name, const char *suffix, double tol)
+static void check_module(const char *dir, const char *name, const char *suffix, double tol)
 {
-    char dir[512], refpath[600], err[MS_ERR_LEN];
-    snprintf(dir, sizeof dir, "%s/fixtures/models/%s", tests, name);
+    char refpath[600], err[MS_ERR_LEN];
     snprintf(refpath, sizeof refpath, "%s/reference.safetensors", dir);
     struct model_load_opts lo;
     model_load_opts_default(&lo);
@@ -87,10 +87,10 @@ static void check_family(const char *tests, const char *name, const char *suffix
     CHECKF(m->skip_note[0] == '\0', "%s: skip note '%s' with the module bound", name,
            m->skip_note);
     if (m->n_mtp != 1) goto out;
-    bool qwen = strncmp(name, "qwen", 4) == 0;
-    CHECKF(m->mtp[0].moe, "%s: the fixture's MTP block is MoE", name);
-    CHECKF(qwen ? m->mtp[0].head == NULL : m->mtp[0].head != NULL,
-           "%s: its own head (DeepSeek's layout) or the model's (Qwen's)", name);
+    bool qwen = strncmp(name, "qwen", 4) == 0, mohge = strncmp(name, "mohge", 5) == 0;
+    CHECKF(m->mtp[0].moe == !mohge, "%s: the fixtures' MTP blocks are MoE, mohge's dense", name);
+    CHECKF(qwen || mohge ? m->mtp[0].head == NULL : m->mtp[0].head != NULL,
+           "%s: its own head (DeepSeek's layout) or the model's (Qwen's, mohge's tied)", name);
     CHECK(m->mtp[0].chain_normed == qwen);
     CHECK(model_mtp_view(m, 0, &view) == 0);
     CHECK(view.desc.n_layer == 1 && view.mtp_in == &m->mtp[0] && view.norm == m->mtp[0].head_norm);
@@ -154,6 +154,13 @@ out:
     model_mtp_view_free(&view);
     st_close(ref);
     model_free(m);
+}
+
+static void check_family(const char *tests, const char *name, const char *suffix, double tol)
+{
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/fixtures/models/%s", tests, name);
+    check_module(dir, name, suffix, tol);
 }
 
 /* The drafter on deepseek_v3: the target's hidden states of a 40-token sequence, fed in the
@@ -300,6 +307,11 @@ int main(int argc, char **argv)
     check_family(tests, "qwen3_next", "", 2e-5);
     check_family(tests, "qwen3_5_moe", "", 2e-5);
     check_family(tests, "qwen3_next_bf16", "_f32compute", 2e-5);
+    /* the bundled model's trained module (tools/train/train_mtp.py: a dense block, the tied
+     * head) against its PyTorch reference, computed in f32 from the bf16 weights */
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/../models/mohge-small", tests);
+    check_module(dir, "mohge-small", "", 2e-5);
     check_drafter(tests);
     check_missing(tests);
     return test_done("test_mtp");

@@ -466,6 +466,9 @@ static int cfg_int_list(json_t *root, const char *key, int n, int *out, const ch
     return 0;
 }
 
+static int cfg_mtp(json_t *root, struct model_desc *d, const char *path, char *err,
+                   size_t errlen);
+
 /* moeserve's MoHGE model (tools/train/mohge_model.py; fields in README, "The mohge
  * config.json"): G groups of experts_per_group experts, expert e in group e / experts_per_group
  * with width group_intermediate_sizes[group], a two-level router keeping num_groups_per_tok
@@ -505,6 +508,14 @@ static int cfg_mohge(json_t *root, struct model_desc *d, const char *path, char 
                        d->n_shared);
     if (d->n_shared > 0 && d->shared_d_ff <= 0)
         return ms_errf(err, errlen, "%s: shared_intermediate_size must be positive", path);
+    /* an MTP module (tools/train/train_mtp.py): DeepSeek-V3's layout with a dense block of
+     * mtp_intermediate_size */
+    if (cfg_mtp(root, d, path, err, errlen) ||
+        cfg_int(root, "mtp_intermediate_size", d->n_mtp_layers > 0, 0, &d->dense_d_ff, path, err,
+                errlen))
+        return -1;
+    if (d->n_mtp_layers > 0 && d->dense_d_ff <= 0)
+        return ms_errf(err, errlen, "%s: mtp_intermediate_size must be positive", path);
     d->n_group = G;
     d->n_expert = G * epg;
     d->router = ROUTER_KIND_MOHGE;

@@ -7,7 +7,11 @@
    and reference.safetensors: prompt{i}.ids (int32), prompt{i}.logits (n, vocab) f32 from a full
    forward, prompt{i}.greedy (32 int32 tokens, plain argmax, full recompute each step).
 2. With --trained DIR (default models/mohge-small, if present): DIR/reference.safetensors in the
-   same format for three prompts of the trained model (weights as stored, computed in f32).
+   same format for three prompts of the trained model (weights as stored, computed in f32),
+   plus, when the model has an MTP module (tools/train/train_mtp.py), prompt{i}.mtp_logits
+   (n - 1, vocab: index i fuses token i + 1 with the trunk's normed h_i) and
+   prompt{i}.mtp_chain_logits (vocab: index n - 2 fused with the module's own output at n - 3)
+   in tests/test_mtp.c's format.
 
 Weights of the tiny model are redrawn like make_model_fixtures.py does (projections
 N(0, 1/fan_in), embeddings std 0.5, routers std 0.4 / group router std 0.2, norms 1 + 0.1 N) so
@@ -134,6 +138,18 @@ def write_reference(model, folder, prompts):
         tensors[f"prompt{i}.ids"] = torch.tensor(ids, dtype=torch.int32)
         tensors[f"prompt{i}.logits"] = logits[0].float().contiguous()
         tensors[f"prompt{i}.greedy"] = torch.tensor(gr, dtype=torch.int32)
+        if model.config.get("num_nextn_predict_layers", 0) > 0 and len(ids) >= 3:
+            # the MTP module at indices 0..n-2 (token i+1 with the trunk's normed h_i), and
+            # index n-2 chained on the module's own output at n-3 (before its head's norm)
+            hid = []
+            model(torch.tensor([ids]), hidden=hid)
+            h = hid[0][:, :-1]
+            mlog, out = model.mtp_forward(torch.tensor([ids]), h)
+            h2 = h.clone()
+            h2[:, -1] = out[:, -2]
+            clog, _ = model.mtp_forward(torch.tensor([ids]), h2)
+            tensors[f"prompt{i}.mtp_logits"] = mlog[0].float().contiguous()
+            tensors[f"prompt{i}.mtp_chain_logits"] = clog[0, -1].float().contiguous()
         print(f"  prompt{i}: {len(ids)} tokens, min greedy top1-top2 {margin:.3g}, "
               f"min group-score gap {ggap:.3g}, min top-k prob gap {kgap:.3g}")
     save_file(tensors, str(folder / "reference.safetensors"), metadata={"format": "pt"})

@@ -67,14 +67,15 @@ class BadConfigTest(unittest.TestCase):
 
 
 class MtpServerTest(unittest.TestCase):
-    """The checkpoint's MTP module (DeepSeek-V3's layout, the deepseek_v3 and glm4_moe fixtures)
-    drafting for a server: greedy text equal to a server without speculation, drafts counted."""
+    """The checkpoint's MTP module (DeepSeek-V3's layout, the deepseek_v3 and glm4_moe fixtures
+    and the bundled model; Qwen's on qwen3_next) drafting for a server: greedy text equal to a
+    server without speculation, drafts counted."""
 
-    def check(self, fixture, method, where="layer 3, MoE FFN, its own head"):
-        model = srvtest.fixture_model(fixture)
+    def check(self, fixture, method, where="layer 3, MoE FFN, its own head", model=None,
+              prompt="the king and the queen"):
+        model = model or srvtest.fixture_model(fixture)
         config = '{"method": "%s", "num_speculative_tokens": 3, "adaptive": false}' % method
-        body = dict(model="m", prompt="the king and the queen", max_tokens=24, temperature=0,
-                    ignore_eos=True)
+        body = dict(model="m", prompt=prompt, max_tokens=24, temperature=0, ignore_eos=True)
         with srvtest.Server(model=model, name="m") as plain, \
                 srvtest.Server("--speculative-config", config, model=model, name="m") as spec:
             self.assertIn("the checkpoint's MTP module (%s)" % where, spec.output())
@@ -85,6 +86,18 @@ class MtpServerTest(unittest.TestCase):
             self.assertEqual(a["choices"][0]["text"], b["choices"][0]["text"])
             m = spec.metrics()
             self.assertGreater(m.total("moeserve_spec_decode_num_draft_tokens_total"), 0)
+            return m
+
+    def test_bundled_trained_module(self):
+        """The bundled model's trained module (tools/train/train_mtp.py): a random module
+        accepts next to nothing; this one has most of its first drafts accepted on JSON."""
+        m = self.check(None, "mtp", "layer 4, dense FFN",
+                       model=srvtest.bundled_model(),
+                       prompt='{"id": 7, "name": "Ana Lima", "email": "ana.lima@example.com", '
+                              '"age": 31, "city": "Lima", "active": true}\n{"id": 8, "name": "')
+        drafted = m.total("moeserve_spec_decode_num_draft_tokens_total")
+        accepted = m.total("moeserve_spec_decode_num_accepted_tokens_total")
+        self.assertGreater(accepted, 0.25 * drafted, (accepted, drafted))
 
     def test_deepseek_v3(self):
         self.check("deepseek_v3", "deepseek_mtp")

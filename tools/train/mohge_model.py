@@ -234,11 +234,47 @@ class Block(nn.Module):
         return x + m, aux
 
 
+class MtpHeadNorm(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.norm = RMSNorm(c["hidden_size"], c["rms_norm_eps"])
+
+
+class MohgeMTP(nn.Module):
+    """A multi-token-prediction module in DeepSeek-V3's layout (model.layers.{num_hidden_layers}.):
+    index i fuses the trunk's hidden state h_i (after its final norm) with token i + 1,
+    x = eh_proj [enorm(embed(t_{i+1})) ; hnorm(h_i)], runs one decoder block at RoPE position i
+    whose FFN is a dense SwiGLU of mtp_intermediate_size, and predicts token i + 2 through
+    shared_head.norm and the model's (tied) head."""
+
+    def __init__(self, c):
+        super().__init__()
+        D = c["hidden_size"]
+        self.enorm = RMSNorm(D, c["rms_norm_eps"])
+        self.hnorm = RMSNorm(D, c["rms_norm_eps"])
+        self.eh_proj = nn.Linear(2 * D, D, bias=False)
+        self.input_layernorm = RMSNorm(D, c["rms_norm_eps"])
+        self.self_attn = Attention(c)
+        self.post_attention_layernorm = RMSNorm(D, c["rms_norm_eps"])
+        self.mlp = SwiGLU(D, c["mtp_intermediate_size"])
+        self.shared_head = MtpHeadNorm(c)
+
+    def forward(self, emb_next, h, cos, sin):
+        """emb_next: (B, T, D) embeddings of tokens 1..T; h: (B, T, D) the hidden states at
+        0..T-1 (or chained outputs) -> the block's output before shared_head.norm."""
+        x = self.eh_proj(torch.cat([self.enorm(emb_next), self.hnorm(h)], dim=-1))
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
 class Inner(nn.Module):
     def __init__(self, c):
         super().__init__()
         self.embed_tokens = nn.Embedding(c["vocab_size"], c["hidden_size"])
         self.layers = nn.ModuleList(Block(c) for _ in range(c["num_hidden_layers"]))
+        # MTP modules follow the decoder layers, as DeepSeek-V3 stores them
+        for _ in range(c.get("num_nextn_predict_layers", 0)):
+            self.layers.append(MohgeMTP(c))
         self.norm = RMSNorm(c["hidden_size"], c["rms_norm_eps"])
 
 
@@ -302,25 +338,43 @@ class MohgeForCausalLM(HFFolder, nn.Module):
     def head_weight(self):
         return self.model.embed_tokens.weight if self.tied else self.lm_head.weight
 
-    def forward(self, ids, stats=None):
-        """ids: (B, T) -> logits (B, T, V), aux losses summed over layers (or None)."""
+    def forward(self, ids, stats=None, hidden=None):
+        """ids: (B, T) -> logits (B, T, V), aux losses summed over layers (or None). hidden: a
+        list that receives the hidden states after the final norm (B, T, D), what an MTP
+        module reads."""
         c = self.config
         x = self.model.embed_tokens(ids)
         pos = torch.arange(ids.shape[1], device=ids.device)
         cos, sin = rope_cos_sin(pos, c["head_dim"], c["rope_theta"])
         cos, sin = cos.to(x.device), sin.to(x.device)
         l_group = l_bal = None
-        for layer in self.model.layers:
+        for layer in self.model.layers[:c["num_hidden_layers"]]:
             x, aux = layer(x, cos, sin, stats)
             if aux is not None:
                 l_group = aux[0] if l_group is None else l_group + aux[0]
                 l_bal = aux[1] if l_bal is None else l_bal + aux[1]
         x = self.model.norm(x)
+        if hidden is not None:
+            hidden.append(x)
         logits = x @ self.head_weight().t()
         if l_group is None:
             return logits, None
-        n = len(self.model.layers)
+        n = c["num_hidden_layers"]
         return logits, (l_group / n, l_bal / n)
+
+    def mtp(self):
+        """The first MTP module (config num_nextn_predict_layers > 0)."""
+        return self.model.layers[self.config["num_hidden_layers"]]
+
+    def mtp_forward(self, ids, h):
+        """ids: (B, T), h: (B, T - 1, D) the trunk's normed hidden states at 0..T-2 (or chained
+        outputs) -> the module's logits (B, T - 1, V) at indices 0..T-2 (index i predicts token
+        i + 2) and its outputs before shared_head.norm (what a chained index reads)."""
+        c, mod = self.config, self.mtp()
+        pos = torch.arange(ids.shape[1] - 1, device=ids.device)
+        cos, sin = rope_cos_sin(pos, c["head_dim"], c["rope_theta"])
+        out = mod(self.model.embed_tokens(ids[:, 1:]), h, cos, sin)
+        return mod.shared_head.norm(out) @ self.head_weight().t(), out
 
     def loss(self, ids, targets):
         logits, aux = self(ids)

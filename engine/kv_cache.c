@@ -414,11 +414,11 @@ int32_t kv_prefix_lookup(const struct kv_cache *kv, int32_t parent, uint64_t key
     return -1;
 }
 
-int kv_seq_match(struct kv_cache *kv, struct kv_seq *s, uint64_t key, const int32_t *tokens,
-                 int max_blocks)
+/* The longest run of cached blocks matching tokens[0, max_blocks*block_size): their count,
+ * and, with s, each block and chain hash written into s's table (nothing taken yet). */
+static int prefix_walk(const struct kv_cache *kv, uint64_t key, const int32_t *tokens,
+                       int max_blocks, struct kv_seq *s)
 {
-    if (s->n_blocks != 0) return 0;
-    if (max_blocks > s->max_blocks) max_blocks = s->max_blocks;
     int bs = kv->block_size;
     uint64_t h = KV_HASH_ROOT;
     int32_t parent = -1;
@@ -428,12 +428,24 @@ int kv_seq_match(struct kv_cache *kv, struct kv_seq *s, uint64_t key, const int3
         h = kv_block_hash(h, key, t, bs);
         int32_t b = kv_prefix_lookup(kv, parent, key, h, t);
         if (b < 0) break;
-        if (kv->refcount[b]++ == 0) lru_unlink(kv, b);
-        s->blocks[n] = b;
-        s->hash[n] = h;
+        if (s) {
+            s->blocks[n] = b;
+            s->hash[n] = h;
+        }
         parent = b;
         n++;
     }
+    return n;
+}
+
+int kv_seq_match(struct kv_cache *kv, struct kv_seq *s, uint64_t key, const int32_t *tokens,
+                 int max_blocks)
+{
+    if (s->n_blocks != 0) return 0;
+    if (max_blocks > s->max_blocks) max_blocks = s->max_blocks;
+    int n = prefix_walk(kv, key, tokens, max_blocks, s);
+    for (int i = 0; i < n; i++)
+        if (kv->refcount[s->blocks[i]]++ == 0) lru_unlink(kv, s->blocks[i]);
     s->n_blocks = n;
     s->n_hashed = n;
     s->reg_stop = false;
@@ -442,19 +454,7 @@ int kv_seq_match(struct kv_cache *kv, struct kv_seq *s, uint64_t key, const int3
 
 int kv_prefix_count(const struct kv_cache *kv, uint64_t key, const int32_t *tokens, int max_blocks)
 {
-    int bs = kv->block_size;
-    uint64_t h = KV_HASH_ROOT;
-    int32_t parent = -1;
-    int n = 0;
-    while (n < max_blocks) {
-        const int32_t *t = tokens + (size_t)n * bs;
-        h = kv_block_hash(h, key, t, bs);
-        int32_t b = kv_prefix_lookup(kv, parent, key, h, t);
-        if (b < 0) break;
-        parent = b;
-        n++;
-    }
-    return n;
+    return prefix_walk(kv, key, tokens, max_blocks, NULL);
 }
 
 void kv_seq_register(struct kv_cache *kv, struct kv_seq *s, uint64_t key, const int32_t *tokens,

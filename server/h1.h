@@ -1,4 +1,4 @@
-/* HTTP/1.1 server core: listening socket, I/O threads (one epoll each), connections, request
+/* HTTP/1.1 server core: listening sockets, I/O threads (one libuv loop each), connections, request
  * framing (h1_parse), responses (fixed or streamed with chunked encoding), keep-alive and
  * pipelining, timeouts, and a connection cap. It knows nothing of routes: a handler gets each
  * request as events and answers with h1_respond or h1_respond_stream.
@@ -13,7 +13,8 @@
  * A connection lives on the I/O thread that accepted it. Its states: reading a head, reading a
  * body, waiting for the handler (pending), writing, streaming but parked (waiting for output),
  * and lingering (discarding what a refused client still sends, so that our answer is not
- * lost to a reset). A pending or parked connection is watched for hang-up only.
+ * lost to a reset). A pending or parked connection keeps reading: pipelined requests are
+ * buffered (up to 64 KiB) for after its answer, and its client's EOF or reset is seen.
  *
  * A client that stops sending, by case:
  * - mid-request (head or body incomplete) and EOF: the request can never complete; closed.
@@ -24,8 +25,8 @@
  *   cancelled (on_done with H1_DONE_CLOSED). TCP shows a full close only as an EOF, the same as
  *   a half-close, until data reaches the client and its closed socket resets; so a pending
  *   request's EOF is answered by the 100 Continue probe (h1.c, probe_peer), and a streamed one's
- *   by its own next bytes; the reset (EPOLLHUP/EPOLLERR, or EPIPE/ECONNRESET from send) then
- *   cancels. An HTTP/1.0 client that closes while its request is pending is seen only when the
+ *   by its own next bytes; the reset (seen in the socket's state, checked every 50 ms after the
+ *   EOF, or EPIPE/ECONNRESET from a write) then cancels. An HTTP/1.0 client that closes while its request is pending is seen only when the
  *   answer is written (no 1xx may be sent to it), and a streamed request's only at its next
  *   event; a client that resets (closes with unread data) is seen at once.
  *
@@ -37,7 +38,8 @@
  * Threads and ownership: callbacks run on the connection's I/O thread. h1_respond*, h1_data,
  * h1_set_data and the request accessors may only be called there, from inside a callback.
  * h1_wake may be called from any thread while the request is live, i.e. from the H1_HEAD
- * event until on_done returns; after on_done the connection may be freed. */
+ * event until on_done returns; after on_done the connection may be freed. The I/O threads
+ * block SIGPIPE for themselves (a client gone mid-write is an EPIPE). */
 #ifndef MOESERVE_H1_H
 #define MOESERVE_H1_H
 

@@ -22,7 +22,9 @@ class HybridServer(unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls):
+        rc = cls.srv.stop()
         cls.srv.close()
+        assert rc == 0, "the server exited with %d" % rc
 
     def complete(self, prompt, **extra):
         body = {"model": "hybrid", "prompt": prompt, "max_tokens": 12, "temperature": 0,

@@ -860,8 +860,11 @@ static int spec_check(const struct serve_opts *o, const struct model *m, bool mu
     if (sc->method == SPEC_MTP) {
         const char *mt = m->desc.model_type;
         if (strcmp(mt, "minimax_m2") == 0) {
-            slog("error", "--speculative-config: method: mtp is not built yet for %s (its MTP "
-                          "module is left unread); use ngram or a draft model",
+            /* MiniMax's config declares num_mtp_modules, but its published checkpoints carry
+             * no trained mtp.* tensors and transformers has no such layer to check against */
+            slog("error", "--speculative-config: method: mtp is not available for %s: its "
+                          "config declares MTP modules, but MiniMax publishes no trained weights "
+                          "for them (no mtp.* tensors); use ngram or a draft model",
                  mt);
             return -1;
         }

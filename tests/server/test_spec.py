@@ -56,7 +56,7 @@ class BadConfigTest(unittest.TestCase):
         rc, out = start_fails(srvtest.fixture_model("minimax_m2"),
                               '{"method": "mtp", "num_speculative_tokens": 1}')
         self.assertEqual(rc, 2, out)
-        self.assertIn("method: mtp is not built yet for minimax_m2", out)
+        self.assertIn("method: mtp is not available for minimax_m2", out)
         # a config that announces an MTP layer whose tensors the folder lacks: the load names
         # the first missing one
         rc, out = start_fails(srvtest.fixture_model("kimi_k25"),

@@ -65,6 +65,10 @@ struct device {
     float *att;        /* (T, n_head*head_dim); MLA: attention over the latent
                           (T, n_head, kv_lora_rank) */
     float *qlat;       /* MLA: absorbed queries (T, n_head, kv_lora_rank + qk_rope_dim) */
+    float *iq;         /* DSA: index queries (T, dsa_heads, dsa_dim) */
+    float *iw;         /* DSA: index head weights (T, dsa_heads) */
+    int32_t *sel;      /* DSA: each token's attended positions (T, dsa_topk) */
+    int32_t *sel_n;    /* DSA: how many (T); -1 all */
     float *tmp;        /* (T, d_model) */
     int32_t *in;       /* (4T) this step's ids, positions, expert budgets, sequences: */
     int32_t *ids;      /* (n_tok) within `in` */
@@ -400,6 +404,8 @@ static void mla_attention_layer(struct device *dv, int l)
     int n = dv->n_tok, d = md->d_model, H = md->n_head, qk = md->head_dim;
     int dn = md->qk_nope_dim, dr = md->qk_rope_dim, dvh = md->v_head_dim;
     int kvr = md->kv_lora_rank, lat = kvr + dr, qr = md->q_lora_rank;
+    bool dsa = md->dsa_topk > 0;
+    int Hi = md->dsa_heads, Di = md->dsa_dim, row = lat + (dsa ? Di : 0);
     float *ckv = dv->k, *vout = dv->q;
 
     be->ops->rmsnorm(be, dv->h, dv->x, lw->attn_norm, n, d, md->rms_eps);
@@ -407,17 +413,35 @@ static void mla_attention_layer(struct device *dv, int l)
         be->ops->matmul(be, dv->k, dv->h, lw->wq_a, NULL, n, d, qr);
         be->ops->rmsnorm(be, dv->k, dv->k, lw->q_a_norm, n, qr, md->rms_eps);
         be->ops->matmul(be, dv->q, dv->k, lw->wq_b, NULL, n, qr, H * qk);
+        if (dsa) { /* the indexer's queries from the same query latent, rotate-half RoPE */
+            be->ops->matmul(be, dv->iq, dv->k, lw->idx_wq_b, NULL, n, qr, Hi * Di);
+            be->ops->rope_ex(be, dv->iq, Di, dv->iq, Di, dv->pos, n, Hi, dr, 0, dv->cos_sin);
+        }
     } else {
         be->ops->matmul(be, dv->q, dv->h, lw->wq, NULL, n, d, H * qk);
     }
-    /* The cache row: normed latent, then the rope key rotated in place. */
-    be->ops->matmul(be, ckv, dv->h, lw->wkv_a, NULL, n, d, lat);
-    be->ops->rmsnorm_ld(be, ckv, ckv, lw->kv_a_norm, n, kvr, lat, md->rms_eps);
-    be->ops->rope_ex(be, ckv + kvr, lat, ckv + kvr, lat, dv->pos, n, 1, dr, md->rope_interleave,
+    /* The cache row: normed latent, then the rope key rotated in place (DSA: then the index
+     * key, layer-normed and rotated rotate-half on its first qk_rope_dim). */
+    be->ops->matmul_ld(be, ckv, row, dv->h, d, lw->wkv_a, n, d, lat);
+    be->ops->rmsnorm_ld(be, ckv, ckv, lw->kv_a_norm, n, kvr, row, md->rms_eps);
+    be->ops->rope_ex(be, ckv + kvr, row, ckv + kvr, row, dv->pos, n, 1, dr, md->rope_interleave,
                      dv->cos_sin);
+    if (dsa) {
+        be->ops->matmul_ld(be, ckv + lat, row, dv->h, d, lw->idx_wk, n, d, Di);
+        be->ops->layernorm_ld(be, ckv + lat, row, ckv + lat, row, lw->idx_k_norm,
+                              lw->idx_k_norm_b, n, Di, 1e-6f);
+        be->ops->rope_ex(be, ckv + lat, row, ckv + lat, row, dv->pos, n, 1, dr, 0, dv->cos_sin);
+        be->ops->matmul(be, dv->iw, dv->h, lw->idx_wproj, NULL, n, d, Hi);
+    }
     struct be_tokens tk = {.tables = dv->blocks, .table_stride = e->blocks_per_seq,
                            .seq = dv->tok_seq, .pos = dv->pos};
-    be->ops->kv_write(be, &dv->kvl[l], ckv, NULL, &tk, e->kv.block_size, n, lat);
+    be->ops->kv_write(be, &dv->kvl[l], ckv, NULL, &tk, e->kv.block_size, n, row);
+    if (dsa) {
+        struct be_dsa p = {.n_head = Hi, .dim = Di, .k_off = lat, .k_row = row,
+                           .topk = md->dsa_topk, .scale = 1.0f / sqrtf((float)Di)};
+        be->ops->dsa_select(be, dv->sel, dv->sel_n, dv->iq, dv->iw, &dv->kvl[l], &tk,
+                            e->kv.block_size, n, &p);
+    }
 
     /* Absorbed queries. */
     be->ops->rope_ex(be, dv->qlat + kvr, lat, dv->q + dn, qk, dv->pos, n, H, dr,
@@ -427,8 +451,10 @@ static void mla_attention_layer(struct device *dv, int l)
         be->ops->matmul_ld(be, dv->qlat + (size_t)h * lat, H * lat, dv->q + (size_t)h * qk, H * qk,
                            &uk, n, dn, kvr);
     }
-    struct be_attn a = {.n_head = H, .n_kv_head = 1, .k_dim = lat, .v_dim = kvr, .k_row = lat,
-                        .v_row = lat, .window = md->sliding_window, .scale = e->attn_scale};
+    struct be_attn a = {.n_head = H, .n_kv_head = 1, .k_dim = lat, .v_dim = kvr, .k_row = row,
+                        .v_row = row, .window = md->sliding_window, .scale = e->attn_scale,
+                        .sel = dsa ? dv->sel : NULL, .sel_n = dsa ? dv->sel_n : NULL,
+                        .sel_stride = md->dsa_topk};
     run_attention(dv, dv->att, dv->qlat, l, &tk, n, &a);
     for (int h = 0; h < H; h++) {
         struct wmat uv = wmat_rows(lw->wkv_b, h * (dn + dvh) + dn, dvh); /* (dvh, kvr) */
@@ -974,6 +1000,11 @@ static int device_weights(struct engine *e, struct device *dv)
         lw->kv_a_norm = dev_vec(dv, src->kv_a_norm, (size_t)md->kv_lora_rank, &ok);
         lw->wkv_b = dev_weight(dv, src->wkv_b, &ok);
         lw->w_uk_t = dev_weight(dv, src->w_uk_t, &ok);
+        lw->idx_wq_b = dev_weight(dv, src->idx_wq_b, &ok);
+        lw->idx_wk = dev_weight(dv, src->idx_wk, &ok);
+        lw->idx_wproj = dev_weight(dv, src->idx_wproj, &ok);
+        lw->idx_k_norm = dev_vec(dv, src->idx_k_norm, (size_t)md->dsa_dim, &ok);
+        lw->idx_k_norm_b = dev_vec(dv, src->idx_k_norm_b, (size_t)md->dsa_dim, &ok);
         if (md->layer_linear && md->layer_linear[l]) {
             size_t nv = (size_t)md->lin_nv;
             size_t conv = 2 * (size_t)md->lin_nk * md->lin_dk + nv * md->lin_dv;
@@ -1194,7 +1225,8 @@ static int device_init(struct engine *e, struct device *dv, int rank, int thread
         size_t H = (size_t)md->n_head, kvr = (size_t)md->kv_lora_rank;
         size_t lat = kvr + (size_t)md->qk_rope_dim, vd = H * (size_t)md->v_head_dim;
         qdim = qdim > vd ? qdim : vd;
-        kvdim = lat > (size_t)md->q_lora_rank ? lat : (size_t)md->q_lora_rank;
+        size_t row = lat + (md->dsa_topk > 0 ? (size_t)md->dsa_dim : 0); /* + index key */
+        kvdim = row > (size_t)md->q_lora_rank ? row : (size_t)md->q_lora_rank;
         attdim = H * kvr;
         qlat = H * lat;
         /* GEMM inputs: q_lora rows, latents per head (strided rows count whole), values */
@@ -1219,6 +1251,13 @@ static int device_init(struct engine *e, struct device *dv, int rank, int thread
     dv->k = dev_alloc(dv, T * kvdim * sizeof(float), &ok);
     dv->v = dev_alloc(dv, T * (md->attn == ATTN_KIND_MLA ? 1 : kvdim) * sizeof(float), &ok);
     dv->qlat = qlat ? dev_alloc(dv, T * qlat * sizeof(float), &ok) : NULL;
+    if (md->dsa_topk > 0) {
+        size_t hi = (size_t)md->dsa_heads;
+        dv->iq = dev_alloc(dv, T * hi * (size_t)md->dsa_dim * sizeof(float), &ok);
+        dv->iw = dev_alloc(dv, T * hi * sizeof(float), &ok);
+        dv->sel = dev_alloc(dv, T * (size_t)md->dsa_topk * sizeof(int32_t), &ok);
+        dv->sel_n = dev_alloc(dv, T * sizeof(int32_t), &ok);
+    }
     if (device_hybrid(e, dv) != 0)
         return ms_errf(err, errlen, "out of memory for device %d hybrid-layer buffers", rank);
     dv->in = dev_alloc(dv, 4 * T * sizeof(int32_t), &ok);
@@ -1284,7 +1323,8 @@ static int device_init(struct engine *e, struct device *dv, int rank, int thread
                                              : md->head_dim,
                             .max_v_dim = md->attn == ATTN_KIND_MLA ? md->kv_lora_rank
                                                                    : md->head_dim,
-                            .max_kv_heads = md->attn == ATTN_KIND_MLA ? 1 : md->n_kv_head};
+                            .max_kv_heads = md->attn == ATTN_KIND_MLA ? 1 : md->n_kv_head,
+                            .dsa_dim = md->dsa_topk > 0 ? md->dsa_dim : 0};
     if (logit_in > rs.max_elems) rs.max_elems = logit_in;
     if (md->ffn == FFN_KIND_CONTINUOUS) { /* the key product: T * max_samples rows of Z */
         int z_rows = (int)T * md->cont_max_samples;
@@ -1801,6 +1841,13 @@ int engine_create(const struct model *m, const struct engine_params *p, struct e
                     ops->name, md->model_type);
             goto fail;
         }
+    }
+    if (md->dsa_topk > 0 && (!e->dev[e->self].be->ops->dsa_select ||
+                             !e->dev[e->self].be->ops->layernorm_ld)) {
+        ms_errf(err, errlen, "the %s backend has no kernels for %s's sparse attention (its "
+                             "indexer) yet (use --device cpu)",
+                e->dev[e->self].be->ops->name, md->model_type);
+        goto fail;
     }
     if (m->mtp_in && (!e->dev[e->self].be->ops->gather_cols ||
                       !e->dev[e->self].be->ops->rmsnorm_ld)) {

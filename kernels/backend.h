@@ -91,6 +91,8 @@ struct be_reserve {
                         and the latent), for attention's tiles; 0 = 256 */
     int max_v_dim;
     int max_kv_heads; /* KV heads of an attention call (MLA: 1); 0 = 1 */
+    int dsa_dim;      /* > 0: the indexer's key width (DeepSeek sparse attention; its scratch
+                         is sized for max_ctx positions) */
 };
 
 /* Geometry of one attention call. Query head h reads KV head h / (n_head / n_kv_head), whose
@@ -108,6 +110,23 @@ struct be_attn {
                             or NULL */
     int chunk;           /* > 0: chunked local attention (Llama 4): a position attends only to
                             the positions of its own chunk, [pos - pos % chunk, pos] */
+    /* DeepSeek sparse attention: token i attends only to the sel_n[i] positions listed,
+     * ascending, at sel + i * sel_stride (dsa_select's output); sel_n[i] < 0: to all of
+     * [0, pos]. sel NULL: no selection. */
+    const int32_t *sel, *sel_n;
+    int sel_stride;
+};
+
+/* DeepSeek sparse attention's lightning indexer (DeepSeek-V3.2, GLM-5). Each token's index key
+ * (dim floats) is cached in its attention cache row at k_off (after MLA's latent and rope key;
+ * MLA's row is one segment of k_row elements). Token i's score of cached position t <= pos is
+ * sum_h w[i, h] * n_head^-0.5 * relu(scale * q[i, h] . key[t]), and it attends to the topk best
+ * (all of [0, pos] while pos < topk). */
+struct be_dsa {
+    int n_head, dim;
+    int k_off, k_row;
+    int topk;
+    float scale;
 };
 
 /* One layer's paged K/V storage in backend memory, in its stored type: each position's K row
@@ -289,6 +308,20 @@ struct backend_ops {
      * values). */
     void (*kv_write)(struct backend *be, const struct be_kv *kv, const float *k, const float *v,
                      const struct be_tokens *tk, int block_size, int n, int row);
+
+    /* DeepSeek sparse attention (struct be_dsa): for each of n tokens (be_tokens), the
+     * positions it attends to, from its index queries q (n, n_head, dim; rotated) and head
+     * weights w (n, n_head) against the index keys cached at [0, pos] of its sequence (written
+     * with the token's own row before the call): sel (n, topk) ascending and sel_n (n), -1
+     * where pos < topk (every position). Ties at the k-th score keep the earlier positions.
+     * NULL where the backend has no kernels for it (the engine refuses such models there). */
+    void (*dsa_select)(struct backend *be, int32_t *sel, int32_t *sel_n, const float *q,
+                       const float *w, const struct be_kv *kv, const struct be_tokens *tk,
+                       int block_size, int n, const struct be_dsa *p);
+    /* y (n, d; rows ldy apart) = layer norm of x (rows ldx apart): (x - mean) / sqrt(var + eps)
+     * * w + b; y may equal x. NULL where the backend lacks it (with dsa_select). */
+    void (*layernorm_ld)(struct backend *be, float *y, int ldy, const float *x, int ldx,
+                         const float *w, const float *b, int n, int d, float eps);
 
     /* Ops for models whose tensors are read in parts (MLA, gpt-oss). */
     /* y (n, m) = x (n, k) . w (m, k)^T with rows of x ldx floats apart and of y ldy apart

@@ -858,7 +858,10 @@ static void check_attention_ex(struct ops_ctx *t, int pos0, int n, int n_head, i
     BOTH(NULL, sizeof(float) * on, ro, dout);
     if (sinks) BOTH(ops_rand(t, (size_t)n_head, -1, 3), sizeof(float) * n_head, rs, ds);
     struct be_tokens rt = {.tables = rb, .pos0 = pos0}, dt = {.tables = db, .pos0 = pos0};
-    struct be_attn ra = {n_head, n_kv, k_dim, v_dim, k_row, v_row, window, 0.1f, rs, 0}, da = ra;
+    struct be_attn ra = {.n_head = n_head, .n_kv_head = n_kv, .k_dim = k_dim, .v_dim = v_dim,
+                        .k_row = k_row, .v_row = v_row, .window = window, .scale = 0.1f,
+                        .sinks = rs},
+                   da = ra;
     da.sinks = ds;
     int kg = mla ? k_row : k_dim, vg = mla ? k_row : v_dim;
     struct be_kv rkv = f32_kv(rkc, mla ? rkc : rvc, kg, vg);

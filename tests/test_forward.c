@@ -40,7 +40,8 @@ static void check_model(const char *tests, const char *name, bool bf16, enum mod
      * model.layers.3, from num_nextn_predict_layers 1), Qwen3-Next and Qwen3.5 theirs under
      * mtp.; unless asked for (test_mtp) it is skipped, and the load note says so. Models
      * without one say nothing. */
-    if (strncmp(name, "glm4_moe", 8) == 0 || strncmp(name, "deepseek_v3", 11) == 0)
+    if (strncmp(name, "glm4_moe", 8) == 0 ||
+        (strncmp(name, "deepseek_v3", 11) == 0 && strncmp(name, "deepseek_v32", 12) != 0))
         CHECKF(strstr(m->skip_note, "skipped 1 MTP layer(s) (model.layers.3..3") != NULL,
                "%s: skip note '%s'", name, m->skip_note);
     else if ((strncmp(name, "qwen3_next", 10) == 0 || strncmp(name, "qwen3_5_moe", 11) == 0) &&
@@ -383,13 +384,13 @@ int main(int argc, char **argv)
                                 "deepseek_v3", "glm4_moe",          "minimax_m2",
                                 "qwen3_next",  "qwen3_5_moe",       "qwen3_5_moe_vl",
                                 "granitemoehybrid", "granitemoehybrid_dense", "kimi_k25",
-                                "kimi_k25_published", "llama4_text", "llama4_vl"};
+                                "kimi_k25_published", "llama4_text", "llama4_vl", "deepseek_v32"};
     static const char *bf16[] = {"mixtral_bf16",     "qwen2_moe_bf16",         "qwen3_moe_bf16",
                                  "olmoe_bf16",       "deepseek_v2_bf16",       "deepseek_v2_group_bf16",
                                  "deepseek_v3_bf16", "glm4_moe_bf16",          "minimax_m2_bf16",
                                  "qwen3_next_bf16",  "qwen3_5_moe_bf16",
                                  "granitemoehybrid_bf16", "granitemoehybrid_dense_bf16",
-                                 "llama4_text_bf16"};
+                                 "llama4_text_bf16", "deepseek_v32_bf16"};
     for (size_t i = 0; i < sizeof f32 / sizeof f32[0]; i++)
         check_model(tests, f32[i], false, MODEL_DTYPE_AUTO);
     for (size_t i = 0; i < sizeof bf16 / sizeof bf16[0]; i++) {

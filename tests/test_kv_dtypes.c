@@ -52,7 +52,11 @@ static void check_fixture(const char *tests, const char *name, double *worst)
     struct engine *ef = capture_engine(m, BE_KV_F32);
     CHECK(a && b && ra && rb && mask && ef);
     if (!a || !b || !ra || !rb || !mask || !ef) goto done;
-    double amp = strncmp(name, "gpt_oss", 7) == 0 ? 2.0 : 1.0;
+    /* deepseek_v32: a quantized index key can change which positions a query selects (a
+     * discrete flip, like routing's, but not masked here): with every position selected
+     * (index_topk 1000) its int8 error is 1.1e-2, with index_topk 8 6.0e-2 */
+    double amp = strncmp(name, "gpt_oss", 7) == 0 ? 2.0
+                 : strcmp(name, "deepseek_v32") == 0 ? 4.0 : 1.0;
     int k_row, v_row;
     model_kv_rows(&m->desc, &k_row, &v_row);
     size_t layers = (size_t)(m->desc.n_layer - m->desc.n_linear);
@@ -111,7 +115,7 @@ int main(int argc, char **argv)
     static const char *fixtures[] = {"mixtral",     "qwen2_moe",   "qwen3_moe",   "olmoe",
                                      "deepseek_v2", "deepseek_v3", "gpt_oss",     "glm4_moe",
                                      "minimax_m2",  "qwen3_next",  "qwen3_5_moe", "granitemoehybrid",
-                                     "llama4_text"};
+                                     "llama4_text", "deepseek_v32"};
     double worst[BE_KV_N_TYPES] = {0};
     for (size_t i = 0; i < sizeof fixtures / sizeof fixtures[0]; i++)
         check_fixture(tests, fixtures[i], worst);

@@ -79,6 +79,16 @@ static void test_descriptions(const char *tests)
         {"deepseek_v3", "{\"n_group\": 3}", "n_group 3", "n_routed_experts"},
         {"deepseek_v3", "{\"topk_group\": 0}", "topk_group 0", NULL},
         {"deepseek_v3", "{\"qk_rope_head_dim\": 15}", "qk_rope_head_dim", "15"},
+        /* DeepSeek-V3.2's sparse attention: unknown layer and MLP types by name */
+        {"deepseek_v32",
+         "{\"layer_types\": [\"indexed_attention\", \"sliding_attention\", "
+         "\"indexed_attention\"]}",
+         "layer_types[1]", "'sliding_attention'"},
+        {"deepseek_v32", "{\"mlp_layer_types\": [\"dense\", \"hash\", \"sparse\"]}",
+         "mlp_layer_types[1]", "'hash'"},
+        {"deepseek_v32", "{\"index_topk\": 0}", "index_topk", NULL},
+        {"deepseek_v32", "{\"index_head_dim\": 8}", "index_head_dim 8", "qk_rope_head_dim"},
+        {"deepseek_v32", "{\"q_lora_rank\": null}", "q_lora_rank", NULL},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         err[0] = '\0';

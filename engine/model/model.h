@@ -124,6 +124,10 @@ struct model_desc {
     int qk_nope_dim;
     int qk_rope_dim;
     int v_head_dim;
+    /* DeepSeek sparse attention (deepseek_v32; backend.h struct be_dsa): each query attends to
+     * the dsa_topk cached positions its lightning indexer scores best (dsa_heads heads of
+     * dsa_dim); the index key is cached after the latent and rope key. 0: dense MLA. */
+    int dsa_topk, dsa_heads, dsa_dim;
 
     /* MoE. Layer l is an MoE layer when layer_is_moe[l]; otherwise it has a dense SwiGLU FFN
      * of width dense_d_ff. */
@@ -265,6 +269,12 @@ struct layer_w {
                                    key up-projection, then its value up-projection */
     const struct wmat *w_uk_t;  /* (n_head*kv_lora_rank, qk_nope_dim): each head's key
                                    up-projection transposed, to absorb it into the query */
+    /* DeepSeek sparse attention's indexer (model_desc dsa_*): */
+    const struct wmat *idx_wq_b;  /* (dsa_heads*dsa_dim, q_lora_rank) index queries */
+    const struct wmat *idx_wk;    /* (dsa_dim, d_model) index key */
+    const float *idx_k_norm;      /* (dsa_dim) its LayerNorm weight */
+    const float *idx_k_norm_b;    /* (dsa_dim) and bias */
+    const struct wmat *idx_wproj; /* (dsa_heads, d_model) per-head weights */
 
     const struct wmat *router;       /* (n_expert, d_model) */
     const float *router_bias;        /* (n_expert) DeepSeek-V3 correction bias, or NULL */

@@ -671,10 +671,71 @@ static int cfg_dense_shared(json_t *root, struct model_desc *d, bool any_dense, 
     return 0;
 }
 
+/* A per-layer list of names under key (num_hidden_layers strings, each one of allowed, which
+ * `supported` spells for the error); absent or null: 0 with *present false. Each layer's index
+ * into allowed goes to out (n_layer). */
+static int cfg_layer_names(json_t *root, const char *key, const char *const *allowed,
+                           const char *supported, struct model_desc *d, int *out, bool *present,
+                           const char *path, char *err, size_t errlen)
+{
+    json_t *lt = json_object_get(root, key);
+    *present = lt && !json_is_null(lt);
+    if (!*present) return 0;
+    if (!json_is_array(lt) || (int)json_array_size(lt) != d->n_layer)
+        return ms_errf(err, errlen, "%s: '%s' must list num_hidden_layers (%d) strings", path, key,
+                       d->n_layer);
+    for (int l = 0; l < d->n_layer; l++) {
+        const char *t = json_string_value(json_array_get(lt, (size_t)l));
+        out[l] = -1;
+        for (int i = 0; t && allowed[i]; i++)
+            if (strcmp(t, allowed[i]) == 0) out[l] = i;
+        if (out[l] < 0)
+            return ms_errf(err, errlen, "%s: %s[%d] '%.40s' is not supported (supported: %s)",
+                           path, key, l, t ? t : "(not a string)", supported);
+    }
+    return 0;
+}
+
+/* DeepSeek-V3.2's sparse attention (transformers' DeepseekV32 classes): index_topk,
+ * index_n_heads, index_head_dim; every layer "indexed_attention" (layer_types), the MLP of each
+ * "dense" or "sparse" (mlp_layer_types, which then decides over first_k_dense_replace). The
+ * indexer needs the query LoRA (its queries come from q_a_layernorm's output). */
+static int cfg_dsa(json_t *root, struct model_desc *d, const char *path, char *err,
+                   size_t errlen)
+{
+    if (cfg_int(root, "index_topk", false, 2048, &d->dsa_topk, path, err, errlen) ||
+        cfg_positive(d->dsa_topk, "index_topk", path, err, errlen) ||
+        cfg_int(root, "index_n_heads", false, 64, &d->dsa_heads, path, err, errlen) ||
+        cfg_positive(d->dsa_heads, "index_n_heads", path, err, errlen) ||
+        cfg_int(root, "index_head_dim", false, 128, &d->dsa_dim, path, err, errlen) ||
+        cfg_positive(d->dsa_dim, "index_head_dim", path, err, errlen))
+        return -1;
+    if (d->q_lora_rank <= 0)
+        return ms_errf(err, errlen, "%s: deepseek_v32 needs q_lora_rank (the indexer reads the "
+                                    "query latent)", path);
+    if (d->dsa_dim < d->qk_rope_dim)
+        return ms_errf(err, errlen, "%s: index_head_dim %d is narrower than qk_rope_head_dim %d",
+                       path, d->dsa_dim, d->qk_rope_dim);
+    static const char *const attn[] = {"indexed_attention", NULL};
+    static const char *const mlp[] = {"dense", "sparse", NULL};
+    int *kind = malloc(sizeof(int) * (size_t)d->n_layer);
+    if (!kind) return ms_errf(err, errlen, "%s: out of memory", path);
+    bool present;
+    int rc = cfg_layer_names(root, "layer_types", attn, "'indexed_attention'", d, kind, &present,
+                             path, err, errlen);
+    if (rc == 0)
+        rc = cfg_layer_names(root, "mlp_layer_types", mlp, "'dense', 'sparse'", d, kind,
+                             &present, path, err, errlen);
+    for (int l = 0; rc == 0 && present && l < d->n_layer; l++) d->layer_is_moe[l] = kind[l] == 1;
+    free(kind);
+    return rc;
+}
+
 static int cfg_deepseek(json_t *root, struct model_desc *d, const char *path, char *err,
                         size_t errlen)
 {
-    bool v3 = strcmp(d->model_type, "deepseek_v3") == 0;
+    bool v32 = strcmp(d->model_type, "deepseek_v32") == 0;
+    bool v3 = v32 || strcmp(d->model_type, "deepseek_v3") == 0;
     bool bias = false;
     int ff = 0, n_shared = 0, dense_k = 0, freq = 1;
     double rsf = 1.0;
@@ -766,10 +827,9 @@ static int cfg_deepseek(json_t *root, struct model_desc *d, const char *path, ch
     if (!d->expert_d_ff || !d->layer_is_moe) return ms_errf(err, errlen, "%s: out of memory", path);
     for (int e = 0; e < d->n_expert; e++) d->expert_d_ff[e] = ff;
     bool any_dense = false;
-    for (int l = 0; l < d->n_layer; l++) {
-        d->layer_is_moe[l] = l >= dense_k && l % freq == 0;
-        any_dense |= !d->layer_is_moe[l];
-    }
+    for (int l = 0; l < d->n_layer; l++) d->layer_is_moe[l] = l >= dense_k && l % freq == 0;
+    if (v32 && cfg_dsa(root, d, path, err, errlen) != 0) return -1;
+    for (int l = 0; l < d->n_layer; l++) any_dense |= !d->layer_is_moe[l];
     if (cfg_dense_shared(root, d, any_dense, ff, n_shared, path, err, errlen) != 0) return -1;
     return cfg_mtp(root, d, path, err, errlen);
 }
@@ -1456,7 +1516,8 @@ int model_desc_parse(const char *json_text, size_t len, const char *path, struct
         arch = cfg_olmoe;
     else if (strcmp(type, "mohge") == 0)
         arch = cfg_mohge;
-    else if (strcmp(type, "deepseek_v2") == 0 || strcmp(type, "deepseek_v3") == 0)
+    else if (strcmp(type, "deepseek_v2") == 0 || strcmp(type, "deepseek_v3") == 0 ||
+             strcmp(type, "deepseek_v32") == 0)
         arch = cfg_deepseek;
     else if (strcmp(type, "gpt_oss") == 0)
         arch = cfg_gpt_oss;

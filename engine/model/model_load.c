@@ -277,6 +277,15 @@ static void plan_mla(struct plan *p, struct layer_w *lw, const struct model_desc
         b->mla_tiles = tiles;
     }
     plan_mat(p, &lw->wo, true, D, H * dv, "%sself_attn.o_proj.weight", pre);
+    if (d->dsa_topk > 0) { /* the sparse-attention indexer; its head weights stay unquantized */
+        const int64_t Hi = d->dsa_heads, Di = d->dsa_dim;
+        plan_mat(p, &lw->idx_wq_b, true, Hi * Di, d->q_lora_rank,
+                 "%sself_attn.indexer.wq_b.weight", pre);
+        plan_mat(p, &lw->idx_wk, true, Di, D, "%sself_attn.indexer.wk.weight", pre);
+        plan_vec(p, &lw->idx_k_norm, Di, "%sself_attn.indexer.k_norm.weight", pre);
+        plan_vec(p, &lw->idx_k_norm_b, Di, "%sself_attn.indexer.k_norm.bias", pre);
+        plan_mat(p, &lw->idx_wproj, false, Hi, D, "%sself_attn.indexer.weights_proj.weight", pre);
+    }
 }
 
 /* A Gated DeltaNet layer's tensors under "<pre>linear_attn.": the input projections fused per
@@ -1626,6 +1635,10 @@ size_t model_active_params(const struct model *m, int k)
             n += 2 * D + (qr ? qr * D + qr + H * qk * qr : H * qk * D) + (kvr + dr) * D + kvr +
                  H * ((size_t)d->qk_nope_dim + (size_t)d->v_head_dim) * kvr +
                  D * H * (size_t)d->v_head_dim;
+            if (d->dsa_topk > 0) {
+                size_t Hi = (size_t)d->dsa_heads, Di = (size_t)d->dsa_dim;
+                n += Hi * Di * qr + Di * D + 2 * Di + Hi * D;
+            }
         } else if (d->layer_linear && d->layer_linear[l]) {
             /* state-space layer: input projections, conv, per-head vectors, norm, out_proj */
             size_t nv = (size_t)d->lin_nv, vd = nv * (size_t)d->lin_dv;
@@ -1670,7 +1683,8 @@ size_t model_active_params(const struct model *m, int k)
 void model_kv_rows(const struct model_desc *md, int *k_row, int *v_row)
 {
     if (md->attn == ATTN_KIND_MLA) {
-        *k_row = md->kv_lora_rank + md->qk_rope_dim;
+        /* DSA: the index key after the latent and rope key, in the same row */
+        *k_row = md->kv_lora_rank + md->qk_rope_dim + (md->dsa_topk > 0 ? md->dsa_dim : 0);
         *v_row = 0;
     } else {
         *k_row = *v_row = md->n_kv_head * md->head_dim;
@@ -1727,7 +1741,9 @@ size_t model_active_bytes(const struct model *m, int k)
         }
         if (d->attn == ATTN_KIND_MLA) /* the absorbed copy is read instead of kv_b's key half */
             n += mat_bytes(lw->wq_a) + mat_bytes(lw->wq_b) + mat_bytes(lw->wkv_a) +
-                 mat_bytes(lw->wkv_b) + 4 * ((size_t)d->q_lora_rank + (size_t)d->kv_lora_rank);
+                 mat_bytes(lw->wkv_b) + 4 * ((size_t)d->q_lora_rank + (size_t)d->kv_lora_rank) +
+                 mat_bytes(lw->idx_wq_b) + mat_bytes(lw->idx_wk) + mat_bytes(lw->idx_wproj) +
+                 (lw->idx_k_norm ? 8 * (size_t)d->dsa_dim : 0);
         bool attn = !(d->layer_linear && d->layer_linear[l]);
         if (attn && d->qkv_bias) n += 4 * (q + 2 * kv);
         if (attn && d->o_bias) n += 4 * D;

@@ -17,6 +17,7 @@
 #include "common.h"
 #include "cpu/flash.h"
 #include "cpu/gemm.h"
+#include "cpu/dsa.h"
 #include "cpu/ssm.h"
 #include "cpu/pool.h"
 #include "route_impl.h"
@@ -38,6 +39,7 @@ struct cpu_backend {
     size_t tmp_per_thread;
     struct fa_work fa;    /* attention's tiles and split-K partials (kernels/cpu/flash.h) */
     int fa_ctx;           /* the longest context reserve was told of */
+    struct dsa_work dsa;  /* the sparse-attention indexer's scores (kernels/cpu/dsa.h) */
     int *tasks;           /* (max_tasks, 3) expert task table: expert, first row, last row */
     int max_tasks;
     struct act *ex_act;   /* (max_experts) the experts' prepared hidden rows */
@@ -58,6 +60,7 @@ static void cpu_release(struct cpu_backend *b)
     free(b->act[1]);
     free(b->tmp);
     fa_work_free(&b->fa);
+    dsa_work_free(&b->dsa);
     free(b->tasks);
     free(b->ex_act);
     free(b->ex_off);
@@ -150,7 +153,9 @@ static int cpu_reserve(struct backend *be, const struct be_reserve *r)
     b->ex_off = calloc((size_t)E, sizeof *b->ex_off);
     b->ex_hoff = calloc((size_t)E, sizeof *b->ex_hoff);
     b->ex_ready = calloc((size_t)E, sizeof *b->ex_ready);
-    if (!b->act[0] || !b->act[1] || !b->tmp || fa_fail || !b->ex_act || !b->ex_off ||
+    int dsa_fail = r->dsa_dim > 0 ? dsa_work_reserve(&b->dsa, b->n_threads, r->max_ctx, r->dsa_dim)
+                                  : 0;
+    if (!b->act[0] || !b->act[1] || !b->tmp || fa_fail || dsa_fail || !b->ex_act || !b->ex_off ||
         !b->ex_hoff || !b->ex_ready) {
         cpu_release(b);
         return -1;
@@ -339,6 +344,30 @@ static void cpu_rmsnorm_ld(struct backend *be, float *y, const float *x, const f
         float inv = 1.0f / sqrtf(ss / (float)d + eps);
         for (int j = 0; j < d; j++) yi[j] = w[j] * (xi[j] * inv);
     }
+}
+
+static void cpu_layernorm_ld(struct backend *be, float *y, int ldy, const float *x, int ldx,
+                             const float *w, const float *bias, int n, int d, float eps)
+{
+    (void)be;
+    for (int i = 0; i < n; i++) {
+        const float *xi = x + (size_t)i * ldx;
+        float *yi = y + (size_t)i * ldy;
+        float mean = 0.0f, var = 0.0f;
+        for (int j = 0; j < d; j++) mean += xi[j];
+        mean /= (float)d;
+        for (int j = 0; j < d; j++) var += (xi[j] - mean) * (xi[j] - mean);
+        float inv = 1.0f / sqrtf(var / (float)d + eps);
+        for (int j = 0; j < d; j++) yi[j] = (xi[j] - mean) * inv * w[j] + bias[j];
+    }
+}
+
+static void cpu_dsa_select(struct backend *be, int32_t *sel, int32_t *sel_n, const float *q,
+                           const float *w, const struct be_kv *kv, const struct be_tokens *tk,
+                           int block_size, int n, const struct be_dsa *p)
+{
+    struct cpu_backend *b = cpu_of(be);
+    dsa_select_run(b->pool, b->kk, &b->dsa, sel, sel_n, q, w, kv, tk, block_size, n, p);
 }
 
 static void cpu_rmsnorm(struct backend *be, float *y, const float *x, const float *w, int n, int d,
@@ -850,6 +879,8 @@ static const struct backend_ops cpu_ops = {
     .kv_write = cpu_kv_write,
     .matmul_ld = cpu_matmul_ld,
     .rmsnorm_ld = cpu_rmsnorm_ld,
+    .layernorm_ld = cpu_layernorm_ld,
+    .dsa_select = cpu_dsa_select,
     .rope_ex = cpu_rope_ex,
     .host_workers = cpu_host_workers,
     .host_for = cpu_host_for,

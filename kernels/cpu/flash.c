@@ -237,6 +237,35 @@ static const float *tile_ptrs(const struct fa_call *c, const struct fa_unit *un,
     return fp8 || int8 ? sc : NULL;
 }
 
+/* DeepSeek sparse attention: the scores p[rlo, rhi] of row r (tile at t0) at positions its
+ * token did not select become -inf. True when none in the range is selected. */
+static bool sel_mask(const struct fa_call *c, const struct fa_unit *un, int r, int t0, int rlo,
+                     int rhi, float *p)
+{
+    const struct be_attn *a = c->a;
+    int i = un->tok0 + (r / c->group) % un->nt, cnt = a->sel_n[i];
+    if (cnt < 0) return false; /* every position */
+    const int32_t *s = a->sel + (size_t)i * a->sel_stride;
+    int lo = 0, hi = cnt; /* first listed position >= t0 + rlo */
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (s[mid] < t0 + rlo)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    bool none = true;
+    for (int j = rlo; j <= rhi; j++) {
+        if (lo < cnt && s[lo] == t0 + j) {
+            lo++;
+            none = false;
+        } else {
+            p[j] = -INFINITY;
+        }
+    }
+    return none;
+}
+
 /* Segment `seg` of the unit's context into fresh states st (R rows of dv + 2). */
 static void unit_segment(const struct fa_call *c, const struct fa_unit *un, int seg, float *st)
 {
@@ -274,6 +303,10 @@ static void unit_segment(const struct fa_call *c, const struct fa_unit *un, int 
             int rhi = un->hi[r] < t0 + FA_TK - 1 ? un->hi[r] - t0 : FA_TK - 1;
             if (rlo > rhi) { /* no key of this tile: the row contributes nothing */
                 memset(p, 0, sizeof(float) * FA_TK);
+                continue;
+            }
+            if (a->sel && sel_mask(c, un, r, t0, rlo, rhi, p)) {
+                memset(p, 0, sizeof(float) * FA_TK); /* none selected in this tile */
                 continue;
             }
             float mt = c->kk->fa_max(p, rlo, rhi), m = sr[ST_M];

@@ -724,7 +724,7 @@ static void cb_mul_rows(struct backend *be, float *x, const float *sc, int n, in
     cb_note(b, cuk_mul_rows(b->stream, x, sc, n, d, CB_ERR(b)));
 }
 
-static_assert(sizeof(struct backend_ops) == 39 * sizeof(void *),
+static_assert(sizeof(struct backend_ops) == 41 * sizeof(void *),
               "struct backend_ops changed: update cuda_ops to match kernels/backend.h");
 
 static const struct backend_ops cuda_ops = {
@@ -756,6 +756,8 @@ static const struct backend_ops cuda_ops = {
     /* .neuron_ffn */ cb_neuron_ffn,
     /* .attention */ cb_attention,
     /* .kv_write */ cb_kv_write,
+    /* .dsa_select */ NULL, /* DeepSeek sparse attention: CPU only for now (the engine refuses) */
+    /* .layernorm_ld */ NULL,
     /* .matmul_ld */ cb_matmul_ld,
     /* .rmsnorm_ld */ cb_rmsnorm_ld,
     /* .rope_ex */ cb_rope_ex,

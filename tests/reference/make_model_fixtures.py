@@ -34,6 +34,8 @@ from transformers import (
     DeepseekV2ForCausalLM,
     DeepseekV3Config,
     DeepseekV3ForCausalLM,
+    DeepseekV32Config,
+    DeepseekV32ForCausalLM,
     GenerationConfig,
     GraniteMoeHybridConfig,
     Kimi_K25Config,
@@ -212,6 +214,9 @@ ARCHS["deepseek_v2_group"] = (
         topk_group=2,
     ),
 )
+# What V3 and V3.2 share: latent ranks, layer 0 dense, noaux_tc over 4 groups keeping 2.
+V3_SHAPE = dict(q_lora_rank=32, kv_lora_rank=48, first_k_dense_replace=1, n_shared_experts=1,
+                n_group=4, topk_group=2, norm_topk_prob=True, routed_scaling_factor=2.5)
 # V3: noaux_tc with a non-zero correction bias, YaRN past a 64-position original context (the
 # prompts plus continuations reach 73), mscale != mscale_all_dim so that both the cos/sin
 # attention factor and the softmax scale's mscale^2 are exercised.
@@ -224,15 +229,26 @@ ARCHS["deepseek_v3"] = (
         rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
                          "original_max_position_embeddings": 64, "beta_fast": 32,
                          "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 0.8},
-        q_lora_rank=32,
-        kv_lora_rank=48,
-        first_k_dense_replace=1,
-        n_shared_experts=1,
-        n_group=4,
-        topk_group=2,
-        norm_topk_prob=True,
-        routed_scaling_factor=2.5,
+        **V3_SHAPE,
         num_nextn_predict_layers=1,  # an MTP module (MtpModule) with its reference logits
+    ),
+)
+
+# V3.2: V3 plus DeepSeek Sparse Attention. index_topk 8 is far below the prompts plus their
+# continuations (up to 73 positions), so most queries attend to a selection; 8 indexer heads
+# keep exact zero scores (every head's relu at 0) rare, and min_dsa_gap checks that no k-th and
+# (k+1)-th index score are near a tie. Plain RoPE (V3's YaRN is covered by deepseek_v3).
+ARCHS["deepseek_v32"] = (
+    DeepseekV32ForCausalLM,
+    DeepseekV32Config(
+        **MLA,
+        num_hidden_layers=3,
+        max_position_embeddings=512,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        **V3_SHAPE,
+        index_topk=8,
+        index_n_heads=8,
+        index_head_dim=32,
     ),
 )
 
@@ -435,7 +451,7 @@ LONG_PROMPT = ("KING RICHARD III:\nNow is the winter of our discontent made glor
 # a near tie would make expert choice, and so the expected logits, hinge on rounding.
 SEED_OFFSET = {"minimax_m2": 14, "qwen3_next": 9, "qwen3_5_moe": 11, "granitemoehybrid": 2,
                "glm4_moe": 3, "qwen3_moe": 1, "deepseek_v2": 4, "deepseek_v2_group": 5,
-               "deepseek_v3": 11, "gpt_oss": 1}
+               "deepseek_v3": 11, "deepseek_v32": 2, "gpt_oss": 1}
 ROUTER_GAP_MIN = 1e-3
 # DeepSeek-V2 ranks softmax probabilities (~1/8 each here), whose gaps are ~100x smaller than
 # logit gaps for the same routing margin; still ~1000x above f32 rounding of a probability.
@@ -994,11 +1010,65 @@ def write_reference(model_dir, prompts, f32_model, bf16_model=None):
         seqs = prompts  # the f32-compute references of the bf16 weights
     gap = min_router_gap(f32_model, seqs)  # f32 compute: what a CPU engine must reproduce
     notes.append(f"min router gap {gap:.2e}")
+    if mt_dsa(f32_model):
+        dgap = min_dsa_gap(f32_model, seqs)
+        notes.append(f"min index-score gap {dgap:.2e}")
+        if dgap < DSA_GAP_MIN:
+            notes.append("WARNING: near-tie sparse-attention selection, change SEED_OFFSET")
     mt = f32_model.config.model_type
     gap_min = {"deepseek_v2": ROUTER_GAP_MIN_PROB, "minimax_m2": ROUTER_GAP_MIN_SIGMOID}
     if gap < gap_min.get(mt, ROUTER_GAP_MIN):
         notes.append("WARNING: near-tie routing, change SEED_OFFSET")
     return (min(margins) if margins else None), spread, notes
+
+
+DSA_GAP_MIN = 1e-4
+
+
+def mt_dsa(model):
+    return model.config.model_type == "deepseek_v32"
+
+
+@torch.no_grad()
+def min_dsa_gap(model, sequences):
+    """Smallest gap between the k-th and (k+1)-th index score of any query that selects (more
+    than index_topk positions before it), over every layer's indexer: the same scores as the
+    indexer computes (relu of scaled q.k per head, weighted by weights_proj * heads^-0.5)."""
+    gap = math.inf
+    seen = []
+
+    def hook(mod, args, kwargs):
+        seen.append((mod, args, kwargs))
+
+    handles = [l.self_attn.indexer.register_forward_pre_hook(hook, with_kwargs=True)
+               for l in model.model.layers]
+    try:
+        for seq in sequences:
+            seen.clear()
+            model(input_ids=torch.tensor([seq], dtype=torch.long))
+            for mod, args, kwargs in seen:
+                x, q_resid, (cos, sin) = args[0], args[1], args[2]
+                S = x.shape[1]
+                q = mod.wq_b(q_resid).view(1, S, mod.n_heads, mod.head_dim)
+                k = mod.k_norm(mod.wk(x)).unsqueeze(2)
+                r = mod.qk_rope_head_dim
+                from transformers.models.deepseek_v32.modeling_deepseek_v32 import \
+                    apply_rotary_pos_emb
+                qr, kr = apply_rotary_pos_emb(q[..., :r], k[..., :r], cos, sin, unsqueeze_dim=2)
+                q = torch.cat([qr, q[..., r:]], -1)
+                k = torch.cat([kr, k[..., r:]], -1).squeeze(2)
+                sc = torch.relu(torch.matmul(q.float(), k.transpose(-1, -2).float().unsqueeze(1))
+                                * mod.softmax_scale)
+                w = mod.weights_proj(x).float() * mod.n_heads ** -0.5
+                idx = torch.matmul(w.unsqueeze(-2), sc).squeeze(-2)[0]  # (S, S)
+                kk = mod.index_topk
+                for t in range(kk, S):  # rows with t + 1 > topk candidates
+                    v = torch.topk(idx[t, : t + 1], kk + 1).values
+                    gap = min(gap, float(v[kk - 1] - v[kk]))
+    finally:
+        for h in handles:
+            h.remove()
+    return gap
 
 
 def tensor_table(model_dir):

@@ -1,0 +1,139 @@
+/* DeepSeek sparse attention's indexer on the CPU (see dsa.h). One task per token: its score of
+ * every cached position t <= pos, sum_h w_h n_head^-0.5 relu(scale q_h . key_t), in head order,
+ * then the k-th largest score by selection on a copy and the positions above it (and the
+ * earliest of those equal to it) in one ascending pass. */
+#include "cpu/dsa.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kv_types.h"
+
+int dsa_work_reserve(struct dsa_work *w, int n_threads, int max_ctx, int dim)
+{
+    dsa_work_free(w);
+    if (max_ctx < 1 || dim < 1) return 0;
+    w->per_thread = 2 * (size_t)max_ctx + (size_t)dim + 16;
+    w->buf = malloc(sizeof(float) * w->per_thread * (size_t)(n_threads < 1 ? 1 : n_threads));
+    if (!w->buf) return -1;
+    w->max_ctx = max_ctx;
+    w->dim = dim;
+    return 0;
+}
+
+void dsa_work_free(struct dsa_work *w)
+{
+    free(w->buf);
+    memset(w, 0, sizeof *w);
+}
+
+/* The k-th largest of a[0, n) (1 <= k <= n); reorders a. Quickselect with a median-of-three
+ * pivot, iterative. */
+static float kth_largest(float *a, int n, int k)
+{
+    int lo = 0, hi = n - 1, want = k - 1; /* index in descending order */
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        float x = a[lo], y = a[mid], z = a[hi];
+        float piv = x > y ? (y > z ? y : (x > z ? z : x)) : (x > z ? x : (y > z ? z : y));
+        int i = lo, j = hi;
+        while (i <= j) {
+            while (a[i] > piv) i++;
+            while (a[j] < piv) j--;
+            if (i <= j) {
+                float t = a[i];
+                a[i] = a[j];
+                a[j] = t;
+                i++;
+                j--;
+            }
+        }
+        if (want <= j)
+            hi = j;
+        else if (want >= i)
+            lo = i;
+        else
+            return a[want];
+    }
+    return a[want];
+}
+
+struct dsa_call {
+    const struct gemm_kernels *kk;
+    struct dsa_work *w;
+    int32_t *sel, *sel_n;
+    const float *q, *wt;
+    const struct be_kv *kv;
+    const struct be_tokens *tk;
+    int block_size;
+    const struct be_dsa *p;
+};
+
+static void dsa_task(void *ctx, int i, int thread)
+{
+    const struct dsa_call *c = ctx;
+    const struct be_dsa *p = c->p;
+    const struct be_kv *kv = c->kv;
+    const struct be_tokens *tk = c->tk;
+    int pos = tk->pos ? tk->pos[i] : tk->pos0 + i, P = pos + 1;
+    int32_t *out = c->sel + (size_t)i * p->topk;
+    if (P <= p->topk) {
+        c->sel_n[i] = -1;
+        return;
+    }
+    if (P > c->w->max_ctx) {
+        c->sel_n[i] = 0;
+        return;
+    }
+    float *s = c->w->buf + c->w->per_thread * (size_t)thread, *cp = s + P, *key = cp + P;
+    const int32_t *table = tk->seq ? tk->tables + (size_t)tk->seq[i] * tk->table_stride
+                                   : tk->tables;
+    const float *qi = c->q + (size_t)i * p->n_head * p->dim;
+    const float *wi = c->wt + (size_t)i * p->n_head;
+    float hs = 1.0f / sqrtf((float)p->n_head);
+    size_t es = (size_t)kv_type_size(kv->type);
+    bool fp8 = kv->type == BE_KV_FP8_E4M3 || kv->type == BE_KV_FP8_E5M2;
+    for (int t = 0; t < P; t++) {
+        size_t blk = (size_t)table[t / c->block_size];
+        int slot = t % c->block_size;
+        size_t off = kv_seg_offset(blk, slot, c->block_size, 1, 0, p->k_row);
+        float sc = fp8 ? kv->k_scale
+                   : kv->type == BE_KV_INT8 ? kv->k_sc[kv_seg_offset(blk, slot, c->block_size,
+                                                                     1, 0, 1)]
+                                            : 1.0f;
+        const char *src = (const char *)kv->k + (off + (size_t)p->k_off) * es;
+        const float *k = key;
+        if (kv->type == BE_KV_F32)
+            k = (const float *)src;
+        else
+            c->kk->kv_cvt(key, src, p->dim, kv->type, sc);
+        float score = 0.0f;
+        for (int h = 0; h < p->n_head; h++) {
+            const float *qh = qi + (size_t)h * p->dim;
+            float dot = 0.0f;
+            for (int d = 0; d < p->dim; d++) dot += qh[d] * k[d];
+            dot *= p->scale;
+            if (dot > 0.0f) score += wi[h] * hs * dot;
+        }
+        s[t] = score;
+    }
+    memcpy(cp, s, sizeof(float) * (size_t)P);
+    float thr = kth_largest(cp, P, p->topk);
+    int above = 0;
+    for (int t = 0; t < P; t++) above += s[t] > thr;
+    int ties = p->topk - above, cnt = 0;
+    for (int t = 0; t < P && cnt < p->topk; t++)
+        if (s[t] > thr || (s[t] == thr && ties-- > 0)) out[cnt++] = t;
+    c->sel_n[i] = cnt;
+}
+
+void dsa_select_run(struct pool *pool, const struct gemm_kernels *kk, struct dsa_work *w,
+                    int32_t *sel, int32_t *sel_n, const float *q, const float *wt,
+                    const struct be_kv *kv, const struct be_tokens *tk, int block_size, int n,
+                    const struct be_dsa *p)
+{
+    struct dsa_call c = {.kk = kk, .w = w, .sel = sel, .sel_n = sel_n, .q = q, .wt = wt,
+                         .kv = kv, .tk = tk, .block_size = block_size, .p = p};
+    if (n > 0) pool_run(pool, dsa_task, &c, n);
+}

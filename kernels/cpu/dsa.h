@@ -1,0 +1,27 @@
+/* DeepSeek sparse attention's lightning indexer on the CPU (backend.h dsa_select): each token's
+ * scores against the index keys of its sequence's cached positions, then the top-k positions in
+ * ascending order, tokens spread over the backend's thread pool. Used by backend_cpu.c; the
+ * scratch is reserved once (dsa_work_reserve), so a call allocates nothing. */
+#ifndef MOESERVE_CPU_DSA_H
+#define MOESERVE_CPU_DSA_H
+
+#include "backend.h"
+#include "cpu/gemm.h"
+#include "cpu/pool.h"
+
+struct dsa_work {
+    float *buf;      /* (n_threads, per_thread) scores, their copy for the selection, a key */
+    size_t per_thread;
+    int max_ctx, dim;
+};
+
+int dsa_work_reserve(struct dsa_work *w, int n_threads, int max_ctx, int dim);
+void dsa_work_free(struct dsa_work *w);
+/* backend.h dsa_select; positions past the reserved context get sel_n 0 (nothing attended:
+ * the caller reserved too little, which the engine never does) */
+void dsa_select_run(struct pool *pool, const struct gemm_kernels *kk, struct dsa_work *w,
+                    int32_t *sel, int32_t *sel_n, const float *q, const float *wt,
+                    const struct be_kv *kv, const struct be_tokens *tk, int block_size, int n,
+                    const struct be_dsa *p);
+
+#endif

@@ -518,29 +518,7 @@ int anth_to_chat(json_t *in, bool count_only, struct proto_req *r, json_t **out,
         ms_buf_free(&t);
     }
     if (get_messages(in, msgs, e) != 0) goto fail;
-    /* the extras and the fields with the same meaning in both APIs pass unchanged */
-    static const char *const same[] = {"model",
-                                       "temperature",
-                                       "top_p",
-                                       "top_k",
-                                       "stream",
-                                       "min_p",
-                                       "repetition_penalty",
-                                       "presence_penalty",
-                                       "frequency_penalty",
-                                       "seed",
-                                       "ignore_eos",
-                                       "min_tokens",
-                                       "cache_salt",
-                                       "chat_template_kwargs",
-                                       "moe_top_k",
-                                       "moe_tag",
-                                       "moe_samples",
-                                       "moe_neuron_fraction",
-                                       "moe_samples_adaptive",
-                                       "speculative"};
-    for (size_t i = 0; i < sizeof same / sizeof *same; i++)
-        edge_copy(c, in, same[i]);
+    edge_copy_shared(c, in); /* the extras and the fields of the same meaning */
     json_t *kw = json_object_get(c, "chat_template_kwargs");
     if (kw) { /* get_thinking may add to it: a copy of the client's object */
         json_t *cp = json_deep_copy(kw);

@@ -59,6 +59,17 @@ void edge_copy(json_t *out, json_t *in, const char *key)
     if (v && !json_is_null(v)) json_object_set(out, key, v);
 }
 
+void edge_copy_shared(json_t *out, json_t *in)
+{
+    static const char *const shared[] = {
+        "model", "temperature", "top_p", "top_k", "stream", "min_p", "repetition_penalty",
+        "presence_penalty", "frequency_penalty", "seed", "ignore_eos", "min_tokens", "cache_salt",
+        "chat_template_kwargs", "moe_top_k", "moe_tag", "moe_samples", "moe_neuron_fraction",
+        "moe_samples_adaptive", "speculative"};
+    for (size_t i = 0; i < sizeof shared / sizeof *shared; i++)
+        edge_copy(out, in, shared[i]);
+}
+
 bool edge_ends_with(const char *s, size_t len, const char *suffix)
 {
     size_t n = strlen(suffix);

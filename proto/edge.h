@@ -28,6 +28,10 @@ char *edge_dump(json_t *v);
 /* Copies in[key] to out[key] when present and not null. */
 void edge_copy(json_t *out, json_t *in, const char *key);
 
+/* Copies (edge_copy) the fields that both APIs share with chat completions under the same name
+ * and meaning, moeserve's and vLLM's extras among them, into the chat request out. */
+void edge_copy_shared(json_t *out, json_t *in);
+
 /* Whether the string ends with the bytes of suffix. */
 bool edge_ends_with(const char *s, size_t len, const char *suffix);
 

@@ -228,10 +228,17 @@ static int check_fields(json_t *o, unsigned kind_bit, struct proto_error *e)
 
 /* --- field getters: 0 = absent (out untouched), 1 = set, -1 = error ---------------------- */
 
-static int get_bool(json_t *o, const char *k, bool *out, struct proto_error *e)
+/* Field k of o, or NULL when it is absent or null (a null field counts as not given). */
+static json_t *field(json_t *o, const char *k)
 {
     json_t *v = json_object_get(o, k);
-    if (!v || json_is_null(v)) return 0;
+    return json_is_null(v) ? NULL : v;
+}
+
+static int get_bool(json_t *o, const char *k, bool *out, struct proto_error *e)
+{
+    json_t *v = field(o, k);
+    if (!v) return 0;
     if (!json_is_boolean(v)) return proto_fail(e, 400, k, "invalid_type", "'%s' must be a boolean", k);
     *out = json_is_true(v);
     return 1;
@@ -240,8 +247,8 @@ static int get_bool(json_t *o, const char *k, bool *out, struct proto_error *e)
 static int get_num(json_t *o, const char *k, double lo, double hi, double *out,
                    struct proto_error *e)
 {
-    json_t *v = json_object_get(o, k);
-    if (!v || json_is_null(v)) return 0;
+    json_t *v = field(o, k);
+    if (!v) return 0;
     if (!json_is_number(v)) return proto_fail(e, 400, k, "invalid_type", "'%s' must be a number", k);
     double d = json_number_value(v);
     if (!isfinite(d) || d < lo || d > hi)
@@ -254,8 +261,8 @@ static int get_num(json_t *o, const char *k, double lo, double hi, double *out,
 static int get_int(json_t *o, const char *k, long long lo, long long hi, long long *out,
                    struct proto_error *e)
 {
-    json_t *v = json_object_get(o, k);
-    if (!v || json_is_null(v)) return 0;
+    json_t *v = field(o, k);
+    if (!v) return 0;
     if (!json_is_integer(v))
         return proto_fail(e, 400, k, "invalid_type", "'%s' must be an integer", k);
     long long x = json_integer_value(v);
@@ -264,6 +271,16 @@ static int get_int(json_t *o, const char *k, long long lo, long long hi, long lo
                           lo, hi, x);
     *out = x;
     return 1;
+}
+
+/* get_int into an int field (lo and hi within int's range). */
+static int get_int_field(json_t *o, const char *k, long long lo, long long hi, int *out,
+                         struct proto_error *e)
+{
+    long long x;
+    int rc = get_int(o, k, lo, hi, &x, e);
+    if (rc == 1) *out = (int)x;
+    return rc;
 }
 
 static char *dup_str(const char *s, size_t n)
@@ -301,8 +318,8 @@ static int get_ids(json_t *arr, const char *param, int32_t **out, int *n, struct
 /* prompt: string | [string] | [int] | [[int]] */
 static int get_prompt(json_t *o, struct proto_req *r, struct proto_error *e, bool required)
 {
-    json_t *p = json_object_get(o, "prompt");
-    if (!p || json_is_null(p)) {
+    json_t *p = field(o, "prompt");
+    if (!p) {
         if (!required) return 0;
         return proto_fail(e, 400, "prompt", "missing_required_parameter", "'prompt' is required");
     }
@@ -350,8 +367,8 @@ static int get_prompt(json_t *o, struct proto_req *r, struct proto_error *e, boo
  * string contents. */
 static int get_messages(json_t *o, struct proto_req *r, struct proto_error *e, bool required)
 {
-    json_t *msgs = json_object_get(o, "messages");
-    if (!msgs || json_is_null(msgs)) {
+    json_t *msgs = field(o, "messages");
+    if (!msgs) {
         if (!required) return 0;
         return proto_fail(e, 400, "messages", "missing_required_parameter",
                           "'messages' is required");
@@ -480,8 +497,8 @@ oom:
 
 static int get_stop(json_t *o, struct proto_req *r, struct proto_error *e)
 {
-    json_t *s = json_object_get(o, "stop");
-    if (!s || json_is_null(s)) return 0;
+    json_t *s = field(o, "stop");
+    if (!s) return 0;
     if (json_is_string(s)) {
         if (json_string_length(s) == 0 || json_string_length(s) > 256)
             return proto_fail(e, 400, "stop", "invalid_value", "stop strings must be 1 to 256 bytes");
@@ -514,8 +531,8 @@ static int get_stop(json_t *o, struct proto_req *r, struct proto_error *e)
 
 static int get_string(json_t *o, const char *k, char **out, struct proto_error *e)
 {
-    json_t *v = json_object_get(o, k);
-    if (!v || json_is_null(v)) return 0;
+    json_t *v = field(o, k);
+    if (!v) return 0;
     if (!json_is_string(v)) return proto_fail(e, 400, k, "invalid_type", "'%s' must be a string", k);
     *out = dup_str(json_string_value(v), json_string_length(v));
     if (!*out) return proto_fail(e, 500, NULL, NULL, "out of memory");
@@ -526,8 +543,8 @@ static int get_string(json_t *o, const char *k, char **out, struct proto_error *
 static int get_id_list(json_t *o, const char *k, int max, int32_t **out, int *n,
                        struct proto_error *e)
 {
-    json_t *v = json_object_get(o, k);
-    if (!v || json_is_null(v)) return 0;
+    json_t *v = field(o, k);
+    if (!v) return 0;
     if (!json_is_array(v))
         return proto_fail(e, 400, k, "invalid_type", "'%s' must be an array of token ids", k);
     if (json_array_size(v) > (size_t)max)
@@ -545,8 +562,8 @@ static int cmp_bias(const void *a, const void *b)
 /* logit_bias: {"token id": bias in [-100, 100]} */
 static int get_logit_bias(json_t *o, struct proto_req *r, struct proto_error *e)
 {
-    json_t *v = json_object_get(o, "logit_bias");
-    if (!v || json_is_null(v)) return 0;
+    json_t *v = field(o, "logit_bias");
+    if (!v) return 0;
     if (!json_is_object(v))
         return proto_fail(e, 400, "logit_bias", "invalid_type",
                           "'logit_bias' must be an object mapping token ids to biases");
@@ -595,8 +612,8 @@ static int set_guide(struct proto_req *r, enum proto_guide kind, const char *par
 
 static int get_response_format(json_t *o, struct proto_req *r, struct proto_error *e)
 {
-    json_t *rf = json_object_get(o, "response_format");
-    if (!rf || json_is_null(rf)) return 0;
+    json_t *rf = field(o, "response_format");
+    if (!rf) return 0;
     const char *type = json_string_value(json_object_get(rf, "type"));
     if (!json_is_object(rf) || !type)
         return proto_fail(e, 400, "response_format", "invalid_type",
@@ -649,11 +666,22 @@ static int get_response_format(json_t *o, struct proto_req *r, struct proto_erro
                      json_dumps(schema, JSON_COMPACT | JSON_ENCODE_ANY), e);
 }
 
+/* A guided_* field that holds the constraint's text (a regex, a grammar). */
+static int get_guide_text(json_t *o, const char *k, enum proto_guide kind, struct proto_req *r,
+                          struct proto_error *e)
+{
+    json_t *v = field(o, k);
+    if (!v) return 0;
+    if (!json_is_string(v) || json_string_length(v) == 0)
+        return proto_fail(e, 400, k, "invalid_type", "'%s' must be a non-empty string", k);
+    return set_guide(r, kind, k, strdup(json_string_value(v)), e);
+}
+
 /* vLLM's guided_* fields. */
 static int get_guided(json_t *o, struct proto_req *r, struct proto_error *e)
 {
-    json_t *v = json_object_get(o, "guided_json");
-    if (v && !json_is_null(v)) {
+    json_t *v = field(o, "guided_json");
+    if (v) {
         if (json_is_string(v)) {
             json_t *parsed = json_loads(json_string_value(v), JSON_DECODE_ANY, NULL);
             bool ok = json_is_object(parsed) || json_is_boolean(parsed);
@@ -672,16 +700,9 @@ static int get_guided(json_t *o, struct proto_req *r, struct proto_error *e)
                               "'guided_json' must be a JSON schema (an object, or its text)");
         }
     }
-    v = json_object_get(o, "guided_regex");
-    if (v && !json_is_null(v)) {
-        if (!json_is_string(v) || json_string_length(v) == 0)
-            return proto_fail(e, 400, "guided_regex", "invalid_type",
-                              "'guided_regex' must be a non-empty string");
-        if (set_guide(r, PROTO_GUIDE_REGEX, "guided_regex", strdup(json_string_value(v)), e) < 0)
-            return -1;
-    }
-    v = json_object_get(o, "guided_choice");
-    if (v && !json_is_null(v)) {
+    if (get_guide_text(o, "guided_regex", PROTO_GUIDE_REGEX, r, e) < 0) return -1;
+    v = field(o, "guided_choice");
+    if (v) {
         bool ok = json_is_array(v) && json_array_size(v) > 0;
         size_t i;
         json_t *c;
@@ -692,24 +713,14 @@ static int get_guided(json_t *o, struct proto_req *r, struct proto_error *e)
         if (set_guide(r, PROTO_GUIDE_CHOICE, "guided_choice", json_dumps(v, JSON_COMPACT), e) < 0)
             return -1;
     }
-    v = json_object_get(o, "guided_grammar");
-    if (v && !json_is_null(v)) {
-        if (!json_is_string(v) || json_string_length(v) == 0)
-            return proto_fail(e, 400, "guided_grammar", "invalid_type",
-                              "'guided_grammar' must be a non-empty string");
-        if (set_guide(r, PROTO_GUIDE_GRAMMAR, "guided_grammar", strdup(json_string_value(v)),
-                      e) < 0)
-            return -1;
-    }
-    return 0;
+    return get_guide_text(o, "guided_grammar", PROTO_GUIDE_GRAMMAR, r, e);
 }
 
 /* tools, tool_choice, parallel_tool_calls, chat_template_kwargs, reasoning_effort (chat). */
 static int get_tools(json_t *o, struct proto_req *r, struct proto_error *e)
 {
-    json_t *tools = json_object_get(o, "tools");
-    bool have = tools && !json_is_null(tools);
-    if (have) {
+    json_t *tools = field(o, "tools");
+    if (tools) {
         if (!json_is_array(tools))
             return proto_fail(e, 400, "tools", "invalid_type", "'tools' must be an array");
         size_t i;
@@ -735,8 +746,8 @@ static int get_tools(json_t *o, struct proto_req *r, struct proto_error *e)
             return proto_fail(e, 500, NULL, NULL, "out of memory");
     }
     r->tool_choice = r->tools_json ? PROTO_TOOL_AUTO : PROTO_TOOL_NONE;
-    json_t *tc = json_object_get(o, "tool_choice");
-    if (tc && !json_is_null(tc)) {
+    json_t *tc = field(o, "tool_choice");
+    if (tc) {
         const char *s = json_string_value(tc);
         if (s && strcmp(s, "none") == 0) {
             r->tool_choice = PROTO_TOOL_NONE;
@@ -774,8 +785,8 @@ static int get_tools(json_t *o, struct proto_req *r, struct proto_error *e)
         }
     }
     if (get_bool(o, "parallel_tool_calls", &r->parallel_tool_calls, e) < 0) return -1;
-    json_t *kw = json_object_get(o, "chat_template_kwargs");
-    if (kw && !json_is_null(kw) && !json_is_object(kw))
+    json_t *kw = field(o, "chat_template_kwargs");
+    if (kw && !json_is_object(kw))
         return proto_fail(e, 400, "chat_template_kwargs", "invalid_type",
                           "'chat_template_kwargs' must be an object");
     /* reasoning_effort reaches the template as the variable of that name (as vLLM passes it);
@@ -785,8 +796,7 @@ static int get_tools(json_t *o, struct proto_req *r, struct proto_error *e)
         strcmp(r->reasoning_effort, "medium") != 0 && strcmp(r->reasoning_effort, "high") != 0)
         return proto_fail(e, 400, "reasoning_effort", "invalid_value",
                           "'reasoning_effort' must be low, medium or high");
-    json_t *all = kw && !json_is_null(kw) ? json_deep_copy(kw) : r->reasoning_effort ? json_object()
-                                                                                     : NULL;
+    json_t *all = kw ? json_deep_copy(kw) : r->reasoning_effort ? json_object() : NULL;
     if (all && r->reasoning_effort && !json_object_get(all, "reasoning_effort"))
         json_object_set_new(all, "reasoning_effort", json_string(r->reasoning_effort));
     if (all) {
@@ -804,12 +814,9 @@ static int get_generation(json_t *o, struct proto_req *r, struct proto_error *e)
     int rc;
     bool chat = r->kind == PROTO_CHAT;
     /* completions: max_tokens 0 with echo scores a text without generating (lm-eval) */
-    if ((rc = get_int(o, "max_tokens", chat ? 1 : 0, 1 << 24, &x, e)) < 0) return -1;
-    if (rc) r->max_tokens = (int)x;
-    if (chat) {
-        if ((rc = get_int(o, "max_completion_tokens", 1, 1 << 24, &x, e)) < 0) return -1;
-        if (rc) r->max_tokens = (int)x;
-    }
+    if (get_int_field(o, "max_tokens", chat ? 1 : 0, 1 << 24, &r->max_tokens, e) < 0) return -1;
+    if (chat && get_int_field(o, "max_completion_tokens", 1, 1 << 24, &r->max_tokens, e) < 0)
+        return -1;
     if (get_num(o, "temperature", 0, 100, &r->temperature, e) < 0) return -1;
     if (get_num(o, "top_p", 1e-9, 1, &r->top_p, e) < 0) return -1;
     if ((rc = get_int(o, "top_k", -1, 1 << 24, &x, e)) < 0) return -1;
@@ -823,20 +830,19 @@ static int get_generation(json_t *o, struct proto_req *r, struct proto_error *e)
         r->has_seed = true;
         r->seed = x;
     }
-    if ((rc = get_int(o, "n", 1, PROTO_MAX_N, &x, e)) < 0) return -1;
-    if (rc) r->n = (int)x;
+    if (get_int_field(o, "n", 1, PROTO_MAX_N, &r->n, e) < 0) return -1;
     if (get_stop(o, r, e) < 0) return -1;
     if (get_bool(o, "stream", &r->stream, e) < 0) return -1;
-    json_t *so = json_object_get(o, "stream_options");
-    if (so && !json_is_null(so)) {
+    json_t *so = field(o, "stream_options");
+    if (so) {
         if (!json_is_object(so))
             return proto_fail(e, 400, "stream_options", "invalid_type",
                               "'stream_options' must be an object");
         if (!r->stream)
             return proto_fail(e, 400, "stream_options", "invalid_value",
                               "'stream_options' is only allowed when 'stream' is true");
-        json_t *iu = json_object_get(so, "include_usage");
-        if (iu && !json_is_null(iu)) {
+        json_t *iu = field(so, "include_usage");
+        if (iu) {
             if (!json_is_boolean(iu))
                 return proto_fail(e, 400, "stream_options.include_usage", "invalid_type",
                                   "'stream_options.include_usage' must be a boolean");
@@ -861,21 +867,18 @@ static int get_generation(json_t *o, struct proto_req *r, struct proto_error *e)
         if (get_bool(o, "echo", &r->echo, e) < 0) return -1;
     }
     if (get_bool(o, "ignore_eos", &r->ignore_eos, e) < 0) return -1;
-    if ((rc = get_int(o, "moe_top_k", 0, 512, &x, e)) < 0) return -1;
-    if (rc) r->moe_top_k = (int)x;
+    if (get_int_field(o, "moe_top_k", 0, 512, &r->moe_top_k, e) < 0) return -1;
     /* continuous-experts budget; the model's bounds are checked where the model is known */
-    if ((rc = get_int(o, "moe_samples", 0, 64, &x, e)) < 0) return -1;
-    if (rc) r->moe_samples = (int)x;
+    if (get_int_field(o, "moe_samples", 0, 64, &r->moe_samples, e) < 0) return -1;
     if (get_num(o, "moe_neuron_fraction", 0.0, 1.0, &r->moe_neuron_fraction, e) < 0) return -1;
     if (get_bool(o, "moe_samples_adaptive", &r->moe_samples_adaptive, e) < 0) return -1;
     bool spec;
     if ((rc = get_bool(o, "speculative", &spec, e)) < 0) return -1;
     if (rc) r->speculative = spec;
 
-    if ((rc = get_int(o, "prompt_logprobs", 0, PROTO_MAX_LOGPROBS, &x, e)) < 0) return -1;
-    if (rc) r->prompt_logprobs = (int)x;
-    if ((rc = get_int(o, "min_tokens", 0, 1 << 24, &x, e)) < 0) return -1;
-    if (rc) r->min_tokens = (int)x;
+    if (get_int_field(o, "prompt_logprobs", 0, PROTO_MAX_LOGPROBS, &r->prompt_logprobs, e) < 0)
+        return -1;
+    if (get_int_field(o, "min_tokens", 0, 1 << 24, &r->min_tokens, e) < 0) return -1;
     if (r->max_tokens >= 0 && r->min_tokens > r->max_tokens)
         return proto_fail(e, 400, "min_tokens", "invalid_value",
                           "'min_tokens' (%d) must be at most max_tokens (%d)", r->min_tokens,
@@ -918,8 +921,8 @@ static int get_generation(json_t *o, struct proto_req *r, struct proto_error *e)
     return 0;
 }
 
-int proto_req_parse(const char *body, size_t len, enum proto_kind kind, struct proto_req *r,
-                    struct proto_error *e)
+/* The defaults of a request of this kind, before its fields are read. */
+static void req_defaults(struct proto_req *r, enum proto_kind kind)
 {
     memset(r, 0, sizeof *r);
     r->kind = kind;
@@ -935,16 +938,33 @@ int proto_req_parse(const char *body, size_t len, enum proto_kind kind, struct p
     r->skip_special_tokens = true;
     r->parallel_tool_calls = true;
     r->speculative = -1;
+}
+
+/* The body as a JSON object (the caller's to free), or NULL after failing e. */
+static json_t *load_body(const char *body, size_t len, struct proto_error *e)
+{
     json_error_t je;
     json_t *o = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
-    if (!o)
-        return proto_fail(e, 400, NULL, "invalid_json", "invalid JSON body: %s (line %d, column %d)",
-                          je.text, je.line, je.column);
-    int rc = -1;
+    if (!o) {
+        proto_fail(e, 400, NULL, "invalid_json", "invalid JSON body: %s (line %d, column %d)",
+                   je.text, je.line, je.column);
+        return NULL;
+    }
     if (!json_is_object(o)) {
         proto_fail(e, 400, NULL, "invalid_json", "the body must be a JSON object");
-        goto out;
+        json_decref(o);
+        return NULL;
     }
+    return o;
+}
+
+int proto_req_parse(const char *body, size_t len, enum proto_kind kind, struct proto_req *r,
+                    struct proto_error *e)
+{
+    req_defaults(r, kind);
+    json_t *o = load_body(body, len, e);
+    if (!o) return -1;
+    int rc = -1;
     /* Every route refuses the fields it does not take, /tokenize and /detokenize included: a
      * field there that would do nothing (max_tokens on /tokenize, say) is a client's mistake
      * too. /tokenize's fields depend on its form, known once prompt or messages is read. */
@@ -1104,31 +1124,12 @@ int proto_req_parse_api(const char *body, size_t len, enum proto_api api, bool c
 {
     if (api == PROTO_API_OPENAI)
         return proto_fail(e, 500, NULL, NULL, "proto_req_parse_api: not an edge API");
-    memset(r, 0, sizeof *r);
-    r->kind = PROTO_CHAT;
+    req_defaults(r, PROTO_CHAT);
     r->api = api;
     r->count_only = count_only;
-    r->max_tokens = -1;
-    r->temperature = 1;
-    r->top_p = 1;
-    r->repetition_penalty = 1;
-    r->n = 1;
-    r->add_generation_prompt = true;
-    r->prompt_logprobs = -1;
-    r->skip_special_tokens = true;
-    r->parallel_tool_calls = true;
-    r->speculative = -1;
-    json_error_t je;
-    json_t *o = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je), *chat = NULL;
-    if (!o)
-        return proto_fail(e, 400, NULL, "invalid_json",
-                          "invalid JSON body: %s (line %d, column %d)", je.text, je.line,
-                          je.column);
+    json_t *o = load_body(body, len, e), *chat = NULL;
+    if (!o) return -1;
     int rc = -1;
-    if (!json_is_object(o)) {
-        proto_fail(e, 400, NULL, "invalid_json", "the body must be a JSON object");
-        goto out;
-    }
     unsigned bit = api == PROTO_API_RESPONSES ? PROTO_K_RESP
                    : count_only               ? PROTO_K_MSGC
                                               : PROTO_K_MSG;

@@ -547,29 +547,8 @@ int rsp_to_chat(json_t *in, proto_conv_lookup lookup, void *lookup_ctx, struct p
                               msg_new("system", json_string_value(ins), json_string_length(ins)));
     json_array_extend(msgs, cv.msgs);
     json_object_set(c, "messages", msgs);
-    static const char *const same[] = {"model",
-                                       "temperature",
-                                       "top_p",
-                                       "stream",
-                                       "parallel_tool_calls",
-                                       "top_k",
-                                       "min_p",
-                                       "repetition_penalty",
-                                       "presence_penalty",
-                                       "frequency_penalty",
-                                       "seed",
-                                       "ignore_eos",
-                                       "min_tokens",
-                                       "cache_salt",
-                                       "chat_template_kwargs",
-                                       "moe_top_k",
-                                       "moe_tag",
-                                       "moe_samples",
-                                       "moe_neuron_fraction",
-                                       "moe_samples_adaptive",
-                                       "speculative"};
-    for (size_t i = 0; i < sizeof same / sizeof *same; i++)
-        edge_copy(c, in, same[i]);
+    edge_copy_shared(c, in);
+    edge_copy(c, in, "parallel_tool_calls");
     edge_copy(c, in, "max_output_tokens");
     json_t *mo = json_object_get(c, "max_output_tokens");
     if (mo) {

@@ -235,6 +235,29 @@ static void serve_usage(FILE *f)
     fprintf(f, "  --%-24s %s\n", "help", "this text");
 }
 
+/* A bad flag or variable: "moeserve serve: MESSAGE" on stderr, and -1 (parse_opts' result for
+ * it, which cli_serve turns into exit status 2). */
+static int opt_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int opt_fail(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("moeserve serve: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    return -1;
+}
+
+/* The option named by the first nl characters of name, or NULL. */
+static const struct opt_def *find_opt(const char *name, size_t nl)
+{
+    for (size_t k = 0; k < N_OPTS; k++)
+        if (strlen(opt_defs[k].name) == nl && strncmp(opt_defs[k].name, name, nl) == 0)
+            return &opt_defs[k];
+    return NULL;
+}
+
 static int parse_bytes(const char *s, long *out)
 {
     char *end;
@@ -264,10 +287,7 @@ static int set_opt(struct serve_opts *o, const struct opt_def *d, const char *va
                   strcasecmp(val, "yes") == 0 || strcasecmp(val, "on") == 0;
         bool off = strcmp(val, "0") == 0 || strcasecmp(val, "false") == 0 ||
                    strcasecmp(val, "no") == 0 || strcasecmp(val, "off") == 0;
-        if (!on && !off) {
-            fprintf(stderr, "moeserve serve: %s must be true or false, got '%s'\n", from, val);
-            return -1;
-        }
+        if (!on && !off) return opt_fail("%s must be true or false, got '%s'", from, val);
         *(long *)base = on;
         return 0;
     }
@@ -275,24 +295,9 @@ static int set_opt(struct serve_opts *o, const struct opt_def *d, const char *va
         *(const char **)base = val;
         return 0;
     }
-    long v;
-    if (d->type == OPT_BYTES) {
-        if (parse_bytes(val, &v) != 0) {
-            fprintf(stderr, "moeserve serve: %s must be a size like 512M or 4G, got '%s'\n", from,
-                    val);
-            return -1;
-        }
-    } else {
-        char *end;
-        errno = 0;
-        v = strtol(val, &end, 10);
-        if (errno || end == val || *end || v < d->lo || v > d->hi) {
-            fprintf(stderr, "moeserve serve: %s must be an integer in [%ld, %ld], got '%s'\n",
-                    from, d->lo, d->hi, val);
-            return -1;
-        }
-    }
-    *(long *)base = v;
+    if (d->type == OPT_INT) return cli_parse_long("serve", from, val, d->lo, d->hi, (long *)base);
+    if (parse_bytes(val, (long *)base) != 0)
+        return opt_fail("%s must be a size like 512M or 4G, got '%s'", from, val);
     return 0;
 }
 
@@ -334,31 +339,19 @@ static int parse_opts(int argc, char **argv, struct serve_opts *o)
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) return 1;
-        if (strncmp(a, "--", 2) != 0) {
-            fprintf(stderr, "moeserve serve: unexpected argument '%s'\n", a);
-            return -1;
-        }
+        if (strncmp(a, "--", 2) != 0) return opt_fail("unexpected argument '%s'", a);
         const char *name = a + 2, *eq = strchr(name, '=');
         bool negated = strncmp(name, "no-", 3) == 0;
         if (negated) name += 3;
-        size_t nl = eq ? (size_t)(eq - name) : strlen(name);
-        const struct opt_def *d = NULL;
-        for (size_t k = 0; k < N_OPTS; k++)
-            if (strlen(opt_defs[k].name) == nl && strncmp(opt_defs[k].name, name, nl) == 0)
-                d = &opt_defs[k];
-        if (!d || (negated && d->type != OPT_BOOL)) {
-            fprintf(stderr, "moeserve serve: unknown option '%s' (see --help)\n", a);
-            return -1;
-        }
+        const struct opt_def *d = find_opt(name, eq ? (size_t)(eq - name) : strlen(name));
+        if (!d || (negated && d->type != OPT_BOOL))
+            return opt_fail("unknown option '%s' (see --help)", a);
         if (d->type == OPT_BOOL && !eq) { /* a switch: --flag or --no-flag */
             *(long *)((char *)o + d->off) = !negated;
             continue;
         }
         const char *val = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
-        if (!val) {
-            fprintf(stderr, "moeserve serve: %s needs a value\n", a);
-            return -1;
-        }
+        if (!val) return opt_fail("%s needs a value", a);
         if (set_opt(o, d, val, a) != 0) return -1;
     }
     if (!o->master_addr) {
@@ -371,90 +364,62 @@ static int parse_opts(int argc, char **argv, struct serve_opts *o)
     long *torch_val[] = {&o->master_port, &o->nnodes, &o->node_rank};
     for (size_t i = 0; i < 3; i++) {
         const char *v = getenv(torch_env[i][1]);
-        for (size_t k = 0; k < N_OPTS && v && *v && *torch_val[i] < 0; k++)
-            if (strcmp(opt_defs[k].name, torch_env[i][0]) == 0 &&
-                set_opt(o, &opt_defs[k], v, torch_env[i][1]) != 0)
-                return -1;
+        if (v && *v && *torch_val[i] < 0 &&
+            set_opt(o, find_opt(torch_env[i][0], strlen(torch_env[i][0])), v,
+                    torch_env[i][1]) != 0)
+            return -1;
     }
     if (o->master_port < 0) o->master_port = 29500;
     if (o->nnodes < 0) o->nnodes = 1;
     if (o->node_rank < 0) o->node_rank = 0;
-    if (o->node_rank >= o->nnodes) {
-        fprintf(stderr, "moeserve serve: --node-rank %ld must be below --nnodes %ld\n",
-                o->node_rank, o->nnodes);
-        return -1;
-    }
+    if (o->node_rank >= o->nnodes)
+        return opt_fail("--node-rank %ld must be below --nnodes %ld", o->node_rank, o->nnodes);
     if (!o->model) {
         static char default_model[8192];
-        if (!(o->model = cli_default_model(default_model, sizeof default_model))) {
-            fprintf(stderr, "moeserve serve: %s\n", default_model);
-            return -1;
-        }
+        if (!(o->model = cli_default_model(default_model, sizeof default_model)))
+            return opt_fail("%s", default_model);
     }
+    /* the values with names: checked here, parsed again where they are used */
     enum tc_syntax tsyn;
-    if (strcmp(o->tool_parser, "auto") != 0 && tc_syntax_parse(o->tool_parser, &tsyn) != 0) {
-        fprintf(stderr, "moeserve serve: --tool-call-parser must be auto, hermes, qwen3_coder, "
-                        "glm45, minimax_m2, deepseek_v3, openai or llama3_json, got '%s'\n",
-                o->tool_parser);
-        return -1;
-    }
+    if (strcmp(o->tool_parser, "auto") != 0 && tc_syntax_parse(o->tool_parser, &tsyn) != 0)
+        return opt_fail("--tool-call-parser must be auto, hermes, qwen3_coder, glm45, minimax_m2, "
+                        "deepseek_v3, openai or llama3_json, got '%s'",
+                        o->tool_parser);
     int think_mode;
-    if (tc_reasoning_parse(o->reasoning_parser, &think_mode) != 0) {
-        fprintf(stderr, "moeserve serve: --reasoning-parser must be auto, none, deepseek_r1, "
-                        "qwen3, glm45 or minimax_m2, got '%s'\n", o->reasoning_parser);
-        return -1;
-    }
-    if (strcmp(o->log_format, "text") != 0 && strcmp(o->log_format, "json") != 0) {
-        fprintf(stderr, "moeserve serve: --log-format must be text or json\n");
-        return -1;
-    }
+    if (tc_reasoning_parse(o->reasoning_parser, &think_mode) != 0)
+        return opt_fail("--reasoning-parser must be auto, none, deepseek_r1, qwen3, glm45 or "
+                        "minimax_m2, got '%s'",
+                        o->reasoning_parser);
+    if (strcmp(o->log_format, "text") != 0 && strcmp(o->log_format, "json") != 0)
+        return opt_fail("--log-format must be text or json");
     enum engine_backend b;
-    if (engine_backend_parse(o->device, &b) != 0) {
-        fprintf(stderr, "moeserve serve: --device must be cpu or cuda, got '%s'\n", o->device);
-        return -1;
-    }
+    if (engine_backend_parse(o->device, &b) != 0)
+        return opt_fail("--device must be cpu or cuda, got '%s'", o->device);
     enum model_dtype dt;
-    if (model_dtype_parse(o->dtype, &dt) != 0) {
-        fprintf(stderr, "moeserve serve: --dtype must be auto, bfloat16 or float32, got '%s'\n",
-                o->dtype);
-        return -1;
-    }
+    if (model_dtype_parse(o->dtype, &dt) != 0)
+        return opt_fail("--dtype must be auto, bfloat16 or float32, got '%s'", o->dtype);
     int kvt;
-    if (engine_kv_type_parse(o->kv_dtype, &kvt) != 0) {
-        fprintf(stderr, "moeserve serve: --kv-cache-dtype must be one of " ENGINE_KV_TYPE_NAMES
-                        ", got '%s'\n",
-                o->kv_dtype);
-        return -1;
-    }
+    if (engine_kv_type_parse(o->kv_dtype, &kvt) != 0)
+        return opt_fail("--kv-cache-dtype must be one of " ENGINE_KV_TYPE_NAMES ", got '%s'",
+                        o->kv_dtype);
     enum model_quant q;
-    if (model_quant_parse(o->quantization, &q) != 0) {
-        fprintf(stderr, "moeserve serve: --quantization must be none, int8 or int4, got '%s'\n",
-                o->quantization);
-        return -1;
-    }
+    if (model_quant_parse(o->quantization, &q) != 0)
+        return opt_fail("--quantization must be none, int8 or int4, got '%s'", o->quantization);
     if (o->moe_fraction) {
         char *end;
         errno = 0;
         o->moe_fraction_v = strtod(o->moe_fraction, &end);
         if (errno || end == o->moe_fraction || *end || !(o->moe_fraction_v > 0) ||
-            o->moe_fraction_v > 1) {
-            fprintf(stderr, "moeserve serve: --moe-neuron-fraction must be a number in (0, 1], "
-                            "got '%s'\n",
-                    o->moe_fraction);
-            return -1;
-        }
+            o->moe_fraction_v > 1)
+            return opt_fail("--moe-neuron-fraction must be a number in (0, 1], got '%s'",
+                            o->moe_fraction);
     }
     char err[MS_ERR_LEN];
     if (o->spec_json && *o->spec_json &&
-        spec_config_parse(o->spec_json, &o->spec, err, sizeof err) != 0) {
-        fprintf(stderr, "moeserve serve: --speculative-config: %s\n", err);
-        return -1;
-    }
+        spec_config_parse(o->spec_json, &o->spec, err, sizeof err) != 0)
+        return opt_fail("--speculative-config: %s", err);
     struct splace_opts po = {.policy = o->placement, .routing_stats = o->routing_stats};
-    if (splace_check_opts(&po, err, sizeof err) != 0) {
-        fprintf(stderr, "moeserve serve: %s\n", err);
-        return -1;
-    }
+    if (splace_check_opts(&po, err, sizeof err) != 0) return opt_fail("%s", err);
     return 0;
 }
 

@@ -160,8 +160,6 @@ static void v_act_prepare(enum act_kind kind, int bf16_round, const float *x, si
 
 /* --- float weights ------------------------------------------------------------------------- */
 
-enum { TW_F32, TW_F16, TW_BF16_EO };
-
 /* A chunk of a weight row at column c of k, zero beyond k: 8 floats (f32, f16) or the 16 bf16
  * of an EO chunk. */
 static inline __m256 ld_f32(const float *p, int c, int k)
@@ -185,61 +183,16 @@ static inline __m256i ld_bf16(const uint16_t *p, int c, int k)
     return _mm256_loadu_si256((const __m256i *)t);
 }
 
-static inline __attribute__((always_inline)) void
-tile(const int tw, const void *w, size_t ldw, const unsigned char *x, size_t ldx, int k, float *y,
-     size_t ldy, size_t ystep, const int R, const int C)
-{
-    const __m256i hi = _mm256_set1_epi32((int)0xffff0000u);
-    const int step = tw == TW_BF16_EO ? 16 : 8;
-    __m256 acc[4][4];
-#pragma GCC unroll 4
-    for (int i = 0; i < R; i++)
-#pragma GCC unroll 4
-        for (int j = 0; j < C; j++) acc[i][j] = _mm256_setzero_ps();
-    for (int c = 0; c < k; c += step) {
-        __m256 wa[4], wb[4];
-#pragma GCC unroll 4
-        for (int j = 0; j < C; j++) {
-            if (tw == TW_F32) {
-                wa[j] = ld_f32((const float *)w + j * ldw, c, k);
-            } else if (tw == TW_F16) {
-                wa[j] = ld_f16((const uint16_t *)w + j * ldw, c, k);
-            } else {
-                __m256i v = ld_bf16((const uint16_t *)w + j * ldw, c, k);
-                wa[j] = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
-                wb[j] = _mm256_castsi256_ps(_mm256_and_si256(v, hi));
-            }
-        }
-#pragma GCC unroll 4
-        for (int i = 0; i < R; i++) {
-            const float *xi = (const float *)(x + i * ldx) + c;
-            if (tw == TW_BF16_EO) {
-                __m256 xe = _mm256_loadu_ps(xi), xo = _mm256_loadu_ps(xi + 8);
-#pragma GCC unroll 4
-                for (int j = 0; j < C; j++) {
-                    acc[i][j] = _mm256_fmadd_ps(wa[j], xe, acc[i][j]);
-                    acc[i][j] = _mm256_fmadd_ps(wb[j], xo, acc[i][j]);
-                }
-            } else {
-                __m256 xv = _mm256_loadu_ps(xi);
-#pragma GCC unroll 4
-                for (int j = 0; j < C; j++) acc[i][j] = _mm256_fmadd_ps(wa[j], xv, acc[i][j]);
-            }
-        }
-    }
-#pragma GCC unroll 4
-    for (int i = 0; i < R; i++) {
-        if (C == 4) {
-            float s[4];
-            _mm_storeu_ps(s, hsum4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]));
-            for (int j = 0; j < 4; j++) y[(size_t)i * ldy + (size_t)j * ystep] = s[j];
-        } else {
-#pragma GCC unroll 4
-            for (int j = 0; j < C; j++) y[(size_t)i * ldy + (size_t)j * ystep] = hsum(acc[i][j]);
-        }
-    }
-}
-
+#define TV __m256
+#define TVI __m256i
+#define TV_W 8
+#define TV_ZERO _mm256_setzero_ps
+#define TV_LOADU _mm256_loadu_ps
+#define TV_FMA _mm256_fmadd_ps
+#define TV_SET1_EPI32 _mm256_set1_epi32
+#define TV_BF16_EVEN(v) _mm256_castsi256_ps(_mm256_slli_epi32(v, 16))
+#define TV_BF16_ODD(v, hi) _mm256_castsi256_ps(_mm256_and_si256(v, hi))
+#include "gemm_tile.h"
 
 /* --- quantized weights --------------------------------------------------------------------- */
 
@@ -431,24 +384,6 @@ tile_mx(const unsigned char *recs, int nb, const struct act *a, int i0, float *y
 }
 
 #include "gemm_loops.h"
-
-static void v_gemm(const struct wmat *w, const struct act *a, float *y, size_t ldy, int r0, int r1)
-{
-    switch (w->type) {
-    case WTYPE_F32: gemm_float(TW_F32, w->data, 4, w->cols, a, y, ldy, r0, r1); return;
-    case WTYPE_F16: gemm_float(TW_F16, w->data, 2, w->cols, a, y, ldy, r0, r1); return;
-    case WTYPE_BF16: gemm_float(TW_BF16_EO, w->data, 2, w->cols, a, y, ldy, r0, r1); return;
-    case WTYPE_MXFP4:
-        if (a->kind == ACT_F32) {
-            gemm_mx(w, a, y, ldy, r0, r1);
-            return;
-        }
-        gemm_q(w, a, y, ldy, r0, r1);
-        return;
-    case WTYPE_Q8:
-    case WTYPE_Q4: gemm_q(w, a, y, ldy, r0, r1); return;
-    }
-}
 
 /* --- elementwise and attention ------------------------------------------------------------- */
 
@@ -822,7 +757,7 @@ const struct gemm_kernels gemm_avx2 = {
     .name = "avx2",
     .act_kind = v_act_kind,
     .act_prepare = v_act_prepare,
-    .gemm = v_gemm,
+    .gemm = gemm_any,
     .silu_mul = v_silu_mul,
     .swiglu_oai = v_swiglu_oai,
     .kv_cvt = v_kv_cvt,

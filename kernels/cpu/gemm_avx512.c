@@ -181,77 +181,20 @@ static inline __m512i ld_bf16(const void *w, int c, int k)
     return k - c >= 32 ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi16(mask32(k - c), p);
 }
 
-/* Float weight kinds of the tile kernel. */
-enum { TW_F32, TW_F16, TW_BF16_EO, TW_BF16_DP };
-
-/* R activation rows x C weight rows (R, C <= 4; weight row j at w + j * ldw elements), out
- * y[i * ldy + j * ystep]: one accumulator per pair,
- * chunks of 16 (f32, f16) or 32 (bf16) columns in order. Inlined with constant arguments, so
- * the unrolled accumulators live in registers and the type tests fold away. */
-static inline __attribute__((always_inline)) void
-tile(const int tw, const void *w, size_t ldw, const unsigned char *x, size_t ldx, int k, float *y,
-     size_t ldy, size_t ystep, const int R, const int C)
-{
-    const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
-    const int step = tw == TW_F32 || tw == TW_F16 ? 16 : 32;
-    __m512 acc[4][4];
-#pragma GCC unroll 4
-    for (int i = 0; i < R; i++)
-#pragma GCC unroll 4
-        for (int j = 0; j < C; j++) acc[i][j] = _mm512_setzero_ps();
-    for (int c = 0; c < k; c += step) {
-        __m512 wa[4], wb[4];
-        __m512i wi[4];
-#pragma GCC unroll 4
-        for (int j = 0; j < C; j++) {
-            if (tw == TW_F32) {
-                wa[j] = ld_f32((const float *)w + j * ldw, c, k);
-            } else if (tw == TW_F16) {
-                wa[j] = ld_f16((const uint16_t *)w + j * ldw, c, k);
-            } else {
-                wi[j] = ld_bf16((const uint16_t *)w + j * ldw, c, k);
-                wa[j] = _mm512_castsi512_ps(_mm512_slli_epi32(wi[j], 16));
-                wb[j] = _mm512_castsi512_ps(_mm512_and_si512(wi[j], hi));
-            }
-        }
-#pragma GCC unroll 4
-        for (int i = 0; i < R; i++) {
-            const unsigned char *xi = x + i * ldx;
-            if (tw == TW_BF16_DP) {
+#define TV __m512
+#define TVI __m512i
+#define TV_W 16
+#define TV_ZERO _mm512_setzero_ps
+#define TV_LOADU _mm512_loadu_ps
+#define TV_FMA _mm512_fmadd_ps
+#define TV_SET1_EPI32 _mm512_set1_epi32
+#define TV_BF16_EVEN(v) _mm512_castsi512_ps(_mm512_slli_epi32(v, 16))
+#define TV_BF16_ODD(v, hi) _mm512_castsi512_ps(_mm512_and_si512(v, hi))
 #ifdef __AVX512BF16__
-                __m512i xv = _mm512_loadu_si512((const uint16_t *)xi + c);
-#pragma GCC unroll 4
-                for (int j = 0; j < C; j++)
-                    acc[i][j] = _mm512_dpbf16_ps(acc[i][j], (__m512bh)xv, (__m512bh)wi[j]);
+#define TV_LOADI _mm512_loadu_si512
+#define TV_DPBF16(acc, x, w) _mm512_dpbf16_ps(acc, (__m512bh)(x), (__m512bh)(w))
 #endif
-            } else if (tw == TW_BF16_EO) {
-                __m512 xe = _mm512_loadu_ps((const float *)xi + c);
-                __m512 xo = _mm512_loadu_ps((const float *)xi + c + 16);
-#pragma GCC unroll 4
-                for (int j = 0; j < C; j++) {
-                    acc[i][j] = _mm512_fmadd_ps(wa[j], xe, acc[i][j]);
-                    acc[i][j] = _mm512_fmadd_ps(wb[j], xo, acc[i][j]);
-                }
-            } else {
-                __m512 xv = _mm512_loadu_ps((const float *)xi + c);
-#pragma GCC unroll 4
-                for (int j = 0; j < C; j++) acc[i][j] = _mm512_fmadd_ps(wa[j], xv, acc[i][j]);
-            }
-        }
-    }
-#pragma GCC unroll 4
-    for (int i = 0; i < R; i++) {
-        if (C == 4) {
-            float s[4];
-            _mm_storeu_ps(s, hsum4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]));
-            for (int j = 0; j < 4; j++) y[(size_t)i * ldy + (size_t)j * ystep] = s[j];
-        } else {
-#pragma GCC unroll 4
-            for (int j = 0; j < C; j++) y[(size_t)i * ldy + (size_t)j * ystep] = hsum(acc[i][j]);
-        }
-    }
-}
-
+#include "gemm_tile.h"
 
 /* --- quantized weights --------------------------------------------------------------------- */
 
@@ -395,32 +338,6 @@ tile_mx(const unsigned char *recs, int nb, const struct act *a, int i0, float *y
 }
 
 #include "gemm_loops.h"
-
-static void x_gemm(const struct wmat *w, const struct act *a, float *y, size_t ldy, int r0, int r1)
-{
-    switch (w->type) {
-    case WTYPE_F32: gemm_float(TW_F32, w->data, 4, w->cols, a, y, ldy, r0, r1); return;
-    case WTYPE_F16: gemm_float(TW_F16, w->data, 2, w->cols, a, y, ldy, r0, r1); return;
-    case WTYPE_BF16:
-#ifdef __AVX512BF16__
-        if (a->kind == ACT_BF16) {
-            gemm_float(TW_BF16_DP, w->data, 2, w->cols, a, y, ldy, r0, r1);
-            return;
-        }
-#endif
-        gemm_float(TW_BF16_EO, w->data, 2, w->cols, a, y, ldy, r0, r1);
-        return;
-    case WTYPE_MXFP4:
-        if (a->kind == ACT_F32) {
-            gemm_mx(w, a, y, ldy, r0, r1);
-            return;
-        }
-        gemm_q(w, a, y, ldy, r0, r1);
-        return;
-    case WTYPE_Q8:
-    case WTYPE_Q4: gemm_q(w, a, y, ldy, r0, r1); return;
-    }
-}
 
 /* --- elementwise and attention ------------------------------------------------------------- */
 
@@ -807,7 +724,7 @@ const struct gemm_kernels gemm_avx512 = {
     .name = "avx512",
     .act_kind = x_act_kind,
     .act_prepare = x_act_prepare,
-    .gemm = x_gemm,
+    .gemm = gemm_any,
     .silu_mul = x_silu_mul,
     .swiglu_oai = x_swiglu_oai,
     .kv_cvt = x_kv_cvt,

@@ -1,7 +1,6 @@
 /* `moeserve generate`: loads a model folder, runs one prompt (chunked prefill, then decode one
  * token per step) and streams the continuation to stdout; prefill and decode speeds go to
  * stderr. It drives the same engine_step the server's scheduler uses. */
-#include <errno.h>
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
@@ -72,30 +71,16 @@ int cli_cont_budget(const struct model_desc *md, int samples, double fraction, c
     return 0;
 }
 
+/* Option values: cli_parse_int and cli_parse_double for this command (floats narrowed). */
 static int parse_int(const char *name, const char *s, long lo, long hi, int *out)
 {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) {
-        fprintf(stderr, "moeserve generate: %s must be an integer in [%ld, %ld], got '%s'\n", name,
-                lo, hi, s);
-        return -1;
-    }
-    *out = (int)v;
-    return 0;
+    return cli_parse_int("generate", name, s, lo, hi, out);
 }
 
 static int parse_float(const char *name, const char *s, double lo, double hi, float *out)
 {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || *end || !(v >= lo && v <= hi)) {
-        fprintf(stderr, "moeserve generate: %s must be a number in [%g, %g], got '%s'\n", name,
-                lo, hi, s);
-        return -1;
-    }
+    double v;
+    if (cli_parse_double("generate", name, s, lo, hi, &v) != 0) return -1;
     *out = (float)v;
     return 0;
 }

@@ -69,6 +69,7 @@ struct device {
     float *iw;         /* DSA: index head weights (T, dsa_heads) */
     int32_t *sel;      /* DSA: each token's attended positions (T, dsa_topk) */
     int32_t *sel_n;    /* DSA: how many (T); -1 all */
+    float *dsa_zero;   /* DSA: (dsa_dim) zeros */
     float *tmp;        /* (T, d_model) */
     int32_t *in;       /* (4T) this step's ids, positions, expert budgets, sequences: */
     int32_t *ids;      /* (n_tok) within `in` */
@@ -388,6 +389,11 @@ static void attention_layer(struct device *dv, int l)
     residual_add(dv, n, d);
 }
 
+/* The latent RMSNorms (q_a_layernorm, kv_a_layernorm) use 1e-6 whatever rms_norm_eps says:
+ * DeepSeek's reference and every transformers MLA class build them with the default eps (GLM-5
+ * configs say 1e-5 for the others). */
+#define MLA_LATENT_EPS 1e-6f
+
 /* Multi-head latent attention (DeepSeek), absorbed: per token the cache holds the RMS-normed
  * latent c (kvr) and the rotated rope key (dr). Head h's score against position t is
  * q_nope . (W_UK_h c_t) + q_rope . k_rope_t = (W_UK_h^T q_nope) . c_t + q_rope . k_rope_t, so the
@@ -404,39 +410,46 @@ static void mla_attention_layer(struct device *dv, int l)
     int n = dv->n_tok, d = md->d_model, H = md->n_head, qk = md->head_dim;
     int dn = md->qk_nope_dim, dr = md->qk_rope_dim, dvh = md->v_head_dim;
     int kvr = md->kv_lora_rank, lat = kvr + dr, qr = md->q_lora_rank;
-    bool dsa = md->dsa_topk > 0;
+    bool dsa = md->dsa_topk > 0, shared = dsa && md->dsa_shared && md->dsa_shared[l];
+    bool indexer = dsa && !shared; /* shared (GLM-5): the last full layer's selection */
     int Hi = md->dsa_heads, Di = md->dsa_dim, row = lat + (dsa ? Di : 0);
+    int irot = md->dsa_rope_interleave;
     float *ckv = dv->k, *vout = dv->q;
 
     be->ops->rmsnorm(be, dv->h, dv->x, lw->attn_norm, n, d, md->rms_eps);
     if (lw->wq_a) {
         be->ops->matmul(be, dv->k, dv->h, lw->wq_a, NULL, n, d, qr);
-        be->ops->rmsnorm(be, dv->k, dv->k, lw->q_a_norm, n, qr, md->rms_eps);
+        be->ops->rmsnorm(be, dv->k, dv->k, lw->q_a_norm, n, qr, MLA_LATENT_EPS);
         be->ops->matmul(be, dv->q, dv->k, lw->wq_b, NULL, n, qr, H * qk);
-        if (dsa) { /* the indexer's queries from the same query latent, rotate-half RoPE */
+        if (indexer) { /* the indexer's queries from the same query latent */
             be->ops->matmul(be, dv->iq, dv->k, lw->idx_wq_b, NULL, n, qr, Hi * Di);
-            be->ops->rope_ex(be, dv->iq, Di, dv->iq, Di, dv->pos, n, Hi, dr, 0, dv->cos_sin);
+            be->ops->rope_ex(be, dv->iq, Di, dv->iq, Di, dv->pos, n, Hi, dr, irot, dv->cos_sin);
         }
     } else {
         be->ops->matmul(be, dv->q, dv->h, lw->wq, NULL, n, d, H * qk);
     }
     /* The cache row: normed latent, then the rope key rotated in place (DSA: then the index
-     * key, layer-normed and rotated rotate-half on its first qk_rope_dim). */
+     * key, layer-normed and rotated on its first qk_rope_dim; zero on a shared layer, which
+     * has none, so that an int8 row's scale sees only what the layer has). */
     be->ops->matmul_ld(be, ckv, row, dv->h, d, lw->wkv_a, n, d, lat);
-    be->ops->rmsnorm_ld(be, ckv, ckv, lw->kv_a_norm, n, kvr, row, md->rms_eps);
+    be->ops->rmsnorm_ld(be, ckv, ckv, lw->kv_a_norm, n, kvr, row, MLA_LATENT_EPS);
     be->ops->rope_ex(be, ckv + kvr, row, ckv + kvr, row, dv->pos, n, 1, dr, md->rope_interleave,
                      dv->cos_sin);
-    if (dsa) {
+    if (indexer) {
         be->ops->matmul_ld(be, ckv + lat, row, dv->h, d, lw->idx_wk, n, d, Di);
         be->ops->layernorm_ld(be, ckv + lat, row, ckv + lat, row, lw->idx_k_norm,
                               lw->idx_k_norm_b, n, Di, 1e-6f);
-        be->ops->rope_ex(be, ckv + lat, row, ckv + lat, row, dv->pos, n, 1, dr, 0, dv->cos_sin);
+        be->ops->rope_ex(be, ckv + lat, row, ckv + lat, row, dv->pos, n, 1, dr, irot,
+                         dv->cos_sin);
         be->ops->matmul(be, dv->iw, dv->h, lw->idx_wproj, NULL, n, d, Hi);
+    } else if (shared) { /* zero weight and bias: exactly 0 */
+        be->ops->layernorm_ld(be, ckv + lat, row, ckv + lat, row, dv->dsa_zero, dv->dsa_zero, n,
+                              Di, 1.0f);
     }
     struct be_tokens tk = {.tables = dv->blocks, .table_stride = e->blocks_per_seq,
                            .seq = dv->tok_seq, .pos = dv->pos};
     be->ops->kv_write(be, &dv->kvl[l], ckv, NULL, &tk, e->kv.block_size, n, row);
-    if (dsa) {
+    if (indexer) {
         struct be_dsa p = {.n_head = Hi, .dim = Di, .k_off = lat, .k_row = row,
                            .topk = md->dsa_topk, .scale = 1.0f / sqrtf((float)Di)};
         be->ops->dsa_select(be, dv->sel, dv->sel_n, dv->iq, dv->iw, &dv->kvl[l], &tk,
@@ -1257,6 +1270,15 @@ static int device_init(struct engine *e, struct device *dv, int rank, int thread
         dv->iw = dev_alloc(dv, T * hi * sizeof(float), &ok);
         dv->sel = dev_alloc(dv, T * (size_t)md->dsa_topk * sizeof(int32_t), &ok);
         dv->sel_n = dev_alloc(dv, T * sizeof(int32_t), &ok);
+        dv->dsa_zero = dev_alloc(dv, (size_t)md->dsa_dim * sizeof(float), &ok);
+        if (ok) {
+            float *z = calloc((size_t)md->dsa_dim, sizeof(float));
+            if (z)
+                be->ops->upload(be, dv->dsa_zero, z, (size_t)md->dsa_dim * sizeof(float));
+            else
+                ok = false;
+            free(z);
+        }
     }
     if (device_hybrid(e, dv) != 0)
         return ms_errf(err, errlen, "out of memory for device %d hybrid-layer buffers", rank);

@@ -833,6 +833,13 @@ static int spec_check(const struct serve_opts *o, const struct model *m, bool mu
                  mt);
             return -1;
         }
+        if (m->desc.dsa_topk > 0) {
+            /* the module's layer has its own indexer (DeepSeek-V3.2, GLM-5): not run yet */
+            slog("error", "--speculative-config: method: mtp is not available for %s yet: its "
+                          "MTP layer uses sparse attention; use ngram or a draft model",
+                 mt);
+            return -1;
+        }
         if (m->n_mtp <= 0) {
             slog("error", "--speculative-config: method: mtp needs a checkpoint with "
                           "multi-token-prediction layers (num_nextn_predict_layers); %s (%s) has "

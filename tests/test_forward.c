@@ -384,13 +384,15 @@ int main(int argc, char **argv)
                                 "deepseek_v3", "glm4_moe",          "minimax_m2",
                                 "qwen3_next",  "qwen3_5_moe",       "qwen3_5_moe_vl",
                                 "granitemoehybrid", "granitemoehybrid_dense", "kimi_k25",
-                                "kimi_k25_published", "llama4_text", "llama4_vl", "deepseek_v32"};
+                                "kimi_k25_published", "llama4_text", "llama4_vl", "deepseek_v32",
+                                "glm_moe_dsa"};
     static const char *bf16[] = {"mixtral_bf16",     "qwen2_moe_bf16",         "qwen3_moe_bf16",
                                  "olmoe_bf16",       "deepseek_v2_bf16",       "deepseek_v2_group_bf16",
                                  "deepseek_v3_bf16", "glm4_moe_bf16",          "minimax_m2_bf16",
                                  "qwen3_next_bf16",  "qwen3_5_moe_bf16",
                                  "granitemoehybrid_bf16", "granitemoehybrid_dense_bf16",
-                                 "llama4_text_bf16", "deepseek_v32_bf16"};
+                                 "llama4_text_bf16", "deepseek_v32_bf16",
+                                 "glm_moe_dsa_bf16"};
     for (size_t i = 0; i < sizeof f32 / sizeof f32[0]; i++)
         check_model(tests, f32[i], false, MODEL_DTYPE_AUTO);
     for (size_t i = 0; i < sizeof bf16 / sizeof bf16[0]; i++) {

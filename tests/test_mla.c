@@ -15,7 +15,20 @@ static void test_descriptions(const char *tests)
 {
     struct model_desc d;
     char err[MS_ERR_LEN];
-    int rc = golden_parse_patched(tests, "deepseek_v3", NULL, &d, err, sizeof err);
+    /* GLM-5 without indexer_types: transformers' schedule, full where
+     * max(l - offset + 1, 0) % freq == 0 (freq 2, offset 2: layers 0, 1, 3) */
+    int rc = golden_parse_patched(tests, "glm_moe_dsa",
+                                  "{\"indexer_types\": null, \"index_topk_freq\": 2, "
+                                  "\"index_skip_topk_offset\": 2}",
+                                  &d, err, sizeof err);
+    CHECKF(rc == 0, "%s", err);
+    if (rc == 0) {
+        CHECK(d.dsa_topk == 8 && d.dsa_heads == 8 && d.dsa_dim == 32 && d.dsa_rope_interleave);
+        CHECK(d.dsa_shared && !d.dsa_shared[0] && !d.dsa_shared[1] && d.dsa_shared[2] &&
+              !d.dsa_shared[3]);
+        model_desc_free(&d);
+    }
+    rc = golden_parse_patched(tests, "deepseek_v3", NULL, &d, err, sizeof err);
     CHECKF(rc == 0, "%s", err);
     if (rc == 0) {
         CHECK(d.attn == ATTN_KIND_MLA && d.router == ROUTER_KIND_SIGMOID_GROUP && d.router_bias);
@@ -89,6 +102,13 @@ static void test_descriptions(const char *tests)
         {"deepseek_v32", "{\"index_topk\": 0}", "index_topk", NULL},
         {"deepseek_v32", "{\"index_head_dim\": 8}", "index_head_dim 8", "qk_rope_head_dim"},
         {"deepseek_v32", "{\"q_lora_rank\": null}", "q_lora_rank", NULL},
+        /* GLM-5: the indexer modes */
+        {"glm_moe_dsa", "{\"indexer_types\": [\"full\", \"skip\", \"full\", \"shared\"]}",
+         "indexer_types[1]", "'skip'"},
+        {"glm_moe_dsa", "{\"indexer_types\": [\"shared\", \"full\", \"full\", \"full\"]}",
+         "layer 0 is 'shared'", NULL},
+        {"glm_moe_dsa", "{\"indexer_types\": null, \"index_topk_pattern\": \"FSXF\"}",
+         "index_topk_pattern[2]", "'X'"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         err[0] = '\0';

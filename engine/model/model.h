@@ -128,6 +128,9 @@ struct model_desc {
      * the dsa_topk cached positions its lightning indexer scores best (dsa_heads heads of
      * dsa_dim); the index key is cached after the latent and rope key. 0: dense MLA. */
     int dsa_topk, dsa_heads, dsa_dim;
+    bool dsa_rope_interleave; /* the indexer's RoPE: GLM-5 interleaved, V3.2 rotate-half */
+    bool *dsa_shared;         /* (n_layer) GLM-5: the layer has no indexer and attends to what
+                                 the last full one selected; NULL: every layer full */
 
     /* MoE. Layer l is an MoE layer when layer_is_moe[l]; otherwise it has a dense SwiGLU FFN
      * of width dense_d_ff. */

@@ -696,6 +696,52 @@ static int cfg_layer_names(json_t *root, const char *key, const char *const *all
     return 0;
 }
 
+/* GLM-5's (glm_moe_dsa) sparse attention: the indexer rotates interleaved pairs, and layers
+ * marked "shared" in indexer_types have no indexer and reuse the last "full" layer's selection.
+ * Without indexer_types, transformers' defaults: index_topk_pattern ("F"/"S" per layer), else
+ * full where max(l - index_skip_topk_offset + 1, 0) % index_topk_freq == 0 (offset 2, freq 1). */
+static int cfg_dsa_glm(json_t *root, struct model_desc *d, int *kind, const char *path,
+                       char *err, size_t errlen)
+{
+    static const char *const types[] = {"full", "shared", NULL};
+    bool present;
+    d->dsa_rope_interleave = true;
+    if (cfg_layer_names(root, "indexer_types", types, "'full', 'shared'", d, kind, &present, path,
+                        err, errlen) != 0)
+        return -1;
+    if (!present) {
+        json_t *pat = json_object_get(root, "index_topk_pattern");
+        const char *ps = json_string_value(pat);
+        int freq = 1, offset = 2;
+        if (pat && !json_is_null(pat)) {
+            if (!ps || (int)strlen(ps) != d->n_layer)
+                return ms_errf(err, errlen, "%s: index_topk_pattern must be a string of "
+                                            "num_hidden_layers (%d) 'F'/'S' letters", path,
+                               d->n_layer);
+            for (int l = 0; l < d->n_layer; l++) {
+                if (ps[l] != 'F' && ps[l] != 'S')
+                    return ms_errf(err, errlen, "%s: index_topk_pattern[%d] '%c' is not 'F' or "
+                                                "'S'", path, l, ps[l]);
+                kind[l] = ps[l] == 'S';
+            }
+        } else {
+            if (cfg_int(root, "index_topk_freq", false, 1, &freq, path, err, errlen) ||
+                cfg_int(root, "index_skip_topk_offset", false, 2, &offset, path, err, errlen))
+                return -1;
+            if (freq < 1) freq = 1;
+            for (int l = 0; l < d->n_layer; l++)
+                kind[l] = (l - offset + 1 > 0 ? l - offset + 1 : 0) % freq != 0;
+        }
+    }
+    if (kind[0] != 0)
+        return ms_errf(err, errlen, "%s: layer 0 is 'shared' but no full indexer layer comes "
+                                    "before it", path);
+    d->dsa_shared = calloc((size_t)d->n_layer, sizeof *d->dsa_shared);
+    if (!d->dsa_shared) return ms_errf(err, errlen, "%s: out of memory", path);
+    for (int l = 0; l < d->n_layer; l++) d->dsa_shared[l] = kind[l] == 1;
+    return 0;
+}
+
 /* DeepSeek-V3.2's sparse attention (transformers' DeepseekV32 classes): index_topk,
  * index_n_heads, index_head_dim; every layer "indexed_attention" (layer_types), the MLP of each
  * "dense" or "sparse" (mlp_layer_types, which then decides over first_k_dense_replace). The
@@ -711,8 +757,8 @@ static int cfg_dsa(json_t *root, struct model_desc *d, const char *path, char *e
         cfg_positive(d->dsa_dim, "index_head_dim", path, err, errlen))
         return -1;
     if (d->q_lora_rank <= 0)
-        return ms_errf(err, errlen, "%s: deepseek_v32 needs q_lora_rank (the indexer reads the "
-                                    "query latent)", path);
+        return ms_errf(err, errlen, "%s: %s needs q_lora_rank (the indexer reads the query "
+                                    "latent)", path, d->model_type);
     if (d->dsa_dim < d->qk_rope_dim)
         return ms_errf(err, errlen, "%s: index_head_dim %d is narrower than qk_rope_head_dim %d",
                        path, d->dsa_dim, d->qk_rope_dim);
@@ -727,6 +773,8 @@ static int cfg_dsa(json_t *root, struct model_desc *d, const char *path, char *e
         rc = cfg_layer_names(root, "mlp_layer_types", mlp, "'dense', 'sparse'", d, kind,
                              &present, path, err, errlen);
     for (int l = 0; rc == 0 && present && l < d->n_layer; l++) d->layer_is_moe[l] = kind[l] == 1;
+    if (rc == 0 && strcmp(d->model_type, "glm_moe_dsa") == 0) rc = cfg_dsa_glm(root, d, kind, path,
+                                                                             err, errlen);
     free(kind);
     return rc;
 }
@@ -734,7 +782,8 @@ static int cfg_dsa(json_t *root, struct model_desc *d, const char *path, char *e
 static int cfg_deepseek(json_t *root, struct model_desc *d, const char *path, char *err,
                         size_t errlen)
 {
-    bool v32 = strcmp(d->model_type, "deepseek_v32") == 0;
+    bool v32 = strcmp(d->model_type, "deepseek_v32") == 0 ||
+               strcmp(d->model_type, "glm_moe_dsa") == 0;
     bool v3 = v32 || strcmp(d->model_type, "deepseek_v3") == 0;
     bool bias = false;
     int ff = 0, n_shared = 0, dense_k = 0, freq = 1;
@@ -1474,6 +1523,8 @@ void model_desc_free(struct model_desc *desc)
     desc->layer_nope = NULL;
     free(desc->layer_chunk);
     desc->layer_chunk = NULL;
+    free(desc->dsa_shared);
+    desc->dsa_shared = NULL;
     free(desc->layer_is_moe);
     free(desc->expert_d_ff);
     free(desc->expert_group);
@@ -1517,7 +1568,7 @@ int model_desc_parse(const char *json_text, size_t len, const char *path, struct
     else if (strcmp(type, "mohge") == 0)
         arch = cfg_mohge;
     else if (strcmp(type, "deepseek_v2") == 0 || strcmp(type, "deepseek_v3") == 0 ||
-             strcmp(type, "deepseek_v32") == 0)
+             strcmp(type, "deepseek_v32") == 0 || strcmp(type, "glm_moe_dsa") == 0)
         arch = cfg_deepseek;
     else if (strcmp(type, "gpt_oss") == 0)
         arch = cfg_gpt_oss;

@@ -253,7 +253,7 @@ static void plan_gptoss_experts(struct plan *p, const struct st_archive *st, str
 /* MLA projections of one layer. The absorbed key up-projection is a converted copy of part of
  * kv_b_proj; quantized only when its per-head blocks fall on whole tiles. */
 static void plan_mla(struct plan *p, struct layer_w *lw, const struct model_desc *d,
-                     const char *pre)
+                     const char *pre, bool indexer)
 {
     const int64_t D = d->d_model, H = d->n_head, qk = d->head_dim, kvr = d->kv_lora_rank;
     const int64_t dn = d->qk_nope_dim, dv = d->v_head_dim;
@@ -277,7 +277,7 @@ static void plan_mla(struct plan *p, struct layer_w *lw, const struct model_desc
         b->mla_tiles = tiles;
     }
     plan_mat(p, &lw->wo, true, D, H * dv, "%sself_attn.o_proj.weight", pre);
-    if (d->dsa_topk > 0) { /* the sparse-attention indexer; its head weights stay unquantized */
+    if (indexer) { /* the sparse-attention indexer; its head weights stay unquantized */
         const int64_t Hi = d->dsa_heads, Di = d->dsa_dim;
         plan_mat(p, &lw->idx_wq_b, true, Hi * Di, d->q_lora_rank,
                  "%sself_attn.indexer.wq_b.weight", pre);
@@ -467,7 +467,8 @@ static int plan_layer(struct plan *p, struct model *m, struct layer_w *lw, const
     } else if (linear) {
         plan_gdn(p, lw, d, pre);
     } else if (d->attn == ATTN_KIND_MLA) {
-        plan_mla(p, lw, d, pre);
+        plan_mla(p, lw, d, pre,
+                 d->dsa_topk > 0 && !(d->dsa_shared && l < d->n_layer && d->dsa_shared[l]));
     } else {
         /* a gated q_proj gives each head's query, then its gate logits */
         plan_mat(p, &lw->wq, true, d->attn_out_gate ? 2 * q_dim : q_dim, D,
@@ -1585,6 +1586,7 @@ int model_mtp_view(const struct model *m, int i, struct model *out)
     d->layer_window = NULL;
     d->layer_nope = NULL;
     d->layer_chunk = NULL;
+    d->dsa_shared = NULL;
     d->n_mtp_layers = 0;
     d->cont_quant = NULL;
     d->cont_n_quant = 0;

@@ -36,6 +36,8 @@ from transformers import (
     DeepseekV3ForCausalLM,
     DeepseekV32Config,
     DeepseekV32ForCausalLM,
+    GlmMoeDsaConfig,
+    GlmMoeDsaForCausalLM,
     GenerationConfig,
     GraniteMoeHybridConfig,
     Kimi_K25Config,
@@ -252,6 +254,24 @@ ARCHS["deepseek_v32"] = (
     ),
 )
 
+# GLM-5 (glm_moe_dsa): V3.2's sparse attention with the indexer's RoPE interleaved and layer 1
+# "shared" (no indexer: it attends to what layer 0 selected); 4 layers so that a full layer
+# follows a shared one.
+ARCHS["glm_moe_dsa"] = (
+    GlmMoeDsaForCausalLM,
+    GlmMoeDsaConfig(
+        **MLA,
+        num_hidden_layers=4,
+        max_position_embeddings=512,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        **V3_SHAPE,
+        index_topk=8,
+        index_n_heads=8,
+        index_head_dim=32,
+        indexer_types=["full", "shared", "full", "shared"],
+    ),
+)
+
 # GLM-4.5/4.6/4.7: GQA with q/k/v biases and per-head q/k RMSNorm, rotary on the first half of
 # each head (partial_rotary_factor 0.5, head_dim 32 != hidden/heads so the rotated width 16 is
 # neither), layer 0 dense, then DeepSeek-V3's noaux_tc routing over 8 experts in 2 groups of
@@ -451,7 +471,7 @@ LONG_PROMPT = ("KING RICHARD III:\nNow is the winter of our discontent made glor
 # a near tie would make expert choice, and so the expected logits, hinge on rounding.
 SEED_OFFSET = {"minimax_m2": 14, "qwen3_next": 9, "qwen3_5_moe": 11, "granitemoehybrid": 2,
                "glm4_moe": 3, "qwen3_moe": 1, "deepseek_v2": 4, "deepseek_v2_group": 5,
-               "deepseek_v3": 11, "deepseek_v32": 2, "gpt_oss": 1}
+               "deepseek_v3": 11, "deepseek_v32": 2, "glm_moe_dsa": 9, "gpt_oss": 1}
 ROUTER_GAP_MIN = 1e-3
 # DeepSeek-V2 ranks softmax probabilities (~1/8 each here), whose gaps are ~100x smaller than
 # logit gaps for the same routing margin; still ~1000x above f32 rounding of a probability.
@@ -1026,7 +1046,7 @@ DSA_GAP_MIN = 1e-4
 
 
 def mt_dsa(model):
-    return model.config.model_type == "deepseek_v32"
+    return model.config.model_type in ("deepseek_v32", "glm_moe_dsa")
 
 
 @torch.no_grad()
@@ -1041,7 +1061,7 @@ def min_dsa_gap(model, sequences):
         seen.append((mod, args, kwargs))
 
     handles = [l.self_attn.indexer.register_forward_pre_hook(hook, with_kwargs=True)
-               for l in model.model.layers]
+               for l in model.model.layers if l.self_attn.indexer is not None]
     try:
         for seq in sequences:
             seen.clear()
@@ -1052,9 +1072,11 @@ def min_dsa_gap(model, sequences):
                 q = mod.wq_b(q_resid).view(1, S, mod.n_heads, mod.head_dim)
                 k = mod.k_norm(mod.wk(x)).unsqueeze(2)
                 r = mod.qk_rope_head_dim
-                from transformers.models.deepseek_v32.modeling_deepseek_v32 import \
-                    apply_rotary_pos_emb
-                qr, kr = apply_rotary_pos_emb(q[..., :r], k[..., :r], cos, sin, unsqueeze_dim=2)
+                from transformers.models.deepseek_v32.modeling_deepseek_v32 import (
+                    apply_rotary_pos_emb, apply_rotary_pos_emb_interleave)
+                rot = (apply_rotary_pos_emb_interleave if model.config.model_type == "glm_moe_dsa"
+                       else apply_rotary_pos_emb)
+                qr, kr = rot(q[..., :r], k[..., :r], cos, sin, unsqueeze_dim=2)
                 q = torch.cat([qr, q[..., r:]], -1)
                 k = torch.cat([kr, k[..., r:]], -1).squeeze(2)
                 sc = torch.relu(torch.matmul(q.float(), k.transpose(-1, -2).float().unsqueeze(1))

@@ -1372,7 +1372,8 @@ static void device_release(struct device *dv)
                     dv->k,  dv->v,      dv->in, dv->blocks, dv->logits,
                     dv->lrows, dv->qlat, dv->qg, dv->gate, dv->lin_raw, dv->lin_raw_ba,
                     dv->lin_qkv, dv->lin_z, dv->lin_b, dv->lin_a, dv->lin_out, dv->ones,
-                    dv->tscale, dv->st_idx, dv->mtp_cat, dv->mtp_iota};
+                    dv->tscale, dv->st_idx, dv->mtp_cat, dv->mtp_iota, dv->iq, dv->iw,
+                    dv->sel, dv->sel_n, dv->dsa_zero};
     if (be->ops->host_memory) dv->h_lrows = NULL; /* the same buffer as lrows */
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->ops->free(be, bufs[i]);

@@ -236,22 +236,18 @@ ARCHS["deepseek_v3"] = (
     ),
 )
 
+# What V3.2 and GLM-5 share: the V3 shape with plain RoPE and the indexer.
+DSA_SHAPE = dict(**MLA, max_position_embeddings=512,
+                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, **V3_SHAPE,
+                 index_topk=8, index_n_heads=8, index_head_dim=32)
+
 # V3.2: V3 plus DeepSeek Sparse Attention. index_topk 8 is far below the prompts plus their
 # continuations (up to 73 positions), so most queries attend to a selection; 8 indexer heads
 # keep exact zero scores (every head's relu at 0) rare, and min_dsa_gap checks that no k-th and
 # (k+1)-th index score are near a tie. Plain RoPE (V3's YaRN is covered by deepseek_v3).
 ARCHS["deepseek_v32"] = (
     DeepseekV32ForCausalLM,
-    DeepseekV32Config(
-        **MLA,
-        num_hidden_layers=3,
-        max_position_embeddings=512,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-        **V3_SHAPE,
-        index_topk=8,
-        index_n_heads=8,
-        index_head_dim=32,
-    ),
+    DeepseekV32Config(**DSA_SHAPE, num_hidden_layers=3),
 )
 
 # GLM-5 (glm_moe_dsa): V3.2's sparse attention with the indexer's RoPE interleaved and layer 1
@@ -259,17 +255,8 @@ ARCHS["deepseek_v32"] = (
 # follows a shared one.
 ARCHS["glm_moe_dsa"] = (
     GlmMoeDsaForCausalLM,
-    GlmMoeDsaConfig(
-        **MLA,
-        num_hidden_layers=4,
-        max_position_embeddings=512,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-        **V3_SHAPE,
-        index_topk=8,
-        index_n_heads=8,
-        index_head_dim=32,
-        indexer_types=["full", "shared", "full", "shared"],
-    ),
+    GlmMoeDsaConfig(**DSA_SHAPE, num_hidden_layers=4,
+                    indexer_types=["full", "shared", "full", "shared"]),
 )
 
 # GLM-4.5/4.6/4.7: GQA with q/k/v biases and per-head q/k RMSNorm, rotary on the first half of

@@ -35,7 +35,8 @@
 #define OPS_WS_ELEMS (1u << 22)
 #define OPS_WS_EXPERTS 64
 static const struct be_reserve ops_reserve = {.max_elems = OPS_WS_ELEMS, .max_rows = 4096,
-                                              .max_experts = OPS_WS_EXPERTS, .max_ctx = 4096};
+                                              .max_experts = OPS_WS_EXPERTS, .max_ctx = 4096,
+                                              .dsa_dim = 64};
 
 /* One check's backends and the buffers it allocated (freed by ops_release after each op). */
 struct ops_ctx {
@@ -876,6 +877,87 @@ static void check_attention_ex(struct ops_ctx *t, int pos0, int n, int n_head, i
     ops_release(t);
 }
 
+static void check_layernorm_ld(struct ops_ctx *t, int n, int d, int ldx, int ldy)
+{
+    char shape[64];
+    snprintf(shape, sizeof shape, "n=%d d=%d ldx=%d ldy=%d", n, d, ldx, ldy);
+    float *rx, *dx, *ry, *dy, *rw, *dw, *rb, *db;
+    BOTH(ops_rand(t, (size_t)n * ldx, -2, 3), sizeof(float) * n * ldx, rx, dx);
+    BOTH(ops_rand(t, (size_t)n * ldy, -1, 1), sizeof(float) * n * ldy, ry, dy);
+    BOTH(ops_rand(t, (size_t)d, 0.5f, 1.5f), sizeof(float) * d, rw, dw);
+    BOTH(ops_rand(t, (size_t)d, -0.5f, 0.5f), sizeof(float) * d, rb, db);
+    RUN2(t->ref->ops->layernorm_ld(t->ref, ry + 1, ldy, rx, ldx, rw, rb, n, d, 1e-6f),
+         t->dut->ops->layernorm_ld(t->dut, dy + 1, ldy, dx, ldx, dw, db, n, d, 1e-6f));
+    ops_compare(t, "layernorm_ld", shape, ry, dy, (size_t)n * ldy);
+    ops_release(t);
+}
+
+/* Both backends' int32 outputs of `count` equal; one table row. */
+static void ops_compare_int(struct ops_ctx *t, const char *op, const char *shape,
+                            const int32_t *r_dev, const int32_t *d_dev, size_t count)
+{
+    int32_t *r = ops_host(t, sizeof(int32_t) * (count ? count : 1));
+    int32_t *d = ops_host(t, sizeof(int32_t) * (count ? count : 1));
+    if (t->oom || !r || !d) {
+        CHECKF(0, "%s %s: out of memory setting up the check", op, shape);
+        return;
+    }
+    t->ref->ops->download(t->ref, r, r_dev, sizeof(int32_t) * count);
+    t->dut->ops->download(t->dut, d, d_dev, sizeof(int32_t) * count);
+    size_t bad = 0;
+    for (size_t i = 0; i < count; i++) bad += r[i] != d[i];
+    printf("%-16s %-34s %10zu %10s  %s\n", op, shape, bad, "differ", bad ? "FAIL" : "ok");
+    CHECKF(bad == 0, "%s %s: %zu of %zu entries differ", op, shape, bad, count);
+}
+
+/* DeepSeek sparse attention: the indexer's selection over a cache of MLA rows with the index
+ * key at k_off (written through kv_write), then attention over the selected positions of one
+ * latent row. n tokens at pos0.. select topk of their [0, pos]; the selections must be equal,
+ * and the attention outputs within tolerance. */
+static void check_dsa(struct ops_ctx *t, int pos0, int n, int n_head, int dim, int topk,
+                      int lat, int n_qh)
+{
+    char shape[80];
+    snprintf(shape, sizeof shape, "p0=%d n=%d ih=%d d=%d k=%d lat=%d", pos0, n, n_head, dim, topk,
+             lat);
+    int bs = 16, row = lat + dim, P = pos0 + n, n_blocks = (P + bs - 1) / bs + 2;
+    size_t cache_n = (size_t)n_blocks * bs * row, qn = (size_t)n * n_head * dim;
+    size_t aq = (size_t)n * n_qh * lat;
+    int32_t *bt = ops_block_table(t, 0, n_blocks);
+    float *rk, *dk, *rkc, *dkc, *rq, *dq, *rw, *dw, *raq, *daq, *ro, *dout;
+    int32_t *rb, *db, *rs, *ds, *rn, *dn;
+    BOTH(ops_rand(t, (size_t)P * row, -1, 1), sizeof(float) * P * row, rk, dk);
+    BOTH(NULL, sizeof(float) * cache_n, rkc, dkc);
+    BOTH(ops_rand(t, qn, -1, 1), sizeof(float) * qn, rq, dq);
+    BOTH(ops_rand(t, (size_t)n * n_head, -1, 1), sizeof(float) * n * n_head, rw, dw);
+    BOTH(ops_rand(t, aq, -1, 1), sizeof(float) * aq, raq, daq);
+    BOTH(NULL, sizeof(float) * aq, ro, dout);
+    BOTH(bt, sizeof(int32_t) * n_blocks, rb, db);
+    BOTH(NULL, sizeof(int32_t) * n * topk, rs, ds);
+    BOTH(NULL, sizeof(int32_t) * n, rn, dn);
+    struct be_tokens rall = {.tables = rb, .pos0 = 0}, dall = {.tables = db, .pos0 = 0};
+    struct be_tokens rt = {.tables = rb, .pos0 = pos0}, dt = {.tables = db, .pos0 = pos0};
+    struct be_kv rkv = f32_kv(rkc, rkc, row, row), dkv = f32_kv(dkc, dkc, row, row);
+    struct be_dsa p = {.n_head = n_head, .dim = dim, .k_off = lat, .k_row = row, .topk = topk,
+                       .scale = 1.0f / sqrtf((float)dim)};
+    RUN2(t->ref->ops->kv_write(t->ref, &rkv, rk, NULL, &rall, bs, P, row),
+         t->dut->ops->kv_write(t->dut, &dkv, dk, NULL, &dall, bs, P, row));
+    RUN2(t->ref->ops->dsa_select(t->ref, rs, rn, rq, rw, &rkv, &rt, bs, n, &p),
+         t->dut->ops->dsa_select(t->dut, ds, dn, dq, dw, &dkv, &dt, bs, n, &p));
+    /* each backend attends with its own selection: equal selections, equal attention */
+    struct be_attn ra = {.n_head = n_qh, .n_kv_head = 1, .k_dim = lat, .v_dim = lat,
+                         .k_row = row, .v_row = row, .scale = 0.1f, .sel = rs, .sel_n = rn,
+                         .sel_stride = topk},
+                   da = ra;
+    da.sel = ds, da.sel_n = dn;
+    RUN2(t->ref->ops->attention(t->ref, ro, raq, &rkv, &rt, bs, n, &ra),
+         t->dut->ops->attention(t->dut, dout, daq, &dkv, &dt, bs, n, &da));
+    ops_compare_int(t, "dsa_select (n)", shape, rn, dn, (size_t)n);
+    ops_compare_int(t, "dsa_select", shape, rs, ds, (size_t)n * topk);
+    ops_compare(t, "attention (sel)", shape, ro, dout, aq);
+    ops_release(t);
+}
+
 static void check_all_ops(struct ops_ctx *t)
 {
     printf("%-16s %-34s %10s %10s  %s\n", "op", "shape", "rel_err", "max_abs", "result");
@@ -929,6 +1011,10 @@ static void check_all_ops(struct ops_ctx *t)
     check_attention_ex(t, 0, 13, 4, 1, 48, 32, 1, 0, 0);    /* MLA prefill */
     check_attention_ex(t, 40, 6, 8, 2, 64, 64, 0, 1, 16);   /* sinks, sliding window */
     check_attention_ex(t, 200, 1, 4, 4, 64, 64, 0, 1, 0);   /* sinks, decode */
+    check_layernorm_ld(t, 9, 128, 704, 130);                /* the index key in its row */
+    check_dsa(t, 0, 40, 4, 32, 8, 48, 4);    /* prefill: the first 8 positions attend to all */
+    check_dsa(t, 300, 1, 8, 64, 32, 64, 16); /* decode at depth */
+    check_dsa(t, 1100, 5, 4, 64, 500, 32, 2); /* a selection wider than the block */
 }
 
 #ifdef MOESERVE_HAVE_NCCL

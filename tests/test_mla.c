@@ -177,10 +177,68 @@ static void test_kv_bytes(const char *tests)
     model_free(m);
 }
 
+/* Relative L2 distance of rows [r0, r1) of two (n, vocab) logit arrays. */
+static double rows_rel(const float *a, const float *b, int r0, int r1, int vocab)
+{
+    double num = 0.0, den = 0.0;
+    for (size_t i = (size_t)r0 * vocab; i < (size_t)r1 * vocab; i++) {
+        double e = (double)a[i] - (double)b[i];
+        num += e * e;
+        den += (double)b[i] * b[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* DeepSeek sparse attention below index_topk cached tokens is dense MLA: the deepseek_v32
+ * fixture's logits at positions < index_topk equal those of the same weights run as DeepSeek-V3
+ * (the indexer switched off), and past it they do not (so the check can fail). */
+static void test_dsa_dense(const char *tests)
+{
+    char dir[600], err[MS_ERR_LEN];
+    snprintf(dir, sizeof dir, "%s/fixtures/models/deepseek_v32", tests);
+    struct model *m = NULL;
+    struct model_load_opts lo;
+    model_load_opts_default(&lo);
+    int rc = model_load(dir, &lo, &m, err, sizeof err);
+    CHECKF(rc == 0, "%s", err);
+    if (rc != 0) return;
+    int topk = m->desc.dsa_topk, vocab = m->desc.vocab;
+    /* a prompt past index_topk: the fixture's ids repeated */
+    int32_t ids[40];
+    for (int i = 0; i < 40; i++) ids[i] = (int32_t)(3 + (i * 7) % (vocab - 3));
+    struct golden_prompt p = {.ids = ids, .n = 40};
+    float *sparse = malloc(sizeof(float) * 40 * (size_t)vocab);
+    float *dense = malloc(sizeof(float) * 40 * (size_t)vocab);
+    struct engine *es = golden_engine(m, 1);
+    /* the same weights as plain MLA (an engine reads the model's description as it runs) */
+    m->desc.dsa_topk = 0;
+    struct engine *ed = golden_engine(m, 1);
+    CHECK(sparse && dense && es && ed && topk > 0 && topk < 40);
+    if (sparse && dense && es && ed && topk > 0 && topk < 40) {
+        CHECK(engine_kv(es)->k_row == engine_kv(ed)->k_row + m->desc.dsa_dim);
+        CHECK(golden_prefill(ed, &p, 0, dense) == 0);
+        m->desc.dsa_topk = topk;
+        CHECK(golden_prefill(es, &p, 0, sparse) == 0);
+        double below = rows_rel(sparse, dense, 0, topk, vocab);
+        double above = rows_rel(sparse, dense, topk, 40, vocab);
+        printf("DSA vs dense MLA: positions < index_topk %d: %.2e relative; beyond: %.2e\n",
+               topk, below, above);
+        CHECKF(below < 1e-6, "below index_topk: %.3e", below);
+        CHECKF(above > 1e-3, "beyond index_topk the selection changed nothing: %.3e", above);
+    }
+    m->desc.dsa_topk = topk;
+    engine_free(es);
+    engine_free(ed);
+    free(sparse);
+    free(dense);
+    model_free(m);
+}
+
 int main(int argc, char **argv)
 {
     const char *tests = argc > 1 ? argv[1] : "tests";
     test_descriptions(tests);
     test_kv_bytes(tests);
+    test_dsa_dense(tests);
     return test_done("test_mla");
 }

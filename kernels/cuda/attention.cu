@@ -6,7 +6,9 @@
  * maximum and sum are rescaled when a chunk raises the maximum, and each thread accumulates
  * AT_DIMS_PER_THREAD output dimensions in registers. Any context length takes the same path;
  * short contexts are simply one chunk. Keys and values may differ in width and row layout
- * (MLA's latent rows), and a per-head sink logit may join the denominator (gpt-oss). The cache
+ * (MLA's latent rows), and a per-head sink logit may join the denominator (gpt-oss). With
+ * DeepSeek sparse attention's selection (be_attn.sel), a token walks its listed positions in
+ * the same chunks instead of a contiguous range. The cache
  * is read in its stored type (kernels/kv_types.h: f32, bf16, f16, fp8 with the layer's scale,
  * int8 with its rows' scales) and converted as it is loaded. Correctness first: no tensor
  * cores, no split-K over the context (a long decode uses only n_head blocks). */
@@ -55,6 +57,10 @@ static __global__ void __launch_bounds__(AT_THREADS)
         tk.seq ? tk.tables + (size_t)tk.seq[i] * (size_t)tk.table_stride : tk.tables;
     int start = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
     if (a.chunk > 0 && pos - pos % a.chunk > start) start = pos - pos % a.chunk;
+    /* the positions walked: [start, pos], or the token's selection (ascending, all <= pos) */
+    const int32_t *list = a.sel && a.sel_n[i] >= 0 ? a.sel + (size_t)i * (size_t)a.sel_stride
+                                                   : NULL;
+    int count = list ? a.sel_n[i] : pos + 1 - start;
     int kvh = h / (n_head / a.n_kv_head);
     const float *qh = q + ((size_t)i * n_head + h) * (size_t)a.k_dim;
     int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, n_warp = blockDim.x >> 5;
@@ -69,11 +75,11 @@ static __global__ void __launch_bounds__(AT_THREADS)
     for (int r = 0; r < AT_DIMS_PER_THREAD; r++)
         acc[r] = 0.0f;
 
-    for (int c0 = start; c0 <= pos; c0 += AT_CHUNK) {
-        int len = pos + 1 - c0 < AT_CHUNK ? pos + 1 - c0 : AT_CHUNK;
+    for (int c0 = 0; c0 < count; c0 += AT_CHUNK) {
+        int len = count - c0 < AT_CHUNK ? count - c0 : AT_CHUNK;
 
         for (int t = warp; t < len; t += n_warp) {
-            int p = c0 + t;
+            int p = list ? list[c0 + t] : start + c0 + t;
             float ksc;
             const void *kt = at_row(kv.k, kv.k_sc, kv.type, kv.k_scale,
                                     (size_t)block_table[p / block_size], p % block_size,
@@ -111,7 +117,7 @@ static __global__ void __launch_bounds__(AT_THREADS)
             if (j < head_dim) {
                 float o = acc[r] * alpha;
                 for (int t = 0; t < len; t++) {
-                    int p = c0 + t;
+                    int p = list ? list[c0 + t] : start + c0 + t;
                     float vsc;
                     const void *vt = at_row(kv.v, kv.v_sc, kv.type, kv.v_scale,
                                             (size_t)block_table[p / block_size], p % block_size,
@@ -131,7 +137,7 @@ static __global__ void __launch_bounds__(AT_THREADS)
         rescale = expf(m - new_m);
         l = l * rescale + expf(sk - new_m);
     }
-    float inv = rescale / l;
+    float inv = l > 0.0f ? rescale / l : 0.0f; /* an empty selection attends to nothing */
     float *oh = out + ((size_t)i * n_head + h) * (size_t)head_dim;
 #pragma unroll
     for (int r = 0; r < AT_DIMS_PER_THREAD; r++) {

@@ -46,6 +46,8 @@ struct cuda_backend {
     int32_t *h_seq;      /* its pinned staging */
     int seq_cap;
     cudaEvent_t seq_done;/* the last copy out of h_seq has finished */
+    float *dsa_scores;   /* reserve() with dsa_dim: (dsa_rows, dsa_ctx) indexer scores */
+    int dsa_rows, dsa_ctx;
 
     int failed;          /* set at the first failure; `first` then holds its reason */
     char first[CB_ERR_LEN];
@@ -91,6 +93,9 @@ static void cb_release_workspace(struct cuda_backend *b)
     b->d_seq = b->h_seq = NULL;
     b->seq_done = NULL;
     b->seq_cap = 0;
+    if (b->dsa_scores) cudaFree(b->dsa_scores);
+    b->dsa_scores = NULL;
+    b->dsa_rows = b->dsa_ctx = 0;
     free(b->g_ta);
     free(b->g_tb);
     free(b->g_m);
@@ -160,6 +165,10 @@ static void cb_synchronize(struct backend *be)
     CB_CUDA(b, cudaStreamSynchronize(b->stream));
 }
 
+/* Tokens whose indexer scores one dsa_select launch holds (scratch: this many rows of max_ctx
+ * floats; 64 rows of a 128k context are 32 MiB). */
+#define CB_DSA_ROWS 64
+
 static int cb_reserve(struct backend *be, const struct be_reserve *r)
 {
     struct cuda_backend *b = cb_of(be);
@@ -205,6 +214,14 @@ static int cb_reserve(struct backend *be, const struct be_reserve *r)
         b->g_size[i] = 1;
         b->g_alpha[i] = 1.0f;
         b->g_beta[i] = 0.0f;
+    }
+    /* the indexer's scores: up to CB_DSA_ROWS tokens per launch, max_ctx positions each */
+    if (r->dsa_dim > 0 && r->max_ctx > 0) {
+        b->dsa_rows = b->seq_cap < CB_DSA_ROWS ? b->seq_cap : CB_DSA_ROWS;
+        b->dsa_ctx = r->max_ctx;
+        if (CB_CUDA(b, cudaMalloc((void **)&b->dsa_scores, sizeof(float) * (size_t)b->dsa_rows *
+                                                               (size_t)b->dsa_ctx)) < 0)
+            goto fail;
     }
     b->ws_elems = elems;
     b->max_groups = G;
@@ -586,6 +603,24 @@ static void cb_attention(struct backend *be, float *out, const float *q, const s
     cb_note(b, cuk_attention(b->stream, out, q, kv, tk, block_size, n, a, CB_ERR(b)));
 }
 
+static void cb_dsa_select(struct backend *be, int32_t *sel, int32_t *sel_n, const float *q,
+                          const float *w, const struct be_kv *kv, const struct be_tokens *tk,
+                          int block_size, int n, const struct be_dsa *p)
+{
+    struct cuda_backend *b = cb_of(be);
+    if (n <= 0 || cb_enter(b) < 0) return;
+    cb_note(b, cuk_dsa_select(b->stream, sel, sel_n, q, w, kv, tk, block_size, n, p,
+                              b->dsa_scores, b->dsa_rows, b->dsa_ctx, CB_ERR(b)));
+}
+
+static void cb_layernorm_ld(struct backend *be, float *y, int ldy, const float *x, int ldx,
+                            const float *w, const float *bias, int n, int d, float eps)
+{
+    struct cuda_backend *b = cb_of(be);
+    if (cb_enter(b) < 0) return;
+    cb_note(b, cuk_layernorm_ld(b->stream, y, ldy, x, ldx, w, bias, n, d, eps, CB_ERR(b)));
+}
+
 static void cb_kv_write(struct backend *be, const struct be_kv *kv, const float *k,
                         const float *v, const struct be_tokens *tk, int block_size, int n, int row)
 {
@@ -756,8 +791,8 @@ static const struct backend_ops cuda_ops = {
     /* .neuron_ffn */ cb_neuron_ffn,
     /* .attention */ cb_attention,
     /* .kv_write */ cb_kv_write,
-    /* .dsa_select */ NULL, /* DeepSeek sparse attention: CPU only for now (the engine refuses) */
-    /* .layernorm_ld */ NULL,
+    /* .dsa_select */ cb_dsa_select,
+    /* .layernorm_ld */ cb_layernorm_ld,
     /* .matmul_ld */ cb_matmul_ld,
     /* .rmsnorm_ld */ cb_rmsnorm_ld,
     /* .rope_ex */ cb_rope_ex,

@@ -1,6 +1,6 @@
 /* Launchers of the CUDA backend's kernels, one .cu per op family (elementwise.cu, norm_rope.cu,
- * rows.cu, attention.cu). Each launcher issues its kernel on `stream`, checks the launch, and
- * returns 0, or -1 with the reason in err. Arguments follow the matching op of
+ * rows.cu, attention.cu, dsa.cu, ...). Each launcher issues its kernel on `stream`, checks the
+ * launch, and returns 0, or -1 with the reason in err. Arguments follow the matching op of
  * kernels/backend.h (device pointers throughout); sizes are validated by the caller
  * (backend_cuda.cu) except where a launcher names its own limit. Internal to kernels/cuda. */
 #ifndef MOESERVE_CUDA_KERNELS_H
@@ -72,6 +72,9 @@ int cuk_rope(cudaStream_t st, float *x, const int32_t *pos, int n, int n_head, i
 /* rows ld floats apart, the first d of each normed (backend.h rmsnorm_ld) */
 int cuk_rmsnorm_ld(cudaStream_t st, float *y, const float *x, const float *w, int n, int d, int ld,
                    float eps, char *err, size_t errlen);
+/* backend.h layernorm_ld */
+int cuk_layernorm_ld(cudaStream_t st, float *y, int ldy, const float *x, int ldx, const float *w,
+                     const float *b, int n, int d, float eps, char *err, size_t errlen);
 /* backend.h rope_ex */
 int cuk_rope_ex(cudaStream_t st, float *y, int y_stride, const float *x, int x_stride,
                 const int32_t *pos, int n, int n_head, int rot_dim, int interleave,
@@ -139,5 +142,12 @@ int cuk_route(cudaStream_t st, int32_t *idx, float *w, const float *logits, cons
 int cuk_attention(cudaStream_t st, float *out, const float *q, const struct be_kv *kv,
                   const struct be_tokens *tk, int block_size, int n, const struct be_attn *a,
                   char *err, size_t errlen);
+
+/* dsa.cu: backend.h dsa_select, with a scratch of `rows` tokens' scores of max_ctx floats each
+ * (a call of more tokens runs in launches of `rows`) */
+int cuk_dsa_select(cudaStream_t st, int32_t *sel, int32_t *sel_n, const float *q, const float *w,
+                   const struct be_kv *kv, const struct be_tokens *tk, int block_size, int n,
+                   const struct be_dsa *p, float *scores, int rows, int max_ctx, char *err,
+                   size_t errlen);
 
 #endif

@@ -1,7 +1,7 @@
-/* RMSNorm and RoPE (rotate-half or interleaved pairs) kernels of the CUDA backend. RMSNorm takes one block per row
- * (the sum of squares is a block reduction, so it differs from the CPU's sequential sum only by
- * rounding); y may alias x because every element is read before the barrier that precedes
- * the writes. RoPE takes one block per (token, head) and one thread per rotated pair. */
+/* RMSNorm, LayerNorm and RoPE (rotate-half or interleaved pairs) kernels of the CUDA backend.
+ * The norms take one block per row (the sums are block reductions, so they differ from the
+ * CPU's sequential sums only by rounding); y may alias x because every element is read before
+ * the barrier that precedes the writes. RoPE takes one block per (token, head) and one thread per rotated pair. */
 #include <math.h>
 
 #include "cuda_check.h"
@@ -26,6 +26,26 @@ static __global__ void nr_rmsnorm_kernel(float *y, const float *x, const float *
     float inv = 1.0f / sqrtf(ss / (float)d + eps);
     for (int j = threadIdx.x; j < d; j += blockDim.x)
         yi[j] = w[j] * (xi[j] * inv);
+}
+
+/* y (n, d; rows ldy apart) = (x - mean) / sqrt(var + eps) * w + b of x (rows ldx apart), the
+ * variance taken about the mean in a second pass as the CPU does; grid = n blocks. */
+static __global__ void nr_layernorm_kernel(float *y, int ldy, const float *x, int ldx,
+                                           const float *w, const float *b, int d, float eps)
+{
+    __shared__ float red[32];
+    size_t row = blockIdx.x;
+    const float *xi = x + row * (size_t)ldx;
+    float *yi = y + row * (size_t)ldy;
+    float s = 0.0f;
+    for (int j = threadIdx.x; j < d; j += blockDim.x)
+        s += xi[j];
+    float mean = cuk_block_sum(s, red) / (float)d, ss = 0.0f;
+    for (int j = threadIdx.x; j < d; j += blockDim.x)
+        ss += (xi[j] - mean) * (xi[j] - mean);
+    float inv = 1.0f / sqrtf(cuk_block_sum(ss, red) / (float)d + eps);
+    for (int j = threadIdx.x; j < d; j += blockDim.x)
+        yi[j] = (xi[j] - mean) * inv * w[j] + b[j];
 }
 
 /* rot_dim values of each (token, head) vector of x (x_stride apart) rotated into y (y_stride
@@ -64,6 +84,14 @@ int cuk_rmsnorm_ld(cudaStream_t st, float *y, const float *x, const float *w, in
     if (n <= 0 || d <= 0) return 0;
     nr_rmsnorm_kernel<<<(unsigned)n, NR_NORM_THREADS, 0, st>>>(y, x, w, d, ld, eps);
     return CUDA_LAUNCH_CHECK("nr_rmsnorm_kernel", err, errlen);
+}
+
+int cuk_layernorm_ld(cudaStream_t st, float *y, int ldy, const float *x, int ldx, const float *w,
+                     const float *b, int n, int d, float eps, char *err, size_t errlen)
+{
+    if (n <= 0 || d <= 0) return 0;
+    nr_layernorm_kernel<<<(unsigned)n, NR_NORM_THREADS, 0, st>>>(y, ldy, x, ldx, w, b, d, eps);
+    return CUDA_LAUNCH_CHECK("nr_layernorm_kernel", err, errlen);
 }
 
 int cuk_rope_ex(cudaStream_t st, float *y, int y_stride, const float *x, int x_stride,

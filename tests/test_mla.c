@@ -120,6 +120,19 @@ static void test_descriptions(const char *tests)
     }
 }
 
+/* A fixture model loaded as it is; NULL (checked) when it does not load. */
+static struct model *load_fixture(const char *tests, const char *name)
+{
+    char dir[600], err[MS_ERR_LEN];
+    snprintf(dir, sizeof dir, "%s/fixtures/models/%s", tests, name);
+    struct model *m = NULL;
+    struct model_load_opts lo;
+    model_load_opts_default(&lo);
+    int rc = model_load(dir, &lo, &m, err, sizeof err);
+    CHECKF(rc == 0, "%s: %s", name, err);
+    return rc == 0 ? m : NULL;
+}
+
 /* The latent cache: per token and layer kv_lora_rank + qk_rope_head_dim floats, no values. */
 static void test_kv_bytes(const char *tests)
 {
@@ -152,14 +165,8 @@ static void test_kv_bytes(const char *tests)
     }
 
     /* The engine's pool holds exactly that. */
-    char dir[600];
-    snprintf(dir, sizeof dir, "%s/fixtures/models/deepseek_v3", tests);
-    struct model *m = NULL;
-    struct model_load_opts lo;
-    model_load_opts_default(&lo);
-    int rc = model_load(dir, &lo, &m, err, sizeof err);
-    CHECKF(rc == 0, "%s", err);
-    if (rc != 0) return;
+    struct model *m = load_fixture(tests, "deepseek_v3");
+    if (!m) return;
     struct engine *e = golden_engine(m, 1);
     CHECK(e != NULL);
     if (e) {
@@ -194,14 +201,8 @@ static double rows_rel(const float *a, const float *b, int r0, int r1, int vocab
  * (the indexer switched off), and past it they do not (so the check can fail). */
 static void test_dsa_dense(const char *tests)
 {
-    char dir[600], err[MS_ERR_LEN];
-    snprintf(dir, sizeof dir, "%s/fixtures/models/deepseek_v32", tests);
-    struct model *m = NULL;
-    struct model_load_opts lo;
-    model_load_opts_default(&lo);
-    int rc = model_load(dir, &lo, &m, err, sizeof err);
-    CHECKF(rc == 0, "%s", err);
-    if (rc != 0) return;
+    struct model *m = load_fixture(tests, "deepseek_v32");
+    if (!m) return;
     int topk = m->desc.dsa_topk, vocab = m->desc.vocab;
     /* a prompt past index_topk: the fixture's ids repeated */
     int32_t ids[40];

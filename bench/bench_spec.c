@@ -135,6 +135,7 @@ static int parse(int argc, char **argv, struct opts *o)
 struct result {
     double tok_s, accept, rows_per_tok, experts_per_tok, steps_per_tok;
     long generated;
+    int stopped; /* requests that stopped speculating (adaptive MTP, spec_feed_pays) */
 };
 
 /* One run: C requests of the prompt, decode timed. spec NULL: no speculation. */
@@ -229,6 +230,7 @@ static int run(const struct model *m, const struct opts *o, const int32_t *promp
     res->rows_per_tok = gen ? (double)(rows - rows0) / (double)gen : 0;
     res->experts_per_tok = gen ? (double)(es->moe_active_experts - act0) / (double)gen : 0;
     res->steps_per_tok = gen ? (double)(st1.steps - st0.steps) * conc / (double)gen : 0;
+    res->stopped = (int)(st1.spec_stopped - st0.spec_stopped);
     rc = 0;
 out:
     for (int i = 0; i < conc; i++)
@@ -247,17 +249,17 @@ static void report(const struct opts *o, const char *method, int k, bool adaptiv
         snprintf(kk, sizeof kk, "-");
     else
         snprintf(kk, sizeof kk, adaptive ? "<=%d" : "%d", k);
-    printf("%-12s %5s %5d %10.1f %7.2fx %8.2f %9.1f %9.1f %10.2f\n", method, kk, conc, r->tok_s,
-           base > 0 ? r->tok_s / base : 1.0, r->accept, r->rows_per_tok, r->experts_per_tok,
-           r->steps_per_tok);
+    printf("%-12s %5s %5d %10.1f %7.2fx %8.2f %9.1f %9.1f %10.2f %8d\n", method, kk, conc,
+           r->tok_s, base > 0 ? r->tok_s / base : 1.0, r->accept, r->rows_per_tok,
+           r->experts_per_tok, r->steps_per_tok, r->stopped);
     if (o->json)
         printf("{\"method\": \"%s\", \"k\": %d, \"adaptive\": %s, \"concurrency\": %d, "
                "\"decode_tok_s\": %.2f, \"speedup\": %.3f, \"acceptance\": %.4f, "
                "\"expert_rows_per_token\": %.2f, \"experts_read_per_token\": %.2f, "
-               "\"steps_per_token\": %.3f}\n",
+               "\"steps_per_token\": %.3f, \"stopped_requests\": %d}\n",
                method, k, adaptive ? "true" : "false", conc, r->tok_s,
                base > 0 ? r->tok_s / base : 1.0, r->accept, r->rows_per_tok, r->experts_per_tok,
-               r->steps_per_tok);
+               r->steps_per_tok, r->stopped);
     fflush(stdout);
 }
 
@@ -327,8 +329,8 @@ int main(int argc, char **argv)
            o.model, m->desc.model_type, (double)m->weight_bytes / 1e6, n_prompt, o.tokens,
            o.temperature, draft ? ", draft " : "", draft ? (o.draft ? o.draft : o.model) : "",
            draft ? (strcmp(o.draft_quant, "none") ? " quantized at load" : "") : "");
-    printf("%-12s %5s %5s %10s %8s %8s %9s %9s %10s\n", "method", "k", "conc", "tok/s", "speedup",
-           "accept", "rows/tok", "exp/tok", "steps/tok");
+    printf("%-12s %5s %5s %10s %8s %8s %9s %9s %10s %8s\n", "method", "k", "conc", "tok/s",
+           "speedup", "accept", "rows/tok", "exp/tok", "steps/tok", "stopped");
     for (int c = 0; c < o.n_conc; c++) {
         struct result base;
         if (run(m, &o, prompt, n_prompt, o.conc[c], NULL, NULL, &base) != 0) return 1;

@@ -53,7 +53,7 @@ struct sched {
     bool hybrid;                   /* recurrent layers: states are snapshot and rolled back */
     struct {
         uint64_t drafts, draft_tokens, accepted, per_pos[SPEC_MAX_K], draft_rows,
-            rejected_rows, rollbacks;
+            rejected_rows, rollbacks, stopped;
     } spec_stats;                  /* copied into st after each step */
 
     /* incoming requests, handed over by any thread */
@@ -825,9 +825,17 @@ static void spec_extend(struct sched *s, int i0, int i1, struct rows *rw, int *b
     for (int i = i0; i < i1; i++) {
         struct sched_req *r = s->item_req[i];
         struct engine_item *it = &s->items[i];
-        if (!r->p.speculative || r->p.max_tokens == 0 || prompt_lps_pending(r) ||
-            it->pos + it->n_tokens != r->n_total)
+        if (!r->p.speculative || r->spec_stopped || r->p.max_tokens == 0 ||
+            prompt_lps_pending(r) || it->pos + it->n_tokens != r->n_total)
             continue;
+        if (s->spec.method == SPEC_MTP && !spec_feed_pays(&s->spec, &s->cost, &r->spec_acc, i1,
+                                                           planned)) {
+            /* the module's feed is paid every step whether the sequence drafts or not */
+            r->spec_stopped = true;
+            drafter_seq_release(s->drafter, &r->dseq);
+            s->spec_stats.stopped++;
+            continue;
+        }
         /* hybrids: only once generating, with the state on its device (snapshots copy it), and
          * not while recomputing after a rollback: the snapshot is taken where the step starts,
          * so drafts on top of a recompute would, at the next rejection, roll back over it
@@ -1211,12 +1219,19 @@ int sched_step(struct sched *s)
     }
     if (s->spec_on) spec_prepare(s, n_items);
     char err[MS_ERR_LEN];
+    /* the cost fit sees decode steps only (each item one token plus its drafts): a prefill
+     * chunk's tokens are cheaper per token (wider GEMMs) and, with a few of them, would own the
+     * fit and make drafts look cheap in the decode steps the fit is for */
     int step_tokens = 0;
-    for (int i = 0; i < n_items; i++) step_tokens += s->items[i].n_tokens;
+    bool decode_step = true;
+    for (int i = 0; i < n_items; i++) {
+        step_tokens += s->items[i].n_tokens;
+        if (s->items[i].n_tokens - s->item_req[i]->spec_n != 1) decode_step = false;
+    }
     if (s->mtp) { /* hidden states for the module, of the sequences that speculate */
         size_t off = 0, D = (size_t)s->m->desc.d_model;
         for (int i = 0; i < n_items; i++) {
-            bool want = s->item_req[i]->p.speculative;
+            bool want = s->item_req[i]->p.speculative && !s->item_req[i]->spec_stopped;
             s->items[i].hidden_out = want ? s->hid + off * D : NULL;
             s->items[i].hidden_normed = true; /* what the MTP module was trained on */
             off += want ? (size_t)s->items[i].n_tokens : 0;
@@ -1224,7 +1239,8 @@ int sched_step(struct sched *s)
     }
     double t_step = ms_now();
     int rc = engine_step(s->e, s->items, n_items, err, sizeof err);
-    if (s->spec_on && rc == 0) spec_cost_observe(&s->cost, step_tokens, ms_now() - t_step);
+    if (s->spec_on && rc == 0 && decode_step)
+        spec_cost_observe(&s->cost, step_tokens, ms_now() - t_step);
     if (rc != 0) {
         /* Nothing was computed: fail the step's requests, keep serving the others. */
         for (int i = 0; i < n_items; i++) {
@@ -1274,8 +1290,13 @@ int sched_step(struct sched *s)
                                                         .key = cache_key(s, r)};
         }
     }
-    if (n_feeds > 0 && drafter_mtp_feed(s->drafter, s->feeds, n_feeds, err, sizeof err) != 0)
-        for (int j = 0; j < n_feeds; j++) warn(s, s->feed_req[j], err);
+    if (n_feeds > 0) {
+        double t_feed = ms_now();
+        if (drafter_mtp_feed(s->drafter, s->feeds, n_feeds, err, sizeof err) != 0)
+            for (int j = 0; j < n_feeds; j++) warn(s, s->feed_req[j], err);
+        else if (decode_step)
+            spec_cost_observe_feed(&s->cost, n_feeds, ms_now() - t_feed);
+    }
     pthread_mutex_lock(&s->st_mu);
     s->st.prompt_tokens += (uint64_t)n_prompt_tok;
     s->st.generation_tokens += (uint64_t)n_gen_tok;
@@ -1286,6 +1307,7 @@ int sched_step(struct sched *s)
     s->st.spec_draft_rows = s->spec_stats.draft_rows;
     s->st.spec_rejected_rows = s->spec_stats.rejected_rows;
     s->st.spec_rollbacks = s->spec_stats.rollbacks;
+    s->st.spec_stopped = s->spec_stats.stopped;
     pthread_mutex_unlock(&s->st_mu);
     if (s->p.obs.on_step) s->p.obs.on_step(s->p.obs.ctx, n_tok, n_items);
     if (s->p.after_step) s->p.after_step(s->p.after_step_ctx, s->e);

@@ -171,6 +171,8 @@ struct sched_req {
      * the acceptance record, and the draft model's K/V of this sequence */
     int spec_n;
     bool spec_pending;        /* a draft model fills the drafts before the step */
+    bool spec_stopped;        /* adaptive MTP: its feed costs more than its drafts gain; the
+                                 request no longer speculates (spec_feed_pays) */
     int32_t spec_draft[SPEC_MAX_K];
     const float *spec_q;      /* sampled drafts: (spec_n, spec_q_n) the distributions they were
                                  drawn from (the drafter's, valid for this step), else NULL */
@@ -272,6 +274,8 @@ struct sched_stats {
     uint64_t spec_draft_rows;      /* token-expert rows computed for drafted positions */
     uint64_t spec_rejected_rows;   /* of those, for drafts that were then rejected */
     uint64_t spec_rollbacks;       /* hybrid models: states returned to their snapshot */
+    uint64_t spec_stopped;         /* requests that stopped speculating: adaptive MTP whose
+                                      module feed cost more than its drafts gained */
 };
 
 int sched_create(struct engine *e, const struct sched_params *p, struct sched **out, char *err,

@@ -211,7 +211,7 @@ int spec_ngram_propose(const int32_t *tokens, int len, int min_n, int max_n, int
 void spec_acc_init(struct spec_acc *a)
 {
     a->acc = a->rej = 0.0f;
-    a->idle = 0;
+    a->idle = a->verified = 0;
 }
 
 void spec_acc_update(struct spec_acc *a, int drafted, int accepted)
@@ -219,6 +219,7 @@ void spec_acc_update(struct spec_acc *a, int drafted, int accepted)
     if (drafted <= 0) return;
     a->acc = a->acc * SPEC_ACC_DECAY + (float)accepted;
     a->rej = a->rej * SPEC_ACC_DECAY + (accepted < drafted ? 1.0f : 0.0f);
+    a->verified++;
 }
 
 double spec_acc_rate(const struct spec_acc *a)
@@ -254,32 +255,68 @@ void spec_cost_observe_draft(struct spec_cost *c, int tokens, double seconds)
     c->ds = c->ds * SPEC_COST_DECAY + seconds;
 }
 
+void spec_cost_observe_feed(struct spec_cost *c, int n_seqs, double seconds)
+{
+    if (n_seqs <= 0 || !(seconds >= 0) || !isfinite(seconds)) return;
+    c->fw = c->fw * SPEC_COST_DECAY + (double)n_seqs;
+    c->fs = c->fs * SPEC_COST_DECAY + seconds;
+}
+
+/* The fitted line t0 + t1 T, in seconds, or (the prior) in units of t0; *unit: seconds per unit
+ * (1 once fitted). */
+static void cost_line(const struct spec_cost *c, double *t0, double *t1, double *unit)
+{
+    *t0 = 1.0, *t1 = SPEC_COST_PRIOR, *unit = 1.0;
+    double my = c->w > 2.0 ? c->sy / c->w : 0.0;
+    if (!(c->w > 2.0 && my > 0)) return;
+    double mx = c->sx / c->w;
+    double var = c->sxx / c->w - mx * mx, cov = c->sxy / c->w - mx * my;
+    /* a spread of at least one token among the steps seen: the line is determined */
+    if (var > 0.25) {
+        *t1 = cov / var;
+        if (*t1 < 0) *t1 = 0;
+        *t0 = my - *t1 * mx;
+        /* a fixed cost can not be negative; a fit that says so has too little data: keep a
+         * tenth of the mean step as the fixed part */
+        if (*t0 < 0.1 * my) *t0 = 0.1 * my;
+    } else {
+        *unit = my / (1.0 + SPEC_COST_PRIOR * mx); /* t0 in seconds under the prior */
+    }
+}
+
 double spec_cost_threshold(const struct spec_cost *c, int n_seqs, int n_tokens)
 {
     if (n_seqs < 1) n_seqs = 1;
     if (n_tokens < n_seqs) n_tokens = n_seqs;
-    /* seconds, or (the prior) units of the fixed cost t0 */
-    double t0 = 1.0, t1 = SPEC_COST_PRIOR, unit = 1.0;
-    double my = c->w > 2.0 ? c->sy / c->w : 0.0;
-    if (c->w > 2.0 && my > 0) {
-        double mx = c->sx / c->w;
-        double var = c->sxx / c->w - mx * mx, cov = c->sxy / c->w - mx * my;
-        /* a spread of at least one token among the steps seen: the line is determined */
-        if (var > 0.25) {
-            t1 = cov / var;
-            if (t1 < 0) t1 = 0;
-            t0 = my - t1 * mx;
-            /* a fixed cost can not be negative; a fit that says so has too little data: keep
-             * a tenth of the mean step as the fixed part */
-            if (t0 < 0.1 * my) t0 = 0.1 * my;
-        } else {
-            unit = my / (1.0 + SPEC_COST_PRIOR * mx); /* t0 in seconds under the prior */
-        }
-    }
+    double t0, t1, unit;
+    cost_line(c, &t0, &t1, &unit);
     /* proposing a draft (a draft model's steps), per drafted token, in the same units */
     double draft = c->dw > 0 && unit > 0 ? c->ds / c->dw / unit : 0.0;
     double th = (double)n_seqs * (t1 + draft) / (t0 + t1 * (double)n_tokens);
     return th < 0 ? 0 : th > 1 ? 1 : th;
+}
+
+/* Verifications a sequence has had before its feed is judged. */
+#define SPEC_FEED_MIN_VERIFIED 8
+
+bool spec_feed_pays(const struct spec_config *cfg, const struct spec_cost *c,
+                    const struct spec_acc *a, int n_seqs, int n_tokens)
+{
+    if (!cfg->adaptive || a->verified < SPEC_FEED_MIN_VERIFIED || !(c->fw > 0)) return true;
+    if (n_seqs < 1) n_seqs = 1;
+    if (n_tokens < n_seqs) n_tokens = n_seqs;
+    double t0, t1, unit;
+    cost_line(c, &t0, &t1, &unit);
+    if (!(unit > 0)) return true;
+    double feed = c->fs / c->fw / unit * (double)n_seqs / (t0 + t1 * (double)n_tokens);
+    double th = spec_cost_threshold(c, n_seqs, n_tokens), rate = spec_acc_rate(a);
+    double p = 1.0, net = 0.0, best = 0.0;
+    for (int k = 1; k <= cfg->k; k++) {
+        p *= rate;
+        net += p - th;
+        if (net > best) best = net;
+    }
+    return best > feed;
 }
 
 int spec_choose_k(const struct spec_config *cfg, const struct spec_acc *a, double threshold)

@@ -73,6 +73,7 @@ int spec_ngram_propose(const int32_t *tokens, int len, int min_n, int max_n, int
 struct spec_acc {
     float acc, rej; /* decayed counts of accepted drafts and of rejections */
     int idle;       /* steps since the sequence last drafted */
+    int verified;   /* verifications seen (not decayed) */
 };
 
 void spec_acc_init(struct spec_acc *a);
@@ -87,6 +88,7 @@ double spec_acc_rate(const struct spec_acc *a);
 struct spec_cost {
     double w, sx, sy, sxx, sxy;
     double dw, ds; /* drafted tokens and the seconds their proposing took */
+    double fw, fs; /* sequences fed to an MTP module and the seconds the feeds took */
 };
 
 void spec_cost_init(struct spec_cost *c);
@@ -99,6 +101,16 @@ void spec_cost_observe_draft(struct spec_cost *c, int tokens, double seconds);
  * time per drafted token). Until steps of different sizes were seen, the marginal token costs
  * 1/32 of a step's fixed time. */
 double spec_cost_threshold(const struct spec_cost *c, int n_seqs, int n_tokens);
+/* A round of MTP feeds (the module's step over the target's new hidden states) took `seconds`
+ * for `n_seqs` sequences. */
+void spec_cost_observe_feed(struct spec_cost *c, int n_seqs, double seconds);
+/* Whether a sequence with acceptance record `a` still gains from speculating when keeping its
+ * drafter fed costs a per-step price whether it drafts or not (MTP's feed): the best k's
+ * expected accepted tokens less what its drafts cost, sum over j <= k of (rate^j - threshold),
+ * must exceed the feed's share of a step in the same units, feed seconds per sequence * n_seqs
+ * / step seconds. True until 8 verifications were seen, and while no feed was measured. */
+bool spec_feed_pays(const struct spec_config *cfg, const struct spec_cost *c,
+                    const struct spec_acc *a, int n_seqs, int n_tokens);
 
 /* Drafts for a sequence this step: cfg->k when not adaptive; else the largest j <= cfg->k with
  * rate^j > threshold, and 1 when that is 0 but the sequence has not drafted for 16 steps (so

@@ -538,7 +538,7 @@ char *dash_stats_json(struct dash *d, const struct sched_stats *st, const char *
             json_array_append_new(pp, json_integer((json_int_t)st->spec_accepted_per_pos[j]));
         json_object_set_new(
             o, "speculative",
-            json_pack("{s:i, s:I, s:I, s:I, s:o, s:f, s:I, s:I, s:I}", "num_speculative_tokens",
+            json_pack("{s:i, s:I, s:I, s:I, s:o, s:f, s:I, s:I, s:I, s:I}", "num_speculative_tokens",
                       st->spec_k, "num_drafts", (json_int_t)st->spec_drafts, "num_draft_tokens",
                       (json_int_t)st->spec_draft_tokens, "num_accepted_tokens",
                       (json_int_t)st->spec_accepted_tokens, "num_accepted_tokens_per_pos", pp,
@@ -548,7 +548,8 @@ char *dash_stats_json(struct dash *d, const struct sched_stats *st, const char *
                           : 0.0,
                       "draft_expert_rows", (json_int_t)st->spec_draft_rows,
                       "rejected_expert_rows", (json_int_t)st->spec_rejected_rows,
-                      "state_rollbacks", (json_int_t)st->spec_rollbacks));
+                      "state_rollbacks", (json_int_t)st->spec_rollbacks, "stopped_requests",
+                      (json_int_t)st->spec_stopped));
     }
     json_t *ml = json_array(), *w = json_array(), *eg = json_array();
     for (int l = 0; l < L; l++)

@@ -655,6 +655,10 @@ static void render_spec(struct buf *b, int k, const struct sched_stats *st, cons
     counter(b, "moeserve_spec_decode_state_rollbacks_total",
             "Hybrid models: recurrent states returned to their snapshot after a rejection.", lab,
             st->spec_rollbacks);
+    counter(b, "moeserve_spec_decode_stopped_requests_total",
+            "Requests that stopped speculating: adaptive MTP whose module feed cost more per "
+            "step than its drafts gained.",
+            lab, st->spec_stopped);
 }
 
 char *metrics_render(struct metrics *mt, const struct sched_stats *st, const char *model_name)

@@ -1020,6 +1020,28 @@ static void check_adaptive(void)
     double th1 = spec_cost_threshold(&c, 1, 1), th32 = spec_cost_threshold(&c, 32, 32);
     CHECKF(fabs(th1 - 0.001 / 0.011) < 1e-3, "threshold at batch 1: %g", th1);
     CHECKF(fabs(th32 - 0.032 / 0.042) < 1e-3, "threshold at batch 32: %g", th32);
+    /* an MTP feed of 5 ms per sequence per step: worth it at rate 0.95 at batch 1 (net accepted
+     * tokens ~3.2 against a feed worth 0.45 of a step), not at rate ~0.1, nor at rate 0.95 at
+     * batch 32 (each draft must beat 0.76 there, and the feed is worth 3.8 steps' shares) */
+    struct spec_config mtp = {.method = SPEC_MTP, .k = 4, .adaptive = true};
+    struct spec_acc hi, lo;
+    spec_acc_init(&hi);
+    spec_acc_init(&lo);
+    for (int i = 0; i < 30; i++) {
+        spec_acc_update(&hi, 4, 4);
+        spec_acc_update(&lo, 2, 0);
+    }
+    CHECK(spec_feed_pays(&mtp, &c, &lo, 1, 1)); /* no feed measured yet */
+    spec_cost_observe_feed(&c, 4, 0.02);
+    CHECK(spec_feed_pays(&mtp, &c, &hi, 1, 1));
+    CHECK(!spec_feed_pays(&mtp, &c, &lo, 1, 1));
+    CHECK(!spec_feed_pays(&mtp, &c, &hi, 32, 32));
+    spec_acc_init(&lo);
+    spec_acc_update(&lo, 2, 0); /* too few verifications to judge */
+    CHECK(spec_feed_pays(&mtp, &c, &lo, 1, 1));
+    for (int i = 0; i < 30; i++) spec_acc_update(&lo, 2, 0);
+    mtp.adaptive = false; /* a fixed k is the user's choice */
+    CHECK(spec_feed_pays(&mtp, &c, &lo, 1, 1));
 }
 
 static void check_truncate(const struct model *m)

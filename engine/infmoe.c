@@ -98,19 +98,31 @@ int infmoe_scratch_init(struct infmoe_scratch *s, struct backend *be, const stru
         ok = ok && s->h_rz && s->h_z && s->h_scores && s->h_idx && s->h_coef && s->h_count;
     }
     s->eps = malloc(KM * Z * sizeof(float));
+    if (be->ops->host_memory) { /* the keys transposed, for infmoe_scores */
+        size_t L = (size_t)md->n_layer;
+        float *row = malloc(Z * sizeof(float));
+        s->keys_t = malloc(L * Z * F * sizeof(float));
+        ok = ok && row && s->keys_t;
+        for (size_t l = 0; ok && l < L; l++)
+            for (size_t f = 0; f < F; f++) {
+                wmat_row_f32(m->layers[l].cont_keys, (int)f, row);
+                for (size_t j = 0; j < Z; j++) s->keys_t[(l * Z + j) * F + f] = row[j];
+            }
+        free(row);
+    }
     s->iscratch = malloc(NEURON_ISCRATCH(T, U, F) * sizeof(int32_t));
     s->workers = be->ops->host_workers(be);
     if (s->workers < 1) s->workers = 1;
     size_t W = (size_t)s->workers;
-    s->acc = calloc(W * F, sizeof(float));
-    s->mark = calloc(W * F, 1);
+    s->sel_list = malloc(W * 3 * F * sizeof(int32_t));
+    s->sel_w = malloc(W * 3 * F * sizeof(float));
     s->work = malloc(W * 2 * F * sizeof(uint32_t));
     s->row0 = malloc(T * sizeof(int32_t));
     s->tok_samples = malloc(T * sizeof(int32_t));
     s->tok_keep = malloc(T * sizeof(int32_t));
     s->tok_adaptive = calloc(T, 1);
     s->k_used = malloc(T * sizeof(int32_t));
-    if (!ok || !s->eps || !s->iscratch || !s->acc || !s->mark || !s->work || !s->row0 || !s->tok_samples || !s->tok_keep ||
+    if (!ok || !s->eps || !s->iscratch || !s->sel_list || !s->sel_w || !s->work || !s->row0 || !s->tok_samples || !s->tok_keep ||
         !s->tok_adaptive || !s->k_used) {
         infmoe_scratch_release(s, be);
         return -1;
@@ -137,9 +149,10 @@ void infmoe_scratch_release(struct infmoe_scratch *s, struct backend *be)
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->ops->free(be, bufs[i]);
     free(s->eps);
+    free(s->keys_t);
     free(s->iscratch);
-    free(s->acc);
-    free(s->mark);
+    free(s->sel_list);
+    free(s->sel_w);
     free(s->work);
     free(s->row0);
     free(s->tok_samples);
@@ -175,7 +188,8 @@ static inline uint32_t order_key(float f)
     uint32_t u;
     f += 0.0f;
     memcpy(&u, &f, sizeof u);
-    return (u & 0x80000000u) ? ~u : u | 0x80000000u;
+    uint32_t neg = (uint32_t)((int32_t)u >> 31); /* all ones for a negative float */
+    return u ^ (neg | 0x80000000u);
 }
 
 /* The key of the n-th largest (1 <= n <= len) of keys[0..len), by radix selection a byte at
@@ -191,20 +205,25 @@ static uint32_t nth_largest_key(const uint32_t *keys, int len, int n, uint32_t *
     int cnt = len;
     for (int shift = 24; shift >= 0; shift -= 8) {
         /* four histograms, added after: scores crowd into few buckets, and one histogram
-         * would wait on its own last increment */
-        int hist[256], h4[4][256];
-        memset(h4, 0, sizeof h4);
+         * would wait on its own last increment; a few hundred keys take one (clearing and
+         * adding four would cost more than the waits) */
+        int h4[4][256], *hist = h4[0];
         int i = 0;
-        for (; i + 4 <= cnt; i += 4) {
-            h4[0][(src[i] >> shift) & 255]++;
-            h4[1][(src[i + 1] >> shift) & 255]++;
-            h4[2][(src[i + 2] >> shift) & 255]++;
-            h4[3][(src[i + 3] >> shift) & 255]++;
+        if (cnt >= 1024) {
+            memset(h4, 0, sizeof h4);
+            for (; i + 4 <= cnt; i += 4) {
+                h4[0][(src[i] >> shift) & 255]++;
+                h4[1][(src[i + 1] >> shift) & 255]++;
+                h4[2][(src[i + 2] >> shift) & 255]++;
+                h4[3][(src[i + 3] >> shift) & 255]++;
+            }
+            for (int v = 0; v < 256; v++)
+                hist[v] += h4[1][v] + h4[2][v] + h4[3][v];
+        } else {
+            memset(hist, 0, sizeof h4[0]);
         }
         for (; i < cnt; i++)
-            h4[0][(src[i] >> shift) & 255]++;
-        for (int v = 0; v < 256; v++)
-            hist[v] = h4[0][v] + h4[1][v] + h4[2][v] + h4[3][v];
+            hist[(src[i] >> shift) & 255]++;
         int b = 255;
         while (b > 0 && n > hist[b])
             n -= hist[b--];
@@ -227,33 +246,125 @@ static uint32_t nth_largest_key(const uint32_t *keys, int len, int n, uint32_t *
     return prefix;
 }
 
-void infmoe_select(const float *sc, int F, int keep, float *acc, unsigned char *mark,
-                   uint32_t *work)
+/* y (rows, F) = z (rows, Z) . keys_t (Z, F): a GEMM whose inner dimension is the latent's
+ * 16 or so, which the tiled GEMM (built for wide rows) takes at a fraction of its speed. Here
+ * 64 scores of up to four rows (a token's samples) are summed in 16 vector accumulators that
+ * stay in registers while the Z key columns stream past once; GCC's vector extension lowers
+ * them to the machine's widest SIMD (one clone per instruction set, chosen at load). Each
+ * score sums its Z products in latent order. */
+typedef float score_vec __attribute__((vector_size(64)));
+
+/* 64 scores of NR rows (a constant once inlined, so that the accumulators are registers). */
+static inline __attribute__((always_inline)) void
+scores_block(const int NR, float *restrict y, const float *restrict zr,
+             const float *restrict keys_t, int Z, int F, int f0)
 {
-    uint32_t *keys = work, *cand = work + F;
-    for (int f = 0; f < F; f++)
-        keys[f] = order_key(sc[f]);
-    int ties, equal; /* neurons equal to the threshold to take (lowest first), and in all */
-    uint32_t thr = nth_largest_key(keys, F, keep, cand, &ties, &equal);
-    /* the kept neurons' indices by a compaction without data-dependent branches (about one
-     * neuron in ten is kept: a branch per neuron mispredicts); when only some of the neurons
-     * equal to the threshold are kept (rare), those above it, then the lowest ties */
-    uint32_t *list = cand, lo = ties == equal || thr == UINT32_MAX ? thr : thr + 1;
-    int m = 0;
-    for (int f = 0; f < F; f++) {
-        list[m] = (uint32_t)f;
-        m += keys[f] >= lo;
-    }
-    for (int f = 0; ties < equal && ties > 0 && f < F; f++)
-        if (keys[f] == thr) {
-            list[m++] = (uint32_t)f;
-            ties--;
+    score_vec acc[4][4];
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; r++)
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) acc[r][c] = (score_vec){0};
+    for (int j = 0; j < Z; j++) {
+        score_vec k[4];
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) memcpy(&k[c], keys_t + (size_t)j * F + f0 + 16 * c, sizeof k[c]);
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) {
+            float a = zr[(size_t)r * Z + j];
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) acc[r][c] += a * k[c];
         }
-    for (int i = 0; i < m; i++) {
-        uint32_t f = list[i];
-        acc[f] += 1.0f / (1.0f + expf(-sc[f]));
-        mark[f] = 1;
     }
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++)
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++) memcpy(y + (size_t)r * F + f0 + 16 * c, &acc[r][c], sizeof acc[r][c]);
+}
+
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+void infmoe_scores(float *restrict y, const float *restrict z, const float *restrict keys_t,
+                   int rows, int Z, int F)
+{
+    enum { COLS = 64 };
+    int fv = F - F % COLS;
+    for (int r0 = 0; r0 < rows; r0 += 4) {
+        int nr = rows - r0 < 4 ? rows - r0 : 4;
+        const float *zr = z + (size_t)r0 * Z;
+        float *yr = y + (size_t)r0 * F;
+        for (int f0 = 0; f0 < fv; f0 += COLS) {
+            switch (nr) {
+            case 1: scores_block(1, yr, zr, keys_t, Z, F, f0); break;
+            case 2: scores_block(2, yr, zr, keys_t, Z, F, f0); break;
+            case 3: scores_block(3, yr, zr, keys_t, Z, F, f0); break;
+            default: scores_block(4, yr, zr, keys_t, Z, F, f0); break;
+            }
+        }
+        for (int r = 0; r < nr; r++) /* the columns past the last whole block */
+            for (int f = fv; f < F; f++) {
+                float s = 0.0f;
+                for (int j = 0; j < Z; j++) s += zr[(size_t)r * Z + j] * keys_t[(size_t)j * F + f];
+                yr[(size_t)r * F + f] = s;
+            }
+    }
+}
+
+/* Below this many scores the selection is a radix select over all of them. */
+#define SELECT_PIVOT_MIN 512
+/* Strided sample for the pivot: this many scores, and the pivot's rank in it chosen so that
+ * about 5/4 of `keep` scores reach it on the whole row. */
+#define SELECT_SAMPLE 128
+
+int infmoe_select(const float *sc, int F, int keep, int32_t *list, float *w, uint32_t *work)
+{
+    uint32_t *keys = work, *scratch = work + F;
+    if (keep > F) keep = F;
+    if (keep <= 0) return 0;
+    /* keys[0, n) with their neurons list[0, n) (ascending): all F, or (when a pivot below the
+     * keep-th largest is found) only the scores that reach it, which hold the keep-th largest
+     * and every score equal to it, so that the search over them is exact. A strided sample's
+     * rank estimates the pivot; one that proves too high (fewer than keep reach it) falls back
+     * to all. */
+    int n = F;
+    bool narrowed = false;
+    if (F >= SELECT_PIVOT_MIN && keep <= F / 4) {
+        uint32_t sample[SELECT_SAMPLE];
+        int stride = F / SELECT_SAMPLE, st, se;
+        int rank = (int)((5 * (int64_t)keep * SELECT_SAMPLE) / (4 * (int64_t)F)) + 2;
+        for (int i = 0; i < SELECT_SAMPLE; i++) sample[i] = order_key(sc[(size_t)i * stride]);
+        uint32_t pivot = nth_largest_key(sample, SELECT_SAMPLE, rank, scratch, &st, &se);
+        int c = 0;
+        for (int f = 0; f < F; f++) {
+            uint32_t k = order_key(sc[f]);
+            keys[c] = k;
+            list[c] = f;
+            c += k >= pivot;
+        }
+        if (c >= keep) n = c, narrowed = true;
+    }
+    if (!narrowed)
+        for (int f = 0; f < F; f++) keys[f] = order_key(sc[f]), list[f] = f;
+    int ties, equal; /* neurons equal to the threshold to take (lowest first), and in all */
+    uint32_t thr = nth_largest_key(keys, n, keep, scratch, &ties, &equal);
+    /* the lowest `ties` neurons equal to the threshold when only some of them are kept (rare) */
+    int32_t *tie = (int32_t *)scratch;
+    int nt = 0;
+    if (ties < equal && ties > 0)
+        for (int x = 0; nt < ties && x < n; x++)
+            if (keys[x] == thr) tie[nt++] = list[x];
+    /* the kept neurons by an in-place compaction without data-dependent branches (about one
+     * neuron in ten is kept, one candidate in 1.25: a branch per entry mispredicts); then the
+     * ties merged in, from the end */
+    uint32_t lo = ties == equal || thr == UINT32_MAX ? thr : thr + 1;
+    int m = 0;
+    for (int x = 0; x < n; x++) {
+        list[m] = list[x];
+        m += keys[x] >= lo;
+    }
+    for (int a = m - 1, b = nt - 1, o = m + nt - 1; b >= 0; o--)
+        list[o] = a >= 0 && list[a] > tie[b] ? list[a--] : tie[b--];
+    m += nt;
+    for (int i = 0; i < m; i++) w[i] = 1.0f / (1.0f + expf(-sc[list[i]]));
+    return m;
 }
 
 struct select_job {
@@ -261,32 +372,42 @@ struct select_job {
     int F;
 };
 
-/* Token t's slices and their union (ascending), with worker w's scratch. */
+/* Token t's slices and their union (ascending), with worker w's scratch: each sample's kept
+ * list merged into the union so far, a neuron's weight summed in sample order. */
 static void select_task(void *ctx, int t, int w)
 {
     struct select_job *j = ctx;
     struct infmoe_scratch *s = j->s;
     int F = j->F, U = s->max_union, K = s->k_used[t];
-    float *acc = s->acc + (size_t)w * F;
-    unsigned char *mark = s->mark + (size_t)w * F;
+    int32_t *li = s->sel_list + (size_t)w * 3 * (size_t)F, *ui = li + F, *vi = ui + F;
+    float *lw = s->sel_w + (size_t)w * 3 * (size_t)F, *uw = lw + F, *vw = uw + F;
     uint32_t *work = s->work + (size_t)w * 2 * F;
-    for (int k = 0; k < K; k++)
-        infmoe_select(s->h_scores + (size_t)(s->row0[t] + k) * F, F, s->tok_keep[t], acc, mark,
-                      work);
-    int c = 0;
-    int32_t *ti = s->h_idx + (size_t)t * U;
-    float *tc = s->h_coef + (size_t)t * U;
-    for (int f = 0; f < F; f++) {
-        if (!mark[f]) continue;
-        if (c < U) { /* always so: K <= max_samples, N <= the model's */
-            ti[c] = f;
-            tc[c] = acc[f] / (float)K;
-            c++;
+    int nu = 0;
+    for (int k = 0; k < K; k++) {
+        int nl = infmoe_select(s->h_scores + (size_t)(s->row0[t] + k) * F, F, s->tok_keep[t], li,
+                               lw, work);
+        int a = 0, b = 0, o = 0;
+        while (a < nu || b < nl) {
+            if (b >= nl || (a < nu && ui[a] < li[b])) {
+                vi[o] = ui[a], vw[o++] = uw[a++];
+            } else if (a >= nu || li[b] < ui[a]) {
+                vi[o] = li[b], vw[o++] = 0.0f + lw[b++];
+            } else {
+                vi[o] = ui[a], vw[o++] = uw[a++] + lw[b++];
+            }
         }
-        acc[f] = 0.0f;
-        mark[f] = 0;
+        int32_t *ti = ui;
+        float *tw = uw;
+        ui = vi, uw = vw, vi = ti, vw = tw, nu = o;
     }
-    s->h_count[t] = c;
+    if (nu > U) nu = U; /* never: K <= max_samples, N <= the model's */
+    int32_t *oi = s->h_idx + (size_t)t * U;
+    float *oc = s->h_coef + (size_t)t * U;
+    for (int i = 0; i < nu; i++) {
+        oi[i] = ui[i];
+        oc[i] = uw[i] / (float)K;
+    }
+    s->h_count[t] = nu;
 }
 
 uint64_t infmoe_forward(const struct model *m, int layer, struct backend *be,
@@ -325,9 +446,13 @@ uint64_t infmoe_forward(const struct model *m, int layer, struct backend *be,
             }
         }
     }
-    be->ops->upload(be, s->z, s->h_z, sizeof(float) * (size_t)rows * Z);
-    be->ops->matmul(be, s->scores, s->z, lw->cont_keys, NULL, rows, Z, F);
-    be->ops->download(be, s->h_scores, s->scores, sizeof(float) * (size_t)rows * F);
+    if (s->keys_t) { /* host memory: h_scores is scores */
+        infmoe_scores(s->h_scores, s->h_z, s->keys_t + (size_t)layer * Z * F, rows, Z, F);
+    } else {
+        be->ops->upload(be, s->z, s->h_z, sizeof(float) * (size_t)rows * Z);
+        be->ops->matmul(be, s->scores, s->z, lw->cont_keys, NULL, rows, Z, F);
+        be->ops->download(be, s->h_scores, s->scores, sizeof(float) * (size_t)rows * F);
+    }
 
     /* Per token: the union of its samples' slices, in ascending neuron order. */
     struct select_job j = {.s = s, .F = F};

@@ -49,11 +49,14 @@ struct infmoe_scratch {
     float *h_rz, *h_z, *h_scores, *h_coef;
     int32_t *h_idx, *h_count;
     float *eps;          /* (max_samples, Z) the offsets: row 0 zeros */
+    float *keys_t;       /* host-memory backends: (n_layer, Z, F) the neuron keys transposed to
+                            f32, for scores computed Z columns at a time (infmoe_scores) */
     /* per host worker (the selection runs token by token on the backend's host_for): */
     int workers;
-    float *acc;          /* (workers, F) a token's summed weights */
-    unsigned char *mark; /* (workers, F) whether a sample of the token kept the neuron */
-    uint32_t *work;      /* (workers, 2F) selection scratch: the scores as ordered keys, candidates */
+    int32_t *sel_list;   /* (workers, 3F) a sample's kept neurons, the union so far, the next */
+    float *sel_w;        /* (workers, 3F) their weights */
+    uint32_t *work;      /* (workers, 2F) selection scratch: the scores as ordered keys, the
+                            radix select's own */
     int32_t *row0;       /* (T) each token's first sample row */
     /* The per-token budget, set by the engine before infmoe_forward: */
     int32_t *tok_samples;        /* (T) K of each token, 1..max_samples */
@@ -63,10 +66,15 @@ struct infmoe_scratch {
     int32_t *k_used;             /* (T) the samples each token took in the last layer */
 };
 
-/* One sample's slice: adds the sigmoid weights of the `keep` highest of the F scores sc into
- * acc and marks them in mark (ties at the threshold go to the lower index). work: 2F. */
-void infmoe_select(const float *sc, int F, int keep, float *acc, unsigned char *mark,
-                   uint32_t *work);
+/* One sample's slice: the `keep` highest of the F scores sc (ties at the threshold go to the
+ * lower index) into list, ascending, with their sigmoid weights in w; returns how many
+ * (min(keep, F)). work: 2F. Exact: a sampled pivot only narrows where the threshold is sought. */
+int infmoe_select(const float *sc, int F, int keep, int32_t *list, float *w, uint32_t *work);
+
+/* y (rows, F) = z (rows, Z) . keys_t (Z, F), keys_t the neuron keys transposed (the host path
+ * of the key scores; exposed for tests). */
+void infmoe_scores(float *restrict y, const float *restrict z, const float *restrict keys_t,
+                   int rows, int Z, int F);
 
 /* The adaptive budget's K for a token whose mean predicted log-variance is u, against one
  * layer's nq ascending calibration quantiles q, at average k (see above). */

@@ -370,42 +370,84 @@ static void test_offsets(void)
         CHECK(isfinite(e8[i]) && e8[i] != 0.0f);
 }
 
+static int int_cmp(const void *pa, const void *pb)
+{
+    int a = *(const int *)pa, b = *(const int *)pb;
+    return (a > b) - (a < b);
+}
+
+/* Sort order of the selection: score descending, index ascending. */
+static const float *sel_scores;
+static int sel_cmp(const void *pa, const void *pb)
+{
+    int a = *(const int *)pa, b = *(const int *)pb;
+    float x = sel_scores[a], y = sel_scores[b];
+    if (x != y) return x > y ? -1 : 1;
+    return a - b;
+}
+
+/* infmoe_select of every keep in `keeps` against a sort of the F scores: the kept neurons,
+ * ascending, and their weights. Returns the mismatches. */
+static int select_vs_sort(const float *sc, int F, const int *keeps, int n_keeps)
+{
+    int *order = malloc(sizeof(int) * F), *want = malloc(sizeof(int) * F);
+    int32_t *list = malloc(sizeof(int32_t) * F);
+    float *w = malloc(sizeof(float) * F);
+    uint32_t *work = malloc(sizeof(uint32_t) * 2 * F);
+    int bad = 0;
+    for (int f = 0; f < F; f++) order[f] = f;
+    sel_scores = sc;
+    qsort(order, (size_t)F, sizeof(int), sel_cmp);
+    for (int q = 0; q < n_keeps; q++) {
+        int keep = keeps[q];
+        memcpy(want, order, sizeof(int) * keep);
+        qsort(want, (size_t)keep, sizeof(int), int_cmp);
+        int m = infmoe_select(sc, F, keep, list, w, work);
+        if (m != keep) {
+            bad++;
+            continue;
+        }
+        for (int i = 0; i < keep; i++)
+            if (list[i] != want[i] || w[i] != 1.0f / (1.0f + expf(-sc[want[i]]))) bad++;
+    }
+    free(order), free(want), free(list), free(w), free(work);
+    return bad;
+}
+
 /* The slice selection against sorting: scores drawn from a few values (ties everywhere,
- * -0 and +0, negatives), every keep from 1 to F. */
+ * -0 and +0, negatives), every keep from 1 to F; and rows as wide as the shipped model's
+ * (3072), where a sampled pivot narrows the search, with continuous scores, with the
+ * threshold inside a run of ties, and with a pivot that falls too high. */
 static void test_select(void)
 {
-    enum { F = 97 };
-    float sc[F], acc[F];
-    unsigned char mark[F];
-    uint32_t work[2 * F];
-    int order[F], bad = 0;
+    enum { F = 97, FW = 3072 };
+    float sc[F], *wide = malloc(sizeof(float) * FW);
+    int keeps[FW], bad = 0;
     uint64_t r = 0x9e3779b97f4a7c15ull;
     for (int round = 0; round < 4; round++) {
         for (int f = 0; f < F; f++) {
             r = r * 6364136223846793005ull + 1442695040888963407ull;
             int v = (int)((r >> 33) % (round == 0 ? 7u : 1000u)) - (round == 0 ? 3 : 500);
             sc[f] = v == 0 && (r >> 20) % 2 ? -0.0f : (float)v * (round == 3 ? 1e-30f : 0.25f);
-            order[f] = f;
         }
-        /* insertion sort: score descending, index ascending */
-        for (int i = 1; i < F; i++)
-            for (int j = i; j > 0; j--) {
-                int a = order[j - 1], b = order[j];
-                if (sc[a] > sc[b] || (sc[a] == sc[b] && a < b)) break;
-                order[j - 1] = b, order[j] = a;
-            }
-        for (int keep = 1; keep <= F; keep++) {
-            memset(mark, 0, sizeof mark);
-            for (int f = 0; f < F; f++) acc[f] = 0.0f;
-            infmoe_select(sc, F, keep, acc, mark, work);
-            for (int i = 0; i < F; i++) {
-                int f = order[i];
-                bool want = i < keep;
-                float w = want ? 1.0f / (1.0f + expf(-sc[f])) : 0.0f;
-                if ((mark[f] != 0) != want || acc[f] != w) bad++;
-            }
-        }
+        for (int keep = 1; keep <= F; keep++) keeps[keep - 1] = keep;
+        bad += select_vs_sort(sc, F, keeps, F);
     }
+    for (int round = 0; round < 4; round++) {
+        for (int f = 0; f < FW; f++) {
+            r = r * 6364136223846793005ull + 1442695040888963407ull;
+            double u = (double)(r >> 11) / 9007199254740992.0;
+            float v = (float)(u * 8.0 - 4.0);
+            if (round == 1) v = (float)((int)(u * 40.0)) * 0.5f; /* 40 values: long tie runs */
+            if (round == 2 && f % 24 != 0) v = -5.0f + (float)u; /* the sample sees only highs */
+            if (round == 3) v = (f % 1000 == 0) ? 2.0f : 1.0f;   /* four highs, then one tie run */
+            wide[f] = v;
+        }
+        int nk = 0;
+        for (int keep = 1; keep <= FW; keep += keep < 400 ? 1 : 97) keeps[nk++] = keep;
+        bad += select_vs_sort(wide, FW, keeps, nk);
+    }
+    free(wide);
     CHECKF(bad == 0, "infmoe_select: %d neurons chosen or weighted unlike a sort", bad);
 }
 

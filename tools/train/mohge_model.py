@@ -12,7 +12,9 @@ belongs to group e // experts_per_group.
 
 Training adds two auxiliary losses: the size-weighted group loss (w_g = (W_g - W_min + delta)
 / delta, so routing tokens to wide groups costs more) and a Switch-style balance loss inside
-each group. The model is saved and loaded as a Hugging Face-style folder (config.json +
+each group. With group_loss_difficulty > 0 the group loss is weighted per token by how hard
+the token is (see MohgeForCausalLM.loss), so that easy tokens are pushed to narrow groups and
+hard ones are not. The model is saved and loaded as a Hugging Face-style folder (config.json +
 model.safetensors); tensor names follow Llama / Qwen-MoE conventions (see README, "The mohge
 config.json"). This file is the golden reference for the C engine's `mohge` support.
 """
@@ -48,6 +50,7 @@ CONFIG_DEFAULTS = {
     "group_loss_coef": 0.01,
     "group_loss_delta": 16.0,
     "balance_loss_coef": 0.01,
+    "group_loss_difficulty": 0.0,
     "bos_token_id": None,
     "eos_token_id": 0,
     "torch_dtype": "float32",
@@ -170,6 +173,7 @@ class MohgeMoE(nn.Module):
         gw = torch.tensor([float(w) for w in c["group_intermediate_sizes"]])
         delta = float(c["group_loss_delta"])
         self.register_buffer("group_size_w", (gw - gw.min() + delta) / delta, persistent=False)
+        self.difficulty = float(c.get("group_loss_difficulty", 0.0))
 
     def shared_list(self):
         return [self.shared_expert] if self.n_shared == 1 else list(self.shared_experts)
@@ -211,6 +215,9 @@ class MohgeMoE(nn.Module):
         f_g = mask.mean(0) / self.kg                                          # (G,)
         P_g = (s / s.sum(-1, keepdim=True)).mean(0)                           # (G,)
         l_group = G * (self.group_size_w * f_g.detach() * P_g).sum() / self.group_size_w.mean()
+        if self.difficulty > 0:  # per token (N,): the caller weights the tokens by difficulty
+            q = s / s.sum(-1, keepdim=True)                                   # (N, G)
+            l_group = G * (q * (self.group_size_w * f_g.detach())).sum(-1) / self.group_size_w.mean()
         # Switch-style balance inside each group, over the tokens that kept the group.
         sel = torch.zeros(N, self.E, device=s.device).scatter_(1, idx, 1.0).view(N, G, epg)
         denom = mask.sum(0).clamp(min=1.0)                                    # (G,)
@@ -378,9 +385,19 @@ class MohgeForCausalLM(HFFolder, nn.Module):
 
     def loss(self, ids, targets):
         logits, aux = self(ids)
-        lm = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                             reduction="none")
+        lm = ce.mean()
         c = self.config
         total = lm
+        beta = float(c.get("group_loss_difficulty", 0.0))
+        if aux is not None and beta > 0:
+            # Difficulty-steered group loss: a token's weight is 1 + beta (1 - 2 r), r its
+            # loss's rank in the batch (0 the easiest, 1 the hardest; detached), so the weights
+            # average 1 (the same pressure toward narrow groups overall) but the easiest tokens
+            # feel 1 + beta times it and the hardest 1 - beta (beta > 1: rewarded for going wide).
+            r = torch.argsort(torch.argsort(ce.detach())).to(ce.dtype) / max(1, ce.numel() - 1)
+            aux = ((aux[0] * (1.0 + beta * (1.0 - 2.0 * r))).mean(), aux[1])
         if aux is not None:
             total = lm + c["group_loss_coef"] * aux[0] + c["balance_loss_coef"] * aux[1]
         return total, lm, aux

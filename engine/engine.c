@@ -180,6 +180,9 @@ struct engine {
     int32_t *plan;        /* (plan_cap) a step's plan as sent (rank 0) or received */
     size_t plan_cap;
     struct kv_seq *w_kv;  /* ranks > 0: (max_seqs) block tables pointing into `plan` */
+    float *p_hid;         /* (max_batch_tokens, d_model) hidden states an item wants
+                             (engine_item.hidden_out): computed here (ranks > 0) or received
+                             (rank 0) */
     struct proc_report *report; /* a rank's answer to a step or ping (report_bytes) */
     size_t report_bytes;
     pthread_mutex_t proc_mu;
@@ -720,6 +723,27 @@ static void hidden_out(struct device *dv)
     }
 }
 
+/* Whether an item of device dv's wants its hidden states. */
+static bool dev_wants_hidden(const struct engine *e, const struct device *dv)
+{
+    for (int it = dv->item0; it < dv->item1; it++)
+        if (e->items[it].hidden_out) return true;
+    return false;
+}
+
+/* A rank other than 0 of a multi-process engine: the hidden states its items want, to rank 0
+ * after its logits (all of this device's tokens' rows in one message, the rows of items that
+ * did not ask left as they were: rank 0 copies out what it asked for; proc_step). */
+static void hidden_send(struct device *dv)
+{
+    struct engine *e = dv->e;
+    if (!dev_wants_hidden(e, dv)) return;
+    size_t d = (size_t)e->m->desc.d_model;
+    (void)e->ctl->ops->send(e->ctl, 0, e->p_hid + (size_t)dv->tok0 * d,
+                            sizeof(float) * (size_t)dv->n_tok * d);
+    /* a broken communicator: engine_worker_run reports it */
+}
+
 static void device_forward(struct device *dv)
 {
     struct engine *e = dv->e;
@@ -801,6 +825,7 @@ static void device_forward(struct device *dv)
     }
     hidden_out(dv);
     logits_out(dv);
+    if (e->remote && e->self != 0) hidden_send(dv);
 }
 
 static void *device_main(void *arg)
@@ -1932,6 +1957,7 @@ void engine_free(struct engine *e)
     free(e->plan);
     free(e->report);
     free(e->w_kv);
+    free(e->p_hid);
     if (e->kv.layer) kv_destroy(&e->kv);
     if (e->st_conv && e->dev && e->dev[e->self].be) {
         struct backend *be = e->dev[e->self].be;
@@ -2043,9 +2069,6 @@ int engine_step(struct engine *e, struct engine_item *items, int n_items, char *
         if (e->m->mtp_in && !it->hidden_in)
             return ms_errf(err, errlen, "item %d: an MTP engine needs each token's hidden state",
                            i);
-        if (e->remote && it->hidden_out)
-            return ms_errf(err, errlen, "item %d: hidden states are not gathered from other "
-                                        "processes", i);
         for (int t = 0; t < it->n_tokens; t++)
             if (it->tokens[t] < 0 || it->tokens[t] >= md->vocab)
                 return ms_errf(err, errlen, "item %d: token id %d out of range [0, %d)", i,
@@ -2324,10 +2347,12 @@ struct proc_report {
 
 /* A plan is int32 words: a header, then per item PLAN_ITEM words (n_tokens, pos, moe_top_k,
  * n_logits, device, blocks, moe_samples, moe_samples_adaptive, then moe_neuron_fraction's 8
- * bytes, then the state slot), then every item's tokens, then every item's block table (as many blocks as its
- * positions after the step need). */
+ * bytes, then the state slot, then the hidden-state flags PLAN_HID_*), then every item's
+ * tokens, then every item's block table (as many blocks as its positions after the step
+ * need). */
 enum { PLAN_STEP = 1, PLAN_PING = 2, PLAN_QUIT = 3 };
-enum { PLAN_HEADER = 4, PLAN_ITEM = 11 };
+enum { PLAN_HEADER = 4, PLAN_ITEM = 12 };
+enum { PLAN_HID_WANT = 1, PLAN_HID_NORMED = 2 };
 
 static int proc_init(struct engine *e, char *err, size_t errlen)
 {
@@ -2338,7 +2363,8 @@ static int proc_init(struct engine *e, char *err, size_t errlen)
                       sizeof(uint64_t) * (size_t)e->n_dev;
     e->report = calloc(1, e->report_bytes);
     if (e->self != 0) e->w_kv = calloc((size_t)e->p.max_seqs, sizeof *e->w_kv);
-    if (!e->plan || !e->report || (e->self != 0 && !e->w_kv))
+    e->p_hid = malloc(sizeof(float) * (size_t)e->p.max_batch_tokens * (size_t)e->m->desc.d_model);
+    if (!e->plan || !e->report || (e->self != 0 && !e->w_kv) || !e->p_hid)
         return ms_errf(err, errlen, "out of memory for the step plan");
     if (e->self != 0 && !e->sorted) { /* a world of one process has no sticky buffers */
         e->sorted = malloc(sizeof *e->sorted * (size_t)e->p.max_seqs);
@@ -2445,6 +2471,7 @@ static int proc_step(struct engine *e, int total, char *err, size_t errlen)
         iw[7] = it->moe_samples_adaptive;
         memcpy(&iw[8], &it->moe_neuron_fraction, sizeof(double));
         iw[10] = it->kv->slot;
+        iw[11] = (it->hidden_out ? PLAN_HID_WANT : 0) | (it->hidden_normed ? PLAN_HID_NORMED : 0);
         memcpy(tok, it->tokens, sizeof(int32_t) * (size_t)it->n_tokens);
         tok += it->n_tokens;
         memcpy(blk, it->kv->blocks, sizeof(int32_t) * (size_t)nb);
@@ -2468,6 +2495,21 @@ static int proc_step(struct engine *e, int total, char *err, size_t errlen)
                 break;
             }
             logit_hand_out(e, &it, &j, rows, host);
+        }
+        if (rc == 0 && dev_wants_hidden(e, dv)) { /* then its hidden states (hidden_send) */
+            size_t d = (size_t)md->d_model, want = sizeof(float) * (size_t)dv->n_tok * d, got = 0;
+            if (e->ctl->ops->recv(e->ctl, r, e->p_hid, want, &got) != 0 || got != want) {
+                if (got != want) snprintf(why, sizeof why, "rank %d sent %zu bytes of hidden "
+                                                           "states, not %zu", r, got, want);
+                rc = -1;
+                break;
+            }
+            for (int i = dv->item0; i < dv->item1; i++) {
+                const struct engine_item *item = &e->items[i];
+                if (item->hidden_out)
+                    memcpy(item->hidden_out, e->p_hid + (size_t)(e->item_tok0[i] - dv->tok0) * d,
+                           sizeof(float) * d * (size_t)item->n_tokens);
+            }
         }
     }
     if (rc == 0) rc = proc_gather_status(e, true, why, sizeof why);
@@ -2564,6 +2606,10 @@ static int proc_take_plan(struct engine *e, size_t words, int *total_out, char *
                                             .moe_neuron_fraction = frac,
                                             .moe_samples_adaptive = iw[7] != 0,
                                             .n_logits = iw[3]};
+        if (iw[11] & PLAN_HID_WANT) { /* computed here, sent to rank 0 (hidden_send) */
+            e->sorted[i].hidden_out = e->p_hid + (size_t)sum * (size_t)e->m->desc.d_model;
+            e->sorted[i].hidden_normed = (iw[11] & PLAN_HID_NORMED) != 0;
+        }
         e->item_tok0[i] = sum;
         sum += n;
         tok += n;

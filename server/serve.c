@@ -847,11 +847,6 @@ static int spec_check(const struct serve_opts *o, const struct model *m, bool mu
                  o->model, mt);
             return -1;
         }
-        if (multi) {
-            slog("error", "--speculative-config: method: mtp is not available with several "
-                          "processes: the hidden states it needs stay in the other processes");
-            return -1;
-        }
     }
     if (m->desc.n_linear > 0) {
         if (multi) {

@@ -40,8 +40,7 @@ static void check_model(const char *tests, const char *name, bool bf16, enum mod
      * model.layers.3, from num_nextn_predict_layers 1), Qwen3-Next and Qwen3.5 theirs under
      * mtp.; unless asked for (test_mtp) it is skipped, and the load note says so. Models
      * without one say nothing. */
-    if (strncmp(name, "glm4_moe", 8) == 0 ||
-        (strncmp(name, "deepseek_v3", 11) == 0 && strncmp(name, "deepseek_v32", 12) != 0))
+    if (strncmp(name, "glm4_moe", 8) == 0 || strncmp(name, "deepseek_v3", 11) == 0)
         CHECKF(strstr(m->skip_note, "skipped 1 MTP layer(s) (model.layers.3..3") != NULL,
                "%s: skip note '%s'", name, m->skip_note);
     else if ((strncmp(name, "qwen3_next", 10) == 0 || strncmp(name, "qwen3_5_moe", 11) == 0) &&

@@ -299,9 +299,11 @@ int main(int argc, char **argv)
     /* f32 throughout: the engine and transformers differ by summation order only */
     check_family(tests, "deepseek_v3", "", 2e-5);
     check_family(tests, "glm4_moe", "", 2e-5);
+    check_family(tests, "deepseek_v32", "", 2e-5); /* the module's block has its own indexer */
     /* the bf16 checkpoints computed in f32 against transformers on the upcast weights */
     check_family(tests, "deepseek_v3_bf16", "_f32compute", 2e-5);
     check_family(tests, "glm4_moe_bf16", "_f32compute", 2e-5);
+    check_family(tests, "deepseek_v32_bf16", "_f32compute", 2e-5);
     /* Qwen's layout (mtp.*, chained on its normed output) on the hybrids, against a float64
      * reference */
     check_family(tests, "qwen3_next", "", 2e-5);

@@ -1138,6 +1138,7 @@ int main(int argc, char **argv)
         check_family(tests, families[i], mix);
     check_mtp(tests, "deepseek_v3");
     check_mtp(tests, "glm4_moe");
+    check_mtp(tests, "deepseek_v32"); /* sparse attention in the module's block */
     check_mtp(tests, "qwen3_next"); /* Qwen's layout on a hybrid: state rollbacks too */
     check_situations(tests, "mixtral");
     check_situations(tests, "deepseek_v3");

@@ -244,10 +244,11 @@ DSA_SHAPE = dict(**MLA, max_position_embeddings=512,
 # V3.2: V3 plus DeepSeek Sparse Attention. index_topk 8 is far below the prompts plus their
 # continuations (up to 73 positions), so most queries attend to a selection; 8 indexer heads
 # keep exact zero scores (every head's relu at 0) rare, and min_dsa_gap checks that no k-th and
-# (k+1)-th index score are near a tie. Plain RoPE (V3's YaRN is covered by deepseek_v3).
+# (k+1)-th index score are near a tie. Plain RoPE (V3's YaRN is covered by deepseek_v3). An MTP
+# module whose block, like V3.2's, has an indexer of its own.
 ARCHS["deepseek_v32"] = (
     DeepseekV32ForCausalLM,
-    DeepseekV32Config(**DSA_SHAPE, num_hidden_layers=3),
+    DeepseekV32Config(**DSA_SHAPE, num_hidden_layers=3, num_nextn_predict_layers=1),
 )
 
 # GLM-5 (glm_moe_dsa): V3.2's sparse attention with the indexer's RoPE interleaved and layer 1
@@ -693,6 +694,12 @@ class MtpModule(torch.nn.Module):
     def __init__(self, model):
         super().__init__()
         cfg = eager_config(model.config)
+        # per-layer lists (V3.2's) cover the decoder only: the module's block is a sparse-MoE
+        # layer with the last layer's attention type (its own indexer)
+        for key, extra in (("mlp_layer_types", "sparse"), ("layer_types", None)):
+            lst = getattr(cfg, key, None)
+            if isinstance(lst, list) and len(lst) == cfg.num_hidden_layers:
+                setattr(cfg, key, lst + [lst[-1] if extra is None else extra])
         self.config = cfg
         D, V = cfg.hidden_size, cfg.vocab_size
         norm_cls = type(model.model.norm)

@@ -79,6 +79,7 @@ struct serve_opts {
     long weight_cache;
     const char *placement, *placement_trace, *routing_stats, *record_routing;
     long redundant, max_experts_per_dev, rebalance_s, half_life, record_max, per_expert;
+    long placement_nodes;
     const char *collab_groups;
     long collab_reservoir;
     long access_log, stats_interval_s;
@@ -171,6 +172,10 @@ static const struct opt_def opt_defs[] = {
      "models, else contiguous)"},
     {"redundant-experts", "MOESERVE_REDUNDANT_EXPERTS", OPT_INT, OFF(redundant), 0, 1 << 20,
      "extra expert replicas per layer, given to the hottest experts (0)"},
+    {"placement-nodes", "MOESERVE_PLACEMENT_NODES", OPT_INT, OFF(placement_nodes), 1, 4096,
+     "eplb over this many nodes of equal device counts (hierarchical: experts split over the "
+     "nodes first, co-activated ones together when statistics have co-activation, then eplb "
+     "inside each node) (1)"},
     {"max-experts-per-device", "MOESERVE_MAX_EXPERTS_PER_DEVICE", OPT_INT,
      OFF(max_experts_per_dev), 0, 1 << 20,
      "expert slots a device holds per layer (0: the fewest that fit)"},
@@ -692,6 +697,7 @@ static struct splace_opts placement_opts(const struct serve_opts *o, const char 
 {
     return (struct splace_opts){.policy = o->placement, .redundant = o->redundant,
                                 .slots_per_dev = o->max_experts_per_dev,
+                                .nodes = o->placement_nodes,
                                 .trace = o->placement_trace, .interval_s = o->rebalance_s,
                                 .routing_stats = o->routing_stats, .half_life = o->half_life,
                                 .record = o->record_routing,

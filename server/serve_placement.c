@@ -136,7 +136,8 @@ int splace_prepare(const struct splace_opts *o, const struct model *m, struct en
     p->start = p->policy;
     if (p->policy == PLC_POLICY_C2R && !coact && o->interval_s > 0) p->start = PLC_POLICY_CONTIGUOUS;
     struct plc_params pp = {.policy = p->start, .n_dev = ep->n_devices,
-                            .redundant = (int)o->redundant, .slots_per_dev = (int)o->slots_per_dev};
+                            .redundant = (int)o->redundant, .slots_per_dev = (int)o->slots_per_dev,
+                            .n_nodes = (int)o->nodes};
     struct plc_stats ps = {.flops = flops, .coact = coact};
     int rc = plc_compute(&pm, &pp, &ps, &p->map, err, errlen);
     free(flops);
@@ -155,7 +156,8 @@ int splace_start(struct splace *p, struct engine *e, struct metrics *mt, char *e
     const struct model_desc *md = &engine_model(e)->desc;
     if (p->o.interval_s > 0) {
         struct rebal_params rp = {.plc = {.policy = p->policy, .redundant = (int)p->o.redundant,
-                                          .slots_per_dev = (int)p->o.slots_per_dev},
+                                          .slots_per_dev = (int)p->o.slots_per_dev,
+                                          .n_nodes = (int)p->o.nodes},
                                   .interval_s = (double)p->o.interval_s,
                                   .min_tokens = 64};
         if (rebal_create(e, &rp, &p->rebal, err, errlen) != 0) return -1;

@@ -21,6 +21,7 @@ struct splace_opts {
     const char *policy;        /* NULL: mohge for MoHGE models, else contiguous */
     long redundant;
     long slots_per_dev;
+    long nodes;                /* --placement-nodes: eplb over nodes (0 or 1: flat) */
     const char *trace;         /* --placement-trace */
     long interval_s;           /* --rebalance-interval, 0 = off */
     const char *routing_stats; /* auto | off | load | full */

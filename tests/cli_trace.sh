@@ -88,6 +88,9 @@ for p in contiguous mohge eplb c2r; do grep -q "| 64 | $p | " "$tmp/sim" && ok |
 "$bin" placement-sim --trace "$tmp/syn.rtrace" --devices 4 --csv --min-steps 1 >"$tmp/csv" 2>"$tmp/e"
 head -1 "$tmp/csv" | grep -q "^devices,policy," && [ "$(wc -l <"$tmp/csv")" -eq 5 ] && ok || bad "csv: $(cat "$tmp/csv")"
 grep -q "^4,mohge,,," "$tmp/csv" && ok || bad "mohge on a model without groups should be n/a: $(cat "$tmp/csv")"
+"$bin" placement-sim --trace "$fixture" --devices 4,8 --nodes 2 --tokens-per-device 32 --min-steps 2 \
+    >"$tmp/simn" 2>"$tmp/e" && grep -q "| 8 | eplb/nodes | " "$tmp/simn" && grep -q "cross-node rows" "$tmp/simn" \
+    && ok || bad "placement-sim --nodes: $(cat "$tmp/simn" "$tmp/e")"
 expect() { # status pattern args...
     local want=$1 pat=$2
     shift 2
@@ -99,6 +102,7 @@ expect 2 "--trace FILE is required" placement-sim
 expect 2 "--devices must be" placement-sim --trace "$fixture" --devices 0
 expect 2 "--policies takes" placement-sim --trace "$fixture" --policies best
 expect 2 "--fit must be" placement-sim --trace "$fixture" --fit most
+expect 2 "--nodes 3 does not divide" placement-sim --trace "$fixture" --devices 4 --nodes 3
 expect 1 "offset" placement-sim --trace "$tmp/flip.rtrace"
 expect 1 "cannot open" placement-sim --trace "$tmp/nope.rtrace"
 expect 2 "--out FILE is required" trace synth

@@ -3,7 +3,9 @@
  * twice on a device, slots respected); eplb reaches imbalance <= 1.05 on a skewed load with one
  * replica per device, predicted and measured on held-out synthetic routing; c2r cuts the tokens
  * sent off-device by >= 20% against contiguous at 8 devices on routing with planted
- * collaborating experts, within 1.10 imbalance; plc_pick follows the shares; impossible
+ * collaborating experts, within 1.10 imbalance; hierarchical eplb keeps every replica's rows on
+ * its expert's node and cuts (token, node) pairs on held-out clusters; plc_pick follows the
+ * shares; impossible
  * placements are refused naming the flag; the simulator runs the committed trace of the
  * bundled model and refuses a corrupt one with its offset. */
 #include <math.h>
@@ -185,6 +187,89 @@ static void test_eplb_balance(void)
     }
 }
 
+/* Hierarchical eplb (n_nodes): every replica of an expert on one node, the map valid, each node
+ * balanced within itself and the whole within 1.10 on a planted-cluster load with a replica per
+ * device; with co-activation counts, fewer (token, node) pairs than flat eplb on routing from
+ * the same distribution; refusals for a count that does not divide the devices and for other
+ * policies. */
+static void test_eplb_nodes(void)
+{
+    static struct fixture f;
+    make_fixture(&f, 64, 4);
+    struct plc_stats st = {.flops = f.flops, .coact = f.coact};
+    char err[MS_ERR_LEN], what[64];
+    const int cfg[][2] = {{4, 2}, {8, 2}, {8, 4}, {16, 4}, {64, 8}};
+    for (size_t c = 0; c < sizeof cfg / sizeof *cfg; c++) {
+        int N = cfg[c][0], M = cfg[c][1], D = N / M;
+        struct plc_params pp = {.policy = PLC_POLICY_EPLB, .n_dev = N, .redundant = N,
+                                .n_nodes = M};
+        struct plc_map m;
+        snprintf(what, sizeof what, "eplb N=%d nodes=%d", N, M);
+        int rc = plc_compute(&f.md, &pp, &st, &m, err, sizeof err);
+        CHECKF(rc == 0, "%s: %s", what, err);
+        if (rc) continue;
+        check_map(&m, (64 + N + N - 1) / N, what);
+        int spread = 0;
+        for (int l = 0; l < 4; l++)
+            for (int x = 0; x < 64; x++) {
+                const int *off = m.rep_off + (size_t)l * 65;
+                const int *slot = m.rep_slot + (size_t)l * m.n_slots;
+                int node0 = m.slot_dev[(size_t)l * m.n_slots + slot[off[x]]] / D;
+                for (int i = off[x]; i < off[x + 1]; i++)
+                    if (m.slot_share[(size_t)l * m.n_slots + slot[i]] > 0 &&
+                        m.slot_dev[(size_t)l * m.n_slots + slot[i]] / D != node0)
+                        spread++;
+            }
+        CHECKF(spread == 0, "%s: %d replicas with rows on another node", what, spread);
+        double imb = predicted_imbalance(&m, f.flops);
+        CHECKF(imb < 1.10, "%s: predicted imbalance %.3f", what, imb);
+        plc_map_free(&m);
+    }
+    /* the (token, node) pairs on held-out routing: the fixture's generator past the 16 steps
+     * its statistics came from */
+    struct rsynth_config sc = {.n_layer = 4, .n_expert = 64, .top_k = 4, .d_model = 64,
+                               .width = 256, .groups = 4, .cluster = 8, .p_in = 0.8,
+                               .topic_skew = 1.0, .expert_skew = 0.8, .seed = 3};
+    struct rsynth *sy = NULL;
+    double sends[2] = {0, 0};
+    if (rsynth_create(&sc, &sy, err, sizeof err) == 0) {
+        static int32_t ids[4 * 512 * 4];
+        for (int k = 0; k < 16; k++) rsynth_step(sy, 512, ids, NULL);
+        for (int h = 0; h < 2; h++) {
+            struct plc_params pp = {.policy = PLC_POLICY_EPLB, .n_dev = 8, .redundant = 8,
+                                    .n_nodes = h ? 4 : 0};
+            struct plc_map m;
+            struct psim *s = NULL;
+            struct psim_config c = {.batch_tokens = 512, .act_bytes = 2, .weight_bytes = 2,
+                                    .nodes = 4};
+            if (plc_compute(&f.md, &pp, &st, &m, err, sizeof err) != 0 ||
+                psim_create(&f.md, &m, &c, &s, err, sizeof err) != 0) {
+                CHECKF(0, "%s", err);
+                continue;
+            }
+            for (int k = 0; k < 8; k++) {
+                rsynth_step(sy, 512, ids, NULL);
+                psim_feed(s, ids, 512, 0);
+            }
+            struct psim_result r;
+            psim_result(s, &r);
+            sends[h] = r.cross_node_sends;
+            psim_free(s);
+            plc_map_free(&m);
+        }
+        rsynth_free(sy);
+    }
+    printf("(token, other node) pairs per row, 8 devices in 4 nodes: flat eplb %.3f, "
+           "over the nodes %.3f\n", sends[0], sends[1]);
+    CHECKF(sends[1] < 0.9 * sends[0], "node sends: flat %.3f, hierarchical %.3f", sends[0],
+           sends[1]);
+    struct plc_map m;
+    struct plc_params bad = {.policy = PLC_POLICY_EPLB, .n_dev = 6, .n_nodes = 4};
+    CHECK(plc_compute(&f.md, &bad, &st, &m, err, sizeof err) != 0 && strstr(err, "divide"));
+    bad = (struct plc_params){.policy = PLC_POLICY_C2R, .n_dev = 8, .n_nodes = 2};
+    CHECK(plc_compute(&f.md, &bad, &st, &m, err, sizeof err) != 0 && strstr(err, "eplb"));
+}
+
 static void test_pick(void)
 {
     int widths[2] = {8, 8};
@@ -337,6 +422,7 @@ static void test_sim_bundled(const char *tests)
 
 int main(int argc, char **argv)
 {
+    test_eplb_nodes();
     const char *tests = argc > 1 ? argv[1] : "tests";
     test_valid_maps();
     test_eplb_balance();

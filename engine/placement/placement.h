@@ -17,6 +17,11 @@
  *               search that moves replicas off the busiest device. Either way each replicated
  *               expert's rows are split between its replicas so that device loads come out
  *               even (water-filling), and tokens follow those shares (plc_pick).
+ *               With n_nodes > 1 (hierarchical, after DeepSeek's): the experts are first
+ *               split over the nodes (balanced; co-activated experts together, as c2r does per
+ *               device, when co-activation counts are known), then each node's experts and
+ *               its share of the R replicas are placed over its devices as above, so that a
+ *               token's rows stay inside fewer nodes.
  *   c2r         co-activation-aware (C2R / Occult): experts that the same tokens choose together
  *               go to the same device, as a balanced partition of the co-activation graph: a
  *               greedy placement by affinity, then moves and swaps that bring every device
@@ -84,6 +89,10 @@ struct plc_params {
     int slots_per_dev;       /* physical experts a device may hold per layer; 0: the fewest that
                                 fit, ceil((E + R) / n_dev) */
     double c2r_bound;        /* c2r: device load at most this x the mean (0: PLC_C2R_BOUND) */
+    int n_nodes;             /* eplb over nodes of n_dev / n_nodes devices each (hierarchical:
+                                the experts split over the nodes first, co-activated ones kept
+                                together when co-activation counts are given, then eplb inside
+                                each node with its share of the replicas); 0 or 1: flat */
 };
 
 /* Statistics a policy may use, per MoE layer; NULL members are missing. */

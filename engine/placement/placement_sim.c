@@ -21,11 +21,13 @@ struct psim {
     int fill;
     double *dev_flops;     /* (N) */
     uint32_t *stamp;       /* (N) last (layer, token) that sent a row to each device */
+    uint32_t *nstamp;      /* (nodes) the same for each node */
+    int per_node;          /* devices per node (nodes > 1), else 0 */
     uint32_t clock;
     double mem_max, mem_mean;
     int slots_max;
     /* totals */
-    uint64_t steps, tokens, rows, cross_rows, cross_sends, layer_steps;
+    uint64_t steps, tokens, rows, cross_rows, cross_sends, layer_steps, xn_rows, xn_sends;
     double imb_sum, imb_max;
     double *win;           /* (L, N) FLOPs per layer and device over every step */
 };
@@ -38,6 +40,7 @@ void psim_free(struct psim *s)
     free(s->buf);
     free(s->dev_flops);
     free(s->stamp);
+    free(s->nstamp);
     free(s->win);
     free(s);
 }
@@ -62,8 +65,13 @@ int psim_create(const struct plc_model *md, const struct plc_map *map, const str
     s->dev_flops = calloc((size_t)s->N, sizeof(double));
     s->stamp = calloc((size_t)s->N, sizeof(uint32_t));
     s->win = calloc((size_t)s->L * s->N, sizeof(double));
+    if (c->nodes > 1 && s->N % c->nodes == 0) { /* else node traffic is not counted */
+        s->per_node = s->N / c->nodes;
+        s->nstamp = calloc((size_t)c->nodes, sizeof(uint32_t));
+    }
     double *mem = calloc((size_t)s->N, sizeof(double));
     if (!s->width || !s->buf || !s->dev_flops || !s->stamp || !s->win || !mem ||
+        (s->per_node && !s->nstamp) ||
         plc_map_copy(&s->map, map) != 0) {
         free(mem);
         psim_free(s);
@@ -104,6 +112,8 @@ static void eval_step(struct psim *s, int B)
             uint32_t tick = ++s->clock;
             if (tick == 0) { /* wrapped: forget old stamps */
                 memset(s->stamp, 0, sizeof(uint32_t) * (size_t)N);
+                if (s->nstamp)
+                    memset(s->nstamp, 0, sizeof(uint32_t) * (size_t)(N / s->per_node));
                 tick = ++s->clock;
             }
             for (int j = 0; j < K; j++) {
@@ -115,6 +125,13 @@ static void eval_step(struct psim *s, int B)
                 s->dev_flops[d] += f;
                 total += f;
                 s->rows++;
+                if (s->per_node && d / s->per_node != home / s->per_node) {
+                    s->xn_rows++;
+                    if (s->nstamp[d / s->per_node] != tick) {
+                        s->nstamp[d / s->per_node] = tick;
+                        s->xn_sends++;
+                    }
+                }
                 if (d == home) continue;
                 s->cross_rows++;
                 if (s->stamp[d] != tick) {
@@ -183,6 +200,8 @@ void psim_result(struct psim *s, struct psim_result *out)
     if (layers) out->imbalance_window /= layers;
     out->cross_rows = s->rows ? (double)s->cross_rows / (double)s->rows : 0.0;
     out->cross_sends = s->rows ? (double)s->cross_sends / (double)s->rows : 0.0;
+    out->cross_node_rows = s->rows ? (double)s->xn_rows / (double)s->rows : 0.0;
+    out->cross_node_sends = s->rows ? (double)s->xn_sends / (double)s->rows : 0.0;
     double row = (double)s->d_model * s->c.act_bytes, tok = s->tokens ? (double)s->tokens : 1.0;
     out->bytes_token = 2.0 * (double)s->cross_rows * row / tok;
     out->bytes_token_dedup = ((double)s->cross_sends + (double)s->cross_rows) * row / tok;
@@ -353,7 +372,8 @@ int psim_run(const struct psim_run_params *p, const int *devs, int n_devs,
                                                  : pols[j] == PLC_POLICY_EPLB
                                                      ? p->replicas_per_dev * N
                                                      : 0,
-                                    .slots_per_dev = p->slots_per_dev, .c2r_bound = p->c2r_bound};
+                                    .slots_per_dev = p->slots_per_dev, .c2r_bound = p->c2r_bound,
+                                    .n_nodes = p->hier && p->hier[j] ? p->nodes : 0};
             c->redundant = pp.redundant;
             struct plc_map map;
             double t0 = ms_now();
@@ -374,7 +394,8 @@ int psim_run(const struct psim_run_params *p, const int *devs, int n_devs,
             c->predicted_imbalance = pi;
             struct psim_config sc = {.batch_tokens = p->tokens_per_dev * N,
                                      .act_bytes = p->act_bytes > 0 ? p->act_bytes : 2,
-                                     .weight_bytes = p->weight_bytes > 0 ? p->weight_bytes : 2};
+                                     .weight_bytes = p->weight_bytes > 0 ? p->weight_bytes : 2,
+                                     .nodes = p->nodes};
             int prc = psim_create(&md, &map, &sc, &sims[i * n_pols + j], c->why, sizeof c->why);
             plc_map_free(&map);
             c->ok = prc == 0;

@@ -32,6 +32,8 @@ struct psim_config {
     int batch_tokens;  /* tokens per simulated step */
     int act_bytes;     /* bytes per activation element exchanged (2: bf16) */
     int weight_bytes;  /* bytes per expert weight (2: bf16) */
+    int nodes;         /* > 1: devices are in this many nodes of N / nodes (device d on node
+                          d / (N / nodes)), and rows crossing nodes are counted */
 };
 
 struct psim_result {
@@ -45,6 +47,9 @@ struct psim_result {
     double cross_sends;
     double bytes_token;        /* a row per remote expert row, each way */
     double bytes_token_dedup;  /* a row per remote device out, per remote expert row back */
+    double cross_node_rows;    /* with nodes: share of rows computed on another node than their
+                                  token's */
+    double cross_node_sends;   /* (token, other node) pairs over rows */
     double mem_max, mem_mean;  /* expert weight bytes on a device (max, mean) */
     int slots_max;             /* physical experts on the fullest device, per layer (max) */
 };
@@ -77,6 +82,9 @@ struct psim_run_params {
     int slots_per_dev;     /* 0: the fewest that fit */
     double c2r_bound;      /* 0: 1.10 */
     int act_bytes, weight_bytes;
+    int nodes;             /* > 1: devices in this many nodes; cross-node rows are counted, and
+                              the policies marked in `hier` are placed over the nodes */
+    const bool *hier;      /* (n_pols) place this policy hierarchically (eplb), or NULL */
     bool trace_order;      /* steps of consecutive trace tokens (a server's trace: its own
                               batches); default: the evaluation tokens shuffled, so that a step
                               mixes requests as a busy server's does (a corpus trace holds one

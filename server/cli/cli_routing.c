@@ -558,7 +558,7 @@ int cli_placement_sim(int argc, char **argv)
 {
     static const char *cmd = "placement-sim";
     enum { O_TRACE = 256, O_DEVS, O_POLS, O_TPD, O_STEPS, O_FIT, O_RPD, O_R, O_SLOTS, O_BOUND,
-           O_ACT, O_WB, O_CSV, O_ORDER, O_SEED };
+           O_ACT, O_WB, O_CSV, O_ORDER, O_SEED, O_NODES };
     static const struct option lo[] = {
         {"trace", required_argument, 0, O_TRACE},
         {"devices", required_argument, 0, O_DEVS},
@@ -575,6 +575,7 @@ int cli_placement_sim(int argc, char **argv)
         {"csv", no_argument, 0, O_CSV},
         {"order", required_argument, 0, O_ORDER},
         {"seed", required_argument, 0, O_SEED},
+        {"nodes", required_argument, 0, O_NODES},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -582,8 +583,10 @@ int cli_placement_sim(int argc, char **argv)
                                 .replicas_per_dev = 1, .c2r_bound = PLC_C2R_BOUND, .act_bytes = 2,
                                 .weight_bytes = 2};
     int devs[MAX_LIST] = {2, 4, 8, 16, 64, 256}, n_devs = 6, n_pols = PLC_N_POLICIES;
-    enum plc_policy pols[PLC_N_POLICIES] = {PLC_POLICY_CONTIGUOUS, PLC_POLICY_MOHGE,
-                                            PLC_POLICY_EPLB, PLC_POLICY_C2R};
+    /* one more entry: eplb placed over the nodes (--nodes), next to the flat one */
+    enum plc_policy pols[PLC_N_POLICIES + 1] = {PLC_POLICY_CONTIGUOUS, PLC_POLICY_MOHGE,
+                                                PLC_POLICY_EPLB, PLC_POLICY_C2R};
+    bool hier[PLC_N_POLICIES + 1] = {false};
     bool csv = false;
     optind = 1;
     int o;
@@ -643,6 +646,7 @@ int cli_placement_sim(int argc, char **argv)
                 rc = -1;
             }
             break;
+        case O_NODES: rc = cli_parse_int(cmd, "--nodes", optarg, 1, 4096, &p.nodes); break;
         case O_SEED: {
             int seed;
             rc = cli_parse_int(cmd, "--seed", optarg, 0, 0x7fffffff, &seed);
@@ -664,6 +668,10 @@ int cli_placement_sim(int argc, char **argv)
                    "  --max-experts-per-device S  expert slots per device and layer (fewest)\n"
                    "  --c2r-bound 1.05            c2r: device load at most this x the mean\n"
                    "  --act-bytes 2 --weight-bytes 2   bytes per exchanged value / weight\n"
+                   "  --nodes M                   devices in M nodes (each device count a\n"
+                   "                              multiple of M): rows crossing nodes are\n"
+                   "                              counted, and eplb is also placed over the\n"
+                   "                              nodes first (eplb/nodes: hierarchical)\n"
                    "  --csv                       comma-separated output\n"
                    "Per policy and device count: imbalance (mean over steps and layers of\n"
                    "max/mean device expert FLOPs; the worst; over all steps summed), the share\n"
@@ -680,6 +688,24 @@ int cli_placement_sim(int argc, char **argv)
         fprintf(stderr, "moeserve placement-sim: --trace FILE is required (see --help)\n");
         return 2;
     }
+    if (p.nodes > 1) {
+        for (int i = 0; i < n_devs; i++)
+            if (devs[i] % p.nodes != 0) {
+                fprintf(stderr, "moeserve placement-sim: --nodes %d does not divide --devices "
+                                "%d\n",
+                        p.nodes, devs[i]);
+                return 2;
+            }
+        for (int j = 0; j < n_pols; j++)
+            if (pols[j] == PLC_POLICY_EPLB) { /* the hierarchical one right after */
+                memmove(&pols[j + 2], &pols[j + 1], sizeof *pols * (size_t)(n_pols - j - 1));
+                pols[j + 1] = PLC_POLICY_EPLB;
+                hier[j + 1] = true;
+                n_pols++;
+                break;
+            }
+        p.hier = hier;
+    }
     struct psim_cell *cells = calloc((size_t)n_devs * n_pols, sizeof *cells);
     if (!cells) return 1;
     struct psim_summary sum;
@@ -693,7 +719,7 @@ int cli_placement_sim(int argc, char **argv)
         printf("devices,policy,redundant,imbalance,imbalance_worst,imbalance_window,"
                "predicted_imbalance,cross_rows,"
                "token_sends,a2a_kb_token,a2a_dedup_kb_token,expert_mb_device_max,slots_max,"
-               "steps,place_ms\n");
+               "steps,place_ms%s\n", p.nodes > 1 ? ",cross_node_rows,node_sends" : "");
     } else {
         printf("trace %s: model %s, %d MoE layers, %d experts, top-%d, d_model %d; fit %llu "
                "tokens, evaluated %llu (%s), %d tokens per device a step (%s)\n",
@@ -702,32 +728,41 @@ int cli_placement_sim(int argc, char **argv)
                p.fit_all ? "the same steps" : "even steps fit, odd steps evaluated",
                p.tokens_per_dev, p.trace_order ? "trace order" : "shuffled");
         printf("\n| devices | policy | replicas | imbalance | worst | all steps | cross rows | "
-               "token sends | a2a KB/token | dedup KB/token | expert MB/device |\n"
-               "|---|---|---|---|---|---|---|---|---|---|---|\n");
+               "token sends | a2a KB/token | dedup KB/token | expert MB/device |%s\n"
+               "|---|---|---|---|---|---|---|---|---|---|---|%s\n",
+               p.nodes > 1 ? " cross-node rows | node sends |" : "",
+               p.nodes > 1 ? "---|---|" : "");
     }
     for (int i = 0; i < n_devs; i++)
         for (int j = 0; j < n_pols; j++) {
             const struct psim_cell *c = &cells[i * n_pols + j];
             const struct psim_result *r = &c->r;
+            const char *name = hier[j] ? "eplb/nodes" : plc_policy_name(pols[j]);
             if (!c->ok) {
                 if (csv)
-                    printf("%d,%s,,,,,,,,,,,,,\n", devs[i], plc_policy_name(pols[j]));
+                    printf("%d,%s,,,,,,,,,,,,,%s\n", devs[i], name, p.nodes > 1 ? ",," : "");
                 else
-                    printf("| %d | %s | — | n/a: %s | | | | | | | |\n", devs[i],
-                           plc_policy_name(pols[j]), c->why);
+                    printf("| %d | %s | — | n/a: %s | | | | | | | |%s\n", devs[i], name, c->why,
+                           p.nodes > 1 ? " | |" : "");
                 continue;
             }
             if (csv)
-                printf("%d,%s,%d,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.3f,%.3f,%.2f,%d,%llu,%.2f\n",
-                       devs[i], plc_policy_name(pols[j]), c->redundant, r->imbalance,
-                       r->imbalance_max, r->imbalance_window, c->predicted_imbalance, r->cross_rows, r->cross_sends,
-                       r->bytes_token / 1024, r->bytes_token_dedup / 1024, r->mem_max / 1e6,
-                       r->slots_max, (unsigned long long)r->steps, c->place_ms);
+                printf("%d,%s,%d,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.3f,%.3f,%.2f,%d,%llu,%.2f",
+                       devs[i], name, c->redundant, r->imbalance, r->imbalance_max,
+                       r->imbalance_window, c->predicted_imbalance, r->cross_rows,
+                       r->cross_sends, r->bytes_token / 1024, r->bytes_token_dedup / 1024,
+                       r->mem_max / 1e6, r->slots_max, (unsigned long long)r->steps,
+                       c->place_ms);
             else
-                printf("| %d | %s | %d | %.3f | %.2f | %.3f | %.1f%% | %.1f%% | %.1f | %.1f | %.1f |\n",
-                       devs[i], plc_policy_name(pols[j]), c->redundant, r->imbalance,
-                       r->imbalance_max, r->imbalance_window, 100 * r->cross_rows, 100 * r->cross_sends,
+                printf("| %d | %s | %d | %.3f | %.2f | %.3f | %.1f%% | %.1f%% | %.1f | %.1f | "
+                       "%.1f |",
+                       devs[i], name, c->redundant, r->imbalance, r->imbalance_max,
+                       r->imbalance_window, 100 * r->cross_rows, 100 * r->cross_sends,
                        r->bytes_token / 1024, r->bytes_token_dedup / 1024, r->mem_max / 1e6);
+            if (p.nodes > 1)
+                printf(csv ? ",%.4f,%.4f" : " %.1f%% | %.1f%% |",
+                       (csv ? 1 : 100) * r->cross_node_rows, (csv ? 1 : 100) * r->cross_node_sends);
+            printf("\n");
         }
     free(cells);
     return 0;

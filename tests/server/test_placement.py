@@ -103,6 +103,27 @@ class PlacementTest(unittest.TestCase):
             st, _, raw = srvtest.request(srv.port, "GET", "/metrics")
             self.promtool(raw)
 
+    def test_eplb_over_nodes(self):
+        """--placement-nodes: eplb over 2 nodes of 2 devices from the committed trace's
+        statistics; the output is the default placement's (placement never changes the math),
+        and every device computes rows."""
+        model = srvtest.bundled_model()
+        trace = os.path.join(srvtest.tests_dir(), "fixtures", "routing",
+                             "mohge_small_heldout.rtrace")
+        body = {"prompt": "ROMEO: but soft", "max_tokens": 24, "temperature": 0,
+                "ignore_eos": True}
+        with srvtest.Server(model=model) as plain:
+            st, _, want = srvtest.post_json(plain.port, "/v1/completions", body)
+            self.assertEqual(st, 200, want)
+        with srvtest.Server("--devices", "4", "--expert-placement", "eplb", "--placement-nodes",
+                            "2", "--placement-trace", trace, model=model) as srv:
+            st, _, got = srvtest.post_json(srv.port, "/v1/completions", body)
+            self.assertEqual(st, 200, got)
+            m = srv.metrics()
+        self.assertEqual(want["choices"][0]["text"], got["choices"][0]["text"])
+        for d in range(4):
+            self.assertGreater(m.total("moeserve_device_routed_tokens_total", device=str(d)), 0)
+
     def test_bad_flags(self):
         model = srvtest.bundled_model()
         tmp = tempfile.mkdtemp()
@@ -124,7 +145,10 @@ class PlacementTest(unittest.TestCase):
                       "9"], "--max-experts-per-device"),
                     (["--expert-placement", "eplb", "--rebalance-interval", "5",
                       "--routing-stats", "off"], "--routing-stats"),
-                    (["--expert-placement", "eplb", "--placement-trace", bad], "offset")):
+                    (["--expert-placement", "eplb", "--placement-trace", bad], "offset"),
+                    (["--devices", "4", "--placement-nodes", "2"], "placement over nodes is eplb"),
+                    (["--devices", "4", "--expert-placement", "eplb", "--placement-nodes", "3"],
+                     "--placement-nodes 3 does not divide the 4 devices")):
                 p = subprocess.run([srvtest.binary(), "serve", "--model", model, "--port", "0"] +
                                    args, capture_output=True, timeout=60)
                 self.assertEqual(p.returncode, 2, (args, p.stderr.decode()))

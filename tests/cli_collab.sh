@@ -161,6 +161,26 @@ done
     --out "$tmp/p-random2" 2>"$tmp/e-random2" && cmp -s "$tmp/p-random/model.safetensors" \
     "$tmp/p-random2/model.safetensors" && ok || bad "prune random is not seeded"
 
+# DeepSeek-V3.2 with its MTP layer (routed experts of its own, which calibration never
+# reaches): the decoder's experts are pruned, the MTP layer is left out and the config says so;
+# the pruned folder serves (one group, so that a group can lose experts).
+cp -r "$tests/fixtures/models/deepseek_v32" "$tmp/v32"
+python3 -c "import json,sys; p=sys.argv[1]; c=json.load(open(p)); c['n_group']=1; c['topk_group']=1; json.dump(c,open(p,'w'))" "$tmp/v32/config.json"
+"$bin" prune --ratio 0.25 --method frequency --calib "$data/json.heldout.txt" --max-tokens 128 \
+    --model "$tmp/v32" --out "$tmp/p-v32" >"$tmp/o" 2>"$tmp/e" && ok || bad "prune deepseek_v32: $(cat "$tmp/e")"
+python3 - "$tmp/p-v32" <<'PYEOF' && ok || bad "pruned deepseek_v32: MTP layer or config"
+import json, struct, sys
+d = sys.argv[1]
+c = json.load(open(d + "/config.json"))
+f = open(d + "/model.safetensors", "rb")
+names = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+layer3 = [k for k in names if k.startswith("model.layers.3.")]
+sys.exit(0 if c["n_routed_experts"] == 6 and c["num_nextn_predict_layers"] == 0 and not layer3
+         else 1)
+PYEOF
+"$bin" generate --model "$tmp/p-v32" --prompt "the king" -n 4 >"$tmp/o" 2>"$tmp/e" && ok || \
+    bad "the pruned deepseek_v32 does not generate: $(cat "$tmp/e")"
+
 # 4. Bad input: exit 2, the argument named, no folder written.
 : >"$tmp/empty.txt"
 printf 'abc\0def' >"$tmp/bin.dat"
@@ -188,6 +208,8 @@ expect2 "required" prune --ratio 0.5 --method collab --out "$tmp/never"
 # DeepSeek-V3 scores a group by its best two experts: a group of two cannot lose one
 expect2 "best 2 experts" prune --ratio 0.5 --method frequency --calib "$j" --max-tokens 64 \
     --model "$tests/fixtures/models/deepseek_v3" --out "$tmp/never"
+expect2 "pruning glm_moe_dsa models is not supported" prune --ratio 0.5 --method frequency \
+    --calib "$j" --max-tokens 64 --model "$tests/fixtures/models/glm_moe_dsa" --out "$tmp/never"
 mkdir "$tmp/exists"
 "$bin" prune --ratio 0.5 --method frequency --calib "$j" --max-tokens 64 --out "$tmp/exists" \
     >/dev/null 2>"$tmp/e"

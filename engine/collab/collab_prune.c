@@ -221,8 +221,34 @@ static bool ends_with(const char *s, const char *tail)
     return n >= k && strcmp(s + n - k, tail) == 0;
 }
 
+/* The layer of a tensor under model.layers.L., else -1. */
+static int tensor_layer(const char *name)
+{
+    if (strncmp(name, "model.layers.", 13) != 0) return -1;
+    char *end;
+    long l = strtol(name + 13, &end, 10);
+    return end == name + 13 || *end != '.' || l < 0 || l > 1 << 20 ? -1 : (int)l;
+}
+
+int cprune_check(const struct model_desc *md, char *err, size_t errlen)
+{
+    const char *mt = md->model_type;
+    if (strcmp(mt, "deepseek_v4") == 0)
+        return ms_errf(err, errlen, "pruning deepseek_v4 is not supported: its first layers route "
+                                    "by token id (hash routing, tid2eid), and removing experts "
+                                    "would need those tables remapped");
+    static const char *const ok[] = {"mohge", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe",
+                                     "deepseek_v2", "deepseek_v3", "deepseek_v32"};
+    for (size_t i = 0; i < sizeof ok / sizeof *ok; i++)
+        if (strcmp(mt, ok[i]) == 0) return 0;
+    return ms_errf(err, errlen,
+                   "pruning %s models is not supported (mohge, mixtral, qwen2_moe, qwen3_moe, "
+                   "olmoe, deepseek_v2, deepseek_v3 and deepseek_v32 are)",
+                   mt);
+}
+
 static int write_config(const char *model_dir, const struct model_desc *md, int n_keep,
-                        const char *path, char *err, size_t errlen)
+                        bool mtp_dropped, const char *path, char *err, size_t errlen)
 {
     char in[PATH_MAX];
     snprintf(in, sizeof in, "%s/config.json", model_dir);
@@ -238,9 +264,7 @@ static int write_config(const char *model_dir, const struct model_desc *md, int 
     if (strcmp(mt, "mohge") == 0) {
         key = "experts_per_group";
         value = n_keep / (md->n_group > 0 ? md->n_group : 1);
-    } else if (strcmp(mt, "mixtral") == 0 || strcmp(mt, "qwen2_moe") == 0 ||
-               strcmp(mt, "qwen3_moe") == 0 || strcmp(mt, "olmoe") == 0 ||
-               strncmp(mt, "deepseek_v", 10) == 0) {
+    } else if (cprune_check(md, err, errlen) == 0) {
         /* whichever of the names the folder uses (transformers has renamed some: qwen3_moe
          * folders carry num_experts or num_local_experts), else the family's usual one */
         static const char *const names[] = {"num_local_experts", "num_experts", "n_routed_experts"};
@@ -258,12 +282,11 @@ static int write_config(const char *model_dir, const struct model_desc *md, int 
                                                        : "num_experts";
     } else {
         json_decref(c);
-        return ms_errf(err, errlen,
-                       "pruning %s models is not supported (mohge, mixtral, "
-                       "qwen2_moe, qwen3_moe, olmoe, deepseek_v2/v3 are)",
-                       mt);
+        return -1; /* cprune_check's reason */
     }
     int rc = json_object_set_new(c, key, json_integer(value));
+    if (rc == 0 && mtp_dropped) rc = json_object_set_new(c, "num_nextn_predict_layers",
+                                                         json_integer(0));
     if (rc == 0) rc = json_dump_file(c, path, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
     json_decref(c);
     return rc == 0 ? 0 : ms_errf(err, errlen, "cannot write %s", path);
@@ -308,9 +331,19 @@ int cprune_write(const char *model_dir, const struct model_desc *md, const bool 
         ms_errf(err, errlen, "out of memory");
         goto out;
     }
+    /* MTP layers after the decoder (model.layers.{n_layer}..) with routed experts of their own:
+     * no calibration reached them, so they are left out and the config says there are none
+     * (a dense module, as the bundled model's, is kept as it is) */
+    bool mtp_dropped = false;
+    for (int i = 0; i < st_count(a); i++) {
+        int lyr;
+        if (tensor_layer(st_at(a, i)->name) >= md->n_layer && is_router(st_at(a, i), E, &lyr))
+            mtp_dropped = true;
+    }
     for (int i = 0; i < st_count(a); i++) {
         const struct st_tensor *t = st_at(a, i);
         int layer, expert, ml;
+        if (mtp_dropped && tensor_layer(t->name) >= md->n_layer) continue;
         size_t e_at, e_end;
         if (parse_expert_name(t->name, &layer, &expert, &e_at, &e_end) && layer >= 0 &&
             layer < md->n_layer && (ml = moe_of[layer]) >= 0 && expert >= 0 && expert < E) {
@@ -354,7 +387,7 @@ int cprune_write(const char *model_dir, const struct model_desc *md, const bool 
     if (join(path, tmp, "model.safetensors", err, errlen) != 0) goto out;
     if (stw_write(w, path, err, errlen) != 0) goto out;
     if (join(path, tmp, "config.json", err, errlen) != 0) goto out;
-    if (write_config(model_dir, md, n_keep, path, err, errlen) != 0) goto out;
+    if (write_config(model_dir, md, n_keep, mtp_dropped, path, err, errlen) != 0) goto out;
     /* the rest of the folder: tokenizer, generation config, ... */
     DIR *d = opendir(model_dir);
     if (!d) {

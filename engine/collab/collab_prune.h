@@ -61,8 +61,13 @@ struct cprune_shape {
 int cprune_select(const struct cprune_shape *s, double ratio, const double *score,
                   const uint64_t *count, bool *keep, int *n_keep, char *err, size_t errlen);
 
+/* Whether `moeserve prune` can prune this model type: 0, or -1 naming it (deepseek_v4: its
+ * hash-routed layers). */
+int cprune_check(const struct model_desc *md, char *err, size_t errlen);
+
 /* Writes the pruned copy of model_dir (described by md) to out_dir (must not exist). keep is
- * (MoE layers of md in order, md->n_expert). */
+ * (MoE layers of md in order, md->n_expert). MTP layers with routed experts of their own are
+ * left out (num_nextn_predict_layers 0): calibration does not reach them. */
 int cprune_write(const char *model_dir, const struct model_desc *md, const bool *keep,
                  const char *out_dir, char *err, size_t errlen);
 

@@ -874,6 +874,12 @@ int cli_prune(int argc, char **argv)
     }
     const struct model_desc *md = &c.m->desc;
     const struct cdata *x = c.x;
+    char cerr[MS_ERR_LEN];
+    if (cprune_check(md, cerr, sizeof cerr) != 0) { /* before the (slow) learning */
+        fprintf(stderr, "moeserve prune: %s\n", cerr);
+        calib_free(&c);
+        return 2;
+    }
     struct cprune_shape sh = {.n_layer = x->n_layer,
                               .n_expert = x->n_expert,
                               .top_k = x->top_k,

@@ -91,7 +91,7 @@ struct metrics {
     double *layer_base;        /* (n_moe, n_dev) at the start of the window */
     double *layer_imb;         /* (n_moe) over the last window */
     uint64_t *away_rows, *away_tok; /* (n_dev) */
-    double *comm_bytes;        /* (n_dev) sent by each device */
+    double *comm_bytes;        /* (n_dev, n_dev) sent by each device (row) to each other one */
     int *dev_experts;          /* (n_dev) physical experts on each device, all layers */
     uint64_t rows_total, away_rows_win, rows_win, rows_base, away_base;
     double row_share;          /* rows sent off-device / rows, last window */
@@ -181,7 +181,7 @@ static void placement_init(struct metrics *mt, struct engine *e)
     int n = engine_get_params(e)->n_devices, L = es->n_moe_layers > 0 ? es->n_moe_layers : 1;
     int *moe_layer = malloc(sizeof(int) * (size_t)L);
     double *lf = calloc((size_t)L * n, sizeof(double)), *lb = calloc((size_t)L * n, sizeof(double));
-    double *li = calloc((size_t)L, sizeof(double)), *cb = calloc((size_t)n, sizeof(double));
+    double *li = calloc((size_t)L, sizeof(double)), *cb = calloc((size_t)n * (size_t)n, sizeof(double));
     uint64_t *ar = calloc((size_t)n, sizeof(uint64_t)), *at = calloc((size_t)n, sizeof(uint64_t));
     int *de = calloc((size_t)n, sizeof(int));
     if (!moe_layer || !lf || !lb || !li || !cb || !ar || !at || !de) {
@@ -244,9 +244,7 @@ static void placement_step(struct metrics *mt)
         away += es->dev_rows_away[d];
         rows += es->dev_routed_rows[d];
         width += es->dev_width_rows[d];
-        double sent = 0.0;
-        for (int p = 0; p < N; p++) sent += (double)cb[(size_t)d * N + p];
-        mt->comm_bytes[d] = sent;
+        for (int p = 0; p < N; p++) mt->comm_bytes[(size_t)d * N + p] = (double)cb[(size_t)d * N + p];
     }
     mt->rows_total = rows;
     /* mean routed width of the last step's rows */
@@ -552,10 +550,13 @@ static void render_placement(struct buf *b, const struct metrics *mt, const char
            "Share of expert rows computed on another device than their token's, last window.");
     bprintf(b, "moeserve_cross_device_row_share{%s} %.6f\n", lab, mt->row_share);
     family(b, "moeserve_all_to_all_bytes_total", "counter",
-           "Bytes each device sent to the others in the MoE all-to-all (dispatch and combine).");
+           "Bytes device sent to peer in the MoE all-to-all (dispatch and combine); sum by "
+           "device for what a device sent.");
     for (int d = 0; d < N; d++)
-        bprintf(b, "moeserve_all_to_all_bytes_total{%s,device=\"%d\"} %.0f\n", lab, d,
-                mt->comm_bytes[d]);
+        for (int p = 0; p < N; p++)
+            if (p != d)
+                bprintf(b, "moeserve_all_to_all_bytes_total{%s,device=\"%d\",peer=\"%d\"} %.0f\n",
+                        lab, d, p, mt->comm_bytes[(size_t)d * N + p]);
     family(b, "moeserve_routed_expert_width_mean", "gauge",
            "Mean FFN width of the expert rows of the last step (MoHGE: narrow groups lower it).");
     bprintf(b, "moeserve_routed_expert_width_mean{%s} %.3f\n", lab, mt->width_mean);

@@ -66,6 +66,12 @@ class PlacementTest(unittest.TestCase):
                 self.assertEqual(m.total("moeserve_expert_replicas"), 4)
                 self.assertEqual(m.total("moeserve_placement_info", policy="eplb"), 1)
                 self.assertGreater(m.total("moeserve_all_to_all_bytes_total"), 0)
+                # per (sender, receiver) pair, never a device to itself
+                pairs = [dict(k[1]) for k in m if k[0] == "moeserve_all_to_all_bytes_total"]
+                self.assertTrue(pairs and all(p["device"] != p["peer"] for p in pairs), pairs)
+                for d in range(2):
+                    self.assertGreater(m.total("moeserve_all_to_all_bytes_total", device=str(d),
+                                               peer=str(1 - d)), 0)
                 self.assertGreater(m.total("moeserve_expert_rows_total"), 0)
                 self.assertGreater(m.total("moeserve_routed_expert_width_mean"), 0)
                 # bounded labels: layer only for the per-layer gauge, no per-expert series

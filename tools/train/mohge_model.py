@@ -12,9 +12,9 @@ belongs to group e // experts_per_group.
 
 Training adds two auxiliary losses: the size-weighted group loss (w_g = (W_g - W_min + delta)
 / delta, so routing tokens to wide groups costs more) and a Switch-style balance loss inside
-each group. With group_loss_difficulty > 0 the group loss is weighted per token by how hard
-the token is (see MohgeForCausalLM.loss), so that easy tokens are pushed to narrow groups and
-hard ones are not. The model is saved and loaded as a Hugging Face-style folder (config.json +
+each group. With group_loss_difficulty = beta > 0 a third term adds each token's expected
+relative group width weighted by beta (1 - 2 r), r the token's loss rank in its batch (see
+MohgeForCausalLM.loss), so that easy tokens are pushed to narrow groups and hard ones to wide. The model is saved and loaded as a Hugging Face-style folder (config.json +
 model.safetensors); tensor names follow Llama / Qwen-MoE conventions (see README, "The mohge
 config.json"). This file is the golden reference for the C engine's `mohge` support.
 """
@@ -174,6 +174,7 @@ class MohgeMoE(nn.Module):
         delta = float(c["group_loss_delta"])
         self.register_buffer("group_size_w", (gw - gw.min() + delta) / delta, persistent=False)
         self.difficulty = float(c.get("group_loss_difficulty", 0.0))
+        self.register_buffer("group_widths", gw, persistent=False)
 
     def shared_list(self):
         return [self.shared_expert] if self.n_shared == 1 else list(self.shared_experts)
@@ -215,9 +216,13 @@ class MohgeMoE(nn.Module):
         f_g = mask.mean(0) / self.kg                                          # (G,)
         P_g = (s / s.sum(-1, keepdim=True)).mean(0)                           # (G,)
         l_group = G * (self.group_size_w * f_g.detach() * P_g).sum() / self.group_size_w.mean()
-        if self.difficulty > 0:  # per token (N,): the caller weights the tokens by difficulty
+        if self.difficulty > 0:
+            # and each token's expected relative width (N,), which the caller weights by the
+            # token's difficulty (MohgeForCausalLM.loss): a width cost without f_g, which would
+            # make it a balance term (a popular narrow group pushed away from)
             q = s / s.sum(-1, keepdim=True)                                   # (N, G)
-            l_group = G * (q * (self.group_size_w * f_g.detach())).sum(-1) / self.group_size_w.mean()
+            width = (q * (self.group_widths / self.group_widths.mean())).sum(-1)
+            l_group = (l_group, width)
         # Switch-style balance inside each group, over the tokens that kept the group.
         sel = torch.zeros(N, self.E, device=s.device).scatter_(1, idx, 1.0).view(N, G, epg)
         denom = mask.sum(0).clamp(min=1.0)                                    # (G,)
@@ -358,7 +363,12 @@ class MohgeForCausalLM(HFFolder, nn.Module):
         for layer in self.model.layers[:c["num_hidden_layers"]]:
             x, aux = layer(x, cos, sin, stats)
             if aux is not None:
-                l_group = aux[0] if l_group is None else l_group + aux[0]
+                g = aux[0]
+                if isinstance(g, tuple):  # (group loss, per-token relative width): summed apiece
+                    g = g if l_group is None else (l_group[0] + g[0], l_group[1] + g[1])
+                else:
+                    g = g if l_group is None else l_group + g
+                l_group = g
                 l_bal = aux[1] if l_bal is None else l_bal + aux[1]
         x = self.model.norm(x)
         if hidden is not None:
@@ -367,6 +377,8 @@ class MohgeForCausalLM(HFFolder, nn.Module):
         if l_group is None:
             return logits, None
         n = c["num_hidden_layers"]
+        if isinstance(l_group, tuple):
+            return logits, ((l_group[0] / n, l_group[1] / n), l_bal / n)
         return logits, (l_group / n, l_bal / n)
 
     def mtp(self):
@@ -392,12 +404,14 @@ class MohgeForCausalLM(HFFolder, nn.Module):
         total = lm
         beta = float(c.get("group_loss_difficulty", 0.0))
         if aux is not None and beta > 0:
-            # Difficulty-steered group loss: a token's weight is 1 + beta (1 - 2 r), r its
-            # loss's rank in the batch (0 the easiest, 1 the hardest; detached), so the weights
-            # average 1 (the same pressure toward narrow groups overall) but the easiest tokens
-            # feel 1 + beta times it and the hardest 1 - beta (beta > 1: rewarded for going wide).
+            # Difficulty-steered routing: today's group loss, plus each token's expected relative
+            # width weighted by beta (1 - 2 r), r its loss's rank in the batch (0 the easiest, 1
+            # the hardest; detached). The weights average 0, so the overall pressure toward
+            # narrow groups stays the group loss's, but easy tokens are pushed narrow and hard
+            # ones wide.
             r = torch.argsort(torch.argsort(ce.detach())).to(ce.dtype) / max(1, ce.numel() - 1)
-            aux = ((aux[0] * (1.0 + beta * (1.0 - 2.0 * r))).mean(), aux[1])
+            l_group, width = aux[0]
+            aux = (l_group + beta * (width * (1.0 - 2.0 * r)).mean(), aux[1])
         if aux is not None:
             total = lm + c["group_loss_coef"] * aux[0] + c["balance_loss_coef"] * aux[1]
         return total, lm, aux

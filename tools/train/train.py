@@ -11,8 +11,9 @@ log give held-out loss per domain computed by the reference implementation.
                     96/160/224/288 (x0.5..x1.5 of 192), k=2, kg=2, one shared expert of 192
 --preset homogeneous the baseline: the same, but one group of 16 experts of width 192 (equal
                     total and mean active parameters); not shipped
---preset difficulty the small model with the difficulty-steered group loss (issue: MoHGE routing
-                    by difficulty); weights average 1, easy tokens pushed narrow, hard ones wide
+--preset difficulty the small model with difficulty-steered routing (issue: MoHGE routing by
+                    difficulty): a width cost centred on the batch's median loss, easy tokens
+                    pushed narrow, hard ones wide
 --preset infmoe     continuous experts (infmoe_model.py) on the same skeleton, at most the
                     same active FFN width per token at its default K = 2
 
@@ -54,8 +55,9 @@ PRESETS = {
 }
 PRESETS["homogeneous"] = dict(PRESETS["small"], num_expert_groups=1, experts_per_group=16,
                               group_intermediate_sizes=[192], num_groups_per_tok=1)
-# The same model trained with the difficulty-steered group loss (mohge_model.py loss): a token's
-# group-loss weight is 1 + 2 (1 - 2 r), r its loss rank in the batch.
+# The same model trained with difficulty-steered routing (mohge_model.py loss): the group loss
+# plus 2 x each token's expected relative width weighted by (1 - 2 r), r its loss rank in the
+# batch.
 PRESETS["difficulty"] = dict(PRESETS["small"], group_loss_difficulty=2.0)
 # Continuous experts (infmoe_model.py) on the same skeleton: one FFN of 3072 neurons per layer,
 # 288 kept per sample (neuron_fraction 0.09375), K = 2 trained samples, so a token computes at

@@ -10,6 +10,10 @@
  *     nope/rope/v 128/64/128, top-6 of experts of width 1408 plus 2 shared, the first layer
  *     dense of width 10944), with --layers layers and --experts routed experts (V2-Lite: 27
  *     and 64) so that it fits a machine.
+ *   deepseek_v32: the deepseek shape with DeepSeek-V3.2's sparse attention: a query LoRA of
+ *     rank 512, V3's sigmoid routing with a correction bias (one group), and each layer's
+ *     lightning indexer as V3.2 has it (64 heads of 128, index_topk 2048); --index-topk changes
+ *     the top-k (bench/bench_dsa.c).
  *   qwen3_5_moe: Qwen3.5-35B-A3B's layout scaled down to about 1B (hidden 1024, 8 layers of
  *     which every 4th is gated full attention (8 heads of 128, 2 KV heads, rotary 0.25) and
  *     the others Gated DeltaNet (4 key heads and 8 value heads of 128, conv 4), 128 experts
@@ -24,7 +28,8 @@
  * tokens of ids 1 and 2 as bos/eos) so that servers and converters can use the folder; the
  * tokenizer must fit the vocabulary (the Llama-2 tokenizer fits the default 32000).
  *
- * usage: make_synthetic_model OUT_DIR [--arch mixtral|deepseek|qwen3_5_moe] [--params 100M]
+ * usage: make_synthetic_model OUT_DIR [--arch mixtral|deepseek|deepseek_v32|qwen3_5_moe]
+ *                             [--params 100M] [--index-topk 2048]
  *                             [--active N]
  *                             [--hidden D] [--layers L] [--dtype f32|bf16] [--experts 8]
  *                             [--top-k 2] [--seed S] [--vocab 32000] [--tokenizer DIR]
@@ -63,6 +68,8 @@ struct shapes {
     int d, layers, heads, kv, ff, experts, top_k, vocab;
     int max_pos; /* max_position_embeddings (--max-pos; default 4096, qwen3_5_moe 32768) */
     bool deepseek, qwen35;
+    bool v32;      /* deepseek_v32: the query LoRA, V3 routing and the indexer */
+    int index_topk;
 };
 
 /* The qwen3_5_moe shape (see the top of the file). */
@@ -116,6 +123,7 @@ static json_t *qwen35_config(const struct shapes *s, const char *dtype)
 enum {
     DS_HIDDEN = 2048, DS_HEADS = 16, DS_KV_LORA = 512, DS_NOPE = 128, DS_ROPE = 64, DS_V = 128,
     DS_MOE_FF = 1408, DS_TOP_K = 6, DS_SHARED = 2, DS_DENSE_FF = 10944,
+    DS_Q_LORA = 512, DS_IDX_HEADS = 64, DS_IDX_DIM = 128, /* deepseek_v32 */
 };
 
 /* Parameters one token uses in a mixtral-shaped model (as model_active_params counts them:
@@ -204,6 +212,22 @@ static json_t *deepseek_config(const struct shapes *s, const char *dtype)
     if (c) {
         json_object_set_new(c, "routed_scaling_factor", json_real(1.0));
         json_object_set_new(c, "norm_topk_prob", json_false());
+    }
+    if (c && s->v32) { /* V3.2: V3's routing, the query LoRA, the indexer */
+        json_t *lt = json_array(), *mt = json_array();
+        for (int l = 0; l < s->layers; l++) {
+            json_array_append_new(lt, json_string("indexed_attention"));
+            json_array_append_new(mt, json_string(l == 0 ? "dense" : "sparse"));
+        }
+        json_object_update(c, json_pack("{s:[s], s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:i, "
+                                        "s:b, s:o, s:o}",
+                                        "architectures", "DeepseekV32ForCausalLM", "model_type",
+                                        "deepseek_v32", "topk_method", "noaux_tc", "scoring_func",
+                                        "sigmoid", "q_lora_rank", DS_Q_LORA, "n_group", 1,
+                                        "topk_group", 1, "index_n_heads", DS_IDX_HEADS,
+                                        "index_head_dim", DS_IDX_DIM, "index_topk",
+                                        s->index_topk, "norm_topk_prob", 1, "layer_types", lt,
+                                        "mlp_layer_types", mt));
     }
     return config_finish(c, ints, sizeof ints / sizeof ints[0], dtype);
 }
@@ -370,7 +394,8 @@ int main(int argc, char **argv)
 {
     if (argc < 2 || argv[1][0] == '-') {
         fprintf(stderr,
-                "usage: %s OUT_DIR [--arch mixtral|deepseek|qwen3_5_moe] [--params 100M] [--active N] "
+                "usage: %s OUT_DIR [--arch mixtral|deepseek|deepseek_v32|qwen3_5_moe] [--params 100M] "
+                "[--active N] [--index-topk N] "
                 "[--hidden D] [--layers L] [--dtype f32|bf16] [--experts 8] [--top-k 2] "
                 "[--seed S] [--vocab 32000] [--tokenizer DIR] [--max-pos N]\n",
                 argv[0]);
@@ -387,9 +412,12 @@ int main(int argc, char **argv)
             bad = parse_count(v, &target) != 0;
         else if (!bad && strcmp(a, "--active") == 0)
             bad = parse_count(v, &active) != 0;
-        else if (!bad && strcmp(a, "--arch") == 0)
-            bad = !(s.deepseek = strcmp(v, "deepseek") == 0) &&
+        else if (!bad && strcmp(a, "--arch") == 0) {
+            s.v32 = strcmp(v, "deepseek_v32") == 0;
+            bad = !(s.deepseek = s.v32 || strcmp(v, "deepseek") == 0) &&
                   !(s.qwen35 = strcmp(v, "qwen3_5_moe") == 0) && strcmp(v, "mixtral") != 0;
+        } else if (!bad && strcmp(a, "--index-topk") == 0)
+            bad = (s.index_topk = atoi(v)) <= 0;
         else if (!bad && strcmp(a, "--hidden") == 0)
             bad = (s.d = atoi(v)) <= 0 || s.d % 64 != 0;
         else if (!bad && strcmp(a, "--layers") == 0)
@@ -418,6 +446,7 @@ int main(int argc, char **argv)
         i++;
     }
     if (!s.experts) s.experts = s.deepseek ? 64 : s.qwen35 ? 128 : 8;
+    if (!s.index_topk) s.index_topk = 2048;
     if (!s.max_pos) s.max_pos = s.qwen35 ? 32768 : 4096;
     if (!s.top_k) s.top_k = s.deepseek ? DS_TOP_K : s.qwen35 ? 8 : 2;
     if (s.top_k > s.experts) {
@@ -439,11 +468,12 @@ int main(int argc, char **argv)
         s.heads = s.kv = DS_HEADS;
         s.ff = DS_MOE_FF;
         if (!s.layers) s.layers = 4;
-        printf("deepseek-v2-lite-shaped: hidden %d, layers %d (the first dense, %d wide), %d MLA "
-               "heads (kv_lora_rank %d, nope/rope/v %d/%d/%d), %d experts (top-%d) of width %d "
-               "+ %d shared, vocab %d, dtype %s\n",
-               s.d, s.layers, DS_DENSE_FF, DS_HEADS, DS_KV_LORA, DS_NOPE, DS_ROPE, DS_V,
-               s.experts, s.top_k, s.ff, DS_SHARED, s.vocab, dtype);
+        printf("deepseek-v2-lite-shaped%s: hidden %d, layers %d (the first dense, %d wide), %d "
+               "MLA heads (kv_lora_rank %d, nope/rope/v %d/%d/%d), %d experts (top-%d) of width "
+               "%d + %d shared, vocab %d, dtype %s\n",
+               s.v32 ? " with V3.2's indexer (64 heads of 128, query LoRA 512)" : "", s.d,
+               s.layers, DS_DENSE_FF, DS_HEADS, DS_KV_LORA, DS_NOPE, DS_ROPE, DS_V, s.experts,
+               s.top_k, s.ff, DS_SHARED, s.vocab, dtype);
     } else if (active > 0) {
         if (!s.d || !s.layers) {
             fprintf(stderr, "make_synthetic_model: --active needs --hidden and --layers\n");
@@ -498,7 +528,19 @@ int main(int argc, char **argv)
         const int qk = DS_NOPE + DS_ROPE, H = DS_HEADS;
         DECL(s.d, 0, "model.layers.%d.input_layernorm.weight", l);
         DECL(s.d, 0, "model.layers.%d.post_attention_layernorm.weight", l);
-        DECL(H * qk, s.d, "model.layers.%d.self_attn.q_proj.weight", l);
+        if (s.v32) {
+            DECL(DS_Q_LORA, s.d, "model.layers.%d.self_attn.q_a_proj.weight", l);
+            DECL(DS_Q_LORA, 0, "model.layers.%d.self_attn.q_a_layernorm.weight", l);
+            DECL(H * qk, DS_Q_LORA, "model.layers.%d.self_attn.q_b_proj.weight", l);
+            DECL(DS_IDX_HEADS * DS_IDX_DIM, DS_Q_LORA, "model.layers.%d.self_attn.indexer.wq_b.weight",
+                 l);
+            DECL(DS_IDX_DIM, s.d, "model.layers.%d.self_attn.indexer.wk.weight", l);
+            DECL(DS_IDX_DIM, 0, "model.layers.%d.self_attn.indexer.k_norm.weight", l);
+            DECL(DS_IDX_DIM, 0, "model.layers.%d.self_attn.indexer.k_norm.bias", l);
+            DECL(DS_IDX_HEADS, s.d, "model.layers.%d.self_attn.indexer.weights_proj.weight", l);
+        } else {
+            DECL(H * qk, s.d, "model.layers.%d.self_attn.q_proj.weight", l);
+        }
         DECL(DS_KV_LORA + DS_ROPE, s.d, "model.layers.%d.self_attn.kv_a_proj_with_mqa.weight", l);
         DECL(DS_KV_LORA, 0, "model.layers.%d.self_attn.kv_a_layernorm.weight", l);
         DECL(H * (DS_NOPE + DS_V), DS_KV_LORA, "model.layers.%d.self_attn.kv_b_proj.weight", l);
@@ -511,6 +553,7 @@ int main(int argc, char **argv)
             continue;
         }
         DECL(s.experts, s.d, "model.layers.%d.mlp.gate.weight", l);
+        if (s.v32) DECL(s.experts, 0, "model.layers.%d.mlp.gate.e_score_correction_bias", l);
         for (int e = 0; e < s.experts; e++)
             for (int j = 0; j < 3; j++)
                 DECL(j == 2 ? s.d : s.ff, j == 2 ? s.ff : s.d,

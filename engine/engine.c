@@ -36,6 +36,8 @@ struct device {
     struct backend *be;
     pthread_t thread;
     bool has_thread;
+    double dsa_s; /* seconds spent in the sparse-attention indexer's selection (host clock:
+                     exact on the CPU, the launch time on a GPU) */
 
     /* The model as this device's backend holds it: desc as the engine's model; matrices are
      * weight handles (see backend.h), vectors f32 backend memory. Only the experts this device
@@ -455,8 +457,10 @@ static void mla_attention_layer(struct device *dv, int l)
     if (indexer) {
         struct be_dsa p = {.n_head = Hi, .dim = Di, .k_off = lat, .k_row = row,
                            .topk = md->dsa_topk, .scale = 1.0f / sqrtf((float)Di)};
+        double t0 = ms_now();
         be->ops->dsa_select(be, dv->sel, dv->sel_n, dv->iq, dv->iw, &dv->kvl[l], &tk,
                             e->kv.block_size, n, &p);
+        dv->dsa_s += ms_now() - t0;
     }
 
     /* Absorbed queries. */
@@ -1371,7 +1375,8 @@ static int device_init(struct engine *e, struct device *dv, int rank, int thread
                             .max_v_dim = md->attn == ATTN_KIND_MLA ? md->kv_lora_rank
                                                                    : md->head_dim,
                             .max_kv_heads = md->attn == ATTN_KIND_MLA ? 1 : md->n_kv_head,
-                            .dsa_dim = md->dsa_topk > 0 ? md->dsa_dim : 0};
+                            .dsa_dim = md->dsa_topk > 0 ? md->dsa_dim : 0,
+                            .dsa_heads = md->dsa_heads};
     if (logit_in > rs.max_elems) rs.max_elems = logit_in;
     if (md->ffn == FFN_KIND_CONTINUOUS) { /* the key product: T * max_samples rows of Z */
         int z_rows = (int)T * md->cont_max_samples;
@@ -2225,6 +2230,13 @@ const struct engine_params *engine_get_params(const struct engine *e)
 struct kv_cache *engine_kv(struct engine *e)
 {
     return &e->kv;
+}
+
+double engine_dsa_seconds(const struct engine *e)
+{
+    double s = 0.0;
+    for (int r = 0; r < e->n_dev; r++) s += e->dev[r].dsa_s;
+    return s;
 }
 
 const struct engine_stats *engine_get_stats(const struct engine *e)

@@ -213,6 +213,9 @@ int engine_kv_window(const struct engine *e);
  * included). */
 size_t engine_kv_bytes_per_token(const struct engine *e);
 const struct engine_stats *engine_get_stats(const struct engine *e);
+/* Seconds the devices spent selecting positions for sparse attention (DeepSeek-V3.2's
+ * indexer), summed; read between steps (bench/bench_dsa). */
+double engine_dsa_seconds(const struct engine *e);
 /* Token-expert rows one token computes with experts-per-token moe_top_k (0: the model's) over
  * all MoE layers; 0 for continuous-experts models. */
 int engine_rows_per_token(const struct engine *e, int moe_top_k);

@@ -93,6 +93,7 @@ struct be_reserve {
     int max_kv_heads; /* KV heads of an attention call (MLA: 1); 0 = 1 */
     int dsa_dim;      /* > 0: the indexer's key width (DeepSeek sparse attention; its scratch
                          is sized for max_ctx positions) */
+    int dsa_heads;    /* its query heads (0: 64) */
 };
 
 /* Geometry of one attention call. Query head h reads KV head h / (n_head / n_kv_head), whose

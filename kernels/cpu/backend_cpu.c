@@ -153,7 +153,8 @@ static int cpu_reserve(struct backend *be, const struct be_reserve *r)
     b->ex_off = calloc((size_t)E, sizeof *b->ex_off);
     b->ex_hoff = calloc((size_t)E, sizeof *b->ex_hoff);
     b->ex_ready = calloc((size_t)E, sizeof *b->ex_ready);
-    int dsa_fail = r->dsa_dim > 0 ? dsa_work_reserve(&b->dsa, b->n_threads, r->max_ctx, r->dsa_dim)
+    int dsa_fail = r->dsa_dim > 0 ? dsa_work_reserve(&b->dsa, b->n_threads, r->max_ctx, r->dsa_dim,
+                                                         r->dsa_heads > 0 ? r->dsa_heads : 64)
                                   : 0;
     if (!b->act[0] || !b->act[1] || !b->tmp || fa_fail || dsa_fail || !b->ex_act || !b->ex_off ||
         !b->ex_hoff || !b->ex_ready) {

@@ -1,7 +1,8 @@
 /* DeepSeek sparse attention's indexer on the CPU (see dsa.h). One task per token: its score of
- * every cached position t <= pos, sum_h w_h n_head^-0.5 relu(scale q_h . key_t), in head order,
- * then the k-th largest score by selection on a copy and the positions above it (and the
- * earliest of those equal to it) in one ascending pass. */
+ * every cached position t <= pos, sum_h w_h n_head^-0.5 relu(scale q_h . key_t), in head order
+ * (the dot products q_h . key_t by the GEMM kernels, DSA_CHUNK positions at a time), then the
+ * k-th largest score by selection on a copy and the positions above it (and the earliest of
+ * those equal to it) in one ascending pass. */
 #include "cpu/dsa.h"
 
 #include <math.h>
@@ -10,15 +11,26 @@
 
 #include "kv_types.h"
 
-int dsa_work_reserve(struct dsa_work *w, int n_threads, int max_ctx, int dim)
+/* Floats, rounded up to whole 64-byte lines. */
+static size_t dsa_lines(size_t floats)
+{
+    return (floats + 15) / 16 * 16;
+}
+
+int dsa_work_reserve(struct dsa_work *w, int n_threads, int max_ctx, int dim, int heads)
 {
     dsa_work_free(w);
-    if (max_ctx < 1 || dim < 1) return 0;
-    w->per_thread = 2 * (size_t)max_ctx + (size_t)dim + 16;
-    w->buf = malloc(sizeof(float) * w->per_thread * (size_t)(n_threads < 1 ? 1 : n_threads));
+    if (max_ctx < 1 || dim < 1 || heads < 1) return 0;
+    size_t act = (gemm_act_bytes(ACT_EO, heads, dim) > gemm_act_bytes(ACT_F32, heads, dim)
+                      ? gemm_act_bytes(ACT_EO, heads, dim)
+                      : gemm_act_bytes(ACT_F32, heads, dim)) / sizeof(float) + 16;
+    w->per_thread = 2 * dsa_lines((size_t)max_ctx) + dsa_lines((size_t)DSA_CHUNK * dim) +
+                    dsa_lines((size_t)heads * DSA_CHUNK) + dsa_lines(act);
+    w->buf = aligned_alloc(64, sizeof(float) * w->per_thread * (size_t)(n_threads < 1 ? 1 : n_threads));
     if (!w->buf) return -1;
     w->max_ctx = max_ctx;
     w->dim = dim;
+    w->heads = heads;
     return 0;
 }
 
@@ -82,11 +94,15 @@ static void dsa_task(void *ctx, int i, int thread)
         c->sel_n[i] = -1;
         return;
     }
-    if (P > c->w->max_ctx) {
+    if (P > c->w->max_ctx || p->n_head > c->w->heads || p->dim != c->w->dim) {
         c->sel_n[i] = 0;
         return;
     }
-    float *s = c->w->buf + c->w->per_thread * (size_t)thread, *cp = s + P, *key = cp + P;
+    const struct dsa_work *w = c->w;
+    float *s = w->buf + w->per_thread * (size_t)thread, *cp = s + dsa_lines((size_t)w->max_ctx);
+    float *keys = cp + dsa_lines((size_t)w->max_ctx);
+    float *dots = keys + dsa_lines((size_t)DSA_CHUNK * w->dim);
+    void *abuf = dots + dsa_lines((size_t)w->heads * DSA_CHUNK);
     const int32_t *table = tk->seq ? tk->tables + (size_t)tk->seq[i] * tk->table_stride
                                    : tk->tables;
     const float *qi = c->q + (size_t)i * p->n_head * p->dim;
@@ -94,29 +110,39 @@ static void dsa_task(void *ctx, int i, int thread)
     float hs = 1.0f / sqrtf((float)p->n_head);
     size_t es = (size_t)kv_type_size(kv->type);
     bool fp8 = kv->type == BE_KV_FP8_E4M3 || kv->type == BE_KV_FP8_E5M2;
-    for (int t = 0; t < P; t++) {
-        size_t blk = (size_t)table[t / c->block_size];
-        int slot = t % c->block_size;
-        size_t off = kv_seg_offset(blk, slot, c->block_size, 1, 0, p->k_row);
-        float sc = fp8 ? kv->k_scale
-                   : kv->type == BE_KV_INT8 ? kv->k_sc[kv_seg_offset(blk, slot, c->block_size,
-                                                                     1, 0, 1)]
-                                            : 1.0f;
-        const char *src = (const char *)kv->k + (off + (size_t)p->k_off) * es;
-        const float *k = key;
-        if (kv->type == BE_KV_F32)
-            k = (const float *)src;
-        else
-            c->kk->kv_cvt(key, src, p->dim, kv->type, sc);
-        float score = 0.0f;
-        for (int h = 0; h < p->n_head; h++) {
-            const float *qh = qi + (size_t)h * p->dim;
-            float dot = 0.0f;
-            for (int d = 0; d < p->dim; d++) dot += qh[d] * k[d];
-            dot *= p->scale;
-            if (dot > 0.0f) score += wi[h] * hs * dot;
+    /* the queries as the f32-weight GEMM reads its activations, once per token */
+    struct act a;
+    enum act_kind ak = c->kk->act_kind(WTYPE_F32, 0);
+    c->kk->act_prepare(ak, 0, qi, (size_t)p->dim, p->n_head, p->dim, 0, p->n_head, abuf, &a);
+    for (int t0 = 0; t0 < P; t0 += DSA_CHUNK) {
+        int n = P - t0 < DSA_CHUNK ? P - t0 : DSA_CHUNK;
+        for (int j = 0; j < n; j++) { /* the chunk's keys, as f32 rows */
+            int t = t0 + j;
+            size_t blk = (size_t)table[t / c->block_size];
+            int slot = t % c->block_size;
+            size_t off = kv_seg_offset(blk, slot, c->block_size, 1, 0, p->k_row);
+            float sc = fp8 ? kv->k_scale
+                       : kv->type == BE_KV_INT8 ? kv->k_sc[kv_seg_offset(blk, slot,
+                                                                         c->block_size, 1, 0, 1)]
+                                                : 1.0f;
+            const char *src = (const char *)kv->k + (off + (size_t)p->k_off) * es;
+            float *kj = keys + (size_t)j * p->dim;
+            if (kv->type == BE_KV_F32)
+                memcpy(kj, src, sizeof(float) * (size_t)p->dim);
+            else
+                c->kk->kv_cvt(kj, src, p->dim, kv->type, sc);
         }
-        s[t] = score;
+        /* dots (n_head, n): q_h . key_t, every head against the chunk */
+        struct wmat km = {.type = WTYPE_F32, .rows = n, .cols = p->dim, .data = keys};
+        c->kk->gemm(&km, &a, dots, DSA_CHUNK, 0, n);
+        for (int j = 0; j < n; j++) {
+            float score = 0.0f;
+            for (int h = 0; h < p->n_head; h++) {
+                float dot = dots[(size_t)h * DSA_CHUNK + j] * p->scale;
+                if (dot > 0.0f) score += wi[h] * hs * dot;
+            }
+            s[t0 + j] = score;
+        }
     }
     memcpy(cp, s, sizeof(float) * (size_t)P);
     float thr = kth_largest(cp, P, p->topk);

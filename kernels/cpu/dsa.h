@@ -1,7 +1,9 @@
 /* DeepSeek sparse attention's lightning indexer on the CPU (backend.h dsa_select): each token's
- * scores against the index keys of its sequence's cached positions, then the top-k positions in
- * ascending order, tokens spread over the backend's thread pool. Used by backend_cpu.c; the
- * scratch is reserved once (dsa_work_reserve), so a call allocates nothing. */
+ * scores against the index keys of its sequence's cached positions (the keys gathered to f32
+ * DSA_CHUNK positions at a time and multiplied by the token's index queries with the GEMM
+ * kernels), then the top-k positions in ascending order, tokens spread over the backend's
+ * thread pool. Used by backend_cpu.c; the scratch is reserved once (dsa_work_reserve), so a
+ * call allocates nothing. */
 #ifndef MOESERVE_CPU_DSA_H
 #define MOESERVE_CPU_DSA_H
 
@@ -9,13 +11,18 @@
 #include "cpu/gemm.h"
 #include "cpu/pool.h"
 
+/* Cached positions scored per GEMM call. */
+#define DSA_CHUNK 256
+
 struct dsa_work {
-    float *buf;      /* (n_threads, per_thread) scores, their copy for the selection, a key */
+    float *buf;      /* (n_threads, per_thread) scores, their copy for the selection, a chunk
+                        of keys (DSA_CHUNK, dim), its dot products (heads, DSA_CHUNK), the
+                        prepared queries */
     size_t per_thread;
-    int max_ctx, dim;
+    int max_ctx, dim, heads;
 };
 
-int dsa_work_reserve(struct dsa_work *w, int n_threads, int max_ctx, int dim);
+int dsa_work_reserve(struct dsa_work *w, int n_threads, int max_ctx, int dim, int heads);
 void dsa_work_free(struct dsa_work *w);
 /* backend.h dsa_select; positions past the reserved context get sel_n 0 (nothing attended:
  * the caller reserved too little, which the engine never does) */

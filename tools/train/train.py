@@ -59,6 +59,9 @@ PRESETS["homogeneous"] = dict(PRESETS["small"], num_expert_groups=1, experts_per
 # plus 2 x each token's expected relative width weighted by (1 - 2 r), r its loss rank in the
 # batch.
 PRESETS["difficulty"] = dict(PRESETS["small"], group_loss_difficulty=2.0)
+# The same with twice the group loss: difficulty raised the mean routed width by 4.5%; this
+# presses it back toward today's.
+PRESETS["difficulty_narrow"] = dict(PRESETS["difficulty"], group_loss_coef=0.02)
 # Continuous experts (infmoe_model.py) on the same skeleton: one FFN of 3072 neurons per layer,
 # 288 kept per sample (neuron_fraction 0.09375), K = 2 trained samples, so a token computes at
 # most 576 neurons: the mohge model's mean active width (shared 192 + 2 experts of mean 192).

@@ -833,6 +833,12 @@ static int spec_check(const struct serve_opts *o, const struct model *m, bool mu
                  mt);
             return -1;
         }
+        if (m->desc.v4_attn) {
+            /* DeepSeek-V4's MTP block (hyper-connections, compressed attention) is not bound */
+            slog("error", "--speculative-config: method: mtp is not available for deepseek_v4 "
+                          "yet: its MTP layer is not loaded; use ngram or a draft model");
+            return -1;
+        }
         if (m->desc.dsa_topk > 0) {
             /* the module's layer has its own indexer (DeepSeek-V3.2, GLM-5): not run yet */
             slog("error", "--speculative-config: method: mtp is not available for %s yet: its "

@@ -96,6 +96,16 @@ static void check_model(const char *tests, const char *name, bool bf16, enum mod
                          : 0;
             int nlf = nl > 0 ? routed_prefill(ecf, &p[i], b, rf32) : 0;
             int K = m->desc.top_k;
+            /* DeepSeek-V4's CSA indexer keeps index_topk entries out of (pos + 1) / rate: past
+             * the first position with more than that, bf16 rounding of the index scores picks
+             * other entries (the fixture's gaps are ~2e-3): another computation too. With every
+             * entry kept (index_topk 100) the same fixture serves at 1.0e-2 of the f32
+             * computation, transformers' own bf16 at 1.4e-2. */
+            for (int l = 0; m->desc.v4_attn && l < m->desc.n_layer; l++)
+                if (m->desc.v4_attn[l] == V4_ATTN_CSA) {
+                    int first = (m->desc.dsa_topk + 1) * m->desc.v4_rate[V4_ATTN_CSA] - 1;
+                    flip = first < flip ? first : flip;
+                }
             for (int t = 0; t < p[i].n && causal; t++) {
                 if (p[i].route_agrees && !p[i].route_agrees[t] && flip == p[i].n) flip = t;
                 for (int l = 0; l < nl && nlf == nl && flip == p[i].n; l++)
@@ -196,6 +206,25 @@ static void check_model(const char *tests, const char *name, bool bf16, enum mod
         const float *want = served ? own : bf16 ? lp->logits_f32 : lp->logits;
         double r = want ? golden_rel_err(b, want, (size_t)lp->n * V) : 1.0;
         CHECKF(r <= (served ? 1e-5 : 1e-4), "%s: chunked prefill rel err %.3g", name, r);
+        /* DeepSeek-V4: decode alone (one token a step) equals the one-step prefill at every
+         * position: the compressed entries a window closes are the same whenever it closes */
+        if (m->desc.v4_attn) {
+            float *one = malloc(sizeof(float) * (size_t)lp->n * V);
+            CHECK(one && golden_prefill(e1, lp, 0, one) == 0);
+            CHECK(engine_seq_init(e1, &s) == 0);
+            for (int t = 0; t < lp->n && one; t++) {
+                struct engine_item it = {.kv = &s, .tokens = lp->ids + t, .n_tokens = 1,
+                                         .pos = t, .n_logits = 1, .logits = b + (size_t)t * V};
+                CHECK(engine_step(e1, &it, 1, err, sizeof err) == 0);
+            }
+            engine_seq_free(e1, &s);
+            double rd = one ? golden_rel_err(b, one, (size_t)lp->n * V) : 1.0;
+            CHECKF(rd <= 1e-6, "%s: token-by-token decode vs one-step prefill rel err %.3g",
+                   name, rd);
+            printf("%-16s decode one token a step (%d positions) vs prefill: rel err %.2e\n",
+                   name, lp->n, rd);
+            free(one);
+        }
         free(own);
 
         struct engine *e2 = golden_engine(m, 2);
@@ -377,6 +406,8 @@ static void check_minimax_config(const char *tests)
 int main(int argc, char **argv)
 {
     const char *tests = argc > 1 ? argv[1] : "tests";
+    /* an optional second argument runs only the fixtures whose names contain it */
+    const char *only = argc > 2 ? argv[2] : NULL;
     check_glm_config(tests);
     check_minimax_config(tests);
     static const char *f32[] = {"mixtral",     "mixtral_sharded",   "qwen2_moe",  "qwen3_moe",
@@ -385,17 +416,18 @@ int main(int argc, char **argv)
                                 "qwen3_next",  "qwen3_5_moe",       "qwen3_5_moe_vl",
                                 "granitemoehybrid", "granitemoehybrid_dense", "kimi_k25",
                                 "kimi_k25_published", "llama4_text", "llama4_vl", "deepseek_v32",
-                                "glm_moe_dsa"};
+                                "glm_moe_dsa", "deepseek_v4_sliding"};
     static const char *bf16[] = {"mixtral_bf16",     "qwen2_moe_bf16",         "qwen3_moe_bf16",
                                  "olmoe_bf16",       "deepseek_v2_bf16",       "deepseek_v2_group_bf16",
                                  "deepseek_v3_bf16", "glm4_moe_bf16",          "minimax_m2_bf16",
                                  "qwen3_next_bf16",  "qwen3_5_moe_bf16",
                                  "granitemoehybrid_bf16", "granitemoehybrid_dense_bf16",
                                  "llama4_text_bf16", "deepseek_v32_bf16",
-                                 "glm_moe_dsa_bf16"};
+                                 "glm_moe_dsa_bf16", "deepseek_v4_sliding_bf16"};
     for (size_t i = 0; i < sizeof f32 / sizeof f32[0]; i++)
-        check_model(tests, f32[i], false, MODEL_DTYPE_AUTO);
+        if (!only || strstr(f32[i], only)) check_model(tests, f32[i], false, MODEL_DTYPE_AUTO);
     for (size_t i = 0; i < sizeof bf16 / sizeof bf16[0]; i++) {
+        if (only && !strstr(bf16[i], only)) continue;
         check_model(tests, bf16[i], true, MODEL_DTYPE_F32);
         check_model(tests, bf16[i], true, MODEL_DTYPE_AUTO);
     }
@@ -403,6 +435,7 @@ int main(int argc, char **argv)
      * f32 activations) or dequantized exactly at load (--dtype float32); both within 1e-4. The
      * same model saved unquantized (experts (in, out), gate/up interleaved) gives the same
      * logits. */
+    if (only && !strstr("gpt_oss", only)) return test_done("test_forward");
     check_model(tests, "gpt_oss", false, MODEL_DTYPE_AUTO);
     check_model(tests, "gpt_oss", false, MODEL_DTYPE_F32);
     check_model(tests, "gpt_oss_dense", false, MODEL_DTYPE_AUTO);

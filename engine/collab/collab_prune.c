@@ -269,10 +269,20 @@ static int write_config(const char *model_dir, const struct model_desc *md, int 
     return rc == 0 ? 0 : ms_errf(err, errlen, "cannot write %s", path);
 }
 
+int cprune_check(const struct model_desc *md, char *err, size_t errlen)
+{
+    if (md->layer_hash)
+        return ms_errf(err, errlen, "pruning %s models is not supported: their hash-routed "
+                                    "layers (hash_moe, tid2eid) name experts by number",
+                       md->model_type);
+    return 0;
+}
+
 int cprune_write(const char *model_dir, const struct model_desc *md, const bool *keep,
                  const char *out_dir, char *err, size_t errlen)
 {
     int E = md->n_expert;
+    if (cprune_check(md, err, errlen) != 0) return -1;
     struct stat st;
     if (stat(out_dir, &st) == 0)
         return ms_errf(err, errlen, "--out %s already exists (prune never overwrites)", out_dir);

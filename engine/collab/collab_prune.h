@@ -61,6 +61,11 @@ struct cprune_shape {
 int cprune_select(const struct cprune_shape *s, double ratio, const double *score,
                   const uint64_t *count, bool *keep, int *n_keep, char *err, size_t errlen);
 
+/* 0 when models described by md can be pruned; else -1 with a message naming the family
+ * (DeepSeek-V4: its hash-routed layers name experts by number in tid2eid, which pruning
+ * would renumber). cprune_write checks it too; callers ask before calibrating. */
+int cprune_check(const struct model_desc *md, char *err, size_t errlen);
+
 /* Writes the pruned copy of model_dir (described by md) to out_dir (must not exist). keep is
  * (MoE layers of md in order, md->n_expert). */
 int cprune_write(const char *model_dir, const struct model_desc *md, const bool *keep,

@@ -873,6 +873,12 @@ int cli_prune(int argc, char **argv)
         return rc;
     }
     const struct model_desc *md = &c.m->desc;
+    char why[MS_ERR_LEN];
+    if (cprune_check(md, why, sizeof why) != 0) { /* DeepSeek-V4: hash-routed layers */
+        fprintf(stderr, "moeserve prune: %s\n", why);
+        calib_free(&c);
+        return 2;
+    }
     const struct cdata *x = c.x;
     struct cprune_shape sh = {.n_layer = x->n_layer,
                               .n_expert = x->n_expert,

@@ -291,6 +291,27 @@ out:
     model_free(m);
 }
 
+/* One config patch that must be refused, with the words its message must hold. */
+struct bad_patch {
+    const char *patch, *want1, *want2;
+};
+
+/* Each patch of `bad` applied to fixture `name`'s config.json is refused naming its words. */
+static void check_refusals(const char *tests, const char *name, const struct bad_patch *bad,
+                           size_t n)
+{
+    struct model_desc d;
+    char err[MS_ERR_LEN];
+    for (size_t i = 0; i < n; i++) {
+        err[0] = '\0';
+        int rc = golden_parse_patched(tests, name, bad[i].patch, &d, err, sizeof err);
+        CHECKF(rc == -1 && strstr(err, bad[i].want1) &&
+                   (!bad[i].want2 || strstr(err, bad[i].want2)),
+               "%s case %zu (%s): %s", name, i, bad[i].patch, err);
+        if (rc == 0) model_desc_free(&d);
+    }
+}
+
 /* glm4_moe's config translation: the fixture's description, GLM's published spelling
  * (partial_rotary_factor at top level, no rope_parameters), and refusals naming the field. */
 static void check_glm_config(const char *tests)
@@ -318,9 +339,7 @@ static void check_glm_config(const char *tests)
         CHECK(d.rope_dim == 8 && d.rope_theta == 1000000.0f && d.qk_norm == QK_NORM_NONE);
         model_desc_free(&d);
     }
-    static const struct {
-        const char *patch, *want1, *want2;
-    } bad[] = {
+    static const struct bad_patch bad[] = {
         {"{\"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 10000.0, "
          "\"partial_rotary_factor\": 0.3}}",
          "partial_rotary_factor", "rotary width of 9"},
@@ -333,14 +352,7 @@ static void check_glm_config(const char *tests)
         {"{\"num_nextn_predict_layers\": -1}", "num_nextn_predict_layers", "-1"},
         {"{\"hidden_act\": \"gelu\"}", "hidden_act", "gelu"},
     };
-    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        err[0] = '\0';
-        rc = golden_parse_patched(tests, "glm4_moe", bad[i].patch, &d, err, sizeof err);
-        CHECKF(rc == -1 && strstr(err, bad[i].want1) &&
-                   (!bad[i].want2 || strstr(err, bad[i].want2)),
-               "glm4_moe case %zu (%s): %s", i, bad[i].patch, err);
-        if (rc == 0) model_desc_free(&d);
-    }
+    check_refusals(tests, "glm4_moe", bad, sizeof bad / sizeof bad[0]);
 }
 
 /* minimax_m2's config translation: the fixture's description (whole-projection q/k norm, rotary
@@ -376,9 +388,7 @@ static void check_minimax_config(const char *tests)
         CHECK(d.rope_dim == 8 && d.rope_theta == 5000000.0f && d.qk_norm == QK_NORM_FULL);
         model_desc_free(&d);
     }
-    static const struct {
-        const char *patch, *want1, *want2;
-    } bad[] = {
+    static const struct bad_patch bad[] = {
         {"{\"rotary_dim\": 7}", "rotary_dim 7", "even"},
         {"{\"rotary_dim\": 64}", "rotary_dim 64", "head_dim (32)"},
         {"{\"rope_parameters\": {\"rope_type\": \"default\", \"rope_theta\": 10000.0, "
@@ -393,14 +403,59 @@ static void check_minimax_config(const char *tests)
         {"{\"num_local_experts\": 0}", "num_local_experts", NULL},
         {"{\"hidden_act\": \"gelu\"}", "hidden_act", "gelu"},
     };
-    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        err[0] = '\0';
-        rc = golden_parse_patched(tests, "minimax_m2", bad[i].patch, &d, err, sizeof err);
-        CHECKF(rc == -1 && strstr(err, bad[i].want1) &&
-                   (!bad[i].want2 || strstr(err, bad[i].want2)),
-               "minimax_m2 case %zu (%s): %s", i, bad[i].patch, err);
-        if (rc == 0) model_desc_free(&d);
+    check_refusals(tests, "minimax_m2", bad, sizeof bad / sizeof bad[0]);
+}
+
+/* deepseek_v4's config translation: the fixture's description (layer kinds, rates, hash
+ * layers, the router), DeepSeek's legacy spellings (compress_ratios, num_hash_layers, top-level
+ * compress rates), and refusals naming the field or value. */
+static void check_v4_config(const char *tests)
+{
+    struct model_desc d;
+    char err[MS_ERR_LEN];
+    int rc = golden_parse_patched(tests, "deepseek_v4", NULL, &d, err, sizeof err);
+    CHECKF(rc == 0, "deepseek_v4 config: %s", err);
+    if (rc == 0) {
+        CHECK(d.attn == ATTN_KIND_V4 && d.n_kv_head == 1 && d.head_dim == 32 && d.rope_dim == 8 &&
+              d.rope_interleave && d.attn_sinks);
+        CHECK(d.v4_attn[0] == V4_ATTN_SLIDING && d.v4_attn[1] == V4_ATTN_CSA &&
+              d.v4_attn[2] == V4_ATTN_HCA && d.v4_attn[3] == V4_ATTN_CSA &&
+              d.v4_rate[V4_ATTN_CSA] == 4 && d.v4_rate[V4_ATTN_HCA] == 8);
+        CHECK(d.layer_hash[0] && !d.layer_hash[1] && d.router == ROUTER_KIND_SIGMOID_GROUP &&
+              d.router_score == ROUTER_SCORE_SQRTSOFTPLUS && d.n_group == 1 && d.norm_topk_prob &&
+              d.routed_scale == 1.5f && d.expert_act == FFN_ACT_SILU_CLAMP && d.act_limit == 1.0f);
+        CHECK(d.v4_hc == 4 && d.v4_hc_iters == 20 && d.o_groups == 2 && d.o_lora_rank == 16 &&
+              d.rope_theta == 10000.0f && d.v4_compress_theta == 160000.0f && d.dsa_topk == 3);
+        model_desc_free(&d);
     }
+    rc = golden_parse_patched(tests, "deepseek_v4",
+                              "{\"layer_types\": null, \"mlp_layer_types\": null, "
+                              "\"compress_rates\": null, \"compress_ratios\": [0, 4, 128, 4], "
+                              "\"num_hash_layers\": 2, \"compress_rate_hca\": 16, "
+                              "\"scoring_func\": \"sigmoid\"}",
+                              &d, err, sizeof err);
+    CHECKF(rc == 0, "deepseek_v4 legacy spelling: %s", err);
+    if (rc == 0) {
+        CHECK(d.v4_attn[0] == V4_ATTN_SLIDING && d.v4_attn[2] == V4_ATTN_HCA &&
+              d.v4_rate[V4_ATTN_HCA] == 16 && d.layer_hash[1] && !d.layer_hash[2] &&
+              d.router_score == ROUTER_SCORE_SIGMOID);
+        model_desc_free(&d);
+    }
+    static const struct bad_patch bad[] = {
+        {"{\"layer_types\": [\"sliding_attention\", \"full_attention\", "
+         "\"heavily_compressed_attention\", \"compressed_sparse_attention\"]}",
+         "layer_types[1]", "full_attention"},
+        {"{\"mlp_layer_types\": [\"hash_moe\", \"dense\", \"moe\", \"moe\"]}",
+         "mlp_layer_types[1]", "dense"},
+        {"{\"scoring_func\": \"softmax\"}", "scoring_func", "softmax"},
+        {"{\"rope_parameters\": {\"main\": {\"rope_type\": \"default\", \"rope_theta\": 10000.0}, "
+         "\"compress\": {\"rope_type\": \"yarn\", \"rope_theta\": 160000.0, \"factor\": 16}}}",
+         "rope_parameters.compress", "yarn"},
+        {"{\"num_key_value_heads\": 2}", "num_key_value_heads", NULL},
+        {"{\"o_groups\": 3}", "o_groups 3", NULL},
+        {"{\"compress_ratios\": [0, 4, 64, 4], \"layer_types\": null}", "compress_ratios[2]", NULL},
+    };
+    check_refusals(tests, "deepseek_v4", bad, sizeof bad / sizeof bad[0]);
 }
 
 int main(int argc, char **argv)
@@ -410,20 +465,22 @@ int main(int argc, char **argv)
     const char *only = argc > 2 ? argv[2] : NULL;
     check_glm_config(tests);
     check_minimax_config(tests);
+    check_v4_config(tests);
     static const char *f32[] = {"mixtral",     "mixtral_sharded",   "qwen2_moe",  "qwen3_moe",
                                 "olmoe",       "deepseek_v2",       "deepseek_v2_group",
                                 "deepseek_v3", "glm4_moe",          "minimax_m2",
                                 "qwen3_next",  "qwen3_5_moe",       "qwen3_5_moe_vl",
                                 "granitemoehybrid", "granitemoehybrid_dense", "kimi_k25",
                                 "kimi_k25_published", "llama4_text", "llama4_vl", "deepseek_v32",
-                                "glm_moe_dsa", "deepseek_v4_sliding"};
+                                "glm_moe_dsa", "deepseek_v4_sliding", "deepseek_v4"};
     static const char *bf16[] = {"mixtral_bf16",     "qwen2_moe_bf16",         "qwen3_moe_bf16",
                                  "olmoe_bf16",       "deepseek_v2_bf16",       "deepseek_v2_group_bf16",
                                  "deepseek_v3_bf16", "glm4_moe_bf16",          "minimax_m2_bf16",
                                  "qwen3_next_bf16",  "qwen3_5_moe_bf16",
                                  "granitemoehybrid_bf16", "granitemoehybrid_dense_bf16",
                                  "llama4_text_bf16", "deepseek_v32_bf16",
-                                 "glm_moe_dsa_bf16", "deepseek_v4_sliding_bf16"};
+                                 "glm_moe_dsa_bf16", "deepseek_v4_sliding_bf16",
+                                 "deepseek_v4_bf16"};
     for (size_t i = 0; i < sizeof f32 / sizeof f32[0]; i++)
         if (!only || strstr(f32[i], only)) check_model(tests, f32[i], false, MODEL_DTYPE_AUTO);
     for (size_t i = 0; i < sizeof bf16 / sizeof bf16[0]; i++) {

@@ -1701,7 +1701,7 @@ static int bind_comm_streams(struct engine *e, char *err, size_t errlen)
  * _compute_yarn_parameters, in the same float32 arithmetic): extrapolated frequencies for the
  * fast-turning pairs, interpolated ones (divided by the factor) for the slow ones, linearly
  * ramped between the correction range [low, high] given by beta_fast / beta_slow rotations. */
-static float rope_inv_freq_theta(const struct model_desc *md, float theta, int j)
+static float rope_inv_freq_theta(const struct model_desc *md, float theta, bool yarn, int j)
 {
     int dim = md->rope_dim;
     float pos_freq = powf(theta, (float)(2 * j) / (float)dim);
@@ -1717,7 +1717,7 @@ static float rope_inv_freq_theta(const struct model_desc *md, float theta, int j
         }
         return g;
     }
-    if (!md->rope_yarn) return 1.0f / pos_freq;
+    if (!yarn) return 1.0f / pos_freq;
     double base = theta, orig = md->yarn_orig_max_pos;
     double low = (dim * log(orig / (md->yarn_beta_fast * 2 * M_PI))) / (2 * log(base));
     double high = (dim * log(orig / (md->yarn_beta_slow * 2 * M_PI))) / (2 * log(base));
@@ -1737,7 +1737,7 @@ static float rope_inv_freq_theta(const struct model_desc *md, float theta, int j
 
 static float rope_inv_freq(const struct model_desc *md, int j)
 {
-    return rope_inv_freq_theta(md, md->rope_theta, j);
+    return rope_inv_freq_theta(md, md->rope_theta, md->rope_yarn, j);
 }
 
 static int build_rope_table(struct engine *e)

@@ -14,7 +14,7 @@
 #include "common.h"
 
 int v4_rope_tables(const struct model_desc *md, int max_len,
-                   float (*inv_freq)(const struct model_desc *md, float theta, int j),
+                   float (*inv_freq)(const struct model_desc *md, float theta, bool yarn, int j),
                    float *tabs[4])
 {
     int half = md->rope_dim / 2;
@@ -29,11 +29,13 @@ int v4_rope_tables(const struct model_desc *md, int max_len,
     }
     for (int kind = 0; kind < 2; kind++) { /* main (sliding layers), compress */
         float theta = kind ? md->v4_compress_theta : md->rope_theta;
+        bool yarn = kind && md->rope_yarn;
+        float af = yarn ? md->rope_attn_factor : 1.0f;
         float *fw = tabs[2 * kind], *bw = tabs[2 * kind + 1];
         for (int j = 0; j < half; j++) {
-            float f0 = inv_freq(md, theta, j);
+            float f0 = inv_freq(md, theta, yarn, j);
             for (int p = 0; p < max_len; p++) {
-                float f = (float)p * f0, c = cosf(f), s = sinf(f);
+                float f = (float)p * f0, c = cosf(f) * af, s = sinf(f) * af;
                 size_t at = ((size_t)p * half + j) * 2;
                 fw[at] = bw[at] = c;
                 fw[at + 1] = s;

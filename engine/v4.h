@@ -51,10 +51,11 @@ struct v4_step {
     int32_t *sel, *sel_n; /* (T, dsa_topk), (T) */
 };
 
-/* Host RoPE tables for max_len positions (free with free): tabs[0..3] as v4_scratch.tab.
- * inv_freq(md, theta, j) gives pair j's frequency. 0, or -1 when out of memory. */
+/* Host RoPE tables for max_len positions (free with free): tabs[0..3] as v4_scratch.tab; the
+ * compressed layers' with YaRN (md->rope_yarn) and its attention factor. inv_freq(md, theta,
+ * yarn, j) gives pair j's frequency. 0, or -1 when out of memory. */
 int v4_rope_tables(const struct model_desc *md, int max_len,
-                   float (*inv_freq)(const struct model_desc *md, float theta, int j),
+                   float (*inv_freq)(const struct model_desc *md, float theta, bool yarn, int j),
                    float *tabs[4]);
 /* tabs: host tables uploaded into the scratch (the backend's alloc; bytes are the 4 tables). */
 int v4_scratch_init(struct v4_scratch *s, struct backend *be, const struct model_desc *md,

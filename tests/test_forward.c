@@ -98,9 +98,9 @@ static void check_model(const char *tests, const char *name, bool bf16, enum mod
             int K = m->desc.top_k;
             /* DeepSeek-V4's CSA indexer keeps index_topk entries out of (pos + 1) / rate: past
              * the first position with more than that, bf16 rounding of the index scores picks
-             * other entries (the fixture's gaps are ~2e-3): another computation too. With every
-             * entry kept (index_topk 100) the same fixture serves at 1.0e-2 of the f32
-             * computation, transformers' own bf16 at 1.4e-2. */
+             * other entries (the fixture's gaps are ~3e-3): another computation too. With every
+             * entry kept (index_topk 100) the same fixture serves at 8.9e-3 of the f32
+             * computation, transformers' own bf16 at 1.5e-2. */
             for (int l = 0; m->desc.v4_attn && l < m->desc.n_layer; l++)
                 if (m->desc.v4_attn[l] == V4_ATTN_CSA) {
                     int first = (m->desc.dsa_topk + 1) * m->desc.v4_rate[V4_ATTN_CSA] - 1;
@@ -426,19 +426,25 @@ static void check_v4_config(const char *tests)
               d.routed_scale == 1.5f && d.expert_act == FFN_ACT_SILU_CLAMP && d.act_limit == 1.0f);
         CHECK(d.v4_hc == 4 && d.v4_hc_iters == 20 && d.o_groups == 2 && d.o_lora_rank == 16 &&
               d.rope_theta == 10000.0f && d.v4_compress_theta == 160000.0f && d.dsa_topk == 3);
+        /* YaRN on the compressed layers only, attention factor 1 as transformers forces it */
+        CHECK(d.rope_yarn && d.yarn_factor == 4.0f && d.yarn_orig_max_pos == 64 &&
+              d.rope_attn_factor == 1.0f && d.yarn_truncate);
         model_desc_free(&d);
     }
     rc = golden_parse_patched(tests, "deepseek_v4",
                               "{\"layer_types\": null, \"mlp_layer_types\": null, "
                               "\"compress_rates\": null, \"compress_ratios\": [0, 4, 128, 4], "
                               "\"num_hash_layers\": 2, \"compress_rate_hca\": 16, "
-                              "\"scoring_func\": \"sigmoid\"}",
+                              "\"scoring_func\": \"sigmoid\", \"rope_parameters\": null, "
+                              "\"rope_scaling\": {\"type\": \"yarn\", \"factor\": 16, "
+                              "\"original_max_position_embeddings\": 64}}",
                               &d, err, sizeof err);
     CHECKF(rc == 0, "deepseek_v4 legacy spelling: %s", err);
     if (rc == 0) {
         CHECK(d.v4_attn[0] == V4_ATTN_SLIDING && d.v4_attn[2] == V4_ATTN_HCA &&
               d.v4_rate[V4_ATTN_HCA] == 16 && d.layer_hash[1] && !d.layer_hash[2] &&
-              d.router_score == ROUTER_SCORE_SIGMOID);
+              d.router_score == ROUTER_SCORE_SIGMOID && d.rope_yarn && d.yarn_factor == 16.0f &&
+              d.rope_attn_factor == 1.0f);
         model_desc_free(&d);
     }
     static const struct bad_patch bad[] = {
@@ -448,9 +454,11 @@ static void check_v4_config(const char *tests)
         {"{\"mlp_layer_types\": [\"hash_moe\", \"dense\", \"moe\", \"moe\"]}",
          "mlp_layer_types[1]", "dense"},
         {"{\"scoring_func\": \"softmax\"}", "scoring_func", "softmax"},
-        {"{\"rope_parameters\": {\"main\": {\"rope_type\": \"default\", \"rope_theta\": 10000.0}, "
-         "\"compress\": {\"rope_type\": \"yarn\", \"rope_theta\": 160000.0, \"factor\": 16}}}",
-         "rope_parameters.compress", "yarn"},
+        {"{\"rope_parameters\": {\"main\": {\"rope_type\": \"yarn\", \"rope_theta\": 10000.0, "
+         "\"factor\": 4, \"original_max_position_embeddings\": 64}}}",
+         "rope_parameters.main", "yarn"},
+        {"{\"rope_parameters\": {\"compress\": {\"rope_type\": \"longrope\"}}}",
+         "rope_parameters.compress", "longrope"},
         {"{\"num_key_value_heads\": 2}", "num_key_value_heads", NULL},
         {"{\"o_groups\": 3}", "o_groups 3", NULL},
         {"{\"compress_ratios\": [0, 4, 64, 4], \"layer_types\": null}", "compress_ratios[2]", NULL},

@@ -884,32 +884,61 @@ static int cfg_deepseek(json_t *root, struct model_desc *d, const char *path, ch
 }
 
 /* DeepSeek-V4's rope: rope_parameters as transformers 5.25 saves it ({"main": {...},
- * "compress": {...}}, each of type default), or rope_theta / compress_rope_theta at the top.
- * YaRN on the compressed layers (V4's published scaling) is refused by name: not run yet. */
+ * "compress": {...}}), or rope_theta / compress_rope_theta at the top with an optional flat
+ * YaRN dict (rope_scaling, as DeepSeek publishes it) that only the compressed layers use. As
+ * transformers: main is plain RoPE; compress YaRN's attention factor is 1 unless given, and its
+ * correction range is always truncated (transformers reads `truncate` from the outer dict,
+ * which V4 nests). model_desc.rope_yarn then means the compressed layers' YaRN. */
 static int cfg_v4_rope(json_t *root, struct model_desc *d, const char *path, char *err,
                        size_t errlen)
 {
     double main_theta = d->rope_theta, comp_theta = 160000.0;
-    if (d->rope_yarn || d->rope_llama3)
-        return ms_errf(err, errlen, "%s: deepseek_v4 with rope scaling (yarn) is not supported "
-                                    "yet", path);
+    if (d->rope_llama3)
+        return ms_errf(err, errlen, "%s: llama3 rope scaling is not supported for deepseek_v4",
+                       path);
     if (cfg_num(root, "compress_rope_theta", comp_theta, &comp_theta, path, err, errlen) != 0)
         return -1;
-    json_t *rp = json_object_get(root, "rope_parameters");
+    json_t *rp = json_object_get(root, "rope_parameters"), *yarn = NULL;
+    bool nested = json_is_object(rp) && (json_object_get(rp, "main") ||
+                                         json_object_get(rp, "compress"));
+    if (d->rope_yarn) /* a flat YaRN dict, already read by cfg_rope */
+        yarn = json_is_object(rp) && !nested ? rp : json_object_get(root, "rope_scaling");
     const char *labels[2] = {"main", "compress"};
     double *thetas[2] = {&main_theta, &comp_theta};
-    for (int i = 0; i < 2 && json_is_object(rp); i++) {
+    for (int i = 0; i < 2 && nested; i++) {
         json_t *sub = json_object_get(rp, labels[i]);
         if (!sub || json_is_null(sub)) continue;
         if (!json_is_object(sub))
             return ms_errf(err, errlen, "%s: rope_parameters.%s must be an object", path,
                            labels[i]);
         const char *ty = json_string_value(json_object_get(sub, "rope_type"));
-        if (ty && strcmp(ty, "default") != 0)
+        bool is_yarn = ty && strcmp(ty, "yarn") == 0;
+        if (ty && strcmp(ty, "default") != 0 && !(i == 1 && is_yarn))
             return ms_errf(err, errlen, "%s: rope_parameters.%s.rope_type '%.32s' is not "
-                                        "supported for deepseek_v4 yet (only 'default')",
+                                        "supported for deepseek_v4 (main: 'default'; compress: "
+                                        "'default' or 'yarn')",
                            path, labels[i], ty);
         if (cfg_num(sub, "rope_theta", *thetas[i], thetas[i], path, err, errlen) != 0) return -1;
+        if (is_yarn) {
+            /* the dict repeats partial_rotary_factor (the model's, read elsewhere) */
+            json_t *cp = json_deep_copy(sub);
+            if (!cp) return ms_errf(err, errlen, "%s: out of memory", path);
+            json_object_del(cp, "partial_rotary_factor");
+            double mscale_all_dim;
+            int rc = cfg_yarn(cp, d, &mscale_all_dim, path, err, errlen);
+            json_decref(cp);
+            if (rc != 0) return -1;
+            yarn = sub;
+        }
+    }
+    if (yarn) {
+        double af = 1.0;
+        json_t *a = json_object_get(yarn, "attention_factor");
+        if (a && !json_is_null(a) &&
+            cfg_pos_num(yarn, "attention_factor", 1.0, &af, path, err, errlen) != 0)
+            return -1;
+        d->rope_attn_factor = (float)af;
+        d->yarn_truncate = true;
     }
     if (!(main_theta > 0) || !(comp_theta > 0))
         return ms_errf(err, errlen, "%s: rope theta must be positive", path);

@@ -284,10 +284,14 @@ ARCHS["deepseek_v4_sliding"] = (
 )
 # Compressed attention: CSA entries every 4 tokens (overlapping windows of 8) of which the
 # indexer keeps 3, HCA entries every 8; the prompts plus continuations reach 73 positions, so
-# most queries select.
+# most queries select. The compressed layers' rope is YaRN (factor 4 over 64 original
+# positions, as V4 publishes it: attention factor 1), the sliding layer's plain.
 ARCHS["deepseek_v4"] = (
     DeepseekV4ForCausalLM,
-    DeepseekV4Config(**V4_SHAPE, num_hidden_layers=4,
+    DeepseekV4Config(**dict(V4_SHAPE, max_position_embeddings=256), num_hidden_layers=4,
+                     rope_parameters={"rope_type": "yarn", "factor": 4.0,
+                                      "original_max_position_embeddings": 64,
+                                      "beta_fast": 32, "beta_slow": 1},
                      layer_types=["sliding_attention", "compressed_sparse_attention",
                                   "heavily_compressed_attention", "compressed_sparse_attention"],
                      mlp_layer_types=["hash_moe", "moe", "moe", "moe"]),
@@ -490,7 +494,7 @@ LONG_PROMPT = ("KING RICHARD III:\nNow is the winter of our discontent made glor
 # Per-architecture weight seed offsets, picked (by trying a few) so that no token's k-th and
 # (k+1)-th router logits are within ROUTER_GAP_MIN of each other on the reference sequences:
 # a near tie would make expert choice, and so the expected logits, hinge on rounding.
-SEED_OFFSET = {"deepseek_v4": 4,
+SEED_OFFSET = {"deepseek_v4": 6,
                "minimax_m2": 14, "qwen3_next": 9, "qwen3_5_moe": 11, "granitemoehybrid": 2,
                "glm4_moe": 3, "qwen3_moe": 1, "deepseek_v2": 4, "deepseek_v2_group": 5,
                "deepseek_v3": 11, "deepseek_v32": 2, "glm_moe_dsa": 9, "gpt_oss": 1}

@@ -339,7 +339,9 @@ static int plan_v4(struct plan *p, const struct st_archive *st, struct layer_w *
     plan_mat(p, &lw->wq_b, true, H * hd, qr, "%sattn.wq_b.weight", pre);
     plan_mat(p, &lw->v4_wkv, true, hd, D, "%sattn.wkv.weight", pre);
     plan_vec(p, &lw->v4_kv_norm, hd, "%sattn.norm.weight", pre);
-    plan_mat(p, &lw->v4_wo_a, true, R, H * hd / d->o_groups, "%sattn.wo_a.weight", pre);
+    /* read a group's rows at a time (wmat_rows): quantized only when groups are whole tiles */
+    plan_mat(p, &lw->v4_wo_a, d->o_lora_rank % WQ_TILE == 0, R, H * hd / d->o_groups,
+             "%sattn.wo_a.weight", pre);
     plan_mat(p, &lw->v4_wo_b, true, D, R, "%sattn.wo_b.weight", pre);
     plan_vec(p, &lw->sinks, H, "%sattn.attn_sink", pre);
     plan_hc(p, d, &lw->hc_fn[0], &lw->hc_base[0], &lw->hc_scale[0], pre, "attn");

@@ -223,6 +223,15 @@ static void check_model(const char *tests, const char *name, bool bf16, enum mod
                    name, rd);
             printf("%-16s decode one token a step (%d positions) vs prefill: rel err %.2e\n",
                    name, lp->n, rd);
+            /* 2 staged devices (the CPU backend posing as GPUs: every V4 weight, table and
+             * scratch uploaded, the KV storage per device) give the same logits */
+            struct engine *es = golden_engine_on(m, 2, ENGINE_BACKEND_CPU_STAGED);
+            CHECK(es != NULL);
+            if (es && one && golden_prefill(es, lp, 0, b) == 0) {
+                double rs = golden_rel_err(b, one, (size_t)lp->n * V);
+                CHECKF(rs <= 1e-6, "%s: 2 staged devices vs 1 rel err %.3g", name, rs);
+            }
+            engine_free(es);
             free(one);
         }
         free(own);

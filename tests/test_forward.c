@@ -5,6 +5,7 @@
  * expert budget (moe_top_k) is honoured. */
 #include <math.h>
 
+#include "collab/collab_prune.h"
 #include "common.h"
 #include "engine.h"
 #include "model.h"
@@ -438,6 +439,9 @@ static void check_v4_config(const char *tests)
         /* YaRN on the compressed layers only, attention factor 1 as transformers forces it */
         CHECK(d.rope_yarn && d.yarn_factor == 4.0f && d.yarn_orig_max_pos == 64 &&
               d.rope_attn_factor == 1.0f && d.yarn_truncate);
+        /* moeserve prune refuses it by name: tid2eid names experts by number */
+        CHECK(cprune_check(&d, err, sizeof err) == -1 && strstr(err, "deepseek_v4") &&
+              strstr(err, "tid2eid"));
         model_desc_free(&d);
     }
     rc = golden_parse_patched(tests, "deepseek_v4",

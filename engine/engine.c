@@ -18,6 +18,7 @@
 #include "common.h"
 #include "infmoe.h"
 #include "moe.h"
+#include "v4.h"
 #ifdef MOESERVE_HAVE_CUDA
 #include "cuda/backend_cuda.h"
 #include "cuda/comm_nccl.h"
@@ -90,6 +91,8 @@ struct device {
 
     struct moe_scratch moe;
     struct infmoe_scratch cont; /* continuous-experts models only */
+    struct v4_scratch v4;       /* DeepSeek-V4 models only (engine/v4.h) */
+    bool has_v4;
 
     /* Hybrid models (NULL otherwise). Gated attention: */
     float *ones;       /* (head_dim) 1s: the weight of a weightless per-head norm (Llama 4) */
@@ -158,6 +161,7 @@ struct engine {
     bool have_routing;
     struct rstats *rstats;
     float *cos_sin;       /* (max_model_len, rope_dim/2, 2) */
+    float *v4_tabs[4];    /* DeepSeek-V4's RoPE tables (engine/v4.h), host */
     float attn_scale;
     int max_ff;
 
@@ -237,9 +241,11 @@ int engine_kv_geom(const struct model *m, int kv_type, struct kv_geom *out)
     memset(out, 0, sizeof *out);
     out->type = (enum be_kv_type)kv_type;
     model_kv_rows(md, &out->k_row, &out->v_row);
-    /* int8 scales: one per KV head's key and value; MLA's one row (latent + rope key) */
-    out->k_grp = md->attn == ATTN_KIND_MLA ? out->k_row : md->head_dim;
-    out->v_grp = md->attn == ATTN_KIND_MLA ? 0 : md->head_dim;
+    /* int8 scales: one per KV head's key and value; MLA's one row (latent + rope key), and
+     * DeepSeek-V4's (key, compressor projections and entries) */
+    bool one_row = md->attn == ATTN_KIND_MLA || md->attn == ATTN_KIND_V4;
+    out->k_grp = one_row ? out->k_row : md->head_dim;
+    out->v_grp = one_row ? 0 : md->head_dim;
     return 0;
 }
 
@@ -552,7 +558,8 @@ static void mamba_layer(struct device *dv, int l)
     residual_add(dv, n, d);
 }
 
-static void ffn_layer(struct device *dv, int l)
+/* Layer l's FFN of `in` (normed by its post-attention norm) into dv->tmp. */
+static void ffn_block(struct device *dv, int l, const float *in)
 {
     struct engine *e = dv->e;
     const struct model_desc *md = &e->m->desc;
@@ -560,7 +567,7 @@ static void ffn_layer(struct device *dv, int l)
     struct backend *be = dv->be;
     int n = dv->n_tok, d = md->d_model;
 
-    be->ops->rmsnorm(be, dv->h, dv->x, lw->ffn_norm, n, d, md->rms_eps);
+    be->ops->rmsnorm(be, dv->h, in, lw->ffn_norm, n, d, md->rms_eps);
     if (md->layer_is_moe[l]) {
         int mi = e->moe_index[l], K = md->top_k;
         size_t cap = ((size_t)mi * e->p.max_batch_tokens + dv->tok0) * K;
@@ -576,6 +583,7 @@ static void ffn_layer(struct device *dv, int l)
             .stats = &e->stats,
             .route_ids = e->route_ids ? e->route_ids + cap : NULL,
             .route_w = e->route_w ? e->route_w + cap : NULL,
+            .ids = dv->ids,
         };
         bool timed = e->profile && dv->rank == 0;
         double t0 = 0;
@@ -594,7 +602,50 @@ static void ffn_layer(struct device *dv, int l)
     } else {
         moe_ffn_rows(be, &lw->dense, d, dv->h, n, dv->tmp, dv->moe.gate, dv->moe.up);
     }
-    residual_add(dv, n, d);
+}
+
+static void ffn_layer(struct device *dv, int l)
+{
+    ffn_block(dv, l, dv->x);
+    residual_add(dv, dv->n_tok, dv->e->m->desc.d_model);
+}
+
+/* DeepSeek-V4's layers (engine/v4.h): the residual is v4_hc streams; each block reads their
+ * collapse (into x) and its output is mixed back in. x ends as the final collapse, which
+ * hidden_out and logits_out norm as the model's last hidden state. */
+static void v4_layers(struct device *dv)
+{
+    struct engine *e = dv->e;
+    const struct model_desc *md = &e->m->desc;
+    struct backend *be = dv->be;
+    struct be_tokens tk = {.tables = dv->blocks, .table_stride = e->blocks_per_seq,
+                           .seq = dv->tok_seq, .pos = dv->pos};
+    struct v4_step st = {.be = be, .w = &dv->w, .s = &dv->v4, .n = dv->n_tok, .pos = dv->pos,
+                         .tk = &tk, .kvl = dv->kvl, .block_size = e->kv.block_size,
+                         .q = dv->q, .att = dv->att, .iq = dv->iq, .iw = dv->iw, .sel = dv->sel,
+                         .sel_n = dv->sel_n};
+    bool timed = e->profile && dv->rank == 0;
+    v4_streams_begin(&st, dv->x);
+    for (int l = 0; l < md->n_layer; l++) {
+        v4_streams_collapse(&st, l, 0, dv->x);
+        be->ops->rmsnorm(be, dv->h, dv->x, dv->w.layers[l].attn_norm, dv->n_tok, md->d_model,
+                         md->rms_eps);
+        double t0 = 0;
+        if (timed) {
+            be->ops->synchronize(be);
+            t0 = ms_now();
+        }
+        v4_attention_block(&st, l, dv->h, dv->tmp);
+        if (timed) {
+            be->ops->synchronize(be);
+            e->stats.attn_s += ms_now() - t0;
+        }
+        v4_streams_end(&st, dv->tmp);
+        v4_streams_collapse(&st, l, 1, dv->x);
+        ffn_block(dv, l, dv->x);
+        v4_streams_end(&st, dv->tmp);
+    }
+    v4_streams_head(&st, dv->x);
 }
 
 /* The next chunk of up to max_rows logit rows of the items before `end`, from (item *it, its
@@ -816,7 +867,8 @@ static void device_forward(struct device *dv)
     be->ops->embed(be, dv->x, dv->w.embed, dv->ids, n, md->d_model);
     if (md->embed_scale != 1.0f) be->ops->scale(be, dv->x, n, md->d_model, md->embed_scale);
     if (dv->w.mtp_in) mtp_fuse(dv);
-    for (int l = 0; l < md->n_layer; l++) {
+    if (dv->has_v4) v4_layers(dv);
+    for (int l = 0; l < md->n_layer && !dv->has_v4; l++) {
         if (md->layer_linear && md->layer_linear[l] && md->lin_kind == LIN_KIND_MAMBA2)
             mamba_layer(dv, l);
         else if (md->layer_linear && md->layer_linear[l])
@@ -1016,6 +1068,12 @@ static int device_weights(struct engine *e, struct device *dv)
     dv->w.embed = dev_weight(dv, m->embed, &ok);
     dv->w.lm_head = m->lm_head == m->embed ? dv->w.embed : dev_weight(dv, m->lm_head, &ok);
     dv->w.norm = dev_vec(dv, m->norm, D, &ok);
+    if (md->v4_attn) {
+        size_t hc = (size_t)md->v4_hc;
+        dv->w.hc_head_fn = dev_weight(dv, m->hc_head_fn, &ok);
+        dv->w.hc_head_base = dev_vec(dv, m->hc_head_base, hc, &ok);
+        dv->w.hc_head_scale = dev_vec(dv, m->hc_head_scale, 1, &ok);
+    }
     struct ffn_w *ffn = dv->w_ffn;
     for (int l = 0; l < md->n_layer && ok; l++) {
         const struct layer_w *src = &m->layers[l];
@@ -1047,6 +1105,27 @@ static int device_weights(struct engine *e, struct device *dv)
         lw->idx_wproj = dev_weight(dv, src->idx_wproj, &ok);
         lw->idx_k_norm = dev_vec(dv, src->idx_k_norm, (size_t)md->dsa_dim, &ok);
         lw->idx_k_norm_b = dev_vec(dv, src->idx_k_norm_b, (size_t)md->dsa_dim, &ok);
+        if (md->v4_attn) {
+            size_t hc = (size_t)md->v4_hc, rate = (size_t)md->v4_rate[md->v4_attn[l]];
+            struct model_v4_row r = model_v4_row(md, md->v4_attn[l]);
+            lw->v4_wkv = dev_weight(dv, src->v4_wkv, &ok);
+            lw->v4_kv_norm = dev_vec(dv, src->v4_kv_norm, hd, &ok);
+            lw->v4_wo_a = dev_weight(dv, src->v4_wo_a, &ok);
+            lw->v4_wo_b = dev_weight(dv, src->v4_wo_b, &ok);
+            for (int i = 0; i < 2; i++) {
+                size_t c = i ? 2 * (size_t)md->dsa_dim : (size_t)r.c;
+                lw->hc_fn[i] = dev_weight(dv, src->hc_fn[i], &ok);
+                lw->hc_base[i] = dev_vec(dv, src->hc_base[i], hc * (2 + hc), &ok);
+                lw->hc_scale[i] = dev_vec(dv, src->hc_scale[i], 3, &ok);
+                lw->cmp_wkv[i] = dev_weight(dv, src->cmp_wkv[i], &ok);
+                lw->cmp_wgate[i] = dev_weight(dv, src->cmp_wgate[i], &ok);
+                lw->cmp_bias[i] = dev_vec(dv, src->cmp_bias[i], rate * c, &ok);
+                lw->cmp_norm[i] = dev_vec(dv, src->cmp_norm[i], i ? (size_t)md->dsa_dim : hd, &ok);
+            }
+            /* int32 ids, copied as 4-byte words */
+            lw->tid2eid = (const int32_t *)dev_vec(dv, (const float *)src->tid2eid,
+                                                   (size_t)md->vocab * md->top_k, &ok);
+        }
         if (md->layer_linear && md->layer_linear[l]) {
             size_t nv = (size_t)md->lin_nv;
             size_t conv = 2 * (size_t)md->lin_nk * md->lin_dk + nv * md->lin_dv;
@@ -1276,6 +1355,12 @@ static int device_init(struct engine *e, struct device *dv, int rank, int thread
         if ((size_t)md->q_lora_rank > widest_in) widest_in = (size_t)md->q_lora_rank;
         if (H * (size_t)md->head_dim > widest_in) widest_in = H * (size_t)md->head_dim;
     }
+    if (md->v4_attn) { /* the streams' mixes, the query latent, the grouped projection */
+        size_t flat = (size_t)md->v4_hc * d, og = (size_t)md->o_groups * md->o_lora_rank;
+        if (flat > widest_in) widest_in = flat;
+        if ((size_t)md->q_lora_rank > widest_in) widest_in = (size_t)md->q_lora_rank;
+        if (og > widest_in) widest_in = og;
+    }
     size_t lin_vd = (size_t)md->lin_nv * md->lin_dv;
     if (md->n_linear > 0 && lin_vd > widest_in) widest_in = lin_vd; /* out_proj's input */
     if (e->m->mtp_in && 2 * d > widest_in) widest_in = 2 * d;        /* eh_proj's input */
@@ -1377,6 +1462,15 @@ static int device_init(struct engine *e, struct device *dv, int rank, int thread
                             .max_kv_heads = md->attn == ATTN_KIND_MLA ? 1 : md->n_kv_head,
                             .dsa_dim = md->dsa_topk > 0 ? md->dsa_dim : 0,
                             .dsa_heads = md->dsa_heads};
+    if (md->v4_attn) {
+        int k_row, v_row;
+        model_kv_rows(md, &k_row, &v_row);
+        rs.v4_row = k_row;
+        rs.v4_window = md->sliding_window;
+        if (v4_scratch_init(&dv->v4, be, md, (int)T, e->p.max_model_len, e->v4_tabs) != 0)
+            return ms_errf(err, errlen, "out of memory for device %d's DeepSeek-V4 buffers", rank);
+        dv->has_v4 = true;
+    }
     if (logit_in > rs.max_elems) rs.max_elems = logit_in;
     if (md->ffn == FFN_KIND_CONTINUOUS) { /* the key product: T * max_samples rows of Z */
         int z_rows = (int)T * md->cont_max_samples;
@@ -1443,6 +1537,7 @@ static void device_release(struct device *dv)
     free(dv->h_lrows);
     moe_scratch_release(&dv->moe, be);
     if (dv->cont.max_tokens > 0) infmoe_scratch_release(&dv->cont, be);
+    if (dv->has_v4) v4_scratch_release(&dv->v4, be);
     be->ops->destroy(be);
     dv->be = NULL;
 }
@@ -1636,10 +1731,10 @@ static int bind_comm_streams(struct engine *e, char *err, size_t errlen)
  * _compute_yarn_parameters, in the same float32 arithmetic): extrapolated frequencies for the
  * fast-turning pairs, interpolated ones (divided by the factor) for the slow ones, linearly
  * ramped between the correction range [low, high] given by beta_fast / beta_slow rotations. */
-static float rope_inv_freq(const struct model_desc *md, int j)
+static float rope_inv_freq_theta(const struct model_desc *md, float theta, bool yarn, int j)
 {
     int dim = md->rope_dim;
-    float pos_freq = powf(md->rope_theta, (float)(2 * j) / (float)dim);
+    float pos_freq = powf(theta, (float)(2 * j) / (float)dim);
     if (md->rope_llama3) {
         /* transformers' llama3 rule, in f32 as it computes it */
         float f = 1.0f / pos_freq, old = (float)md->llama3_orig_max_pos;
@@ -1652,8 +1747,8 @@ static float rope_inv_freq(const struct model_desc *md, int j)
         }
         return g;
     }
-    if (!md->rope_yarn) return 1.0f / pos_freq;
-    double base = md->rope_theta, orig = md->yarn_orig_max_pos;
+    if (!yarn) return 1.0f / pos_freq;
+    double base = theta, orig = md->yarn_orig_max_pos;
     double low = (dim * log(orig / (md->yarn_beta_fast * 2 * M_PI))) / (2 * log(base));
     double high = (dim * log(orig / (md->yarn_beta_slow * 2 * M_PI))) / (2 * log(base));
     if (md->yarn_truncate) {
@@ -1668,6 +1763,11 @@ static float rope_inv_freq(const struct model_desc *md, int j)
     float extra_factor = 1.0f - ramp;
     float extra = 1.0f / pos_freq, inter = 1.0f / (md->yarn_factor * pos_freq);
     return inter * (1.0f - extra_factor) + extra * extra_factor;
+}
+
+static float rope_inv_freq(const struct model_desc *md, int j)
+{
+    return rope_inv_freq_theta(md, md->rope_theta, md->rope_yarn, j);
 }
 
 static int build_rope_table(struct engine *e)
@@ -1847,7 +1947,9 @@ int engine_create(const struct model *m, const struct engine_params *p, struct e
     }
     if (placement_init(e, err, errlen) != 0) goto fail;
     if (capture_init(e, err, errlen) != 0) goto fail;
-    if (build_rope_table(e) != 0) {
+    if (build_rope_table(e) != 0 ||
+        (md->v4_attn &&
+         v4_rope_tables(md, e->p.max_model_len, rope_inv_freq_theta, e->v4_tabs) != 0)) {
         ms_errf(err, errlen, "out of memory for the RoPE table");
         goto fail;
     }
@@ -1894,6 +1996,12 @@ int engine_create(const struct model *m, const struct engine_params *p, struct e
                     ops->name, md->model_type);
             goto fail;
         }
+    }
+    if (md->v4_attn && !v4_backend_ok(e->dev[e->self].be)) {
+        ms_errf(err, errlen, "the %s backend has no kernels for deepseek_v4 (hyper-connections, "
+                             "compressed sparse attention) yet (use --device cpu)",
+                e->dev[e->self].be->ops->name);
+        goto fail;
     }
     if (md->dsa_topk > 0 && (!e->dev[e->self].be->ops->dsa_select ||
                              !e->dev[e->self].be->ops->layernorm_ld)) {
@@ -1976,6 +2084,7 @@ void engine_free(struct engine *e)
     for (int r = 0; e->dev && r < e->n_dev; r++) device_release(&e->dev[r]);
     if (e->comm && !e->p.comm) e->comm->ops->destroy(e->comm);
     free(e->cos_sin);
+    for (int t = 0; t < 4; t++) free(e->v4_tabs[t]);
     free(e->owner);
     plc_map_free(&e->map);
     free(e->moe_index);

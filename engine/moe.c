@@ -143,6 +143,10 @@ void moe_route_desc(const struct model_desc *md, struct be_route *r)
     r->norm_topk = md->norm_topk_prob;
     r->bias = NULL; /* per layer: moe_route sets it */
     r->scale = md->routed_scale;
+    r->score = md->router_score == ROUTER_SCORE_SQRTSOFTPLUS ? BE_SCORE_SQRTSOFTPLUS
+                                                             : BE_SCORE_SIGMOID;
+    r->hash = NULL; /* per layer: moe_route sets it */
+    r->ids = NULL;
 }
 
 /* model.ablated: the removed experts' logits (and fully removed MoHGE groups') to -inf. */
@@ -167,13 +171,16 @@ static void ablate_logits(const struct model *m, int layer, float *logits, float
 }
 
 void moe_route(const struct model *m, int layer, struct backend *be, const float *h, int n,
-               const int32_t *tok_k, float *logits, int32_t *top_idx, float *top_w)
+               const int32_t *tok_k, const int32_t *ids, float *logits, int32_t *top_idx,
+               float *top_w)
 {
     const struct model_desc *md = &m->desc;
     int E = md->n_expert;
     struct be_route r;
     moe_route_desc(md, &r);
     r.bias = m->layers[layer].router_bias;
+    r.hash = m->layers[layer].tid2eid;
+    r.ids = ids;
     float *glog = logits + (size_t)n * E; /* (n, G), MoHGE only */
     be->ops->matmul(be, logits, h, m->layers[layer].router, m->layers[layer].router_b, n,
                     md->d_model, E);
@@ -278,7 +285,9 @@ static bool plan_experts(const struct moe_ctx *ctx, struct moe_scratch *s, int n
         s->h_experts[na] = (struct be_expert){
             .d_ff = f->d_ff, .gate = f->gate, .up = f->up, .down = f->down,
             .b_gate = f->b_gate, .b_up = f->b_up, .b_down = f->b_down,
-            .act = md->expert_act == FFN_ACT_SWIGLU_OAI ? BE_ACT_SWIGLU_OAI : BE_ACT_SILU,
+            .act = md->expert_act == FFN_ACT_SWIGLU_OAI   ? BE_ACT_SWIGLU_OAI
+                   : md->expert_act == FFN_ACT_SILU_CLAMP ? BE_ACT_SILU_CLAMP
+                                                          : BE_ACT_SILU,
             .alpha = md->act_alpha, .limit = md->act_limit};
         off += s->expert_count[e];
         s->h_ex_off[++na] = off;
@@ -352,7 +361,17 @@ static void shared_experts(const struct moe_ctx *ctx, struct moe_scratch *s, con
     if (md->shared_gate == SHARED_GATE_SIGMOID)
         be->ops->matmul(be, s->shared_gate, h, lw->shared_gate, NULL, n, d, 1);
     for (int i = 0; i < md->n_shared; i++) {
-        moe_ffn_rows(be, &lw->shared[i], d, h, n, s->shared_out, s->gate, s->up);
+        if (md->expert_act == FFN_ACT_SILU_CLAMP) {
+            /* DeepSeek-V4's shared expert clamps like its routed ones: the experts op over
+             * every row */
+            const struct ffn_w *f = &lw->shared[i];
+            struct be_expert ex = {.d_ff = f->d_ff, .gate = f->gate, .up = f->up, .down = f->down,
+                                   .act = BE_ACT_SILU_CLAMP, .limit = md->act_limit};
+            int off[2] = {0, n};
+            be->ops->moe_experts(be, s->shared_out, h, d, 1, off, &ex, s->gate, s->up);
+        } else {
+            moe_ffn_rows(be, &lw->shared[i], d, h, n, s->shared_out, s->gate, s->up);
+        }
         if (md->shared_gate == SHARED_GATE_SIGMOID) {
             be->ops->add_scaled_rows(be, out, s->shared_out, s->shared_gate, n, d, 1);
         } else {
@@ -370,7 +389,7 @@ void moe_forward(const struct moe_ctx *ctx, struct moe_scratch *s, const float *
     int d = md->d_model, K = md->top_k;
     size_t row_bytes = sizeof(float) * (size_t)d;
 
-    moe_route(ctx->m, ctx->layer, be, h, n, tok_k, s->logits, s->top_idx, s->top_w);
+    moe_route(ctx->m, ctx->layer, be, h, n, tok_k, ctx->ids, s->logits, s->top_idx, s->top_w);
     be->ops->download(be, s->h_top_idx, s->top_idx, sizeof(int32_t) * (size_t)n * K);
     int rows = plan_dispatch(ctx, s, n);
     if (ctx->route_ids) {

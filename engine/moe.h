@@ -77,6 +77,8 @@ struct moe_ctx {
     struct engine_stats *stats; /* counters this device updates (its own slots only) */
     int32_t *route_ids;         /* OUT, or NULL: (n, top_k) the experts each token chose */
     float *route_w;             /* OUT, or NULL: (n, top_k) their routing weights */
+    const int32_t *ids;         /* (n) the tokens' ids, backend memory: DeepSeek-V4's hash
+                                   routing reads them (NULL elsewhere) */
 };
 
 int moe_scratch_init(struct moe_scratch *s, struct backend *be, const struct model *m,
@@ -89,9 +91,11 @@ int moe_scratch_slots(struct moe_scratch *s, int n_slots);
 /* Routes n tokens: h (n, d_model) normed hidden states -> top_idx/top_w (n, top_k), token t
  * using tok_k[t] <= top_k experts (slots past tok_k[t] are -1 / 0). logits is scratch of
  * n * (n_expert + n_group) floats: expert logits (n, E), then MoHGE group logits (n, G).
- * Every pointer is backend memory. */
+ * ids (n): the tokens' ids, read by hash-routed layers (layer_w.tid2eid; may be NULL
+ * elsewhere). Every pointer is backend memory. */
 void moe_route(const struct model *m, int layer, struct backend *be, const float *h, int n,
-               const int32_t *tok_k, float *logits, int32_t *top_idx, float *top_w);
+               const int32_t *tok_k, const int32_t *ids, float *logits, int32_t *top_idx,
+               float *top_w);
 
 /* The routing rule of a model for the backend's route op (bias NULL: moe_route sets the layer's
  * correction bias). */

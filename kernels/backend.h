@@ -49,6 +49,18 @@ struct be_route {
     const float *bias; /* sigmoid_group: (n_expert) score correction, backend memory */
     float scale;     /* routed scaling factor (1 for the models without one; MoHGE ignores
                         it) */
+    int score;       /* sigmoid_group's score of a logit: BE_SCORE_SIGMOID, or
+                        BE_SCORE_SQRTSOFTPLUS (DeepSeek-V4) */
+    /* DeepSeek-V4's hash routing (sigmoid_group only; backend memory, or NULL): token t's
+     * experts are hash[ids[t] * top_k + j], weighted by their scores renormalized (plus 1e-20)
+     * times scale; no bias, no groups. */
+    const int32_t *hash; /* (vocab, top_k) */
+    const int32_t *ids;  /* (n) the tokens' ids */
+};
+
+enum be_score {
+    BE_SCORE_SIGMOID = 0,
+    BE_SCORE_SQRTSOFTPLUS = 1, /* sqrt(softplus(x)), softplus linear past x = 20 as torch's */
 };
 
 /* An expert FFN's activation of (gate, up) -> hidden. */
@@ -56,6 +68,7 @@ enum be_act {
     BE_ACT_SILU = 0,        /* silu(g) * u */
     BE_ACT_SWIGLU_OAI = 1,  /* gpt-oss: g' = min(g, limit), u' = clamp(u, -limit, limit),
                                g' * sigmoid(alpha g') * (u' + 1) */
+    BE_ACT_SILU_CLAMP = 2,  /* DeepSeek-V4: silu(min(g, limit)) * clamp(u, -limit, limit) */
 };
 
 /* One expert's gated FFN: weight handles from weight_upload; biases (backend memory) added to
@@ -94,6 +107,9 @@ struct be_reserve {
     int dsa_dim;      /* > 0: the indexer's key width (DeepSeek sparse attention; its scratch
                          is sized for max_ctx positions) */
     int dsa_heads;    /* its query heads (0: 64) */
+    int v4_row;       /* > 0: DeepSeek-V4's cache row (v4_attention, v4_compress; their scratch
+                         is sized for max_heads heads and window + max_ctx keys) */
+    int v4_window;
 };
 
 /* Geometry of one attention call. Query head h reads KV head h / (n_head / n_kv_head), whose
@@ -128,6 +144,54 @@ struct be_dsa {
     int k_off, k_row;
     int topk;
     float scale;
+    /* > 1: DeepSeek-V4's compressed entries: entry j (the key at k_off of position
+     * (j + 1) * rate - 1) for j < (pos + 1) / rate are scored instead of every position, and
+     * sel lists entry numbers (sel_n -1 while there are at most topk) */
+    int rate;
+};
+
+/* DeepSeek-V4's manifold-constrained hyper-connections over n_stream streams of d: from each
+ * token's mixes (the streams flattened, RMS-normed without weight, times the layer's fn), with
+ * m = mix * scale + base per part:
+ *   pre = sigmoid(m_pre) + eps (n_stream), post = 2 sigmoid(m_post) (n_stream),
+ *   comb = softmax(m_comb rows) + eps (n_stream x n_stream), columns then rows and columns
+ *   normalized (each sum + eps) as transformers' Sinkhorn loop: iters - 1 more rounds. */
+struct be_hc {
+    int n_stream, iters;
+    float eps;
+    const float *base;  /* (n_stream * (2 + n_stream)); head: (n_stream) */
+    const float *scale; /* (3): pre, post, comb; head: (1) */
+};
+
+/* DeepSeek-V4's compressor (struct model_v4_row): a position p with (p + 1) % rate == 0 closes
+ * window w = (p + 1) / rate - 1, whose entry pools the kv projections (channels at kv_off of
+ * the cache rows) of its tokens, weighted per channel by the softmax over the window of gate
+ * (at gate_off) + bias[slot]. overlap (CSA): the rows hold 2 c channels; the entry pools the
+ * second c of window w's tokens and the first c of window w - 1's (absent for w = 0) over
+ * 2 rate slots. Then RMSNorm (norm, eps) and interleaved RoPE on its last rot_dim at position
+ * w * rate (cos_sin). */
+struct be_v4cmp {
+    int rate, c, overlap;
+    int kv_off, gate_off, k_row;
+    const float *bias;    /* (rate, (overlap ? 2 : 1) * c) */
+    const float *norm;    /* (c) */
+    float eps;
+    int rot_dim;
+    const float *cos_sin; /* (max_pos, rot_dim / 2, 2) */
+};
+
+/* DeepSeek-V4 attention of one layer: one key per cached position (dim at offset 0 of a row of
+ * k_row, also the value) over the last `window` positions, and, rate > 0, the compressed
+ * entries (dim at ent_off of the row of position (j + 1) * rate - 1) j < (pos + 1) / rate, or
+ * only those listed in sel (sel_n[i] >= 0, sel_stride apart; -1: all), in one softmax per head
+ * with a sink logit. */
+struct be_v4attn {
+    int n_head, dim, k_row;
+    int window, rate, ent_off;
+    float scale;
+    const float *sinks;  /* (n_head) */
+    const int32_t *sel, *sel_n;
+    int sel_stride;
 };
 
 /* One layer's paged K/V storage in backend memory, in its stored type: each position's K row
@@ -377,6 +441,26 @@ struct backend_ops {
      * xbc and dt are overwritten; the slots' states end after each sequence's last token. */
     void (*mamba2)(struct backend *be, float *out, float *xbc, const float *z, float *dt,
                    const struct be_mamba *m, const struct be_seqs *sq);
+    /* DeepSeek-V4 (struct be_hc, be_v4cmp, be_v4attn; HOST structs of backend pointers). NULL
+     * where the backend has no kernels for them (the engine refuses such models there). */
+    /* y (n, d) = sum_j pre_j x_j over the token's streams x (n, n_stream, d), pre from mix
+     * (n, n_stream (2 + n_stream)); post (n, n_stream) and comb (n, n_stream, n_stream) out.
+     * post NULL: the final collapse (hc_head): mix (n, n_stream), pre only. */
+    void (*hc_pre)(struct backend *be, float *post, float *comb, float *y, const float *x,
+                   const float *mix, int n, int d, const struct be_hc *h);
+    /* y (n, n_stream, d): stream k = post_k * out + sum_j comb[j][k] x_j (x (n, n_stream, d),
+     * out (n, d)); y must not overlap x */
+    void (*hc_post)(struct backend *be, float *y, const float *x, const float *out,
+                    const float *post, const float *comb, int n, int d, int n_stream);
+    /* out (row i at out + i * ldo, c floats): token i's entry when its position closes a
+     * window, else zeros; reads the rows of positions up to the token's (written before) */
+    void (*v4_compress)(struct backend *be, float *out, int ldo, const struct be_kv *kv,
+                        const struct be_tokens *tk, int block_size, int n,
+                        const struct be_v4cmp *p);
+    /* q (n, n_head, dim) -> out (n, n_head, dim) */
+    void (*v4_attention)(struct backend *be, float *out, const float *q, const struct be_kv *kv,
+                         const struct be_tokens *tk, int block_size, int n,
+                         const struct be_v4attn *a);
     /* x (n, d) *= s */
     void (*scale)(struct backend *be, float *x, int n, int d, float s);
     /* row i of x (n, d) *= s[i] (s backend memory) */

@@ -192,13 +192,36 @@ ROUTE_FN void route_mohge(const struct be_route *r, const float *elog, const flo
     for (int j = 0; j < k; j++) w[j] /= wsum;
 }
 
-/* DeepSeek-V3 group-limited routing, as transformers' DeepseekV3TopkRouter: s = sigmoid(logit);
- * choice c = s + bias; a group's score is the sum of its two largest c; the topk_group best
- * groups are kept and the other experts' c count as minus infinity; the top-k experts by c;
- * their weights are their s, renormalized (plus 1e-20) when norm_topk, times scale. */
+/* The score of a logit under r->score: sigmoid, or DeepSeek-V4's sqrt(softplus(x)) (torch's
+ * softplus: x itself past 20). */
+ROUTE_FN float route_score(const struct be_route *r, float x)
+{
+    if (r->score == BE_SCORE_SQRTSOFTPLUS) return sqrtf(x > 20.0f ? x : log1pf(expf(x)));
+    return 1.0f / (1.0f + expf(-x));
+}
+
+/* DeepSeek-V3 group-limited routing, as transformers' DeepseekV3TopkRouter: s = sigmoid(logit)
+ * (or route_score's); choice c = s + bias; a group's score is the sum of its two largest c; the
+ * topk_group best groups are kept and the other experts' c count as minus infinity; the top-k
+ * experts by c; their weights are their s, renormalized (plus 1e-20) when norm_topk, times
+ * scale. DeepSeek-V4 is one group. */
 ROUTE_FN float route_sig_choice(const struct be_route *r, const float *logits, int e)
 {
-    return 1.0f / (1.0f + expf(-logits[e])) + r->bias[e];
+    return route_score(r, logits[e]) + r->bias[e];
+}
+
+/* DeepSeek-V4's hash routing: the token's experts from the table, weighted by their scores
+ * renormalized (plus 1e-20), times scale. */
+ROUTE_FN void route_hash(const struct be_route *r, const float *logits, int32_t id, int k,
+                         int32_t *idx, float *w)
+{
+    float wsum = 0.0f;
+    for (int j = 0; j < k; j++) {
+        idx[j] = r->hash[(size_t)id * r->top_k + j];
+        w[j] = route_score(r, logits[idx[j]]);
+        wsum += w[j];
+    }
+    for (int j = 0; j < k; j++) w[j] = w[j] / (wsum + 1e-20f) * r->scale;
 }
 
 ROUTE_FN void route_sigmoid_group(const struct be_route *r, const float *logits, int k,
@@ -237,7 +260,7 @@ ROUTE_FN void route_sigmoid_group(const struct be_route *r, const float *logits,
         }
         route_mask_set(taken, best);
         idx[j] = best;
-        w[j] = 1.0f / (1.0f + expf(-logits[best]));
+        w[j] = route_score(r, logits[best]);
         wsum += w[j];
     }
     for (int j = 0; j < k; j++) {
@@ -271,6 +294,8 @@ ROUTE_FN void route_token(const struct be_route *r, const float *logits, const f
     k = k < 1 ? 1 : (k > K ? K : k);
     if (r->kind == BE_ROUTE_MOHGE)
         route_mohge(r, logits + (size_t)t * r->n_expert, glog + (size_t)t * r->n_group, k, ti, tw);
+    else if (r->kind == BE_ROUTE_SIGMOID_GROUP && r->hash)
+        route_hash(r, logits + (size_t)t * r->n_expert, r->ids[t], k, ti, tw);
     else if (r->kind == BE_ROUTE_SIGMOID_GROUP)
         route_sigmoid_group(r, logits + (size_t)t * r->n_expert, k, ti, tw);
     else if (r->kind == BE_ROUTE_SOFTMAX_GROUP)

@@ -839,6 +839,12 @@ static int spec_check(const struct serve_opts *o, const struct model *m, bool mu
                  mt);
             return -1;
         }
+        if (m->desc.v4_attn) {
+            /* DeepSeek-V4's MTP block (hyper-connections, compressed attention) is not bound */
+            slog("error", "--speculative-config: method: mtp is not available for deepseek_v4 "
+                          "yet: its MTP layer is not loaded; use ngram or a draft model");
+            return -1;
+        }
         if (m->desc.dsa_shared) {
             /* DeepSeek-V3.2's module block has an indexer of its own (test_mtp); GLM-5's
              * indexer_types covers the decoder only, and whether its module indexes or shares

@@ -482,7 +482,7 @@ static void check_route(struct ops_ctx *t, int n, enum be_route_kind kind, int E
     snprintf(shape, sizeof shape, "%s n=%d E=%d k=%d G=%d/%d",
              kind == BE_ROUTE_MOHGE ? "mohge" : kind == BE_ROUTE_SIGMOID_GROUP ? "sig_group" : "softmax",
              n, E, K, G, kg);
-    struct be_route r = {kind, E, K, G, kg, 1, NULL, 2.5f}, dr;
+    struct be_route r = {kind, E, K, G, kg, 1, NULL, 2.5f, BE_SCORE_SIGMOID, NULL, NULL}, dr;
     size_t nk = (size_t)n * K;
     int32_t *tok_k = ops_host(t, sizeof(int32_t) * n);
     if (tok_k)

@@ -35,7 +35,7 @@ int main(int argc, char **argv)
     const float *cfg = tc->data;
     int n = (int)tl->shape[0], E = (int)tl->shape[1], K = (int)ti->shape[1];
     struct be_route r = {BE_ROUTE_SIGMOID_GROUP, E, K, (int)cfg[0], (int)cfg[1], cfg[3] != 0.0f,
-                         tb->data, cfg[4]};
+                         tb->data, cfg[4], BE_SCORE_SIGMOID, NULL, NULL};
     CHECK((int)cfg[2] == K);
 
     struct backend *be = backend_cpu_create(1, false);

@@ -233,10 +233,11 @@ static int tensor_layer(const char *name)
 int cprune_check(const struct model_desc *md, char *err, size_t errlen)
 {
     const char *mt = md->model_type;
-    if (strcmp(mt, "deepseek_v4") == 0)
-        return ms_errf(err, errlen, "pruning deepseek_v4 is not supported: its first layers route "
-                                    "by token id (hash routing, tid2eid), and removing experts "
-                                    "would need those tables remapped");
+    if (md->layer_hash || strcmp(mt, "deepseek_v4") == 0)
+        return ms_errf(err, errlen, "pruning %s models is not supported: their hash-routed "
+                                    "layers (hash_moe, tid2eid) name experts by number, which "
+                                    "pruning would renumber",
+                       mt);
     static const char *const ok[] = {"mohge", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe",
                                      "deepseek_v2", "deepseek_v3", "deepseek_v32"};
     for (size_t i = 0; i < sizeof ok / sizeof *ok; i++)
@@ -296,6 +297,7 @@ int cprune_write(const char *model_dir, const struct model_desc *md, const bool 
                  const char *out_dir, char *err, size_t errlen)
 {
     int E = md->n_expert;
+    if (cprune_check(md, err, errlen) != 0) return -1;
     struct stat st;
     if (stat(out_dir, &st) == 0)
         return ms_errf(err, errlen, "--out %s already exists (prune never overwrites)", out_dir);

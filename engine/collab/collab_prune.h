@@ -61,8 +61,9 @@ struct cprune_shape {
 int cprune_select(const struct cprune_shape *s, double ratio, const double *score,
                   const uint64_t *count, bool *keep, int *n_keep, char *err, size_t errlen);
 
-/* Whether `moeserve prune` can prune this model type: 0, or -1 naming it (deepseek_v4: its
- * hash-routed layers). */
+/* 0 when models described by md can be pruned; else -1 with a message naming the family
+ * (DeepSeek-V4: its hash-routed layers name experts by number in tid2eid, which pruning
+ * would renumber). cprune_write checks it too; callers ask before calibrating. */
 int cprune_check(const struct model_desc *md, char *err, size_t errlen);
 
 /* Writes the pruned copy of model_dir (described by md) to out_dir (must not exist). keep is

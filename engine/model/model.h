@@ -28,6 +28,7 @@
 enum attn_kind {
     ATTN_KIND_GQA, /* multi/grouped-query attention with RoPE (MHA when n_kv_head == n_head) */
     ATTN_KIND_MLA, /* DeepSeek multi-head latent attention: a compressed KV latent per token */
+    ATTN_KIND_V4,  /* DeepSeek-V4: sliding / compressed attention per layer (model_desc.v4_attn) */
 };
 
 enum qk_norm_kind {
@@ -70,6 +71,24 @@ enum ffn_act {
     FFN_ACT_SILU,       /* down(silu(gate x) * (up x)) */
     FFN_ACT_SWIGLU_OAI, /* gpt-oss: g = min(gate x, limit), u = clamp(up x, -limit, limit),
                            down(g * sigmoid(alpha g) * (u + 1)) */
+    FFN_ACT_SILU_CLAMP, /* DeepSeek-V4: down(silu(min(gate x, limit)) * clamp(up x, -limit,
+                           limit)), shared experts too */
+};
+
+/* DeepSeek-V4's attention per layer (model_desc.v4_attn; engine/v4.c). Every kind attends to
+ * the last sliding_window positions (one key per token, which is also the value); the
+ * compressed kinds also attend to entries that each pool v4_rate[kind] consecutive tokens. */
+enum v4_attn_kind {
+    V4_ATTN_SLIDING = 0, /* sliding_attention */
+    V4_ATTN_CSA = 1,     /* compressed_sparse_attention: overlapping windows, the lightning
+                            indexer picks dsa_topk entries per query */
+    V4_ATTN_HCA = 2,     /* heavily_compressed_attention: every completed entry */
+};
+
+/* Router score functions (model_desc.router_score). */
+enum router_score {
+    ROUTER_SCORE_SIGMOID = 0,
+    ROUTER_SCORE_SQRTSOFTPLUS = 1, /* DeepSeek-V4: sqrt(softplus(logit)) */
 };
 
 #define MODEL_MAX_EXPERTS 512
@@ -131,6 +150,22 @@ struct model_desc {
     bool dsa_rope_interleave; /* the indexer's RoPE: GLM-5 interleaved, V3.2 rotate-half */
     bool *dsa_shared;         /* (n_layer) GLM-5: the layer has no indexer and attends to what
                                  the last full one selected; NULL: every layer full */
+
+    /* DeepSeek-V4 (model_type deepseek_v4; engine/v4.h). The residual is v4_hc streams of
+     * d_model mixed by manifold-constrained hyper-connections (v4_hc_iters Sinkhorn steps,
+     * v4_hc_eps); attention is one shared key/value head of head_dim (q through q_lora_rank),
+     * a sink per head, interleaved RoPE on the last rope_dim of each head (rope_theta on sliding
+     * layers, v4_compress_theta on compressed ones), and a grouped output projection (o_groups
+     * groups of o_lora_rank). The CSA indexer is dsa_heads x dsa_dim keeping dsa_topk entries.
+     * v4_attn NULL: not a V4 model. */
+    uint8_t *v4_attn;         /* (n_layer) enum v4_attn_kind */
+    int v4_rate[3];           /* compression rate per enum v4_attn_kind (0 for sliding) */
+    int v4_hc, v4_hc_iters;
+    float v4_hc_eps;
+    float v4_compress_theta;
+    int o_groups, o_lora_rank;
+    bool *layer_hash;         /* (n_layer) hash_moe: experts by tid2eid[token], or NULL */
+    enum router_score router_score;
 
     /* MoE. Layer l is an MoE layer when layer_is_moe[l]; otherwise it has a dense SwiGLU FFN
      * of width dense_d_ff. */
@@ -279,6 +314,24 @@ struct layer_w {
     const float *idx_k_norm_b;    /* (dsa_dim) and bias */
     const struct wmat *idx_wproj; /* (dsa_heads, d_model) per-head weights */
 
+    /* DeepSeek-V4 (model_desc.v4_attn; hc = v4_hc, R = o_groups * o_lora_rank; the query
+     * projections are wq_a, q_a_norm and wq_b above, the sinks above): */
+    const struct wmat *v4_wkv;       /* (head_dim, d_model) the shared key/value */
+    const float *v4_kv_norm;         /* (head_dim) */
+    const struct wmat *v4_wo_a;      /* (R, n_head*head_dim/o_groups): group g's rows from
+                                        g*o_lora_rank */
+    const struct wmat *v4_wo_b;      /* (d_model, R) */
+    const struct wmat *hc_fn[2];     /* (hc*(2+hc), hc*d_model) attention's and the FFN's mixes */
+    const float *hc_base[2];         /* (hc*(2+hc)) */
+    const float *hc_scale[2];        /* (3) pre, post, comb */
+    /* the compressor (CSA: c = 2 head_dim, overlapping; HCA: c = head_dim) and, CSA only, the
+     * indexer's (c = 2 dsa_dim): */
+    const struct wmat *cmp_wkv[2];   /* (c, d_model) [0] compressor, [1] indexer */
+    const struct wmat *cmp_wgate[2]; /* (c, d_model) */
+    const float *cmp_bias[2];        /* (rate, c) position_bias */
+    const float *cmp_norm[2];        /* (head_dim) / (dsa_dim) kv_norm */
+    const int32_t *tid2eid;          /* (vocab, top_k) hash_moe layers' experts per token id */
+
     const struct wmat *router;       /* (n_expert, d_model) */
     const float *router_bias;        /* (n_expert) DeepSeek-V3 correction bias, or NULL */
     const float *router_b;           /* (n_expert) gpt-oss router bias on the logits, or NULL */
@@ -366,6 +419,10 @@ struct model {
     const struct wmat *embed;   /* (vocab, d_model) */
     const float *norm;          /* (d_model) final norm */
     const struct wmat *lm_head; /* (vocab, d_model); == embed when tied and unquantized */
+    /* DeepSeek-V4's final collapse of its hc streams (hc_head): */
+    const struct wmat *hc_head_fn;  /* (hc, hc*d_model) */
+    const float *hc_head_base;      /* (hc) */
+    const float *hc_head_scale;     /* (1) */
     struct layer_w *layers;     /* (n_layer) */
     /* (desc.n_mtp_layers) when loaded with model_load_opts.mtp, else NULL (n_mtp 0) */
     struct model_mtp *mtp;
@@ -484,9 +541,38 @@ static inline int model_layer_window(const struct model_desc *md, int l)
     return md->layer_window ? md->layer_window[l] : md->sliding_window;
 }
 
+/* DeepSeek-V4's cache row of one token in a layer of kind `kind` (enum v4_attn_kind; offsets
+ * in elements; engine/v4.h): the rotated key, which is also the value (head_dim), first; a
+ * compressed layer then keeps the token's compressor kv and gate projections (c each: 2
+ * head_dim on CSA, whose windows overlap, head_dim on HCA), and the compressed entry the token
+ * completes (head_dim; zeros unless its position closes a window); CSA then the indexer's kv
+ * and gate (2 dsa_dim each) and its entry (dsa_dim). Every entry is a function of its
+ * sequence's rows, so prefix caching, preemption and chunked prefill need nothing else. */
+struct model_v4_row {
+    int ckv, cgate, cent; /* compressor: kv, gate, entry (0: none) */
+    int ikv, igate, ient; /* CSA indexer (0: none) */
+    int c, width;         /* compressor channels, the row's elements */
+};
+static inline struct model_v4_row model_v4_row(const struct model_desc *md, int kind)
+{
+    struct model_v4_row r = {0, 0, 0, 0, 0, 0, 0, md->head_dim};
+    if (kind == V4_ATTN_SLIDING) return r;
+    r.c = (kind == V4_ATTN_CSA ? 2 : 1) * md->head_dim;
+    r.ckv = md->head_dim;
+    r.cgate = r.ckv + r.c;
+    r.cent = r.cgate + r.c;
+    r.width = r.cent + md->head_dim;
+    if (kind != V4_ATTN_CSA) return r;
+    r.ikv = r.width;
+    r.igate = r.ikv + 2 * md->dsa_dim;
+    r.ient = r.igate + 2 * md->dsa_dim;
+    r.width = r.ient + md->dsa_dim;
+    return r;
+}
+
 /* Elements one token stores per layer in the KV cache: keys k_row and values v_row
  * (n_kv_head * head_dim each; MLA: the latent and rope key, kv_lora_rank + qk_rope_dim, and no
- * values). */
+ * values; DeepSeek-V4: the widest model_v4_row of its layers, and no values). */
 void model_kv_rows(const struct model_desc *md, int *k_row, int *v_row);
 /* KV cache bytes per token over all layers (f32 cache). */
 size_t model_kv_bytes_per_token(const struct model_desc *md);

@@ -883,6 +883,242 @@ static int cfg_deepseek(json_t *root, struct model_desc *d, const char *path, ch
     return cfg_mtp(root, d, path, err, errlen);
 }
 
+/* DeepSeek-V4's rope: rope_parameters as transformers 5.25 saves it ({"main": {...},
+ * "compress": {...}}), or rope_theta / compress_rope_theta at the top with an optional flat
+ * YaRN dict (rope_scaling, as DeepSeek publishes it) that only the compressed layers use. As
+ * transformers: main is plain RoPE; compress YaRN's attention factor is 1 unless given, and its
+ * correction range is always truncated (transformers reads `truncate` from the outer dict,
+ * which V4 nests). model_desc.rope_yarn then means the compressed layers' YaRN. */
+static int cfg_v4_rope(json_t *root, struct model_desc *d, const char *path, char *err,
+                       size_t errlen)
+{
+    double main_theta = d->rope_theta, comp_theta = 160000.0;
+    if (d->rope_llama3)
+        return ms_errf(err, errlen, "%s: llama3 rope scaling is not supported for deepseek_v4",
+                       path);
+    if (cfg_num(root, "compress_rope_theta", comp_theta, &comp_theta, path, err, errlen) != 0)
+        return -1;
+    json_t *rp = json_object_get(root, "rope_parameters"), *yarn = NULL;
+    bool nested = json_is_object(rp) && (json_object_get(rp, "main") ||
+                                         json_object_get(rp, "compress"));
+    if (d->rope_yarn) /* a flat YaRN dict, already read by cfg_rope */
+        yarn = json_is_object(rp) && !nested ? rp : json_object_get(root, "rope_scaling");
+    const char *labels[2] = {"main", "compress"};
+    double *thetas[2] = {&main_theta, &comp_theta};
+    for (int i = 0; i < 2 && nested; i++) {
+        json_t *sub = json_object_get(rp, labels[i]);
+        if (!sub || json_is_null(sub)) continue;
+        if (!json_is_object(sub))
+            return ms_errf(err, errlen, "%s: rope_parameters.%s must be an object", path,
+                           labels[i]);
+        const char *ty = json_string_value(json_object_get(sub, "rope_type"));
+        bool is_yarn = ty && strcmp(ty, "yarn") == 0;
+        if (ty && strcmp(ty, "default") != 0 && !(i == 1 && is_yarn))
+            return ms_errf(err, errlen, "%s: rope_parameters.%s.rope_type '%.32s' is not "
+                                        "supported for deepseek_v4 (main: 'default'; compress: "
+                                        "'default' or 'yarn')",
+                           path, labels[i], ty);
+        if (cfg_num(sub, "rope_theta", *thetas[i], thetas[i], path, err, errlen) != 0) return -1;
+        if (is_yarn) {
+            /* the dict repeats partial_rotary_factor (the model's, read elsewhere) */
+            json_t *cp = json_deep_copy(sub);
+            if (!cp) return ms_errf(err, errlen, "%s: out of memory", path);
+            json_object_del(cp, "partial_rotary_factor");
+            double mscale_all_dim;
+            int rc = cfg_yarn(cp, d, &mscale_all_dim, path, err, errlen);
+            json_decref(cp);
+            if (rc != 0) return -1;
+            yarn = sub;
+        }
+    }
+    if (yarn) {
+        double af = 1.0;
+        json_t *a = json_object_get(yarn, "attention_factor");
+        if (a && !json_is_null(a) &&
+            cfg_pos_num(yarn, "attention_factor", 1.0, &af, path, err, errlen) != 0)
+            return -1;
+        d->rope_attn_factor = (float)af;
+        d->yarn_truncate = true;
+    }
+    if (!(main_theta > 0) || !(comp_theta > 0))
+        return ms_errf(err, errlen, "%s: rope theta must be positive", path);
+    d->rope_theta = (float)main_theta;
+    d->v4_compress_theta = (float)comp_theta;
+    return 0;
+}
+
+/* DeepSeek-V4's per-layer schedules: layer_types (or the legacy compress_ratios 0/4/128, or
+ * transformers' default: two HCA layers then CSA / HCA alternating) and mlp_layer_types (or
+ * num_hash_layers, default 3). Unknown names are refused by name. */
+static int cfg_v4_layers(json_t *root, struct model_desc *d, const char *path, char *err,
+                         size_t errlen)
+{
+    static const char *const attn[] = {"sliding_attention", "compressed_sparse_attention",
+                                       "heavily_compressed_attention", NULL};
+    static const char *const mlp[] = {"moe", "hash_moe", NULL};
+    int n = d->n_layer, *kind = malloc(sizeof(int) * (size_t)n);
+    d->v4_attn = calloc((size_t)n, sizeof *d->v4_attn);
+    d->layer_hash = calloc((size_t)n, sizeof *d->layer_hash);
+    d->layer_window = calloc((size_t)n, sizeof *d->layer_window);
+    if (!kind || !d->v4_attn || !d->layer_hash || !d->layer_window) {
+        free(kind);
+        return ms_errf(err, errlen, "%s: out of memory", path);
+    }
+    bool present;
+    int rc = cfg_layer_names(root, "layer_types", attn,
+                             "'sliding_attention', 'compressed_sparse_attention', "
+                             "'heavily_compressed_attention'",
+                             d, kind, &present, path, err, errlen);
+    json_t *legacy = json_object_get(root, "compress_ratios");
+    for (int l = 0; rc == 0 && !present && l < n; l++) {
+        if (json_is_array(legacy)) {
+            json_t *x = json_array_get(legacy, (size_t)l);
+            int r = json_is_integer(x) ? (int)json_integer_value(x) : -1;
+            kind[l] = r == 0 ? V4_ATTN_SLIDING : r == 4 ? V4_ATTN_CSA : r == 128 ? V4_ATTN_HCA : -1;
+            if (kind[l] < 0)
+                rc = ms_errf(err, errlen, "%s: compress_ratios[%d] must be 0, 4 or 128", path, l);
+        } else {
+            kind[l] = l < 2 ? V4_ATTN_HCA : (l - 2) % 2 ? V4_ATTN_CSA : V4_ATTN_HCA;
+        }
+    }
+    for (int l = 0; rc == 0 && l < n; l++) d->v4_attn[l] = (uint8_t)kind[l];
+    if (rc == 0)
+        rc = cfg_layer_names(root, "mlp_layer_types", mlp, "'moe', 'hash_moe'", d, kind, &present,
+                             path, err, errlen);
+    int n_hash = 3;
+    if (rc == 0 && !present)
+        rc = cfg_int(root, "num_hash_layers", false, 3, &n_hash, path, err, errlen);
+    for (int l = 0; rc == 0 && l < n; l++) d->layer_hash[l] = present ? kind[l] == 1 : l < n_hash;
+    free(kind);
+    return rc;
+}
+
+/* DeepSeek-V4 (transformers' DeepseekV4 classes; engine/v4.h): hyper-connections, sliding /
+ * CSA / HCA attention per layer with one shared key-value head, a query LoRA, attention sinks
+ * and a grouped output projection; every layer MoE (hash-routed on hash_moe layers, else top-k
+ * by score + e_score_correction_bias), scores by scoring_func (sqrtsoftplus or sigmoid), the
+ * chosen weights always renormalized (transformers ignores norm_topk_prob) and times
+ * routed_scaling_factor, experts and the one shared expert with swiglu_limit's clamps. */
+static int cfg_deepseek_v4(json_t *root, struct model_desc *d, const char *path, char *err,
+                           size_t errlen)
+{
+    int ff = 0, rates[2] = {4, 128}, rope_dim = 0;
+    double rsf = 1.5, limit = 10.0, eps = 1e-6, prf = 0;
+    bool bias = false, mlp_bias = false;
+    static const char *const scoring[] = {"sqrtsoftplus", "sigmoid", NULL};
+    int score;
+    if (cfg_int(root, "q_lora_rank", false, 1024, &d->q_lora_rank, path, err, errlen) ||
+        cfg_positive(d->q_lora_rank, "q_lora_rank", path, err, errlen) ||
+        cfg_int(root, "n_routed_experts", true, 0, &d->n_expert, path, err, errlen) ||
+        cfg_int(root, "num_experts_per_tok", true, 0, &d->top_k, path, err, errlen) ||
+        cfg_int(root, "moe_intermediate_size", true, 0, &ff, path, err, errlen) ||
+        cfg_positive(ff, "moe_intermediate_size", path, err, errlen) ||
+        cfg_num(root, "routed_scaling_factor", rsf, &rsf, path, err, errlen) ||
+        cfg_num(root, "swiglu_limit", limit, &limit, path, err, errlen) ||
+        cfg_choice(root, "scoring_func", scoring, 0, &score, path, err, errlen) ||
+        cfg_bool(root, "attention_bias", false, &bias, path, err, errlen) ||
+        cfg_bool(root, "mlp_bias", false, &mlp_bias, path, err, errlen) ||
+        cfg_int(root, "hc_mult", false, 4, &d->v4_hc, path, err, errlen) ||
+        cfg_positive(d->v4_hc, "hc_mult", path, err, errlen) ||
+        cfg_int(root, "hc_sinkhorn_iters", false, 20, &d->v4_hc_iters, path, err, errlen) ||
+        cfg_positive(d->v4_hc_iters, "hc_sinkhorn_iters", path, err, errlen) ||
+        cfg_num(root, "hc_eps", eps, &eps, path, err, errlen) ||
+        cfg_int(root, "sliding_window", false, 128, &d->sliding_window, path, err, errlen) ||
+        cfg_positive(d->sliding_window, "sliding_window", path, err, errlen) ||
+        cfg_int(root, "o_groups", false, 8, &d->o_groups, path, err, errlen) ||
+        cfg_positive(d->o_groups, "o_groups", path, err, errlen) ||
+        cfg_int(root, "o_lora_rank", false, 1024, &d->o_lora_rank, path, err, errlen) ||
+        cfg_positive(d->o_lora_rank, "o_lora_rank", path, err, errlen) ||
+        cfg_int(root, "index_n_heads", false, 64, &d->dsa_heads, path, err, errlen) ||
+        cfg_positive(d->dsa_heads, "index_n_heads", path, err, errlen) ||
+        cfg_int(root, "index_head_dim", false, 128, &d->dsa_dim, path, err, errlen) ||
+        cfg_positive(d->dsa_dim, "index_head_dim", path, err, errlen) ||
+        cfg_int(root, "index_topk", false, 512, &d->dsa_topk, path, err, errlen) ||
+        cfg_positive(d->dsa_topk, "index_topk", path, err, errlen) ||
+        cfg_num(root, "partial_rotary_factor", 0, &prf, path, err, errlen) ||
+        cfg_int(root, "qk_rope_head_dim", false, 0, &rope_dim, path, err, errlen) ||
+        cfg_int(root, "compress_rate_csa", false, rates[0], &rates[0], path, err, errlen) ||
+        cfg_int(root, "compress_rate_hca", false, rates[1], &rates[1], path, err, errlen))
+        return -1;
+    json_t *cr = json_object_get(root, "compress_rates");
+    if (cr && !json_is_null(cr)) {
+        if (!json_is_object(cr))
+            return ms_errf(err, errlen, "%s: 'compress_rates' must be an object", path);
+        if (cfg_int(cr, "compressed_sparse_attention", false, rates[0], &rates[0], path, err,
+                    errlen) ||
+            cfg_int(cr, "heavily_compressed_attention", false, rates[1], &rates[1], path, err,
+                    errlen))
+            return -1;
+    }
+    if (rates[0] < 1 || rates[1] < 1)
+        return ms_errf(err, errlen, "%s: compress rates must be positive", path);
+    if (bias || mlp_bias)
+        return ms_errf(err, errlen, "%s: attention_bias / mlp_bias true is not supported for "
+                                    "deepseek_v4", path);
+    if (d->n_kv_head != 1)
+        return ms_errf(err, errlen, "%s: deepseek_v4 needs num_key_value_heads 1 (its key is its "
+                                    "value, shared by every head), not %d", path, d->n_kv_head);
+    if (d->n_expert <= 0 || d->n_expert > MODEL_MAX_EXPERTS || d->top_k <= 0 ||
+        d->top_k > d->n_expert)
+        return ms_errf(err, errlen, "%s: n_routed_experts %d / num_experts_per_tok %d out of "
+                                    "range (1..%d)", path, d->n_expert, d->top_k,
+                       MODEL_MAX_EXPERTS);
+    if (!(rsf > 0) || !(limit > 0) || !(eps > 0))
+        return ms_errf(err, errlen, "%s: routed_scaling_factor, swiglu_limit and hc_eps must be "
+                                    "positive", path);
+    if (d->v4_hc > 16 || d->v4_hc_iters > 1000)
+        return ms_errf(err, errlen, "%s: hc_mult %d (at most 16) / hc_sinkhorn_iters %d (at most "
+                                    "1000) out of range", path, d->v4_hc, d->v4_hc_iters);
+    /* the rotated part: partial_rotary_factor (top level or in rope_parameters.main), else the
+     * legacy qk_rope_head_dim, else transformers' default 64/512 */
+    json_t *mainp = json_object_get(json_object_get(root, "rope_parameters"), "main");
+    if (prf == 0 && json_is_object(mainp) &&
+        cfg_num(mainp, "partial_rotary_factor", 0, &prf, path, err, errlen) != 0)
+        return -1;
+    d->rope_dim = prf > 0 ? (int)(d->head_dim * prf) : rope_dim > 0 ? rope_dim
+                                                                   : d->head_dim * 64 / 512;
+    if (d->rope_dim <= 0 || d->rope_dim % 2 != 0 || d->rope_dim > d->head_dim ||
+        d->rope_dim > d->dsa_dim)
+        return ms_errf(err, errlen, "%s: the rotary width %d must be even, positive and at most "
+                                    "head_dim (%d) and index_head_dim (%d)", path, d->rope_dim,
+                       d->head_dim, d->dsa_dim);
+    if ((d->n_head * d->head_dim) % d->o_groups != 0)
+        return ms_errf(err, errlen, "%s: o_groups %d must divide num_attention_heads x head_dim",
+                       path, d->o_groups);
+    if (cfg_v4_rope(root, d, path, err, errlen) != 0 ||
+        cfg_v4_layers(root, d, path, err, errlen) != 0)
+        return -1;
+    d->attn = ATTN_KIND_V4;
+    d->rope_interleave = true;
+    d->attn_sinks = true;
+    d->attn_scale = 1.0f / sqrtf((float)d->head_dim);
+    d->v4_hc_eps = (float)eps;
+    d->v4_rate[V4_ATTN_SLIDING] = 0;
+    d->v4_rate[V4_ATTN_CSA] = rates[0];
+    d->v4_rate[V4_ATTN_HCA] = rates[1];
+    for (int l = 0; l < d->n_layer; l++) /* compressed layers read every past position */
+        d->layer_window[l] = d->v4_attn[l] == V4_ATTN_SLIDING ? d->sliding_window : 0;
+    d->router = ROUTER_KIND_SIGMOID_GROUP; /* one group: top-k by score + bias */
+    d->router_score = score == 0 ? ROUTER_SCORE_SQRTSOFTPLUS : ROUTER_SCORE_SIGMOID;
+    d->n_group = d->topk_group = 1;
+    d->norm_topk_prob = true;
+    d->router_bias = true; /* on the non-hash layers (model_load.c) */
+    d->routed_scale = (float)rsf;
+    d->expert_act = FFN_ACT_SILU_CLAMP;
+    d->act_limit = (float)limit;
+    d->expert_d_ff = malloc((size_t)d->n_expert * sizeof *d->expert_d_ff);
+    d->layer_is_moe = calloc((size_t)d->n_layer, sizeof *d->layer_is_moe);
+    if (!d->expert_d_ff || !d->layer_is_moe) return ms_errf(err, errlen, "%s: out of memory", path);
+    for (int e = 0; e < d->n_expert; e++) d->expert_d_ff[e] = ff;
+    for (int l = 0; l < d->n_layer; l++) d->layer_is_moe[l] = true;
+    /* transformers builds one shared expert of moe_intermediate_size whatever
+     * n_shared_experts says */
+    d->n_shared = 1;
+    d->shared_d_ff = ff;
+    d->shared_merged = true;
+    return cfg_mtp(root, d, path, err, errlen);
+}
+
 /* GLM-4.5 / 4.6 / 4.7 (transformers' Glm4Moe classes): GQA with optional q/k/v biases
  * (attention_bias; o_proj never has one) and optional per-head q/k RMSNorm (use_qk_norm, before
  * the rope); rotate-half RoPE on the first partial_rotary_factor of each head (default 0.5, at
@@ -1525,6 +1761,10 @@ void model_desc_free(struct model_desc *desc)
     desc->layer_chunk = NULL;
     free(desc->dsa_shared);
     desc->dsa_shared = NULL;
+    free(desc->v4_attn);
+    desc->v4_attn = NULL;
+    free(desc->layer_hash);
+    desc->layer_hash = NULL;
     free(desc->layer_is_moe);
     free(desc->expert_d_ff);
     free(desc->expert_group);
@@ -1570,6 +1810,8 @@ int model_desc_parse(const char *json_text, size_t len, const char *path, struct
     else if (strcmp(type, "deepseek_v2") == 0 || strcmp(type, "deepseek_v3") == 0 ||
              strcmp(type, "deepseek_v32") == 0 || strcmp(type, "glm_moe_dsa") == 0)
         arch = cfg_deepseek;
+    else if (strcmp(type, "deepseek_v4") == 0)
+        arch = cfg_deepseek_v4;
     else if (strcmp(type, "gpt_oss") == 0)
         arch = cfg_gpt_oss;
     else if (strcmp(type, "glm4_moe") == 0)
@@ -1591,8 +1833,8 @@ int model_desc_parse(const char *json_text, size_t len, const char *path, struct
     if (!arch) {
         ms_errf(err, errlen,
                 "%s: unknown model_type '%.64s' (supported: mixtral, qwen2_moe, qwen3_moe, olmoe, "
-                "deepseek_v2, deepseek_v3, glm4_moe, minimax_m2, gpt_oss, qwen3_next, "
-                "qwen3_5_moe, granitemoehybrid, kimi_k25, llama4_text, llama4, mohge, infmoe)",
+                "deepseek_v2, deepseek_v3, deepseek_v32, deepseek_v4, glm4_moe, glm_moe_dsa, "
+                "minimax_m2, gpt_oss, qwen3_next, qwen3_5_moe, granitemoehybrid, kimi_k25, llama4_text, llama4, mohge, infmoe)",
                 path, type);
         goto out;
     }

@@ -46,6 +46,8 @@ enum bind_kind {
                            up = rows [ff, 2ff) */
     BIND_T_GATE_UP_SPLIT, /* Llama 4's gate_up_proj (E, d, 2*ff): (in, out), gate = outputs
                              [0, ff), up = [ff, 2ff) -> converted transposes */
+    BIND_IDX,           /* an integer table (I64 / I32) of expert ids, as int32 in the vectors
+                           block, each checked to be < n_expert (DeepSeek-V4's tid2eid) */
 };
 
 struct bind {
@@ -54,6 +56,7 @@ struct bind {
     int64_t shape[4];
     enum bind_kind kind;
     const float **vec;         /* BIND_VEC */
+    const int32_t **idx;       /* BIND_IDX */
     const struct wmat **mat;   /* BIND_MAT, BIND_MAT_Q */
     struct ffn_w *experts;     /* fused kinds: (n_expert) */
     const struct st_tensor *t; /* found in pass 1 */
@@ -109,6 +112,7 @@ static int bind_mats(const struct bind *b)
     case BIND_MX_DOWN:
     case BIND_T_DOWN: return (int)b->shape[0];
     case BIND_VEC:
+    case BIND_IDX:
     case BIND_EX_BIAS_GU:
     case BIND_EX_BIAS_DOWN: return 0;
     }
@@ -118,7 +122,8 @@ static int bind_mats(const struct bind *b)
 /* Vector binds: floats in memory, borrowed or converted into model->vectors. */
 static bool bind_is_vec(const struct bind *b)
 {
-    return b->kind == BIND_VEC || b->kind == BIND_EX_BIAS_GU || b->kind == BIND_EX_BIAS_DOWN;
+    return b->kind == BIND_VEC || b->kind == BIND_IDX || b->kind == BIND_EX_BIAS_GU ||
+           b->kind == BIND_EX_BIAS_DOWN;
 }
 
 static struct bind *plan_add(struct plan *p, enum bind_kind kind, int ndim, int64_t s0, int64_t s1,
@@ -288,6 +293,89 @@ static void plan_mla(struct plan *p, struct layer_w *lw, const struct model_desc
     }
 }
 
+/* A hyper-connection's mixing weights (DeepSeek's names: hc_attn_* / hc_ffn_*): kept as
+ * stored. */
+static void plan_hc(struct plan *p, const struct model_desc *d, const struct wmat **fn,
+                    const float **base, const float **scale, const char *pre, const char *which)
+{
+    const int64_t hc = d->v4_hc, mix = (2 + hc) * hc;
+    char fmt[64];
+    snprintf(fmt, sizeof fmt, "%%shc_%s_fn", which);
+    plan_mat(p, fn, false, mix, hc * d->d_model, fmt, pre);
+    snprintf(fmt, sizeof fmt, "%%shc_%s_base", which);
+    plan_vec(p, base, mix, fmt, pre);
+    snprintf(fmt, sizeof fmt, "%%shc_%s_scale", which);
+    plan_vec(p, scale, 3, fmt, pre);
+}
+
+/* One DeepSeek-V4 compressor (kind 0) or CSA indexer's (kind 1) under `cpre`: kv and gate
+ * projections of c outputs (wkv, wgate), the (rate, c) position bias (ape) and the entries'
+ * norm (width w). */
+static void plan_v4_compressor(struct plan *p, struct layer_w *lw, const struct model_desc *d,
+                               const char *cpre, int kind, int64_t c, int64_t w, int rate)
+{
+    plan_mat(p, &lw->cmp_wkv[kind], false, c, d->d_model, "%swkv.weight", cpre);
+    plan_mat(p, &lw->cmp_wgate[kind], false, c, d->d_model, "%swgate.weight", cpre);
+    struct bind *b = plan_add(p, BIND_VEC, 2, rate, c, 0, "%sape", cpre);
+    if (b) b->vec = &lw->cmp_bias[kind];
+    plan_vec(p, &lw->cmp_norm[kind], w, "%snorm.weight", cpre);
+}
+
+/* A DeepSeek-V4 decoder block under `pre` ("model.layers.3." as transformers 5.25 saves it, or
+ * "layers.3." as DeepSeek publishes it), in DeepSeek's names (transformers writes them back on
+ * save): attn_norm / ffn_norm, attn.* (wq_a, q_norm, wq_b, wkv, norm, wo_a, wo_b, attn_sink,
+ * compressor.*, indexer.*), hc_attn_* / hc_ffn_*, and the MoE under ffn. (gate.weight with
+ * gate.bias, or gate.tid2eid on hash layers; experts.{e}.w1/w3/w2; shared_experts.w1/w3/w2). */
+static int plan_v4(struct plan *p, const struct st_archive *st, struct layer_w *lw,
+                   const struct model_desc *d, const char *pre, int l, const char *wname,
+                   char *err, size_t errlen)
+{
+    const int64_t D = d->d_model, H = d->n_head, hd = d->head_dim, qr = d->q_lora_rank;
+    const int64_t R = (int64_t)d->o_groups * d->o_lora_rank;
+    plan_vec(p, &lw->attn_norm, D, "%sattn_norm.weight", pre);
+    plan_vec(p, &lw->ffn_norm, D, "%sffn_norm.weight", pre);
+    plan_mat(p, &lw->wq_a, true, qr, D, "%sattn.wq_a.weight", pre);
+    plan_vec(p, &lw->q_a_norm, qr, "%sattn.q_norm.weight", pre);
+    plan_mat(p, &lw->wq_b, true, H * hd, qr, "%sattn.wq_b.weight", pre);
+    plan_mat(p, &lw->v4_wkv, true, hd, D, "%sattn.wkv.weight", pre);
+    plan_vec(p, &lw->v4_kv_norm, hd, "%sattn.norm.weight", pre);
+    /* read a group's rows at a time (wmat_rows): quantized only when groups are whole tiles */
+    plan_mat(p, &lw->v4_wo_a, d->o_lora_rank % WQ_TILE == 0, R, H * hd / d->o_groups,
+             "%sattn.wo_a.weight", pre);
+    plan_mat(p, &lw->v4_wo_b, true, D, R, "%sattn.wo_b.weight", pre);
+    plan_vec(p, &lw->sinks, H, "%sattn.attn_sink", pre);
+    plan_hc(p, d, &lw->hc_fn[0], &lw->hc_base[0], &lw->hc_scale[0], pre, "attn");
+    plan_hc(p, d, &lw->hc_fn[1], &lw->hc_base[1], &lw->hc_scale[1], pre, "ffn");
+    int kind = d->v4_attn[l], rate = d->v4_rate[kind];
+    char cpre[160];
+    if (kind != V4_ATTN_SLIDING) {
+        bool csa = kind == V4_ATTN_CSA;
+        snprintf(cpre, sizeof cpre, "%sattn.compressor.", pre);
+        plan_v4_compressor(p, lw, d, cpre, 0, csa ? 2 * hd : hd, hd, rate);
+        if (csa) {
+            const int64_t Hi = d->dsa_heads, Di = d->dsa_dim;
+            snprintf(cpre, sizeof cpre, "%sattn.indexer.compressor.", pre);
+            plan_v4_compressor(p, lw, d, cpre, 1, 2 * Di, Di, rate);
+            plan_mat(p, &lw->idx_wq_b, true, Hi * Di, qr, "%sattn.indexer.wq_b.weight", pre);
+            plan_mat(p, &lw->idx_wproj, false, Hi, D, "%sattn.indexer.weights_proj.weight", pre);
+        }
+    }
+    char moe[112];
+    snprintf(moe, sizeof moe, "%sffn.", pre);
+    plan_mat(p, &lw->router, false, d->n_expert, D, "%sgate.weight", moe);
+    if (d->layer_hash[l]) { /* hash_moe: the experts of each token id */
+        struct bind *b = plan_add(p, BIND_IDX, 2, d->vocab, d->top_k, 0, "%sgate.tid2eid", moe);
+        if (b) b->idx = &lw->tid2eid;
+    } else {
+        plan_vec(p, &lw->router_bias, d->n_expert, "%sgate.bias", moe);
+    }
+    if (plan_experts(p, st, lw, d, moe, true) != 0)
+        return ms_errf(err, errlen, "%s: layer %d: fused experts of different widths", wname, l);
+    snprintf(cpre, sizeof cpre, "%sshared_experts.", moe);
+    plan_ffn(p, &lw->shared[0], d->shared_d_ff, d->d_model, cpre, "w1", "w3", "w2");
+    return 0;
+}
+
 /* A Gated DeltaNet layer's tensors under "<pre>linear_attn.": the input projections fused per
  * key head (qwen3_next) or apart (qwen3_5_moe), the depthwise conv1d (conv_dim, 1, K), A_log,
  * dt_bias, the gated norm and out_proj. */
@@ -424,7 +512,7 @@ static void note_mtp_layers(struct model *m)
             l < d->n_layer + d->n_mtp_layers)
             n++;
     }
-    if (mtp_qwen_layout(d)) {
+    if (mtp_qwen_layout(d) || d->v4_attn) { /* DeepSeek-V4 publishes its own under mtp. */
         for (int i = 0; i < st_count(m->st); i++)
             n += strncmp(st_at(m->st, i)->name, "mtp.", 4) == 0;
         if (n > 0)
@@ -460,6 +548,7 @@ static int plan_layer(struct plan *p, struct model *m, struct layer_w *lw, const
     bool granite = strcmp(d->model_type, "granitemoehybrid") == 0;
     bool llama4 = strcmp(d->model_type, "llama4_text") == 0;
     char moe[112];
+    if (d->attn == ATTN_KIND_V4) return plan_v4(p, m->st, lw, d, pre, l, wname, err, errlen);
     plan_norm(p, &lw->attn_norm, D, "%sinput_layernorm.weight", pre);
     plan_norm(p, &lw->ffn_norm, D, "%spost_attention_layernorm.weight", pre);
     if (linear && d->lin_kind == LIN_KIND_MAMBA2) {
@@ -609,8 +698,17 @@ static int plan_model(struct plan *p, struct model *m, const char *wname, bool q
                        wname, d->d_model, d->expert_d_ff[0]);
     const char *wp = d->wprefix;
     p->norm_plus_one = d->norm_plus_one;
-    plan_mat(p, &m->embed, false, d->vocab, D, "%sembed_tokens.weight", wp);
+    plan_mat(p, &m->embed, false, d->vocab, D,
+             d->v4_attn && wp[0] == '\0' ? "%sembed.weight" : "%sembed_tokens.weight", wp);
     plan_norm(p, &m->norm, D, "%snorm.weight", wp);
+    if (d->v4_attn) { /* the final collapse of the hyper-connection streams */
+        /* transformers 5.25 saves "model.hc_head.*", DeepSeek publishes "hc_head_*" */
+        bool own = wp[0] != '\0';
+        plan_mat(p, &m->hc_head_fn, false, d->v4_hc, (int64_t)d->v4_hc * D,
+                 own ? "%shc_head.hc_fn" : "%shc_head_fn", wp);
+        plan_vec(p, &m->hc_head_base, d->v4_hc, own ? "%shc_head.hc_base" : "%shc_head_base", wp);
+        plan_vec(p, &m->hc_head_scale, 1, own ? "%shc_head.hc_scale" : "%shc_head_scale", wp);
+    }
     if (!d->tie_embeddings)
         plan_mat(p, &m->lm_head, true, d->vocab, D, "%s", d->lm_head_name);
     else if (quant) /* a quantized head of its own; the embedding table stays as it is */
@@ -780,8 +878,12 @@ static int bind_check(struct load_ctx *c, const struct st_archive *st, const cha
             return ms_errf(err, errlen, "%s: tensor '%s': dtype %s not supported (MXFP4 blocks "
                                         "are U8)",
                            t->file, b->name, st_dtype_name(t->dtype));
-        if (!mx && t->dtype != ST_DTYPE_F32 && t->dtype != ST_DTYPE_BF16 &&
-            t->dtype != ST_DTYPE_F16)
+        if (b->kind == BIND_IDX && t->dtype != ST_DTYPE_I64 && t->dtype != ST_DTYPE_I32)
+            return ms_errf(err, errlen, "%s: tensor '%s': dtype %s not supported (expected I64 "
+                                        "or I32)",
+                           t->file, b->name, st_dtype_name(t->dtype));
+        if (!mx && b->kind != BIND_IDX && t->dtype != ST_DTYPE_F32 &&
+            t->dtype != ST_DTYPE_BF16 && t->dtype != ST_DTYPE_F16)
             return ms_errf(err, errlen,
                            "%s: tensor '%s': dtype %s not supported (expected F32, F16 or BF16)",
                            t->file, b->name, st_dtype_name(t->dtype));
@@ -814,6 +916,7 @@ static int bind_check(struct load_ctx *c, const struct st_archive *st, const cha
                 c->vec_floats += bind_numel(b);
             }
             break;
+        case BIND_IDX: /* narrowed to int32: always converted */
         case BIND_EX_BIAS_GU: /* de-interleaved: always converted */
             b->vec_off = c->vec_floats;
             c->vec_floats += bind_numel(b);
@@ -1065,6 +1168,25 @@ static int bind_apply(struct load_ctx *c, char *err, size_t errlen)
                     for (size_t k = 0; k < n; k++) dst[k] = 1.0f + dst[k];
                 *b->vec = dst;
             }
+        } else if (b->kind == BIND_IDX) {
+            int32_t *dst = (int32_t *)(m->vectors + b->vec_off);
+            bool i64 = b->t->dtype == ST_DTYPE_I64;
+            for (size_t k = 0, n = bind_numel(b); k < n; k++) {
+                int64_t v;
+                if (i64) {
+                    memcpy(&v, (const char *)b->t->data + 8 * k, 8);
+                } else {
+                    int32_t v32;
+                    memcpy(&v32, (const char *)b->t->data + 4 * k, 4);
+                    v = v32;
+                }
+                if (v < 0 || v >= m->desc.n_expert)
+                    return ms_errf(err, errlen, "%s: tensor '%s': expert id %lld at %zu is out "
+                                                "of range (0..%d)",
+                                   b->t->file, b->name, (long long)v, k, m->desc.n_expert - 1);
+                dst[k] = (int32_t)v;
+            }
+            *b->idx = dst;
         } else if (b->kind == BIND_MAT || b->kind == BIND_MAT_Q || b->kind == BIND_MLA_UK_T) {
             *b->mat = &m->mats[b->mat0];
         } else if (b->kind == BIND_PAIR_GATE_UP) {
@@ -1462,7 +1584,10 @@ int model_load(const char *dir, const struct model_load_opts *opts, struct model
      * config says (their presence is checked by the binding) */
     if (mtp_qwen_layout(&m->desc)) m->desc.n_mtp_layers = count_qwen_mtp(m->st);
     /* MTP modules only where they are asked for */
-    if (opts->mtp && m->desc.n_mtp_layers > 0) m->n_mtp = m->desc.n_mtp_layers;
+    /* DeepSeek-V4's MTP layer (mtp.*) is never bound: its block is V4's, not run as a
+     * drafter yet (serve refuses method mtp for it by name) */
+    if (opts->mtp && m->desc.n_mtp_layers > 0 && !m->desc.v4_attn)
+        m->n_mtp = m->desc.n_mtp_layers;
     if (alloc_arena(m, err, errlen) != 0) goto fail;
     wname = join(dir, "model.safetensors.index.json");
     if (!wname) {
@@ -1486,6 +1611,13 @@ int model_load(const char *dir, const struct model_load_opts *opts, struct model
             wp = "language_model.model.";
             head = "language_model.lm_head.weight";
         }
+    }
+    if (m->desc.v4_attn) {
+        /* DeepSeek-V4 in DeepSeek's names: its head is "head.weight"; its own folders have no
+         * "model." prefix (transformers 5.25 keeps one on the embedding, norm and layers) */
+        head = "head.weight";
+        if (!st_find(m->st, "model.embed_tokens.weight") && st_find(m->st, "embed.weight"))
+            wp = "";
     }
     snprintf(m->desc.wprefix, sizeof m->desc.wprefix, "%s", wp);
     snprintf(m->desc.lm_head_name, sizeof m->desc.lm_head_name, "%s", head);
@@ -1684,7 +1816,13 @@ size_t model_active_params(const struct model *m, int k)
 
 void model_kv_rows(const struct model_desc *md, int *k_row, int *v_row)
 {
-    if (md->attn == ATTN_KIND_MLA) {
+    if (md->attn == ATTN_KIND_V4) { /* one row width for every layer: the widest kind's */
+        *k_row = *v_row = 0;
+        for (int l = 0; l < md->n_layer; l++) {
+            int w = model_v4_row(md, md->v4_attn[l]).width;
+            *k_row = w > *k_row ? w : *k_row;
+        }
+    } else if (md->attn == ATTN_KIND_MLA) {
         /* DSA: the index key after the latent and rope key, in the same row */
         *k_row = md->kv_lora_rank + md->qk_rope_dim + (md->dsa_topk > 0 ? md->dsa_dim : 0);
         *v_row = 0;

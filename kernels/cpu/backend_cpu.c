@@ -19,6 +19,7 @@
 #include "cpu/gemm.h"
 #include "cpu/dsa.h"
 #include "cpu/ssm.h"
+#include "cpu/v4.h"
 #include "cpu/pool.h"
 #include "route_impl.h"
 
@@ -40,6 +41,7 @@ struct cpu_backend {
     struct fa_work fa;    /* attention's tiles and split-K partials (kernels/cpu/flash.h) */
     int fa_ctx;           /* the longest context reserve was told of */
     struct dsa_work dsa;  /* the sparse-attention indexer's scores (kernels/cpu/dsa.h) */
+    struct v4_work v4;    /* DeepSeek-V4's attention logits and rows (kernels/cpu/v4.h) */
     int *tasks;           /* (max_tasks, 3) expert task table: expert, first row, last row */
     int max_tasks;
     struct act *ex_act;   /* (max_experts) the experts' prepared hidden rows */
@@ -61,6 +63,7 @@ static void cpu_release(struct cpu_backend *b)
     free(b->tmp);
     fa_work_free(&b->fa);
     dsa_work_free(&b->dsa);
+    v4_work_free(&b->v4);
     free(b->tasks);
     free(b->ex_act);
     free(b->ex_off);
@@ -156,7 +159,11 @@ static int cpu_reserve(struct backend *be, const struct be_reserve *r)
     int dsa_fail = r->dsa_dim > 0 ? dsa_work_reserve(&b->dsa, b->n_threads, r->max_ctx, r->dsa_dim,
                                                          r->dsa_heads > 0 ? r->dsa_heads : 64)
                                   : 0;
-    if (!b->act[0] || !b->act[1] || !b->tmp || fa_fail || dsa_fail || !b->ex_act || !b->ex_off ||
+    int v4_fail = r->v4_row > 0 ? v4_work_reserve(&b->v4, b->n_threads, r->max_heads,
+                                                  r->v4_window + r->max_ctx, r->v4_row)
+                                : 0;
+    if (!b->act[0] || !b->act[1] || !b->tmp || fa_fail || dsa_fail || v4_fail || !b->ex_act ||
+        !b->ex_off ||
         !b->ex_hoff || !b->ex_ready) {
         cpu_release(b);
         return -1;
@@ -371,6 +378,34 @@ static void cpu_dsa_select(struct backend *be, int32_t *sel, int32_t *sel_n, con
     dsa_select_run(b->pool, b->kk, &b->dsa, sel, sel_n, q, w, kv, tk, block_size, n, p);
 }
 
+static void cpu_hc_pre(struct backend *be, float *post, float *comb, float *y, const float *x,
+                       const float *mix, int n, int d, const struct be_hc *h)
+{
+    v4_hc_pre_run(cpu_of(be)->pool, post, comb, y, x, mix, n, d, h);
+}
+
+static void cpu_hc_post(struct backend *be, float *y, const float *x, const float *out,
+                        const float *post, const float *comb, int n, int d, int n_stream)
+{
+    v4_hc_post_run(cpu_of(be)->pool, y, x, out, post, comb, n, d, n_stream);
+}
+
+static void cpu_v4_compress(struct backend *be, float *out, int ldo, const struct be_kv *kv,
+                            const struct be_tokens *tk, int block_size, int n,
+                            const struct be_v4cmp *p)
+{
+    struct cpu_backend *b = cpu_of(be);
+    v4_compress_run(b->pool, b->kk, &b->v4, out, ldo, kv, tk, block_size, n, p);
+}
+
+static void cpu_v4_attention(struct backend *be, float *out, const float *q,
+                             const struct be_kv *kv, const struct be_tokens *tk, int block_size,
+                             int n, const struct be_v4attn *a)
+{
+    struct cpu_backend *b = cpu_of(be);
+    v4_attention_run(b->pool, b->kk, &b->v4, out, q, kv, tk, block_size, n, a);
+}
+
 static void cpu_rmsnorm(struct backend *be, float *y, const float *x, const float *w, int n, int d,
                         float eps)
 {
@@ -509,6 +544,11 @@ static void ex_up_task(void *ctx, int t, int thread)
             for (int c = 0; c < w; c++) hi[c] += ex->b_gate[r0 + c];
         if (ex->b_up)
             for (int c = 0; c < w; c++) ui[c] += ex->b_up[r0 + c];
+        if (ex->act == BE_ACT_SILU_CLAMP) /* DeepSeek-V4: clamp, then the plain SwiGLU */
+            for (int c = 0; c < w; c++) {
+                hi[c] = hi[c] < ex->limit ? hi[c] : ex->limit;
+                ui[c] = ui[c] < -ex->limit ? -ex->limit : ui[c] > ex->limit ? ex->limit : ui[c];
+            }
         if (ex->act == BE_ACT_SWIGLU_OAI)
             b->kk->swiglu_oai(hi, hi, ui, w, ex->alpha, ex->limit);
         else
@@ -889,6 +929,10 @@ static const struct backend_ops cpu_ops = {
     .mul_sigmoid = cpu_mul_sigmoid,
     .gdn = cpu_gdn,
     .mamba2 = cpu_mamba2,
+    .hc_pre = cpu_hc_pre,
+    .hc_post = cpu_hc_post,
+    .v4_compress = cpu_v4_compress,
+    .v4_attention = cpu_v4_attention,
     .scale = cpu_scale,
     .mul_rows = cpu_mul_rows,
 };

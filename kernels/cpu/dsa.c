@@ -1,8 +1,8 @@
 /* DeepSeek sparse attention's indexer on the CPU (see dsa.h). One task per token: its score of
- * every cached position t <= pos, sum_h w_h n_head^-0.5 relu(scale q_h . key_t), in head order
- * (the dot products q_h . key_t by the GEMM kernels, DSA_CHUNK positions at a time), then the
- * k-th largest score by selection on a copy and the positions above it (and the earliest of
- * those equal to it) in one ascending pass. */
+ * every cached position t <= pos (DeepSeek-V4: of every completed compressed entry), sum_h w_h
+ * n_head^-0.5 relu(scale q_h . key_t), in head order (the dot products q_h . key_t by the GEMM
+ * kernels, DSA_CHUNK candidates at a time), then the k-th largest score by selection on a copy
+ * and the candidates above it (and the earliest of those equal to it) in one ascending pass. */
 #include "cpu/dsa.h"
 
 #include <math.h>
@@ -10,6 +10,24 @@
 #include <string.h>
 
 #include "kv_types.h"
+
+const float *kv_row_slice(const struct gemm_kernels *kk, const struct be_kv *kv,
+                          const int32_t *table, int block_size, int k_row, int pos, int off,
+                          int len, float *buf)
+{
+    size_t blk = (size_t)table[pos / block_size];
+    int slot = pos % block_size;
+    size_t es = (size_t)kv_type_size(kv->type);
+    const char *src = (const char *)kv->k +
+                      (kv_seg_offset(blk, slot, block_size, 1, 0, k_row) + (size_t)off) * es;
+    if (kv->type == BE_KV_F32) return (const float *)src;
+    bool fp8 = kv->type == BE_KV_FP8_E4M3 || kv->type == BE_KV_FP8_E5M2;
+    float sc = fp8 ? kv->k_scale
+               : kv->type == BE_KV_INT8 ? kv->k_sc[kv_seg_offset(blk, slot, block_size, 1, 0, 1)]
+                                        : 1.0f;
+    kk->kv_cvt(buf, src, len, kv->type, sc);
+    return buf;
+}
 
 /* Floats, rounded up to whole 64-byte lines. */
 static size_t dsa_lines(size_t floats)
@@ -88,13 +106,14 @@ static void dsa_task(void *ctx, int i, int thread)
     const struct be_dsa *p = c->p;
     const struct be_kv *kv = c->kv;
     const struct be_tokens *tk = c->tk;
-    int pos = tk->pos ? tk->pos[i] : tk->pos0 + i, P = pos + 1;
+    int rate = p->rate > 1 ? p->rate : 1; /* DeepSeek-V4: entries of `rate` positions */
+    int pos = tk->pos ? tk->pos[i] : tk->pos0 + i, P = (pos + 1) / rate;
     int32_t *out = c->sel + (size_t)i * p->topk;
     if (P <= p->topk) {
         c->sel_n[i] = -1;
         return;
     }
-    if (P > c->w->max_ctx || p->n_head > c->w->heads || p->dim != c->w->dim) {
+    if (P > c->w->max_ctx || p->n_head > c->w->heads || p->dim > c->w->dim) {
         c->sel_n[i] = 0;
         return;
     }
@@ -108,29 +127,18 @@ static void dsa_task(void *ctx, int i, int thread)
     const float *qi = c->q + (size_t)i * p->n_head * p->dim;
     const float *wi = c->wt + (size_t)i * p->n_head;
     float hs = 1.0f / sqrtf((float)p->n_head);
-    size_t es = (size_t)kv_type_size(kv->type);
-    bool fp8 = kv->type == BE_KV_FP8_E4M3 || kv->type == BE_KV_FP8_E5M2;
     /* the queries as the f32-weight GEMM reads its activations, once per token */
     struct act a;
     enum act_kind ak = c->kk->act_kind(WTYPE_F32, 0);
     c->kk->act_prepare(ak, 0, qi, (size_t)p->dim, p->n_head, p->dim, 0, p->n_head, abuf, &a);
     for (int t0 = 0; t0 < P; t0 += DSA_CHUNK) {
         int n = P - t0 < DSA_CHUNK ? P - t0 : DSA_CHUNK;
-        for (int j = 0; j < n; j++) { /* the chunk's keys, as f32 rows */
+        for (int j = 0; j < n; j++) { /* the chunk's keys (each candidate's cache position), f32 */
             int t = t0 + j;
-            size_t blk = (size_t)table[t / c->block_size];
-            int slot = t % c->block_size;
-            size_t off = kv_seg_offset(blk, slot, c->block_size, 1, 0, p->k_row);
-            float sc = fp8 ? kv->k_scale
-                       : kv->type == BE_KV_INT8 ? kv->k_sc[kv_seg_offset(blk, slot,
-                                                                         c->block_size, 1, 0, 1)]
-                                                : 1.0f;
-            const char *src = (const char *)kv->k + (off + (size_t)p->k_off) * es;
             float *kj = keys + (size_t)j * p->dim;
-            if (kv->type == BE_KV_F32)
-                memcpy(kj, src, sizeof(float) * (size_t)p->dim);
-            else
-                c->kk->kv_cvt(kj, src, p->dim, kv->type, sc);
+            const float *k = kv_row_slice(c->kk, kv, table, c->block_size, p->k_row,
+                                          t * rate + rate - 1, p->k_off, p->dim, kj);
+            if (k != kj) memcpy(kj, k, sizeof(float) * (size_t)p->dim);
         }
         /* dots (n_head, n): q_h . key_t, every head against the chunk */
         struct wmat km = {.type = WTYPE_F32, .rows = n, .cols = p->dim, .data = keys};

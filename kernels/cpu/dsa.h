@@ -22,6 +22,13 @@ struct dsa_work {
     int max_ctx, dim, heads;
 };
 
+/* Elements [off, off + len) of the cached K row (k_row elements, one segment) of position
+ * `pos` of the sequence whose block table is `table`, as f32: in place for an f32 cache, else
+ * converted into buf (len floats). Shared with DeepSeek-V4's ops (cpu/v4.c). */
+const float *kv_row_slice(const struct gemm_kernels *kk, const struct be_kv *kv,
+                          const int32_t *table, int block_size, int k_row, int pos, int off,
+                          int len, float *buf);
+
 int dsa_work_reserve(struct dsa_work *w, int n_threads, int max_ctx, int dim, int heads);
 void dsa_work_free(struct dsa_work *w);
 /* backend.h dsa_select; positions past the reserved context get sel_n 0 (nothing attended:

@@ -461,7 +461,7 @@ static void cb_moe_experts(struct backend *be, float *y, const float *x, int d, 
             int rows = off[j + 1] - off[j], ff = ex[j].d_ff;
             if (rows <= 0) continue;
             if (cb_note(b, cuk_expert_act_bf16(b->stream, gb + at, ub + at, rows, ff, ex[j].b_gate,
-                                               ex[j].b_up, ex[j].act == BE_ACT_SWIGLU_OAI,
+                                               ex[j].b_up, (int)ex[j].act,
                                                ex[j].alpha, ex[j].limit, CB_ERR(b))) < 0)
                 return;
             at += (size_t)rows * ff;
@@ -759,7 +759,7 @@ static void cb_mul_rows(struct backend *be, float *x, const float *sc, int n, in
     cb_note(b, cuk_mul_rows(b->stream, x, sc, n, d, CB_ERR(b)));
 }
 
-static_assert(sizeof(struct backend_ops) == 41 * sizeof(void *),
+static_assert(sizeof(struct backend_ops) == 45 * sizeof(void *),
               "struct backend_ops changed: update cuda_ops to match kernels/backend.h");
 
 static const struct backend_ops cuda_ops = {
@@ -802,6 +802,11 @@ static const struct backend_ops cuda_ops = {
     /* .mul_sigmoid */ cb_mul_sigmoid,
     /* .gdn */ cb_gdn,
     /* .mamba2 */ cb_mamba2,
+    /* DeepSeek-V4: CPU only for now (the engine refuses such a model here by name) */
+    /* .hc_pre */ NULL,
+    /* .hc_post */ NULL,
+    /* .v4_compress */ NULL,
+    /* .v4_attention */ NULL,
     /* .scale */ cb_scale,
     /* .mul_rows */ cb_mul_rows,
 };

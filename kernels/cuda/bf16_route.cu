@@ -84,10 +84,11 @@ int cuk_swiglu_bf16(cudaStream_t st, void *out, const void *gate, const void *up
 }
 
 /* One expert's hidden rows (rows, ff) of bf16 gate and up with optional per-column biases and
- * either SiLU or gpt-oss's clamped SwiGLU (the CPU's order of operations), written over gate. */
+ * the activation act (enum be_act: SiLU, gpt-oss's clamped SwiGLU or DeepSeek-V4's clamped
+ * SiLU; the CPU's order of operations), written over gate. */
 static __global__ void br_expert_act_kernel(__nv_bfloat16 *gate, const __nv_bfloat16 *up,
                                             size_t total, int ff, const float *b_gate,
-                                            const float *b_up, int oai, float alpha, float limit)
+                                            const float *b_up, int act, float alpha, float limit)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
          i += (size_t)gridDim.x * blockDim.x) {
@@ -96,10 +97,14 @@ static __global__ void br_expert_act_kernel(__nv_bfloat16 *gate, const __nv_bflo
         if (b_gate) g += b_gate[c];
         if (b_up) u += b_up[c];
         float h;
-        if (oai) {
+        if (act == BE_ACT_SWIGLU_OAI) {
             g = g < limit ? g : limit;
             u = u < -limit ? -limit : u > limit ? limit : u;
             h = (u + 1.0f) * (g * (1.0f / (1.0f + expf(-(g * alpha)))));
+        } else if (act == BE_ACT_SILU_CLAMP) {
+            g = g < limit ? g : limit;
+            u = u < -limit ? -limit : u > limit ? limit : u;
+            h = g / (1.0f + expf(-g)) * u;
         } else {
             h = g / (1.0f + expf(-g)) * u;
         }
@@ -108,13 +113,13 @@ static __global__ void br_expert_act_kernel(__nv_bfloat16 *gate, const __nv_bflo
 }
 
 int cuk_expert_act_bf16(cudaStream_t st, void *gate, const void *up, int rows, int ff,
-                        const float *b_gate, const float *b_up, int oai, float alpha, float limit,
+                        const float *b_gate, const float *b_up, int act, float alpha, float limit,
                         char *err, size_t errlen)
 {
     size_t total = (size_t)rows * (size_t)ff;
     if (total == 0) return 0;
     br_expert_act_kernel<<<cuk_blocks(total, BR_THREADS), BR_THREADS, 0, st>>>(
-        (__nv_bfloat16 *)gate, (const __nv_bfloat16 *)up, total, ff, b_gate, b_up, oai, alpha,
+        (__nv_bfloat16 *)gate, (const __nv_bfloat16 *)up, total, ff, b_gate, b_up, act, alpha,
         limit);
     return CUDA_LAUNCH_CHECK("br_expert_act_kernel", err, errlen);
 }

@@ -126,9 +126,9 @@ int cuk_bf16_to_f32(cudaStream_t st, float *dst, const void *src, size_t total, 
 int cuk_swiglu_bf16(cudaStream_t st, void *out, const void *gate, const void *up, size_t total,
                     char *err, size_t errlen);
 /* gate (rows, ff) = act(gate + b_gate, up + b_up), bf16 in and out (biases f32 or NULL); act
- * SiLU, or gpt-oss's clamped SwiGLU when oai (see enum be_act). */
+ * an enum be_act: SiLU, gpt-oss's clamped SwiGLU or DeepSeek-V4's clamped SiLU. */
 int cuk_expert_act_bf16(cudaStream_t st, void *gate, const void *up, int rows, int ff,
-                        const float *b_gate, const float *b_up, int oai, float alpha, float limit,
+                        const float *b_gate, const float *b_up, int act, float alpha, float limit,
                         char *err, size_t errlen);
 int cuk_embed_bf16(cudaStream_t st, float *out, const void *table, const int32_t *ids, int n,
                    int d, char *err, size_t errlen);

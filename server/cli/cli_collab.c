@@ -873,13 +873,13 @@ int cli_prune(int argc, char **argv)
         return rc;
     }
     const struct model_desc *md = &c.m->desc;
-    const struct cdata *x = c.x;
-    char cerr[MS_ERR_LEN];
-    if (cprune_check(md, cerr, sizeof cerr) != 0) { /* before the (slow) learning */
-        fprintf(stderr, "moeserve prune: %s\n", cerr);
+    char why[MS_ERR_LEN];
+    if (cprune_check(md, why, sizeof why) != 0) { /* before the (slow) learning */
+        fprintf(stderr, "moeserve prune: %s\n", why);
         calib_free(&c);
         return 2;
     }
+    const struct cdata *x = c.x;
     struct cprune_shape sh = {.n_layer = x->n_layer,
                               .n_expert = x->n_expert,
                               .top_k = x->top_k,

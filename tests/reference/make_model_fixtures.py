@@ -36,6 +36,8 @@ from transformers import (
     DeepseekV3ForCausalLM,
     DeepseekV32Config,
     DeepseekV32ForCausalLM,
+    DeepseekV4Config,
+    DeepseekV4ForCausalLM,
     GlmMoeDsaConfig,
     GlmMoeDsaForCausalLM,
     GenerationConfig,
@@ -260,6 +262,42 @@ ARCHS["glm_moe_dsa"] = (
                     indexer_types=["full", "shared", "full", "shared"]),
 )
 
+# DeepSeek-V4: hyper-connections (4 streams, 20 Sinkhorn steps), one shared key/value head with a
+# query LoRA, sinks, partial interleaved RoPE (8 of 32), the grouped output projection, hash
+# routing on the first layer and sqrtsoftplus top-k + bias on the others, SwiGLU clamped at 1.0
+# (so that random activations reach the clamp). A sliding window of 8 is far below the prompts.
+V4_SHAPE = dict(vocab_size=VOCAB, hidden_size=64, num_attention_heads=4, num_key_value_heads=1,
+                head_dim=32, partial_rotary_factor=0.25, q_lora_rank=48, o_groups=2,
+                o_lora_rank=16, moe_intermediate_size=32, n_routed_experts=8,
+                num_experts_per_tok=2, n_shared_experts=1, swiglu_limit=1.0,
+                max_position_embeddings=512, sliding_window=8, bos_token_id=None,
+                eos_token_id=0, pad_token_id=None, tie_word_embeddings=False,
+                num_nextn_predict_layers=0, rope_theta=10000.0, compress_rope_theta=160000.0,
+                index_n_heads=8, index_head_dim=16, index_topk=3,
+                compress_rates={"compressed_sparse_attention": 4,
+                                "heavily_compressed_attention": 8})
+# Every layer sliding-window: the hyper-connections, routing and output projection alone.
+ARCHS["deepseek_v4_sliding"] = (
+    DeepseekV4ForCausalLM,
+    DeepseekV4Config(**V4_SHAPE, num_hidden_layers=2,
+                     layer_types=["sliding_attention"] * 2,
+                     mlp_layer_types=["hash_moe", "moe"]),
+)
+# Compressed attention: CSA entries every 4 tokens (overlapping windows of 8) of which the
+# indexer keeps 3, HCA entries every 8; the prompts plus continuations reach 73 positions, so
+# most queries select. The compressed layers' rope is YaRN (factor 4 over 64 original
+# positions, as V4 publishes it: attention factor 1), the sliding layer's plain.
+ARCHS["deepseek_v4"] = (
+    DeepseekV4ForCausalLM,
+    DeepseekV4Config(**dict(V4_SHAPE, max_position_embeddings=256), num_hidden_layers=4,
+                     rope_parameters={"rope_type": "yarn", "factor": 4.0,
+                                      "original_max_position_embeddings": 64,
+                                      "beta_fast": 32, "beta_slow": 1},
+                     layer_types=["sliding_attention", "compressed_sparse_attention",
+                                  "heavily_compressed_attention", "compressed_sparse_attention"],
+                     mlp_layer_types=["hash_moe", "moe", "moe", "moe"]),
+)
+
 # GLM-4.5/4.6/4.7: GQA with q/k/v biases and per-head q/k RMSNorm, rotary on the first half of
 # each head (partial_rotary_factor 0.5, head_dim 32 != hidden/heads so the rotated width 16 is
 # neither), layer 0 dense, then DeepSeek-V3's noaux_tc routing over 8 experts in 2 groups of
@@ -457,7 +495,8 @@ LONG_PROMPT = ("KING RICHARD III:\nNow is the winter of our discontent made glor
 # Per-architecture weight seed offsets, picked (by trying a few) so that no token's k-th and
 # (k+1)-th router logits are within ROUTER_GAP_MIN of each other on the reference sequences:
 # a near tie would make expert choice, and so the expected logits, hinge on rounding.
-SEED_OFFSET = {"minimax_m2": 14, "qwen3_next": 9, "qwen3_5_moe": 11, "granitemoehybrid": 2,
+SEED_OFFSET = {"deepseek_v4": 6,
+               "minimax_m2": 14, "qwen3_next": 9, "qwen3_5_moe": 11, "granitemoehybrid": 2,
                "glm4_moe": 3, "qwen3_moe": 1, "deepseek_v2": 4, "deepseek_v2_group": 5,
                "deepseek_v3": 11, "deepseek_v32": 2, "glm_moe_dsa": 9, "gpt_oss": 1}
 ROUTER_GAP_MIN = 1e-3
@@ -665,6 +704,11 @@ def make_weights_nondegenerate(model, seed):
             else:  # projections and stacked experts (..., out, in)
                 v = r / math.sqrt(fan_in)
             p.copy_(v.to(p.dtype))
+        for name, b in model.named_buffers():  # DeepSeek-V4 hash routing: k distinct experts
+            if name.endswith("tid2eid"):
+                E = model.config.n_routed_experts
+                b.copy_(torch.stack([torch.randperm(E, generator=g)[: b.shape[1]]
+                                     for _ in range(b.shape[0])]))
 
 
 def save_checkpoint(model, tokenizer, out_dir, **save_kwargs):
@@ -889,6 +933,9 @@ def choice_scores(model, layer, rl):
         s = rl.float().sigmoid() + model.model.layers[layer].mlp.gate.e_score_correction_bias
         g = s.view(-1, cfg.n_group, s.shape[-1] // cfg.n_group).topk(2, dim=-1)[0].sum(-1)
         return s, g
+    if cfg.model_type == "deepseek_v4":  # sqrt(softplus) + bias, no groups
+        return (torch.nn.functional.softplus(rl.float()).sqrt()
+                + model.model.layers[layer].mlp.gate.e_score_correction_bias), None
     if cfg.model_type == "minimax_m2":  # sigmoid + bias on the MoE block, no groups
         return rl.float().sigmoid() + model.model.layers[layer].mlp.e_score_correction_bias, None
     if cfg.model_type == "deepseek_v2":
@@ -906,6 +953,8 @@ def moe_layer_ids(model):
         return [i for i, l in enumerate(model.model.layers) if l.block_sparse_moe is not None]
     if model.config.model_type == "llama4_text":
         return [i for i, l in enumerate(model.model.layers) if l.is_moe_layer]
+    if model.config.model_type == "deepseek_v4":  # hash layers record no router logits
+        return [i for i, l in enumerate(model.model.layers) if not l.mlp.is_hash]
     return [i for i, l in enumerate(model.model.layers)
             if (hasattr(l.mlp, "gate") or hasattr(l.mlp, "router")) and not hasattr(l.mlp, "gate_proj")]
 
@@ -1025,12 +1074,14 @@ def write_reference(model_dir, prompts, f32_model, bf16_model=None):
     gap = min_router_gap(f32_model, seqs)  # f32 compute: what a CPU engine must reproduce
     notes.append(f"min router gap {gap:.2e}")
     if mt_dsa(f32_model):
-        dgap = min_dsa_gap(f32_model, seqs)
+        dgap = (min_v4_index_gap(f32_model, seqs) if f32_model.config.model_type == "deepseek_v4"
+                else min_dsa_gap(f32_model, seqs))
         notes.append(f"min index-score gap {dgap:.2e}")
         if dgap < DSA_GAP_MIN:
             notes.append("WARNING: near-tie sparse-attention selection, change SEED_OFFSET")
     mt = f32_model.config.model_type
-    gap_min = {"deepseek_v2": ROUTER_GAP_MIN_PROB, "minimax_m2": ROUTER_GAP_MIN_SIGMOID}
+    gap_min = {"deepseek_v2": ROUTER_GAP_MIN_PROB, "minimax_m2": ROUTER_GAP_MIN_SIGMOID,
+               "deepseek_v4": ROUTER_GAP_MIN_SIGMOID}  # sqrt(softplus)'s slope is below 0.5
     if gap < gap_min.get(mt, ROUTER_GAP_MIN):
         notes.append("WARNING: near-tie routing, change SEED_OFFSET")
     return (min(margins) if margins else None), spread, notes
@@ -1040,7 +1091,34 @@ DSA_GAP_MIN = 1e-4
 
 
 def mt_dsa(model):
-    return model.config.model_type in ("deepseek_v32", "glm_moe_dsa")
+    return model.config.model_type in ("deepseek_v32", "glm_moe_dsa", "deepseek_v4")
+
+
+@torch.no_grad()
+def min_v4_index_gap(model, sequences):
+    """DeepSeek-V4's CSA indexer: the smallest gap between the k-th and (k+1)-th score over the
+    completed entries of any query that has more than index_topk of them."""
+    gap = math.inf
+    seen = []
+    m, k = model.config.compress_rates["compressed_sparse_attention"], model.config.index_topk
+    hooks = [l.self_attn.compressor.indexer.scorer.register_forward_hook(
+                 lambda mod, args, out: seen.append(out))
+             for l in model.model.layers
+             if l.self_attn.compressor is not None and hasattr(l.self_attn.compressor, "indexer")]
+    try:
+        for seq in sequences:
+            seen.clear()
+            model(input_ids=torch.tensor([seq], dtype=torch.long), use_cache=False)
+            for sc in seen:
+                for t in range(sc.shape[1]):
+                    valid = (t + 1) // m
+                    if valid > k:
+                        v = torch.topk(sc[0, t, :valid], k + 1).values
+                        gap = min(gap, float(v[k - 1] - v[k]))
+    finally:
+        for h in hooks:
+            h.remove()
+    return gap
 
 
 @torch.no_grad()

@@ -947,6 +947,11 @@ int cli_serve(int argc, char **argv)
         slog("info", "rank %d of %d, pid %d (%s): %s", rank, world, (int)getpid(),
              use_mpi ? "mpirun" : "--nnodes",
              rank == 0 ? "HTTP server, scheduler and device 0" : "one expert-parallel device");
+        if (!use_mpi && rank == 0 && world > 2 && strcmp(o.device, "cuda") != 0)
+            /* the TCP communicator is a star: rows between two other ranks pass through 0 */
+            slog("warning", "--nnodes: expert rows between ranks other than 0 are relayed by "
+                            "rank 0 (a TCP star); across machines, start the ranks with mpirun, "
+                            "whose exchanges are direct");
         if (strcmp(o.device, "cuda") == 0) {
             /* expert rows over NCCL, bootstrapped over TCP at rank 0's address (the next port
              * when the master port carries the --nnodes control connections) */

@@ -1,7 +1,9 @@
-# moeserve images. Two targets:
-#   docker build --target cpu  -t moeserve:cpu .    (Debian 12, CPU backend)
-#   docker build --target cuda -t moeserve:cuda .   (CUDA 12.6 runtime + cuBLAS/NCCL)
-# Both run `moeserve serve` (the default command) as the numeric user 10001, listening on
+# moeserve images. Three targets:
+#   docker build --target cpu     -t moeserve:cpu .      (Debian 12, CPU backend)
+#   docker build --target cpu-mpi -t moeserve:cpu-mpi .  (the same with Open MPI and OpenSSH:
+#                                                         multi-node, an MPIJob's pods)
+#   docker build --target cuda    -t moeserve:cuda .     (CUDA 12.6 runtime + cuBLAS/NCCL)
+# All run `moeserve serve` (the default command) as the numeric user 10001, listening on
 # 0.0.0.0:8000 (MOESERVE_HOST/MOESERVE_PORT; every flag has such a variable), with the bundled
 # model at /models/mohge-small (mount your own and pass --model /models/NAME).
 # Stopping: SIGTERM starts a drain of --shutdown-grace seconds (30 by default; the server exits
@@ -61,6 +63,33 @@ HEALTHCHECK --interval=30s --timeout=6s --start-period=600s --retries=3 \
     CMD ["/usr/local/bin/moeserve", "healthcheck"]
 ENTRYPOINT ["/usr/local/bin/moeserve"]
 CMD ["serve"]
+
+# ---- CPU with MPI --------------------------------------------------------------------------
+# For deploy/kubernetes/overlays/multi-node-mpi (an MPIJob of the Kubeflow MPI Operator): the
+# launcher pod runs `mpirun ... moeserve serve`, which starts the other ranks over ssh in the
+# worker pods, where sshd runs as user 10001 on port 2222 with the keys the operator mounts at
+# /home/moeserve/.ssh (deploy/mpi/sshd_config, deploy/mpi/ssh_config).
+FROM build-cpu AS build-cpu-mpi
+RUN apt-get update && apt-get install -y --no-install-recommends libopenmpi-dev \
+    && rm -rf /var/lib/apt/lists/* \
+    && cmake -S . -B build-mpi -DCMAKE_BUILD_TYPE=Release -DMOESERVE_CUDA=OFF -DMOESERVE_MPI=ON \
+    && cmake --build build-mpi -j"$(nproc)" --target moeserve
+
+FROM cpu AS cpu-mpi
+LABEL org.opencontainers.image.title="moeserve (CPU, MPI)" \
+      org.opencontainers.image.description="OpenAI-compatible inference server for Mixture-of-Experts models, CPU backend, several nodes over MPI"
+USER 0
+RUN apt-get update && apt-get install -y --no-install-recommends \
+        openmpi-bin openssh-server openssh-client \
+    && rm -rf /var/lib/apt/lists/* \
+    && usermod --home /home/moeserve --shell /bin/sh moeserve \
+    && mkdir -p /home/moeserve/.ssh \
+    && chown -R 10001:10001 /home/moeserve
+COPY deploy/mpi/sshd_config /etc/moeserve/sshd_config
+COPY deploy/mpi/ssh_config /etc/ssh/ssh_config.d/moeserve.conf
+COPY --from=build-cpu-mpi /src/build-mpi/moeserve /usr/local/bin/moeserve
+USER 10001:10001
+EXPOSE 8000 2222
 
 # ---- CUDA build ----------------------------------------------------------------------------
 FROM nvidia/cuda:12.6.3-devel-ubuntu24.04 AS build-cuda

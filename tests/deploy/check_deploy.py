@@ -4,11 +4,12 @@ reason, when a tool is missing; tools/setup.sh installs them all):
 
   kustomize  renders base/ and every overlay with `kubectl kustomize`, validates each object:
              built-in kinds with kubernetes-validate (strict: unknown fields are errors) against
-             K8S_VERSION, custom resources (LeaderWorkerSet, ServiceMonitor, PrometheusRule)
-             against the CRD schemas committed in deploy/schemas (unknown fields refused too),
-             the LeaderWorkerSet's pod templates also as Pods; then the policies the issue asks
-             for (probes, security context, resources, grace, GPUs, rendezvous wiring) and that
-             every MOESERVE_* key of the flags ConfigMap is a variable `moeserve serve` reads.
+             K8S_VERSION, custom resources (LeaderWorkerSet, MPIJob, ServiceMonitor,
+             PrometheusRule) against the CRD schemas committed in deploy/schemas (unknown fields
+             refused too), the LeaderWorkerSet's and the MPIJob's pod templates also as Pods;
+             then the policies the issue asks for (probes, security context, resources, grace,
+             GPUs, rendezvous and mpirun wiring) and that every MOESERVE_* key of the flags
+             ConfigMap is a variable `moeserve serve` reads.
   rules      `promtool check rules` (alerts, vLLM aliases) and `promtool test rules` (alerts) on
              deploy/prometheus; the PrometheusRule of the Kustomize base holds the same groups.
   hadolint   hadolint on ./Dockerfile with .hadolint.yaml: no finding at all.
@@ -32,10 +33,11 @@ K8S_VERSION = "1.35.0"  # a current Kubernetes release (kubernetes-validate has 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEPLOY = os.path.join(ROOT, "deploy")
 KUST = os.path.join(DEPLOY, "kubernetes")
-LAYOUTS = ["base", "overlays/cpu", "overlays/gpu", "overlays/multi-node"]
+LAYOUTS = ["base", "overlays/cpu", "overlays/gpu", "overlays/multi-node", "overlays/multi-node-mpi"]
 CRDS = {("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"): "leaderworkerset-v1.json",
         ("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitor-v1.json",
-        ("monitoring.coreos.com/v1", "PrometheusRule"): "prometheusrule-v1.json"}
+        ("monitoring.coreos.com/v1", "PrometheusRule"): "prometheusrule-v1.json",
+        ("kubeflow.org/v2beta1", "MPIJob"): "mpijob-v2beta1.json"}
 
 failures = []
 quiet = False  # the self-tests expect failures: collect them without printing
@@ -94,14 +96,11 @@ class Validator:
         if key in self.crd:
             errs = ["%s: %s" % ("/".join(map(str, e.absolute_path)), e.message)
                     for e in self.crd[key].iter_errors(obj)]
-            if key[1] == "LeaderWorkerSet":
-                lwt = obj.get("spec", {}).get("leaderWorkerTemplate", {})
-                for role in ("leaderTemplate", "workerTemplate"):
-                    if role in lwt:
-                        pod = {"apiVersion": "v1", "kind": "Pod",
-                               "metadata": dict(lwt[role].get("metadata", {}), name="x"),
-                               "spec": lwt[role]["spec"]}
-                        errs += ["%s: %s" % (role, e) for e in self.errors(pod)]
+            for role, tmpl in pod_templates(obj):  # the pod templates as Pods too
+                pod = {"apiVersion": "v1", "kind": "Pod",
+                       "metadata": dict(tmpl.get("metadata", {}), name="x"),
+                       "spec": tmpl.get("spec", {})}
+                errs += ["%s: %s" % (role, e) for e in self.errors(pod)]
             return errs
         try:
             self.kvu.validate(obj, K8S_VERSION, strict=True)
@@ -128,16 +127,28 @@ def render(layout):
 
 # --- policies ------------------------------------------------------------------------------
 
+def pod_templates(o):
+    """(role, pod template) of a custom workload (LeaderWorkerSet, MPIJob)."""
+    spec = o.get("spec", {})
+    if o.get("kind") == "LeaderWorkerSet":
+        lwt = spec.get("leaderWorkerTemplate", {})
+        return [("LeaderWorkerSet " + r, lwt[r + "Template"]) for r in ("leader", "worker")
+                if isinstance(lwt.get(r + "Template"), dict)]
+    if o.get("kind") == "MPIJob":
+        reps = spec.get("mpiReplicaSpecs", {})
+        return [("MPIJob " + r.lower(), reps[r]["template"]) for r in ("Launcher", "Worker")
+                if isinstance(reps.get(r), dict) and isinstance(reps[r].get("template"), dict)]
+    return []
+
+
 def pod_specs(objs):
     """(name, pod template) of every workload."""
     out = []
     for o in objs:
         if o["kind"] in ("Deployment", "StatefulSet"):
             out.append((o["kind"] + "/" + o["metadata"]["name"], o["spec"]["template"]))
-        elif o["kind"] == "LeaderWorkerSet":
-            lwt = o["spec"]["leaderWorkerTemplate"]
-            out.append(("LeaderWorkerSet leader", lwt["leaderTemplate"]))
-            out.append(("LeaderWorkerSet worker", lwt["workerTemplate"]))
+        else:
+            out += pod_templates(o)
     return out
 
 
@@ -242,11 +253,13 @@ def check_layout(layout, objs, help_):
                             fail("%s %s: `moeserve serve` has no flag %s" % (layout, name, a))
     gpu = flags.get("MOESERVE_DEVICE") == "cuda"
     pods = pod_specs(objs)
+    # an MPIJob's pods need mpirun and sshd: the cpu-mpi image
+    want_tag = "cuda" if gpu else "cpu-mpi" if "MPIJob" in by_kind else "cpu"
     for name, tmpl in pods:
         check_pod(layout, name, tmpl, flags, gpu)
         for c in tmpl["spec"]["containers"]:
             tag = c["image"].rsplit(":", 1)[-1]
-            if tag != ("cuda" if gpu else "cpu"):
+            if tag != want_tag:
                 fail("%s %s: image %s for MOESERVE_DEVICE=%s" % (layout, name, c["image"],
                                                                   flags.get("MOESERVE_DEVICE")))
     svc = by_kind["Service"][0]
@@ -275,6 +288,43 @@ def check_layout(layout, objs, help_):
                     pairs.get("--master-addr") != "$(LWS_LEADER_ADDRESS)" or \
                     not pairs.get("--master-port", "").isdigit():
                 fail("%s %s: rendezvous flags not wired: %s" % (layout, role, args))
+    for job in by_kind.get("MPIJob", []):
+        check_mpijob(layout, job)
+
+
+def check_mpijob(layout, job):
+    """The launch wiring of the MPIJob overlay: rank 0 (HTTP) in the launcher, one rank per
+    worker pod started by mpirun through the workers' sshd, every rank with the same flags."""
+    spec = job["spec"]
+    where = "%s MPIJob" % layout
+    for field, want in (("runLauncherAsWorker", True), ("slotsPerWorker", 1),
+                        ("mpiImplementation", "OpenMPI"),
+                        ("sshAuthMountPath", "/home/moeserve/.ssh")):
+        if spec.get(field) != want:
+            fail("%s: %s must be %r (deploy/mpi/sshd_config and the hostfile rely on it), got "
+                 "%r" % (where, field, want, spec.get(field)))
+    reps = spec["mpiReplicaSpecs"]
+    workers = reps.get("Worker", {}).get("replicas", 0)
+    c = reps["Launcher"]["template"]["spec"]["containers"][0]
+    line = " ".join(c.get("command", []) + c.get("args", []))
+    m = re.search(r"\bmpirun\b.*?-np (\d+)", line)
+    if not m or int(m.group(1)) != workers + 1:
+        fail("%s: the launcher must run mpirun -np %d (the launcher and %d workers): %s" %
+             (where, workers + 1, workers, line))
+    if not re.search(r"/moeserve serve\b", line) or "-x \\1" not in line or \
+            "MOESERVE_" not in line:
+        fail("%s: the launcher must pass every MOESERVE_* variable to the ranks (-x) and run "
+             "moeserve serve: %s" % (where, line))
+    wc = reps["Worker"]["template"]["spec"]["containers"][0]
+    if wc.get("command", [])[:1] != ["/usr/sbin/sshd"] or \
+            "/etc/moeserve/sshd_config" not in wc.get("command", []):
+        fail("%s: workers must run the image's sshd (-f /etc/moeserve/sshd_config): %s" %
+             (where, wc.get("command")))
+    for role in ("Launcher", "Worker"):
+        mounts = {m["mountPath"] for m in
+                  reps[role]["template"]["spec"]["containers"][0].get("volumeMounts", [])}
+        if "/mnt/models" not in mounts:
+            fail("%s %s: every rank loads the model: mount /mnt/models" % (where, role))
 
 
 def selftest(v):
@@ -294,6 +344,12 @@ def selftest(v):
     errs = v.errors(lws)
     if not any("size" in e for e in errs) or not any("workerTemplate" in e for e in errs):
         fail("selftest: a bad LeaderWorkerSet passed: %s" % errs)
+    mpi = {"apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob", "metadata": {"name": "x"},
+           "spec": {"slotsPerWorker": "one", "mpiReplicaSpecs": {"Worker": {"template": {
+               "spec": {"containers": [{"name": "c", "image": "i", "comand": ["sshd"]}]}}}}}}
+    errs = v.errors(mpi)
+    if not any("slotsPerWorker" in e for e in errs) or not any("worker" in e for e in errs):
+        fail("selftest: a bad MPIJob passed: %s" % errs)
     if not v.errors({"apiVersion": "example.com/v1", "kind": "Unknown", "metadata": {}}):
         fail("selftest: a kind without a schema passed")
 

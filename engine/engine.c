@@ -1997,10 +1997,10 @@ int engine_create(const struct model *m, const struct engine_params *p, struct e
             goto fail;
         }
     }
-    if (md->v4_attn && !v4_backend_ok(e->dev[e->self].be)) {
-        ms_errf(err, errlen, "the %s backend has no kernels for deepseek_v4 (hyper-connections, "
-                             "compressed sparse attention) yet (use --device cpu)",
-                e->dev[e->self].be->ops->name);
+    if (md->v4_attn && v4_backend_missing(e->dev[e->self].be)) {
+        ms_errf(err, errlen, "the %s backend has no %s kernel for deepseek_v4 yet (use --device "
+                             "cpu)",
+                e->dev[e->self].be->ops->name, v4_backend_missing(e->dev[e->self].be));
         goto fail;
     }
     if (md->dsa_topk > 0 && (!e->dev[e->self].be->ops->dsa_select ||

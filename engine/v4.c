@@ -125,11 +125,19 @@ void v4_scratch_release(struct v4_scratch *s, struct backend *be)
     memset(s, 0, sizeof *s);
 }
 
-bool v4_backend_ok(const struct backend *be)
+const char *v4_backend_missing(const struct backend *be)
 {
     const struct backend_ops *o = be->ops;
-    return o->hc_pre && o->hc_post && o->v4_compress && o->v4_attention && o->dsa_select &&
-           o->matmul_ld && o->rmsnorm_ld && o->rope_ex;
+    return !o->hc_pre         ? "hc_pre"
+           : !o->hc_post      ? "hc_post"
+           : !o->v4_compress  ? "v4_compress"
+           : !o->v4_attention ? "v4_attention"
+           : !o->dsa_select   ? "dsa_select"
+           : !o->matmul_ld    ? "matmul_ld"
+           : !o->rmsnorm_ld   ? "rmsnorm_ld"
+           : !o->rope_ex      ? "rope_ex"
+           : !o->scale        ? "scale"
+                              : NULL;
 }
 
 /* --- hyper-connections ---------------------------------------------------------------------- */

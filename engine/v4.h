@@ -76,7 +76,7 @@ void v4_streams_head(const struct v4_step *st, float *y);
  * written to the layer's cache. */
 void v4_attention_block(const struct v4_step *st, int l, const float *h, float *out);
 
-/* Whether the backend has every op V4 needs. */
-bool v4_backend_ok(const struct backend *be);
+/* The name of the first op V4 needs that the backend lacks (NULL where it has them all). */
+const char *v4_backend_missing(const struct backend *be);
 
 #endif

@@ -34,9 +34,12 @@
 /* reserve() for every check: the largest GEMM input below, and experts per call */
 #define OPS_WS_ELEMS (1u << 22)
 #define OPS_WS_EXPERTS 64
+/* (and DeepSeek-V4's scratch on the CPU: rows of up to 512 and windows up to 4,608, so that one
+ * check's key list spans two of the CUDA kernel's 4,096-key chunks) */
 static const struct be_reserve ops_reserve = {.max_elems = OPS_WS_ELEMS, .max_rows = 4096,
                                               .max_experts = OPS_WS_EXPERTS, .max_ctx = 4096,
-                                              .dsa_dim = 64};
+                                              .max_heads = 64, .dsa_dim = 64, .v4_row = 512,
+                                              .v4_window = 4608};
 
 /* One check's backends and the buffers it allocated (freed by ops_release after each op). */
 struct ops_ctx {
@@ -958,6 +961,248 @@ static void check_dsa(struct ops_ctx *t, int pos0, int n, int n_head, int dim, i
     ops_release(t);
 }
 
+/* --- DeepSeek-V4 ---------------------------------------------------------------------------- */
+
+/* The reference output holds some non-zero value (a check whose reference is all zeros, e.g.
+ * from scratch reserved too small, would compare nothing). */
+static void ops_nonzero(struct ops_ctx *t, const char *op, const char *shape, const float *r_dev,
+                        size_t count)
+{
+    float *r = ops_host(t, sizeof(float) * (count ? count : 1));
+    if (t->oom || !r) return; /* ops_compare reported it */
+    t->ref->ops->download(t->ref, r, r_dev, sizeof(float) * count);
+    size_t nz = 0;
+    for (size_t i = 0; i < count; i++) nz += r[i] != 0.0f;
+    CHECKF(nz > 0, "%s %s: the reference output is all zeros", op, shape);
+}
+
+/* hc_pre: the mixes of n tokens over S streams of d; head: the final collapse (pre only). */
+static void check_hc_pre(struct ops_ctx *t, int n, int S, int d, int iters, int head)
+{
+    char shape[64];
+    snprintf(shape, sizeof shape, "n=%d S=%d d=%d it=%d%s", n, S, d, iters, head ? " head" : "");
+    int parts = head ? S : S * (2 + S);
+    size_t xn = (size_t)n * S * d, yn = (size_t)n * d, mn = (size_t)n * parts;
+    float *rx, *dx, *rm, *dm, *rb, *db, *rs, *ds, *ry, *dy, *rp, *dp, *rc, *dc;
+    BOTH(ops_rand(t, xn, -1, 1), sizeof(float) * xn, rx, dx);
+    BOTH(ops_rand(t, mn, -3, 3), sizeof(float) * mn, rm, dm);
+    BOTH(ops_rand(t, (size_t)parts, -1, 1), sizeof(float) * parts, rb, db);
+    BOTH(ops_rand(t, 3, 0.2f, 1.5f), sizeof(float) * 3, rs, ds);
+    BOTH(NULL, sizeof(float) * yn, ry, dy);
+    BOTH(NULL, sizeof(float) * n * S, rp, dp);
+    BOTH(NULL, sizeof(float) * n * S * S, rc, dc);
+    struct be_hc rh = {.n_stream = S, .iters = iters, .eps = 1e-6f, .base = rb, .scale = rs};
+    struct be_hc dh = {.n_stream = S, .iters = iters, .eps = 1e-6f, .base = db, .scale = ds};
+    RUN2(t->ref->ops->hc_pre(t->ref, head ? NULL : rp, head ? NULL : rc, ry, rx, rm, n, d, &rh),
+         t->dut->ops->hc_pre(t->dut, head ? NULL : dp, head ? NULL : dc, dy, dx, dm, n, d, &dh));
+    ops_compare(t, "hc_pre", shape, ry, dy, yn);
+    if (!head) {
+        ops_compare(t, "hc_pre (post)", shape, rp, dp, (size_t)n * S);
+        ops_compare(t, "hc_pre (comb)", shape, rc, dc, (size_t)n * S * S);
+    }
+    ops_release(t);
+}
+
+static void check_hc_post(struct ops_ctx *t, int n, int S, int d)
+{
+    char shape[64];
+    snprintf(shape, sizeof shape, "n=%d S=%d d=%d", n, S, d);
+    size_t xn = (size_t)n * S * d;
+    float *rx, *dx, *ro, *dout, *rp, *dp, *rc, *dc, *ry, *dy;
+    BOTH(ops_rand(t, xn, -1, 1), sizeof(float) * xn, rx, dx);
+    BOTH(ops_rand(t, (size_t)n * d, -1, 1), sizeof(float) * n * d, ro, dout);
+    BOTH(ops_rand(t, (size_t)n * S, 0, 2), sizeof(float) * n * S, rp, dp);
+    BOTH(ops_rand(t, (size_t)n * S * S, 0, 1), sizeof(float) * n * S * S, rc, dc);
+    BOTH(NULL, sizeof(float) * xn, ry, dy);
+    RUN2(t->ref->ops->hc_post(t->ref, ry, rx, ro, rp, rc, n, d, S),
+         t->dut->ops->hc_post(t->dut, dy, dx, dout, dp, dc, n, d, S));
+    ops_compare(t, "hc_post", shape, ry, dy, xn);
+    ops_release(t);
+}
+
+/* A RoPE table (max_pos, half, 2) of cosines and sines of random angles. */
+static float *ops_cos_sin(struct ops_ctx *t, int max_pos, int half)
+{
+    size_t m = (size_t)max_pos * (half > 0 ? half : 1);
+    float *cs = ops_host(t, sizeof(float) * 2 * m);
+    if (cs)
+        for (size_t j = 0; j < m; j++) {
+            float a = ops_uniform(t, -3.14159f, 3.14159f);
+            cs[2 * j] = cosf(a);
+            cs[2 * j + 1] = sinf(a);
+        }
+    return cs;
+}
+
+/* v4_compress: n tokens at pos0.. over a cache of random rows (through kv_write, in `type`)
+ * holding each position's compressor kv and gate channels; tokens that close a window get its
+ * entry, the others (a partial tail among them) zeros; rows of out are ldo = c + 3 apart, the
+ * gap left as it was. overlap: CSA's two halves over 2 rate slots. */
+static void check_v4_compress(struct ops_ctx *t, int pos0, int n, int rate, int c, int overlap,
+                              int rot, enum be_kv_type type)
+{
+    char shape[80];
+    snprintf(shape, sizeof shape, "p0=%d n=%d rate=%d c=%d%s rot=%d %s", pos0, n, rate, c,
+             overlap ? " ovl" : "", rot, engine_kv_type_name(type));
+    int bs = 16, halves = overlap ? 2 : 1, kv_off = 3, gate_off = kv_off + halves * c;
+    int row = gate_off + halves * c + 5, P = pos0 + n, n_blocks = (P + bs - 1) / bs + 2;
+    int ldo = c + 3;
+    size_t on = (size_t)n * ldo;
+    int32_t *bt = ops_block_table(t, 0, n_blocks);
+    float *rows = ops_rand(t, (size_t)P * row, -2, 2);
+    float *rr, *dr, *rbias, *dbias, *rnorm, *dnorm, *rcs, *dcs, *ro, *dout;
+    int32_t *rb, *db;
+    BOTH(rows, sizeof(float) * P * row, rr, dr);
+    BOTH(ops_rand(t, (size_t)rate * halves * c, -1, 1), sizeof(float) * rate * halves * c, rbias,
+         dbias);
+    BOTH(ops_rand(t, (size_t)c, 0.5f, 1.5f), sizeof(float) * c, rnorm, dnorm);
+    BOTH(ops_cos_sin(t, P, rot / 2), sizeof(float) * P * (rot > 0 ? rot : 2), rcs, dcs);
+    BOTH(ops_rand(t, on, -1, 1), sizeof(float) * on, ro, dout);
+    BOTH(bt, sizeof(int32_t) * n_blocks, rb, db);
+    struct be_kv rkv = typed_kv(t->ref, type, n_blocks, bs, row, row);
+    struct be_kv dkv = typed_kv(t->dut, type, n_blocks, bs, row, row);
+    if (!rkv.k || !dkv.k) t->oom = 1;
+    struct be_tokens rall = {.tables = rb, .pos0 = 0}, dall = {.tables = db, .pos0 = 0};
+    struct be_tokens rt = {.tables = rb, .pos0 = pos0}, dt = {.tables = db, .pos0 = pos0};
+    struct be_v4cmp rp = {.rate = rate, .c = c, .overlap = overlap, .kv_off = kv_off,
+                          .gate_off = gate_off, .k_row = row, .bias = rbias, .norm = rnorm,
+                          .eps = 1e-6f, .rot_dim = rot, .cos_sin = rcs},
+                    dp = rp;
+    dp.bias = dbias, dp.norm = dnorm, dp.cos_sin = dcs;
+    RUN2(t->ref->ops->kv_write(t->ref, &rkv, rr, NULL, &rall, bs, P, row),
+         t->dut->ops->kv_write(t->dut, &dkv, dr, NULL, &dall, bs, P, row));
+    RUN2(t->ref->ops->v4_compress(t->ref, ro, ldo, &rkv, &rt, bs, n, &rp),
+         t->dut->ops->v4_compress(t->dut, dout, ldo, &dkv, &dt, bs, n, &dp));
+    ops_compare(t, "v4_compress", shape, ro, dout, on);
+    /* every token that closes a window has an entry (the reference's is not zero) */
+    float *h = ops_host(t, sizeof(float) * on);
+    if (!t->oom && h) {
+        t->ref->ops->download(t->ref, h, ro, sizeof(float) * on);
+        int closing = 0, empty = 0;
+        for (int i = 0; i < n; i++) {
+            if ((pos0 + i + 1) % rate) continue;
+            int nz = 0;
+            for (int k = 0; k < c; k++) nz += h[(size_t)i * ldo + k] != 0.0f;
+            closing++;
+            empty += nz == 0;
+        }
+        CHECKF(closing > 0 && empty == 0, "v4_compress %s: %d of %d entries all zeros", shape,
+               empty, closing);
+    }
+    ops_release(t);
+    if (rkv.k) kv_layer_free(t->ref, &rkv);
+    if (dkv.k) kv_layer_free(t->dut, &dkv);
+}
+
+enum { V4_SLIDING, V4_CSA, V4_HCA };
+
+/* v4_attention of one layer kind for a whole step: n_seq sequences of up to len positions in
+ * one (n_seq, stride) block table, each with a prefill chunk or one decode token at a random
+ * position (so most sit inside a window that is not complete: its entry is not attended).
+ * Rows: the key (dim), the compressed entry (dim at ent_off = dim) and the indexer's key (idim
+ * at 2 dim), random, written through kv_write in `type`. CSA: dsa_select with V4's rate picks
+ * topk of the completed entries on each backend (the selections must be equal), and each
+ * attends with its own; HCA: every completed entry; sliding: the window only. */
+static void check_v4_attention(struct ops_ctx *t, int kind, int n_seq, int len, int n_head,
+                               int dim, int window, int rate, int topk, int idim,
+                               enum be_kv_type type)
+{
+    static const char *const kinds[] = {"sliding", "csa", "hca"};
+    char shape[80];
+    snprintf(shape, sizeof shape, "%s seqs=%d len=%d h=%d d=%d w=%d r=%d k=%d %s", kinds[kind],
+             n_seq, len, n_head, dim, window, kind ? rate : 0, kind == V4_CSA ? topk : 0,
+             engine_kv_type_name(type));
+    int bs = 16, row = 2 * dim + idim, stride = (len + bs - 1) / bs, n_blocks = n_seq * stride;
+    int i_heads = 4;
+    int32_t *tables = ops_host(t, sizeof(int32_t) * n_blocks);
+    int32_t *seq = ops_host(t, sizeof(int32_t) * n_seq * 8), *pos = ops_host(t, sizeof(int32_t) * n_seq * 8);
+    int32_t *all_seq = ops_host(t, sizeof(int32_t) * n_seq * len);
+    int32_t *all_pos = ops_host(t, sizeof(int32_t) * n_seq * len);
+    int n = 0, n_all = n_seq * len;
+    if (tables && seq && pos && all_seq && all_pos) {
+        for (int i = 0; i < n_blocks; i++) tables[i] = i;
+        for (int i = n_blocks - 1; i > 0; i--) {
+            int j = ops_int(t, 0, i + 1);
+            int32_t tmp = tables[i];
+            tables[i] = tables[j];
+            tables[j] = tmp;
+        }
+        for (int s = 0; s < n_seq; s++) {
+            int run = s % 3 == 0 ? ops_int(t, 2, 8) : 1;
+            int p0 = s == 0 ? len - run : ops_int(t, 0, len - run); /* one at the end */
+            for (int i = 0; i < run; i++, n++) {
+                seq[n] = s;
+                pos[n] = p0 + i;
+            }
+            for (int p = 0; p < len; p++) {
+                all_seq[s * len + p] = s;
+                all_pos[s * len + p] = p;
+            }
+        }
+    }
+    size_t qn = (size_t)n * n_head * dim, iq = (size_t)n * i_heads * idim;
+    size_t all_n = (size_t)n_all * row;
+    float *rq, *dq, *rrows, *drows, *ro, *dout, *rsk, *dsk, *riq, *diq, *riw, *diw;
+    int32_t *rtb, *dtb, *rs, *ds, *rp, *dp, *ras, *das, *rap, *dap, *rsel, *dsel, *rsn, *dsn;
+    BOTH(ops_rand(t, qn, -1, 1), sizeof(float) * qn, rq, dq);
+    BOTH(ops_rand(t, all_n, -1, 1), sizeof(float) * all_n, rrows, drows);
+    BOTH(ops_rand(t, (size_t)n_head, -1, 2), sizeof(float) * n_head, rsk, dsk);
+    BOTH(ops_rand(t, iq, -1, 1), sizeof(float) * (iq ? iq : 1), riq, diq);
+    BOTH(ops_rand(t, (size_t)n * i_heads, -1, 1), sizeof(float) * n * i_heads, riw, diw);
+    BOTH(tables, sizeof(int32_t) * n_blocks, rtb, dtb);
+    BOTH(seq, sizeof(int32_t) * n, rs, ds);
+    BOTH(pos, sizeof(int32_t) * n, rp, dp);
+    BOTH(all_seq, sizeof(int32_t) * n_all, ras, das);
+    BOTH(all_pos, sizeof(int32_t) * n_all, rap, dap);
+    BOTH(NULL, sizeof(int32_t) * n * (topk > 0 ? topk : 1), rsel, dsel);
+    BOTH(NULL, sizeof(int32_t) * n, rsn, dsn);
+    BOTH(NULL, sizeof(float) * qn, ro, dout);
+    struct be_kv rkv = typed_kv(t->ref, type, n_blocks, bs, row, row);
+    struct be_kv dkv = typed_kv(t->dut, type, n_blocks, bs, row, row);
+    if (!rkv.k || !dkv.k) t->oom = 1;
+    struct be_tokens rt = {rtb, stride, rs, rp, 0}, dt = {dtb, stride, ds, dp, 0};
+    struct be_tokens rat = {rtb, stride, ras, rap, 0}, dat = {dtb, stride, das, dap, 0};
+    RUN2(t->ref->ops->kv_write(t->ref, &rkv, rrows, NULL, &rat, bs, n_all, row),
+         t->dut->ops->kv_write(t->dut, &dkv, drows, NULL, &dat, bs, n_all, row));
+    struct be_v4attn ra = {.n_head = n_head, .dim = dim, .k_row = row, .window = window,
+                           .rate = kind == V4_SLIDING ? 0 : rate, .ent_off = dim,
+                           .scale = 1.0f / sqrtf((float)dim), .sinks = rsk},
+                     da = ra;
+    da.sinks = dsk;
+    if (kind == V4_CSA) {
+        struct be_dsa p = {.n_head = i_heads, .dim = idim, .k_off = 2 * dim, .k_row = row,
+                           .topk = topk, .scale = 1.0f / sqrtf((float)idim), .rate = rate};
+        RUN2(t->ref->ops->dsa_select(t->ref, rsel, rsn, riq, riw, &rkv, &rt, bs, n, &p),
+             t->dut->ops->dsa_select(t->dut, dsel, dsn, diq, diw, &dkv, &dt, bs, n, &p));
+        ops_compare_int(t, "dsa_select (v4 n)", shape, rsn, dsn, (size_t)n);
+        /* only the listed entries (sel_n of them, or none where sel_n is -1) are defined */
+        int32_t *hn = ops_host(t, sizeof(int32_t) * (n ? n : 1));
+        int32_t *hr = ops_host(t, sizeof(int32_t) * n * topk);
+        int32_t *hd = ops_host(t, sizeof(int32_t) * n * topk);
+        if (!t->oom) {
+            t->ref->ops->download(t->ref, hn, rsn, sizeof(int32_t) * n);
+            t->ref->ops->download(t->ref, hr, rsel, sizeof(int32_t) * n * topk);
+            t->dut->ops->download(t->dut, hd, dsel, sizeof(int32_t) * n * topk);
+            size_t bad = 0, listed = 0;
+            for (int i = 0; i < n; i++)
+                for (int j = 0; j < hn[i]; j++, listed++)
+                    bad += hr[(size_t)i * topk + j] != hd[(size_t)i * topk + j];
+            printf("%-16s %-34s %10zu %10s  %s\n", "dsa_select (v4)", shape, bad, "differ",
+                   bad ? "FAIL" : "ok");
+            CHECKF(bad == 0, "dsa_select (v4) %s: %zu of %zu entries differ", shape, bad, listed);
+        }
+        ra.sel = rsel, ra.sel_n = rsn, ra.sel_stride = topk;
+        da.sel = dsel, da.sel_n = dsn, da.sel_stride = topk;
+    }
+    RUN2(t->ref->ops->v4_attention(t->ref, ro, rq, &rkv, &rt, bs, n, &ra),
+         t->dut->ops->v4_attention(t->dut, dout, dq, &dkv, &dt, bs, n, &da));
+    ops_compare(t, "v4_attention", shape, ro, dout, qn);
+    ops_nonzero(t, "v4_attention", shape, ro, qn);
+    ops_release(t);
+    if (rkv.k) kv_layer_free(t->ref, &rkv);
+    if (dkv.k) kv_layer_free(t->dut, &dkv);
+}
+
 static void check_all_ops(struct ops_ctx *t)
 {
     printf("%-16s %-34s %10s %10s  %s\n", "op", "shape", "rel_err", "max_abs", "result");
@@ -1015,6 +1260,25 @@ static void check_all_ops(struct ops_ctx *t)
     check_dsa(t, 0, 40, 4, 32, 8, 48, 4);    /* prefill: the first 8 positions attend to all */
     check_dsa(t, 300, 1, 8, 64, 32, 64, 16); /* decode at depth */
     check_dsa(t, 1100, 5, 4, 64, 500, 32, 2); /* a selection wider than the block */
+    /* DeepSeek-V4 */
+    check_hc_pre(t, 7, 4, 64, 20, 0);   /* the fixture's hc_mult 4, 20 Sinkhorn steps */
+    check_hc_pre(t, 3, 16, 200, 1, 0);  /* the widest hc_mult, one round (columns only) */
+    check_hc_pre(t, 5, 4, 96, 0, 1);    /* hc_head's collapse */
+    check_hc_post(t, 7, 4, 64);
+    check_hc_post(t, 2, 16, 300);
+    check_v4_compress(t, 0, 23, 4, 32, 1, 8, BE_KV_F32);   /* CSA, w = 0 alone, tail 20..22 */
+    check_v4_compress(t, 5, 30, 8, 64, 0, 16, BE_KV_F32);  /* HCA, tail 32..34 partial */
+    check_v4_compress(t, 39, 1, 8, 64, 0, 16, BE_KV_F32);  /* decode closing a window */
+    check_v4_compress(t, 61, 6, 4, 128, 1, 64, BE_KV_BF16); /* 64..66 a partial tail */
+    check_v4_compress(t, 0, 40, 8, 48, 1, 8, BE_KV_INT8);
+    check_v4_attention(t, V4_SLIDING, 7, 96, 4, 32, 8, 0, 0, 16, BE_KV_F32);
+    check_v4_attention(t, V4_CSA, 7, 96, 4, 32, 8, 4, 3, 16, BE_KV_F32);
+    check_v4_attention(t, V4_HCA, 7, 96, 4, 32, 8, 8, 0, 16, BE_KV_F32);
+    check_v4_attention(t, V4_CSA, 9, 300, 8, 128, 32, 4, 20, 64, BE_KV_F32);
+    check_v4_attention(t, V4_HCA, 4, 700, 2, 512, 128, 16, 0, 16, BE_KV_F32); /* 4 dims each */
+    check_v4_attention(t, V4_CSA, 5, 96, 4, 64, 8, 4, 3, 16, BE_KV_BF16);
+    check_v4_attention(t, V4_HCA, 5, 96, 4, 64, 8, 8, 0, 16, BE_KV_INT8);
+    check_v4_attention(t, V4_SLIDING, 2, 4600, 2, 64, 4500, 0, 0, 16, BE_KV_F32); /* 2 chunks */
 }
 
 #ifdef MOESERVE_HAVE_NCCL

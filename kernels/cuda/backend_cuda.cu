@@ -759,6 +759,41 @@ static void cb_mul_rows(struct backend *be, float *x, const float *sc, int n, in
     cb_note(b, cuk_mul_rows(b->stream, x, sc, n, d, CB_ERR(b)));
 }
 
+/* DeepSeek-V4 (v4.cu): shared memory only, nothing reserved */
+static void cb_hc_pre(struct backend *be, float *post, float *comb, float *y, const float *x,
+                      const float *mix, int n, int d, const struct be_hc *h)
+{
+    struct cuda_backend *b = cb_of(be);
+    if (n <= 0 || cb_enter(b) < 0) return;
+    cb_note(b, cuk_hc_pre(b->stream, post, comb, y, x, mix, n, d, h, CB_ERR(b)));
+}
+
+static void cb_hc_post(struct backend *be, float *y, const float *x, const float *out,
+                       const float *post, const float *comb, int n, int d, int n_stream)
+{
+    struct cuda_backend *b = cb_of(be);
+    if (n <= 0 || d <= 0 || cb_enter(b) < 0) return;
+    cb_note(b, cuk_hc_post(b->stream, y, x, out, post, comb, n, d, n_stream, CB_ERR(b)));
+}
+
+static void cb_v4_compress(struct backend *be, float *out, int ldo, const struct be_kv *kv,
+                           const struct be_tokens *tk, int block_size, int n,
+                           const struct be_v4cmp *p)
+{
+    struct cuda_backend *b = cb_of(be);
+    if (n <= 0 || cb_enter(b) < 0) return;
+    cb_note(b, cuk_v4_compress(b->stream, out, ldo, kv, tk, block_size, n, p, CB_ERR(b)));
+}
+
+static void cb_v4_attention(struct backend *be, float *out, const float *q,
+                            const struct be_kv *kv, const struct be_tokens *tk, int block_size,
+                            int n, const struct be_v4attn *a)
+{
+    struct cuda_backend *b = cb_of(be);
+    if (n <= 0 || cb_enter(b) < 0) return;
+    cb_note(b, cuk_v4_attention(b->stream, out, q, kv, tk, block_size, n, a, CB_ERR(b)));
+}
+
 static_assert(sizeof(struct backend_ops) == 45 * sizeof(void *),
               "struct backend_ops changed: update cuda_ops to match kernels/backend.h");
 
@@ -802,11 +837,10 @@ static const struct backend_ops cuda_ops = {
     /* .mul_sigmoid */ cb_mul_sigmoid,
     /* .gdn */ cb_gdn,
     /* .mamba2 */ cb_mamba2,
-    /* DeepSeek-V4: CPU only for now (the engine refuses such a model here by name) */
-    /* .hc_pre */ NULL,
-    /* .hc_post */ NULL,
-    /* .v4_compress */ NULL,
-    /* .v4_attention */ NULL,
+    /* .hc_pre */ cb_hc_pre,
+    /* .hc_post */ cb_hc_post,
+    /* .v4_compress */ cb_v4_compress,
+    /* .v4_attention */ cb_v4_attention,
     /* .scale */ cb_scale,
     /* .mul_rows */ cb_mul_rows,
 };

@@ -143,11 +143,29 @@ int cuk_attention(cudaStream_t st, float *out, const float *q, const struct be_k
                   const struct be_tokens *tk, int block_size, int n, const struct be_attn *a,
                   char *err, size_t errlen);
 
-/* dsa.cu: backend.h dsa_select, with a scratch of `rows` tokens' scores of max_ctx floats each
- * (a call of more tokens runs in launches of `rows`) */
+/* dsa.cu: backend.h dsa_select (DeepSeek-V4's compressed entries too: be_dsa.rate > 1), with a
+ * scratch of `rows` tokens' scores of max_ctx floats each (a call of more tokens runs in
+ * launches of `rows`) */
 int cuk_dsa_select(cudaStream_t st, int32_t *sel, int32_t *sel_n, const float *q, const float *w,
                    const struct be_kv *kv, const struct be_tokens *tk, int block_size, int n,
                    const struct be_dsa *p, float *scores, int rows, int max_ctx, char *err,
                    size_t errlen);
+
+/* v4.cu: backend.h hc_pre, hc_post, v4_compress, v4_attention (DeepSeek-V4). n_stream <=
+ * CUK_V4_MAX_STREAMS (the config parser's bound), an attention head <= CUK_V4_MAX_DIM wide, a
+ * compressed entry <= CUK_V4_MAX_ENTRY channels (V4-Flash: 512 and 128). No scratch. */
+#define CUK_V4_MAX_STREAMS 16
+#define CUK_V4_MAX_DIM 512
+#define CUK_V4_MAX_ENTRY 8192
+int cuk_hc_pre(cudaStream_t st, float *post, float *comb, float *y, const float *x,
+               const float *mix, int n, int d, const struct be_hc *h, char *err, size_t errlen);
+int cuk_hc_post(cudaStream_t st, float *y, const float *x, const float *out, const float *post,
+                const float *comb, int n, int d, int n_stream, char *err, size_t errlen);
+int cuk_v4_compress(cudaStream_t st, float *out, int ldo, const struct be_kv *kv,
+                    const struct be_tokens *tk, int block_size, int n, const struct be_v4cmp *p,
+                    char *err, size_t errlen);
+int cuk_v4_attention(cudaStream_t st, float *out, const float *q, const struct be_kv *kv,
+                     const struct be_tokens *tk, int block_size, int n, const struct be_v4attn *a,
+                     char *err, size_t errlen);
 
 #endif

@@ -7,8 +7,10 @@
  * 8-bit digits, a shared histogram per digit), then one ascending pass in chunks of the block
  * that keeps the positions above it and the earliest ones equal to it (block prefix sums give
  * each kept position its slot). The scratch holds DS_ROWS tokens' scores, so a call of more
- * tokens runs as several launches on the stream. Scores differ from the CPU's only by the
- * summation order of the dot products; correctness first, no tensor cores. */
+ * tokens runs as several launches on the stream. DeepSeek-V4 (be_dsa.rate > 1) scores its
+ * completed compressed entries instead of every position, entry t's key at position
+ * (t + 1) rate - 1, and lists entry numbers, as the CPU does. Scores differ from the CPU's only
+ * by the summation order of the dot products; correctness first, no tensor cores. */
 #include <cub/block/block_scan.cuh>
 #include <math.h>
 
@@ -37,7 +39,8 @@ static __device__ inline int ds_exclusive(ds_scan_t::TempStorage &tmp, int v, in
     return out;
 }
 
-/* grid = n tokens (from tok0 of the call); dynamic shared memory = n_head * (dim + 1) floats:
+/* grid = n tokens (from tok0 of the call); P candidates per token: its positions [0, pos], or
+ * with rate > 1 its completed entries; dynamic shared memory = n_head * (dim + 1) floats:
  * the token's index queries and head weights. scores: (gridDim.x, max_ctx). */
 static __global__ void __launch_bounds__(DS_THREADS)
     ds_select_kernel(int32_t *sel, int32_t *sel_n, const float *q, const float *wt,
@@ -50,7 +53,8 @@ static __global__ void __launch_bounds__(DS_THREADS)
     __shared__ int s_want;
     __shared__ typename ds_scan_t::TempStorage scan_tmp;
     int i = tok0 + blockIdx.x;
-    int pos = tk.pos ? tk.pos[i] : tk.pos0 + i, P = pos + 1;
+    int rate = p.rate > 1 ? p.rate : 1; /* DeepSeek-V4: entries of `rate` positions */
+    int pos = tk.pos ? tk.pos[i] : tk.pos0 + i, P = (pos + 1) / rate;
     int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, n_warp = blockDim.x >> 5;
     if (P <= p.topk) {
         if (tid == 0) sel_n[i] = -1;
@@ -72,8 +76,9 @@ static __global__ void __launch_bounds__(DS_THREADS)
     size_t es = (size_t)kv_type_size(kv.type);
     float *s = scores + (size_t)blockIdx.x * (size_t)max_ctx;
     for (int t = warp; t < P; t += n_warp) {
-        size_t blk = (size_t)table[t / block_size];
-        int slot = t % block_size;
+        int at = t * rate + rate - 1; /* the candidate's cache position */
+        size_t blk = (size_t)table[at / block_size];
+        int slot = at % block_size;
         float ksc = kv.type == BE_KV_INT8 ? kv.k_sc[kv_seg_offset(blk, slot, block_size, 1, 0, 1)]
                     : kv.type == BE_KV_FP8_E4M3 || kv.type == BE_KV_FP8_E5M2 ? kv.k_scale
                                                                              : 1.0f;

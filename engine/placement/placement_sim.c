@@ -20,6 +20,10 @@ struct psim {
     int32_t *buf;          /* (L, batch_tokens, top_k) the step being filled */
     int fill;
     double *dev_flops;     /* (N) */
+    /* (4, N) rows each device sends and receives in this layer's dispatch: a row per remote
+     * expert row (sent, received), then a row per (token, remote device) */
+    double *link;
+    double link_ms, link_ms_dedup; /* the cost model's exchange time, summed over steps */
     uint32_t *stamp;       /* (N) last (layer, token) that sent a row to each device */
     uint32_t *nstamp;      /* (nodes) the same for each node */
     int per_node;          /* devices per node (nodes > 1), else 0 */
@@ -39,6 +43,7 @@ void psim_free(struct psim *s)
     free(s->width);
     free(s->buf);
     free(s->dev_flops);
+    free(s->link);
     free(s->stamp);
     free(s->nstamp);
     free(s->win);
@@ -63,6 +68,7 @@ int psim_create(const struct plc_model *md, const struct plc_map *map, const str
     s->width = malloc(sizeof(int) * (size_t)s->E);
     s->buf = malloc(sizeof(int32_t) * (size_t)s->L * c->batch_tokens * s->K);
     s->dev_flops = calloc((size_t)s->N, sizeof(double));
+    s->link = calloc((size_t)4 * s->N, sizeof(double));
     s->stamp = calloc((size_t)s->N, sizeof(uint32_t));
     s->win = calloc((size_t)s->L * s->N, sizeof(double));
     if (c->nodes > 1 && s->N % c->nodes == 0) { /* else node traffic is not counted */
@@ -70,7 +76,7 @@ int psim_create(const struct plc_model *md, const struct plc_map *map, const str
         s->nstamp = calloc((size_t)c->nodes, sizeof(uint32_t));
     }
     double *mem = calloc((size_t)s->N, sizeof(double));
-    if (!s->width || !s->buf || !s->dev_flops || !s->stamp || !s->win || !mem ||
+    if (!s->width || !s->buf || !s->dev_flops || !s->link || !s->stamp || !s->win || !mem ||
         (s->per_node && !s->nstamp) ||
         plc_map_copy(&s->map, map) != 0) {
         free(mem);
@@ -100,12 +106,31 @@ int psim_create(const struct plc_model *md, const struct plc_map *map, const str
     return 0;
 }
 
+/* The link cost model's time for one layer's dispatch and combine: each is an exchange of
+ * rounds_per_layer / 2 latency rounds, and lasts until the busiest link (a device's sends or its
+ * receives, whichever is more) has carried its rows. */
+static double link_ms(const struct psim *s, const double *sent, const double *recv)
+{
+    const struct psim_config *c = &s->c;
+    double busiest = 0.0;
+    for (int d = 0; d < s->N; d++) {
+        busiest = sent[d] > busiest ? sent[d] : busiest;
+        busiest = recv[d] > busiest ? recv[d] : busiest;
+    }
+    double bytes_per_ms = c->link_gbps * c->link_efficiency * 1e9 / 8.0 / 1e3;
+    double row = (double)s->d_model * c->act_bytes;
+    return c->rounds_per_layer * c->link_latency_us * 1e-3 + 2.0 * busiest * row / bytes_per_ms;
+}
+
 static void eval_step(struct psim *s, int B)
 {
     int L = s->L, K = s->K, N = s->N;
+    double *sent = s->link, *recv = s->link + N, *sent_t = s->link + 2 * N,
+           *recv_t = s->link + 3 * N;
     for (int l = 0; l < L; l++) {
         const int32_t *lay = s->buf + (size_t)l * s->c.batch_tokens * K;
         for (int d = 0; d < N; d++) s->dev_flops[d] = 0.0;
+        memset(s->link, 0, sizeof(double) * 4 * (size_t)N);
         double total = 0.0;
         for (int t = 0; t < B; t++) {
             int home = (int)((long)t * N / B);
@@ -134,11 +159,19 @@ static void eval_step(struct psim *s, int B)
                 }
                 if (d == home) continue;
                 s->cross_rows++;
+                sent[home]++;
+                recv[d]++;
                 if (s->stamp[d] != tick) {
                     s->stamp[d] = tick;
                     s->cross_sends++;
+                    sent_t[home]++;
+                    recv_t[d]++;
                 }
             }
+        }
+        if (s->c.link_gbps > 0) {
+            s->link_ms += link_ms(s, sent, recv);
+            s->link_ms_dedup += link_ms(s, sent_t, recv_t);
         }
         for (int d = 0; d < N; d++) s->win[(size_t)l * N + d] += s->dev_flops[d];
         if (total <= 0) continue;
@@ -205,6 +238,8 @@ void psim_result(struct psim *s, struct psim_result *out)
     double row = (double)s->d_model * s->c.act_bytes, tok = s->tokens ? (double)s->tokens : 1.0;
     out->bytes_token = 2.0 * (double)s->cross_rows * row / tok;
     out->bytes_token_dedup = ((double)s->cross_sends + (double)s->cross_rows) * row / tok;
+    out->link_ms_step = s->steps ? s->link_ms / (double)s->steps : 0.0;
+    out->link_ms_step_dedup = s->steps ? s->link_ms_dedup / (double)s->steps : 0.0;
     out->mem_max = s->mem_max;
     out->mem_mean = s->mem_mean;
     out->slots_max = s->slots_max;
@@ -395,7 +430,11 @@ int psim_run(const struct psim_run_params *p, const int *devs, int n_devs,
             struct psim_config sc = {.batch_tokens = p->tokens_per_dev * N,
                                      .act_bytes = p->act_bytes > 0 ? p->act_bytes : 2,
                                      .weight_bytes = p->weight_bytes > 0 ? p->weight_bytes : 2,
-                                     .nodes = p->nodes};
+                                     .nodes = p->nodes, .link_gbps = p->link_gbps,
+                                     .link_latency_us = p->link_latency_us,
+                                     .link_efficiency = p->link_efficiency > 0 ? p->link_efficiency
+                                                                               : 1.0,
+                                     .rounds_per_layer = p->rounds_per_layer};
             int prc = psim_create(&md, &map, &sc, &sims[i * n_pols + j], c->why, sizeof c->why);
             plc_map_free(&map);
             c->ok = prc == 0;

@@ -16,7 +16,15 @@
  *   bytes        per token over all layers, dispatch and combine: the engine's exchange (a row
  *                each way per remote expert row) and the deduplicated one (a row per remote
  *                device out, a row per remote expert back);
- *   memory       expert weights each device holds, all layers (replicas included).
+ *   memory       expert weights each device holds, all layers (replicas included);
+ *   link time    with a link cost model (link_gbps > 0): per step, summed over MoE layers, the
+ *                dispatch and the combine each take rounds_per_layer / 2 latency rounds of
+ *                link_latency_us, plus the busiest device link's rows (sent or received, the
+ *                larger) at link_gbps x link_efficiency; once for the engine's exchange (a row
+ *                per remote expert row) and once deduplicated (a row per (token, remote
+ *                device) each way: the partial sums come back once per device). Every device
+ *                has its own link (as a GPU with its own NIC); nodes are not modelled there.
+ *                bench/net_scale.py measures the efficiency and the software latency.
  *
  * Ownership: psim_create copies the map; psim_feed allocates nothing. */
 #ifndef MOESERVE_PLACEMENT_SIM_H
@@ -34,6 +42,9 @@ struct psim_config {
     int weight_bytes;  /* bytes per expert weight (2: bf16) */
     int nodes;         /* > 1: devices are in this many nodes of N / nodes (device d on node
                           d / (N / nodes)), and rows crossing nodes are counted */
+    /* the link cost model (link_gbps 0: none) */
+    double link_gbps, link_latency_us, link_efficiency;
+    int rounds_per_layer;
 };
 
 struct psim_result {
@@ -52,6 +63,7 @@ struct psim_result {
     double cross_node_sends;   /* (token, other node) pairs over rows */
     double mem_max, mem_mean;  /* expert weight bytes on a device (max, mean) */
     int slots_max;             /* physical experts on the fullest device, per layer (max) */
+    double link_ms_step, link_ms_step_dedup; /* the link cost model's exchange time per step */
 };
 
 struct psim;
@@ -82,6 +94,8 @@ struct psim_run_params {
     int slots_per_dev;     /* 0: the fewest that fit */
     double c2r_bound;      /* 0: 1.10 */
     int act_bytes, weight_bytes;
+    double link_gbps, link_latency_us, link_efficiency; /* the link cost model (psim_config) */
+    int rounds_per_layer;
     int nodes;             /* > 1: devices in this many nodes; cross-node rows are counted, and
                               the policies marked in `hier` are placed over the nodes */
     const bool *hier;      /* (n_pols) place this policy hierarchically (eplb), or NULL */

@@ -558,7 +558,7 @@ int cli_placement_sim(int argc, char **argv)
 {
     static const char *cmd = "placement-sim";
     enum { O_TRACE = 256, O_DEVS, O_POLS, O_TPD, O_STEPS, O_FIT, O_RPD, O_R, O_SLOTS, O_BOUND,
-           O_ACT, O_WB, O_CSV, O_ORDER, O_SEED, O_NODES };
+           O_ACT, O_WB, O_CSV, O_ORDER, O_SEED, O_NODES, O_GBPS, O_LAT, O_EFF, O_ROUNDS };
     static const struct option lo[] = {
         {"trace", required_argument, 0, O_TRACE},
         {"devices", required_argument, 0, O_DEVS},
@@ -576,12 +576,16 @@ int cli_placement_sim(int argc, char **argv)
         {"order", required_argument, 0, O_ORDER},
         {"seed", required_argument, 0, O_SEED},
         {"nodes", required_argument, 0, O_NODES},
+        {"link-gbps", required_argument, 0, O_GBPS},
+        {"link-latency-us", required_argument, 0, O_LAT},
+        {"link-efficiency", required_argument, 0, O_EFF},
+        {"rounds-per-layer", required_argument, 0, O_ROUNDS},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
     struct psim_run_params p = {.tokens_per_dev = 256, .seed = 1, .min_steps = 8, .redundant = -1,
                                 .replicas_per_dev = 1, .c2r_bound = PLC_C2R_BOUND, .act_bytes = 2,
-                                .weight_bytes = 2};
+                                .weight_bytes = 2, .link_efficiency = 1.0, .rounds_per_layer = 4};
     int devs[MAX_LIST] = {2, 4, 8, 16, 64, 256}, n_devs = 6, n_pols = PLC_N_POLICIES;
     /* one more entry: eplb placed over the nodes (--nodes), next to the flat one */
     enum plc_policy pols[PLC_N_POLICIES + 1] = {PLC_POLICY_CONTIGUOUS, PLC_POLICY_MOHGE,
@@ -647,6 +651,10 @@ int cli_placement_sim(int argc, char **argv)
             }
             break;
         case O_NODES: rc = cli_parse_int(cmd, "--nodes", optarg, 1, 4096, &p.nodes); break;
+        case O_GBPS: rc = cli_parse_double(cmd, "--link-gbps", optarg, 0.001, 1e6, &p.link_gbps); break;
+        case O_LAT: rc = cli_parse_double(cmd, "--link-latency-us", optarg, 0, 1e7, &p.link_latency_us); break;
+        case O_EFF: rc = cli_parse_double(cmd, "--link-efficiency", optarg, 0.001, 1, &p.link_efficiency); break;
+        case O_ROUNDS: rc = cli_parse_int(cmd, "--rounds-per-layer", optarg, 0, 1000, &p.rounds_per_layer); break;
         case O_SEED: {
             int seed;
             rc = cli_parse_int(cmd, "--seed", optarg, 0, 0x7fffffff, &seed);
@@ -672,13 +680,21 @@ int cli_placement_sim(int argc, char **argv)
                    "                              multiple of M): rows crossing nodes are\n"
                    "                              counted, and eplb is also placed over the\n"
                    "                              nodes first (eplb/nodes: hierarchical)\n"
+                   "  --link-gbps G               a link cost model: each device's link at G\n"
+                   "                              Gbit/s; adds the exchange time per step\n"
+                   "  --link-latency-us A         latency of one exchange round (0)\n"
+                   "  --link-efficiency F         share of G an exchange gets (1; measured by\n"
+                   "                              bench/net_scale.py)\n"
+                   "  --rounds-per-layer R        latency rounds per MoE layer (4: dispatch\n"
+                   "                              and combine, each counts then rows)\n"
                    "  --csv                       comma-separated output\n"
                    "Per policy and device count: imbalance (mean over steps and layers of\n"
                    "max/mean device expert FLOPs; the worst; over all steps summed), the share\n"
                    "of expert rows computed\n"
                    "off their token's device, (token, other device) pairs over rows (what a\n"
                    "once-per-device dispatch sends), all-to-all KB per token (a row per remote\n"
-                   "expert row each way; deduplicated), expert weight MB on the fullest device.\n");
+                   "expert row each way; deduplicated), expert weight MB on the fullest device;\n"
+                   "with --link-gbps, the exchange time per step (ms, all MoE layers) for both.\n");
             return 0;
         default: return 2;
         }
@@ -706,6 +722,7 @@ int cli_placement_sim(int argc, char **argv)
             }
         p.hier = hier;
     }
+    bool link = p.link_gbps > 0;
     struct psim_cell *cells = calloc((size_t)n_devs * n_pols, sizeof *cells);
     if (!cells) return 1;
     struct psim_summary sum;
@@ -719,7 +736,8 @@ int cli_placement_sim(int argc, char **argv)
         printf("devices,policy,redundant,imbalance,imbalance_worst,imbalance_window,"
                "predicted_imbalance,cross_rows,"
                "token_sends,a2a_kb_token,a2a_dedup_kb_token,expert_mb_device_max,slots_max,"
-               "steps,place_ms%s\n", p.nodes > 1 ? ",cross_node_rows,node_sends" : "");
+               "steps,place_ms%s%s\n", p.nodes > 1 ? ",cross_node_rows,node_sends" : "",
+               link ? ",link_ms_step,link_ms_step_dedup" : "");
     } else {
         printf("trace %s: model %s, %d MoE layers, %d experts, top-%d, d_model %d; fit %llu "
                "tokens, evaluated %llu (%s), %d tokens per device a step (%s)\n",
@@ -727,11 +745,17 @@ int cli_placement_sim(int argc, char **argv)
                (unsigned long long)sum.fit_tokens, (unsigned long long)sum.eval_tokens,
                p.fit_all ? "the same steps" : "even steps fit, odd steps evaluated",
                p.tokens_per_dev, p.trace_order ? "trace order" : "shuffled");
+        if (link)
+            printf("link cost model: %g Gbit/s per device at %.0f%%, %g us a round, %d rounds "
+                   "per MoE layer, %d bytes a value\n",
+                   p.link_gbps, 100 * p.link_efficiency, p.link_latency_us, p.rounds_per_layer,
+                   p.act_bytes);
         printf("\n| devices | policy | replicas | imbalance | worst | all steps | cross rows | "
-               "token sends | a2a KB/token | dedup KB/token | expert MB/device |%s\n"
-               "|---|---|---|---|---|---|---|---|---|---|---|%s\n",
+               "token sends | a2a KB/token | dedup KB/token | expert MB/device |%s%s\n"
+               "|---|---|---|---|---|---|---|---|---|---|---|%s%s\n",
                p.nodes > 1 ? " cross-node rows | node sends |" : "",
-               p.nodes > 1 ? "---|---|" : "");
+               link ? " link ms/step | dedup link ms/step |" : "",
+               p.nodes > 1 ? "---|---|" : "", link ? "---|---|" : "");
     }
     for (int i = 0; i < n_devs; i++)
         for (int j = 0; j < n_pols; j++) {
@@ -740,10 +764,11 @@ int cli_placement_sim(int argc, char **argv)
             const char *name = hier[j] ? "eplb/nodes" : plc_policy_name(pols[j]);
             if (!c->ok) {
                 if (csv)
-                    printf("%d,%s,,,,,,,,,,,,,%s\n", devs[i], name, p.nodes > 1 ? ",," : "");
+                    printf("%d,%s,,,,,,,,,,,,,%s%s\n", devs[i], name, p.nodes > 1 ? ",," : "",
+                           link ? ",," : "");
                 else
-                    printf("| %d | %s | — | n/a: %s | | | | | | | |%s\n", devs[i], name, c->why,
-                           p.nodes > 1 ? " | |" : "");
+                    printf("| %d | %s | — | n/a: %s | | | | | | | |%s%s\n", devs[i], name,
+                           c->why, p.nodes > 1 ? " | |" : "", link ? " | |" : "");
                 continue;
             }
             if (csv)
@@ -762,6 +787,9 @@ int cli_placement_sim(int argc, char **argv)
             if (p.nodes > 1)
                 printf(csv ? ",%.4f,%.4f" : " %.1f%% | %.1f%% |",
                        (csv ? 1 : 100) * r->cross_node_rows, (csv ? 1 : 100) * r->cross_node_sends);
+            if (link)
+                printf(csv ? ",%.4f,%.4f" : " %.2f | %.2f |", r->link_ms_step,
+                       r->link_ms_step_dedup);
             printf("\n");
         }
     free(cells);

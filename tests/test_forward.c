@@ -168,7 +168,6 @@ static void check_model(const char *tests, const char *name, bool bf16, enum mod
             CHECK(golden_prefill(en, &p[i], 0, b) == 0);
             double r = golden_rel_err(b, a, cnt);
             CHECKF(r <= 1e-6, "%s prompt %d: %d devices differ from 1 by %.3g", name, i, nd, r);
-            fprintf(stderr, "DEVDIFF %s %d %d %.3g\n", name, i, nd, r);
             engine_free(en);
         }
     }

@@ -13,9 +13,10 @@
  *   cross_sends  (token, other device) pairs over expert rows: the share when a token is sent
  *                to each device once and fanned out there to its experts (DeepEP, Occult) —
  *                co-locating a token's experts (c2r) lowers this one;
- *   bytes        per token over all layers, dispatch and combine: the engine's exchange (a row
- *                each way per remote expert row) and the deduplicated one (a row per remote
- *                device out, a row per remote expert back);
+ *   bytes        per token over all layers, dispatch and combine, activations only (the
+ *                expert ids that go with them are not counted): the engine's rows dispatch (a
+ *                row each way per remote expert row) and its tokens dispatch (engine/moe.h: a
+ *                row per remote device out, that device's partial sum back);
  *   memory       expert weights each device holds, all layers (replicas included).
  *
  * Ownership: psim_create copies the map; psim_feed allocates nothing. */
@@ -46,7 +47,7 @@ struct psim_result {
     double cross_rows;
     double cross_sends;
     double bytes_token;        /* a row per remote expert row, each way */
-    double bytes_token_dedup;  /* a row per remote device out, per remote expert row back */
+    double bytes_token_dedup;  /* a row per remote device each way (tokens dispatch) */
     double cross_node_rows;    /* with nodes: share of rows computed on another node than their
                                   token's */
     double cross_node_sends;   /* (token, other node) pairs over rows */

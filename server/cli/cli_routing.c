@@ -677,8 +677,9 @@ int cli_placement_sim(int argc, char **argv)
                    "max/mean device expert FLOPs; the worst; over all steps summed), the share\n"
                    "of expert rows computed\n"
                    "off their token's device, (token, other device) pairs over rows (what a\n"
-                   "once-per-device dispatch sends), all-to-all KB per token (a row per remote\n"
-                   "expert row each way; deduplicated), expert weight MB on the fullest device.\n");
+                   "once-per-device dispatch sends), all-to-all KB per token (--dispatch rows:\n"
+                   "a row per remote expert row each way; dedup, --dispatch tokens: a row per\n"
+                   "remote device each way), expert weight MB on the fullest device.\n");
             return 0;
         default: return 2;
         }

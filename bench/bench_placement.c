@@ -7,6 +7,7 @@
  *
  *   bench_placement MODEL [--devices 4] [--batch 16] [--context 64] [--steps 32]
  *                   [--redundant R (default: devices)] [--threads N] [--text FILE]
+ *                   [--dispatch tokens|rows (default tokens)]
  *
  * Prompts are slices of --text (tokenized) when given, else random tokens. */
 #include <math.h>
@@ -24,6 +25,7 @@
 struct opts {
     const char *model, *text;
     int devices, batch, context, steps, redundant, threads;
+    enum engine_dispatch dispatch;
 };
 
 struct run {
@@ -109,6 +111,7 @@ static struct engine *make(const struct model *m, const struct opts *o, const st
     engine_params_default(&ep);
     ep.n_devices = o->devices;
     ep.n_threads = o->threads;
+    ep.dispatch = o->dispatch;
     ep.max_seqs = o->batch;
     ep.max_batch_tokens = o->context > o->batch ? o->context : o->batch;
     ep.max_model_len = o->context + o->steps + 1;
@@ -165,9 +168,11 @@ int main(int argc, char **argv)
         else if (strcmp(a, "--redundant") == 0 && v) o.redundant = atoi(argv[++i]);
         else if (strcmp(a, "--threads") == 0 && v) o.threads = atoi(argv[++i]);
         else if (strcmp(a, "--text") == 0 && v) o.text = argv[++i];
+        else if (strcmp(a, "--dispatch") == 0 && v && engine_dispatch_parse(v, &o.dispatch) == 0) i++;
         else {
             fprintf(stderr, "usage: bench_placement MODEL [--devices N] [--batch B] [--context C] "
-                            "[--steps S] [--redundant R] [--threads T] [--text FILE]\n");
+                            "[--steps S] [--redundant R] [--threads T] [--text FILE] "
+                            "[--dispatch tokens|rows]\n");
             return 2;
         }
     }
@@ -206,9 +211,9 @@ int main(int argc, char **argv)
     engine_free(e);
     struct plc_stats st = {.flops = flops, .coact = coact};
     printf("model %s: %d MoE layers, %d experts, top-%d; %d CPU devices, batch %d, context %d, %d "
-           "decode steps%s\n\n",
+           "decode steps%s, --dispatch %s\n\n",
            o.model, pm.n_layer, pm.n_expert, pm.top_k, o.devices, o.batch, o.context, o.steps,
-           o.text ? ", prompts from --text" : ", random prompts");
+           o.text ? ", prompts from --text" : ", random prompts", engine_dispatch_name(o.dispatch));
     printf("| policy | replicas | decode tok/s | imbalance | cross rows | token sends | a2a KB/token "
            "| outputs |\n|---|---|---|---|---|---|---|---|\n");
     for (int p = 0; p < PLC_N_POLICIES; p++)

@@ -294,6 +294,24 @@ bool engine_has_cuda(void)
 #endif
 }
 
+int engine_dispatch_parse(const char *name, enum engine_dispatch *out)
+{
+    if (strcmp(name, "tokens") == 0) {
+        *out = ENGINE_DISPATCH_TOKENS;
+        return 0;
+    }
+    if (strcmp(name, "rows") == 0) {
+        *out = ENGINE_DISPATCH_ROWS;
+        return 0;
+    }
+    return -1;
+}
+
+const char *engine_dispatch_name(enum engine_dispatch d)
+{
+    return d == ENGINE_DISPATCH_ROWS ? "rows" : "tokens";
+}
+
 void engine_params_default(struct engine_params *p)
 {
     memset(p, 0, sizeof *p);
@@ -584,6 +602,7 @@ static void ffn_block(struct device *dv, int l, const float *in)
             .route_ids = e->route_ids ? e->route_ids + cap : NULL,
             .route_w = e->route_w ? e->route_w + cap : NULL,
             .ids = dv->ids,
+            .dedup = e->p.dispatch == ENGINE_DISPATCH_TOKENS,
         };
         bool timed = e->profile && dv->rank == 0;
         double t0 = 0;
@@ -2466,7 +2485,7 @@ struct proc_report {
     double expert_flops, busy_s, width_rows;
 };
 
-/* A plan is int32 words: a header, then per item PLAN_ITEM words (n_tokens, pos, moe_top_k,
+/* A plan is int32 words: a header (kind, items, tokens, the MoE dispatch), then per item PLAN_ITEM words (n_tokens, pos, moe_top_k,
  * n_logits, device, blocks, moe_samples, moe_samples_adaptive, then moe_neuron_fraction's 8
  * bytes, then the state slot, then the hidden-state flags PLAN_HID_*), then every item's
  * tokens, then every item's block table (as many blocks as its positions after the step
@@ -2576,7 +2595,7 @@ static int proc_step(struct engine *e, int total, char *err, size_t errlen)
     w[0] = PLAN_STEP;
     w[1] = e->n_items;
     w[2] = total;
-    w[3] = 0;
+    w[3] = (int32_t)e->p.dispatch; /* the ranks exchange as rank 0 was told to */
     int32_t *blk = tok + total;
     for (int i = 0; i < e->n_items; i++) {
         const struct engine_item *it = &e->items[i];
@@ -2695,6 +2714,9 @@ static int proc_take_plan(struct engine *e, size_t words, int *total_out, char *
         words < PLAN_HEADER + (size_t)PLAN_ITEM * n_items + (size_t)total)
         return ms_errf(err, errlen, "rank 0 sent a malformed plan (%d items, %d tokens)", n_items,
                        total);
+    if (w[3] != ENGINE_DISPATCH_TOKENS && w[3] != ENGINE_DISPATCH_ROWS)
+        return ms_errf(err, errlen, "rank 0 sent a plan with an unknown dispatch %d", w[3]);
+    e->p.dispatch = (enum engine_dispatch)w[3];
     int32_t *tok = e->plan + PLAN_HEADER + (size_t)PLAN_ITEM * n_items;
     int32_t *blk = tok + total;
     const int32_t *end = e->plan + words;

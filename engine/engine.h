@@ -53,6 +53,19 @@ bool engine_has_cuda(void);
 int engine_kv_type_parse(const char *name, int *out);
 const char *engine_kv_type_name(int kv_type);
 
+/* How the MoE layer moves tokens to the devices owning their experts (engine/moe.h): TOKENS
+ * sends a token's row once to each device owning some of its experts, with their ids and
+ * weights, and one partial sum per (token, device) comes back; ROWS sends one row per (token,
+ * expert) and gets one back (the exchange before issue 30, kept to compare bytes). One device
+ * exchanges nothing either way. */
+enum engine_dispatch {
+    ENGINE_DISPATCH_TOKENS = 0,
+    ENGINE_DISPATCH_ROWS = 1,
+};
+#define ENGINE_DISPATCH_NAMES "tokens or rows"
+int engine_dispatch_parse(const char *name, enum engine_dispatch *out);
+const char *engine_dispatch_name(enum engine_dispatch d);
+
 enum engine_rstats {
     ENGINE_RSTATS_OFF = 0,
     ENGINE_RSTATS_LOAD = 1, /* routed tokens and FLOPs per expert */
@@ -82,6 +95,9 @@ struct engine_params {
     /* Per-layer placement with replicas (engine/placement), copied; overrides `placement`.
      * Its n_dev must be n_devices and its layers the model's MoE layers. */
     const struct plc_map *map;
+    /* MoE dispatch (ENGINE_DISPATCH_TOKENS by default). With several processes rank 0's choice
+     * travels in every step plan, so the ranks always exchange alike. */
+    enum engine_dispatch dispatch;
     /* Routing statistics (engine/routing/route_stats.h) updated after every step, for the
      * placement policies and the rebalancer: none, per-expert load, or load plus co-activation
      * and layer-to-layer transitions. Half-life in routed tokens (0: no decay). */

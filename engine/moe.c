@@ -1,10 +1,12 @@
 /* MoE layer: route -> dispatch -> expert compute on the owning device -> combine.
  *
- * Row order is what makes results independent of the device count: a device sends its rows
- * grouped by destination, then by expert, then in token order; devices own contiguous token
- * ranges in rank order; so the rows an owner gathers for one expert are always in global token
- * order, and the GEMM for that expert sees the same matrix for any number of devices. The
- * combine sums each token's slots in top-k order on the token's own device. */
+ * Row order is what makes expert outputs independent of the device count: a device sends its
+ * rows grouped by destination, then by expert (rows) or in token order (tokens); devices own
+ * contiguous token ranges in rank order; so the rows an owner gathers for one expert are always
+ * in global token order, and the GEMM for that expert sees the same matrix for any number of
+ * devices. The rows dispatch sums each token's slots in top-k order on the token's own device,
+ * which keeps whole results bit for bit; the tokens dispatch sums each device's slots there
+ * first, then the partials, a different order of float additions. */
 #include "moe.h"
 
 #include <math.h>
@@ -30,6 +32,10 @@ int moe_scratch_init(struct moe_scratch *s, struct backend *be, const struct mod
     int E = md->n_expert > 0 ? md->n_expert : 1;
     size_t R = T * (size_t)k;
     s->max_rows = (int)R;
+    s->max_tokens = (int)T;
+    /* dedup: a device sends at most one row per (own token, device), min(k, n_dev) a token */
+    bool dedup = n_dev > 1;
+    size_t S = T * (size_t)(k < n_dev ? k : n_dev), meta = 2 * (size_t)k * sizeof(int32_t);
     size_t ff_rows = R * (size_t)max_expert_ff(m);
     size_t ff_tok = T * (size_t)(dense_ff > md->shared_d_ff ? dense_ff : md->shared_d_ff);
     size_t ff = ff_rows > ff_tok ? ff_rows : ff_tok;
@@ -58,6 +64,12 @@ int moe_scratch_init(struct moe_scratch *s, struct backend *be, const struct mod
     ALLOC(shared_out, T * d * sizeof(float));
     ALLOC(shared_gate, T * sizeof(float));
     if (md->router_scales_input) ALLOC(row_w, R * sizeof(float));
+    if (dedup) {
+        ALLOC(tsend_meta, S * meta);
+        ALLOC(trecv_meta, T * meta);
+        ALLOC(tidx, 2 * R * sizeof(int32_t));
+        ALLOC(tcw, R * sizeof(float));
+    }
 #undef ALLOC
     s->h_top_idx = malloc(R * sizeof(int32_t));
     s->h_slot_row = malloc(R * sizeof(int32_t));
@@ -67,10 +79,23 @@ int moe_scratch_init(struct moe_scratch *s, struct backend *be, const struct mod
     s->h_expert_perm = malloc(2 * R * sizeof(int32_t)); /* also stages the idx upload */
     s->h_experts = calloc((size_t)E, sizeof *s->h_experts);
     s->h_ex_off = calloc((size_t)E + 1, sizeof(int));
-    if (md->router_scales_input) {
+    if (md->router_scales_input || dedup) {
         s->h_top_w = malloc(R * sizeof(float));
+        ok = ok && s->h_top_w;
+    }
+    if (md->router_scales_input) {
         s->h_row_w = malloc(R * sizeof(float));
-        ok = ok && s->h_top_w && s->h_row_w;
+        ok = ok && s->h_row_w;
+    }
+    if (dedup) {
+        s->h_slot_dev = malloc(R * sizeof(int32_t));
+        s->h_tmeta = malloc(S * meta);
+        s->h_tidx = malloc(2 * R * sizeof(int32_t));
+        s->h_tslot = malloc(R * sizeof(int32_t));
+        s->h_tcw = malloc(R * sizeof(float));
+        s->dev_cursor = calloc((size_t)n_dev, sizeof(int));
+        ok = ok && s->h_slot_dev && s->h_tmeta && s->h_tidx && s->h_tslot && s->h_tcw &&
+             s->dev_cursor;
     }
     ok = ok && s->h_top_idx && s->h_slot_row && s->h_send_perm && s->h_send_meta &&
          s->h_recv_meta && s->h_expert_perm && s->h_experts && s->h_ex_off;
@@ -91,7 +116,8 @@ void moe_scratch_release(struct moe_scratch *s, struct backend *be)
 {
     void *bufs[] = {s->logits, s->top_idx, s->top_w, s->slot_row, s->send,       s->send_meta,
                     s->recv,   s->recv_meta, s->out_rows, s->back, s->idx,       s->xe,
-                    s->ye,     s->gate,    s->up,    s->shared_out, s->shared_gate, s->row_w};
+                    s->ye,     s->gate,    s->up,    s->shared_out, s->shared_gate, s->row_w,
+                    s->tsend_meta, s->trecv_meta, s->tidx, s->tcw};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->ops->free(be, bufs[i]);
     free(s->h_top_idx);
@@ -104,6 +130,12 @@ void moe_scratch_release(struct moe_scratch *s, struct backend *be)
     free(s->h_ex_off);
     free(s->h_top_w);
     free(s->h_row_w);
+    free(s->h_slot_dev);
+    free(s->h_tmeta);
+    free(s->h_tidx);
+    free(s->h_tslot);
+    free(s->h_tcw);
+    free(s->dev_cursor);
     free(s->send_counts);
     free(s->recv_counts);
     free(s->expert_count);
@@ -259,6 +291,74 @@ static int plan_dispatch(const struct moe_ctx *ctx, struct moe_scratch *s, int n
     return pos;
 }
 
+/* Whether slot j is the first of its token's slots on device d (dev: the token's K devices). */
+static bool first_on_dev(const int32_t *dev, int j, int d)
+{
+    for (int i = 0; i < j; i++)
+        if (dev[i] == d) return false;
+    return true;
+}
+
+/* The dedup plan, on the host from h_top_idx / h_top_w: each (token, slot) picks its replica as
+ * plan_dispatch does; a token's row goes once to each device among its slots', grouped by device
+ * and then in token order, into h_send_perm / send_counts, with that device's experts and
+ * weights in slot order in h_tmeta. h_slot_row gets, at the first slot of each such device, the
+ * row that device's partial sum comes back to, and -1 at the token's other slots (their outputs
+ * are in that partial). Returns the rows sent; counts the expert rows computed elsewhere and the
+ * token rows that leave this device (what really goes out). */
+static int plan_tokens(const struct moe_ctx *ctx, struct moe_scratch *s, int n)
+{
+    const struct model_desc *md = &ctx->m->desc;
+    const struct plc_map *pm = ctx->map;
+    int E = md->n_expert, K = md->top_k, n_dev = ctx->comm->n_rank, S = pm->n_slots;
+    int l = ctx->moe_layer;
+    const int *slot_dev = pm->slot_dev + (size_t)l * S;
+    size_t M = 2 * (size_t)K;
+    uint64_t away_rows = 0;
+    for (int dev = 0; dev < n_dev; dev++) s->send_counts[dev] = 0;
+    for (int t = 0; t < n; t++) {
+        int32_t *sd = s->h_slot_dev + (size_t)t * K;
+        for (int j = 0; j < K; j++) {
+            size_t sj = (size_t)t * K + j;
+            int32_t e = s->h_top_idx[sj];
+            if (e >= E) s->h_top_idx[sj] = e = -1; /* a failed device's id: as plan_dispatch */
+            sd[j] = e < 0 ? -1 : slot_dev[plc_pick(pm, l, e, (uint32_t)(ctx->tok0 + t))];
+            if (sd[j] < 0) continue;
+            away_rows += sd[j] != ctx->rank;
+            if (first_on_dev(sd, j, sd[j])) s->send_counts[sd[j]]++;
+        }
+    }
+    int pos = 0;
+    for (int dev = 0; dev < n_dev; dev++) {
+        s->dev_cursor[dev] = pos;
+        pos += s->send_counts[dev];
+    }
+    for (int t = 0; t < n; t++) {
+        const int32_t *sd = s->h_slot_dev + (size_t)t * K;
+        for (int j = 0; j < K; j++) {
+            size_t sj = (size_t)t * K + j;
+            if (sd[j] < 0 || !first_on_dev(sd, j, sd[j])) {
+                s->h_slot_row[sj] = -1;
+                continue;
+            }
+            int r = s->dev_cursor[sd[j]]++, c = 0;
+            s->h_slot_row[sj] = r;
+            s->h_send_perm[r] = t;
+            int32_t *mr = s->h_tmeta + (size_t)r * M;
+            for (int i = j; i < K; i++) {
+                if (sd[i] != sd[j]) continue;
+                mr[c] = s->h_top_idx[(size_t)t * K + i];
+                memcpy(&mr[K + c], &s->h_top_w[(size_t)t * K + i], sizeof(float));
+                c++;
+            }
+            for (; c < K; c++) mr[c] = mr[K + c] = -1; /* a weight that is never read */
+        }
+    }
+    ctx->stats->dev_rows_away[ctx->rank] += away_rows;
+    ctx->stats->dev_tokens_away[ctx->rank] += (uint64_t)(pos - s->send_counts[ctx->rank]);
+    return pos;
+}
+
 /* Sorts the received rows by expert (stable: rows of one expert keep their arrival order) into
  * h_expert_perm, and lists the experts that got rows in h_experts / h_ex_off. Returns whether
  * the rows already arrived in that order (always so with one device). */
@@ -302,13 +402,15 @@ static bool plan_experts(const struct moe_ctx *ctx, struct moe_scratch *s, int n
     return sorted;
 }
 
+static void expert_stats(const struct moe_ctx *ctx, const struct moe_scratch *s, int na,
+                         int n_rows, double t0);
+
 /* Runs every expert this device owns over the rows it received, writing out_rows. */
 static void compute_experts(const struct moe_ctx *ctx, struct moe_scratch *s, const float *recv,
                             int n_recv, float *out_rows)
 {
-    const struct model_desc *md = &ctx->m->desc;
     struct backend *be = ctx->be;
-    int E = md->n_expert, d = md->d_model;
+    int d = ctx->m->desc.d_model;
     double t0 = ms_now();
 
     int na = 0;
@@ -324,7 +426,16 @@ static void compute_experts(const struct moe_ctx *ctx, struct moe_scratch *s, co
     }
     be->ops->moe_experts(be, ye, xe, d, na, s->h_ex_off, s->h_experts, s->gate, s->up);
     if (!sorted) be->ops->scatter_rows(be, out_rows, ye, perm, n_recv, d);
+    expert_stats(ctx, s, na, n_recv, t0);
+}
 
+/* The statistics of one expert compute: na experts over n_rows rows (s->expert_count), started
+ * at t0. */
+static void expert_stats(const struct moe_ctx *ctx, const struct moe_scratch *s, int na,
+                         int n_rows, double t0)
+{
+    const struct model_desc *md = &ctx->m->desc;
+    int E = md->n_expert, d = md->d_model;
     double flops = 0.0, bytes = 0.0;
     for (int e = 0; e < E; e++) {
         if (s->expert_count[e] == 0) continue;
@@ -343,11 +454,61 @@ static void compute_experts(const struct moe_ctx *ctx, struct moe_scratch *s, co
         ctx->stats->moe_weight_bytes += bytes;
         ctx->stats->moe_flops += flops;
     }
-    ctx->stats->dev_routed_rows[ctx->rank] += (uint64_t)n_recv;
+    ctx->stats->dev_routed_rows[ctx->rank] += (uint64_t)n_rows;
     ctx->stats->dev_expert_flops[ctx->rank] += flops;
     ctx->stats->layer_dev_flops[(size_t)ctx->moe_layer * ctx->comm->n_rank + ctx->rank] += flops;
     ctx->stats->dev_width_rows[ctx->rank] += flops / (6.0 * d);
     ctx->stats->dev_busy_s[ctx->rank] += ms_now() - t0;
+}
+
+/* Dedup, on the receiving device: expands the n_recv token rows in s->recv to one row per
+ * expert in their lists (in expert order; each expert's rows in arrival order, which is global
+ * token order), runs the experts, and sums each token's outputs with its weights in list (slot)
+ * order into out_rows (n_recv, d): the partial sums that go back. */
+static void compute_tokens(const struct moe_ctx *ctx, struct moe_scratch *s, int n_recv)
+{
+    const struct model_desc *md = &ctx->m->desc;
+    struct backend *be = ctx->be;
+    int E = md->n_expert, K = md->top_k, d = md->d_model;
+    size_t M = 2 * (size_t)K, nk = (size_t)n_recv * K;
+    double t0 = ms_now();
+    be->ops->download(be, s->h_tmeta, s->trecv_meta, sizeof(int32_t) * M * (size_t)n_recv);
+    int n_exp = 0;
+    for (int r = 0; r < n_recv; r++)
+        for (int c = 0; c < K; c++) {
+            int32_t e = s->h_tmeta[(size_t)r * M + c];
+            /* out of range only after a device or link failure (reported after the step) */
+            if (e < 0 || e >= E) continue;
+            s->h_recv_meta[n_exp] = e;
+            s->h_tslot[n_exp++] = r * K + c;
+        }
+    int na = 0;
+    plan_experts(ctx, s, n_exp, &na);
+    int32_t *perm = s->h_tidx, *cmap = s->h_tidx + n_exp;
+    for (size_t i = 0; i < nk; i++) {
+        cmap[i] = -1;
+        s->h_tcw[i] = 0.0f;
+    }
+    for (int p = 0; p < n_exp; p++) {
+        int sl = s->h_tslot[s->h_expert_perm[p]];
+        float w;
+        memcpy(&w, &s->h_tmeta[(size_t)(sl / K) * M + K + sl % K], sizeof w);
+        perm[p] = sl / K;
+        cmap[sl] = p;
+        /* Llama 4: the expert computes on the token times its weight, its output adds with 1 */
+        if (md->router_scales_input) s->h_row_w[p] = w;
+        s->h_tcw[sl] = md->router_scales_input ? 1.0f : w;
+    }
+    be->ops->upload(be, s->tidx, s->h_tidx, sizeof(int32_t) * ((size_t)n_exp + nk));
+    be->ops->upload(be, s->tcw, s->h_tcw, sizeof(float) * nk);
+    be->ops->gather_rows(be, s->xe, s->recv, s->tidx, n_exp, d);
+    if (md->router_scales_input && n_exp > 0) {
+        be->ops->upload(be, s->row_w, s->h_row_w, sizeof(float) * (size_t)n_exp);
+        be->ops->mul_rows(be, s->xe, s->row_w, n_exp, d);
+    }
+    be->ops->moe_experts(be, s->ye, s->xe, d, na, s->h_ex_off, s->h_experts, s->gate, s->up);
+    be->ops->moe_combine(be, s->out_rows, s->ye, s->tidx + n_exp, s->tcw, n_recv, K, d);
+    expert_stats(ctx, s, na, n_exp, t0);
 }
 
 static void shared_experts(const struct moe_ctx *ctx, struct moe_scratch *s, const float *h,
@@ -380,29 +541,30 @@ static void shared_experts(const struct moe_ctx *ctx, struct moe_scratch *s, con
     }
 }
 
-void moe_forward(const struct moe_ctx *ctx, struct moe_scratch *s, const float *h,
-                 const int32_t *tok_k, int n, float *out)
+/* Rows that arrived in an exchange (recv_counts summed). A failed exchange (rc != 0) leaves the
+ * counts unknown: none, rather than reading past the buffers (the communicator reports why after
+ * the step). */
+static int received(const struct comm *comm, struct moe_scratch *s, int rc, int cap)
+{
+    int n_recv = 0;
+    for (int r = 0; r < comm->n_rank; r++) n_recv += s->recv_counts[r];
+    if (rc != 0 || n_recv < 0 || n_recv > cap) {
+        n_recv = 0;
+        memset(s->recv_counts, 0, sizeof(int) * (size_t)comm->n_rank);
+    }
+    return n_recv;
+}
+
+/* Rows dispatch after the gather: Llama 4's input scale, the exchange, the experts, and the
+ * results back. Returns the rows to combine, in send order. */
+static const float *exchange_rows(const struct moe_ctx *ctx, struct moe_scratch *s, int n,
+                                  int rows)
 {
     const struct model_desc *md = &ctx->m->desc;
     struct backend *be = ctx->be;
     struct comm *comm = ctx->comm;
-    int d = md->d_model, K = md->top_k;
-    size_t row_bytes = sizeof(float) * (size_t)d;
-
-    moe_route(ctx->m, ctx->layer, be, h, n, tok_k, ctx->ids, s->logits, s->top_idx, s->top_w);
-    be->ops->download(be, s->h_top_idx, s->top_idx, sizeof(int32_t) * (size_t)n * K);
-    int rows = plan_dispatch(ctx, s, n);
-    if (ctx->route_ids) {
-        /* Routing capture (statistics, traces): the ids as dispatched, and their weights. */
-        memcpy(ctx->route_ids, s->h_top_idx, sizeof(int32_t) * (size_t)n * K);
-        if (ctx->route_w) be->ops->download(be, ctx->route_w, s->top_w, sizeof(float) * (size_t)n * K);
-    }
-    /* One upload for both index arrays: slot rows (n*K), then the send order (rows). */
-    memcpy(s->h_expert_perm, s->h_slot_row, sizeof(int32_t) * (size_t)n * K);
-    memcpy(s->h_expert_perm + (size_t)n * K, s->h_send_perm, sizeof(int32_t) * (size_t)rows);
-    be->ops->upload(be, s->idx, s->h_expert_perm, sizeof(int32_t) * ((size_t)n * K + rows));
-    const int32_t *slot_row = s->idx, *send_perm = s->idx + (size_t)n * K;
-    be->ops->gather_rows(be, s->send, h, send_perm, rows, d);
+    int K = md->top_k;
+    size_t row_bytes = sizeof(float) * (size_t)md->d_model;
     if (md->router_scales_input && rows > 0) {
         /* Llama 4: an expert computes on the token times its weight, and its output is added
          * with weight 1 */
@@ -414,38 +576,82 @@ void moe_forward(const struct moe_ctx *ctx, struct moe_scratch *s, const float *
         }
         be->ops->upload(be, s->row_w, s->h_row_w, sizeof(float) * (size_t)rows);
         be->ops->upload(be, s->top_w, s->h_top_w, sizeof(float) * nk);
-        be->ops->mul_rows(be, s->send, s->row_w, rows, d);
+        be->ops->mul_rows(be, s->send, s->row_w, rows, md->d_model);
     }
-
-    const float *back = s->out_rows;
     if (comm->n_rank == 1) {
         /* Nothing to exchange: the rows this device sends are the rows it computes. */
         memcpy(s->h_recv_meta, s->h_send_meta, sizeof(int32_t) * (size_t)rows);
         compute_experts(ctx, s, s->send, rows, s->out_rows);
-    } else {
-        be->ops->upload(be, s->send_meta, s->h_send_meta, sizeof(int32_t) * (size_t)rows);
-        int rc = comm->ops->all_to_all_v(comm, ctx->rank, s->send, s->send_counts, s->recv,
-                                         s->recv_counts, row_bytes);
-        rc |= comm->ops->all_to_all_v(comm, ctx->rank, s->send_meta, s->send_counts,
-                                      s->recv_meta, s->recv_counts, sizeof(int32_t));
-        int n_recv = 0;
-        for (int r = 0; r < comm->n_rank; r++) n_recv += s->recv_counts[r];
-        /* A failed exchange leaves the counts unknown: compute nothing rather than read past
-         * the buffers (the communicator reports why after the step). */
-        if (rc != 0 || n_recv < 0 || n_recv > s->max_rows) {
-            n_recv = 0;
-            memset(s->recv_counts, 0, sizeof(int) * (size_t)comm->n_rank);
-        }
-        be->ops->download(be, s->h_recv_meta, s->recv_meta, sizeof(int32_t) * (size_t)n_recv);
-        compute_experts(ctx, s, s->recv, n_recv, s->out_rows);
-        /* Results go back the way the rows came: what rank r received from s returns to s. The
-         * reply lands in `back` in the order the rows were sent. */
-        int *counts_back = s->send_counts; /* overwritten with what arrives, the same numbers */
-        comm->ops->all_to_all_v(comm, ctx->rank, s->out_rows, s->recv_counts, s->back,
-                                counts_back, row_bytes);
-        back = s->back;
+        return s->out_rows;
     }
+    be->ops->upload(be, s->send_meta, s->h_send_meta, sizeof(int32_t) * (size_t)rows);
+    int rc = comm->ops->all_to_all_v(comm, ctx->rank, s->send, s->send_counts, s->recv,
+                                     s->recv_counts, row_bytes);
+    rc |= comm->ops->all_to_all_v(comm, ctx->rank, s->send_meta, s->send_counts, s->recv_meta,
+                                  s->recv_counts, sizeof(int32_t));
+    int n_recv = received(comm, s, rc, s->max_rows);
+    be->ops->download(be, s->h_recv_meta, s->recv_meta, sizeof(int32_t) * (size_t)n_recv);
+    compute_experts(ctx, s, s->recv, n_recv, s->out_rows);
+    /* Results go back the way the rows came: what rank r received from s returns to s. The
+     * reply lands in `back` in the order the rows were sent. */
+    int *counts_back = s->send_counts; /* overwritten with what arrives, the same numbers */
+    comm->ops->all_to_all_v(comm, ctx->rank, s->out_rows, s->recv_counts, s->back, counts_back,
+                            row_bytes);
+    return s->back;
+}
 
+/* Tokens dispatch after the gather: the token rows and their expert lists out, the experts and
+ * the local combine on each device, the partial sums back. Returns them in send order, and
+ * leaves in top_w the weights (1) the origin's combine adds them with. */
+static const float *exchange_tokens(const struct moe_ctx *ctx, struct moe_scratch *s, int n,
+                                    int rows)
+{
+    const struct model_desc *md = &ctx->m->desc;
+    struct backend *be = ctx->be;
+    struct comm *comm = ctx->comm;
+    size_t nk = (size_t)n * md->top_k, row_bytes = sizeof(float) * (size_t)md->d_model;
+    size_t meta = 2 * sizeof(int32_t) * (size_t)md->top_k;
+    /* each partial once, at its device's first slot: summed in order of first appearance */
+    for (size_t i = 0; i < nk; i++) s->h_top_w[i] = s->h_slot_row[i] >= 0 ? 1.0f : 0.0f;
+    be->ops->upload(be, s->top_w, s->h_top_w, sizeof(float) * nk);
+    be->ops->upload(be, s->tsend_meta, s->h_tmeta, meta * (size_t)rows);
+    int rc = comm->ops->all_to_all_v(comm, ctx->rank, s->send, s->send_counts, s->recv,
+                                     s->recv_counts, row_bytes);
+    rc |= comm->ops->all_to_all_v(comm, ctx->rank, s->tsend_meta, s->send_counts, s->trecv_meta,
+                                  s->recv_counts, meta);
+    /* at most one row per token of the step comes in */
+    int n_recv = received(comm, s, rc, s->max_tokens);
+    compute_tokens(ctx, s, n_recv);
+    int *counts_back = s->send_counts; /* overwritten with what arrives, the same numbers */
+    comm->ops->all_to_all_v(comm, ctx->rank, s->out_rows, s->recv_counts, s->back, counts_back,
+                            row_bytes);
+    return s->back;
+}
+
+void moe_forward(const struct moe_ctx *ctx, struct moe_scratch *s, const float *h,
+                 const int32_t *tok_k, int n, float *out)
+{
+    const struct model_desc *md = &ctx->m->desc;
+    struct backend *be = ctx->be;
+    int d = md->d_model, K = md->top_k;
+    bool dedup = ctx->dedup && ctx->comm->n_rank > 1;
+
+    moe_route(ctx->m, ctx->layer, be, h, n, tok_k, ctx->ids, s->logits, s->top_idx, s->top_w);
+    be->ops->download(be, s->h_top_idx, s->top_idx, sizeof(int32_t) * (size_t)n * K);
+    if (dedup) be->ops->download(be, s->h_top_w, s->top_w, sizeof(float) * (size_t)n * K);
+    int rows = dedup ? plan_tokens(ctx, s, n) : plan_dispatch(ctx, s, n);
+    if (ctx->route_ids) {
+        /* Routing capture (statistics, traces): the ids as dispatched, and their weights. */
+        memcpy(ctx->route_ids, s->h_top_idx, sizeof(int32_t) * (size_t)n * K);
+        if (ctx->route_w) be->ops->download(be, ctx->route_w, s->top_w, sizeof(float) * (size_t)n * K);
+    }
+    /* One upload for both index arrays: slot rows (n*K), then the send order (rows). */
+    memcpy(s->h_expert_perm, s->h_slot_row, sizeof(int32_t) * (size_t)n * K);
+    memcpy(s->h_expert_perm + (size_t)n * K, s->h_send_perm, sizeof(int32_t) * (size_t)rows);
+    be->ops->upload(be, s->idx, s->h_expert_perm, sizeof(int32_t) * ((size_t)n * K + rows));
+    const int32_t *slot_row = s->idx, *send_perm = s->idx + (size_t)n * K;
+    be->ops->gather_rows(be, s->send, h, send_perm, rows, d);
+    const float *back = dedup ? exchange_tokens(ctx, s, n, rows) : exchange_rows(ctx, s, n, rows);
     be->ops->moe_combine(be, out, back, slot_row, s->top_w, n, K, d);
     if (md->n_shared > 0) shared_experts(ctx, s, h, n, out);
 }

@@ -1,8 +1,16 @@
 /* MoE layer: routing (which experts, with which weights, for each token), dispatch of token rows
  * to the devices owning those experts through the communicator, expert FFNs on the owner (the
  * backend's moe_experts: one GEMM chain per expert, or one grouped GEMM, over rows sorted by
- * expert), and combine (rows back to the token's device, weighted sum in top-k slot order, plus
- * shared experts).
+ * expert), and combine (results back to the token's device, weighted sum, plus shared experts).
+ *
+ * Two dispatches (moe_ctx.dedup), the same with one device (nothing is exchanged):
+ *   rows    one row per (token, expert) to the expert's device, its output row back; the token's
+ *           device sums w_j y_j in top-k slot order.
+ *   tokens  (dedup) a token's row once to each device owning some of its experts, with their
+ *           ids and weights (K ids padded with -1, then K weights: 8K bytes a row); the device
+ *           expands it to a row per expert, runs them, and sums w_j y_j over its own experts in
+ *           slot order, so one partial sum per (token, device) comes back; the token's device
+ *           adds the partials in the order the devices first appear among its slots.
  *
  * Where things run: routing, permutation and the FFNs run on the backend; the dispatch plan
  * (how many rows go to which device and expert) is made on the host from the chosen expert ids,
@@ -10,7 +18,7 @@
  * host memory; the rest are backend memory.
  *
  * Ownership: moe_scratch is per device, allocated once by moe_scratch_init for the largest step
- * and released by moe_scratch_release; moe_forward allocates nothing. */
+ * (either dispatch) and released by moe_scratch_release; moe_forward allocates nothing. */
 #ifndef MOESERVE_MOE_H
 #define MOESERVE_MOE_H
 
@@ -24,6 +32,7 @@
 
 struct moe_scratch {
     int max_rows;      /* max_batch_tokens * top_k */
+    int max_tokens;    /* max_batch_tokens: rows one device can receive with dedup dispatch */
     float *logits;     /* (T, n_expert + n_group) router logits, then MoHGE group logits */
     int32_t *top_idx;  /* (T, top_k) chosen experts, slot order */
     float *top_w;      /* (T, top_k) their weights */
@@ -41,9 +50,19 @@ struct moe_scratch {
     float *up;         /* (R, max_ff) */
     float *shared_out; /* (T, d_model) */
     float *shared_gate;/* (T) */
-    float *row_w;      /* (R) Llama 4: each sent row's routing weight (its input scale) */
+    float *row_w;      /* (R) Llama 4: each sent (rows) or expanded (tokens) row's routing
+                          weight (its input scale) */
+    /* dedup dispatch (several devices only, else NULL): a row per (token, device) */
+    int32_t *tsend_meta; /* (S, 2K), S = max_tokens * min(top_k, n_dev) rows sent at most: per
+                            row its experts on that device in slot order (-1 pads), then their
+                            weights' bits */
+    int32_t *trecv_meta; /* (max_tokens, 2K) the same, received */
+    int32_t *tidx;       /* (2R) the expanded rows' received row in expert order, then the local
+                            combine's slot map (n_recv, K) into those rows */
+    float *tcw;          /* (R) the local combine's weights (n_recv, K) */
     /* host */
-    float *h_top_w;    /* (R) Llama 4: the weights, then 1s for the combine */
+    float *h_top_w;    /* (R) the weights, then 1s for the combine (Llama 4; dedup: the
+                          partials are added with weight 1) */
     float *h_row_w;    /* (R) staging of row_w */
     int32_t *h_top_idx;   /* (R) */
     int32_t *h_slot_row;  /* (R) */
@@ -52,6 +71,11 @@ struct moe_scratch {
     int32_t *h_recv_meta; /* (R) */
     int32_t *h_expert_perm; /* (2R) received row at each position of the expert-sorted order;
                                also the staging area of the idx upload */
+    int32_t *h_slot_dev;  /* dedup: (R) device of each (token, slot), -1 unused */
+    int32_t *h_tmeta;     /* dedup: (S, 2K) staging of tsend_meta, then of trecv_meta */
+    int32_t *h_tidx;      /* dedup: (2R) staging of tidx */
+    int32_t *h_tslot;     /* dedup: (R) each expanded row's received row * K + list position */
+    float *h_tcw;         /* dedup: (R) staging of tcw */
     struct be_expert *h_experts; /* (n_expert) experts with rows in this call */
     int *h_ex_off;        /* (n_expert + 1) their row ranges in xe */
     int *send_counts;  /* (n_dev) */
@@ -59,6 +83,7 @@ struct moe_scratch {
     int *expert_count; /* (n_expert) */
     int *expert_off;   /* (n_expert + 1) */
     int *expert_cursor;/* (n_expert) fill position while sorting rows by expert */
+    int *dev_cursor;   /* (n_dev) dedup: fill position while grouping rows by device */
     /* placement slots (moe_scratch_slots): rows per physical expert of the layer's map */
     int max_slots;
     int *slot_count;   /* (max_slots) */
@@ -79,6 +104,7 @@ struct moe_ctx {
     float *route_w;             /* OUT, or NULL: (n, top_k) their routing weights */
     const int32_t *ids;         /* (n) the tokens' ids, backend memory: DeepSeek-V4's hash
                                    routing reads them (NULL elsewhere) */
+    bool dedup;                 /* tokens dispatch (see the top); every rank must agree */
 };
 
 int moe_scratch_init(struct moe_scratch *s, struct backend *be, const struct model *m,
@@ -113,7 +139,10 @@ void moe_ffn_rows(struct backend *be, const struct ffn_w *w, int d, const float 
                   float *out, float *g, float *u);
 
 /* out (n, d_model) = MoE(h) for this device's n tokens. Collective: every device calls it for
- * every MoE layer, also with n == 0. */
+ * every MoE layer, also with n == 0. Both dispatches compute the same expert outputs (each
+ * expert's GEMM sees its rows in global token order); they differ only in the order the
+ * token's weighted outputs are added, so with several devices `tokens` may differ from one
+ * device in the last bits (README "Expert placement": the measured tolerance). */
 void moe_forward(const struct moe_ctx *ctx, struct moe_scratch *s, const float *h,
                  const int32_t *tok_k, int n, float *out);
 

@@ -537,12 +537,13 @@ static void render_placement(struct buf *b, const struct metrics *mt, const char
     family(b, "moeserve_expert_rows_total", "counter", "Token-expert rows computed, all devices.");
     bprintf(b, "moeserve_expert_rows_total{%s} %llu\n", lab, (unsigned long long)mt->rows_total);
     family(b, "moeserve_cross_device_rows_total", "counter",
-           "Token-expert rows each device sent to another device for expert compute.");
+           "Token-expert rows of each device's tokens computed on another device (the rows "
+           "--dispatch rows sends).");
     for (int d = 0; d < N; d++)
         bprintf(b, "moeserve_cross_device_rows_total{%s,device=\"%d\"} %llu\n", lab, d,
                 (unsigned long long)mt->away_rows[d]);
     family(b, "moeserve_cross_device_token_sends_total", "counter",
-           "(token, other device) pairs: the rows if each token went to a device once.");
+           "(token, other device) pairs: the rows --dispatch tokens sends.");
     for (int d = 0; d < N; d++)
         bprintf(b, "moeserve_cross_device_token_sends_total{%s,device=\"%d\"} %llu\n", lab, d,
                 (unsigned long long)mt->away_tok[d]);

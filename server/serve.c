@@ -78,6 +78,8 @@ struct serve_opts {
     long prefix_caching;
     long weight_cache;
     const char *placement, *placement_trace, *routing_stats, *record_routing;
+    const char *dispatch;
+    enum engine_dispatch dispatch_v; /* parsed --dispatch */
     long redundant, max_experts_per_dev, rebalance_s, half_life, record_max, per_expert;
     long placement_nodes;
     const char *collab_groups;
@@ -129,6 +131,10 @@ static const struct opt_def opt_defs[] = {
      "cpu or cuda (NVIDIA GPU, bf16 weights) (cpu)"},
     {"devices", "MOESERVE_DEVICES", OPT_INT, OFF(devices), 1, 64,
      "devices the experts are spread over: CPU virtual devices, or GPUs 0..N-1 (1)"},
+    {"dispatch", "MOESERVE_DISPATCH", OPT_STR, OFF(dispatch), 0, 0,
+     "how the MoE layer moves a token to its experts' devices: tokens (its row once to each "
+     "device, one partial sum back) or rows (a row per expert each way) (tokens); with "
+     "several processes rank 0's applies"},
     {"dtype", "MOESERVE_DTYPE", OPT_STR, OFF(dtype), 0, 0,
      "auto (the checkpoint's: bf16 weights and activations for a bf16 checkpoint), bfloat16 "
      "or float32 (f32 weights and activations) (auto)"},
@@ -316,6 +322,7 @@ static int parse_opts(int argc, char **argv, struct serve_opts *o)
     o->max_batched = 512;
     o->devices = 1;
     o->device = "cpu";
+    o->dispatch = "tokens";
     o->dtype = "auto";
     o->kv_dtype = "auto";
     o->quantization = "none";
@@ -400,6 +407,8 @@ static int parse_opts(int argc, char **argv, struct serve_opts *o)
     enum engine_backend b;
     if (engine_backend_parse(o->device, &b) != 0)
         return opt_fail("--device must be cpu or cuda, got '%s'", o->device);
+    if (engine_dispatch_parse(o->dispatch, &o->dispatch_v) != 0)
+        return opt_fail("--dispatch must be " ENGINE_DISPATCH_NAMES ", got '%s'", o->dispatch);
     enum model_dtype dt;
     if (model_dtype_parse(o->dtype, &dt) != 0)
         return opt_fail("--dtype must be auto, bfloat16 or float32, got '%s'", o->dtype);
@@ -679,6 +688,7 @@ static void engine_opts(const struct serve_opts *o, struct comm *mc, struct comm
 {
     engine_params_default(ep);
     ep->n_devices = mc ? mc->n_rank : (int)o->devices;
+    ep->dispatch = o->dispatch_v;
     ep->n_threads = (int)o->threads;
     engine_backend_parse(o->device, &ep->backend); /* checked by parse_opts */
     ep->max_seqs = (int)o->max_num_seqs;

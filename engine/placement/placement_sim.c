@@ -237,7 +237,8 @@ void psim_result(struct psim *s, struct psim_result *out)
     out->cross_node_sends = s->rows ? (double)s->xn_sends / (double)s->rows : 0.0;
     double row = (double)s->d_model * s->c.act_bytes, tok = s->tokens ? (double)s->tokens : 1.0;
     out->bytes_token = 2.0 * (double)s->cross_rows * row / tok;
-    out->bytes_token_dedup = ((double)s->cross_sends + (double)s->cross_rows) * row / tok;
+    /* the engine's tokens dispatch: a row out per (token, other device), its partial sum back */
+    out->bytes_token_dedup = 2.0 * (double)s->cross_sends * row / tok;
     out->link_ms_step = s->steps ? s->link_ms / (double)s->steps : 0.0;
     out->link_ms_step_dedup = s->steps ? s->link_ms_dedup / (double)s->steps : 0.0;
     out->mem_max = s->mem_max;

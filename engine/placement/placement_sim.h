@@ -13,18 +13,18 @@
  *   cross_sends  (token, other device) pairs over expert rows: the share when a token is sent
  *                to each device once and fanned out there to its experts (DeepEP, Occult) —
  *                co-locating a token's experts (c2r) lowers this one;
- *   bytes        per token over all layers, dispatch and combine: the engine's exchange (a row
- *                each way per remote expert row) and the deduplicated one (a row per remote
- *                device out, a row per remote expert back);
+ *   bytes        per token over all layers, dispatch and combine, activations only (the
+ *                expert ids that go with them are not counted): the engine's rows dispatch (a
+ *                row each way per remote expert row) and its tokens dispatch (engine/moe.h: a
+ *                row per remote device out, that device's partial sum back);
  *   memory       expert weights each device holds, all layers (replicas included);
  *   link time    with a link cost model (link_gbps > 0): per step, summed over MoE layers, the
  *                dispatch and the combine each take rounds_per_layer / 2 latency rounds of
  *                link_latency_us, plus the busiest device link's rows (sent or received, the
- *                larger) at link_gbps x link_efficiency; once for the engine's exchange (a row
- *                per remote expert row) and once deduplicated (a row per (token, remote
- *                device) each way: the partial sums come back once per device). Every device
- *                has its own link (as a GPU with its own NIC); nodes are not modelled there.
- *                bench/net_scale.py measures the efficiency and the software latency.
+ *                larger) at link_gbps x link_efficiency; for both dispatches (tokens: a row per
+ *                (token, remote device) each way). Every device has its own link (as a GPU
+ *                with its own NIC); nodes are not modelled there. bench/net_scale.py measures
+ *                the efficiency and the software latency.
  *
  * Ownership: psim_create copies the map; psim_feed allocates nothing. */
 #ifndef MOESERVE_PLACEMENT_SIM_H
@@ -57,7 +57,7 @@ struct psim_result {
     double cross_rows;
     double cross_sends;
     double bytes_token;        /* a row per remote expert row, each way */
-    double bytes_token_dedup;  /* a row per remote device out, per remote expert row back */
+    double bytes_token_dedup;  /* a row per remote device each way (tokens dispatch) */
     double cross_node_rows;    /* with nodes: share of rows computed on another node than their
                                   token's */
     double cross_node_sends;   /* (token, other node) pairs over rows */

@@ -33,6 +33,9 @@ static void generate_usage(FILE *f)
             "      --seed S             sampling seed (same seed, same output)\n"
             "      --device cpu|cuda    compute backend: cpu, or cuda (GPU, bf16 weights)\n"
             "      --devices N          devices the experts are spread over (default 1)\n"
+            "      --dispatch D         how tokens reach their experts' devices: tokens (once\n"
+            "                           per device, partial sums back) or rows (once per\n"
+            "                           expert) (default tokens)\n"
             "      --dtype D            auto (the checkpoint's dtype), bfloat16 or float32\n"
             "                           (default auto)\n"
             "      --quantization Q     none, int8 or int4 weights, made at load (default none)\n"
@@ -90,6 +93,7 @@ struct gen_opts {
     const char *prompt;
     int n;
     int devices;
+    enum engine_dispatch dispatch;
     int threads;
     enum engine_backend backend;
     enum model_dtype dtype;
@@ -111,7 +115,7 @@ static int parse_args(int argc, char **argv, struct gen_opts *o)
     enum {
         OPT_TEMP = 256, OPT_TOPP, OPT_TOPK, OPT_MINP, OPT_REP, OPT_SEED, OPT_DEV, OPT_MOEK,
         OPT_BATCH, OPT_IGNORE_EOS, OPT_NO_SPECIAL, OPT_DEVICE, OPT_DTYPE, OPT_QUANT, OPT_THREADS,
-        OPT_WCACHE, OPT_MOES, OPT_MOEF, OPT_MOEA, OPT_KVTYPE,
+        OPT_WCACHE, OPT_MOES, OPT_MOEF, OPT_MOEA, OPT_KVTYPE, OPT_DISPATCH,
     };
     static const struct option longopts[] = {
         {"model", required_argument, 0, 'm'},
@@ -124,6 +128,7 @@ static int parse_args(int argc, char **argv, struct gen_opts *o)
         {"repetition-penalty", required_argument, 0, OPT_REP},
         {"seed", required_argument, 0, OPT_SEED},
         {"devices", required_argument, 0, OPT_DEV},
+        {"dispatch", required_argument, 0, OPT_DISPATCH},
         {"device", required_argument, 0, OPT_DEVICE},
         {"dtype", required_argument, 0, OPT_DTYPE},
         {"quantization", required_argument, 0, OPT_QUANT},
@@ -170,6 +175,14 @@ static int parse_args(int argc, char **argv, struct gen_opts *o)
             o->sp.has_seed = true;
             break;
         case OPT_DEV: rc = parse_int("--devices", optarg, 1, 64, &o->devices); break;
+        case OPT_DISPATCH:
+            if (engine_dispatch_parse(optarg, &o->dispatch) != 0) {
+                fprintf(stderr, "moeserve generate: --dispatch must be " ENGINE_DISPATCH_NAMES
+                                ", got '%s'\n",
+                        optarg);
+                rc = -1;
+            }
+            break;
         case OPT_DEVICE:
             if (engine_backend_parse(optarg, &o->backend) != 0) {
                 fprintf(stderr, "moeserve generate: --device must be cpu or cuda, got '%s'\n",
@@ -312,6 +325,7 @@ int cli_generate(int argc, char **argv)
     struct engine_params ep;
     engine_params_default(&ep);
     ep.n_devices = o.devices;
+    ep.dispatch = o.dispatch;
     ep.n_threads = o.threads;
     ep.backend = o.backend;
     ep.kv_type = o.kv_type;

@@ -692,9 +692,10 @@ int cli_placement_sim(int argc, char **argv)
                    "max/mean device expert FLOPs; the worst; over all steps summed), the share\n"
                    "of expert rows computed\n"
                    "off their token's device, (token, other device) pairs over rows (what a\n"
-                   "once-per-device dispatch sends), all-to-all KB per token (a row per remote\n"
-                   "expert row each way; deduplicated), expert weight MB on the fullest device;\n"
-                   "with --link-gbps, the exchange time per step (ms, all MoE layers) for both.\n");
+                   "once-per-device dispatch sends), all-to-all KB per token (--dispatch rows:\n"
+                   "a row per remote expert row each way; dedup, --dispatch tokens: a row per\n"
+                   "remote device each way), expert weight MB on the fullest device; with\n"
+                   "--link-gbps, the exchange time per step (ms, all MoE layers) for both.\n");
             return 0;
         default: return 2;
         }

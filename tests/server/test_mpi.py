@@ -2,7 +2,8 @@
 oversubscribed on this machine's cores) gives the same greedy completions and the same logprobs
 (top 3 included, within 1e-6) as the single-process server with the same flags, on fixture
 models of several architectures and on the bundled model, with requests batched together,
-prefix-cache hits and preemption (a KV cache too small for the batch). Killing one rank while a
+prefix-cache hits and preemption (a KV cache too small for the batch); with --dispatch rows and
+tokens alike, the bytes /metrics counts being exactly what each sends. Killing one rank while a
 stream runs, or stopping it (a hang), makes the server name the rank, end the stream with an
 error, answer 503 on /health within 10 s, and exit 1; the other survivors exit 1 too; when
 rank 0 itself dies, the others exit 1 within 10 s. SIGTERM to rank 0 stops every rank with
@@ -147,6 +148,7 @@ class MultiProcess:
     """The checks, for one way of starting the processes (SERVER); the failure reasons each
     way gives (MPI names the silent rank; the TCP star sees a closed connection at once)."""
     SERVER = None
+    DISPATCH_NP = 4  # ranks of test_dispatch
     FAIL_RANK0 = None  # what rank 0 reports when rank 1 is killed (SIGKILL) or stopped
     FAIL_RANK2 = None  # what rank 2 reports then
 
@@ -184,6 +186,31 @@ class MultiProcess:
                 self.assertGreater(m.total("moeserve_device_routed_tokens_total",
                                            device=str(d)), 0, "device %d" % d)
         return ref_m, m
+
+    def test_dispatch(self):
+        """--dispatch rows and tokens (given to rank 0 only, as MOESERVE_DISPATCH, under
+        --nnodes: the other ranks follow the step plan) on DISPATCH_NP ranks: the completions
+        of one process, and rank 0's /metrics bytes exactly what each dispatch sends for the
+        routing it counted (mixtral fixture, d_model 64, top-2: rows, per cross-device expert
+        row 256 bytes out, a 4-byte id and 256 back; tokens, per (token, other device) 256 out,
+        2 ids and 2 weights and 256 back)."""
+        model = srvtest.fixture_model("mixtral")
+        with srvtest.Server("--threads", "1", model=model) as ref:
+            want = workload(ref.port)
+        for mode in ("rows", "tokens"):
+            srv = self.SERVER(self.DISPATCH_NP, "--threads", "1", model=model,
+                              env={"MOESERVE_DISPATCH": mode})
+            with srv:
+                got = workload(srv.port)
+                m = srv.metrics()
+            what = "mixtral -np %d --dispatch %s" % (self.DISPATCH_NP, mode)
+            self.assert_same(want, got, what)
+            rows = m.total("moeserve_cross_device_rows_total")
+            sends = m.total("moeserve_cross_device_token_sends_total")
+            self.assertGreater(sends, 0, what)
+            per = 2 * 256 + 4 if mode == "rows" else 2 * 256 + 16
+            self.assertEqual(m.total("moeserve_all_to_all_bytes_total"),
+                             (rows if mode == "rows" else sends) * per, what)
 
     def test_fixture_models(self):
         for name in ("mixtral", "qwen2_moe", "deepseek_v3", "mohge_tiny", "gpt_oss"):
@@ -356,6 +383,7 @@ class MpiTest(MultiProcess, unittest.TestCase):
 class TcpTest(MultiProcess, unittest.TestCase):
     """--nnodes without mpirun; fewer models: the engine path is the same as under MPI."""
     SERVER = TcpServer
+    DISPATCH_NP = 3  # rows between ranks 1 and 2 relayed by rank 0
     # killed: its connection closes at once; stopped: it does not answer. Rank 2 talks to
     # rank 0 only, and sees it leave (or fall silent while it lingers).
     FAIL_RANK0 = r"rank 1 (closed its connection|did not answer)"

@@ -3,7 +3,9 @@ the routing trace on give the same greedy completions (16 at once) as one device
 happen while they run and none is dropped; /metrics passes `promtool check metrics` with the
 placement families (per-layer imbalance labelled by layer only; per-expert series only when
 asked); the recorded trace reads back in C and in Python with the tokens the server computed.
-Bad placement flags exit 2 naming the flag; a corrupt --placement-trace names its offset."""
+--dispatch rows and tokens give the same greedy text on 4 devices, and /metrics' all-to-all bytes
+are exactly what the cross-device counters imply for each (tokens: fewer). Bad placement flags
+exit 2 naming the flag; a corrupt --placement-trace names its offset."""
 import concurrent.futures
 import json
 import os
@@ -130,6 +132,31 @@ class PlacementTest(unittest.TestCase):
         for d in range(4):
             self.assertGreater(m.total("moeserve_device_routed_tokens_total", device=str(d)), 0)
 
+    def test_dispatch_bytes(self):
+        """The bundled model (d_model 192, top-2) on 4 devices: the bytes each dispatch sends,
+        read from /metrics, against the routing the same /metrics counted. rows: per
+        cross-device expert row, the row out (768 bytes), its expert id (4) and the result back
+        (768); tokens: per (token, other device), the row out, 2 ids and 2 weights (16) and the
+        partial sum back (768)."""
+        model = srvtest.bundled_model()
+        row, k = 4 * 192, 2
+        texts, sent = {}, {}
+        for mode in ("rows", "tokens"):
+            with srvtest.Server("--devices", "4", "--threads", "4", "--dispatch", mode,
+                                model=model) as srv:
+                texts[mode] = complete_all(srv.port)
+                m = srv.metrics()
+            got = m.total("moeserve_all_to_all_bytes_total")
+            rows = m.total("moeserve_cross_device_rows_total")
+            sends = m.total("moeserve_cross_device_token_sends_total")
+            self.assertGreater(sends, 0)
+            self.assertLess(sends, rows)  # some tokens have both experts on one device
+            want = rows * (2 * row + 4) if mode == "rows" else sends * (2 * row + 8 * k)
+            self.assertEqual(got, want, (mode, rows, sends))
+            sent[mode] = got / rows  # per cross-device expert row: batching may differ
+        self.assertEqual(texts["rows"], texts["tokens"])
+        self.assertLess(sent["tokens"], sent["rows"])
+
     def test_bad_flags(self):
         model = srvtest.bundled_model()
         tmp = tempfile.mkdtemp()
@@ -144,6 +171,7 @@ class PlacementTest(unittest.TestCase):
                 f.write(bytes(data))
             for args, want in (
                     (["--expert-placement", "random"], "--expert-placement must be"),
+                    (["--devices", "2", "--dispatch", "experts"], "--dispatch must be tokens or rows"),
                     (["--routing-stats", "some"], "--routing-stats must be"),
                     (["--expert-placement", "c2r", "--devices", "2"], "--placement-trace"),
                     (["--devices", "2", "--redundant-experts", "17"], "--redundant-experts 17"),

@@ -29,7 +29,7 @@ Needs root, iproute2 and Open MPI; creates only namespaces named moeserve-* and 
 exit.
 
   python3 bench/net_scale.py [--binary build/moeserve] [--ranks 2,4,8] [--gbps 1,10,100]
-      [--batches 1,32,256] [--max-tokens 24] [--json FILE]
+      [--batches 1,32,256] [--max-tokens 32] [--repeat 3] [--json FILE]
 """
 import argparse
 import atexit
@@ -294,7 +294,9 @@ def main():
     ap.add_argument("--latency-us", default="50,1000",
                     help="added link latency (needs sch_netem in the kernel)")
     ap.add_argument("--batches", default="1,32,256")
-    ap.add_argument("--max-tokens", type=int, default=24)
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="runs per point; the step time is their median")
     ap.add_argument("--json", help="also write every point and the fit to this file")
     args = ap.parse_args()
     if os.geteuid() != 0:
@@ -334,7 +336,9 @@ def main():
                 shape(nmax, gbps, lat)
                 measure(srv, n, 4, 4)  # warm-up: every rank has run a step at this shaping
                 for b in batches:
-                    m = measure(srv, n, b, args.max_tokens)
+                    runs = sorted((measure(srv, n, b, args.max_tokens)
+                                   for _ in range(args.repeat)), key=lambda r: r["step_ms"])
+                    m = runs[len(runs) // 2]
                     m.update({"n": n, "gbps": gbps, "latency_us": lat, "batch": b})
                     if not gbps and not lat:
                         base[(n, b)] = m["step_ms"]

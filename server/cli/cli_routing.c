@@ -585,7 +585,7 @@ int cli_placement_sim(int argc, char **argv)
     };
     struct psim_run_params p = {.tokens_per_dev = 256, .seed = 1, .min_steps = 8, .redundant = -1,
                                 .replicas_per_dev = 1, .c2r_bound = PLC_C2R_BOUND, .act_bytes = 2,
-                                .weight_bytes = 2, .link_efficiency = 1.0, .rounds_per_layer = 4};
+                                .weight_bytes = 2, .link_efficiency = 1.0, .rounds_per_layer = 6};
     int devs[MAX_LIST] = {2, 4, 8, 16, 64, 256}, n_devs = 6, n_pols = PLC_N_POLICIES;
     /* one more entry: eplb placed over the nodes (--nodes), next to the flat one */
     enum plc_policy pols[PLC_N_POLICIES + 1] = {PLC_POLICY_CONTIGUOUS, PLC_POLICY_MOHGE,
@@ -685,8 +685,9 @@ int cli_placement_sim(int argc, char **argv)
                    "  --link-latency-us A         latency of one exchange round (0)\n"
                    "  --link-efficiency F         share of G an exchange gets (1; measured by\n"
                    "                              bench/net_scale.py)\n"
-                   "  --rounds-per-layer R        latency rounds per MoE layer (4: dispatch\n"
-                   "                              and combine, each counts then rows)\n"
+                   "  --rounds-per-layer R        latency rounds per MoE layer (6, as the\n"
+                   "                              engine on MPI: rows, expert ids, results\n"
+                   "                              back, each counts then data)\n"
                    "  --csv                       comma-separated output\n"
                    "Per policy and device count: imbalance (mean over steps and layers of\n"
                    "max/mean device expert FLOPs; the worst; over all steps summed), the share\n"

@@ -9,7 +9,7 @@
  *   deepseek: DeepSeek-V2-Lite's layer (hidden 2048, 16 heads of MLA with kv_lora_rank 512,
  *     nope/rope/v 128/64/128, top-6 of experts of width 1408 plus 2 shared, the first layer
  *     dense of width 10944), with --layers layers and --experts routed experts (V2-Lite: 27
- *     and 64) so that it fits a machine.
+ *     and 64) so that it fits a machine; --heads sets the MLA heads (V3 and V3.2: 128).
  *   deepseek_v32: the deepseek shape with DeepSeek-V3.2's sparse attention: a query LoRA of
  *     rank 512, V3's sigmoid routing with a correction bias (one group), and each layer's
  *     lightning indexer as V3.2 has it (64 heads of 128, index_topk 2048); --index-topk changes
@@ -200,7 +200,7 @@ static json_t *deepseek_config(const struct shapes *s, const char *dtype)
                           "q_lora_rank", "tie_word_embeddings", 0, "rope_parameters",
                           "rope_theta", 1e4, "rope_type", "default");
     const struct cfg_int ints[] = {{"hidden_size", s->d},           {"num_hidden_layers", s->layers},
-                {"num_attention_heads", DS_HEADS}, {"num_key_value_heads", DS_HEADS},
+                {"num_attention_heads", s->heads}, {"num_key_value_heads", s->heads},
                 {"kv_lora_rank", DS_KV_LORA},    {"qk_nope_head_dim", DS_NOPE},
                 {"qk_rope_head_dim", DS_ROPE},   {"v_head_dim", DS_V},
                 {"n_routed_experts", s->experts}, {"num_experts_per_tok", s->top_k},
@@ -395,7 +395,7 @@ int main(int argc, char **argv)
     if (argc < 2 || argv[1][0] == '-') {
         fprintf(stderr,
                 "usage: %s OUT_DIR [--arch mixtral|deepseek|deepseek_v32|qwen3_5_moe] [--params 100M] "
-                "[--active N] [--index-topk N] "
+                "[--active N] [--index-topk N] [--heads H (deepseek: MLA heads, 16)] "
                 "[--hidden D] [--layers L] [--dtype f32|bf16] [--experts 8] [--top-k 2] "
                 "[--seed S] [--vocab 32000] [--tokenizer DIR] [--max-pos N]\n",
                 argv[0]);
@@ -420,6 +420,8 @@ int main(int argc, char **argv)
             bad = (s.index_topk = atoi(v)) <= 0;
         else if (!bad && strcmp(a, "--hidden") == 0)
             bad = (s.d = atoi(v)) <= 0 || s.d % 64 != 0;
+        else if (!bad && strcmp(a, "--heads") == 0)
+            bad = (s.heads = atoi(v)) <= 0 || s.heads > 1024;
         else if (!bad && strcmp(a, "--layers") == 0)
             bad = (s.layers = atoi(v)) <= 0;
         else if (!bad && strcmp(a, "--dtype") == 0) {
@@ -445,6 +447,11 @@ int main(int argc, char **argv)
         }
         i++;
     }
+    if (s.heads && !s.deepseek) {
+        fprintf(stderr, "make_synthetic_model: --heads is for --arch deepseek and deepseek_v32 "
+                        "(the other shapes take 64-wide heads from --hidden)\n");
+        return 2;
+    }
     if (!s.experts) s.experts = s.deepseek ? 64 : s.qwen35 ? 128 : 8;
     if (!s.index_topk) s.index_topk = 2048;
     if (!s.max_pos) s.max_pos = s.qwen35 ? 32768 : 4096;
@@ -465,14 +472,15 @@ int main(int argc, char **argv)
                s.experts, s.top_k, s.ff, Q35_SHARED, s.vocab, dtype);
     } else if (s.deepseek) {
         s.d = DS_HIDDEN;
-        s.heads = s.kv = DS_HEADS;
+        if (!s.heads) s.heads = DS_HEADS; /* V2-Lite's; V3 and V3.2 have 128 */
+        s.kv = s.heads;
         s.ff = DS_MOE_FF;
         if (!s.layers) s.layers = 4;
         printf("deepseek-v2-lite-shaped%s: hidden %d, layers %d (the first dense, %d wide), %d "
                "MLA heads (kv_lora_rank %d, nope/rope/v %d/%d/%d), %d experts (top-%d) of width "
                "%d + %d shared, vocab %d, dtype %s\n",
                s.v32 ? " with V3.2's indexer (64 heads of 128, query LoRA 512)" : "", s.d,
-               s.layers, DS_DENSE_FF, DS_HEADS, DS_KV_LORA, DS_NOPE, DS_ROPE, DS_V, s.experts,
+               s.layers, DS_DENSE_FF, s.heads, DS_KV_LORA, DS_NOPE, DS_ROPE, DS_V, s.experts,
                s.top_k, s.ff, DS_SHARED, s.vocab, dtype);
     } else if (active > 0) {
         if (!s.d || !s.layers) {
@@ -525,7 +533,7 @@ int main(int argc, char **argv)
     DECL(s.d, 0, "model.norm.weight");
     DECL(s.vocab, s.d, "lm_head.weight");
     for (int l = 0; l < s.layers && s.deepseek; l++) {
-        const int qk = DS_NOPE + DS_ROPE, H = DS_HEADS;
+        const int qk = DS_NOPE + DS_ROPE, H = s.heads;
         DECL(s.d, 0, "model.layers.%d.input_layernorm.weight", l);
         DECL(s.d, 0, "model.layers.%d.post_attention_layernorm.weight", l);
         if (s.v32) {

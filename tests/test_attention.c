@@ -7,8 +7,9 @@
  *    precision, and a row's scores and outputs the same bits whatever rows share the call;
  *  - whole attention calls on ragged shapes (head dims 64, 80, 128, 192, MLA's 576/512, GQA
  *    groups, sliding windows, Llama 4's chunks, gpt-oss's sinks, contexts across segments and
- *    blocks, every stored type) against a double-precision softmax over the values the cache
- *    holds, and the promises of flash.h, bit for bit: a token computed alone equals the same
+ *    blocks, every stored type, DeepSeek's sparse attention over selected positions, alone or
+ *    mixed with tokens that attend to all) against a double-precision softmax over the values
+ *    the cache holds, and the promises of flash.h, bit for bit: a token computed alone equals the same
  *    token in a batch, and 1, 2 or 3 threads (split-K or not) give the same output. */
 #include <math.h>
 #include <stdbool.h>
@@ -189,7 +190,29 @@ struct acase {
     int n_head, n_kv, dk, dv, mla;
     int window, chunk, sinks;
     int pos0, n; /* the call's tokens: one sequence at positions pos0 .. pos0 + n - 1 */
+    int topk;    /* > 0: a token past topk positions attends to topk of them (be_attn.sel) */
 };
+
+/* Sparse attention's selections of case a (topk > 0): token i at position P > topk - 1 keeps
+ * topk positions, its own and others picked by a hash, ascending; the others keep all (-1). */
+static void make_sel(const struct acase *a, int32_t *sel, int32_t *sel_n)
+{
+    for (int i = 0; i < a->n; i++) {
+        int P = a->pos0 + i, cnt = 0;
+        if (P + 1 <= a->topk) {
+            sel_n[i] = -1;
+            continue;
+        }
+        int need = a->topk - 1; /* besides P: the first `need` positions in hash order */
+        for (int p = 0; p < P && cnt < need; p++) {
+            uint32_t hsh = (uint32_t)(p * 2654435761u) ^ (uint32_t)(i * 40503u);
+            if (hsh % (uint32_t)(P + 1) < (uint32_t)(a->topk + 1) || P - p <= need - cnt)
+                sel[(size_t)i * a->topk + cnt++] = p;
+        }
+        sel[(size_t)i * a->topk + cnt++] = P;
+        sel_n[i] = cnt;
+    }
+}
 
 /* A layer cache of max_pos positions in blocks of bs (shuffled), written from random rows
  * through the type's scalar store. k_row / v_row: the row widths; MLA's v aliases k. */
@@ -271,16 +294,18 @@ static double cache_at(const struct tcache *c, int v, int p, int h, int dim, int
 
 /* The double-precision attention of token (pos) query head qh. */
 static void ref_attention(double *out, const struct acase *a, const struct tcache *c,
-                          const float *q, int pos, int qh, float scale, const float *sinks)
+                          const float *q, int pos, int qh, float scale, const float *sinks,
+                          const int32_t *sel, int sel_n)
 {
     int group = a->n_head / a->n_kv, kvh = qh / group;
     int start = a->window > 0 && pos - a->window + 1 > 0 ? pos - a->window + 1 : 0;
     if (a->chunk > 0 && pos - pos % a->chunk > start) start = pos - pos % a->chunk;
-    int len = pos - start + 1;
+    int len = sel_n >= 0 ? sel_n : pos - start + 1;
+#define AT(t) (sel_n >= 0 ? sel[t] : start + (t))
     double *s = malloc(sizeof(double) * len), mx = sinks ? sinks[qh] : -1e300, sum = 0;
     for (int t = 0; t < len; t++) {
         double d = 0;
-        for (int i = 0; i < a->dk; i++) d += (double)q[i] * cache_at(c, 0, start + t, kvh, a->dk, i);
+        for (int i = 0; i < a->dk; i++) d += (double)q[i] * cache_at(c, 0, AT(t), kvh, a->dk, i);
         s[t] = d * scale;
         mx = s[t] > mx ? s[t] : mx;
     }
@@ -289,20 +314,23 @@ static void ref_attention(double *out, const struct acase *a, const struct tcach
     for (int i = 0; i < a->dv; i++) out[i] = 0;
     for (int t = 0; t < len; t++) {
         double w = exp(s[t] - mx) / sum;
-        for (int i = 0; i < a->dv; i++) out[i] += w * cache_at(c, 1, start + t, kvh, a->dv, i);
+        for (int i = 0; i < a->dv; i++) out[i] += w * cache_at(c, 1, AT(t), kvh, a->dv, i);
     }
+#undef AT
     free(s);
 }
 
 static void run_call(struct pool *pool, const struct gemm_kernels *kk, struct fa_work *w,
                      float *out, const float *q, const struct tcache *c, const struct acase *a,
-                     int pos0, int n, float scale, const float *sinks)
+                     int pos0, int n, float scale, const float *sinks, const int32_t *sel,
+                     const int32_t *sel_n)
 {
     struct be_tokens tk = {.tables = c->table, .pos0 = pos0};
     struct be_attn at = {.n_head = a->n_head, .n_kv_head = a->n_kv, .k_dim = a->dk,
                          .v_dim = a->dv, .k_row = c->k_row, .v_row = c->v_row,
                          .window = a->window, .scale = scale, .sinks = sinks,
-                         .chunk = a->chunk};
+                         .chunk = a->chunk, .sel = a->topk > 0 ? sel : NULL,
+                         .sel_n = a->topk > 0 ? sel_n : NULL, .sel_stride = a->topk};
     fa_attention(pool, kk, w, out, q, &c->kv, &tk, c->bs, n, &at);
 }
 
@@ -310,14 +338,16 @@ static void run_call(struct pool *pool, const struct gemm_kernels *kk, struct fa
 static void test_calls(const struct gemm_kernels *const *tables, int n_tables)
 {
     static const struct acase cases[] = {
-        {"decode gqa4 d128", 8, 2, 128, 128, 0, 0, 0, 0, 700, 1},
-        {"prefill gqa4 d64", 8, 2, 64, 64, 0, 0, 0, 0, 0, 37},
-        {"chunk at depth d80", 6, 3, 80, 80, 0, 0, 0, 0, 505, 21},
-        {"decode mqa d192", 4, 1, 192, 192, 0, 0, 0, 0, 1100, 1},
-        {"window+sinks d64", 8, 2, 64, 64, 0, 100, 0, 1, 590, 9},
-        {"llama4 chunks d128", 4, 2, 128, 128, 0, 0, 64, 0, 120, 30},
-        {"mla decode", 16, 1, 576, 512, 1, 0, 0, 0, 530, 1},
-        {"mla prefill", 16, 1, 576, 512, 1, 0, 0, 0, 40, 5},
+        {"decode gqa4 d128", 8, 2, 128, 128, 0, 0, 0, 0, 700, 1, 0},
+        {"prefill gqa4 d64", 8, 2, 64, 64, 0, 0, 0, 0, 0, 37, 0},
+        {"chunk at depth d80", 6, 3, 80, 80, 0, 0, 0, 0, 505, 21, 0},
+        {"decode mqa d192", 4, 1, 192, 192, 0, 0, 0, 0, 1100, 1, 0},
+        {"window+sinks d64", 8, 2, 64, 64, 0, 100, 0, 1, 590, 9, 0},
+        {"llama4 chunks d128", 4, 2, 128, 128, 0, 0, 64, 0, 120, 30, 0},
+        {"mla decode", 16, 1, 576, 512, 1, 0, 0, 0, 530, 1, 0},
+        {"mla prefill", 16, 1, 576, 512, 1, 0, 0, 0, 40, 5, 0},
+        {"dsa decode", 16, 1, 576, 512, 1, 0, 0, 0, 1500, 1, 700},
+        {"dsa prefill, some dense", 16, 1, 576, 512, 1, 0, 0, 0, 30, 20, 40},
     };
     struct pool *pools[3] = {pool_create(1, 0), pool_create(2, 0), pool_create(3, 0)};
     struct fa_work w[3];
@@ -335,6 +365,9 @@ static void test_calls(const struct gemm_kernels *const *tables, int n_tables)
             float *q = malloc(sizeof(float) * qn), sinks[16];
             float *o[3], *alone = malloc(sizeof(float) * on), *port = malloc(sizeof(float) * on);
             double *ref = malloc(sizeof(double) * on);
+            int32_t *sel = malloc(sizeof(int32_t) * (size_t)a->n * (a->topk > 0 ? a->topk : 1));
+            int32_t *sel_n = malloc(sizeof(int32_t) * (size_t)a->n);
+            if (a->topk > 0) make_sel(a, sel, sel_n);
             for (size_t i = 0; i < qn; i++) q[i] = urand(-1, 1);
             for (int h = 0; h < a->n_head; h++) sinks[h] = urand(-1, 3);
             const float *sk = a->sinks ? sinks : NULL;
@@ -344,21 +377,24 @@ static void test_calls(const struct gemm_kernels *const *tables, int n_tables)
                 for (int h = 0; h < a->n_head; h++) {
                     size_t off = (size_t)i * a->n_head + h;
                     ref_attention(ref + off * a->dv, a, &c, q + off * a->dk, a->pos0 + i, h, scale,
-                                  sk);
+                                  sk, sel + (size_t)i * a->topk,
+                                  a->topk > 0 ? sel_n[i] : -1);
                 }
             for (size_t j = 0; j < on; j++) den += ref[j] * ref[j];
             for (int i = 0; i < 3; i++) o[i] = malloc(sizeof(float) * on);
             run_call(pools[1], gemm_kernels_portable(), &w[1], port, q, &c, a, a->pos0, a->n,
-                     scale, sk);
+                     scale, sk, sel, sel_n);
             for (int ti = 0; ti < n_tables; ti++) {
                 const struct gemm_kernels *kk = tables[ti];
                 for (int i = 0; i < 3; i++)
-                    run_call(pools[i], kk, &w[i], o[i], q, &c, a, a->pos0, a->n, scale, sk);
+                    run_call(pools[i], kk, &w[i], o[i], q, &c, a, a->pos0, a->n, scale, sk, sel,
+                             sel_n);
                 bad_split[ti] += memcmp(o[0], o[1], sizeof(float) * on) != 0;
                 bad_split[ti] += memcmp(o[0], o[2], sizeof(float) * on) != 0;
                 for (int i = 0; i < a->n; i++) /* each token alone */
                     run_call(pools[1], kk, &w[1], alone + (size_t)i * a->n_head * a->dv,
-                             q + (size_t)i * a->n_head * a->dk, &c, a, a->pos0 + i, 1, scale, sk);
+                             q + (size_t)i * a->n_head * a->dk, &c, a, a->pos0 + i, 1, scale, sk,
+                             sel + (size_t)i * a->topk, sel_n + i);
                 bad_batch[ti] += memcmp(o[0], alone, sizeof(float) * on) != 0;
                 double num = 0, pn = 0;
                 for (size_t j = 0; j < on; j++) {
@@ -371,7 +407,7 @@ static void test_calls(const struct gemm_kernels *const *tables, int n_tables)
                        type_name((enum be_kv_type)t), err);
                 bad_port[ti] += sqrt(pn / den) > 2e-6;
             }
-            free(ref), free(q), free(alone), free(port);
+            free(ref), free(q), free(alone), free(port), free(sel), free(sel_n);
             for (int i = 0; i < 3; i++) free(o[i]);
             tcache_free(&c);
         }

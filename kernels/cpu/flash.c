@@ -101,6 +101,10 @@ static inline int tok_pos(const struct be_tokens *tk, int i)
 struct fa_unit {
     int tok0, nt, h0, nh, R;
     const int32_t *table;
+    /* DeepSeek sparse attention: the unit's one token attends to the positions its indexer
+     * selected (ascending), and the unit's context is that list: column t reads position
+     * map[t]. NULL: column t is position t. */
+    const int32_t *map;
     float *qb;        /* (R, dk) queries times the softmax scale */
     int32_t *lo, *hi; /* (R) each row's positions [lo, hi] */
     int minlo, maxhi;
@@ -137,6 +141,24 @@ static void unit_init(const struct fa_call *c, int u, float *scratch, struct fa_
     un->hi = (int32_t *)p;
     un->minlo = 1 << 30;
     un->maxhi = -1;
+    un->map = NULL;
+    if (a->sel && a->sel_n[un->tok0] >= 0) { /* plan_units gives such a token a unit alone */
+        un->map = a->sel + (size_t)un->tok0 * a->sel_stride;
+        un->minlo = 0;
+        un->maxhi = a->sel_n[un->tok0] - 1;
+        for (int hh = 0; hh < un->nh; hh++)
+            for (int g = 0; g < c->group; g++) {
+                int r = hh * c->group + g;
+                un->lo[r] = 0;
+                un->hi[r] = un->maxhi;
+                const float *qr =
+                    c->q + ((size_t)un->tok0 * a->n_head + (size_t)(un->h0 + hh) * c->group + g) *
+                               (size_t)a->k_dim;
+                float *qd = un->qb + (size_t)r * a->k_dim;
+                for (int d = 0; d < a->k_dim; d++) qd[d] = qr[d] * a->scale;
+            }
+        return;
+    }
     for (int t = 0; t < un->nt; t++) {
         int i = un->tok0 + t, pos = tok_pos(c->tk, i);
         int start = a->window > 0 && pos - a->window + 1 > 0 ? pos - a->window + 1 : 0;
@@ -179,7 +201,7 @@ static void load_tile(const struct fa_call *c, const struct fa_unit *un, int t0,
     memset(un->kf + (size_t)(j1 + 1) * kw, 0, sizeof(float) * (size_t)(FA_TK - 1 - j1) * kw);
     memset(un->vt, 0, sizeof(float) * (size_t)j0 * vw);
     for (int j = j0; j <= j1; j++) {
-        int p = t0 + j, slot = p % bs;
+        int p = un->map ? un->map[t0 + j] : t0 + j, slot = p % bs;
         size_t blk = (size_t)un->table[p / bs];
         float *kd = un->kf + (size_t)j * kw, *vd = un->vt + (size_t)j * vw;
         for (int hh = 0; hh < nh; hh++) {
@@ -216,7 +238,7 @@ static const float *tile_ptrs(const struct fa_call *c, const struct fa_unit *un,
     bool fp8 = kv->type == BE_KV_FP8_E4M3 || kv->type == BE_KV_FP8_E5M2;
     bool int8 = kv->type == BE_KV_INT8;
     const char *base = (const char *)(v ? kv->v : kv->k);
-    int p0 = t0 + j0, slot = p0 % bs, bi = p0 / bs; /* then by steps: no division a row */
+    int p0 = un->map ? 0 : t0 + j0, slot = p0 % bs, bi = p0 / bs; /* then by steps */
     size_t blk = (size_t)un->table[bi];
     for (int j = 0; j < FA_TK; j++) {
         if (j < j0 || j > j1) {
@@ -224,7 +246,11 @@ static const float *tile_ptrs(const struct fa_call *c, const struct fa_unit *un,
             sc[j] = 1.0f;
             continue;
         }
-        if (slot == bs) {
+        if (un->map) { /* selected positions: a block lookup each */
+            int p = un->map[t0 + j];
+            slot = p % bs;
+            blk = (size_t)un->table[p / bs];
+        } else if (slot == bs) {
             slot = 0;
             blk = (size_t)un->table[++bi];
         }
@@ -235,35 +261,6 @@ static const float *tile_ptrs(const struct fa_call *c, const struct fa_unit *un,
         slot++;
     }
     return fp8 || int8 ? sc : NULL;
-}
-
-/* DeepSeek sparse attention: the scores p[rlo, rhi] of row r (tile at t0) at positions its
- * token did not select become -inf. True when none in the range is selected. */
-static bool sel_mask(const struct fa_call *c, const struct fa_unit *un, int r, int t0, int rlo,
-                     int rhi, float *p)
-{
-    const struct be_attn *a = c->a;
-    int i = un->tok0 + (r / c->group) % un->nt, cnt = a->sel_n[i];
-    if (cnt < 0) return false; /* every position */
-    const int32_t *s = a->sel + (size_t)i * a->sel_stride;
-    int lo = 0, hi = cnt; /* first listed position >= t0 + rlo */
-    while (lo < hi) {
-        int mid = (lo + hi) / 2;
-        if (s[mid] < t0 + rlo)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    bool none = true;
-    for (int j = rlo; j <= rhi; j++) {
-        if (lo < cnt && s[lo] == t0 + j) {
-            lo++;
-            none = false;
-        } else {
-            p[j] = -INFINITY;
-        }
-    }
-    return none;
 }
 
 /* Segment `seg` of the unit's context into fresh states st (R rows of dv + 2). */
@@ -303,10 +300,6 @@ static void unit_segment(const struct fa_call *c, const struct fa_unit *un, int 
             int rhi = un->hi[r] < t0 + FA_TK - 1 ? un->hi[r] - t0 : FA_TK - 1;
             if (rlo > rhi) { /* no key of this tile: the row contributes nothing */
                 memset(p, 0, sizeof(float) * FA_TK);
-                continue;
-            }
-            if (a->sel && sel_mask(c, un, r, t0, rlo, rhi, p)) {
-                memset(p, 0, sizeof(float) * FA_TK); /* none selected in this tile */
                 continue;
             }
             float mt = c->kk->fa_max(p, rlo, rhi), m = sr[ST_M];
@@ -451,8 +444,11 @@ static int plan_units(const struct fa_call *c, int n)
     for (int i = 0; i < n;) {
         const int32_t *tb = tok_table(tk, i);
         int p0 = tok_pos(tk, i), cnt = 1;
-        while (i + cnt < n && cnt < per && tok_table(tk, i + cnt) == tb &&
-               tok_pos(tk, i + cnt) == p0 + cnt)
+        /* a token with a selection (DeepSeek sparse attention) has a context of its own */
+        bool alone = c->a->sel && c->a->sel_n[i] >= 0;
+        while (!alone && i + cnt < n && cnt < per && tok_table(tk, i + cnt) == tb &&
+               tok_pos(tk, i + cnt) == p0 + cnt &&
+               !(c->a->sel && c->a->sel_n[i + cnt] >= 0))
             cnt++;
         int nh = rows / (cnt * c->group);
         nh = nh < 1 ? 1 : nh > c->a->n_kv_head ? c->a->n_kv_head : nh;
@@ -490,6 +486,10 @@ void fa_attention(struct pool *pool, const struct gemm_kernels *kk, struct fa_wo
             int pos_hi = tok_pos(tk, ud[0] + ud[1] - 1), pos_lo = tok_pos(tk, ud[0]);
             int lo = a->window > 0 && pos_lo - a->window + 1 > 0 ? pos_lo - a->window + 1 : 0;
             if (a->chunk > 0 && pos_lo - pos_lo % a->chunk > lo) lo = pos_lo - pos_lo % a->chunk;
+            if (a->sel && a->sel_n[ud[0]] >= 0) { /* its selected positions (unit_init) */
+                lo = 0;
+                pos_hi = a->sel_n[ud[0]] - 1;
+            }
             size_t rows = (size_t)ud[1] * ud[3] * c.group;
             first[u] = n_tasks;
             for (int s = lo / FA_SEG; s <= pos_hi / FA_SEG; s++) {

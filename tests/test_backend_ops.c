@@ -697,6 +697,37 @@ static struct be_kv typed_kv(struct backend *be, enum be_kv_type type, int n_blo
     return kv;
 }
 
+/* A step over n_seq sequences of len positions in blocks shuffled across all of them: each
+ * sequence gets a run of tokens (some of 2-8, a prefill chunk; sequence 0's at the end when
+ * last_at_end), into seq / pos, and every one of its positions into all_seq / all_pos (the
+ * cache's writer). Returns the step's tokens. */
+static int paged_steps(struct ops_ctx *t, int n_seq, int len, int n_blocks, bool last_at_end,
+                       int32_t *tables, int32_t *seq, int32_t *pos, int32_t *all_seq,
+                       int32_t *all_pos)
+{
+    int n = 0;
+    for (int i = 0; i < n_blocks; i++) tables[i] = i;
+    for (int i = n_blocks - 1; i > 0; i--) {
+        int j = ops_int(t, 0, i + 1);
+        int32_t tmp = tables[i];
+        tables[i] = tables[j];
+        tables[j] = tmp;
+    }
+    for (int s = 0; s < n_seq; s++) {
+        int run = s % 3 == 0 ? ops_int(t, 2, 8) : 1;
+        int p0 = last_at_end && s == 0 ? len - run : ops_int(t, 0, len - run);
+        for (int i = 0; i < run; i++, n++) {
+            seq[n] = s;
+            pos[n] = p0 + i;
+        }
+        for (int p = 0; p < len; p++) {
+            all_seq[s * len + p] = s;
+            all_pos[s * len + p] = p;
+        }
+    }
+    return n;
+}
+
 /* A whole step in one call: n_seq sequences, each a prefill chunk or one decode token at its own
  * position, with block tables in one (n_seq, stride) array; kv_write then attention, as the
  * engine runs them, with the cache in `type` (every position written first, through kv_write,
@@ -715,28 +746,8 @@ static void check_attention_batch(struct ops_ctx *t, int n_seq, int n_head, int 
     int32_t *all_seq = ops_host(t, sizeof(int32_t) * n_seq * MAX_LEN);
     int32_t *all_pos = ops_host(t, sizeof(int32_t) * n_seq * MAX_LEN);
     int n = 0, n_all = n_seq * MAX_LEN;
-    if (tables && seq && pos && all_seq && all_pos) {
-        /* Physical blocks shuffled across all sequences. */
-        for (int i = 0; i < n_blocks; i++) tables[i] = i;
-        for (int i = n_blocks - 1; i > 0; i--) {
-            int j = ops_int(t, 0, i + 1);
-            int32_t tmp = tables[i];
-            tables[i] = tables[j];
-            tables[j] = tmp;
-        }
-        for (int s = 0; s < n_seq; s++) {
-            int run = s % 3 == 0 ? ops_int(t, 2, 8) : 1; /* some prefill chunks */
-            int p0 = ops_int(t, 0, MAX_LEN - run);
-            for (int i = 0; i < run; i++, n++) {
-                seq[n] = s;
-                pos[n] = p0 + i;
-            }
-            for (int p = 0; p < MAX_LEN; p++) {
-                all_seq[s * MAX_LEN + p] = s;
-                all_pos[s * MAX_LEN + p] = p;
-            }
-        }
-    }
+    if (tables && seq && pos && all_seq && all_pos)
+        n = paged_steps(t, n_seq, MAX_LEN, n_blocks, false, tables, seq, pos, all_seq, all_pos);
     size_t qn = (size_t)n * n_head * head_dim, all_n = (size_t)n_all * row;
     float *rq, *dq, *rk, *dk, *rv, *dv, *ro, *dout, *rka, *dka, *rva, *dva;
     int32_t *rtb, *dtb, *rs, *ds, *rp, *dp, *ras, *das, *rap, *dap;
@@ -1119,27 +1130,8 @@ static void check_v4_attention(struct ops_ctx *t, int kind, int n_seq, int len, 
     int32_t *all_seq = ops_host(t, sizeof(int32_t) * n_seq * len);
     int32_t *all_pos = ops_host(t, sizeof(int32_t) * n_seq * len);
     int n = 0, n_all = n_seq * len;
-    if (tables && seq && pos && all_seq && all_pos) {
-        for (int i = 0; i < n_blocks; i++) tables[i] = i;
-        for (int i = n_blocks - 1; i > 0; i--) {
-            int j = ops_int(t, 0, i + 1);
-            int32_t tmp = tables[i];
-            tables[i] = tables[j];
-            tables[j] = tmp;
-        }
-        for (int s = 0; s < n_seq; s++) {
-            int run = s % 3 == 0 ? ops_int(t, 2, 8) : 1;
-            int p0 = s == 0 ? len - run : ops_int(t, 0, len - run); /* one at the end */
-            for (int i = 0; i < run; i++, n++) {
-                seq[n] = s;
-                pos[n] = p0 + i;
-            }
-            for (int p = 0; p < len; p++) {
-                all_seq[s * len + p] = s;
-                all_pos[s * len + p] = p;
-            }
-        }
-    }
+    if (tables && seq && pos && all_seq && all_pos)
+        n = paged_steps(t, n_seq, len, n_blocks, true, tables, seq, pos, all_seq, all_pos);
     size_t qn = (size_t)n * n_head * dim, iq = (size_t)n * i_heads * idim;
     size_t all_n = (size_t)n_all * row;
     float *rq, *dq, *rrows, *drows, *ro, *dout, *rsk, *dsk, *riq, *diq, *riw, *diw;

@@ -13,8 +13,9 @@ belongs to group e // experts_per_group.
 Training adds two auxiliary losses: the size-weighted group loss (w_g = (W_g - W_min + delta)
 / delta, so routing tokens to wide groups costs more) and a Switch-style balance loss inside
 each group. With group_loss_difficulty = beta > 0 a third term adds each token's expected
-relative group width weighted by beta (1 - 2 r), r the token's loss rank in its batch (see
-MohgeForCausalLM.loss), so that easy tokens are pushed to narrow groups and hard ones to wide. The model is saved and loaded as a Hugging Face-style folder (config.json +
+relative group width weighted by beta (1 + g - 2 r), r the token's loss rank in its batch and
+g = group_loss_difficulty_offset (0 by default; see MohgeForCausalLM.loss), so that easy tokens
+are pushed to narrow groups and hard ones to wide. The model is saved and loaded as a Hugging Face-style folder (config.json +
 model.safetensors); tensor names follow Llama / Qwen-MoE conventions (see README, "The mohge
 config.json"). This file is the golden reference for the C engine's `mohge` support.
 """
@@ -51,6 +52,7 @@ CONFIG_DEFAULTS = {
     "group_loss_delta": 16.0,
     "balance_loss_coef": 0.01,
     "group_loss_difficulty": 0.0,
+    "group_loss_difficulty_offset": 0.0,
     "bos_token_id": None,
     "eos_token_id": 0,
     "torch_dtype": "float32",
@@ -409,9 +411,12 @@ class MohgeForCausalLM(HFFolder, nn.Module):
             # the hardest; detached). The weights average 0, so the overall pressure toward
             # narrow groups stays the group loss's, but easy tokens are pushed narrow and hard
             # ones wide.
+            # group_loss_difficulty_offset = g > 0 makes the weights 1 + g - 2 r: a net push of
+            # every token toward narrow groups on top of the easy/hard split.
             r = torch.argsort(torch.argsort(ce.detach())).to(ce.dtype) / max(1, ce.numel() - 1)
+            g = float(c.get("group_loss_difficulty_offset", 0.0))
             l_group, width = aux[0]
-            aux = (l_group + beta * (width * (1.0 - 2.0 * r)).mean(), aux[1])
+            aux = (l_group + beta * (width * (1.0 + g - 2.0 * r)).mean(), aux[1])
         if aux is not None:
             total = lm + c["group_loss_coef"] * aux[0] + c["balance_loss_coef"] * aux[1]
         return total, lm, aux

@@ -13,7 +13,9 @@ log give held-out loss per domain computed by the reference implementation.
                     total and mean active parameters); not shipped
 --preset difficulty the small model with difficulty-steered routing (issue: MoHGE routing by
                     difficulty): a width cost centred on the batch's median loss, easy tokens
-                    pushed narrow, hard ones wide
+                    pushed narrow, hard ones wide; difficulty_narrow doubles the group
+                    loss, difficulty_lean shifts the weights so every token is also pushed
+                    narrow (group_loss_difficulty_offset 0.5)
 --preset infmoe     continuous experts (infmoe_model.py) on the same skeleton, at most the
                     same active FFN width per token at its default K = 2
 
@@ -62,6 +64,9 @@ PRESETS["difficulty"] = dict(PRESETS["small"], group_loss_difficulty=2.0)
 # The same with twice the group loss: difficulty raised the mean routed width by 4.5%; this
 # presses it back toward today's.
 PRESETS["difficulty_narrow"] = dict(PRESETS["difficulty"], group_loss_coef=0.02)
+# The split's weights moved by 0.5 (1.5 - 2 r): both variants above routed wider than today on
+# average, so every token gets a net push toward narrow groups as well.
+PRESETS["difficulty_lean"] = dict(PRESETS["difficulty"], group_loss_difficulty_offset=0.5)
 # Continuous experts (infmoe_model.py) on the same skeleton: one FFN of 3072 neurons per layer,
 # 288 kept per sample (neuron_fraction 0.09375), K = 2 trained samples, so a token computes at
 # most 576 neurons: the mohge model's mean active width (shared 192 + 2 experts of mean 192).

@@ -95,6 +95,24 @@ static inline int tok_pos(const struct be_tokens *tk, int i)
     return tk->pos ? tk->pos[i] : tk->pos0 + i;
 }
 
+/* The context columns [*lo, *hi] token i reads: positions from its window's or chunk's start
+ * to its own; with a selection (DeepSeek sparse attention), its selected list, column t being
+ * the list's t-th position (fa_unit.map). */
+static inline void tok_range(const struct be_attn *a, const struct be_tokens *tk, int i, int *lo,
+                             int *hi)
+{
+    if (a->sel && a->sel_n[i] >= 0) {
+        *lo = 0;
+        *hi = a->sel_n[i] - 1;
+        return;
+    }
+    int pos = tok_pos(tk, i);
+    int start = a->window > 0 && pos - a->window + 1 > 0 ? pos - a->window + 1 : 0;
+    if (a->chunk > 0 && pos - pos % a->chunk > start) start = pos - pos % a->chunk;
+    *lo = start;
+    *hi = pos;
+}
+
 /* A unit: tokens tok0 .. tok0 + nt - 1 of one sequence and KV heads h0 .. h0 + nh - 1. Row
  * r = (hh * nt + t) * group + g is token tok0 + t, query head (h0 + hh) * group + g: each KV
  * head's rows are contiguous. */
@@ -141,33 +159,16 @@ static void unit_init(const struct fa_call *c, int u, float *scratch, struct fa_
     un->hi = (int32_t *)p;
     un->minlo = 1 << 30;
     un->maxhi = -1;
-    un->map = NULL;
-    if (a->sel && a->sel_n[un->tok0] >= 0) { /* plan_units gives such a token a unit alone */
-        un->map = a->sel + (size_t)un->tok0 * a->sel_stride;
-        un->minlo = 0;
-        un->maxhi = a->sel_n[un->tok0] - 1;
-        for (int hh = 0; hh < un->nh; hh++)
-            for (int g = 0; g < c->group; g++) {
-                int r = hh * c->group + g;
-                un->lo[r] = 0;
-                un->hi[r] = un->maxhi;
-                const float *qr =
-                    c->q + ((size_t)un->tok0 * a->n_head + (size_t)(un->h0 + hh) * c->group + g) *
-                               (size_t)a->k_dim;
-                float *qd = un->qb + (size_t)r * a->k_dim;
-                for (int d = 0; d < a->k_dim; d++) qd[d] = qr[d] * a->scale;
-            }
-        return;
-    }
+    /* plan_units gives a token with a selection a unit alone */
+    un->map = a->sel && a->sel_n[un->tok0] >= 0 ? a->sel + (size_t)un->tok0 * a->sel_stride : NULL;
     for (int t = 0; t < un->nt; t++) {
-        int i = un->tok0 + t, pos = tok_pos(c->tk, i);
-        int start = a->window > 0 && pos - a->window + 1 > 0 ? pos - a->window + 1 : 0;
-        if (a->chunk > 0 && pos - pos % a->chunk > start) start = pos - pos % a->chunk;
+        int i = un->tok0 + t, start, end;
+        tok_range(a, c->tk, i, &start, &end);
         for (int hh = 0; hh < un->nh; hh++)
             for (int g = 0; g < c->group; g++) {
                 int r = (hh * un->nt + t) * c->group + g;
                 un->lo[r] = start;
-                un->hi[r] = pos;
+                un->hi[r] = end;
                 const float *qr =
                     c->q + ((size_t)i * a->n_head + (size_t)(un->h0 + hh) * c->group + g) *
                                (size_t)a->k_dim;
@@ -175,7 +176,7 @@ static void unit_init(const struct fa_call *c, int u, float *scratch, struct fa_
                 for (int d = 0; d < a->k_dim; d++) qd[d] = qr[d] * a->scale;
             }
         if (start < un->minlo) un->minlo = start;
-        if (pos > un->maxhi) un->maxhi = pos;
+        if (end > un->maxhi) un->maxhi = end;
     }
 }
 
@@ -483,16 +484,12 @@ void fa_attention(struct pool *pool, const struct gemm_kernels *kk, struct fa_wo
         int32_t *first = w->tasks + 3 * (size_t)w->max_tasks - (c.n_units + 1);
         for (int u = 0; u < c.n_units && fits; u++) {
             const int32_t *ud = w->units + 4 * (size_t)u;
-            int pos_hi = tok_pos(tk, ud[0] + ud[1] - 1), pos_lo = tok_pos(tk, ud[0]);
-            int lo = a->window > 0 && pos_lo - a->window + 1 > 0 ? pos_lo - a->window + 1 : 0;
-            if (a->chunk > 0 && pos_lo - pos_lo % a->chunk > lo) lo = pos_lo - pos_lo % a->chunk;
-            if (a->sel && a->sel_n[ud[0]] >= 0) { /* its selected positions (unit_init) */
-                lo = 0;
-                pos_hi = a->sel_n[ud[0]] - 1;
-            }
+            int lo, hi, unused; /* the unit's columns: its first token's start, its last's end */
+            tok_range(a, tk, ud[0], &lo, &unused);
+            tok_range(a, tk, ud[0] + ud[1] - 1, &unused, &hi);
             size_t rows = (size_t)ud[1] * ud[3] * c.group;
             first[u] = n_tasks;
-            for (int s = lo / FA_SEG; s <= pos_hi / FA_SEG; s++) {
+            for (int s = lo / FA_SEG; s <= hi / FA_SEG; s++) {
                 if (3 * (n_tasks + 1) > 3 * w->max_tasks - (c.n_units + 1) ||
                     off + rows * (a->v_dim + 2) > w->part_floats) {
                     fits = false;

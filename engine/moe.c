@@ -643,7 +643,11 @@ void moe_forward(const struct moe_ctx *ctx, struct moe_scratch *s, const float *
     if (ctx->route_ids) {
         /* Routing capture (statistics, traces): the ids as dispatched, and their weights. */
         memcpy(ctx->route_ids, s->h_top_idx, sizeof(int32_t) * (size_t)n * K);
-        if (ctx->route_w) be->ops->download(be, ctx->route_w, s->top_w, sizeof(float) * (size_t)n * K);
+        size_t wb = sizeof(float) * (size_t)n * K;
+        if (ctx->route_w && dedup) /* already on the host for plan_tokens */
+            memcpy(ctx->route_w, s->h_top_w, wb);
+        else if (ctx->route_w)
+            be->ops->download(be, ctx->route_w, s->top_w, wb);
     }
     /* One upload for both index arrays: slot rows (n*K), then the send order (rows). */
     memcpy(s->h_expert_perm, s->h_slot_row, sizeof(int32_t) * (size_t)n * K);

@@ -5,7 +5,14 @@ domain, the tokens split into loss terciles and the mean FFN width each third wa
 the easy third's width is below the hard third's, the held-out loss (`mohge_eval`, first 2048
 tokens of each domain, as the README's tables), the mean routed width over all domains, and
 the per-device FLOP imbalance under the `mohge` placement on 4 devices (`moeserve
-placement-sim` over the three domains' trace). Prints one markdown table.
+placement-sim` over the three domains' trace: the mean over steps of 256 tokens per device, and
+over all steps summed). Prints one markdown table.
+
+The per-step imbalance has a floor that no routing reaches below: a step's 256 tokens per device
+are a sample. The last column estimates it for each model: the same steps (the trace's odd steps,
+shuffled, 1024 tokens a step as placement-sim takes them) with every expert row moved to an expert
+of its group drawn uniformly, so that the groups' inner balance is perfect and each group keeps
+its share of the rows (mean of 8 draws; standard library only).
 
     python3 bench/difficulty_table.py today=models/mohge-small new=/tmp/mohge-difficulty
 
@@ -14,6 +21,7 @@ loss within +0.02 nats of today's on each domain, mean width no higher, imbalanc
 """
 import json
 import os
+import random
 import re
 import subprocess
 import sys
@@ -21,6 +29,50 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOMAINS = ("shakespeare", "arithmetic", "json")
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+from routing_trace import RoutingTrace  # noqa: E402
+
+
+def mohge_owner(n_expert, n_group, n_dev):
+    """engine/placement/placement.c plc_mohge_owner: expert i of every group on one device."""
+    epg, owner, pos = n_expert // n_group, [0] * n_expert, 0
+    for i in range(epg):
+        for j in range(n_group):
+            g = j // 2 if j % 2 == 0 else n_group - 1 - j // 2
+            owner[g * epg + i] = pos * n_dev // n_expert
+            pos += 1
+    return owner
+
+
+def imbalance_floor(trace, n_dev=4, step=1024, draws=8):
+    """Mean over steps and layers of max / mean device FLOPs under the mohge placement, with
+    each expert row moved to a uniformly drawn expert of its group."""
+    with RoutingTrace(trace) as tr:
+        info = tr.info
+        toks = []
+        for n, st in enumerate(tr.steps()):
+            if n % 2 == 1:
+                toks += [[st.ids[l][t] for l in range(len(st.ids))] for t in range(len(st.tokens))]
+    width, group = info["expert_width"], info["expert_group"]
+    members = {}
+    for x, g in enumerate(group):
+        members.setdefault(g, []).append(x)
+    owner = mohge_owner(info["n_expert"], info["n_group"], n_dev)
+    rng = random.Random(1)
+    total = count = 0
+    for _ in range(draws):
+        rng.shuffle(toks)
+        for at in range(0, len(toks) - step + 1, step):
+            for l in range(info["n_layer"]):
+                dev = [0] * n_dev
+                for t in toks[at:at + step]:
+                    for x in t[l]:
+                        if x >= 0:
+                            y = rng.choice(members[group[x]])
+                            dev[owner[y]] += width[y]
+                total += max(dev) * n_dev / sum(dev)
+                count += 1
+    return total / count
 
 
 def run(*cmd):
@@ -42,8 +94,10 @@ def measure(model, build, data, tmp):
         "--max-tokens", "1000000", *[f"{d}={files[d]}" for d in DOMAINS])
     row["mean_width"] = json.loads(run(moeserve, "trace", "info", tr, "--json"))["mean_width"]
     sim = run(moeserve, "placement-sim", "--trace", tr, "--devices", "4")
-    m = re.search(r"^\| 4 \| mohge \| \d+ \| ([0-9.]+) \|", sim, re.M)
+    m = re.search(r"^\| 4 \| mohge \| \d+ \| ([0-9.]+) \| [0-9.]+ \| ([0-9.]+) \|", sim, re.M)
     row["imbalance"] = float(m.group(1)) if m else float("nan")
+    row["imbalance_all"] = float(m.group(2)) if m else float("nan")
+    row["floor"] = imbalance_floor(tr)
     out = run(os.path.join(build, "mohge_eval"), "--model", model,
               *[f"{d}={files[d]}" for d in DOMAINS])
     row["loss"] = {}
@@ -67,7 +121,8 @@ def main():
     head = ["model"]
     for d in DOMAINS:
         head += [f"{d}: easy / medium / hard width", f"{d}: easy vs hard", f"{d}: loss"]
-    head += ["mean width", "mohge imbalance, 4 devices"]
+    head += ["mean width", "mohge imbalance, 4 devices: per step / all steps",
+             "per-step floor"]
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for name, r in rows:
@@ -76,7 +131,8 @@ def main():
             e, m, h = r["terciles"][d]
             cells += [f"{e:.1f} / {m:.1f} / {h:.1f}", f"{100 * (e - h) / h:+.1f}%",
                       f"{r['loss'].get(d, float('nan')):.4f}"]
-        cells += [f"{r['mean_width']:.1f}", f"{r['imbalance']:.3f}"]
+        cells += [f"{r['mean_width']:.1f}", f"{r['imbalance']:.3f} / {r['imbalance_all']:.3f}",
+                  f"{r['floor']:.3f}"]
         print("| " + " | ".join(cells) + " |")
 
 

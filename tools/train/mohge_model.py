@@ -176,6 +176,7 @@ class MohgeMoE(nn.Module):
         delta = float(c["group_loss_delta"])
         self.register_buffer("group_size_w", (gw - gw.min() + delta) / delta, persistent=False)
         self.difficulty = float(c.get("group_loss_difficulty", 0.0))
+        self.balance_per_sequence = c.get("balance_loss_scope", "batch") == "sequence"
         self.register_buffer("group_widths", gw, persistent=False)
 
     def shared_list(self):
@@ -205,12 +206,12 @@ class MohgeMoE(nn.Module):
             out = out.index_add(0, t, y)
         aux = None
         if self.training:
-            aux = self.aux_losses(s, mask, p, idx)
+            aux = self.aux_losses(s, mask, p, idx, B)
         if stats is not None:
             stats.append(idx.detach())
         return out.view(B, T, D), aux
 
-    def aux_losses(self, s, mask, p, idx):
+    def aux_losses(self, s, mask, p, idx, rows=1):
         N = s.shape[0]
         G, epg = self.G, self.epg
         # Size-weighted group loss: f_g = share of tokens keeping group g, P_g = mean
@@ -224,12 +225,20 @@ class MohgeMoE(nn.Module):
             # make it a balance term (a popular narrow group pushed away from)
             q = s / s.sum(-1, keepdim=True)                                   # (N, G)
             width = (q * (self.group_widths / self.group_widths.mean())).sum(-1)
-            l_group = (l_group, width)
-        # Switch-style balance inside each group, over the tokens that kept the group.
-        sel = torch.zeros(N, self.E, device=s.device).scatter_(1, idx, 1.0).view(N, G, epg)
-        denom = mask.sum(0).clamp(min=1.0)                                    # (G,)
-        f_e = (sel.sum(0) / self.k) / denom[:, None]                          # (G, epg)
-        P_e = (p * mask[:, :, None]).sum(0) / denom[:, None]                  # (G, epg)
+            # and the width the tokens were routed to (mean over their k expert rows,
+            # detached): what a width target (MohgeForCausalLM.loss) steers
+            routed = self.group_widths[idx // epg].mean().detach()
+            l_group = (l_group, width, routed)
+        # Switch-style balance inside each group, over the tokens that kept the group: over
+        # the batch, or (balance_loss_scope "sequence", DeepSeek-V3's sequence-wise form) over
+        # each sequence apart and averaged, so that the experts of a group stay balanced
+        # within every domain (a row is one domain) and not only over the batch's mix.
+        R = rows if self.balance_per_sequence else 1
+        sel = torch.zeros(N, self.E, device=s.device).scatter_(1, idx, 1.0).view(R, -1, G, epg)
+        m = mask.view(R, -1, G)
+        denom = m.sum(1).clamp(min=1.0)                                       # (R, G)
+        f_e = (sel.sum(1) / self.k) / denom[..., None]                        # (R, G, epg)
+        P_e = (p.view(R, -1, G, epg) * m[..., None]).sum(1) / denom[..., None]
         l_bal = epg * (f_e.detach() * P_e).sum(-1).mean()
         return l_group, l_bal
 
@@ -366,8 +375,9 @@ class MohgeForCausalLM(HFFolder, nn.Module):
             x, aux = layer(x, cos, sin, stats)
             if aux is not None:
                 g = aux[0]
-                if isinstance(g, tuple):  # (group loss, per-token relative width): summed apiece
-                    g = g if l_group is None else (l_group[0] + g[0], l_group[1] + g[1])
+                if isinstance(g, tuple):  # (group loss, per-token relative width, routed
+                    # width): summed apiece
+                    g = g if l_group is None else tuple(a + b for a, b in zip(l_group, g))
                 else:
                     g = g if l_group is None else l_group + g
                 l_group = g
@@ -380,7 +390,7 @@ class MohgeForCausalLM(HFFolder, nn.Module):
             return logits, None
         n = c["num_hidden_layers"]
         if isinstance(l_group, tuple):
-            return logits, ((l_group[0] / n, l_group[1] / n), l_bal / n)
+            return logits, (tuple(v / n for v in l_group), l_bal / n)
         return logits, (l_group / n, l_bal / n)
 
     def mtp(self):
@@ -413,10 +423,28 @@ class MohgeForCausalLM(HFFolder, nn.Module):
             # ones wide.
             # group_loss_difficulty_offset = g > 0 makes the weights 1 + g - 2 r: a net push of
             # every token toward narrow groups on top of the easy/hard split.
-            r = torch.argsort(torch.argsort(ce.detach())).to(ce.dtype) / max(1, ce.numel() - 1)
+            # group_loss_difficulty_rank "row" ranks each token among its own sequence's
+            # tokens instead of the batch's: the batch mixes domains, and a hard token of an
+            # easy domain would otherwise count as easy.
+            # group_loss_width_target = T > 0 makes g a controller's output instead of a
+            # constant: after each step g moves by group_loss_width_gain x (routed width / T -
+            # 1), so the mean routed width settles at T whatever the split costs; g is kept in
+            # the config, so it is saved with the checkpoint and carried into the next phase.
+            e = ce.detach()
+            if c.get("group_loss_difficulty_rank", "batch") == "row":
+                e = e.view(ids.shape[0], -1)
+                r = torch.argsort(torch.argsort(e, dim=1), dim=1).to(ce.dtype)
+                r = (r / max(1, e.shape[1] - 1)).reshape(-1)
+            else:
+                r = torch.argsort(torch.argsort(e)).to(ce.dtype) / max(1, ce.numel() - 1)
             g = float(c.get("group_loss_difficulty_offset", 0.0))
-            l_group, width = aux[0]
+            l_group, width, routed = aux[0]
             aux = (l_group + beta * (width * (1.0 + g - 2.0 * r)).mean(), aux[1])
+            target = float(c.get("group_loss_width_target", 0.0))
+            if target > 0 and self.training:
+                gain = float(c.get("group_loss_width_gain", 0.01))
+                c["group_loss_difficulty_offset"] = min(
+                    2.0, max(-1.0, g + gain * (routed.item() / target - 1.0)))
         if aux is not None:
             total = lm + c["group_loss_coef"] * aux[0] + c["balance_loss_coef"] * aux[1]
         return total, lm, aux

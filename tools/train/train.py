@@ -15,7 +15,10 @@ log give held-out loss per domain computed by the reference implementation.
                     difficulty): a width cost centred on the batch's median loss, easy tokens
                     pushed narrow, hard ones wide; difficulty_narrow doubles the group
                     loss, difficulty_lean shifts the weights so every token is also pushed
-                    narrow (group_loss_difficulty_offset 0.5)
+                    narrow (group_loss_difficulty_offset 0.5); difficulty_budget sets
+                    that offset by a controller to a mean routed width of 142, ranks tokens
+                    within their sequence and balances inside groups 5x harder
+                    (difficulty_budget_bal: 15x)
 --preset infmoe     continuous experts (infmoe_model.py) on the same skeleton, at most the
                     same active FFN width per token at its default K = 2
 
@@ -67,6 +70,21 @@ PRESETS["difficulty_narrow"] = dict(PRESETS["difficulty"], group_loss_coef=0.02)
 # The split's weights moved by 0.5 (1.5 - 2 r): both variants above routed wider than today on
 # average, so every token gets a net push toward narrow groups as well.
 PRESETS["difficulty_lean"] = dict(PRESETS["difficulty"], group_loss_difficulty_offset=0.5)
+# Neither a fixed offset of 0 nor of 0.5 gave both the split and today's width: here a
+# controller sets the offset so that the mean routed width settles at 142 (today's model: 149),
+# tokens are ranked within their own sequence (one domain) rather than the mixed batch, and the
+# balance loss inside groups is five times today's, since the mohge placement's device balance
+# is the groups' inner balance (expert i of every group on device i).
+PRESETS["difficulty_budget"] = dict(PRESETS["difficulty"], group_loss_width_target=142.0,
+                                    group_loss_difficulty_rank="row", balance_loss_coef=0.05)
+# The same with the balance loss at 15 x today's.
+PRESETS["difficulty_budget_bal"] = dict(PRESETS["difficulty_budget"], balance_loss_coef=0.15)
+# Both balanced the groups over the training batch, but their experts specialise by domain,
+# so on the held-out mix (more arithmetic than a batch) one expert of a group carries up to
+# twice its share: here the balance loss is taken per sequence (one domain each) at 10 x
+# today's, and the split weighs 3 instead of 2.
+PRESETS["difficulty_seqbal"] = dict(PRESETS["difficulty_budget"], balance_loss_scope="sequence",
+                                    balance_loss_coef=0.1, group_loss_difficulty=3.0)
 # Continuous experts (infmoe_model.py) on the same skeleton: one FFN of 3072 neurons per layer,
 # 288 kept per sample (neuron_fraction 0.09375), K = 2 trained samples, so a token computes at
 # most 576 neurons: the mohge model's mean active width (shared 192 + 2 experts of mean 192).
@@ -205,6 +223,8 @@ def main():
         model = cls.load(args.init)
         model.train()
         for k, v in cfg.items():
+            if k == "group_loss_difficulty_offset" and cfg.get("group_loss_width_target"):
+                continue  # a controller's state, carried from the checkpoint
             if model.config.get(k) != v:
                 raise SystemExit(f"--init {args.init}: config {k} differs from preset")
     else:
@@ -263,6 +283,8 @@ def main():
             names = ("bal", "kl") if cls is InfmoeForCausalLM else ("group", "bal")
             rec = {"step": step, "t": round(el, 1), "lr": round(lr, 6), "lm": round(lm.item(), 4),
                    names[0]: round(aux[0].item(), 4), names[1]: round(aux[1].item(), 4)}
+            if "group_loss_width_target" in model.config:
+                rec["offset"] = round(model.config["group_loss_difficulty_offset"], 4)
             log.append(rec)
             print(json.dumps(rec), flush=True)
         if time.time() - last_ckpt > args.ckpt_minutes * 60:

@@ -85,6 +85,11 @@ PRESETS["difficulty_budget_bal"] = dict(PRESETS["difficulty_budget"], balance_lo
 # today's, and the split weighs 3 instead of 2.
 PRESETS["difficulty_seqbal"] = dict(PRESETS["difficulty_budget"], balance_loss_scope="sequence",
                                     balance_loss_coef=0.1, group_loss_difficulty=3.0)
+# Both bought balance with the experts' domain specialisation (collaboration groups that no
+# longer follow the domains): the width target and row ranks with today's balance loss, the
+# split weighted 3.
+PRESETS["difficulty_target"] = dict(PRESETS["difficulty_budget"], balance_loss_coef=0.01,
+                                    group_loss_difficulty=3.0)
 # Continuous experts (infmoe_model.py) on the same skeleton: one FFN of 3072 neurons per layer,
 # 288 kept per sample (neuron_fraction 0.09375), K = 2 trained samples, so a token computes at
 # most 576 neurons: the mohge model's mean active width (shared 192 + 2 experts of mean 192).

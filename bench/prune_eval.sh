@@ -3,10 +3,11 @@
 # (collab, frequency, random), calibrated on held-out text past the first 4096 tokens of each
 # corpus, and evaluates every pruned folder with mohge_eval on the first 2048 tokens of each
 # corpus (disjoint from the calibration). Prints one markdown table: loss per domain.
-#   bash bench/prune_eval.sh [BUILD_DIR (build)] [WORK_DIR (a new temporary folder)]
+#   bash bench/prune_eval.sh [BUILD_DIR (build)] [WORK_DIR (a new temporary folder)] [MODEL_DIR]
 set -euo pipefail
 build=${1:-build}
 work=${2:-$(mktemp -d /tmp/moeserve_prune_eval.XXXXXX)}
+model=${3:-models/mohge-small}
 mkdir -p "$work"
 data=tools/train/data
 domains=(shakespeare arithmetic json)
@@ -27,12 +28,12 @@ row() { # method ratio kept "losses"
   printf '| %s | %s | %s | %.4f | %.4f | %.4f | %.4f |\n' "$1" "$2" "$3" "$a" "$b" "$c" \
     "$(echo "($a + $b + $c) / 3" | bc -l)"
 }
-row none 0 16 "$(loss models/mohge-small)"
+row none 0 16 "$(loss "$model")"
 for r in 0.25 0.5; do
   for m in collab frequency random; do
     out="$work/$m-$r"
     rm -rf "$out"
-    "$build/moeserve" prune --ratio "$r" --method "$m" "${calib[@]}" --skip-tokens 4096 \
+    "$build/moeserve" prune --model "$model" --ratio "$r" --method "$m" "${calib[@]}" --skip-tokens 4096 \
       --max-tokens 4096 --out "$out" 2>"$out.log" || { cat "$out.log" >&2; exit 1; }
     kept=$(python3 -c "import json,sys; c=json.load(open(sys.argv[1])); print(c['experts_per_group']*c['num_expert_groups'])" "$out/config.json")
     row "$m" "$r" "$kept" "$(loss "$out")"

@@ -430,13 +430,10 @@ class MohgeForCausalLM(HFFolder, nn.Module):
             # constant: after each step g moves by group_loss_width_gain x (routed width / T -
             # 1), so the mean routed width settles at T whatever the split costs; g is kept in
             # the config, so it is saved with the checkpoint and carried into the next phase.
-            e = ce.detach()
-            if c.get("group_loss_difficulty_rank", "batch") == "row":
-                e = e.view(ids.shape[0], -1)
-                r = torch.argsort(torch.argsort(e, dim=1), dim=1).to(ce.dtype)
-                r = (r / max(1, e.shape[1] - 1)).reshape(-1)
-            else:
-                r = torch.argsort(torch.argsort(e)).to(ce.dtype) / max(1, ce.numel() - 1)
+            rows = ids.shape[0] if c.get("group_loss_difficulty_rank", "batch") == "row" else 1
+            e = ce.detach().view(rows, -1)
+            r = torch.argsort(torch.argsort(e, dim=1), dim=1).to(ce.dtype)
+            r = (r / max(1, e.shape[1] - 1)).reshape(-1)
             g = float(c.get("group_loss_difficulty_offset", 0.0))
             l_group, width, routed = aux[0]
             aux = (l_group + beta * (width * (1.0 + g - 2.0 * r)).mean(), aux[1])
